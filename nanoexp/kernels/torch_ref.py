@@ -1,0 +1,69 @@
+"""Pure-torch attention backend: the reference every other backend is tested against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        keep = slot_mapping >= 0
+        slots = slot_mapping[keep]
+        k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep]
+        v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
+
+    def prefill(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float):
+        out = torch.empty_like(q)
+        cu_q = md.cu_seqlens_q.tolist()
+        ctx = md.context_lens.tolist()
+        for i in range(len(ctx)):
+            q_i = q[cu_q[i] : cu_q[i + 1]]
+            if md.has_cached_prefix:
+                k_i, v_i = gather_context(k_cache, v_cache, md.block_tables[i], ctx[i])
+            else:
+                k_i, v_i = k[cu_q[i] : cu_q[i + 1]], v[cu_q[i] : cu_q[i + 1]]
+            out[cu_q[i] : cu_q[i + 1]] = causal_attention(q_i, k_i, v_i, scale)
+        return out
+
+    def decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float):
+        num_seqs, num_heads, head_dim = q.shape
+        block_size = k_cache.shape[1]
+        max_len = md.block_tables.shape[1] * block_size
+        k = k_cache[md.block_tables].reshape(num_seqs, max_len, -1, head_dim)
+        v = v_cache[md.block_tables].reshape(num_seqs, max_len, -1, head_dim)
+        group = num_heads // k.shape[2]
+        k = k.repeat_interleave(group, dim=2).transpose(1, 2)  # [B, H, L, D]
+        v = v.repeat_interleave(group, dim=2).transpose(1, 2)
+        positions = torch.arange(max_len, device=q.device)
+        mask = positions[None, :] < md.context_lens[:, None].to(positions.dtype)  # [B, L]
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :], scale=scale
+        )
+        return out.squeeze(2)
+
+
+def gather_context(k_cache, v_cache, block_table, length: int):
+    """The first `length` cached K/V rows of one sequence, in position order."""
+    block_size = k_cache.shape[1]
+    blocks = block_table[: (length + block_size - 1) // block_size].long()
+    k = k_cache[blocks].flatten(0, 1)[:length]
+    v = v_cache[blocks].flatten(0, 1)[:length]
+    return k, v
+
+
+def causal_attention(q, k, v, scale: float):
+    """q [Lq, H, D] attends to k/v [Lk, Hkv, D]; query j sits at position Lk - Lq + j."""
+    lq, num_heads, _ = q.shape
+    lk = k.shape[0]
+    group = num_heads // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).transpose(0, 1)
+    v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+    q_pos = torch.arange(lk - lq, lk, device=q.device)
+    mask = torch.arange(lk, device=q.device)[None, :] <= q_pos[:, None]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
+    return out.transpose(0, 1)
