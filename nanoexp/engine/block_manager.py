@@ -1,0 +1,125 @@
+"""KV-cache block allocation with prefix caching (chained hashes of full blocks, ref counts)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from nanoexp.engine.sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: int | None = None
+        self.token_ids: tuple[int, ...] = ()
+
+
+class BlockManager:
+    """Free blocks are evicted lazily: a freed block keeps its hash (and can still be hit)
+    until it is handed out again, least recently freed first."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.hash_to_block: dict[int, int] = {}
+        self.queries = 0  # prompt tokens looked up
+        self.hits = 0  # prompt tokens served from the cache
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def chain_hash(self, prev: int | None, tokens: tuple[int, ...]) -> int:
+        return hash((prev, tokens))
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids holding the longest cached run of seq's full blocks (never its last token)."""
+        if not self.enable_prefix_caching:
+            return []
+        hits, prev = [], None
+        for start in range(0, len(seq) - 1 - self.block_size + 1, self.block_size):
+            tokens = tuple(seq.token_ids[start : start + self.block_size])
+            prev = self.chain_hash(prev, tokens)
+            block_id = self.hash_to_block.get(prev)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+        return hits
+
+    def can_allocate(self, seq: Sequence, cached: list[int]) -> bool:
+        """Room for all of seq's tokens, given the cached prefix blocks it would reuse."""
+        reused_free = sum(1 for b in cached if self.blocks[b].ref_count == 0)
+        return self.blocks_needed(len(seq)) - len(cached) + reused_free <= self.num_free
+
+    def allocate(self, seq: Sequence, cached: list[int]) -> None:
+        """Gives an admitted sequence its cached prefix plus fresh blocks for the rest."""
+        assert not seq.block_table
+        seq.block_table = [self.take(block_id) for block_id in cached]
+        seq.num_computed_tokens = len(cached) * self.block_size
+        self.grow(seq, len(seq))
+        self.queries += len(seq)
+        self.hits += seq.num_computed_tokens
+
+    def grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Ensures blocks for the first `num_tokens` tokens of seq; False if out of blocks."""
+        need = self.blocks_needed(num_tokens) - len(seq.block_table)
+        if need > self.num_free:
+            return False
+        seq.block_table.extend(self.fresh_block() for _ in range(need))
+        return True
+
+    def fresh_block(self) -> int:
+        """The least recently freed block, its cached content forgotten."""
+        block_id, _ = self.free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
+            del self.hash_to_block[block.hash]
+        block.hash, block.token_ids, block.ref_count = None, (), 1
+        return block_id
+
+    def take(self, block_id: int) -> int:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free[block_id]
+        block.ref_count += 1
+        return block_id
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Publishes seq's newly computed full blocks to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = seq.block_hashes
+        for index in range(len(hashes), seq.num_computed_tokens // self.block_size):
+            block = self.blocks[seq.block_table[index]]
+            tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+            hashes.append(self.chain_hash(hashes[-1] if hashes else None, tokens))
+            if block.hash is None:
+                block.hash, block.token_ids = hashes[-1], tokens
+                self.hash_to_block.setdefault(block.hash, block.block_id)
+
+    def free_seq(self, seq: Sequence) -> None:
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, "block ref count went negative"
+            if block.ref_count == 0:
+                self.free[block_id] = None
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0

@@ -1,0 +1,114 @@
+"""The offline API: `LLM(model, **kwargs).generate(prompts, sampling_params)`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence as Seq
+
+from tqdm.auto import tqdm
+
+from nanoexp.engine.config import EngineConfig
+from nanoexp.engine.llm_engine import LLMEngine
+from nanoexp.engine.outputs import RequestOutput
+from nanoexp.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str, **kwargs):
+        config = EngineConfig.from_kwargs(model, **kwargs)
+        if config.hf_config is None and not os.path.isdir(model) and "/" not in model:
+            raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
+        self.engine = LLMEngine(config)
+        self.tokenizer = load_tokenizer(model) if config.hf_config is None else None
+        self.closed = False
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def generate(
+        self,
+        prompts: Seq[str] | Seq[list[int]] | str,
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Runs all prompts to completion; outputs come back in prompt order."""
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        params = self.params_per_prompt(sampling_params or SamplingParams(), len(prompts))
+        token_lists = [self.encode(p) for p in prompts]
+        ids = []
+        try:
+            for tokens, sp in zip(token_lists, params):
+                ids.append(self.engine.add_request(tokens, sp))
+            outputs = self.run_to_completion(use_tqdm)
+        except BaseException:
+            self.abort_all()
+            raise
+        return [self.with_text(outputs[i]) for i in ids]
+
+    def params_per_prompt(self, params, n: int) -> list[SamplingParams]:
+        if isinstance(params, SamplingParams):
+            return [params] * n
+        params = list(params)
+        if len(params) != n:
+            raise ValueError(f"got {len(params)} sampling_params for {n} prompts; give one or one per prompt")
+        return params
+
+    def encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer in the checkpoint; pass token ids")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def with_text(self, out: RequestOutput) -> RequestOutput:
+        if self.tokenizer is not None:
+            out.text = self.tokenizer.decode(out.token_ids)
+        return out
+
+    def run_to_completion(self, use_tqdm: bool) -> dict[int, RequestOutput]:
+        outputs: dict[int, RequestOutput] = {}
+        total = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
+        bar = tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        prefill_tps = decode_tps = 0.0
+        while self.engine.has_unfinished():
+            finished, stats = self.engine.step()
+            rate = stats.num_tokens / max(stats.step_time_s, 1e-9)
+            if stats.phase == "prefill":
+                prefill_tps = rate
+            else:
+                decode_tps = rate
+            bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s")
+            for out in finished:
+                outputs[out.request_id] = out
+            bar.update(len(finished))
+        bar.close()
+        return outputs
+
+    def abort_all(self) -> None:
+        """Drops every queued or running request, returning their blocks."""
+        scheduler = self.engine.scheduler
+        for seq in list(scheduler.running):
+            scheduler.finish(seq)
+        scheduler.waiting.clear()
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.engine.close()
+
+
+def load_tokenizer(model: str):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model)
+    except Exception:  # noqa: BLE001 - a checkpoint without a tokenizer still serves token ids
+        return None
+
+

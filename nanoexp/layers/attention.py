@@ -1,0 +1,29 @@
+"""Paged attention layer: stores this step's K/V in the cache, then attends via the backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
+
+
+class Attention(nn.Module):
+    """Backend-agnostic; the runner binds `backend`, `k_cache` and `v_cache` before use."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.backend: AttentionBackend | None = None
+        self.k_cache = self.v_cache = torch.empty(0)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata
+    ) -> torch.Tensor:
+        backend = self.backend
+        if self.k_cache.numel():
+            backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping)
+        if md.is_prefill:
+            return backend.prefill(q, k, v, self.k_cache, self.v_cache, md, self.scale)
+        return backend.decode(q, self.k_cache, self.v_cache, md, self.scale)

@@ -1,0 +1,122 @@
+"""Linear layers sharded for tensor parallelism; each loads its own slice of a checkpoint tensor."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanoexp.distributed import all_reduce, tp_rank, tp_size
+
+
+def shape_of(loaded) -> list[int]:
+    """Shape of a tensor or of a lazily read safetensors slice."""
+    return list(loaded.shape) if isinstance(loaded, torch.Tensor) else loaded.get_shape()
+
+
+def rows(loaded, start: int, size: int, dim: int = 0) -> torch.Tensor:
+    """Reads only [start, start + size) along `dim` (a lazy slice reads just those bytes)."""
+    return loaded[(slice(None),) * dim + (slice(start, start + size),)]
+
+
+def divide(total: int, parts: int, what: str) -> int:
+    if total % parts:
+        raise ValueError(f"{what}={total} is not divisible by tensor_parallel_size={parts}")
+    return total // parts
+
+
+class LinearBase(nn.Module):
+    """Holds a [out_local, in_local] weight (and bias); `tp_dim` is the sharded weight dim."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp_dim: int | None):
+        super().__init__()
+        self.tp_dim = tp_dim
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def shard_of(self, loaded, dim: int) -> torch.Tensor:
+        size = shape_of(loaded)[dim] // self.tp_size
+        return rows(loaded, self.tp_rank * size, size, dim)
+
+    def weight_loader(self, param: nn.Parameter, loaded) -> None:
+        if self.tp_dim is not None and self.tp_dim < len(shape_of(loaded)):
+            param.data.copy_(self.shard_of(loaded, self.tp_dim))
+        else:
+            param.data.copy_(loaded[:])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, out_features, bias, tp_dim=None)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Splits output features across ranks; no communication."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, divide(out_features, tp_size(), "output size"), bias, 0)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs (e.g. gate and up) stored side by side per rank."""
+
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
+        self.output_sizes = output_sizes
+        super().__init__(in_features, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        size = self.output_sizes[shard_id] // self.tp_size
+        param.data.narrow(0, offset, size).copy_(self.shard_of(loaded, 0))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q/k/v projection; each rank holds its query heads and KV heads (replicated when
+    there are fewer KV heads than ranks)."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool):
+        size = tp_size()
+        self.head_dim = head_dim
+        self.num_heads = divide(num_heads, size, "num_attention_heads")
+        self.num_kv_heads = max(1, num_kv_heads // size)
+        if num_kv_heads >= size:
+            divide(num_kv_heads, size, "num_key_value_heads")
+        elif size % num_kv_heads:
+            raise ValueError(
+                f"tensor_parallel_size={size} must be a multiple of num_key_value_heads="
+                f"{num_kv_heads} when it exceeds it"
+            )
+        self.total_kv_heads = num_kv_heads
+        local_out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        super().__init__(hidden, local_out * size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: str) -> None:
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        offset = {"q": 0, "k": q_size, "v": q_size + kv_size}[shard_id]
+        if shard_id == "q":
+            part = self.shard_of(loaded, 0)
+        else:
+            first_head = self.tp_rank * self.total_kv_heads // self.tp_size
+            part = rows(loaded, first_head * self.head_dim, kv_size)
+        size = q_size if shard_id == "q" else kv_size
+        param.data.narrow(0, offset, size).copy_(part)
+
+
+class RowParallelLinear(LinearBase):
+    """Splits input features across ranks and all-reduces the partial outputs."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(divide(in_features, tp_size(), "input size"), out_features, bias, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias if self.tp_rank == 0 else None
+        return all_reduce(F.linear(x, self.weight, bias))

@@ -1,0 +1,61 @@
+"""Batched sampling on the device: greedy, temperature, top-k, top-p, min-p, per-request seeds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class SamplingTensors:
+    """One row per sequence that samples this step."""
+
+    temperatures: torch.Tensor  # float32 [n]; 0 = greedy
+    top_k: torch.Tensor  # int64 [n]; vocab size when off
+    top_p: torch.Tensor  # float32 [n]
+    min_p: torch.Tensor  # float32 [n]
+    seeds: list[int | None]  # per-row seed mixed with the row's output position, or None
+    all_greedy: bool
+    needs_filter: bool  # some row uses top-k, top-p or min-p
+
+
+class Sampler(nn.Module):
+    def forward(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        logits = logits.float()
+        greedy_tokens = logits.argmax(dim=-1)
+        if st.all_greedy:
+            return greedy_tokens
+        logits = logits / st.temperatures.clamp_min(1e-6).unsqueeze(1)
+        if st.needs_filter:
+            logits = filter_logits(logits, st.top_k, st.top_p, st.min_p)
+        probs = torch.softmax(logits, dim=-1)
+        sampled = (probs / exponential_noise(probs, st.seeds)).argmax(dim=-1)
+        return torch.where(st.temperatures == 0, greedy_tokens, sampled)
+
+
+def filter_logits(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """Masks to -inf every token outside the top-k, then the top-p nucleus, then min-p."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
+    sorted_logits = sorted_logits.masked_fill(rank >= top_k.unsqueeze(1), float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    outside = (mass_before >= top_p.unsqueeze(1)) & (rank > 0)
+    outside |= probs < min_p.unsqueeze(1) * probs[:, :1]
+    sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter_(1, order, sorted_logits)
+
+
+def exponential_noise(probs: torch.Tensor, seeds: list[int | None]) -> torch.Tensor:
+    """Exp(1) noise; argmax(probs / noise) is a sample from probs. Seeded rows draw from their own
+    generator so their tokens do not depend on the rest of the batch."""
+    noise = torch.empty_like(probs).exponential_()
+    for row, seed in enumerate(seeds):
+        if seed is not None:
+            gen = torch.Generator(device=probs.device).manual_seed(seed)
+            noise[row] = torch.empty_like(probs[row]).exponential_(generator=gen)
+    return noise.clamp_min_(1e-20)

@@ -1,0 +1,134 @@
+"""Qwen3 (and Qwen2/Qwen2.5, which differ by q/k/v bias instead of per-head q/k norm)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from nanoexp.kernels.base import AttentionMetadata
+from nanoexp.layers.activation import SiluAndMul
+from nanoexp.layers.attention import Attention
+from nanoexp.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
+from nanoexp.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanoexp.layers.norm import RMSNorm
+from nanoexp.layers.rope import RotaryEmbedding
+
+
+def rope_theta_of(config: PretrainedConfig) -> float:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"rope_type={rope_type!r} is not supported; only 'default' RoPE is")
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def head_dim_of(config: PretrainedConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, config: PretrainedConfig, max_position: int, qk_norm: bool):
+        super().__init__()
+        head_dim = head_dim_of(config)
+        bias = getattr(config, "attention_bias", not qk_norm)
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, head_dim, config.num_attention_heads,
+            config.num_key_value_heads, bias,
+        )
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        self.head_dim = head_dim
+        self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size)
+        self.rotary_emb = RotaryEmbedding(head_dim, max_position, rope_theta_of(config))
+        self.attn = Attention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5)
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, md: AttentionMetadata):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, md).flatten(1))
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        inter = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter])
+        self.down_proj = RowParallelLinear(inter, config.hidden_size)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig, max_position: int, qk_norm: bool):
+        super().__init__()
+        self.self_attn = Qwen3Attention(config, max_position, qk_norm)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, hidden, residual, md: AttentionMetadata):
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, md)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, config: PretrainedConfig, max_position: int, qk_norm: bool):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            Qwen3DecoderLayer(config, max_position, qk_norm) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, md: AttentionMetadata) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, md)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class Qwen3ForCausalLM(nn.Module):
+    qk_norm = True
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config: PretrainedConfig, max_position: int):
+        super().__init__()
+        self.model = Qwen3Model(config, max_position, self.qk_norm)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, positions, md: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, md)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        return self.lm_head(hidden)
+
+
+class Qwen2ForCausalLM(Qwen3ForCausalLM):
+    qk_norm = False

@@ -1,0 +1,53 @@
+"""Runs steps on all ranks: in this process for one rank, in worker processes for several."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from nanoexp.engine.config import EngineConfig
+from nanoexp.runner.model_runner import ModelRunner
+from nanoexp.runner.step_input import StepInput
+
+
+def eos_token_ids(runner: ModelRunner) -> list[int]:
+    ids = runner.hf_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    gen_path = os.path.join(runner.config.model, "generation_config.json")
+    if runner.config.hf_config is None and os.path.isfile(gen_path):
+        with open(gen_path) as f:
+            extra = json.load(f).get("eos_token_id")
+        ids += [] if extra is None else [extra] if isinstance(extra, int) else extra
+    return sorted(set(ids))
+
+
+def runner_info(runner: ModelRunner) -> dict:
+    return {
+        "vocab_size": runner.hf_config.vocab_size,
+        "max_model_len": runner.max_model_len,
+        "eos_token_ids": eos_token_ids(runner),
+        "num_kv_blocks": runner.num_blocks,
+    }
+
+
+class InProcessExecutor:
+    def __init__(self, config: EngineConfig):
+        self.runner = ModelRunner(config)
+        self.info = runner_info(self.runner)
+
+    def run(self, step: StepInput) -> list[int]:
+        return self.runner.run(step)
+
+    def stats(self) -> dict:
+        return self.runner.stats()
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def make_executor(config: EngineConfig):
+    if config.tensor_parallel_size == 1:
+        return InProcessExecutor(config)
+    from nanoexp.runner.workers import MultiprocExecutor
+
+    return MultiprocExecutor(config)

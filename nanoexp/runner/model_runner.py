@@ -1,0 +1,168 @@
+"""One rank's executor: builds the model, owns its KV cache, runs steps, samples on rank 0."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from nanoexp.engine.config import EngineConfig
+from nanoexp.kernels.select import make_attention_backend
+from nanoexp.layers.sampler import Sampler
+from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
+from nanoexp.models.registry import model_class
+from nanoexp.runner import kv_cache
+from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
+from nanoexp.runner.step_input import StepInput
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def pick_device(choice: str, rank: int) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but no CUDA device is available; use device=auto or cpu")
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", rank)
+
+
+def pick_dtype(choice: str, hf_config, device: torch.device) -> torch.dtype:
+    if choice != "auto":
+        return DTYPES[choice]
+    if device.type == "cpu":
+        return torch.float32
+    native = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+    return native if isinstance(native, torch.dtype) else torch.bfloat16
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, rank: int = 0, dist_init: str | None = None):
+        self.config, self.rank = config, rank
+        self.timings: dict[str, float] = {}
+        self.device = pick_device(config.device, rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if config.tensor_parallel_size > 1:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(
+                backend, init_method=dist_init, rank=rank, world_size=config.tensor_parallel_size
+            )
+        self.hf_config = load_hf_config(config.model, config.hf_config)
+        self.dtype = pick_dtype(config.dtype, self.hf_config, self.device)
+        self.max_model_len = min(config.max_model_len, self.hf_config.max_position_embeddings)
+        self.model = self.build_model()
+        self.backend = make_attention_backend(
+            config.attention_backend, self.device, config.kvcache_block_size
+        )
+        for layer in kv_cache.attention_layers(self.model):
+            layer.backend = self.backend
+        self.sampler = Sampler()
+        self.num_blocks = self.setup_kv_cache()
+
+    def build_model(self):
+        start = time.perf_counter()
+        torch.manual_seed(self.config.seed)
+        cls = model_class(self.hf_config)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = cls(self.hf_config, self.max_model_len).eval()
+        finally:
+            torch.set_default_dtype(previous)
+        if self.config.load_format == "dummy":
+            init_dummy(model, self.config.seed)
+        else:
+            load_safetensors(model, resolve_model_dir(self.config.model))
+        self.timings["load_s"] = time.perf_counter() - start
+        return model
+
+    def setup_kv_cache(self) -> int:
+        bytes_per_block = kv_cache.block_bytes(self.model, self.config.kvcache_block_size, self.dtype)
+        num_blocks = self.config.num_kvcache_blocks
+        if num_blocks == -1:
+            num_blocks = self.blocks_from_memory(bytes_per_block)
+        num_blocks = self.agree_on(num_blocks)
+        if num_blocks < 1:
+            raise ValueError(
+                "no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gb "
+                "or lower max_num_batched_tokens"
+            )
+        self.kv_cache = kv_cache.allocate_kv_cache(
+            self.model, num_blocks, self.config.kvcache_block_size, self.dtype, self.device
+        )
+        self.kv_cache_bytes = num_blocks * bytes_per_block
+        return num_blocks
+
+    def blocks_from_memory(self, bytes_per_block: int) -> int:
+        if self.device.type == "cpu":
+            return kv_cache.blocks_for_budget(self.config.cpu_kv_cache_gb * 2**30, bytes_per_block)
+        start = time.perf_counter()
+        self.warm_up()
+        self.timings["warmup_s"] = time.perf_counter() - start
+        budget = kv_cache.cuda_kv_budget(self.device, self.config.gpu_memory_utilization, 2**30)
+        return kv_cache.blocks_for_budget(budget, bytes_per_block)
+
+    def agree_on(self, num_blocks: int) -> int:
+        """Every rank must use the same number of blocks: the smallest any rank can afford."""
+        if self.config.tensor_parallel_size == 1:
+            return num_blocks
+        t = torch.tensor([num_blocks], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """A largest-size prefill (without a KV cache) so peak activation memory is known."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        budget, max_len = self.config.max_num_batched_tokens, self.max_model_len
+        num_seqs = max(1, min(budget // max_len, self.config.max_num_seqs))
+        lens = [min(max_len, budget // num_seqs)] * num_seqs
+        step = StepInput(
+            is_prefill=True, token_ids=[0] * sum(lens), query_lens=lens, context_lens=lens,
+            block_tables=[[] for _ in lens], sample_seq_indices=list(range(num_seqs)),
+            sampling=[],
+        )
+        inputs = prepare_inputs(step, self.config.kvcache_block_size, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
+        self.model.compute_logits(hidden[inputs.logits_indices])
+        torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def run(self, step: StepInput) -> list[int] | None:
+        """Runs one step; rank 0 returns the sampled token per sampling sequence."""
+        inputs = prepare_inputs(step, self.config.kvcache_block_size, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        if logits is None or not step.sample_seq_indices:
+            return None if logits is None else []
+        sampling = prepare_sampling(step, self.hf_config.vocab_size, self.device)
+        return self.sampler(logits, sampling).tolist()
+
+    @torch.inference_mode()
+    def prefill_logits(self, step: StepInput) -> torch.Tensor | None:
+        """Logits of every new token of a prefill step (for correctness tests)."""
+        inputs = prepare_inputs(step, self.config.kvcache_block_size, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
+        return self.model.compute_logits(hidden)
+
+    def stats(self) -> dict:
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
+        return {
+            "weights_bytes": weights,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "num_kv_blocks": self.num_blocks,
+            "kv_block_size": self.config.kvcache_block_size,
+            "peak_memory_bytes": peak,
+            "device": self.device.type,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "attention_backend": self.backend.name,
+            **self.timings,
+        }
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
