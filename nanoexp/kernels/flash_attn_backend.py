@@ -1,0 +1,93 @@
+"""Attention backend on the `flash_attn` package (CUDA; paged KV needs blocks of 256*k)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
+
+FLASH_ATTN_PAGE_MULTIPLE = 256
+
+
+def flash_attn_available() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def check_block_size(block_size: int) -> None:
+    if block_size % FLASH_ATTN_PAGE_MULTIPLE != 0:
+        raise ValueError(
+            f"attention_backend='flash_attn' needs kvcache_block_size divisible by "
+            f"{FLASH_ATTN_PAGE_MULTIPLE} (paged KV in flash-attn), got {block_size}; "
+            "use attention_backend='triton' for other block sizes"
+        )
+
+
+class FlashAttnBackend(AttentionBackend):
+    name = "flash_attn"
+
+    def __init__(self, block_size: int | None = None) -> None:
+        if not flash_attn_available():
+            raise ImportError("attention_backend='flash_attn' needs the flash_attn package")
+        if block_size is not None:
+            check_block_size(block_size)
+
+    def store_kv(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        if k_cache.numel() == 0:
+            return
+        from nanoexp.kernels.triton_kv import store_kv
+
+        store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        md: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        from flash_attn import flash_attn_varlen_func
+
+        if not md.has_cached_prefix:
+            return flash_attn_varlen_func(
+                q, k, v, md.cu_seqlens_q, md.cu_seqlens_q, md.max_seqlen_q, md.max_seqlen_q,
+                softmax_scale=scale, causal=True,
+            )  # fmt: skip
+        check_block_size(k_cache.shape[1])
+        cu_k = md.cu_seqlens_k
+        if cu_k is None:
+            cu_k = torch.nn.functional.pad(md.context_lens.cumsum(0, dtype=torch.int32), (1, 0))
+        max_k = md.max_seqlen_k or int(md.context_lens.max())
+        # flash-attn aligns the causal mask bottom-right, i.e. query j sits at ctx - q_len + j.
+        return flash_attn_varlen_func(
+            q, k_cache, v_cache, md.cu_seqlens_q, cu_k, md.max_seqlen_q, max_k,
+            softmax_scale=scale, causal=True, block_table=md.block_tables,
+        )  # fmt: skip
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        md: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        from flash_attn import flash_attn_with_kvcache
+
+        check_block_size(k_cache.shape[1])
+        out = flash_attn_with_kvcache(
+            q.unsqueeze(1), k_cache, v_cache, cache_seqlens=md.context_lens,
+            block_table=md.block_tables, softmax_scale=scale, causal=True,
+        )  # fmt: skip
+        return out.squeeze(1)

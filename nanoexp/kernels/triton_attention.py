@@ -1,0 +1,471 @@
+"""Triton paged attention: split-K decode (flash-decoding) and varlen causal prefill.
+
+K/V caches are [num_blocks, block_size, kv_heads, head_dim] with a contiguous last dim. Key
+position p of sequence i lives in page block_tables[i, p // block_size] at row p % block_size.
+Softmax runs in fp32 in the log2 domain (scores are pre-multiplied by log2(e)).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+DEFAULT_NUM_SMS = 132
+MIN_KEYS_PER_SPLIT = 128
+MAX_SPLITS = 64
+
+
+@triton.jit
+def _key_offsets(
+    table_ptr,
+    pos,
+    n0,
+    key_mask,
+    stride_cb,
+    stride_cp,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Element offset of each key row `pos` (a tile starting at n0) inside the paged cache."""
+    if BLOCK_SIZE >= BLOCK_N:
+        # n0 is a multiple of BLOCK_N, so the whole tile sits in one page.
+        page = tl.load(table_ptr + n0 // BLOCK_SIZE).to(tl.int64)
+    else:
+        page = tl.load(table_ptr + pos // BLOCK_SIZE, mask=key_mask, other=0).to(tl.int64)
+    return page * stride_cb + (pos % BLOCK_SIZE) * stride_cp
+
+
+@triton.jit
+def _load_rows(ptr, rows, dims, row_mask, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
+    """Load a [len(rows), DIM_PAD] tile; rows are element offsets, padded dims read as zero."""
+    ptrs = ptr + rows[:, None] + dims[None, :]
+    if HEAD_DIM == DIM_PAD:
+        return tl.load(ptrs, mask=row_mask[:, None], other=0.0)
+    else:
+        return tl.load(ptrs, mask=row_mask[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
+
+
+@triton.jit
+def _online_softmax_step(s, m, den, acc, v):
+    """Fold one tile of log2-domain scores s [M, N] and values v [N, D] into (m, den, acc)."""
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    den = den * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, den, acc
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    qk_scale,
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_cb,
+    stride_cp,
+    stride_ch,
+    stride_bt,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+):
+    """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + seq)
+    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, ctx)
+
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    heads = kv_head * GROUP + rows
+    row_mask = rows < GROUP
+    q_rows = seq.to(tl.int64) * stride_qb + heads * stride_qh
+    q = _load_rows(q_ptr, q_rows, dims, row_mask, HEAD_DIM, DIM_PAD)
+
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    den = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        key_mask = pos < end
+        kv_rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
+        kv_rows += kv_head * stride_ch
+        k = _load_rows(k_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD)
+        v = _load_rows(v_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        s = tl.where(key_mask[None, :], s, float("-inf"))
+        m, den, acc = _online_softmax_step(s, m, den, acc, v)
+
+    out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
+    store_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
+    if SINGLE_SPLIT:
+        o_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dims[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=store_mask)
+    else:
+        # Partials are [num_seqs, num_heads, num_splits, (DIM_PAD)] contiguous fp32.
+        part = (seq.to(tl.int64) * (GROUP * tl.num_programs(1)) + heads) * num_splits + split
+        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], out, mask=store_mask)
+        lse = tl.where(den > 0.0, m + tl.log2(tl.where(den > 0.0, den, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=row_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_splits,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    """Combine the per-split (normalized out, lse) of one (sequence, head)."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    split_mask = splits < num_splits
+    base = (seq.to(tl.int64) * tl.num_programs(1) + head) * num_splits
+    lse = tl.load(part_lse_ptr + base + splits, mask=split_mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # context of length 0 gives zeros, not NaN
+    w = tl.exp2(lse - m)
+    o_mask = split_mask[:, None] & (dims[None, :] < HEAD_DIM)
+    o_ptrs = part_out_ptr + (base + splits)[:, None] * DIM_PAD + dims[None, :]
+    o = tl.load(o_ptrs, mask=o_mask, other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0.0, total, 1.0)
+    out_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + dims
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_NUM_SMS
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
+    """Enough splits that batch * kv_heads * splits programs fill the GPU a few times over."""
+    programs = batch * num_kv_heads
+    want = triton.cdiv(4 * num_sms, programs)
+    useful = max(1, max_len // MIN_KEYS_PER_SPLIT)
+    return max(1, min(want, useful, MAX_SPLITS))
+
+
+def _decode_block_n(dim_pad: int) -> int:
+    return 32 if dim_pad > 128 else 64
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_len: int | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
+
+    max_len bounds context_lens (default: the block table's capacity) and only steers the split
+    count; any num_splits >= 1 gives the same result.
+    """
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    _check_cache(q, k_cache, v_cache, num_heads, num_kv_heads)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    group = num_heads // num_kv_heads
+    dim_pad = max(16, triton.next_power_of_2(head_dim))
+    block_n = block_n or _decode_block_n(dim_pad)
+    if max_len is None:
+        max_len = block_tables.shape[1] * block_size
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, num_kv_heads, max_len, _num_sms(q.device))
+    if num_splits > 1:
+        part_out = torch.empty(
+            (batch, num_heads, num_splits, dim_pad), dtype=torch.float32, device=q.device
+        )
+        part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        out,
+        part_out,
+        part_lse,
+        scale * LOG2E,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=block_n,
+        SINGLE_SPLIT=num_splits == 1,
+        num_warps=4,
+        num_stages=2,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(batch, num_heads)](
+            part_out,
+            part_lse,
+            out,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            DIM_PAD=dim_pad,
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            num_warps=4,
+        )
+    return out
+
+
+@triton.jit
+def _prefill_tiles(
+    q,
+    m,
+    den,
+    acc,
+    k_ptr,
+    v_ptr,
+    table,
+    kv_base,
+    q_pos,
+    dims,
+    n_start,
+    n_end,
+    ctx,
+    qk_scale,
+    stride_kt,
+    stride_cb,
+    stride_cp,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+):
+    """Fold keys [n_start, n_end) into the running softmax; n_start is a multiple of BLOCK_N."""
+    for n0 in range(n_start, n_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        key_mask = pos < ctx
+        if PAGED:
+            rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
+        else:
+            rows = pos.to(tl.int64) * stride_kt
+        rows += kv_base
+        k = _load_rows(k_ptr, rows, dims, key_mask, HEAD_DIM, DIM_PAD)
+        v = _load_rows(v_ptr, rows, dims, key_mask, HEAD_DIM, DIM_PAD)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        if CAUSAL_MASK:
+            visible = (pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
+            s = tl.where(visible, s, float("-inf"))
+        m, den, acc = _online_softmax_step(s, m, den, acc, v)
+    return m, den, acc
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    cu_seqlens_q_ptr,
+    context_lens_ptr,
+    block_tables_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cb,
+    stride_cp,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
+):
+    """One (query tile, sequence, head). Query j sits at position ctx - q_len + j (causal).
+
+    PAGED reads K/V through the block table (k_ptr/v_ptr are the caches); otherwise K/V are this
+    step's packed rows and the context is exactly the new tokens.
+    """
+    m_block = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    if m_block * BLOCK_M >= q_len:
+        return
+    if PAGED:
+        ctx = tl.load(context_lens_ptr + seq)
+        kv_base = (head // GROUP) * stride_kh
+    else:
+        ctx = q_len
+        kv_base = q_start.to(tl.int64) * stride_kt + (head // GROUP) * stride_kh
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, DIM_PAD)
+    row_mask = offs_m < q_len
+    q_rows = (q_start + offs_m).to(tl.int64) * stride_qt + head * stride_qh
+    q = _load_rows(q_ptr, q_rows, dims, row_mask, HEAD_DIM, DIM_PAD)
+    q_pos = ctx - q_len + offs_m
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    den = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
+    first_pos = ctx - q_len + m_block * BLOCK_M
+    # Keys before the tile's first query position are visible to every row: no mask needed.
+    full_end = (first_pos // BLOCK_N) * BLOCK_N
+    diag_end = tl.minimum(first_pos + BLOCK_M, ctx)
+    m, den, acc = _prefill_tiles(
+        q, m, den, acc, k_ptr, v_ptr, table, kv_base, q_pos, dims, 0, full_end, ctx,
+        qk_scale, stride_kt, stride_cb, stride_cp,
+        HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, PAGED, False,
+    )  # fmt: skip
+    m, den, acc = _prefill_tiles(
+        q, m, den, acc, k_ptr, v_ptr, table, kv_base, q_pos, dims, full_end, diag_end, ctx,
+        qk_scale, stride_kt, stride_cb, stride_cp,
+        HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, PAGED, True,
+    )  # fmt: skip
+
+    out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
+    o_ptrs = out_ptr + ((q_start + offs_m).to(tl.int64) * stride_ot)[:, None]
+    o_ptrs += head * stride_oh + dims[None, :]
+    o_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
+
+
+def _prefill_config(dim_pad: int, max_seqlen_q: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) sized to fit shared memory."""
+    if dim_pad > 128:
+        return 64, 32, 4, 2
+    block_m = 64 if max_seqlen_q <= 64 else 128
+    num_warps = 8 if dim_pad == 128 and block_m == 128 else 4
+    return block_m, 64, num_warps, 3
+
+
+def varlen_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    max_seqlen_q: int,
+    context_lens: torch.Tensor | None,
+    block_tables: torch.Tensor | None,
+    scale: float,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of packed queries q [T, H, D].
+
+    With block_tables, k/v are the paged caches and sequence i's context is its first
+    context_lens[i] cached positions. Without, k/v [T, kv_heads, D] are packed like q and each
+    sequence attends to its own new tokens only. max_seqlen_q must bound every q length.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    paged = block_tables is not None
+    num_kv_heads = k.shape[2] if paged else k.shape[1]
+    if paged:
+        _check_cache(q, k, v, num_heads, num_kv_heads)
+    else:
+        assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.stride() == v.stride()
+        assert q.stride(-1) == 1 and num_heads % num_kv_heads == 0
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    max_seqlen_q = min(max_seqlen_q, num_tokens)
+    dim_pad = max(16, triton.next_power_of_2(head_dim))
+    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(dim_pad, max_seqlen_q)
+    block_m, block_n = block_m or cfg_m, block_n or cfg_n
+    grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
+    _prefill_kernel[grid](
+        q,
+        k,
+        v,
+        out,
+        cu_seqlens_q,
+        context_lens if paged else cu_seqlens_q,
+        block_tables if paged else cu_seqlens_q,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        0 if paged else k.stride(0),
+        k.stride(2) if paged else k.stride(1),
+        k.stride(0) if paged else 0,
+        k.stride(1) if paged else 0,
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0) if paged else 0,
+        GROUP=num_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad,
+        BLOCK_SIZE=k.shape[1] if paged else 1,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        PAGED=paged,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out
+
+
+def _check_cache(q, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> None:
+    assert q.stride(-1) == 1, "q needs a contiguous last dim"
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    assert k_cache.shape[-1] == q.shape[-1] and num_heads % num_kv_heads == 0
+    bs = k_cache.shape[1]
+    assert bs & (bs - 1) == 0, f"block size {bs} must be a power of two"

@@ -1,0 +1,60 @@
+"""Attention backend built on the Triton kernels (paged KV, split-K decode, varlen prefill)."""
+
+from __future__ import annotations
+
+import torch
+
+from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
+from nanoexp.kernels.triton_attention import paged_decode, varlen_prefill
+from nanoexp.kernels.triton_kv import store_kv
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def store_kv(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        if k_cache.numel() == 0:  # no cache allocated yet (e.g. a memory-profiling run)
+            return
+        store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        md: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        num_seqs = md.cu_seqlens_q.shape[0] - 1
+        if md.max_seqlen_q * num_seqs < q.shape[0]:
+            raise ValueError(
+                f"AttentionMetadata.max_seqlen_q={md.max_seqlen_q} is too small for "
+                f"{q.shape[0]} tokens in {num_seqs} sequences"
+            )
+        if md.has_cached_prefix:
+            return varlen_prefill(
+                q, k_cache, v_cache, md.cu_seqlens_q, md.max_seqlen_q,
+                md.context_lens, md.block_tables, scale,
+            )  # fmt: skip
+        return varlen_prefill(q, k, v, md.cu_seqlens_q, md.max_seqlen_q, None, None, scale)
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        md: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        # The split count is a function of static shapes only, so CUDA-graph capture stays valid.
+        max_len = md.block_tables.shape[1] * k_cache.shape[1]
+        return paged_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, max_len)

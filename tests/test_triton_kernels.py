@@ -1,0 +1,222 @@
+"""Triton attention kernels against the pure-torch reference backend.
+
+Without CUDA the kernels run in the Triton CPU interpreter, so shapes stay tiny and dtypes are
+fp16/fp32 (the interpreter mishandles bf16 dots). The `gpu` tests use real Qwen3 shapes in bf16.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' @triton.jit decoration
+
+triton = pytest.importorskip("triton")
+
+from nanoexp.kernels import triton_attention, triton_kv  # noqa: E402
+from nanoexp.kernels.base import AttentionMetadata  # noqa: E402
+from nanoexp.kernels.select import make_attention_backend  # noqa: E402
+from nanoexp.kernels.torch_ref import TorchAttentionBackend  # noqa: E402
+from nanoexp.kernels.triton_backend import TritonAttentionBackend  # noqa: E402
+
+# The interpreter's loops over tensor bounds trip a numpy deprecation warning.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TOL = {torch.float32: 1e-4, torch.float16: 3e-3}
+
+if DEVICE.type == "cpu" and not triton_attention._decode_split_kernel.__class__.__name__.startswith(
+    "Interpreted"
+):
+    # Imported earlier without the interpreter: re-decorate the kernels in place.
+    importlib.reload(triton_kv)
+    importlib.reload(triton_attention)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def make_cache(num_blocks, block_size, kv_heads, head_dim, dtype, gen):
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+    v = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+    return k, v
+
+
+def make_block_tables(ctx_lens, block_size, num_blocks, gen) -> torch.Tensor:
+    """Distinct, shuffled pages per sequence; unused entries padded with 0."""
+    need = [cdiv(n, block_size) for n in ctx_lens]
+    pages = torch.randperm(num_blocks, generator=gen)[: sum(need)].tolist()
+    table = torch.zeros(len(ctx_lens), max(need), dtype=torch.int32)
+    for i, n in enumerate(need):
+        table[i, :n] = torch.tensor(pages[:n], dtype=torch.int32)
+        pages = pages[n:]
+    return table.to(DEVICE)
+
+
+def slots_for(table, ctx_lens, q_lens, block_size) -> torch.Tensor:
+    slots = []
+    for i, (ctx, ql) in enumerate(zip(ctx_lens, q_lens)):
+        for pos in range(ctx - ql, ctx):
+            slots.append(int(table[i, pos // block_size]) * block_size + pos % block_size)
+    return torch.tensor(slots, dtype=torch.int64, device=DEVICE)
+
+
+def prefill_metadata(ctx_lens, q_lens, table, block_size) -> AttentionMetadata:
+    cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(ctx_lens).cumsum(0).tolist()], dtype=torch.int32)
+    return AttentionMetadata(
+        is_prefill=True,
+        slot_mapping=slots_for(table, ctx_lens, q_lens, block_size),
+        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=table,
+        cu_seqlens_q=cu_q.to(DEVICE),
+        cu_seqlens_k=cu_k.to(DEVICE),
+        max_seqlen_q=max(q_lens),
+        max_seqlen_k=max(ctx_lens),
+        has_cached_prefix=any(c > q for c, q in zip(ctx_lens, q_lens)),
+    )
+
+
+def decode_metadata(ctx_lens, table) -> AttentionMetadata:
+    return AttentionMetadata(
+        is_prefill=False,
+        slot_mapping=torch.zeros(len(ctx_lens), dtype=torch.int64, device=DEVICE),
+        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=table,
+        max_seqlen_k=max(ctx_lens),
+    )
+
+
+def assert_close(out, ref, dtype):
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert torch.isfinite(out).all()
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+def rel_l2(out, ref) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+# ---------------------------------------------------------------- store_kv
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_store_kv_skips_padding_slots(dtype, block_size):
+    gen = torch.Generator().manual_seed(1)
+    kv_heads, head_dim, num_blocks = 2, 40, 24
+    num_tokens = 11
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slots[[2, 7, 10]] = -1
+    # k/v as strided views into a fused qkv buffer, like the model produces them.
+    qkv = torch.randn(num_tokens, 3 * kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    k, v = qkv[:, kv_heads : 2 * kv_heads], qkv[:, 2 * kv_heads :]
+    poison = torch.full((num_blocks, block_size, kv_heads, head_dim), 7.5, dtype=dtype)
+    k_cache, v_cache = poison.clone().to(DEVICE), poison.clone().to(DEVICE)
+    k_ref, v_ref = poison.clone().to(DEVICE), poison.clone().to(DEVICE)
+    slots = slots.to(DEVICE)
+
+    TritonAttentionBackend().store_kv(k, v, k_cache, v_cache, slots)
+    TorchAttentionBackend().store_kv(k, v, k_ref, v_ref, slots)
+
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    written = torch.zeros(num_blocks * block_size, dtype=torch.bool)
+    written[slots[slots >= 0].cpu()] = True
+    flat = k_cache.view(-1, kv_heads, head_dim).cpu()
+    assert (flat[~written] == 7.5).all()
+
+
+# ---------------------------------------------------------------- decode
+
+
+def run_decode(ctx_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0, **kernel_kw):
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(cdiv(n, block_size) for n in ctx_lens) + 3
+    k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, head_dim, dtype, gen)
+    table = make_block_tables(ctx_lens, block_size, num_blocks, gen)
+    md = decode_metadata(ctx_lens, table)
+    q = torch.randn(len(ctx_lens), heads, head_dim, generator=gen).to(DEVICE, dtype)
+    scale = 2.0 / head_dim**0.5  # sharper than usual, to stress the online softmax
+    ref = TorchAttentionBackend().decode(q.float(), k_cache.float(), v_cache.float(), md, scale)
+    if kernel_kw:
+        out = triton_attention.paged_decode(q, k_cache, v_cache, table, md.context_lens, scale, **kernel_kw)
+    else:
+        out = TritonAttentionBackend().decode(q, k_cache, v_cache, md, scale)
+    return out, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_decode_matches_reference(dtype, block_size, group):
+    ctx_lens = [1, 77, min(2 * block_size + 5, 150), 150]
+    kv_heads = 2
+    out, ref = run_decode(ctx_lens, group * kv_heads, kv_heads, 32, block_size, dtype)
+    assert_close(out, ref, dtype)
+    out, ref = run_decode(ctx_lens, group * kv_heads, kv_heads, 32, block_size, dtype, num_splits=3)
+    assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 64])
+def test_decode_any_split_count_gives_same_result(num_splits):
+    ctx_lens = [1, 64, 65, 200]
+    out, ref = run_decode(ctx_lens, 4, 2, 32, 16, torch.float16, num_splits=num_splits)
+    assert_close(out, ref, torch.float16)
+
+
+@pytest.mark.parametrize("head_dim", [16, 40, 128])
+def test_decode_head_dims(head_dim):
+    out, ref = run_decode([3, 90], 4, 2, head_dim, 16, torch.float16, seed=head_dim)
+    assert_close(out, ref, torch.float16)
+
+
+def test_decode_large_block_tile_inside_page():
+    out, ref = run_decode([5, 300], 8, 2, 32, 256, torch.float16, num_splits=3, block_n=32)
+    assert_close(out, ref, torch.float16)
+
+
+def test_decode_empty_context_gives_zeros():
+    gen = torch.Generator().manual_seed(3)
+    k_cache, v_cache = make_cache(4, 16, 2, 32, torch.float32, gen)
+    table = torch.tensor([[1], [2]], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(2, 4, 32, generator=gen).to(DEVICE)
+    lens = torch.tensor([0, 5], dtype=torch.int32, device=DEVICE)
+    for splits in (1, 3):
+        out = triton_attention.paged_decode(q, k_cache, v_cache, table, lens, 0.2, num_splits=splits)
+        assert (out[0] == 0).all() and torch.isfinite(out).all()
+
+
+def test_choose_num_splits_fills_the_gpu():
+    assert triton_attention.choose_num_splits(256, 8, 4096, 132) == 1
+    assert triton_attention.choose_num_splits(1, 8, 4096, 132) == 32
+    assert triton_attention.choose_num_splits(1, 8, 64, 132) == 1
+    assert 1 < triton_attention.choose_num_splits(16, 8, 4096, 132) <= 8
+
+
+# ---------------------------------------------------------------- backend selection
+
+
+def test_select_backends():
+    cpu = torch.device("cpu")
+    assert make_attention_backend("torch", cpu, 16).name == "torch"
+    assert make_attention_backend("auto", cpu, 256).name == "torch"
+    with pytest.raises(ValueError, match="attention_backend"):
+        make_attention_backend("flash_attn", cpu, 256)
+    with pytest.raises(ValueError, match="attention_backend"):
+        make_attention_backend("nope", cpu, 16)
+
+
+def test_select_triton_on_cpu_needs_interpreter(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert make_attention_backend("triton", cpu, 16).name == "triton"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="attention_backend='triton'.*'torch'"):
+        make_attention_backend("triton", cpu, 16)
