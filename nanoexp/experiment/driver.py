@@ -1,0 +1,94 @@
+"""Drives a workload through an executor and records what happened, step by step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nanoexp.engine.outputs import RequestOutput, StepStats
+from nanoexp.experiment.workloads import Request, Workload
+
+OnStep = Callable[[StepStats], None]
+
+
+class Executor(Protocol):
+    def execute(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]: ...
+
+
+class StepExecutor:
+    """Our engine: submit each request at its arrival time, call `engine.step()` until done."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def execute(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
+        pending, outputs = list(requests), []
+        while pending or self.engine.has_unfinished():
+            pending = self._submit_arrived(pending, t0)
+            if not self.engine.has_unfinished():
+                _sleep_until(t0 + pending[0].arrival_offset_s)
+                continue
+            finished, stats = self.engine.step()
+            outputs += finished
+            on_step(stats)
+        return outputs
+
+    def _submit_arrived(self, pending: list[Request], t0: float) -> list[Request]:
+        now = time.perf_counter() - t0
+        while pending and pending[0].arrival_offset_s <= now:
+            r = pending.pop(0)
+            self.engine.add_request(list(r.prompt_token_ids), r.sampling_params)
+        return pending
+
+
+@dataclass
+class RunRecord:
+    outputs: list[RequestOutput] = field(default_factory=list)
+    steps: list[StepStats] = field(default_factory=list)
+    t0: float = 0.0
+    duration_s: float = 0.0
+    iteration_latencies_s: list[float] = field(default_factory=list)
+
+
+class StepLog:
+    """Collects StepStats (only while recording) and forwards flat rows to a callback."""
+
+    def __init__(self, record: RunRecord, emit: Callable[[int, StepStats, float], None]):
+        self.record, self.emit, self.recording = record, emit, True
+
+    def __call__(self, stats: StepStats) -> None:
+        if self.recording:
+            self.record.steps.append(stats)
+            self.emit(len(self.record.steps) - 1, stats, time.perf_counter() - self.record.t0)
+
+
+def run(executor: Executor, workload: Workload, emit: Callable[[int, StepStats, float], None]) -> RunRecord:
+    """One offline/online pass, or in latency mode warm-up plus timed iterations of one batch."""
+    record = RunRecord()
+    log = StepLog(record, emit)
+    if not workload.latency_mode:
+        record.t0 = time.perf_counter()
+        record.outputs = sorted(executor.execute(workload.requests, record.t0, log), key=_order)
+        record.duration_s = time.perf_counter() - record.t0
+        return record
+    log.recording = False
+    for _ in range(workload.num_iters_warmup):
+        executor.execute(workload.requests, time.perf_counter(), log)
+    log.recording = True
+    record.t0 = time.perf_counter()
+    for _ in range(workload.num_iters):
+        start = time.perf_counter()
+        record.outputs += executor.execute(workload.requests, start, log)
+        record.iteration_latencies_s.append(time.perf_counter() - start)
+    record.duration_s = time.perf_counter() - record.t0
+    return record
+
+
+def _order(o: RequestOutput) -> int:
+    return o.request_id
+
+
+def _sleep_until(t: float) -> None:
+    time.sleep(max(0.0, t - time.perf_counter()))

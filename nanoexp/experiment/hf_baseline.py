@@ -1,0 +1,226 @@
+"""The transformers baseline: the same requests through `model.generate` (sdpa, left padding).
+
+Requests run in batches of up to `max_batch` in arrival order; each batch decodes to its longest
+request (rows stop counting at their own max_tokens or eos). Per-token times come from a stopping
+criterion that fires once per generated token, so TTFT/TPOT/ITL mean the same as for our engine.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from nanoexp.engine.outputs import RequestOutput, StepStats
+from nanoexp.experiment.workloads import Request
+
+OnStep = Callable[[StepStats], None]
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class HFBaseline:
+    def __init__(
+        self,
+        arch: dict,
+        checkpoint: str | None,
+        dtype: str,
+        device: str,
+        seed: int,
+        max_batch: int,
+    ):
+        self.device = _device(device)
+        self.dtype = _dtype(dtype, self.device)
+        self.max_batch = max_batch
+        self.eos = int(arch["eos_token_id"])
+        self.load_format = "safetensors" if checkpoint else "dummy"
+        self._rss0 = _peak_rss()
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        self.model = _load(arch, checkpoint, self.dtype).to(self.device).eval()
+        self.load_s = time.perf_counter() - start
+        self.tokenizer = _tokenizer(checkpoint)
+        self._next_id = 0
+
+    def execute(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
+        """Run every request (waiting for its arrival offset), batch by batch."""
+        outputs: list[RequestOutput] = []
+        pending = list(requests)
+        while pending:
+            _wait_for(t0 + pending[0].arrival_offset_s)
+            now = time.perf_counter() - t0
+            arrived = [r for r in pending[: self.max_batch] if r.arrival_offset_s <= now]
+            pending = pending[len(arrived) :]
+            outputs += self._run_batch(arrived, t0, on_step)
+        return outputs
+
+    @torch.inference_mode()
+    def _run_batch(self, batch: list[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
+        ids, mask = _left_pad(batch, pad_id=self.eos)
+        times: list[float] = []
+        start = time.perf_counter()
+        generated = self.model.generate(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            stopping_criteria=[_TokenClock(times)],
+            pad_token_id=self.eos,
+            eos_token_id=self.eos,
+            **_generate_kwargs(batch),
+        )[:, ids.shape[1] :].cpu()
+        outs = [self._output(r, generated[i].tolist(), times, t0) for i, r in enumerate(batch)]
+        for stats in _step_stats(batch, outs, ids.numel(), start, times):
+            on_step(stats)
+        return outs
+
+    def _output(self, r: Request, row: list[int], times: list[float], t0: float) -> RequestOutput:
+        tokens = _truncate(row, r.sampling_params, self.eos)
+        self._next_id += 1
+        arrival = t0 + r.arrival_offset_s
+        return RequestOutput(
+            request_id=self._next_id - 1,
+            prompt_token_ids=list(r.prompt_token_ids),
+            token_ids=tokens,
+            finish_reason="length" if len(tokens) == r.sampling_params.max_tokens else "stop",
+            arrival_time=arrival,
+            first_scheduled_time=times[0] if times else arrival,
+            first_token_time=times[0],
+            token_times=times[: len(tokens)],
+            finish_time=times[len(tokens) - 1],
+            num_cached_tokens=0,
+            num_preemptions=0,
+        )
+
+    def stats(self) -> dict:
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return {
+            "weights_bytes": weights,
+            "kv_cache_bytes": 0,  # transformers grows its cache per batch; not preallocated
+            "num_kv_blocks": 0,
+            "kv_block_size": 0,
+            "peak_memory_bytes": _peak_memory(self.device, self._rss0),
+            "load_s": self.load_s,
+            "warmup_s": 0.0,
+            "graph_capture_s": 0.0,
+            "device": self.device.type,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "attention_backend": "sdpa",
+            "load_format": self.load_format,
+        }
+
+    def close(self) -> None:
+        self.model = None
+
+
+class _TokenClock:
+    """A stopping criterion that never stops: it timestamps every generated token."""
+
+    def __init__(self, times: list[float]):
+        self.times = times
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[float]) -> list[StepStats]:
+    stats, prev = [], start
+    for i, t in enumerate(times):
+        active = sum(len(o.token_ids) > i for o in outs)
+        stats.append(
+            StepStats(
+                phase="prefill" if i == 0 else "decode",
+                num_seqs=len(batch),
+                num_tokens=prefill_tokens if i == 0 else len(batch),
+                num_output_tokens=active,
+                step_time_s=t - prev,
+                kv_blocks_used=0,
+                kv_blocks_total=0,
+                prefix_cache_queries=0,
+                prefix_cache_hits=0,
+                num_preemptions=0,
+                num_running=len(batch),
+                num_waiting=0,
+                num_finished=sum(len(o.token_ids) == i + 1 for o in outs),
+            )
+        )
+        prev = t
+    return stats
+
+
+def _generate_kwargs(batch: list[Request]) -> dict:
+    sp = batch[0].sampling_params  # a workload shares one sampler
+    max_new = max(r.sampling_params.max_tokens for r in batch)
+    kwargs = {"max_new_tokens": max_new, "do_sample": not sp.greedy, "num_beams": 1}
+    if any(r.sampling_params.ignore_eos for r in batch):
+        kwargs["min_new_tokens"] = max_new
+    if not sp.greedy:
+        kwargs |= {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": max(sp.top_k, 0)}
+        kwargs["min_p"] = sp.min_p or None
+    else:
+        kwargs |= {"temperature": None, "top_p": None, "top_k": None}
+    return kwargs
+
+
+def _truncate(row: list[int], sp, eos: int) -> list[int]:
+    tokens = row[: sp.max_tokens]
+    if not sp.ignore_eos and eos in tokens:
+        tokens = tokens[: tokens.index(eos) + 1]
+    return tokens
+
+
+def _left_pad(batch: list[Request], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r.prompt_token_ids) for r in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, r in enumerate(batch):
+        n = len(r.prompt_token_ids)
+        ids[i, width - n :] = torch.tensor(r.prompt_token_ids)
+        mask[i, width - n :] = 1
+    return ids, mask
+
+
+def _load(arch: dict, checkpoint: str | None, dtype: torch.dtype):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if checkpoint:
+        return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype, attn_implementation="sdpa")
+    fields = {k: v for k, v in arch.items() if k != "model_type"}
+    config = AutoConfig.for_model(arch["model_type"], **fields)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+
+
+def _tokenizer(checkpoint: str | None):
+    if not checkpoint:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(checkpoint)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def _wait_for(t: float) -> None:
+    delay = t - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _peak_memory(device: torch.device, rss0: int) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return _peak_rss() - rss0

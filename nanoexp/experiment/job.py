@@ -1,0 +1,70 @@
+"""What Hydra knows about the running job: output dir, overrides, sweep, a run name and group."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+from nanoexp.config import LoggerConfig
+
+
+@dataclass
+class JobInfo:
+    out_dir: Path
+    overrides: list[str]
+    name: str
+    group: str | None
+    job_num: int = 0
+    multirun: bool = False
+    sweep_dir: str | None = None
+    extra: dict = field(default_factory=dict)  # filled by loggers (e.g. the W&B run's id and dir)
+
+    def as_dict(self) -> dict:
+        return {
+            "out_dir": str(self.out_dir),
+            "overrides": self.overrides,
+            "name": self.name,
+            "group": self.group,
+            "job_num": self.job_num,
+            "multirun": self.multirun,
+            "sweep_dir": self.sweep_dir,
+            **self.extra,
+        }
+
+
+def current_job(logger_cfg: LoggerConfig) -> JobInfo:
+    """The job as Hydra sees it; outside Hydra (e.g. a notebook) a fresh dir under outputs/."""
+    if not HydraConfig.initialized():
+        out = Path("outputs") / "manual" / time.strftime("%Y-%m-%d_%H-%M-%S")
+        return JobInfo(out, [], logger_cfg.name or "manual", logger_cfg.group)
+    hc = HydraConfig.get()
+    overrides = list(hc.overrides.task)
+    multirun = hc.mode == RunMode.MULTIRUN
+    sweep_dir = str(Path(hc.sweep.dir)) if multirun else None
+    return JobInfo(
+        out_dir=Path(hc.runtime.output_dir),
+        overrides=overrides,
+        name=logger_cfg.name or run_name(overrides),
+        group=logger_cfg.group or sweep_group(sweep_dir),
+        job_num=int(hc.job.get("num", 0) or 0),
+        multirun=multirun,
+        sweep_dir=sweep_dir,
+    )
+
+
+def run_name(overrides: list[str]) -> str:
+    """A readable name from the command-line overrides (`default` for none)."""
+    kept = [o for o in overrides if not o.startswith(("hydra", "logger."))]
+    return ",".join(kept) or "default"
+
+
+def sweep_group(sweep_dir: str | None) -> str | None:
+    """`<date>_<time>` from multirun/<date>/<time>: one W&B group per sweep."""
+    if sweep_dir is None:
+        return None
+    path = Path(sweep_dir)
+    return f"{path.parent.name}_{path.name}" if path.parent.name else path.name

@@ -1,0 +1,67 @@
+"""The always-on local sink: results.json, requests.csv and steps.csv in the job's output dir."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from nanoexp.experiment.job import JobInfo
+
+RESULTS_FILE = "results.json"
+
+
+class LocalSink:
+    def __init__(self) -> None:
+        self.config: dict = {}
+        self.job: JobInfo | None = None
+        self.steps: list[dict] = []
+
+    def start(self, config: dict, job: JobInfo) -> None:
+        self.config, self.job = config, job
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def log_step(self, step: int, row: dict) -> None:
+        self.steps.append(row)
+
+    def log_requests(self, rows: list[dict]) -> None:
+        write_csv(self.out_dir / "requests.csv", rows)
+
+    def finish(self, summary: dict, exit_code: int = 0) -> None:
+        write_csv(self.out_dir / "steps.csv", self.steps)
+        results = {
+            "status": "ok" if exit_code == 0 else "failed",
+            "exit_code": exit_code,
+            "job": self.job.as_dict() if self.job else {},
+            "config": self.config,
+            "summary": summary,
+        }
+        (self.out_dir / RESULTS_FILE).write_text(json.dumps(_json_safe(results), indent=2) + "\n")
+
+    @property
+    def out_dir(self) -> Path:
+        assert self.job is not None, "LocalSink.start() was not called"
+        return self.job.out_dir
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _json_safe(value):
+    """NaN becomes null and inf "inf", so results.json stays strict JSON."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value

@@ -1,0 +1,142 @@
+"""One job: resolve the config, build, warm up, run the workload, summarize, log.
+
+Errors end the job with one line on stderr (config errors exit 2, others 1; the traceback goes to
+error.txt in the job dir, or to the terminal with HYDRA_FULL_ERROR=1). In a multirun the job
+returns its exit code instead, so the other jobs still run and the sweep report lists it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+from omegaconf import DictConfig
+
+from nanoexp import factory
+from nanoexp.experiment import gpus
+from nanoexp.experiment.driver import run
+from nanoexp.experiment.job import JobInfo, current_job
+from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.metrics import latency_summary, request_rows, step_row, summarize
+from nanoexp.experiment.summary_table import print_summary
+from nanoexp.factory import ConfigError
+
+CONFIG_EXIT, RUNTIME_EXIT = 2, 1
+
+
+def main(cfg: DictConfig) -> int:
+    """Run the experiment described by `cfg`; returns 0, or exits non-zero with one line."""
+    job, code = None, 0
+    try:
+        spec, plain = factory.to_spec(cfg), factory.to_plain(cfg)
+        job = current_job(spec.logger)
+        code = _run_job(spec, plain, job)
+    except Exception as e:  # noqa: BLE001 - every failure becomes one line and an exit code
+        code = _report_error(e, job)
+    if code and not (job and job.multirun):
+        sys.exit(code)
+    return code
+
+
+def _run_job(spec, plain: dict, job: JobInfo) -> int:
+    factory.check(spec)
+    checkpoint = factory.resolve_checkpoint(spec)
+    gpus.claim(spec.launch.gpus_per_job, job.job_num)
+    logger = factory.build_logger(spec)
+    logger.start(plain, job)
+    summary, code = {"load_format": checkpoint.load_format}, 0
+    try:
+        summary = experiment(spec, checkpoint, logger, job)
+    except BaseException as e:
+        code = CONFIG_EXIT if isinstance(e, ConfigError) else RUNTIME_EXIT
+        summary |= {"error": _one_line(e)}
+        raise
+    finally:
+        logger.finish(summary, code)
+    print_summary(summary, job)
+    return 0
+
+
+def experiment(spec, checkpoint: factory.Checkpoint, logger, job: JobInfo) -> dict:
+    """Build, warm up, run, summarize. Returns the flat summary that gets logged."""
+    tokenizer = factory.build_tokenizer(checkpoint)
+    workload = factory.build_workload(spec, tokenizer)
+    arch_diffs = factory.check_arch(spec, checkpoint)
+    start = time.perf_counter()
+    engine = factory.build_engine(spec, checkpoint)
+    try:
+        build_s = time.perf_counter() - start
+        executor = factory.build_executor(spec, engine)
+        warmup_s = _warm_up(executor, workload) if spec.engine.warmup else 0.0
+        emit = lambda i, stats, t: logger.log_step(i, step_row(i, stats, t))
+        record = run(executor, workload, emit)
+        stats = engine.stats()
+    finally:
+        engine.close()
+    logger.log_requests(request_rows(record.outputs, record.t0))
+    summary = summarize(record.outputs, record.steps, record.duration_s)
+    if record.iteration_latencies_s:
+        summary |= latency_summary(record.iteration_latencies_s)
+    summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()}
+    summary |= {
+        "build_s": build_s,
+        "bench_warmup_s": warmup_s,
+        "engine_kind": spec.engine.kind.value,
+        "model": spec.model.name,
+        "workload": spec.workload.name,
+        "load_format_requested": checkpoint.requested,
+        "load_format": checkpoint.load_format,
+        "checkpoint_path": checkpoint.path or "",
+        "arch_mismatches": len(arch_diffs),
+    }
+    return summary
+
+
+def _warm_up(executor, workload) -> float:
+    """One short untimed request (nano-vLLM's bench does the same), so timings exclude first-call costs."""
+    from dataclasses import replace
+
+    from nanoexp.experiment.workloads import Request
+
+    first = workload.requests[0]
+    params = replace(first.sampling_params, max_tokens=min(4, first.sampling_params.max_tokens))
+    start = time.perf_counter()
+    executor.execute([Request(first.prompt_token_ids[:16], params)], start, lambda s: None)
+    return time.perf_counter() - start
+
+
+def _report_error(e: BaseException, job: JobInfo | None) -> int:
+    code = CONFIG_EXIT if _is_config_error(e) else RUNTIME_EXIT
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        traceback.print_exc()
+    elif job is not None and code == RUNTIME_EXIT:
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        (job.out_dir / "error.txt").write_text(traceback.format_exc())
+    where = f" (traceback: {job.out_dir / 'error.txt'})" if job and code == RUNTIME_EXIT else ""
+    print(f"nanoexp: error: {_one_line(e)}{where}", file=sys.stderr)
+    if job is not None:
+        _record_failure(job, code, _one_line(e))
+    return code
+
+
+def _record_failure(job: JobInfo, code: int, error: str) -> None:
+    """A results.json for jobs that failed before the logger started, so sweeps list them."""
+    path = job.out_dir / RESULTS_FILE
+    if not path.exists():
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        failed = {"status": "failed", "exit_code": code, "job": job.as_dict(), "summary": {"error": error}}
+        path.write_text(json.dumps(failed, indent=2) + "\n")
+
+
+def _is_config_error(e: BaseException) -> bool:
+    from omegaconf.errors import OmegaConfBaseException
+
+    return isinstance(e, ConfigError | OmegaConfBaseException)
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__

@@ -1,0 +1,124 @@
+"""Metrics named as in vLLM's benchmarks, from finished requests and per-step statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from nanoexp.engine.outputs import RequestOutput, StepStats
+
+PERCENTILES = (90, 99)
+LATENCY_PERCENTILES = (10, 25, 50, 75, 90, 99)  # as `vllm bench latency`
+
+
+def summarize(
+    outputs: Sequence[RequestOutput], steps: Sequence[StepStats], duration_s: float
+) -> dict[str, float]:
+    """Throughput, latency distributions and step aggregates of one benchmark pass."""
+    inputs = sum(len(o.prompt_token_ids) for o in outputs)
+    generated = sum(len(o.token_ids) for o in outputs)
+    summary: dict[str, float] = {
+        "completed": len(outputs),
+        "total_input_tokens": inputs,
+        "total_output_tokens": generated,
+        "duration_s": duration_s,
+        "request_throughput": _rate(len(outputs), duration_s),
+        "output_throughput": _rate(generated, duration_s),
+        "total_token_throughput": _rate(inputs + generated, duration_s),
+    }
+    multi = [o for o in outputs if len(o.token_ids) > 1]
+    summary |= distribution("ttft_ms", [o.ttft * 1e3 for o in outputs])
+    summary |= distribution("tpot_ms", [o.tpot * 1e3 for o in multi])
+    summary |= distribution("itl_ms", [x * 1e3 for o in outputs for x in o.inter_token_latencies])
+    summary |= distribution("e2el_ms", [o.e2e_latency * 1e3 for o in outputs])
+    summary["total_cached_tokens"] = sum(o.num_cached_tokens for o in outputs)
+    summary["total_preempted_requests"] = sum(o.num_preemptions > 0 for o in outputs)
+    return summary | step_aggregates(steps)
+
+
+def distribution(name: str, values: Sequence[float]) -> dict[str, float]:
+    """mean_/median_/std_/pNN_ keys for one latency series (NaN when empty)."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        keys = ["mean", "median", "std", *(f"p{p}" for p in PERCENTILES)]
+        return {f"{k}_{name}": float("nan") for k in keys}
+    out = {f"mean_{name}": arr.mean(), f"median_{name}": np.median(arr), f"std_{name}": arr.std()}
+    out |= {f"p{p}_{name}": np.percentile(arr, p) for p in PERCENTILES}
+    return {k: float(v) for k, v in out.items()}
+
+
+def step_aggregates(steps: Sequence[StepStats]) -> dict[str, float]:
+    prefill = [s for s in steps if s.phase == "prefill"]
+    decode = [s for s in steps if s.phase != "prefill"]
+    queries = sum(s.prefix_cache_queries for s in steps)
+    peak_blocks = max((s.kv_blocks_used for s in steps), default=0)
+    total_blocks = max((s.kv_blocks_total for s in steps), default=0)
+    return {
+        "num_steps": len(steps),
+        "num_prefill_steps": len(prefill),
+        "num_decode_steps": len(decode),
+        "prefill_time_s": _time(prefill),
+        "decode_time_s": _time(decode),
+        "mean_decode_batch_size": _mean([s.num_seqs for s in decode]),
+        "prefill_throughput": _rate(sum(s.num_tokens for s in prefill), _time(prefill)),
+        "decode_throughput": _rate(sum(s.num_output_tokens for s in decode), _time(decode)),
+        "prefix_cache_hit_rate": _rate(sum(s.prefix_cache_hits for s in steps), queries),
+        "num_preemptions": sum(s.num_preemptions for s in steps),
+        "peak_kv_blocks_used": peak_blocks,
+        "peak_kv_cache_usage": _rate(peak_blocks, total_blocks),
+    }
+
+
+def latency_summary(latencies_s: Sequence[float]) -> dict[str, float]:
+    """Per-iteration latency of the latency workload: mean and the percentiles vLLM reports."""
+    arr = np.asarray(latencies_s, dtype=float) * 1e3
+    out = {"mean_latency_ms": float(arr.mean()), "num_iters": int(arr.size)}
+    return out | {f"p{p}_latency_ms": float(np.percentile(arr, p)) for p in LATENCY_PERCENTILES}
+
+
+def request_rows(outputs: Sequence[RequestOutput], t0: float) -> list[dict]:
+    """One row per finished request, times in ms (arrival relative to the workload start)."""
+    return [
+        {
+            "request_id": o.request_id,
+            "arrival_ms": (o.arrival_time - t0) * 1e3,
+            "prompt_len": len(o.prompt_token_ids),
+            "output_len": len(o.token_ids),
+            "ttft_ms": o.ttft * 1e3,
+            "tpot_ms": o.tpot * 1e3,
+            "e2el_ms": o.e2e_latency * 1e3,
+            "queue_ms": (o.first_scheduled_time - o.arrival_time) * 1e3,
+            "num_cached_tokens": o.num_cached_tokens,
+            "num_preemptions": o.num_preemptions,
+            "finish_reason": o.finish_reason,
+        }
+        for o in outputs
+    ]
+
+
+def step_row(index: int, stats: StepStats, t_s: float) -> dict:
+    """A flat, numeric row for the per-step history."""
+    row = {k: v for k, v in stats.as_dict().items() if k not in ("phase", "extra")}
+    row |= {
+        "step": index,
+        "t_s": t_s,
+        "is_prefill": int(stats.phase == "prefill"),
+        "step_time_ms": stats.step_time_s * 1e3,
+        "tokens_per_s": _rate(stats.num_tokens, stats.step_time_s),
+        "kv_cache_usage": _rate(stats.kv_blocks_used, stats.kv_blocks_total),
+    }
+    row.pop("step_time_s")
+    return row
+
+
+def _rate(num: float, den: float) -> float:
+    return float(num) / den if den else 0.0
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else 0.0
+
+
+def _time(steps: Sequence[StepStats]) -> float:
+    return sum(s.step_time_s for s in steps)

@@ -1,0 +1,173 @@
+"""Workloads: a workload config (plus sampler) becomes a list of requests with arrival offsets."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nanoexp.config import SamplerConfig, WorkloadConfig, WorkloadKind
+from nanoexp.sampling_params import SamplingParams
+
+Tokenize = Callable[[str], list[int]]
+TOKEN_ID_HIGH = 10000  # random prompts use ids below this (ordinary tokens), as nano-vLLM's bench
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_offset_s: float = 0.0  # seconds after the workload starts
+
+
+@dataclass
+class Workload:
+    name: str
+    requests: list[Request]
+    num_iters: int = 1  # >1 or warm-up iterations: latency mode, the same batch run repeatedly
+    num_iters_warmup: int = 0
+
+    @property
+    def latency_mode(self) -> bool:
+        return self.num_iters > 1 or self.num_iters_warmup > 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(r.prompt_token_ids) for r in self.requests)
+
+    @property
+    def max_output_tokens(self) -> int:
+        return sum(r.sampling_params.max_tokens for r in self.requests)
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+def build_workload(
+    w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int, tokenize: Tokenize | None = None
+) -> Workload:
+    """Build the requests of workload `w`; token ids are folded into [0, vocab_size)."""
+    prompts, max_tokens = _prompts(w, vocab_size, tokenize)
+    prompts = [[t % vocab_size for t in p] for p in prompts]
+    params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
+    offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed)
+    requests = [Request(p, sp, o) for p, sp, o in zip(prompts, params, offsets)]
+    if w.kind is WorkloadKind.latency:
+        return Workload(w.name, requests, w.num_iters, w.num_iters_warmup)
+    return Workload(w.name, requests)
+
+
+def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None):
+    if w.kind is WorkloadKind.nanovllm_bench:
+        return nanovllm_bench_prompts(w.num_requests, w.input_len, w.output_len, w.seed)
+    if w.kind is WorkloadKind.random:
+        return random_prompts(w, w.num_requests, vocab)
+    if w.kind is WorkloadKind.shared_prefix:
+        return shared_prefix_prompts(w, vocab)
+    if w.kind is WorkloadKind.latency:
+        fixed = WorkloadConfig(name=w.name, input_len=w.input_len, output_len=w.output_len, seed=w.seed)
+        return random_prompts(fixed, w.batch_size, vocab)
+    return file_prompts(w, tokenize)
+
+
+def nanovllm_bench_prompts(
+    num: int = 256, max_input: int = 1024, max_output: int = 1024, seed: int = 0
+) -> tuple[list[list[int]], list[int]]:
+    """nano-vLLM's bench.py, call for call: prompts first, then the output lengths."""
+    rng = random.Random(seed)
+    prompts = [
+        [rng.randint(0, TOKEN_ID_HIGH) for _ in range(rng.randint(100, max_input))]
+        for _ in range(num)
+    ]
+    max_tokens = [rng.randint(100, max_output) for _ in range(num)]
+    return prompts, max_tokens
+
+
+def random_prompts(w: WorkloadConfig, num: int, vocab: int) -> tuple[list[list[int]], list[int]]:
+    """vLLM's random dataset: lengths uniform in [len * (1 - r), len * (1 + r)]."""
+    rng = np.random.default_rng(w.seed)
+    out_ratio = w.range_ratio if w.output_range_ratio is None else w.output_range_ratio
+    in_lens = _lengths(rng, w.input_len, w.range_ratio, num)
+    out_lens = _lengths(rng, w.output_len, out_ratio, num)
+    high = min(vocab, TOKEN_ID_HIGH)
+    prompts = [rng.integers(0, high, size=n).tolist() for n in in_lens]
+    return prompts, out_lens
+
+
+def shared_prefix_prompts(w: WorkloadConfig, vocab: int) -> tuple[list[list[int]], list[int]]:
+    """num_prefixes shared prefixes, assigned round-robin, each prompt with its own suffix."""
+    rng = np.random.default_rng(w.seed)
+    high = min(vocab, TOKEN_ID_HIGH)
+    prefixes = [rng.integers(0, high, size=w.prefix_len).tolist() for _ in range(w.num_prefixes)]
+    suffixes, out_lens = random_prompts(w, w.num_requests, vocab)
+    prompts = [prefixes[i % w.num_prefixes] + s for i, s in enumerate(suffixes)]
+    return prompts, out_lens
+
+
+def file_prompts(w: WorkloadConfig, tokenize: Tokenize | None) -> tuple[list[list[int]], list[int]]:
+    """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines."""
+    path = Path(w.path or "")
+    if not path.is_file():
+        raise WorkloadError(f"workload.path={w.path!r}: no such file")
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    items = [_file_item(ln, path.suffix == ".jsonl", w.output_len) for ln in lines]
+    if w.num_requests > 0:
+        items = items[: w.num_requests]
+    if not items:
+        raise WorkloadError(f"workload.path={w.path!r}: no prompts in the file")
+    return [_token_ids(p, tokenize, w.path) for p, _ in items], [m for _, m in items]
+
+
+def _file_item(line: str, is_jsonl: bool, default_max: int) -> tuple[str | list[int], int]:
+    if not is_jsonl:
+        return line, default_max
+    item = json.loads(line)
+    prompt = item.get("prompt_token_ids", item.get("prompt"))
+    if prompt is None:
+        raise WorkloadError(f"prompts file line has neither 'prompt' nor 'prompt_token_ids': {line[:80]}")
+    return prompt, int(item.get("max_tokens", default_max))
+
+
+def _token_ids(prompt: str | list[int], tokenize: Tokenize | None, path: str | None) -> list[int]:
+    if isinstance(prompt, list):
+        return [int(t) for t in prompt]
+    if tokenize is None:
+        raise WorkloadError(
+            f"workload.path={path!r} has text prompts but the model has no tokenizer "
+            "(dummy weights): use prompt_token_ids or a real checkpoint"
+        )
+    return tokenize(prompt)
+
+
+def _lengths(rng: np.random.Generator, length: int, ratio: float, num: int) -> list[int]:
+    low = max(1, int(length * (1 - ratio)))
+    high = max(low, int(length * (1 + ratio)))
+    return rng.integers(low, high + 1, size=num).tolist()
+
+
+def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """All zero when offline (rate=inf); else gamma inter-arrival times (burstiness 1 = Poisson)."""
+    if math.isinf(rate):
+        return [0.0] * num
+    rng = np.random.default_rng(seed + 1)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=num)
+    gaps[0] = 0.0
+    return np.cumsum(gaps).tolist()
+
+
+def _sampling_params(w: WorkloadConfig, s: SamplerConfig, max_tokens: int, i: int) -> SamplingParams:
+    return SamplingParams(
+        temperature=s.temperature if w.temperature is None else w.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        min_p=s.min_p,
+        max_tokens=max_tokens,
+        ignore_eos=w.ignore_eos,
+        seed=None if s.seed is None else s.seed + i,
+    )

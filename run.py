@@ -1,0 +1,16 @@
+"""Entry point: `python run.py [group=option ...] [key=value ...]`, `-m` for sweeps."""
+
+import hydra
+from omegaconf import DictConfig
+
+import nanoexp.config  # noqa: F401  (registers the structured-config schema)
+import nanoexp.experiment
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> int:
+    return nanoexp.experiment.main(cfg)
+
+
+if __name__ == "__main__":
+    main()
