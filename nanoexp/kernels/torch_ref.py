@@ -34,13 +34,14 @@ class TorchAttentionBackend(AttentionBackend):
         num_seqs, num_heads, head_dim = q.shape
         block_size = k_cache.shape[1]
         max_len = md.block_tables.shape[1] * block_size
-        k = k_cache[md.block_tables].reshape(num_seqs, max_len, -1, head_dim)
-        v = v_cache[md.block_tables].reshape(num_seqs, max_len, -1, head_dim)
+        positions = torch.arange(max_len, device=q.device)
+        mask = positions[None, :] < md.context_lens[:, None].to(positions.dtype)  # [B, L]
+        valid = mask[:, :, None, None]  # slots past the context may hold stale bytes, even NaN
+        k = k_cache[md.block_tables].reshape(num_seqs, max_len, -1, head_dim).where(valid, 0)
+        v = v_cache[md.block_tables].reshape(num_seqs, max_len, -1, head_dim).where(valid, 0)
         group = num_heads // k.shape[2]
         k = k.repeat_interleave(group, dim=2).transpose(1, 2)  # [B, H, L, D]
         v = v.repeat_interleave(group, dim=2).transpose(1, 2)
-        positions = torch.arange(max_len, device=q.device)
-        mask = positions[None, :] < md.context_lens[:, None].to(positions.dtype)  # [B, L]
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :], scale=scale
         )

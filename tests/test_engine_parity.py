@@ -1,0 +1,116 @@
+"""Our engine against transformers: prefill logits and greedy tokens on every cache path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanoexp import LLM, SamplingParams
+from nanoexp.runner.step_input import StepInput
+from tests.conftest import SHAPES, random_prompts
+
+LENGTHS = [1, 2, 15, 16, 17, 63, 129, 300]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def assert_matches_reference(name, llm, prompts, reference_outputs, max_tokens=12):
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out["token_ids"] == reference_outputs(name, prompt, max_tokens), f"prompt length {len(prompt)}"
+    return outs
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_prefill_logits_match_transformers(name, checkpoints):
+    path, hf_model = checkpoints[name]
+    prompt = random_prompts([40])[0]
+    with torch.no_grad():
+        ref = hf_model(torch.tensor([prompt])).logits[0]
+    with LLM(path, num_kvcache_blocks=16, kvcache_block_size=16) as llm:
+        runner = llm.engine.executor.runner
+        step = StepInput(True, prompt, [40], [40], [[0, 1, 2]], [], [])
+        ours = runner.prefill_logits(step)
+    rel = (ours - ref).norm() / ref.norm()
+    assert rel < 1e-4, rel
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_greedy_batch_matches_transformers(name, checkpoints, reference_outputs):
+    prompts = random_prompts(LENGTHS, seed=1)
+    with LLM(checkpoints[name][0], kvcache_block_size=16, enable_prefix_caching=False) as llm:
+        assert_matches_reference(name, llm, prompts, reference_outputs)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 256])
+def test_any_block_size(block_size, checkpoints, reference_outputs):
+    prompts = random_prompts([1, 17, 255, 257, 300], seed=2)
+    with LLM(checkpoints["qwen3_gqa2_tied"][0], kvcache_block_size=block_size) as llm:
+        llm.engine.executor.runner.kv_cache.fill_(float("nan"))  # any read of an unwritten slot shows
+        assert_matches_reference("qwen3_gqa2_tied", llm, prompts, reference_outputs)
+
+
+def test_prefix_cache_hits_and_matches(checkpoints, reference_outputs):
+    shared = random_prompts([96], seed=3)[0]
+    prompts = [shared + tail for tail in random_prompts([5, 20, 33, 1], seed=4)]
+    name = "qwen3_gqa4"
+    with LLM(checkpoints[name][0], kvcache_block_size=16, enable_prefix_caching=True) as llm:
+        first = assert_matches_reference(name, llm, prompts[:1], reference_outputs)
+        rest = assert_matches_reference(name, llm, prompts[1:], reference_outputs)
+    assert first[0].num_cached_tokens == 0
+    assert all(out.num_cached_tokens == 96 for out in rest)
+
+
+def test_repeated_prompt_fully_cached_still_matches(checkpoints, reference_outputs):
+    prompt = random_prompts([64], seed=5)[0]  # a multiple of the block size
+    name = "qwen3_gqa1"
+    with LLM(checkpoints[name][0], kvcache_block_size=16) as llm:
+        assert_matches_reference(name, llm, [prompt], reference_outputs)
+        again = assert_matches_reference(name, llm, [prompt, prompt], reference_outputs)
+    assert again[0].num_cached_tokens == 48  # the last block is recomputed for its logits
+
+
+def test_chunked_prefill_with_small_budget(checkpoints, reference_outputs):
+    prompts = random_prompts([300, 7, 150, 64], seed=6)
+    name = "qwen2_gqa2"
+    with LLM(checkpoints[name][0], kvcache_block_size=16, max_num_batched_tokens=40) as llm:
+        assert_matches_reference(name, llm, prompts, reference_outputs)
+
+
+def test_preemption_under_tiny_kv_cache(checkpoints, reference_outputs):
+    prompts = random_prompts([60, 70, 80, 50, 90, 40], seed=7)
+    name = "qwen3_gqa2_tied"
+    with LLM(checkpoints[name][0], kvcache_block_size=16, num_kvcache_blocks=14) as llm:
+        outs = assert_matches_reference(name, llm, prompts, reference_outputs, max_tokens=24)
+        assert llm.engine.block_manager.num_used == 0
+    assert sum(out.num_preemptions for out in outs) > 0
+
+
+def test_preemption_with_chunked_prefill_and_prefix_cache(checkpoints, reference_outputs):
+    shared = random_prompts([48], seed=8)[0]
+    prompts = [shared + tail for tail in random_prompts([30, 12, 40, 25, 5], seed=9)]
+    name = "qwen3_gqa4"
+    with LLM(checkpoints[name][0], kvcache_block_size=8, num_kvcache_blocks=22,
+             max_num_batched_tokens=32) as llm:
+        outs = assert_matches_reference(name, llm, prompts, reference_outputs, max_tokens=30)
+        assert llm.engine.block_manager.num_used == 0
+    assert sum(out.num_preemptions for out in outs) > 0
+
+
+def test_eos_and_stop_tokens_end_generation(checkpoints, reference_outputs):
+    name = "qwen3_gqa1"
+    prompt = random_prompts([10], seed=10)[0]
+    ref = reference_outputs(name, prompt, 12)
+    with LLM(checkpoints[name][0], kvcache_block_size=16) as llm:
+        stop = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[ref[3]]),
+                            use_tqdm=False)[0]
+    assert stop.token_ids == ref[: ref.index(ref[3]) + 1]
+    assert stop.finish_reason == "stop"
+
+
+def test_outputs_carry_timings(checkpoints):
+    with LLM(checkpoints["qwen3_gqa1"][0], kvcache_block_size=16) as llm:
+        out = llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0]
+    assert out.arrival_time <= out.first_scheduled_time <= out.first_token_time <= out.finish_time
+    assert len(out.token_times) == len(out.token_ids) == 12
+    assert out.tpot >= 0 and out.ttft > 0 and out["text"] == ""
