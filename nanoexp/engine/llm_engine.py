@@ -16,9 +16,9 @@ from nanoexp.sampling_params import SamplingParams
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, executor=None):
         self.config = config
-        self.executor = make_executor(config)
+        self.executor = executor or make_executor(config)
         info = self.executor.info
         self.vocab_size = info["vocab_size"]
         self.max_model_len = info["max_model_len"]

@@ -1,0 +1,152 @@
+"""Random workloads through the real scheduler and block manager, with a fake model whose paged
+KV cache records (token, position) per slot: outputs depend on every cached token, so a wrong
+block, a stale prefix hit or a lost token changes them."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nanoexp.engine.config import EngineConfig
+from nanoexp.engine.llm_engine import LLMEngine
+from nanoexp.runner.step_input import StepInput
+from nanoexp.sampling_params import SamplingParams
+
+VOCAB = 50
+
+
+class RecordingExecutor:
+    """Stores (token, position) at each slot; samples a hash of the context read back."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int):
+        self.block_size = block_size
+        self.slots: dict[int, tuple[int, int]] = {}
+        self.info = {"vocab_size": VOCAB, "max_model_len": max_model_len, "eos_token_ids": [VOCAB - 1],
+                     "num_kv_blocks": num_blocks}
+        self.steps: list[StepInput] = []
+
+    def run(self, step: StepInput) -> list[int]:
+        self.steps.append(step)
+        tokens = iter(step.token_ids)
+        contexts = []
+        for n, ctx, table in zip(step.query_lens, step.context_lens, step.block_tables, strict=True):
+            assert len(table) * self.block_size >= ctx
+            for pos in range(ctx - n, ctx):
+                self.slots[self.slot(table, pos)] = (next(tokens), pos)
+            contexts.append(self.read(table, ctx))
+        return [hash(tuple(contexts[i])) % VOCAB for i in step.sample_seq_indices]
+
+    def slot(self, table, pos):
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def read(self, table, ctx) -> list[int]:
+        out = []
+        for pos in range(ctx):
+            token, stored_pos = self.slots[self.slot(table, pos)]
+            assert stored_pos == pos
+            out.append(token)
+        return out
+
+    def stats(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def make_engine(num_blocks, block_size, max_num_seqs, budget, chunked, prefix, max_model_len=512):
+    config = EngineConfig(
+        model="fake", kvcache_block_size=block_size, num_kvcache_blocks=num_blocks, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget, enable_chunked_prefill=chunked, enable_prefix_caching=prefix,
+        max_model_len=max_model_len,
+    )
+    return LLMEngine(config, RecordingExecutor(num_blocks, block_size, max_model_len))
+
+
+def workload(seed: int, n: int, max_prompt: int, max_out: int):
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(VOCAB - 1) for _ in range(rng.randrange(1, max_prompt))] for _ in range(3)]
+    requests = []
+    for _ in range(n):
+        prompt = list(rng.choice(prefixes))[: rng.randrange(1, max_prompt)]
+        prompt += [rng.randrange(VOCAB - 1) for _ in range(rng.randrange(0, 8))]
+        params = SamplingParams(temperature=0, max_tokens=rng.randrange(1, max_out), ignore_eos=rng.random() < 0.7)
+        requests.append((prompt, params, rng.randrange(0, 6)))  # arrives after that many steps
+    return requests
+
+
+def check_invariants(engine: LLMEngine) -> None:
+    manager = engine.block_manager
+    held: dict[int, int] = {}
+    for seq in engine.scheduler.running:
+        for block_id in seq.block_table:
+            held[block_id] = held.get(block_id, 0) + 1
+    for block in manager.blocks:
+        assert block.ref_count >= 0
+        assert block.ref_count == held.get(block.block_id, 0)
+        assert (block.ref_count == 0) == (block.block_id in manager.free)
+    for seq in engine.scheduler.waiting:
+        assert not seq.block_table
+
+
+def run(engine: LLMEngine, requests) -> dict[int, list[int]]:
+    pending = sorted(enumerate(requests), key=lambda item: item[1][2])
+    outputs, step_no, ids = {}, 0, {}
+    while pending or engine.has_unfinished():
+        while pending and pending[0][1][2] <= step_no:
+            index, (prompt, params, _) = pending.pop(0)
+            ids[engine.add_request(prompt, params)] = index
+        finished, stats = engine.step()
+        step_no += 1
+        assert step_no < 10_000, "no progress"
+        assert stats.num_seqs <= engine.config.max_num_seqs
+        assert stats.num_tokens <= engine.config.max_num_batched_tokens
+        check_invariants(engine)
+        for out in finished:
+            outputs[ids[out.request_id]] = out.token_ids
+    assert engine.block_manager.num_used == 0
+    return outputs
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10**6),
+    block_size=st.sampled_from([1, 2, 4, 8, 16]),
+    spare_blocks=st.integers(0, 40),
+    max_num_seqs=st.integers(1, 8),
+    budget=st.integers(1, 96),
+    chunked=st.booleans(),
+    prefix=st.booleans(),
+)
+def test_random_workloads_finish_without_leaks_and_match_a_roomy_engine(
+    seed, block_size, spare_blocks, max_num_seqs, budget, chunked, prefix
+):
+    requests = workload(seed, n=10, max_prompt=48, max_out=24)
+    longest = max(len(p) + sp.max_tokens for p, sp, _ in requests)
+    if not chunked:
+        budget = max(budget, longest)
+    num_blocks = -(-longest // block_size) + spare_blocks
+    max_model_len = 512 if chunked else budget
+    engine = make_engine(num_blocks, block_size, max_num_seqs, budget, chunked, prefix, max_model_len)
+    got = run(engine, requests)
+    reference = run(make_engine(4096, 16, 64, 4096, True, False), requests)
+    assert got == reference
+    assert len(got) == len(requests)
+
+
+def test_preemption_and_prefix_hits_happen_in_a_tight_cache():
+    requests = workload(1, n=12, max_prompt=40, max_out=30)
+    engine = make_engine(num_blocks=20, block_size=4, max_num_seqs=8, budget=32, chunked=True, prefix=True)
+    preemptions = hits = 0
+    pending = list(requests)
+    for prompt, params, _ in pending:
+        engine.add_request(prompt, params)
+    while engine.has_unfinished():
+        _, stats = engine.step()
+        preemptions += stats.num_preemptions
+        hits += stats.prefix_cache_hits
+        check_invariants(engine)
+    assert preemptions > 0 and hits > 0
+    assert engine.block_manager.num_used == 0
