@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from nanoexp.config import EngineKind, LoadFormat, LoggerKind, NanoexpConfig
+from nanoexp.config import EngineKind, LoadFormat, LoggerKind, NanoexpConfig, WorkloadKind
 from nanoexp.engine.config import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -81,10 +81,21 @@ def check(spec: NanoexpConfig) -> None:
             f"scheduler.max_model_len={spec.scheduler.max_model_len} exceeds "
             f"model.arch.max_position_embeddings={arch.max_position_embeddings} of {spec.model.name}"
         )
+    _check_workload(spec)
     try:
         EngineConfig.from_kwargs(spec.model.name, **engine_kwargs(spec, None))
     except (TypeError, ValueError) as e:
         raise ConfigError(_name_key(str(e))) from None
+
+
+def _check_workload(spec: NanoexpConfig) -> None:
+    w = spec.workload
+    if w.kind is WorkloadKind.prompts_file and not (w.path and Path(w.path).is_file()):
+        raise ConfigError(f"workload.path={w.path!r}: no such file (a JSONL or text file of prompts)")
+    if w.kind is WorkloadKind.shared_prefix and w.num_prefixes < 1:
+        raise ConfigError(f"workload.num_prefixes={w.num_prefixes}: must be >= 1")
+    if w.kind is WorkloadKind.latency and w.num_iters < 1:
+        raise ConfigError(f"workload.num_iters={w.num_iters}: must be >= 1")
 
 
 def engine_kwargs(spec: NanoexpConfig, checkpoint: Checkpoint | None) -> dict:

@@ -44,7 +44,8 @@ def main(cfg: DictConfig) -> int:
 def _run_job(spec, plain: dict, job: JobInfo) -> int:
     factory.check(spec)
     checkpoint = factory.resolve_checkpoint(spec)
-    gpus.claim(spec.launch.gpus_per_job, job.job_num)
+    claimed = gpus.claim(spec.launch.gpus_per_job, job.job_num)
+    plain["resolved"] = {"checkpoint": checkpoint.as_dict(), "gpus": claimed}
     logger = factory.build_logger(spec)
     logger.start(plain, job)
     summary, code = {"load_format": checkpoint.load_format}, 0

@@ -82,6 +82,7 @@ def choose_mode() -> str | None:
     """None when WANDB_MODE is set (wandb honours it), online with an API key, else offline."""
     if os.environ.get("WANDB_MODE"):
         return None
+    os.environ.pop("WANDB_MODE", None)  # an empty value would fail wandb's settings validation
     return "online" if has_api_key() else "offline"
 
 

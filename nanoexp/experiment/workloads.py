@@ -82,8 +82,7 @@ def nanovllm_bench_prompts(
     """nano-vLLM's bench.py, call for call: prompts first, then the output lengths."""
     rng = random.Random(seed)
     prompts = [
-        [rng.randint(0, TOKEN_ID_HIGH) for _ in range(rng.randint(100, max_input))]
-        for _ in range(num)
+        [rng.randint(0, TOKEN_ID_HIGH) for _ in range(rng.randint(100, max_input))] for _ in range(num)
     ]
     max_tokens = [rng.randint(100, max_output) for _ in range(num)]
     return prompts, max_tokens
