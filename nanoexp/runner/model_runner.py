@@ -13,6 +13,7 @@ from nanoexp.layers.sampler import Sampler
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
 from nanoexp.models.registry import model_class
 from nanoexp.runner import kv_cache
+from nanoexp.runner.cuda_graphs import DecodeGraphs
 from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
 from nanoexp.runner.step_input import StepInput
 
@@ -59,6 +60,21 @@ class ModelRunner:
             layer.backend = self.backend
         self.sampler = Sampler()
         self.num_blocks = self.setup_kv_cache()
+        self.graphs = self.capture_graphs() if self.uses_graphs() else None
+
+    def uses_graphs(self) -> bool:
+        return self.device.type == "cuda" and not self.config.enforce_eager
+
+    def capture_graphs(self) -> DecodeGraphs:
+        start = time.perf_counter()
+        block_size = self.config.kvcache_block_size
+        graphs = DecodeGraphs(
+            self.model, self.hf_config.hidden_size, self.config.max_num_seqs,
+            -(-self.max_model_len // block_size), self.dtype, self.device,
+        )
+        graphs.capture()
+        self.timings["graph_capture_s"] = time.perf_counter() - start
+        return graphs
 
     def build_model(self):
         start = time.perf_counter()
@@ -101,7 +117,8 @@ class ModelRunner:
         start = time.perf_counter()
         self.warm_up()
         self.timings["warmup_s"] = time.perf_counter() - start
-        budget = kv_cache.cuda_kv_budget(self.device, self.config.gpu_memory_utilization, 2**30)
+        reserve = 2**30 if self.uses_graphs() else 2**28  # graph pool, logits and sampler buffers
+        budget = kv_cache.cuda_kv_budget(self.device, self.config.gpu_memory_utilization, reserve)
         return kv_cache.blocks_for_budget(budget, bytes_per_block)
 
     def agree_on(self, num_blocks: int) -> int:
@@ -134,7 +151,10 @@ class ModelRunner:
     def run(self, step: StepInput) -> list[int] | None:
         """Runs one step; rank 0 returns the sampled token per sampling sequence."""
         inputs = prepare_inputs(step, self.config.kvcache_block_size, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
+        if self.graphs and not step.is_prefill and step.num_tokens <= self.graphs.max_batch:
+            hidden = self.graphs.replay(inputs)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         if logits is None or not step.sample_seq_indices:
             return None if logits is None else []
@@ -160,6 +180,8 @@ class ModelRunner:
             "device": self.device.type,
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention_backend": self.backend.name,
+            "cuda_graphs": self.graphs is not None,
+            "load_s": 0.0, "warmup_s": 0.0, "graph_capture_s": 0.0,
             **self.timings,
         }
 
