@@ -19,10 +19,26 @@ def rows(loaded, start: int, size: int, dim: int = 0) -> torch.Tensor:
     return loaded[(slice(None),) * dim + (slice(start, start + size),)]
 
 
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def not_divisible(what: str, total: int, parts: int, choices: list[int]) -> ValueError:
+    return ValueError(
+        f"{what}={total} is not divisible by tensor_parallel_size={parts}; "
+        f"use one of {', '.join(map(str, choices))}"
+    )
+
+
 def divide(total: int, parts: int, what: str) -> int:
     if total % parts:
-        raise ValueError(f"{what}={total} is not divisible by tensor_parallel_size={parts}")
+        raise not_divisible(what, total, parts, divisors(total))
     return total // parts
+
+
+def kv_heads_fit(num_kv_heads: int, parts: int) -> bool:
+    """KV heads are split evenly, or replicated when ranks are a multiple of them."""
+    return num_kv_heads % parts == 0 or parts % num_kv_heads == 0
 
 
 class LinearBase(nn.Module):
@@ -71,6 +87,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
         self.output_sizes = output_sizes
+        for size in output_sizes:
+            divide(size, tp_size(), "output size")
         super().__init__(in_features, sum(output_sizes), bias)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
@@ -88,13 +106,9 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.head_dim = head_dim
         self.num_heads = divide(num_heads, size, "num_attention_heads")
         self.num_kv_heads = max(1, num_kv_heads // size)
-        if num_kv_heads >= size:
-            divide(num_kv_heads, size, "num_key_value_heads")
-        elif size % num_kv_heads:
-            raise ValueError(
-                f"tensor_parallel_size={size} must be a multiple of num_key_value_heads="
-                f"{num_kv_heads} when it exceeds it"
-            )
+        if not kv_heads_fit(num_kv_heads, size):
+            ok = [d for d in divisors(num_heads) if kv_heads_fit(num_kv_heads, d)]
+            raise not_divisible("num_key_value_heads", num_kv_heads, size, ok)
         self.total_kv_heads = num_kv_heads
         local_out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         super().__init__(hidden, local_out * size, bias)

@@ -6,6 +6,7 @@ import json
 import os
 
 from nanoexp.engine.config import EngineConfig
+from nanoexp.layers.linear import divisors, kv_heads_fit, not_divisible
 from nanoexp.runner.model_runner import ModelRunner
 from nanoexp.runner.step_input import StepInput
 
@@ -30,6 +31,20 @@ def runner_info(runner: ModelRunner) -> dict:
     }
 
 
+def check_tp_size(hf_config, size: int) -> None:
+    """Fails before any rank starts if the model cannot be split `size` ways; the message names
+    the dimension that does not divide and the sizes that would work."""
+    heads, kv_heads = hf_config.num_attention_heads, hf_config.num_key_value_heads
+    dims = {"num_attention_heads": heads, "intermediate_size": hf_config.intermediate_size}
+    fits = lambda d: all(v % d == 0 for v in dims.values()) and kv_heads_fit(kv_heads, d)
+    if fits(size):
+        return
+    ok = [d for d in divisors(heads) if fits(d)]
+    for name, value in {**dims, "num_key_value_heads": kv_heads}.items():
+        if value % size:
+            raise not_divisible(name, value, size, ok)
+
+
 class InProcessExecutor:
     def __init__(self, config: EngineConfig):
         self.runner = ModelRunner(config)
@@ -37,6 +52,9 @@ class InProcessExecutor:
 
     def run(self, step: StepInput) -> list[int]:
         return self.runner.run(step)
+
+    def prefill_logits(self, step: StepInput):
+        return self.runner.prefill_logits(step)
 
     def stats(self) -> dict:
         return self.runner.stats()

@@ -1,0 +1,267 @@
+"""Tensor parallelism: one spawned worker process per rank, driven over pipes by a control plane.
+
+The main process runs no rank itself, so it never blocks inside a collective: it waits on the
+workers' pipes and process sentinels together and notices a dead worker within a poll interval.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import weakref
+from multiprocessing.connection import Connection, wait
+
+import torch
+
+from nanoexp.engine.config import EngineConfig
+from nanoexp.loader import load_hf_config
+from nanoexp.runner.step_input import StepInput
+
+PARENT_POLL_S = 1.0
+JOIN_TIMEOUT_S = 5.0
+STARTUP_HINT = (
+    " (its traceback is above; a script that builds the engine at import time must guard that"
+    " with `if __name__ == '__main__':` because workers are spawned)"
+)
+
+
+# ---- worker side -----------------------------------------------------------------------------
+
+
+def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connection, parent: int) -> None:
+    """Entry point of one rank: build the runner, then serve commands until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    if config.device == "cpu" or not torch.cuda.is_available():
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
+    try:
+        from nanoexp.runner.executor import runner_info
+        from nanoexp.runner.model_runner import ModelRunner
+
+        runner = ModelRunner(config, rank, dist_init)
+        conn.send(("ok", runner_info(runner) if rank == 0 else None))
+    except BaseException as err:  # noqa: BLE001 - every startup failure goes back to the user
+        send_error(conn, err)
+        return
+    try:
+        serve(runner, rank, conn, parent)
+    except BaseException as err:  # noqa: BLE001
+        send_error(conn, err)
+
+
+def serve(runner, rank: int, conn: Connection, parent: int) -> None:
+    while True:
+        while not conn.poll(PARENT_POLL_S):
+            if os.getppid() != parent:
+                return  # orphaned: the control plane is gone
+        try:
+            method, args = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        if method == "close":
+            runner.close()
+            return
+        result = getattr(runner, method)(*args)
+        if rank == 0:
+            conn.send(("ok", result))
+
+
+def send_error(conn: Connection, err: BaseException) -> None:
+    try:
+        conn.send(("error", type(err), str(err)))
+    except Exception:  # noqa: BLE001 - the pipe may be gone; the sentinel reports the death then
+        pass
+
+
+# ---- control plane ---------------------------------------------------------------------------
+
+
+class WorkerGroup:
+    """The processes, pipes and rendezvous directory; owns no reference to the executor so a
+    finalizer can shut it down when the executor is collected."""
+
+    def __init__(self, config: EngineConfig):
+        ctx = mp.get_context("spawn")
+        self.tmpdir = tempfile.mkdtemp(prefix="nanoexp-tp-")
+        dist_init = "file://" + os.path.join(self.tmpdir, "rendezvous")
+        self.conns: list[Connection] = []
+        self.procs = []
+        for rank in range(config.tensor_parallel_size):
+            parent_end, child_end = ctx.Pipe()
+            proc = ctx.Process(
+                target=worker_main, name=f"nanoexp-tp-rank{rank}",
+                args=(config, rank, dist_init, child_end, os.getpid()),
+            )
+            proc.start()
+            child_end.close()
+            self.conns.append(parent_end)
+            self.procs.append(proc)
+
+    def send(self, method: str, *args) -> None:
+        data = pickle.dumps((method, args))
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send_bytes(data)
+            except OSError:
+                self.raise_dead(rank)
+
+    def receive(self, ranks: list[int], startup: bool = False) -> list:
+        """Waits for one reply from each of `ranks`; any error or death elsewhere aborts."""
+        replies: dict[int, object] = {}
+        while len(replies) < len(ranks):
+            ready = wait(self.conns + [p.sentinel for p in self.procs])
+            # Deaths first: a survivor's "peer closed the connection" error is only a symptom.
+            dead = [r for r, p in enumerate(self.procs) if p.sentinel in ready]
+            for rank in dead + [r for r, c in enumerate(self.conns) if c in ready and r not in dead]:
+                if rank in dead and not self.conns[rank].poll():
+                    self.raise_dead(rank, startup)
+                reply = self.read(rank, startup)  # raises on an error report or end of pipe
+                if rank in ranks:
+                    replies[rank] = reply
+        return [replies[r] for r in ranks]
+
+    def read(self, rank: int, startup: bool):
+        try:
+            reply = self.conns[rank].recv()
+        except (EOFError, OSError):
+            self.raise_dead(rank, startup)
+        if reply[0] == "ok":
+            return reply[1]
+        self.kill()
+        if startup:
+            raise rebuild_error(rank, reply[1], reply[2]) from None
+        raise RuntimeError(f"tensor-parallel worker rank {rank} failed: {name_of(reply[1])}: {reply[2]}")
+
+    def raise_dead(self, rank: int, startup: bool = False):
+        proc = self.procs[rank]
+        proc.join(0.5)
+        code = proc.exitcode
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            how += f", {signal.Signals(-code).name}"
+        hint = STARTUP_HINT if startup else ""
+        self.kill()
+        raise RuntimeError(
+            f"tensor-parallel worker rank {rank} died ({how}); all workers were shut down{hint}"
+        ) from None
+
+    def kill(self) -> None:
+        """Stops every worker now (they may be blocked in a collective with the dead one)."""
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        self.reap(JOIN_TIMEOUT_S)
+
+    def shutdown(self) -> None:
+        try:
+            self.send("close")
+        except RuntimeError:
+            pass  # a worker is already gone; kill() below takes care of the rest
+        self.reap(JOIN_TIMEOUT_S)
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+        self.reap(2.0)
+        self.kill()
+
+    def reap(self, timeout: float) -> None:
+        alive = [p for p in self.procs if p.exitcode is None]
+        if alive:
+            wait([p.sentinel for p in alive], timeout)
+        for proc in alive:
+            proc.join(0.1)
+
+    def release(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def name_of(cls: type) -> str:
+    return getattr(cls, "__name__", "error")
+
+
+def rebuild_error(rank: int, cls: type, message: str) -> BaseException:
+    """A startup error in the main process: same type and message, so the user sees one line."""
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except Exception:  # noqa: BLE001 - a constructor with other arguments
+            pass
+    return RuntimeError(f"tensor-parallel worker rank {rank} failed at startup: {name_of(cls)}: {message}")
+
+
+def stop_group(group: WorkerGroup) -> None:
+    try:
+        group.shutdown()
+    finally:
+        group.release()
+
+
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    # Registered after multiprocessing's own exit hook, so it runs first: that hook joins
+    # non-daemonic children and would wait forever for workers that were never told to stop.
+    for executor in list(_live):
+        executor.close()
+
+
+def check_devices(config: EngineConfig) -> None:
+    if config.device == "cpu" or not torch.cuda.is_available():
+        return
+    have = torch.cuda.device_count()
+    if have < config.tensor_parallel_size:
+        raise ValueError(
+            f"tensor_parallel_size={config.tensor_parallel_size} needs that many CUDA devices; "
+            f"{have} available"
+        )
+
+
+class MultiprocExecutor:
+    """Same interface as InProcessExecutor; every rank lives in its own worker process."""
+
+    def __init__(self, config: EngineConfig):
+        from nanoexp.runner.executor import check_tp_size
+
+        check_tp_size(load_hf_config(config.model, config.hf_config), config.tensor_parallel_size)
+        check_devices(config)
+        self.size = config.tensor_parallel_size
+        self.group = WorkerGroup(config)
+        self.finalizer = weakref.finalize(self, stop_group, self.group)
+        _live.add(self)
+        try:
+            self.info = self.group.receive(list(range(self.size)), startup=True)[0]
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, method: str, *args):
+        """Runs `method` on every rank; returns rank 0's result."""
+        if not self.finalizer.alive:
+            raise RuntimeError("the tensor-parallel executor is closed")
+        try:
+            self.group.send(method, *args)
+            return self.group.receive([0])[0]
+        except BaseException:
+            self.close()  # a half-finished step leaves the ranks out of step: stop them all
+            raise
+
+    def run(self, step: StepInput) -> list[int]:
+        return self.call("run", step)
+
+    def prefill_logits(self, step: StepInput) -> torch.Tensor:
+        return self.call("prefill_logits", step)
+
+    def stats(self) -> dict:
+        return {**self.call("stats"), "tensor_parallel_size": self.size}
+
+    def close(self) -> None:
+        self.finalizer()
+        _live.discard(self)

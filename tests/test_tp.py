@@ -1,0 +1,209 @@
+"""Tensor parallelism on CPU (gloo): TP=2/4 match TP=1 exactly, and worker failures surface fast."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import threading
+import time
+from functools import cache
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from nanoexp.engine.llm import LLM
+from nanoexp.runner.step_input import StepInput
+from nanoexp.sampling_params import SamplingParams
+
+BLOCK = 4
+ENGINE = dict(
+    device="cpu", dtype="float32", kvcache_block_size=BLOCK, num_kvcache_blocks=14,
+    max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=True,
+)
+PREFIX = [5, 17, 42, 8, 99, 23, 61, 7, 13, 77, 31, 2]  # three full blocks shared by every prompt
+PROMPTS = [PREFIX + [i + 1, 2 * i + 3, 50 - i] for i in range(6)]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+
+MODELS = {
+    # name: (config class, model class, vocab, kv heads, tied embeddings)
+    "qwen3_kv4": (Qwen3Config, Qwen3ForCausalLM, 128, 4, False),
+    "qwen3_kv2_pad": (Qwen3Config, Qwen3ForCausalLM, 131, 2, False),  # KV replicated at TP=4
+    "qwen2_bias": (Qwen2Config, Qwen2ForCausalLM, 131, 2, True),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    return {name: build_checkpoint(tmp_path_factory.mktemp(name), name) for name in MODELS}
+
+
+def build_checkpoint(path, name: str) -> str:
+    config_cls, model_cls, vocab, kv_heads, tied = MODELS[name]
+    head_dim = {} if config_cls is Qwen2Config else {"head_dim": 16}  # Qwen2: hidden / heads = 8
+    config = config_cls(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+        tie_word_embeddings=tied, initializer_range=0.1, **head_dim,
+    )
+    torch.manual_seed(sum(map(ord, name)))
+    model = model_cls(config)
+    if name == "qwen2_bias":
+        with torch.no_grad():  # HF zero-initializes biases; make them matter
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0.0, 0.5)
+    model.save_pretrained(path)
+    return str(path)
+
+
+def child_pids() -> list[int]:
+    """Live (or unreaped) child processes of this process, read from /proc; multiprocessing's
+    one resource tracker (shared by the interpreter, gone when it exits) does not count."""
+    return [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if is_worker_child(pid)]
+
+
+def is_worker_child(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except (OSError, IndexError, ValueError):
+        return False
+    return ppid == os.getpid() and b"resource_tracker" not in cmdline
+
+
+def assert_no_workers() -> None:
+    assert mp.active_children() == []
+    assert child_pids() == []
+
+
+def prefill_step() -> StepInput:
+    """All prompts as one prefill into disjoint blocks of a fresh cache."""
+    lens = [len(p) for p in PROMPTS[:3]]
+    per_seq = -(-max(lens) // BLOCK)
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(len(lens))]
+    tokens = [t for p in PROMPTS[:3] for t in p]
+    return StepInput(True, tokens, lens, lens, tables, [], [])
+
+
+def run(model: str, tp: int) -> tuple[torch.Tensor, list]:
+    """Prefill logits (first, while the cache is fresh), then greedy generation."""
+    with LLM(model, tensor_parallel_size=tp, **ENGINE) as llm:
+        logits = llm.engine.executor.prefill_logits(prefill_step())
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert_no_workers()
+    return logits, outputs
+
+
+@cache
+def reference(model: str) -> tuple[torch.Tensor, list]:
+    logits, outputs = run(model, 1)
+    assert sum(o.num_preemptions for o in outputs) > 0, "the KV cache is meant to force preemption"
+    assert sum(o.num_cached_tokens for o in outputs) > 0, "the shared prefix is meant to hit the cache"
+    return logits, outputs
+
+
+def assert_same_generation(got: list, want: list) -> None:
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert [o.num_preemptions for o in got] == [o.num_preemptions for o in want]
+    assert [o.num_cached_tokens for o in got] == [o.num_cached_tokens for o in want]
+
+
+@pytest.mark.parametrize(
+    "name,tp", [("qwen3_kv4", 2), ("qwen3_kv4", 4), ("qwen3_kv2_pad", 4), ("qwen2_bias", 2)]
+)
+def test_tp_matches_tp1(models, name, tp):
+    want_logits, want = reference(models[name])
+    logits, got = run(models[name], tp)
+    assert logits.shape == want_logits.shape == (sum(len(p) for p in PROMPTS[:3]), MODELS[name][2])
+    torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
+    assert_same_generation(got, want)
+
+
+def test_two_engines_at_once(models):
+    want_a, want_b = reference(models["qwen3_kv4"])[1], reference(models["qwen2_bias"])[1]
+    with LLM(models["qwen3_kv4"], tensor_parallel_size=2, **ENGINE) as a:
+        with LLM(models["qwen2_bias"], tensor_parallel_size=2, **ENGINE) as b:
+            got_b = b.generate(PROMPTS, GREEDY, use_tqdm=False)
+            got_a = a.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert_same_generation(got_a, want_a)
+    assert_same_generation(got_b, want_b)
+    assert_no_workers()
+
+
+def test_killed_worker_raises_quickly_and_leaves_no_processes(models):
+    llm = LLM(models["qwen3_kv4"], tensor_parallel_size=2, **{**ENGINE, "num_kvcache_blocks": 1024})
+    victim = llm.engine.executor.group.procs[1].pid
+    killed_at = []
+
+    def kill_soon():
+        time.sleep(1.0)
+        killed_at.append(time.monotonic())
+        os.kill(victim, signal.SIGKILL)
+
+    threading.Thread(target=kill_soon, daemon=True).start()
+    long = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
+    with pytest.raises(RuntimeError, match=r"worker rank 1 died \(exit code -9, SIGKILL\)"):
+        llm.generate([p[:4] for p in PROMPTS], long, use_tqdm=False)
+    assert time.monotonic() - killed_at[0] < 10
+    assert_no_workers()
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+    llm.close()
+    llm.close()
+
+
+def test_close_is_idempotent_and_reaps_workers(models):
+    llm = LLM(models["qwen3_kv4"], tensor_parallel_size=2, **ENGINE)
+    assert len(mp.active_children()) == 2
+    assert llm.stats()["tensor_parallel_size"] == 2
+    llm.close()
+    llm.close()
+    assert_no_workers()
+
+
+@pytest.mark.parametrize(
+    "overrides,tp,message",
+    [
+        ({"num_attention_heads": 6, "num_key_value_heads": 6}, 4,
+         "num_attention_heads=6 is not divisible by tensor_parallel_size=4; use one of 1, 2, 3, 6"),
+        ({"num_attention_heads": 12, "num_key_value_heads": 3}, 2,
+         "num_key_value_heads=3 is not divisible by tensor_parallel_size=2; use one of 1, 3, 6, 12"),
+        ({"intermediate_size": 90}, 4,
+         "intermediate_size=90 is not divisible by tensor_parallel_size=4; use one of 1, 2"),
+    ],
+)
+def test_indivisible_sizes_fail_before_spawning(overrides, tp, message):
+    hf = dict(
+        model_type="qwen3", vocab_size=64, hidden_size=96, intermediate_size=96,
+        num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
+    )
+    with pytest.raises(ValueError) as err:
+        LLM("dummy", tensor_parallel_size=tp, load_format="dummy", hf_config={**hf, **overrides}, **ENGINE)
+    assert str(err.value) == message
+    assert_no_workers()
+
+
+def test_worker_startup_error_keeps_type_and_message(models, tmp_path):
+    shutil.copy(os.path.join(models["qwen3_kv4"], "config.json"), tmp_path)
+    with pytest.raises(FileNotFoundError) as want:
+        LLM(str(tmp_path), tensor_parallel_size=1, **ENGINE)
+    with pytest.raises(FileNotFoundError) as got:
+        LLM(str(tmp_path), tensor_parallel_size=2, **ENGINE)
+    assert str(got.value) == str(want.value)
+    assert_no_workers()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tp1_on_cuda_matches_cpu(models):
+    want_logits, want = reference(models["qwen3_kv4"])
+    with LLM(models["qwen3_kv4"], tensor_parallel_size=1, **{**ENGINE, "device": "cuda"}) as llm:
+        logits = llm.engine.executor.prefill_logits(prefill_step())
+        got = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    torch.testing.assert_close(logits.cpu(), want_logits, rtol=1e-3, atol=1e-3)
+    assert_same_generation(got, want)
