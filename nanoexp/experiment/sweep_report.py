@@ -102,20 +102,31 @@ def plot(table: pd.DataFrame, key: str, others: list[str], path: Path) -> None:
         return
     ok = table[table["status"] == "ok"].copy()
     ok["_x"] = _axis(ok[key])
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.0), squeeze=False)
-    groups = ok.groupby(others, dropna=False) if others else [("all", ok)]
-    for ax, metric in zip(axes[0], metrics):
+    ncols = min(4, len(metrics))
+    nrows = -(-len(metrics) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 2.9 * nrows), squeeze=False)
+    groups = list(ok.groupby(others, dropna=False)) if others else [("all", ok)]
+    for ax, metric in zip(axes.flat, metrics):
         for label, part in groups:
             part = part.sort_values("_x")
             ax.plot(part["_x"], part[metric], marker="o", label=_label(others, label))
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel(key.removeprefix("param:"), fontsize=8)
         ax.tick_params(labelsize=7)
+        _log2_axis(ax, ok["_x"])
+    for ax in list(axes.flat)[len(metrics) :]:
+        ax.set_visible(False)
     if others:
-        axes[0][-1].legend(fontsize=6)
+        axes.flat[0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _log2_axis(ax, x: pd.Series) -> None:
+    """Powers of two spanning 8x or more (block sizes, batch sizes) read best on a log2 axis."""
+    if pd.api.types.is_numeric_dtype(x) and (x > 0).all() and x.max() >= 8 * x.min():
+        ax.set_xscale("log", base=2)
 
 
 def _axis(values: pd.Series) -> pd.Series:
