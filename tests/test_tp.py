@@ -6,6 +6,8 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from functools import cache
@@ -207,3 +209,32 @@ def test_tp1_on_cuda_matches_cpu(models):
         got = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     torch.testing.assert_close(logits.cpu(), want_logits, rtol=1e-3, atol=1e-3)
     assert_same_generation(got, want)
+
+
+ORPHAN_SCRIPT = """
+import os, signal
+from nanoexp.engine.llm import LLM
+llm = LLM({model!r}, tensor_parallel_size=2, **{engine!r})
+print(*(p.pid for p in llm.engine.executor.group.procs), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_workers_exit_when_the_main_process_dies(models):
+    script = ORPHAN_SCRIPT.format(model=models["qwen3_kv4"], engine=ENGINE)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    pids = [int(p) for p in proc.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while any(map(is_running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(is_running, pids))
+
+
+def is_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

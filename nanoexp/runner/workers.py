@@ -12,6 +12,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 import weakref
 from multiprocessing.connection import Connection, wait
@@ -44,13 +45,13 @@ def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connectio
 
         runner = ModelRunner(config, rank, dist_init)
         conn.send(("ok", runner_info(runner) if rank == 0 else None))
-    except BaseException as err:  # noqa: BLE001 - every startup failure goes back to the user
-        send_error(conn, err)
-        return
-    try:
         serve(runner, rank, conn, parent)
-    except BaseException as err:  # noqa: BLE001
+    except BaseException as err:  # noqa: BLE001 - every failure goes back to the control plane
         send_error(conn, err)
+    # Skip interpreter teardown (seconds with torch loaded); only stdio needs flushing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def serve(runner, rank: int, conn: Connection, parent: int) -> None:
