@@ -200,6 +200,95 @@ def test_choose_num_splits_fills_the_gpu():
     assert 1 < triton_attention.choose_num_splits(16, 8, 4096, 132) <= 8
 
 
+# ---------------------------------------------------------------- prefill
+
+
+def run_prefill(ctx_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0, **kw):
+    """Store this step's K/V with both backends, then compare prefill outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(cdiv(n, block_size) for n in ctx_lens) + 3
+    k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, head_dim, dtype, gen)
+    table = make_block_tables(ctx_lens, block_size, num_blocks, gen)
+    md = prefill_metadata(ctx_lens, q_lens, table, block_size)
+    num_tokens = sum(q_lens)
+    q = torch.randn(num_tokens, heads, head_dim, generator=gen).to(DEVICE, dtype)
+    k = torch.randn(num_tokens, kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    v = torch.randn(num_tokens, kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    scale = 2.0 / head_dim**0.5
+    k_ref, v_ref = k_cache.float(), v_cache.float()
+    TorchAttentionBackend().store_kv(k.float(), v.float(), k_ref, v_ref, md.slot_mapping)
+    ref = TorchAttentionBackend().prefill(q.float(), k.float(), v.float(), k_ref, v_ref, md, scale)
+    backend = TritonAttentionBackend()
+    backend.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
+    if kw:
+        paged = md.has_cached_prefix
+        out = triton_attention.varlen_prefill(
+            q,
+            k_cache if paged else k,
+            v_cache if paged else v,
+            md.cu_seqlens_q,
+            md.max_seqlen_q,
+            md.context_lens if paged else None,
+            table if paged else None,
+            scale,
+            **kw,
+        )
+    else:
+        out = backend.prefill(q, k, v, k_cache, v_cache, md, scale)
+    return out, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_prefill_without_cached_prefix(dtype, group):
+    q_lens = [1, 9, 70, 130]
+    out, ref = run_prefill(q_lens, q_lens, 2 * group, 2, 40, 16, dtype)
+    assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_prefill_with_cached_prefix(dtype, block_size, group):
+    # Whole prompt, chunk after a cached prefix, a single token, and a chunk of one tile.
+    ctx_lens = [40, 150, 5, 97, 130]
+    q_lens = [40, 30, 5, 1, 64]
+    out, ref = run_prefill(ctx_lens, q_lens, 2 * group, 2, 32, block_size, dtype)
+    assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize(("block_size", "block_m", "block_n"), [(4, 16, 16), (64, 32, 16), (8, 16, 32)])
+def test_prefill_small_tiles_cross_pages_and_diagonal(block_size, block_m, block_n):
+    ctx_lens, q_lens = [100, 77, 33], [100, 45, 2]
+    kw = {"block_m": block_m, "block_n": block_n}
+    out, ref = run_prefill(ctx_lens, q_lens, 4, 2, 32, block_size, torch.float16, **kw)
+    assert_close(out, ref, torch.float16)
+    out, ref = run_prefill(q_lens, q_lens, 4, 2, 32, block_size, torch.float16, **kw)
+    assert_close(out, ref, torch.float16)
+
+
+@pytest.mark.parametrize("head_dim", [16, 40, 128, 256])
+def test_prefill_head_dims(head_dim):
+    out, ref = run_prefill([20, 70], [20, 50], 4, 2, head_dim, 16, torch.float16, seed=head_dim)
+    assert_close(out, ref, torch.float16)
+
+
+def test_prefill_large_block():
+    out, ref = run_prefill([300, 40], [100, 40], 4, 2, 32, 256, torch.float16)
+    assert_close(out, ref, torch.float16)
+
+
+def test_prefill_rejects_too_small_max_seqlen_q():
+    gen = torch.Generator().manual_seed(0)
+    table = make_block_tables([8, 8], 16, 4, gen)
+    md = prefill_metadata([8, 8], [8, 8], table, 16)
+    md.max_seqlen_q = 1
+    q = torch.randn(16, 2, 16).to(DEVICE)
+    k_cache, v_cache = make_cache(4, 16, 2, 16, torch.float32, gen)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        TritonAttentionBackend().prefill(q, q, q, k_cache, v_cache, md, 0.25)
+
+
 # ---------------------------------------------------------------- backend selection
 
 

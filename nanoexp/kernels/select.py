@@ -48,8 +48,7 @@ def make_attention_backend(name: str, device: torch.device, block_size: int) -> 
             )
         if not flash_attn_available():
             raise ValueError(
-                "attention_backend='flash_attn' needs the flash_attn package; "
-                "use 'triton' or 'auto'"
+                "attention_backend='flash_attn' needs the flash_attn package; use 'triton' or 'auto'"
             )
         check_block_size(block_size)
         return FlashAttnBackend(block_size)

@@ -3,6 +3,10 @@
 K/V caches are [num_blocks, block_size, kv_heads, head_dim] with a contiguous last dim. Key
 position p of sequence i lives in page block_tables[i, p // block_size] at row p % block_size.
 Softmax runs in fp32 in the log2 domain (scores are pre-multiplied by log2(e)).
+
+The kernels avoid calling the @jit helpers of triton.language.standard (tl.max, tl.sum,
+tl.zeros, tl.cdiv): they break the CPU interpreter when triton was imported before
+TRITON_INTERPRET=1 was set.
 """
 
 from __future__ import annotations
@@ -17,6 +21,12 @@ LOG2E = 1.4426950408889634
 DEFAULT_NUM_SMS = 132
 MIN_KEYS_PER_SPLIT = 128
 MAX_SPLITS = 64
+
+
+# tl.max / tl.sum via tl.reduce with the same combine functions; the interpreter recognizes
+# these two and reduces with numpy instead of element by element.
+_max_combine = tl.standard._elementwise_max
+_sum_combine = tl.standard._sum_combine
 
 
 @triton.jit
@@ -52,10 +62,10 @@ def _load_rows(ptr, rows, dims, row_mask, HEAD_DIM: tl.constexpr, DIM_PAD: tl.co
 @triton.jit
 def _online_softmax_step(s, m, den, acc, v):
     """Fold one tile of log2-domain scores s [M, N] and values v [N, D] into (m, den, acc)."""
-    m_new = tl.maximum(m, tl.max(s, 1))
+    m_new = tl.maximum(m, tl.reduce(s, 1, _max_combine))
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new[:, None])
-    den = den * alpha + tl.sum(p, 1)
+    den = den * alpha + tl.reduce(p, 1, _sum_combine)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     return m_new, den, acc
 
@@ -93,7 +103,8 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
-    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+    per_split = (ctx + num_splits - 1) // num_splits
+    split_len = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, ctx)
 
@@ -105,8 +116,8 @@ def _decode_split_kernel(
     q = _load_rows(q_ptr, q_rows, dims, row_mask, HEAD_DIM, DIM_PAD)
 
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    den = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
+    den = tl.full([GROUP_PAD], 0.0, tl.float32)
+    acc = tl.full([GROUP_PAD, DIM_PAD], 0.0, tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -152,14 +163,14 @@ def _decode_reduce_kernel(
     split_mask = splits < num_splits
     base = (seq.to(tl.int64) * tl.num_programs(1) + head) * num_splits
     lse = tl.load(part_lse_ptr + base + splits, mask=split_mask, other=float("-inf"))
-    m = tl.max(lse, 0)
+    m = tl.reduce(lse, 0, _max_combine)
     m = tl.where(m == float("-inf"), 0.0, m)  # context of length 0 gives zeros, not NaN
     w = tl.exp2(lse - m)
     o_mask = split_mask[:, None] & (dims[None, :] < HEAD_DIM)
     o_ptrs = part_out_ptr + (base + splits)[:, None] * DIM_PAD + dims[None, :]
     o = tl.load(o_ptrs, mask=o_mask, other=0.0)
-    total = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0.0, total, 1.0)
+    total = tl.reduce(w, 0, _sum_combine)
+    out = tl.reduce(w[:, None] * o, 0, _sum_combine) / tl.where(total > 0.0, total, 1.0)
     out_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + dims
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
@@ -213,9 +224,7 @@ def paged_decode(
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, max_len, _num_sms(q.device))
     if num_splits > 1:
-        part_out = torch.empty(
-            (batch, num_heads, num_splits, dim_pad), dtype=torch.float32, device=q.device
-        )
+        part_out = torch.empty((batch, num_heads, num_splits, dim_pad), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out
@@ -364,8 +373,8 @@ def _prefill_kernel(
     q_pos = ctx - q_len + offs_m
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    den = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
+    den = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, DIM_PAD], 0.0, tl.float32)
     first_pos = ctx - q_len + m_block * BLOCK_M
     # Keys before the tile's first query position are visible to every row: no mask needed.
     full_end = (first_pos // BLOCK_N) * BLOCK_N
