@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import weakref
 from multiprocessing.connection import Connection, wait
 
@@ -130,6 +131,9 @@ class WorkerGroup:
             reply = self.conns[rank].recv()
         except (EOFError, OSError):
             self.raise_dead(rank, startup)
+        except Exception as err:  # noqa: BLE001 - e.g. an exception class main cannot import
+            self.kill()
+            raise RuntimeError(f"tensor-parallel worker rank {rank} failed: {err}") from None
         if reply[0] == "ok":
             return reply[1]
         self.kill()
@@ -170,11 +174,9 @@ class WorkerGroup:
         self.kill()
 
     def reap(self, timeout: float) -> None:
-        alive = [p for p in self.procs if p.exitcode is None]
-        if alive:
-            wait([p.sentinel for p in alive], timeout)
-        for proc in alive:
-            proc.join(0.1)
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
 
     def release(self) -> None:
         for conn in self.conns:
