@@ -309,3 +309,58 @@ def test_select_triton_on_cpu_needs_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="attention_backend='triton'.*'torch'"):
         make_attention_backend("triton", cpu, 16)
+
+
+# ---------------------------------------------------------------- GPU, real shapes
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("block_size", [256, 16])
+@pytest.mark.parametrize("batch", [1, 64])
+def test_gpu_bf16_decode_real_shapes(block_size, batch):
+    gen = torch.Generator().manual_seed(block_size + batch)
+    ctx_lens = torch.randint(1, 1025, (batch,), generator=gen).tolist()
+    ctx_lens[0] = 1024
+    if batch > 1:
+        ctx_lens[1] = 1
+    out, ref = run_decode(ctx_lens, 16, 8, 128, block_size, torch.bfloat16, seed=block_size)
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("block_size", [256, 16])
+def test_gpu_bf16_prefill_real_shapes(block_size):
+    # Whole prompts, chunks after cached prefixes, and one single-token chunk.
+    ctx_lens = [1024, 1024, 700, 1024, 300, 1000, 64, 513]
+    q_lens = [1024, 512, 700, 1, 300, 999, 64, 129]
+    out, ref = run_prefill(ctx_lens, q_lens, 16, 8, 128, block_size, torch.bfloat16)
+    assert rel_l2(out, ref) < 1e-2
+    out, ref = run_prefill(q_lens, q_lens, 16, 8, 128, block_size, torch.bfloat16)
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_decode_replays_in_cuda_graph():
+    """Split count depends on static shapes only, so a captured decode stays correct."""
+    batch, block_size, max_blocks = 8, 16, 64
+    gen = torch.Generator().manual_seed(5)
+    k_cache, v_cache = make_cache(batch * max_blocks, block_size, 8, 128, torch.bfloat16, gen)
+    table = torch.randperm(batch * max_blocks, generator=gen).view(batch, max_blocks)
+    md = decode_metadata([1] * batch, table.to(DEVICE, torch.int32))
+    q = torch.randn(batch, 16, 128, generator=gen).to(DEVICE, torch.bfloat16)
+    backend = TritonAttentionBackend()
+    backend.decode(q, k_cache, v_cache, md, 0.088)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.decode(q, k_cache, v_cache, md, 0.088)
+    for lens in ([1, 2, 3, 4, 5, 6, 7, 8], [1024, 17, 999, 256, 1, 640, 300, 1000]):
+        md.context_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.copy_(torch.randn(q.shape, generator=gen))
+        graph.replay()
+        ref = TorchAttentionBackend().decode(q.float(), k_cache.float(), v_cache.float(), md, 0.088)
+        assert rel_l2(out, ref) < 1e-2
