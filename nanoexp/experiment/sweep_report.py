@@ -84,7 +84,10 @@ def swept_keys(table: pd.DataFrame) -> list[str]:
 
 def markdown(table: pd.DataFrame, swept: list[str], title: str) -> str:
     metrics = [m for m in TABLE_METRICS if m in table.columns]
-    shown = table[["job_num", *swept, "status", *metrics]].rename(columns=lambda c: c.removeprefix("param:"))
+    errors = ["error"] if (table["status"] != "ok").any() else []
+    shown = table[["job_num", *swept, "status", *metrics, *errors]].rename(
+        columns=lambda c: c.removeprefix("param:")
+    )
     header = "| " + " | ".join(shown.columns) + " |"
     rule = "|" + "|".join("---" for _ in shown.columns) + "|"
     body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in shown.itertuples(index=False)]
@@ -142,6 +145,8 @@ def _label(others: list[str], label) -> str:
 
 
 def _cell(v) -> str:
+    if isinstance(v, float) and v != v:  # NaN: a failed job has no metrics
+        return ""
     if isinstance(v, float):
         return f"{v:.4g}"
     return "" if v is None else str(v)
