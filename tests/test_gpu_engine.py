@@ -83,7 +83,7 @@ def test_graphs_and_eager_agree_bitwise_in_bfloat16(checkpoints):
     assert agree >= 2  # padded graph batches may pick other GEMM tilings; most must agree
 
 
-def test_batch_larger_than_the_biggest_graph_runs_eagerly(checkpoints, reference_outputs):
+def test_graph_ladder_covers_any_max_num_seqs(checkpoints, reference_outputs):
     name = "qwen3_gqa1"
     prompts = random_prompts([3] * 12, seed=15)
     outs = engine_outputs(checkpoints[name][0], prompts, 8, dtype="float32", max_num_seqs=12)

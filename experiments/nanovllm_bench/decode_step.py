@@ -1,0 +1,91 @@
+"""Decode-step time of Qwen3-0.6B (dummy bf16 weights) against its bytes floor.
+
+For each batch size B and context length C, every sequence holds C cached tokens; one decode step
+reads all weights once plus B*C tokens of K and V. Times the captured CUDA graph (forward), the
+LM head and the sampler separately, with CUDA events, median of repeats.
+
+    python experiments/nanovllm_bench/decode_step.py [--bandwidth 4.2e12] [--out table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+
+import torch
+import yaml
+
+from nanoexp import LLM
+from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
+from nanoexp.runner.step_input import SamplingRow, StepInput
+
+BATCHES = [1, 16, 64, 128, 256]
+CONTEXTS = [128, 512, 1024, 2048, 4096]
+
+
+def decode_step(batch: int, context: int, block_size: int, num_blocks: int) -> StepInput:
+    per_seq = -(-context // block_size)
+    blocks = random.sample(range(num_blocks), batch * per_seq)
+    tables = [blocks[i * per_seq : (i + 1) * per_seq] for i in range(batch)]
+    rows = [SamplingRow(0.6, -1, 1.0, 0.0, None)] * batch
+    return StepInput(False, [random.randrange(10000) for _ in range(batch)], [1] * batch, [context] * batch,
+                     tables, list(range(batch)), rows)
+
+
+def time_ms(fn, repeats: int = 30) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bandwidth", type=float, default=4.2e12, help="measured copy bandwidth, B/s")
+    parser.add_argument("--block-size", type=int, default=256)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
+    llm = LLM("Qwen/Qwen3-0.6B", hf_config=arch, load_format="dummy", dtype="bfloat16",
+              kvcache_block_size=args.block_size, max_model_len=4096 + 16, max_num_seqs=256)
+    runner = llm.engine.executor.runner
+    runner.kv_cache.normal_()  # never time on zeros
+    weights = llm.stats()["weights_bytes"]
+    per_token_kv = runner.kv_cache[0, 0, 0, 0].numel() * 2 * runner.kv_cache.shape[0] * 2
+    lines = ["| batch | context | forward ms | LM head ms | sampler ms | step ms | floor ms | step / floor |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for batch in BATCHES:
+        for context in CONTEXTS:
+            if batch * -(-context // args.block_size) > runner.num_blocks:
+                continue
+            step = decode_step(batch, context, args.block_size, runner.num_blocks)
+            inputs = prepare_inputs(step, args.block_size, runner.device)
+            sampling = prepare_sampling(step, arch["vocab_size"], runner.device)
+            hidden = runner.graphs.replay(inputs)
+            logits = runner.model.compute_logits(hidden)
+            fwd = time_ms(lambda: runner.graphs.replay(inputs))
+            head = time_ms(lambda: runner.model.compute_logits(hidden))
+            samp = time_ms(lambda: runner.sampler(logits, sampling))
+            floor = (weights + batch * context * per_token_kv) / args.bandwidth * 1e3
+            total = fwd + head + samp
+            lines.append(f"| {batch} | {context} | {fwd:.3f} | {head:.3f} | {samp:.3f} | {total:.3f} | "
+                         f"{floor:.3f} | {total / floor:.2f} |")
+            print(lines[-1], flush=True)
+    llm.close()
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, kernel micro-benchmarks, the decode-step table and the nano-vLLM
+# benchmark, logs under $OUT. Usage (repo root, on the GPU machine): bash experiments/nanovllm_bench/gpu_session.sh [parts]
+# parts: any of tests kernels decode bench hf (default: tests kernels decode bench)
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site:$PWD"
+fi
+export PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+parts="${*:-tests kernels decode bench}"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/machine.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/machine.txt"
+for part in $parts; do
+  case "$part" in
+    tests) timeout 300 python3 -m pytest -q -m gpu -x tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    kernels) timeout 200 python3 experiments/kernels/bench_attention.py 2>&1 | tee "$OUT/kernels.log" | tail -30 ;;
+    decode) timeout 200 python3 experiments/nanovllm_bench/decode_step.py --out "$OUT/decode_step.md" 2>&1 | tee "$OUT/decode.log" | tail -30 ;;
+    bench) timeout 300 python3 run.py experiment=nanovllm_bench logger=none hydra.run.dir="$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -30 ;;
+    hf) timeout 500 python3 run.py experiment=nanovllm_bench engine=hf logger=none hydra.run.dir="$OUT/hf" 2>&1 | tee "$OUT/hf.log" | tail -30 ;;
+  esac
+done
