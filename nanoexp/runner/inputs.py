@@ -34,8 +34,11 @@ def pad_tables(tables: list[list[int]], width: int | None = None) -> list[list[i
 def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> ModelInputs:
     positions, slots = [], []
     for n, ctx, table in zip(step.query_lens, step.context_lens, step.block_tables):
+        positions.extend(range(ctx - n, ctx))
+        if not table:  # no cache blocks (memory-profiling run): store nothing
+            slots.extend([-1] * n)
+            continue
         for pos in range(ctx - n, ctx):
-            positions.append(pos)
             slots.append(table[pos // block_size] * block_size + pos % block_size)
     cu_q, cu_k = [0], [0]
     for n, ctx in zip(step.query_lens, step.context_lens):
