@@ -430,7 +430,8 @@ def varlen_prefill(
     if paged:
         _check_cache(q, k, v, num_heads, num_kv_heads)
     else:
-        assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.stride() == v.stride()
+        if k.stride() != v.stride() or k.stride(-1) != 1:  # e.g. v a view into the fused qkv
+            k, v = k.contiguous(), v.contiguous()
         assert q.stride(-1) == 1 and num_heads % num_kv_heads == 0
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     num_seqs = cu_seqlens_q.shape[0] - 1
