@@ -26,7 +26,8 @@ PATHS = {
 
 
 def engine_outputs(path, prompts, max_tokens, **kwargs):
-    args = dict(kvcache_block_size=16, attention_backend="triton", max_model_len=1024)
+    args = dict(kvcache_block_size=16, attention_backend="triton", max_model_len=1024, max_num_seqs=16,
+                num_kvcache_blocks=512, max_num_batched_tokens=2048)
     args.update(kwargs)
     with LLM(path, device="cuda", **args) as llm:
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
@@ -92,7 +93,8 @@ def test_graph_ladder_covers_any_max_num_seqs(checkpoints, reference_outputs):
 
 
 def test_startup_reports_its_parts(checkpoints):
-    with LLM(checkpoints["qwen3_gqa1"][0], device="cuda", kvcache_block_size=16) as llm:
+    with LLM(checkpoints["qwen3_gqa1"][0], device="cuda", kvcache_block_size=16, max_num_seqs=16,
+             max_num_batched_tokens=2048, gpu_memory_utilization=0.3) as llm:
         stats = llm.stats()
     assert stats["cuda_graphs"] and stats["graph_capture_s"] > 0 and stats["warmup_s"] > 0
     assert stats["num_kv_blocks"] > 0 and stats["peak_memory_bytes"] > 0

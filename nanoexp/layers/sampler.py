@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from nanoexp.layers.fusion import fusable
+
 
 @dataclass
 class SamplingTensors:
@@ -23,16 +25,26 @@ class SamplingTensors:
 
 class Sampler(nn.Module):
     def forward(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-        logits = logits.float()
         greedy_tokens = logits.argmax(dim=-1)
         if st.all_greedy:
             return greedy_tokens
-        logits = logits / st.temperatures.clamp_min(1e-6).unsqueeze(1)
+        if not st.needs_filter and all(seed is None for seed in st.seeds):
+            sampled = sample_with_temperature(logits, st.temperatures)
+            return torch.where(st.temperatures == 0, greedy_tokens, sampled)
+        logits = logits.float() / st.temperatures.clamp_min(1e-6).unsqueeze(1)
         if st.needs_filter:
             logits = filter_logits(logits, st.top_k, st.top_p, st.min_p)
         probs = torch.softmax(logits, dim=-1)
         sampled = (probs / exponential_noise(probs, st.seeds)).argmax(dim=-1)
         return torch.where(st.temperatures == 0, greedy_tokens, sampled)
+
+
+@fusable
+def sample_with_temperature(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """One categorical draw per row from softmax(logits / temperature), in one pass."""
+    probs = torch.softmax(logits.float() / temperatures.clamp_min(1e-6).unsqueeze(1), dim=-1)
+    noise = -torch.log1p(-torch.rand_like(probs))  # Exp(1)
+    return (probs / noise.clamp_min(1e-20)).argmax(dim=-1)
 
 
 def filter_logits(

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from nanoexp.engine.config import EngineConfig
 from nanoexp.kernels.select import make_attention_backend
+from nanoexp.layers.fusion import enable_fusion
 from nanoexp.layers.sampler import Sampler
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
 from nanoexp.models.registry import model_class
@@ -59,6 +60,7 @@ class ModelRunner:
         for layer in kv_cache.attention_layers(self.model):
             layer.backend = self.backend
         self.sampler = Sampler()
+        enable_fusion(self.uses_graphs())
         self.num_blocks = self.setup_kv_cache()
         self.graphs = self.capture_graphs() if self.uses_graphs() else None
 
