@@ -63,7 +63,8 @@ def build_checkpoint(path, name: str) -> str:
 
 def child_pids() -> list[int]:
     """Live (or unreaped) child processes of this process, read from /proc; multiprocessing's
-    one resource tracker (shared by the interpreter, gone when it exits) does not count."""
+    resource tracker and torch.compile's worker pool (shared by the interpreter, gone when it
+    exits) do not count."""
     return [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if is_worker_child(pid)]
 
 
@@ -75,7 +76,8 @@ def is_worker_child(pid: int) -> bool:
             cmdline = f.read()
     except (OSError, IndexError, ValueError):
         return False
-    return ppid == os.getpid() and b"resource_tracker" not in cmdline
+    helpers = (b"resource_tracker", b"_inductor")  # interpreter-wide helpers, not engine workers
+    return ppid == os.getpid() and not any(h in cmdline for h in helpers)
 
 
 def assert_no_workers() -> None:

@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=4.2e12, help="measured copy bandwidth, B/s")
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--profile", action="store_true", help="print the kernels of one step instead")
     args = parser.parse_args()
     arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
     llm = LLM("Qwen/Qwen3-0.6B", hf_config=arch, load_format="dummy", dtype="bfloat16",
@@ -60,6 +61,8 @@ def main() -> None:
     runner.kv_cache.normal_()  # never time on zeros
     weights = llm.stats()["weights_bytes"]
     per_token_kv = runner.kv_cache[0, 0, 0, 0].numel() * 2 * runner.kv_cache.shape[0] * 2
+    if args.profile:
+        return profile(runner, arch, args.block_size)
     lines = ["| batch | context | forward ms | LM head ms | sampler ms | step ms | floor ms | step / floor |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for batch in BATCHES:
@@ -85,6 +88,26 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write(table + "\n")
+
+
+def profile(runner, arch: dict, block_size: int) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for batch, context in ((1, 1024), (128, 1024)):
+        step = decode_step(batch, context, block_size, runner.num_blocks)
+        inputs = prepare_inputs(step, block_size, runner.device)
+        sampling = prepare_sampling(step, arch["vocab_size"], runner.device)
+        for _ in range(3):
+            runner.graphs.replay(inputs)
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            hidden = runner.graphs.replay(inputs)
+            logits = runner.model.compute_logits(hidden)
+            runner.sampler(logits, sampling)
+            torch.cuda.synchronize()
+        print(f"--- batch {batch} context {context}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,28 @@
-"""Small elementwise ops (norms, RoPE, SwiGLU) compiled into fused kernels on GPUs.
+"""Small elementwise ops (norms, RoPE, SwiGLU, sampling) compiled into fused kernels on GPUs.
 
-Each op is a plain function; `fusable` routes calls to a `torch.compile`d copy once the runner
-turns fusion on (CUDA, not eager), and to the function itself otherwise (CPU, tests, eager)."""
+Each op is a plain function; `fusable` routes calls to a `torch.compile`d copy while `fused(True)`
+is active (the runner turns it on for CUDA-graph capture and sampling), and to the plain
+function otherwise (CPU, eager mode, prefill)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 _enabled = False
 
 
-def enable_fusion(on: bool = True) -> None:
+@contextlib.contextmanager
+def fused(on: bool) -> Iterator[None]:
     global _enabled
-    _enabled = on
+    previous, _enabled = _enabled, on
+    try:
+        yield
+    finally:
+        _enabled = previous
 
 
 def fusable(fn: Callable) -> Callable:
@@ -27,6 +34,8 @@ def fusable(fn: Callable) -> Callable:
         if not _enabled:
             return fn(*args)
         if compiled is None:
+            # one process may serve several models and dtypes (tests do): allow their variants
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             compiled = torch.compile(fn, dynamic=True, fullgraph=True)
         return compiled(*args)
 

@@ -8,11 +8,13 @@ from torch import nn
 from nanoexp.layers.fusion import fusable
 
 
-@fusable
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_unfused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+rms_norm = fusable(rms_norm_unfused)
 
 
 @fusable

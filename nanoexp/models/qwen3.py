@@ -12,7 +12,7 @@ from nanoexp.layers.attention import Attention
 from nanoexp.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from nanoexp.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanoexp.layers.norm import RMSNorm
-from nanoexp.layers.rope import RotaryEmbedding
+from nanoexp.layers.rope import RotaryEmbedding, qk_norm_rope
 
 
 def rope_theta_of(config: PretrainedConfig) -> float:
@@ -53,8 +53,12 @@ class Qwen3Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+            q, k = qk_norm_rope(
+                positions, q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                self.rotary_emb.cos_sin,
+            )
+        else:
+            q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v, md).flatten(1))
 
 

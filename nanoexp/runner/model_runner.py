@@ -9,14 +9,14 @@ import torch.distributed as dist
 
 from nanoexp.engine.config import EngineConfig
 from nanoexp.kernels.select import make_attention_backend
-from nanoexp.layers.fusion import enable_fusion
+from nanoexp.layers.fusion import fused
 from nanoexp.layers.sampler import Sampler
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
 from nanoexp.models.registry import model_class
 from nanoexp.runner import kv_cache
 from nanoexp.runner.cuda_graphs import DecodeGraphs
 from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
-from nanoexp.runner.step_input import StepInput
+from nanoexp.runner.step_input import SamplingRow, StepInput
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -60,7 +60,6 @@ class ModelRunner:
         for layer in kv_cache.attention_layers(self.model):
             layer.backend = self.backend
         self.sampler = Sampler()
-        enable_fusion(self.uses_graphs())
         self.num_blocks = self.setup_kv_cache()
         self.graphs = self.capture_graphs() if self.uses_graphs() else None
 
@@ -74,7 +73,9 @@ class ModelRunner:
             self.model, self.hf_config.hidden_size, self.config.max_num_seqs,
             -(-self.max_model_len // block_size), self.dtype, self.device,
         )
-        graphs.capture()
+        with fused(True):
+            graphs.capture()
+            self.warm_up_sampler()
         self.timings["graph_capture_s"] = time.perf_counter() - start
         return graphs
 
@@ -150,6 +151,16 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
+    def warm_up_sampler(self) -> None:
+        """Compiles the fused sampler for one row and for many (size 1 is specialized)."""
+        vocab = self.hf_config.vocab_size
+        for rows in (1, 2):
+            step = StepInput(False, [0] * rows, [1] * rows, [1] * rows, [[0]] * rows, list(range(rows)),
+                             [SamplingRow(1.0, -1, 1.0, 0.0, None)] * rows)
+            logits = torch.randn(rows, vocab, device=self.device, dtype=self.dtype)
+            self.sampler(logits, prepare_sampling(step, vocab, self.device))
+
+    @torch.inference_mode()
     def run(self, step: StepInput) -> list[int] | None:
         """Runs one step; rank 0 returns the sampled token per sampling sequence."""
         inputs = prepare_inputs(step, self.config.kvcache_block_size, self.device)
@@ -161,7 +172,8 @@ class ModelRunner:
         if logits is None or not step.sample_seq_indices:
             return None if logits is None else []
         sampling = prepare_sampling(step, self.hf_config.vocab_size, self.device)
-        return self.sampler(logits, sampling).tolist()
+        with fused(self.graphs is not None):
+            return self.sampler(logits, sampling).tolist()
 
     @torch.inference_mode()
     def prefill_logits(self, step: StepInput) -> torch.Tensor | None:
