@@ -41,11 +41,10 @@ class Sampler(nn.Module):
 
 @fusable
 def sample_with_temperature(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-    """One categorical draw per row from softmax(logits / temperature) by the Gumbel-max trick:
-    argmax(logits / t + Gumbel noise), a single pass over the logits (no softmax)."""
-    uniform = torch.rand_like(logits, dtype=torch.float32).clamp_(1e-20, 1.0)
-    gumbel = -torch.log(-torch.log(uniform))
-    return (logits.float() / temperatures.clamp_min(1e-6).unsqueeze(1) + gumbel).argmax(dim=-1)
+    """One categorical draw per row from softmax(logits / temperature): argmax(probs / Exp(1))."""
+    probs = torch.softmax(logits.float() / temperatures.clamp_min(1e-6).unsqueeze(1), dim=-1)
+    noise = -torch.log1p(-torch.rand_like(probs))  # Exp(1)
+    return (probs / noise.clamp_min(1e-20)).argmax(dim=-1)
 
 
 def filter_logits(
