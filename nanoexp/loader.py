@@ -22,7 +22,8 @@ def resolve_model_dir(model: str) -> str:
         return snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
     except Exception as err:  # noqa: BLE001 - any hub failure means "not available"
         raise FileNotFoundError(
-            f"model={model!r} is neither a local checkpoint directory nor a reachable hub id ({err.__class__.__name__})"
+            f"model={model!r} is neither a local checkpoint directory nor a reachable hub id "
+            f"({err.__class__.__name__})"
         ) from None
 
 

@@ -14,7 +14,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(checkpoints):
-    with LLM(checkpoints["qwen3_gqa1"][0], kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512) as llm:
+    path = checkpoints["qwen3_gqa1"][0]
+    with LLM(path, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512) as llm:
         yield llm
 
 
@@ -71,7 +72,7 @@ def test_invalid_sampling_params(kwargs, needle):
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"kvcache_block_size": 24}, "kvcache_block_size=24 is invalid: must be a power of two from 1 to 1024"),
+        ({"kvcache_block_size": 24}, "kvcache_block_size=24 is invalid: must be a power of two from 1 to"),
         ({"kvcache_block_size": 2048}, "kvcache_block_size=2048"),
         ({"dtype": "int8"}, "dtype='int8' is invalid"),
         ({"device": "tpu"}, "device='tpu' is invalid"),

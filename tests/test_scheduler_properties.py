@@ -72,7 +72,8 @@ def workload(seed: int, n: int, max_prompt: int, max_out: int):
     for _ in range(n):
         prompt = list(rng.choice(prefixes))[: rng.randrange(1, max_prompt)]
         prompt += [rng.randrange(VOCAB - 1) for _ in range(rng.randrange(0, 8))]
-        params = SamplingParams(temperature=0, max_tokens=rng.randrange(1, max_out), ignore_eos=rng.random() < 0.7)
+        ignore_eos = rng.random() < 0.7
+        params = SamplingParams(temperature=0, max_tokens=rng.randrange(1, max_out), ignore_eos=ignore_eos)
         requests.append((prompt, params, rng.randrange(0, 6)))  # arrives after that many steps
     return requests
 

@@ -74,9 +74,9 @@ def main() -> None:
             sampling = prepare_sampling(step, arch["vocab_size"], runner.device)
             hidden = runner.graphs.replay(inputs)
             logits = runner.model.compute_logits(hidden)
-            fwd = time_ms(lambda: runner.graphs.replay(inputs))
-            head = time_ms(lambda: runner.model.compute_logits(hidden))
-            samp = time_ms(lambda: runner.sampler(logits, sampling))
+            fwd = time_ms(lambda inputs=inputs: runner.graphs.replay(inputs))
+            head = time_ms(lambda hidden=hidden: runner.model.compute_logits(hidden))
+            samp = time_ms(lambda logits=logits, sampling=sampling: runner.sampler(logits, sampling))
             floor = (weights + batch * context * per_token_kv) / args.bandwidth * 1e3
             total = fwd + head + samp
             lines.append(f"| {batch} | {context} | {fwd:.3f} | {head:.3f} | {samp:.3f} | {total:.3f} | "

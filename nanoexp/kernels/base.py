@@ -31,7 +31,9 @@ class AttentionMetadata:
 
 
 class AttentionBackend:
-    """Stores new K/V by slot mapping, then attends. Caches are [num_blocks, block_size, kv_heads, head_dim]."""
+    """Stores new K/V by slot mapping, then attends.
+
+    Caches are [num_blocks, block_size, kv_heads, head_dim]."""
 
     name = "base"
 
