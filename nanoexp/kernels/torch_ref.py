@@ -31,7 +31,7 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     def decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float):
-        num_seqs, num_heads, head_dim = q.shape
+        num_seqs, _, head_dim = q.shape
         block_size = k_cache.shape[1]
         max_len = md.block_tables.shape[1] * block_size
         positions = torch.arange(max_len, device=q.device)
@@ -39,11 +39,9 @@ class TorchAttentionBackend(AttentionBackend):
         valid = mask[:, :, None, None]  # slots past the context may hold stale bytes, even NaN
         k = k_cache[md.block_tables].reshape(num_seqs, max_len, -1, head_dim).where(valid, 0)
         v = v_cache[md.block_tables].reshape(num_seqs, max_len, -1, head_dim).where(valid, 0)
-        group = num_heads // k.shape[2]
-        k = k.repeat_interleave(group, dim=2).transpose(1, 2)  # [B, H, L, D]
-        v = v.repeat_interleave(group, dim=2).transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :], scale=scale
+            q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None, None, :],
+            scale=scale, enable_gqa=True,
         )
         return out.squeeze(2)
 
@@ -59,12 +57,12 @@ def gather_context(k_cache, v_cache, block_table, length: int):
 
 def causal_attention(q, k, v, scale: float):
     """q [Lq, H, D] attends to k/v [Lk, Hkv, D]; query j sits at position Lk - Lq + j."""
-    lq, num_heads, _ = q.shape
+    lq = q.shape[0]
     lk = k.shape[0]
-    group = num_heads // k.shape[1]
-    k = k.repeat_interleave(group, dim=1).transpose(0, 1)
-    v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+    k, v = k.transpose(0, 1), v.transpose(0, 1)
     q_pos = torch.arange(lk - lq, lk, device=q.device)
     mask = torch.arange(lk, device=q.device)[None, :] <= q_pos[:, None]
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+    )
     return out.transpose(0, 1)
