@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import time
 
 import torch
@@ -36,6 +37,13 @@ def pick_dtype(choice: str, hf_config, device: torch.device) -> torch.dtype:
         return torch.float32
     native = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
     return native if isinstance(native, torch.dtype) else torch.bfloat16
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak bytes allocated by torch on a GPU; the process's peak resident set on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class ModelRunner:
@@ -184,7 +192,7 @@ class ModelRunner:
 
     def stats(self) -> dict:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
+        peak = peak_memory_bytes(self.device)
         return {
             "weights_bytes": weights,
             "kv_cache_bytes": self.kv_cache_bytes,
