@@ -2,34 +2,105 @@
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import os
+import re
 import shutil
+import socket
 import subprocess
+import sys
+import time
+from pathlib import Path
+
+POLL_S = 2.0
 
 
-def claim(gpus_per_job: int, job_num: int) -> list[str]:
-    """Keep slice `job_num` (wrapping around) of the visible GPUs; a no-op for gpus_per_job=0.
+def gpus_needed(gpus_per_job: int, tensor_parallel_size: int) -> int:
+    """A job never gets fewer GPUs than it has ranks; 0 (off) stays 0."""
+    return max(gpus_per_job, tensor_parallel_size) if gpus_per_job > 0 else 0
 
-    Must run before CUDA is initialised in this process (the engine is not built yet).
+
+def claim(gpus_per_job: int, job_num: int, lock_dir: Path | None = None) -> list[str]:
+    """Narrow CUDA_VISIBLE_DEVICES to `gpus_per_job` GPUs of those visible; a no-op for 0.
+
+    Without `lock_dir`: slice `job_num` of the visible GPUs (wrapping around). With it (a
+    sweep's directory, shared by its jobs on this host): the first free GPUs, preferring that
+    slice, held by this process's pid until it exits; waits while too few are free, so jobs of
+    a sweep never share a GPU. Must run before CUDA is initialised in this process.
     """
     if gpus_per_job <= 0:
         return []
     visible = visible_gpus()
     if not visible:
         return []
-    slots = max(1, len(visible) // gpus_per_job)
-    start = (job_num % slots) * gpus_per_job
-    mine = visible[start : start + gpus_per_job]
+    count = min(gpus_per_job, len(visible))
+    start = (job_num * count) % len(visible)
+    order = visible[start:] + visible[:start]
+    mine = wait_for_free(order, count, lock_dir) if lock_dir else order[:count]
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
     return mine
 
 
+def wait_for_free(order: list[str], count: int, lock_dir: Path) -> list[str]:
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    waited = False
+    while not (mine := try_take(order, count, lock_dir)):
+        if not waited:
+            print(f"nanoexp: waiting for {count} free GPU(s)", file=sys.stderr, flush=True)
+            waited = True
+        time.sleep(POLL_S)
+    return mine
+
+
+def try_take(order: list[str], count: int, lock_dir: Path) -> list[str]:
+    """Takes `count` free GPUs atomically (one sweep-wide file lock), or none."""
+    host = socket.gethostname()
+    with open(lock_dir / f"{host}.mutex", "a") as mutex:
+        fcntl.flock(mutex, fcntl.LOCK_EX)
+        free = [g for g in order if not held(lock_dir / f"{host}-gpu{g}")]
+        if len(free) < count:
+            return []
+        for gpu in free[:count]:
+            (lock_dir / f"{host}-gpu{gpu}").write_text(str(os.getpid()))
+        return free[:count]
+
+
+def held(lock: Path) -> bool:
+    """A GPU is held while the process named in its lock file lives (not this one: the basic
+    launcher runs a sweep's jobs one after another in one process)."""
+    try:
+        pid = int(lock.read_text())
+    except (OSError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def visible_gpus() -> list[str]:
-    """CUDA_VISIBLE_DEVICES when set, else every GPU nvidia-smi lists."""
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set (submitit's local launcher
+    sets it to 0..gpus_per_node-1 whatever the machine holds, so indices of GPUs that do not
+    exist are dropped), else every GPU of the machine."""
+    present = physical_gpus()
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [d for d in env.split(",") if d.strip()]
-    if shutil.which("nvidia-smi") is None:
-        return []
-    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-    return [str(i) for i, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU")]
+    if env is None:
+        return present
+    listed = [d.strip() for d in env.split(",") if d.strip()]
+    return [d for d in listed if not d.isdigit() or d in present]
+
+
+def physical_gpus() -> list[str]:
+    """Indices of the machine's GPUs from nvidia-smi, else from /dev/nvidiaN; none on a CPU box."""
+    if shutil.which("nvidia-smi") is not None:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+        gpus = [line for line in listing.stdout.splitlines() if line.startswith("GPU")]
+        return [str(i) for i in range(len(gpus))]
+    nodes = [p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p)]
+    return [str(i) for i in range(len(nodes))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from pathlib import Path
 
 from nanoexp.experiment.job import JobInfo
@@ -33,6 +34,7 @@ class LocalSink:
         results = {
             "status": "ok" if exit_code == 0 else "failed",
             "exit_code": exit_code,
+            "finished_at": time.time(),
             "job": self.job.as_dict() if self.job else {},
             "config": self.config,
             "summary": summary,

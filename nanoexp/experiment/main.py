@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -44,8 +45,7 @@ def main(cfg: DictConfig) -> int:
 def _run_job(spec, plain: dict, job: JobInfo) -> int:
     factory.check(spec)
     checkpoint = factory.resolve_checkpoint(spec)
-    claimed = gpus.claim(spec.launch.gpus_per_job, job.job_num)
-    plain["resolved"] = {"checkpoint": checkpoint.as_dict(), "gpus": claimed}
+    plain["resolved"] = {"checkpoint": checkpoint.as_dict(), **_claim_gpus(spec, job)}
     logger = factory.build_logger(spec)
     logger.start(plain, job)
     summary, code = {"load_format": checkpoint.load_format}, 0
@@ -59,6 +59,15 @@ def _run_job(spec, plain: dict, job: JobInfo) -> int:
         logger.finish(summary, code)
     print_summary(summary, job)
     return 0
+
+
+def _claim_gpus(spec, job: JobInfo) -> dict:
+    """This job's GPUs (see gpus.claim) and the CUDA_VISIBLE_DEVICES its ranks will see."""
+    count = gpus.gpus_needed(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size)
+    lock_dir = Path(job.sweep_dir) / ".gpu_locks" if job.multirun and job.sweep_dir else None
+    claimed = gpus.claim(count, job.job_num, lock_dir)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return {"gpus": claimed, "cuda_visible_devices": visible, "gpus_claimed_at": time.time()}
 
 
 def experiment(spec, checkpoint: factory.Checkpoint, logger, job: JobInfo) -> dict:
@@ -77,6 +86,8 @@ def experiment(spec, checkpoint: factory.Checkpoint, logger, job: JobInfo) -> di
         stats = engine.stats()
     finally:
         engine.close()
+        engine = executor = None  # drop the model and KV cache before releasing their memory
+        _release_cuda_memory()
     logger.log_requests(request_rows(record.outputs, record.t0))
     summary = summarize(record.outputs, record.steps, record.duration_s)
     if record.iteration_latencies_s:
@@ -94,6 +105,18 @@ def experiment(spec, checkpoint: factory.Checkpoint, logger, job: JobInfo) -> di
         "arch_mismatches": len(arch_diffs),
     }
     return summary
+
+
+def _release_cuda_memory() -> None:
+    """Hands a TP=1 engine's cached GPU memory back to the driver: the next job of a sequential
+    sweep may be TP>1, whose rank-0 worker sizes its KV cache from the device's free memory."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _warm_up(executor, workload) -> float:

@@ -26,6 +26,13 @@ from nanoexp.runner.step_input import StepInput
 
 PARENT_POLL_S = 1.0
 JOIN_TIMEOUT_S = 5.0
+# NVLink multicast (NVLS, symmetric-memory multimem) off unless the environment says otherwise:
+# the all-reduces here do not need it, and on shared hosts it can take the GPUs out of service.
+NO_MULTICAST_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 STARTUP_HINT = (
     " (its traceback is above; a script that builds the engine at import time must guard that"
     " with `if __name__ == '__main__':` because workers are spawned)"
@@ -38,6 +45,8 @@ STARTUP_HINT = (
 def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connection, parent: int) -> None:
     """Entry point of one rank: build the runner, then serve commands until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    for key, value in NO_MULTICAST_ENV.items():
+        os.environ.setdefault(key, value)  # read by NCCL when the communicator is created
     if config.device == "cpu" or not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
     try:
