@@ -83,7 +83,8 @@ class ModelRunner:
         )
         with fused(True):
             graphs.capture()
-            self.warm_up_sampler()
+            if self.rank == 0:  # only rank 0 samples
+                self.warm_up_sampler()
         self.timings["graph_capture_s"] = time.perf_counter() - start
         return graphs
 
