@@ -44,7 +44,7 @@ class LLM:
                 ids.append(self.engine.add_request(tokens, sp))
             outputs = self.run_to_completion(use_tqdm)
         except BaseException:
-            self.abort_all()
+            self.engine.scheduler.abort_all()
             raise
         return [self.with_text(outputs[i]) for i in ids]
 
@@ -86,13 +86,6 @@ class LLM:
             bar.update(len(finished))
         bar.close()
         return outputs
-
-    def abort_all(self) -> None:
-        """Drops every queued or running request, returning their blocks."""
-        scheduler = self.engine.scheduler
-        for seq in list(scheduler.running):
-            scheduler.finish(seq)
-        scheduler.waiting.clear()
 
     def stats(self) -> dict:
         return self.engine.stats()

@@ -109,6 +109,12 @@ class Scheduler:
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    def abort_all(self) -> None:
+        """Drops every queued or running request, returning their blocks."""
+        for seq in list(self.running):
+            self.finish(seq)
+        self.waiting.clear()
+
     def finish(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free_seq(seq)
