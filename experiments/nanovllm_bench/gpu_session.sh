@@ -17,6 +17,7 @@ for part in $parts; do
     tests) timeout 300 python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     kernels) timeout 200 python3 experiments/kernels/bench_attention.py 2>&1 | tee "$OUT/kernels.log" | tail -30 ;;
     decode) timeout 200 python3 experiments/nanovllm_bench/decode_step.py --out "$OUT/decode_step.md" 2>&1 | tee "$OUT/decode.log" | tail -30 ;;
+    prefill) timeout 200 python3 experiments/nanovllm_bench/prefill_step.py 2>&1 | tee "$OUT/prefill.log" | tail -40 ;;
     profile) timeout 200 python3 experiments/nanovllm_bench/decode_step.py --profile 2>&1 | tee "$OUT/profile.log" | tail -80 ;;
     bench) timeout 300 python3 run.py experiment=nanovllm_bench logger=none hydra.run.dir="$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -30 ;;
     hf) timeout 500 python3 run.py experiment=nanovllm_bench engine=hf logger=none hydra.run.dir="$OUT/hf" 2>&1 | tee "$OUT/hf.log" | tail -30 ;;

@@ -1,0 +1,72 @@
+"""One 16k-token prefill step of Qwen3-0.6B (dummy bf16 weights): plain ops against the
+torch.compile'd (fused) norms, RoPE and SwiGLU, then the kernels of the plain step.
+
+    python experiments/nanovllm_bench/prefill_step.py [--seqs 16] [--len 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import yaml
+from torch.profiler import ProfilerActivity, profile
+
+from nanoexp import LLM
+from nanoexp.layers.fusion import fused
+from nanoexp.runner.inputs import prepare_inputs
+from nanoexp.runner.step_input import StepInput
+
+
+def time_ms(fn, repeats: int = 10) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seqs", type=int, default=16)
+    parser.add_argument("--len", type=int, default=1024)
+    args = parser.parse_args()
+    arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
+    block = 256
+    llm = LLM("Qwen/Qwen3-0.6B", hf_config=arch, load_format="dummy", dtype="bfloat16", enforce_eager=True,
+              kvcache_block_size=block, num_kvcache_blocks=args.seqs * args.len // block + 8)
+    runner = llm.engine.executor.runner
+    per_seq = args.len // block
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(args.seqs)]
+    lens = [args.len] * args.seqs
+    step = StepInput(True, [i % 10000 for i in range(sum(lens))], lens, lens, tables, [], [])
+    total = sum(lens)
+
+    def forward():
+        inputs = prepare_inputs(step, block, runner.device)
+        return runner.model(inputs.input_ids, inputs.positions, inputs.md)
+
+    with torch.inference_mode():
+        inputs_ms = time_ms(lambda: prepare_inputs(step, block, runner.device))
+        plain = time_ms(forward)
+        with fused(True):
+            fused_ms = time_ms(forward)
+        floor = 2 * total * sum(p.numel() for p in runner.model.model.layers.parameters()) / 780e12 * 1e3
+        print(f"prefill {args.seqs} x {args.len} = {total} tokens: inputs {inputs_ms:.2f} ms, "
+              f"plain {plain:.2f} ms, fused {fused_ms:.2f} ms, GEMM floor {floor:.2f} ms")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            forward()
+            torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=50))
+    llm.close()
+
+
+if __name__ == "__main__":
+    main()
