@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 
 import torch
 import yaml
+from cuda_timing import time_ms
 
 from nanoexp import LLM
 from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
@@ -31,20 +31,6 @@ def decode_step(batch: int, context: int, block_size: int, num_blocks: int) -> S
     rows = [SamplingRow(0.6, -1, 1.0, 0.0, None)] * batch
     return StepInput(False, [random.randrange(10000) for _ in range(batch)], [1] * batch, [context] * batch,
                      tables, list(range(batch)), rows)
-
-
-def time_ms(fn, repeats: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -7,30 +7,16 @@ torch.compile'd (fused) norms, RoPE and SwiGLU, then the kernels of the plain st
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import yaml
+from cuda_timing import time_ms
 from torch.profiler import ProfilerActivity, profile
 
 from nanoexp import LLM
 from nanoexp.layers.fusion import fused
 from nanoexp.runner.inputs import prepare_inputs
 from nanoexp.runner.step_input import StepInput
-
-
-def time_ms(fn, repeats: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -54,10 +40,10 @@ def main() -> None:
         return runner.model(inputs.input_ids, inputs.positions, inputs.md)
 
     with torch.inference_mode():
-        inputs_ms = time_ms(lambda: prepare_inputs(step, block, runner.device))
-        plain = time_ms(forward)
+        inputs_ms = time_ms(lambda: prepare_inputs(step, block, runner.device), repeats=10)
+        plain = time_ms(forward, repeats=10)
         with fused(True):
-            fused_ms = time_ms(forward)
+            fused_ms = time_ms(forward, repeats=10)
         floor = 2 * total * sum(p.numel() for p in runner.model.model.layers.parameters()) / 780e12 * 1e3
         print(f"prefill {args.seqs} x {args.len} = {total} tokens: inputs {inputs_ms:.2f} ms, "
               f"plain {plain:.2f} ms, fused {fused_ms:.2f} ms, GEMM floor {floor:.2f} ms")
