@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from nanoexp.kernels.base import AttentionMetadata
@@ -19,43 +20,58 @@ class ModelInputs:
     logits_indices: torch.Tensor  # rows of the hidden states whose logits are needed
 
 
-def to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    tensor = torch.tensor(data, dtype=dtype)
+def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A list or numpy array as a tensor on `device` (through pinned memory on CUDA)."""
+    if isinstance(data, np.ndarray):
+        tensor = torch.from_numpy(data).to(dtype)
+    else:
+        tensor = torch.tensor(data, dtype=dtype)
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor
 
 
-def pad_tables(tables: list[list[int]], width: int | None = None) -> list[list[int]]:
-    width = width or max((len(t) for t in tables), default=0)
-    return [t + [0] * (width - len(t)) for t in tables]
+def padded_tables(tables: list[list[int]]) -> np.ndarray:
+    table = np.zeros((len(tables), max((len(t) for t in tables), default=0)), dtype=np.int32)
+    for row, blocks in zip(table, tables):
+        row[: len(blocks)] = blocks
+    return table
+
+
+def slot_mapping(
+    step: StepInput, tables: np.ndarray, seq_of_token: np.ndarray, positions: np.ndarray, block_size: int
+) -> np.ndarray:
+    """Cache slot of each new token; -1 (store nothing) for a sequence without cache blocks, as
+    in the memory-profiling run."""
+    if tables.shape[1] == 0:
+        return np.full(len(positions), -1, dtype=np.int64)
+    block_index = np.minimum(positions // block_size, tables.shape[1] - 1)
+    slots = tables[seq_of_token, block_index].astype(np.int64) * block_size + positions % block_size
+    has_blocks = np.fromiter((len(t) > 0 for t in step.block_tables), dtype=bool, count=len(tables))
+    return np.where(has_blocks[seq_of_token], slots, -1)
 
 
 def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> ModelInputs:
-    positions, slots = [], []
-    for n, ctx, table in zip(step.query_lens, step.context_lens, step.block_tables):
-        positions.extend(range(ctx - n, ctx))
-        if not table:  # no cache blocks (memory-profiling run): store nothing
-            slots.extend([-1] * n)
-            continue
-        for pos in range(ctx - n, ctx):
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
-    cu_q, cu_k = [0], [0]
-    for n, ctx in zip(step.query_lens, step.context_lens):
-        cu_q.append(cu_q[-1] + n)
-        cu_k.append(cu_k[-1] + ctx)
+    query_lens = np.asarray(step.query_lens, dtype=np.int64)
+    context_lens = np.asarray(step.context_lens, dtype=np.int64)
+    cu_q = np.concatenate([[0], np.cumsum(query_lens)])
+    cu_k = np.concatenate([[0], np.cumsum(context_lens)])
+    seq_of_token = np.repeat(np.arange(len(query_lens)), query_lens)
+    positions = np.arange(cu_q[-1]) - cu_q[seq_of_token] + (context_lens - query_lens)[seq_of_token]
+    tables = padded_tables(step.block_tables)
+    slots = slot_mapping(step, tables, seq_of_token, positions, block_size)
     md = AttentionMetadata(
         is_prefill=step.is_prefill,
         slot_mapping=to_device(slots, torch.int64, device),
-        context_lens=to_device(step.context_lens, torch.int32, device),
-        block_tables=to_device(pad_tables(step.block_tables), torch.int32, device),
+        context_lens=to_device(context_lens, torch.int32, device),
+        block_tables=to_device(tables, torch.int32, device),
         cu_seqlens_q=to_device(cu_q, torch.int32, device),
         cu_seqlens_k=to_device(cu_k, torch.int32, device),
-        max_seqlen_q=max(step.query_lens),
-        max_seqlen_k=max(step.context_lens),
+        max_seqlen_q=int(query_lens.max()),
+        max_seqlen_k=int(context_lens.max()),
         has_cached_prefix=step.is_prefill and step.query_lens != step.context_lens,
     )
-    last_rows = [cu_q[i + 1] - 1 for i in step.sample_seq_indices]
+    last_rows = cu_q[np.asarray(step.sample_seq_indices, dtype=np.int64) + 1] - 1
     return ModelInputs(
         input_ids=to_device(step.token_ids, torch.int64, device),
         positions=to_device(positions, torch.int64, device),

@@ -1,0 +1,48 @@
+"""Step inputs: positions, slots and sequence boundaries against a per-token reference."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from nanoexp.runner.inputs import prepare_inputs
+from nanoexp.runner.step_input import StepInput
+
+
+def reference(step: StepInput, block_size: int) -> tuple[list[int], list[int], list[int]]:
+    positions, slots, cu_q = [], [], [0]
+    for n, ctx, table in zip(step.query_lens, step.context_lens, step.block_tables, strict=True):
+        for pos in range(ctx - n, ctx):
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size if table else -1)
+        cu_q.append(cu_q[-1] + n)
+    return positions, slots, cu_q
+
+
+def random_step(rng: random.Random, block_size: int) -> StepInput:
+    num_seqs = rng.randint(1, 6)
+    context = [rng.randint(1, 600) for _ in range(num_seqs)]
+    query = [rng.randint(1, c) for c in context]
+    no_cache = rng.random() < 0.1
+    tables = [[] if no_cache else rng.sample(range(10**5), -(-c // block_size)) for c in context]
+    sampled = sorted(rng.sample(range(num_seqs), rng.randint(0, num_seqs)))
+    tokens = [rng.randrange(1000) for _ in range(sum(query))]
+    return StepInput(rng.random() < 0.5, tokens, query, context, tables, sampled, [])
+
+
+def test_prepared_inputs_match_the_per_token_reference():
+    rng = random.Random(0)
+    for _ in range(200):
+        block_size = rng.choice([1, 2, 16, 256])
+        step = random_step(rng, block_size)
+        got = prepare_inputs(step, block_size, torch.device("cpu"))
+        positions, slots, cu_q = reference(step, block_size)
+        assert got.positions.tolist() == positions
+        assert got.md.slot_mapping.tolist() == slots
+        assert got.md.cu_seqlens_q.tolist() == cu_q
+        assert got.logits_indices.tolist() == [cu_q[i + 1] - 1 for i in step.sample_seq_indices]
+        assert got.input_ids.tolist() == step.token_ids
+        width = max(len(t) for t in step.block_tables)
+        assert got.md.block_tables.tolist() == [t + [0] * (width - len(t)) for t in step.block_tables]
+        assert got.md.has_cached_prefix == (step.is_prefill and step.query_lens != step.context_lens)
