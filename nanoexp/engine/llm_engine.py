@@ -73,23 +73,25 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         sampled = self.executor.run(step_input_from(batch)) if batch.seqs else []
         now = time.perf_counter()
-        finished = self.postprocess(batch, sampled, now)
+        finished = self.postprocess(batch, sampled, start, now)
         return finished, self.step_stats(batch, finished, now - start, queries, hits, len(sampled))
 
-    def postprocess(self, batch: ScheduledBatch, sampled: list[int], now: float) -> list[RequestOutput]:
+    def postprocess(
+        self, batch: ScheduledBatch, sampled: list[int], scheduled_at: float, now: float
+    ) -> list[RequestOutput]:
         tokens = iter(sampled)
         finished = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             self.block_manager.register_full_blocks(seq)
-            if seq.first_scheduled_time == 0.0:
-                seq.first_scheduled_time = now
+            seq.first_scheduled_time = seq.first_scheduled_time or scheduled_at
             if seq.num_computed_tokens < len(seq):
                 continue
             seq.token_ids.append(next(tokens))
             seq.token_times.append(now)
-            if self.finish_reason(seq):
-                seq.finish_reason, seq.finish_time = self.finish_reason(seq), now
+            reason = self.finish_reason(seq)
+            if reason:
+                seq.finish_reason, seq.finish_time = reason, now
                 self.scheduler.finish(seq)
                 finished.append(self.output_of(seq))
         return finished
