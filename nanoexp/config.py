@@ -152,6 +152,7 @@ class EngineSelectConfig:
     kind: EngineKind = EngineKind.nanoexp
     device: Device = Device.auto
     attention_backend: AttentionBackend = AttentionBackend.auto
+    fused_prefill: bool = False  # CUDA: compiled norm/RoPE/SwiGLU kernels in prefill too
     seed: int = 0
     warmup: bool = True  # one short untimed request before the workload
     use_tqdm: bool = False

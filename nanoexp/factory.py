@@ -36,6 +36,7 @@ CONFIG_KEYS = {
     "enable_prefix_caching": "cache.enable_prefix_caching",
     "load_format": "model.load_format",
     "attention_backend": "engine.attention_backend",
+    "fused_prefill": "engine.fused_prefill",
     "seed": "engine.seed",
 }
 
@@ -118,6 +119,7 @@ def engine_kwargs(spec: NanoexpConfig, checkpoint: Checkpoint | None) -> dict:
         "enforce_eager": s.enforce_eager,
         "load_format": checkpoint.load_format if checkpoint else "dummy",
         "attention_backend": e.attention_backend.value,
+        "fused_prefill": e.fused_prefill,
         "seed": e.seed,
         "hf_config": arch_dict(spec) if dummy else None,
     }

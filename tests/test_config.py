@@ -145,3 +145,11 @@ def test_checkpoint_resolution(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"")
     found = factory.resolve_checkpoint(auto)
     assert (found.load_format, found.path, found.source) == ("safetensors", str(tmp_path), "path")
+
+
+def test_engine_knobs_reach_the_engine_config() -> None:
+    cfg = compose_cfg("model=qwen3_tiny", "engine.fused_prefill=true", "engine.attention_backend=torch")
+    spec = factory.to_spec(cfg)
+    kwargs = factory.engine_kwargs(spec, factory.Checkpoint("dummy", None, "dummy", "none"))
+    config = EngineConfig.from_kwargs(spec.model.name, **kwargs)
+    assert config.fused_prefill and config.attention_backend == "torch"

@@ -29,6 +29,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     enforce_eager: bool = False
+    fused_prefill: bool = False  # CUDA: compiled norm/RoPE/SwiGLU kernels in prefill too, not only decode
     load_format: str = "auto"
     attention_backend: str = "auto"
     seed: int = 0

@@ -74,6 +74,10 @@ class ModelRunner:
     def uses_graphs(self) -> bool:
         return self.device.type == "cuda" and not self.config.enforce_eager
 
+    def fuses(self, is_prefill: bool) -> bool:
+        """Compiled elementwise kernels: in decode whenever graphs are used, in prefill on request."""
+        return self.uses_graphs() and (self.config.fused_prefill or not is_prefill)
+
     def capture_graphs(self) -> DecodeGraphs:
         start = time.perf_counter()
         block_size = self.config.kvcache_block_size
@@ -155,7 +159,8 @@ class ModelRunner:
             sampling=[],
         )
         inputs = prepare_inputs(step, self.config.kvcache_block_size, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
+        with fused(self.fuses(is_prefill=True)):
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
         self.model.compute_logits(hidden[inputs.logits_indices])
         torch.cuda.synchronize(self.device)
 
@@ -176,7 +181,8 @@ class ModelRunner:
         if self.graphs and not step.is_prefill and step.num_tokens <= self.graphs.max_batch:
             hidden = self.graphs.replay(inputs)
         else:
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
+            with fused(self.fuses(step.is_prefill)):
+                hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         if logits is None or not step.sample_seq_indices:
             return None if logits is None else []
