@@ -121,6 +121,7 @@ class SchedulerConfig:
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
     enforce_eager: bool = False
+    async_scheduling: bool = False  # schedule decode step n+1 while step n runs (tp1 only)
 
 
 @dataclass

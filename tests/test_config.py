@@ -148,8 +148,11 @@ def test_checkpoint_resolution(tmp_path: Path) -> None:
 
 
 def test_engine_knobs_reach_the_engine_config() -> None:
-    cfg = compose_cfg("model=qwen3_tiny", "engine.fused_prefill=true", "engine.attention_backend=torch")
+    cfg = compose_cfg(
+        "model=qwen3_tiny", "engine.fused_prefill=true", "engine.attention_backend=torch",
+        "scheduler.async_scheduling=true",
+    )
     spec = factory.to_spec(cfg)
     kwargs = factory.engine_kwargs(spec, factory.Checkpoint("dummy", None, "dummy", "none"))
     config = EngineConfig.from_kwargs(spec.model.name, **kwargs)
-    assert config.fused_prefill and config.attention_backend == "torch"
+    assert config.fused_prefill and config.async_scheduling and config.attention_backend == "torch"

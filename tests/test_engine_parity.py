@@ -114,3 +114,35 @@ def test_outputs_carry_timings(checkpoints):
     assert out.arrival_time <= out.first_scheduled_time <= out.first_token_time <= out.finish_time
     assert len(out.token_times) == len(out.token_ids) == 12
     assert out.tpot >= 0 and out.ttft > 0 and out["text"] == ""
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(), dict(max_num_batched_tokens=40), dict(num_kvcache_blocks=14), dict(kvcache_block_size=1)],
+    ids=["plain", "chunked", "preemption", "block1"],
+)
+def test_overlapped_scheduling_matches_transformers(kwargs, checkpoints, reference_outputs):
+    name = "qwen3_gqa2_tied"
+    shared = random_prompts([40], seed=16)[0]
+    prompts = random_prompts([60, 7, 80, 1, 50], seed=17) + [shared + [1], shared + [2, 3]]
+    args = dict(kvcache_block_size=16, async_scheduling=True)
+    args.update(kwargs)
+    with LLM(checkpoints[name][0], **args) as llm:
+        assert_matches_reference(name, llm, prompts, reference_outputs, max_tokens=20)
+        assert llm.engine.block_manager.num_used == 0 and not llm.engine.has_unfinished()
+
+
+def test_overlapped_scheduling_keeps_seeds_and_stop_tokens(checkpoints, reference_outputs):
+    name = "qwen3_gqa1"
+    prompts = random_prompts([5, 30, 12], seed=18)
+    stop = reference_outputs(name, prompts[0], 12)[4]
+    params = [SamplingParams(temperature=0.8, top_k=50, seed=7, max_tokens=16, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop]),
+              SamplingParams(temperature=1.0, seed=3, max_tokens=9, ignore_eos=True)]
+    prompts[1] = prompts[0]
+    results = {}
+    for overlap in (False, True):
+        with LLM(checkpoints[name][0], kvcache_block_size=16, async_scheduling=overlap) as llm:
+            results[overlap] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert results[True] == results[False]
+    assert results[True][1][-1] == stop and len(results[True][1]) < 12

@@ -29,6 +29,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     enforce_eager: bool = False
+    async_scheduling: bool = False  # schedule decode step n+1 while step n runs (one rank only)
     fused_prefill: bool = False  # CUDA: compiled norm/RoPE/SwiGLU kernels in prefill too, not only decode
     load_format: str = "auto"
     attention_backend: str = "auto"
@@ -58,6 +59,10 @@ class EngineConfig:
             )
         if not self.cpu_kv_cache_gb > 0:
             raise ValueError(f"cpu_kv_cache_gb={self.cpu_kv_cache_gb!r} is invalid: must be > 0")
+        if self.async_scheduling and self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"async_scheduling=True needs tensor_parallel_size=1, got {self.tensor_parallel_size}"
+            )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "

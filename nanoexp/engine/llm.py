@@ -44,7 +44,7 @@ class LLM:
                 ids.append(self.engine.add_request(tokens, sp))
             outputs = self.run_to_completion(use_tqdm)
         except BaseException:
-            self.engine.scheduler.abort_all()
+            self.engine.abort_all()
             raise
         return [self.with_text(outputs[i]) for i in ids]
 

@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 
 from nanoexp.engine.block_manager import BlockManager
 from nanoexp.engine.config import EngineConfig
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
-from nanoexp.engine.sequence import Sequence
+from nanoexp.engine.sequence import Sequence, Status
 from nanoexp.runner.executor import make_executor
 from nanoexp.runner.step_input import SamplingRow, StepInput
 from nanoexp.sampling_params import SamplingParams
+
+PLACEHOLDER = -1  # a sampled token that the host has not read yet
+
+
+@dataclass
+class InFlight:
+    """A decode step enqueued on the device whose sampled tokens are not read yet."""
+
+    batch: ScheduledBatch
+    pending: object  # the executor's handle
+    start: float
+    counters: tuple[int, int]  # prefix-cache queries and hits before it was scheduled
 
 
 class LLMEngine:
@@ -31,6 +44,7 @@ class LLMEngine:
             config.enable_chunked_prefill,
         )
         self.ids = itertools.count()
+        self.in_flight: InFlight | None = None
 
     def add_request(
         self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
@@ -65,44 +79,93 @@ class LLMEngine:
             )
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.in_flight is not None
 
     def step(self) -> tuple[list[RequestOutput], StepStats]:
-        start = time.perf_counter()
-        queries, hits = self.block_manager.queries, self.block_manager.hits
-        batch = self.scheduler.schedule()
-        sampled = self.executor.run(step_input_from(batch)) if batch.seqs else []
-        now = time.perf_counter()
-        finished = self.postprocess(batch, sampled, start, now)
-        return finished, self.step_stats(batch, finished, now - start, queries, hits, len(sampled))
+        if self.config.async_scheduling:
+            return self.overlapped_step()
+        start, counters = time.perf_counter(), self.prefix_counters()
+        return self.run_synchronously(self.scheduler.schedule(), start, counters)
 
-    def postprocess(
-        self, batch: ScheduledBatch, sampled: list[int], scheduled_at: float, now: float
-    ) -> list[RequestOutput]:
-        tokens = iter(sampled)
-        finished = []
+    def prefix_counters(self) -> tuple[int, int]:
+        return self.block_manager.queries, self.block_manager.hits
+
+    def run_synchronously(self, batch: ScheduledBatch, start: float, counters: tuple[int, int]):
+        sampled = self.executor.run(step_input_from(batch)) if batch.seqs else []
+        samplers = self.advance(batch, start)
+        return self.complete(batch, samplers, sampled, start, counters)
+
+    def overlapped_step(self) -> tuple[list[RequestOutput], StepStats]:
+        """Decode step n+1 is scheduled and enqueued before step n's tokens are read back, so the
+        host's bookkeeping overlaps the device's work; prefill steps run synchronously."""
+        if self.in_flight is None:
+            start, counters = time.perf_counter(), self.prefix_counters()
+            batch = self.scheduler.schedule()
+            if batch.is_prefill or not batch.seqs:
+                return self.run_synchronously(batch, start, counters)
+            self.in_flight = InFlight(batch, self.executor.launch(step_input_from(batch)), start, counters)
+        current, self.in_flight = self.in_flight, None
+        samplers = self.advance(current.batch, current.start)
+        following_start, counters = time.perf_counter(), self.prefix_counters()
+        following = self.schedule_following(current.batch)
+        if following.seqs:
+            rows = {seq.seq_id: row for row, seq in enumerate(samplers) if seq is not None}
+            step = step_input_from(following, rows)
+            pending = self.executor.launch(step, current.pending)
+            self.in_flight = InFlight(following, pending, following_start, counters)
+        sampled = self.executor.collect(current.pending)
+        return self.complete(current.batch, samplers, sampled, current.start, current.counters)
+
+    def schedule_following(self, batch: ScheduledBatch) -> ScheduledBatch:
+        """The next decode step, or an empty batch when a prefill must come first."""
+        if self.scheduler.waiting or any(seq.in_prefill for seq in self.scheduler.running):
+            return ScheduledBatch(is_prefill=False)
+        running = (s for s in batch.seqs if s.status is Status.RUNNING)
+        done = frozenset(s.seq_id for s in running if self.length_reached(s))
+        return self.scheduler.schedule_decode(skip=done)
+
+    def advance(self, batch: ScheduledBatch, scheduled_at: float) -> list[Sequence | None]:
+        """Counts the batch's computed tokens and gives each sampling sequence a placeholder for
+        its new token. Returns the sequence of each sample row (None: finished meanwhile)."""
+        samplers: list[Sequence | None] = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
-            self.block_manager.register_full_blocks(seq)
-            seq.first_scheduled_time = seq.first_scheduled_time or scheduled_at
-            if seq.num_computed_tokens < len(seq):
+            if seq.status is Status.FINISHED:  # ended by a token read after this step was enqueued
+                samplers.append(None)
                 continue
-            seq.token_ids.append(next(tokens))
+            seq.num_computed_tokens += n
+            seq.first_scheduled_time = seq.first_scheduled_time or scheduled_at
+            if seq.num_computed_tokens == len(seq):
+                seq.token_ids.append(PLACEHOLDER)
+                samplers.append(seq)
+        return samplers
+
+    def complete(self, batch, samplers, sampled, start, counters) -> tuple[list[RequestOutput], StepStats]:
+        """Fills the placeholders with the sampled tokens and finishes what ended."""
+        now = time.perf_counter()
+        for seq in batch.seqs:
+            if seq.status is Status.RUNNING:  # before finishing, so ended requests' blocks are reusable
+                self.block_manager.register_full_blocks(seq)
+        finished = []
+        for seq, token in zip(samplers, sampled, strict=True):
+            if seq is None:
+                continue
+            seq.token_ids[-1] = token
             seq.token_times.append(now)
             reason = self.finish_reason(seq)
             if reason:
                 seq.finish_reason, seq.finish_time = reason, now
                 self.scheduler.finish(seq)
                 finished.append(self.output_of(seq))
-        return finished
+        return finished, self.step_stats(batch, finished, now - start, *counters, len(sampled))
 
     def finish_reason(self, seq: Sequence) -> str:
         last = seq.token_ids[-1]
         if last in seq.params.stop_token_ids or (not seq.params.ignore_eos and last in self.eos_token_ids):
             return "stop"
-        if seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.max_model_len:
-            return "length"
-        return ""
+        return "length" if self.length_reached(seq) else ""
+
+    def length_reached(self, seq: Sequence) -> bool:
+        return seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.max_model_len
 
     def output_of(self, seq: Sequence) -> RequestOutput:
         return RequestOutput(
@@ -139,22 +202,35 @@ class LLMEngine:
     def stats(self) -> dict:
         return self.executor.stats()
 
+    def abort_all(self) -> None:
+        """Drops every queued, running or in-flight request, returning their blocks."""
+        self.in_flight = None
+        self.scheduler.abort_all()
+
     def close(self) -> None:
         self.executor.close()
 
 
-def step_input_from(batch: ScheduledBatch) -> StepInput:
+def step_input_from(batch: ScheduledBatch, prev_rows: dict[int, int] | None = None) -> StepInput:
+    """The step's plain-data description. A placeholder input token (decode after an unread step)
+    is taken on the device from row prev_rows[seq_id] of that step's samples."""
     token_ids, query_lens, context_lens, tables, sample_idx, sampling = [], [], [], [], [], []
+    from_prev = []
     for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-        token_ids.extend(seq.token_ids[start:end])
+        tokens = seq.token_ids[start:end]
+        from_prev.append(prev_rows[seq.seq_id] if tokens[-1] == PLACEHOLDER else -1)
+        token_ids.extend(tokens[:-1] + [max(tokens[-1], 0)])
         query_lens.append(n)
         context_lens.append(end)
         tables.append(seq.block_table)
         if end == len(seq):
             sample_idx.append(i)
             sampling.append(sampling_row(seq.params, seq.num_output_tokens))
-    return StepInput(batch.is_prefill, token_ids, query_lens, context_lens, tables, sample_idx, sampling)
+    rows = from_prev if any(r >= 0 for r in from_prev) else None
+    return StepInput(
+        batch.is_prefill, token_ids, query_lens, context_lens, tables, sample_idx, sampling, rows
+    )
 
 
 def sampling_row(params: SamplingParams, output_position: int) -> SamplingRow:

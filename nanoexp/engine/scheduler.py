@@ -82,12 +82,15 @@ class Scheduler:
         self.running.append(seq)
         return min(remaining, budget)
 
-    def schedule_decode(self) -> ScheduledBatch:
+    def schedule_decode(self, skip: frozenset[int] = frozenset()) -> ScheduledBatch:
+        """One token for each running sequence (but those in `skip`), preempting if needed."""
         batch = ScheduledBatch(is_prefill=False)
         limit = min(self.max_num_seqs, self.max_num_batched_tokens)
         for seq in list(self.running):
             if len(batch.seqs) >= limit:
                 break
+            if seq.seq_id in skip:
+                continue
             if seq.status is Status.RUNNING and self.make_room(seq, batch):
                 batch.add(seq, 1)
         return batch
@@ -116,6 +119,9 @@ class Scheduler:
         self.waiting.clear()
 
     def finish(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.block_manager.free_seq(seq)
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self.block_manager.free_seq(seq)
+        else:  # preempted while its last token was still being sampled
+            self.waiting.remove(seq)
         seq.status = Status.FINISHED

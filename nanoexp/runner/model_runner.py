@@ -46,6 +46,12 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def substitute_tokens(input_ids: torch.Tensor, rows: list[int], prev_tokens: torch.Tensor) -> torch.Tensor:
+    """input_ids with each row r >= 0 of `rows` taken from prev_tokens[r], on the device."""
+    index = torch.tensor(rows, dtype=torch.int64).to(input_ids.device, non_blocking=True)
+    return torch.where(index >= 0, prev_tokens[index.clamp(min=0)], input_ids)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, rank: int = 0, dist_init: str | None = None):
         self.config, self.rank = config, rank
@@ -177,7 +183,16 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, step: StepInput) -> list[int] | None:
         """Runs one step; rank 0 returns the sampled token per sampling sequence."""
+        tokens = self.execute(step)
+        return None if tokens is None else tokens.tolist()
+
+    @torch.inference_mode()
+    def execute(self, step: StepInput, prev_tokens: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Enqueues one step; rank 0 gets the sampled ids as a device tensor (not waited for).
+        `prev_tokens` are the previous step's samples, for inputs not known on the host yet."""
         inputs = prepare_inputs(step, self.config.kvcache_block_size, self.device)
+        if step.prev_sample_rows is not None:
+            inputs.input_ids = substitute_tokens(inputs.input_ids, step.prev_sample_rows, prev_tokens)
         if self.graphs and not step.is_prefill and step.num_tokens <= self.graphs.max_batch:
             hidden = self.graphs.replay(inputs)
         else:
@@ -185,10 +200,10 @@ class ModelRunner:
                 hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         if logits is None or not step.sample_seq_indices:
-            return None if logits is None else []
+            return None if logits is None else torch.empty(0, dtype=torch.int64, device=self.device)
         sampling = prepare_sampling(step, self.hf_config.vocab_size, self.device)
         with fused(self.graphs is not None):
-            return self.sampler(logits, sampling).tolist()
+            return self.sampler(logits, sampling)
 
     @torch.inference_mode()
     def prefill_logits(self, step: StepInput) -> torch.Tensor | None:

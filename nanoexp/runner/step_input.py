@@ -23,6 +23,9 @@ class StepInput:
     block_tables: list[list[int]]
     sample_seq_indices: list[int]  # sequences whose last new token's logits are sampled
     sampling: list[SamplingRow]
+    # per sequence: the row of the previous step's samples that is its (not yet known) input token,
+    # or -1 when token_ids holds it; None when every token is known
+    prev_sample_rows: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
