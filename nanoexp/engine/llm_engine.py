@@ -90,7 +90,9 @@ class LLMEngine:
     def prefix_counters(self) -> tuple[int, int]:
         return self.block_manager.queries, self.block_manager.hits
 
-    def run_synchronously(self, batch: ScheduledBatch, start: float, counters: tuple[int, int]):
+    def run_synchronously(
+        self, batch: ScheduledBatch, start: float, counters: tuple[int, int]
+    ) -> tuple[list[RequestOutput], StepStats]:
         sampled = self.executor.run(step_input_from(batch)) if batch.seqs else []
         samplers = self.advance(batch, start)
         return self.complete(batch, samplers, sampled, start, counters)
@@ -139,7 +141,10 @@ class LLMEngine:
                 samplers.append(seq)
         return samplers
 
-    def complete(self, batch, samplers, sampled, start, counters) -> tuple[list[RequestOutput], StepStats]:
+    def complete(
+        self, batch: ScheduledBatch, samplers: list[Sequence | None], sampled: list[int], start: float,
+        counters: tuple[int, int],
+    ) -> tuple[list[RequestOutput], StepStats]:
         """Fills the placeholders with the sampled tokens and finishes what ended."""
         now = time.perf_counter()
         for seq in batch.seqs:
