@@ -51,7 +51,3 @@ class Sequence:
     def in_prefill(self) -> bool:
         """A running sequence whose prompt (or recompute after preemption) is only partly done."""
         return self.num_uncomputed_tokens > 1
-
-    @property
-    def max_len(self) -> int:
-        return self.num_prompt_tokens + self.params.max_tokens

@@ -99,7 +99,7 @@ def request_rows(outputs: Sequence[RequestOutput], t0: float) -> list[dict]:
 
 def step_row(index: int, stats: StepStats, t_s: float) -> dict:
     """A flat, numeric row for the per-step history."""
-    row = {k: v for k, v in stats.as_dict().items() if k not in ("phase", "extra")}
+    row = {k: v for k, v in stats.as_dict().items() if k != "phase"}
     row |= {
         "step": index,
         "t_s": t_s,

@@ -41,8 +41,6 @@ class FlashAttnBackend(AttentionBackend):
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        if k_cache.numel() == 0:
-            return
         from nanoexp.kernels.triton_kv import store_kv
 
         store_kv(k, v, k_cache, v_cache, slot_mapping)

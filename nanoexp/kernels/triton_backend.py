@@ -20,8 +20,6 @@ class TritonAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        if k_cache.numel() == 0:  # no cache allocated yet (e.g. a memory-profiling run)
-            return
         store_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def prefill(

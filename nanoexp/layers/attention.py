@@ -22,7 +22,7 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:
         backend = self.backend
-        if self.k_cache.numel():
+        if self.k_cache.numel():  # no cache before it is sized (memory profiling): store nothing
             backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping)
         if md.is_prefill:
             return backend.prefill(q, k, v, self.k_cache, self.v_cache, md, self.scale)
