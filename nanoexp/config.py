@@ -154,6 +154,7 @@ class EngineSelectConfig:
     device: Device = Device.auto
     attention_backend: AttentionBackend = AttentionBackend.auto
     fused_prefill: bool = False  # CUDA: compiled norm/RoPE/SwiGLU kernels in prefill too
+    sampler_kernel: bool = True  # CUDA: one-pass Triton sampling kernel (rows without top-k/p, min-p)
     seed: int = 0
     warmup: bool = True  # one short untimed request before the workload
     use_tqdm: bool = False

@@ -38,6 +38,7 @@ CONFIG_KEYS = {
     "load_format": "model.load_format",
     "attention_backend": "engine.attention_backend",
     "fused_prefill": "engine.fused_prefill",
+    "sampler_kernel": "engine.sampler_kernel",
     "seed": "engine.seed",
 }
 
@@ -122,6 +123,7 @@ def engine_kwargs(spec: NanoexpConfig, checkpoint: Checkpoint | None) -> dict:
         "load_format": checkpoint.load_format if checkpoint else "dummy",
         "attention_backend": e.attention_backend.value,
         "fused_prefill": e.fused_prefill,
+        "sampler_kernel": e.sampler_kernel,
         "seed": e.seed,
         "hf_config": arch_dict(spec) if dummy else None,
     }

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run in the CPU interpreter; transformers imports triton below, and the
+    # language's own jit helpers (tl.zeros, tl.rand) are decorated at that import.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 SHAPES = {

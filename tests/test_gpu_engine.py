@@ -91,3 +91,22 @@ def test_startup_reports_its_parts(checkpoints):
         stats = llm.stats()
     assert stats["cuda_graphs"] and stats["graph_capture_s"] > 0 and stats["warmup_s"] > 0
     assert stats["num_kv_blocks"] > 0 and stats["peak_memory_bytes"] > 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_seeded_sampling_through_the_kernel_reproduces_and_ignores_the_batch(checkpoints, async_scheduling):
+    prompts = random_prompts([5, 40, 9], seed=16)
+    with LLM(checkpoints["qwen3_gqa1"][0], device="cuda", kvcache_block_size=16, max_num_seqs=16,
+             max_num_batched_tokens=2048, num_kvcache_blocks=256, async_scheduling=async_scheduling) as llm:
+        assert llm.stats()["sampler_kernel"]
+
+        def run(seed, batch):
+            params = SamplingParams(temperature=0.8, max_tokens=24, seed=seed, ignore_eos=True)
+            return [o.token_ids for o in llm.generate(batch, params, use_tqdm=False)]
+
+        first, again, other = run(5, prompts), run(5, prompts), run(6, prompts)
+        alone = run(5, prompts[1:2])[0]
+        unseeded = llm.generate(prompts, SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True),
+                                use_tqdm=False)
+    assert first == again and first != other and alone == first[1]
+    assert all(len(o.token_ids) == 24 for o in unseeded)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, kernel micro-benchmarks, the decode-step table and the nano-vLLM
 # benchmark, logs under $OUT. Usage (repo root, on the GPU machine): bash experiments/nanovllm_bench/gpu_session.sh [parts]
-# parts: any of tests kernels decode bench hf (default: tests kernels decode bench)
+# parts: any of tests kernels sampler decode profile prefill bench ab hf (default: tests kernels decode bench)
+# ab: the knobs measured as one sweep (sampler kernel x fused prefill x async scheduling).
+# Two calls may run side by side on two GPUs (CUDA_VISIBLE_DEVICES, separate OUT): wheels install once.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH="/tmp/site:$PWD"
 fi
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -16,10 +18,14 @@ for part in $parts; do
   case "$part" in
     tests) timeout 300 python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     kernels) timeout 200 python3 experiments/kernels/bench_attention.py 2>&1 | tee "$OUT/kernels.log" | tail -30 ;;
+    sampler) timeout 120 python3 experiments/kernels/bench_sampler.py 2>&1 | tee "$OUT/sampler.log" | tail -10 ;;
     decode) timeout 200 python3 experiments/nanovllm_bench/decode_step.py --out "$OUT/decode_step.md" 2>&1 | tee "$OUT/decode.log" | tail -30 ;;
     prefill) timeout 200 python3 experiments/nanovllm_bench/prefill_step.py 2>&1 | tee "$OUT/prefill.log" | tail -40 ;;
     profile) timeout 200 python3 experiments/nanovllm_bench/decode_step.py --profile 2>&1 | tee "$OUT/profile.log" | tail -80 ;;
     bench) timeout 300 python3 run.py experiment=nanovllm_bench logger=none hydra.run.dir="$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -30 ;;
+    ab) TORCH_LOGS=recompiles timeout 580 python3 run.py -m experiment=nanovllm_bench logger=none \
+          engine.sampler_kernel=false,true engine.fused_prefill=false,true scheduler.async_scheduling=false,true \
+          hydra.sweep.dir="$OUT/ab" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/ab.log" | tail -40 ;;
     hf) timeout 500 python3 run.py experiment=nanovllm_bench engine=hf logger=none hydra.run.dir="$OUT/hf" 2>&1 | tee "$OUT/hf.log" | tail -30 ;;
   esac
 done

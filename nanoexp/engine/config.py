@@ -31,6 +31,7 @@ class EngineConfig:
     enforce_eager: bool = False
     async_scheduling: bool = False  # schedule decode step n+1 while step n runs (one rank only)
     fused_prefill: bool = False  # CUDA: compiled norm/RoPE/SwiGLU kernels in prefill too, not only decode
+    sampler_kernel: bool = True  # CUDA: one-pass Triton sampling kernel for rows without top-k/p, min-p
     load_format: str = "auto"
     attention_backend: str = "auto"
     seed: int = 0

@@ -25,13 +25,13 @@ def make_attention_backend(name: str, device: torch.device, block_size: int) -> 
     if name == "auto":
         if on_cuda and block_size % 256 == 0 and flash_attn_available():
             return FlashAttnBackend(block_size)
-        if on_cuda and _triton_available():
+        if on_cuda and triton_available():
             return _triton_backend()
         return TorchAttentionBackend()
     if name == "torch":
         return TorchAttentionBackend()
     if name == "triton":
-        if not _triton_available():
+        if not triton_available():
             raise ValueError("attention_backend='triton' needs the triton package; use 'torch'")
         if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(
@@ -56,7 +56,7 @@ def make_attention_backend(name: str, device: torch.device, block_size: int) -> 
     raise ValueError(f"attention_backend={name!r} is invalid: must be one of {allowed}")
 
 
-def _triton_available() -> bool:
+def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 

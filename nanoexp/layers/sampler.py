@@ -21,13 +21,25 @@ class SamplingTensors:
     seeds: list[int | None]  # per-row seed mixed with the row's output position, or None
     all_greedy: bool
     needs_filter: bool  # some row uses top-k, top-p or min-p
+    row_seeds: torch.Tensor | None = None  # int64 [n]: the seed, or a fresh random one (one-pass kernel)
 
 
 class Sampler(nn.Module):
+    """`one_pass=True` (CUDA with Triton) samples unfiltered rows with the one-pass Gumbel kernel;
+    rows with top-k, top-p or min-p, and every row on the CPU, take the torch path."""
+
+    def __init__(self, one_pass: bool = False) -> None:
+        super().__init__()
+        self.one_pass = one_pass
+
     def forward(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-        greedy_tokens = logits.argmax(dim=-1)
         if st.all_greedy:
-            return greedy_tokens
+            return logits.argmax(dim=-1)
+        if self.one_pass and not st.needs_filter and st.row_seeds is not None:
+            from nanoexp.kernels import triton_sampler
+
+            return triton_sampler.sample(logits, st.temperatures, st.row_seeds)
+        greedy_tokens = logits.argmax(dim=-1)
         if not st.needs_filter and all(seed is None for seed in st.seeds):
             sampled = sample_with_temperature(logits, st.temperatures)
             return torch.where(st.temperatures == 0, greedy_tokens, sampled)

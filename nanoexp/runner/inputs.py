@@ -80,14 +80,23 @@ def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> Mo
     )
 
 
+def row_seeds(seeds: list[int | None]) -> np.ndarray:
+    """Each row's seed, or a fresh one from torch's host generator (seeded by the engine seed)."""
+    fresh = torch.randint(0, 2**62, (len(seeds),), dtype=torch.int64).numpy()
+    return np.array([fresh[i] if seed is None else seed for i, seed in enumerate(seeds)], dtype=np.int64)
+
+
 def prepare_sampling(step: StepInput, vocab_size: int, device: torch.device) -> SamplingTensors:
     rows = step.sampling
+    all_greedy = all(r.temperature == 0 for r in rows)
+    seeds = [r.seed for r in rows]
     return SamplingTensors(
         temperatures=to_device([r.temperature for r in rows], torch.float32, device),
         top_k=to_device([r.top_k if r.top_k > 0 else vocab_size for r in rows], torch.int64, device),
         top_p=to_device([r.top_p for r in rows], torch.float32, device),
         min_p=to_device([r.min_p for r in rows], torch.float32, device),
-        seeds=[r.seed for r in rows],
-        all_greedy=all(r.temperature == 0 for r in rows),
+        seeds=seeds,
+        all_greedy=all_greedy,
         needs_filter=any(r.top_k > 0 or r.top_p < 1 or r.min_p > 0 for r in rows),
+        row_seeds=None if all_greedy else to_device(row_seeds(seeds), torch.int64, device),
     )

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from nanoexp.engine.config import EngineConfig
-from nanoexp.kernels.select import make_attention_backend
+from nanoexp.kernels.select import make_attention_backend, triton_available
 from nanoexp.layers.fusion import fused
 from nanoexp.layers.sampler import Sampler
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
@@ -73,12 +73,15 @@ class ModelRunner:
         )
         for layer in kv_cache.attention_layers(self.model):
             layer.backend = self.backend
-        self.sampler = Sampler()
+        self.sampler = Sampler(one_pass=self.uses_sampler_kernel())
         self.num_blocks = self.setup_kv_cache()
         self.graphs = self.capture_graphs() if self.uses_graphs() else None
 
     def uses_graphs(self) -> bool:
         return self.device.type == "cuda" and not self.config.enforce_eager
+
+    def uses_sampler_kernel(self) -> bool:
+        return self.device.type == "cuda" and self.config.sampler_kernel and triton_available()
 
     def fuses(self, is_prefill: bool) -> bool:
         """Compiled elementwise kernels: in decode whenever graphs are used, in prefill on request."""
@@ -225,6 +228,7 @@ class ModelRunner:
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention_backend": self.backend.name,
             "cuda_graphs": self.graphs is not None,
+            "sampler_kernel": self.sampler.one_pass,
             "load_s": 0.0, "warmup_s": 0.0, "graph_capture_s": 0.0,
             **self.timings,
         }

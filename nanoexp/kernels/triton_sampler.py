@@ -1,0 +1,116 @@
+"""One-pass sampling kernel: greedy and temperature draws read the logits once.
+
+A categorical draw from softmax(x / t) is argmax(x / t + g) with g standard Gumbel noise
+(-log(-log(u))). The uniforms come from Philox in registers, keyed by the row's 64-bit seed and
+the vocabulary index, so nothing is materialized and a seeded row's draw does not depend on the
+rest of the batch. Each program scans one slice of one row and keeps, per lane, the best sampled
+and the best raw logit; a second kernel picks each row's winner across slices (ties go to the
+lowest index, as torch.argmax).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024
+TARGET_PROGRAMS = 512  # enough slices to fill the GPU at batch 1, few at batch 256
+MAX_SLICES = 64  # a power of two: the pick kernel reads this many slots per row
+
+
+@triton.jit
+def _best(values, indices):
+    """Largest value and its lowest index."""
+    top = tl.max(values, axis=0)
+    index = tl.min(tl.where(values == top, indices, 2147483647), axis=0)
+    return top, index
+
+
+@triton.jit(do_not_specialize=["stride_row", "vocab_size", "slice_len", "num_slices"])
+def _sample_slice_kernel(
+    logits_ptr,
+    stride_row,
+    temperature_ptr,
+    seed_ptr,
+    part_ptr,  # float32 [rows, slices, 2]: best sampled score, best logit
+    part_index_ptr,  # int32 [rows, slices, 2]
+    vocab_size,
+    slice_len,
+    num_slices,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    temperature = tl.load(temperature_ptr + row)
+    inv_temperature = 1.0 / tl.maximum(temperature, 1e-6)
+    seed = tl.load(seed_ptr + row)
+    row_logits = logits_ptr + row.to(tl.int64) * stride_row
+    lanes = tl.arange(0, BLOCK)
+    best_score = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_score_index = tl.zeros([BLOCK], tl.int32)
+    best_logit = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_logit_index = tl.zeros([BLOCK], tl.int32)
+    start = part * slice_len
+    end = tl.minimum(start + slice_len, vocab_size)
+    for offset in range(start, end, BLOCK):
+        index = offset + lanes
+        inside = index < end
+        x = tl.load(row_logits + index, mask=inside, other=float("-inf")).to(tl.float32)
+        u = tl.rand(seed, index)
+        score = x * inv_temperature - tl.log(-tl.log(u))
+        score = tl.where(inside, score, float("-inf"))
+        better = score > best_score
+        best_score = tl.where(better, score, best_score)
+        best_score_index = tl.where(better, index, best_score_index)
+        better = x > best_logit
+        best_logit = tl.where(better, x, best_logit)
+        best_logit_index = tl.where(better, index, best_logit_index)
+    out = (row * num_slices + part) * 2
+    score, score_index = _best(best_score, best_score_index)
+    logit, logit_index = _best(best_logit, best_logit_index)
+    tl.store(part_ptr + out, score)
+    tl.store(part_index_ptr + out, score_index)
+    tl.store(part_ptr + out + 1, logit)
+    tl.store(part_index_ptr + out + 1, logit_index)
+
+
+@triton.jit(do_not_specialize=["num_slices"])
+def _pick_kernel(part_ptr, part_index_ptr, temperature_ptr, out_ptr, num_slices, SLICES_PAD: tl.constexpr):
+    row = tl.program_id(0)
+    slices = tl.arange(0, SLICES_PAD)
+    inside = slices < num_slices
+    base = (row * num_slices + slices) * 2
+    greedy = tl.load(temperature_ptr + row) == 0
+    which = tl.where(greedy, 1, 0)
+    values = tl.load(part_ptr + base + which, mask=inside, other=float("-inf"))
+    indices = tl.load(part_index_ptr + base + which, mask=inside, other=2147483647)
+    _, index = _best(values, indices)
+    tl.store(out_ptr + row, index.to(tl.int64))
+
+
+def num_slices(rows: int, vocab_size: int) -> int:
+    wanted = max(1, min(MAX_SLICES, TARGET_PROGRAMS // max(rows, 1)))
+    return max(1, min(wanted, triton.cdiv(vocab_size, BLOCK)))
+
+
+def sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """Token per row: argmax where the temperature is 0, else a draw from softmax(logits / t)
+    with Philox noise seeded by `seeds` (int64, one per row). Returns int64 [rows]."""
+    rows, vocab_size = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    slices = num_slices(rows, vocab_size)
+    slice_len = triton.cdiv(triton.cdiv(vocab_size, slices), BLOCK) * BLOCK
+    slices = triton.cdiv(vocab_size, slice_len)
+    parts = torch.empty((rows, slices, 2), dtype=torch.float32, device=logits.device)
+    part_indices = torch.empty((rows, slices, 2), dtype=torch.int32, device=logits.device)
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows == 0:
+        return out
+    _sample_slice_kernel[(rows, slices)](
+        logits, logits.stride(0), temperatures, seeds, parts, part_indices, vocab_size, slice_len, slices,
+        BLOCK=BLOCK,
+    )
+    _pick_kernel[(rows,)](parts, part_indices, temperatures, out, slices, SLICES_PAD=MAX_SLICES)
+    return out
