@@ -121,7 +121,7 @@ class SchedulerConfig:
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
     enforce_eager: bool = False
-    async_scheduling: bool = False  # schedule decode step n+1 while step n runs (tp1 only)
+    async_scheduling: bool | None = None  # schedule decode step n+1 while step n runs; null = on at tp1
 
 
 @dataclass
@@ -153,7 +153,7 @@ class EngineSelectConfig:
     kind: EngineKind = EngineKind.nanoexp
     device: Device = Device.auto
     attention_backend: AttentionBackend = AttentionBackend.auto
-    fused_prefill: bool = False  # CUDA: compiled norm/RoPE/SwiGLU kernels in prefill too
+    fused_prefill: bool = True  # CUDA: compiled norm/RoPE/SwiGLU kernels in prefill too
     sampler_kernel: bool = True  # CUDA: one-pass Triton sampling kernel (rows without top-k/p, min-p)
     seed: int = 0
     warmup: bool = True  # one short untimed request before the workload

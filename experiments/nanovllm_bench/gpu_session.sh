@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, kernel micro-benchmarks, the decode-step table and the nano-vLLM
 # benchmark, logs under $OUT. Usage (repo root, on the GPU machine): bash experiments/nanovllm_bench/gpu_session.sh [parts]
-# parts: any of tests kernels sampler decode profile prefill bench ab hf (default: tests kernels decode bench)
-# ab: the knobs measured as one sweep (sampler kernel x fused prefill x async scheduling).
+# parts: any of tests kernels sampler decode profile prefill bench ab final hf (default: tests kernels decode bench)
+# ab: the knobs measured as one sweep (sampler kernel x fused prefill x async scheduling);
+# final: the defaults and the transformers baseline (engine=nanoexp,hf) as one sweep.
 # Two calls may run side by side on two GPUs (CUDA_VISIBLE_DEVICES, separate OUT): wheels install once.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -26,6 +27,8 @@ for part in $parts; do
     ab) TORCH_LOGS=recompiles timeout 580 python3 run.py -m experiment=nanovllm_bench logger=none \
           engine.sampler_kernel=false,true engine.fused_prefill=false,true scheduler.async_scheduling=false,true \
           hydra.sweep.dir="$OUT/ab" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/ab.log" | tail -40 ;;
+    final) timeout 560 python3 run.py -m experiment=nanovllm_bench engine=nanoexp,hf logger=none \
+          hydra.sweep.dir="$OUT/final" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/final.log" | tail -30 ;;
     hf) timeout 500 python3 run.py experiment=nanovllm_bench engine=hf logger=none hydra.run.dir="$OUT/hf" 2>&1 | tee "$OUT/hf.log" | tail -30 ;;
   esac
 done

@@ -29,8 +29,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     enforce_eager: bool = False
-    async_scheduling: bool = False  # schedule decode step n+1 while step n runs (one rank only)
-    fused_prefill: bool = False  # CUDA: compiled norm/RoPE/SwiGLU kernels in prefill too, not only decode
+    async_scheduling: bool | None = None  # overlap step n+1 with step n; None = on with one rank
+    fused_prefill: bool = True  # CUDA: compiled norm/RoPE/SwiGLU kernels in prefill too, not only decode
     sampler_kernel: bool = True  # CUDA: one-pass Triton sampling kernel for rows without top-k/p, min-p
     load_format: str = "auto"
     attention_backend: str = "auto"
@@ -60,6 +60,8 @@ class EngineConfig:
             )
         if not self.cpu_kv_cache_gb > 0:
             raise ValueError(f"cpu_kv_cache_gb={self.cpu_kv_cache_gb!r} is invalid: must be > 0")
+        if self.async_scheduling is None:
+            self.async_scheduling = self.tensor_parallel_size == 1
         if self.async_scheduling and self.tensor_parallel_size != 1:
             raise ValueError(
                 f"async_scheduling=True needs tensor_parallel_size=1, got {self.tensor_parallel_size}"
