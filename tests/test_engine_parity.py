@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -146,3 +148,14 @@ def test_overlapped_scheduling_keeps_seeds_and_stop_tokens(checkpoints, referenc
             results[overlap] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert results[True] == results[False]
     assert results[True][1][-1] == stop and len(results[True][1]) < 12
+
+
+def test_overlapped_step_times_add_up_to_at_most_the_wall_time(checkpoints):
+    with LLM(checkpoints["qwen3_gqa1"][0], kvcache_block_size=16, async_scheduling=True) as llm:
+        for prompt in random_prompts([20, 9, 33], seed=19):
+            llm.engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+        start, step_times = time.perf_counter(), []
+        while llm.engine.has_unfinished():
+            step_times.append(llm.engine.step()[1].step_time_s)
+        wall = time.perf_counter() - start
+    assert len(step_times) >= 30 and sum(step_times) <= wall

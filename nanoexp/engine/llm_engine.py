@@ -45,6 +45,7 @@ class LLMEngine:
         )
         self.ids = itertools.count()
         self.in_flight: InFlight | None = None
+        self.last_step_end = 0.0  # overlapped steps are timed from the later of this and their start
 
     def add_request(
         self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
@@ -161,7 +162,9 @@ class LLMEngine:
                 seq.finish_reason, seq.finish_time = reason, now
                 self.scheduler.finish(seq)
                 finished.append(self.output_of(seq))
-        return finished, self.step_stats(batch, finished, now - start, *counters, len(sampled))
+        elapsed = now - max(start, self.last_step_end)
+        self.last_step_end = now
+        return finished, self.step_stats(batch, finished, elapsed, *counters, len(sampled))
 
     def finish_reason(self, seq: Sequence) -> str:
         last = seq.token_ids[-1]
