@@ -158,8 +158,7 @@ def test_engine_knobs_reach_the_engine_config() -> None:
     assert config.fused_prefill and config.async_scheduling and config.attention_backend == "torch"
 
 
-def test_async_scheduling_defaults_on_with_one_rank_only():
+def test_async_scheduling_defaults_on_with_one_rank_and_can_be_asked_for_with_more():
     assert EngineConfig("m").async_scheduling is True
     assert EngineConfig("m", tensor_parallel_size=2).async_scheduling is False
-    with pytest.raises(ValueError, match="async_scheduling=True needs tensor_parallel_size=1"):
-        EngineConfig("m", tensor_parallel_size=2, async_scheduling=True)
+    assert EngineConfig("m", tensor_parallel_size=2, async_scheduling=True).async_scheduling is True

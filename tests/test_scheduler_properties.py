@@ -26,6 +26,8 @@ class RecordingExecutor:
         self.info = {"vocab_size": VOCAB, "max_model_len": max_model_len, "eos_token_ids": [VOCAB - 1],
                      "num_kv_blocks": num_blocks}
         self.steps: list[StepInput] = []
+        self.last_sampled: list[int] = []
+        self.pending: list[list[int]] = []
 
     def run(self, step: StepInput) -> list[int]:
         self.steps.append(step)
@@ -38,17 +40,19 @@ class RecordingExecutor:
             contexts.append(self.read(table, ctx))
         return [hash(tuple(contexts[i])) % VOCAB for i in step.sample_seq_indices]
 
-    def launch(self, step: StepInput, prev: list[int] | None = None) -> list[int]:
-        """Overlapped mode: inputs still unknown on the host come from the previous step's samples."""
+    def launch(self, step: StepInput) -> None:
+        """Overlapped mode: inputs still unknown on the host come from the previous launch's samples;
+        results are collected first in, first out."""
         if step.prev_sample_rows is not None:
             ends = [sum(step.query_lens[: i + 1]) - 1 for i in range(len(step.query_lens))]
             for end, row in zip(ends, step.prev_sample_rows, strict=True):
                 if row >= 0:
-                    step.token_ids[end] = prev[row]
-        return self.run(step)
+                    step.token_ids[end] = self.last_sampled[row]
+        self.last_sampled = self.run(step)
+        self.pending.append(self.last_sampled)
 
-    def collect(self, pending: list[int]) -> list[int]:
-        return pending
+    def collect(self) -> list[int]:
+        return self.pending.pop(0)
 
     def slot(self, table, pos):
         return table[pos // self.block_size] * self.block_size + pos % self.block_size

@@ -128,6 +128,22 @@ def test_tp_matches_tp1(models, name, tp):
     assert_same_generation(got, want)
 
 
+@pytest.mark.parametrize("name,tp", [("qwen3_kv4", 2), ("qwen3_kv2_pad", 4)])
+def test_overlapped_tp_matches_tp1(models, name, tp):
+    """async_scheduling with workers: rank 0 broadcasts each step's samples, so every rank builds
+    the next step's inputs on its device before the host has read them."""
+    params = [GREEDY if i % 2 else SamplingParams(temperature=0.9, seed=i, max_tokens=10, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    outputs = {}
+    for size, overlap in ((1, False), (tp, True)):
+        with LLM(models[name], tensor_parallel_size=size, async_scheduling=overlap, **ENGINE) as llm:
+            outputs[size] = llm.generate(PROMPTS, params, use_tqdm=False)
+            assert llm.engine.block_manager.num_used == 0
+    assert_no_workers()
+    assert_same_generation(outputs[tp], outputs[1])
+    assert sum(o.num_preemptions for o in outputs[tp]) > 0
+
+
 def test_two_engines_at_once(models):
     want_a, want_b = reference(models["qwen3_kv4"])[1], reference(models["qwen2_bias"])[1]
     with LLM(models["qwen3_kv4"], tensor_parallel_size=2, **ENGINE) as a:

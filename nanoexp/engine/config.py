@@ -29,7 +29,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     enforce_eager: bool = False
-    async_scheduling: bool | None = None  # overlap step n+1 with step n; None = on with one rank
+    async_scheduling: bool | None = None  # overlap step n+1 with step n; None = on with one rank only
     fused_prefill: bool = True  # CUDA: compiled norm/RoPE/SwiGLU kernels in prefill too, not only decode
     sampler_kernel: bool = True  # CUDA: one-pass Triton sampling kernel for rows without top-k/p, min-p
     load_format: str = "auto"
@@ -62,10 +62,6 @@ class EngineConfig:
             raise ValueError(f"cpu_kv_cache_gb={self.cpu_kv_cache_gb!r} is invalid: must be > 0")
         if self.async_scheduling is None:
             self.async_scheduling = self.tensor_parallel_size == 1
-        if self.async_scheduling and self.tensor_parallel_size != 1:
-            raise ValueError(
-                f"async_scheduling=True needs tensor_parallel_size=1, got {self.tensor_parallel_size}"
-            )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "

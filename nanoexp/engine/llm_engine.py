@@ -23,7 +23,6 @@ class InFlight:
     """A decode step enqueued on the device whose sampled tokens are not read yet."""
 
     batch: ScheduledBatch
-    pending: object  # the executor's handle
     start: float
     counters: tuple[int, int]  # prefix-cache queries and hits before it was scheduled
 
@@ -106,7 +105,8 @@ class LLMEngine:
             batch = self.scheduler.schedule()
             if batch.is_prefill or not batch.seqs:
                 return self.run_synchronously(batch, start, counters)
-            self.in_flight = InFlight(batch, self.executor.launch(step_input_from(batch)), start, counters)
+            self.executor.launch(step_input_from(batch))
+            self.in_flight = InFlight(batch, start, counters)
         current, self.in_flight = self.in_flight, None
         samplers = self.advance(current.batch, current.start)
         following_start, counters = time.perf_counter(), self.prefix_counters()
@@ -114,9 +114,9 @@ class LLMEngine:
         if following.seqs:
             rows = {seq.seq_id: row for row, seq in enumerate(samplers) if seq is not None}
             step = step_input_from(following, rows)
-            pending = self.executor.launch(step, current.pending)
-            self.in_flight = InFlight(following, pending, following_start, counters)
-        sampled = self.executor.collect(current.pending)
+            self.executor.launch(step)
+            self.in_flight = InFlight(following, following_start, counters)
+        sampled = self.executor.collect()
         return self.complete(current.batch, samplers, sampled, current.start, current.counters)
 
     def schedule_following(self, batch: ScheduledBatch) -> ScheduledBatch:

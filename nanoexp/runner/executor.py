@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 
-import torch
-
 from nanoexp.engine.config import EngineConfig
 from nanoexp.layers.linear import divisors, kv_heads_fit, not_divisible
 from nanoexp.runner.model_runner import ModelRunner
@@ -47,25 +45,6 @@ def check_tp_size(hf_config, size: int) -> None:
             raise not_divisible(name, value, size, ok)
 
 
-class PendingStep:
-    """Sampled ids of an enqueued step, copied to the host without blocking the launch."""
-
-    def __init__(self, tokens: torch.Tensor):
-        self.tokens = tokens
-        self.event = None
-        if tokens.is_cuda:
-            self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self.host.copy_(tokens, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-
-    def result(self) -> list[int]:
-        if self.event is None:
-            return self.tokens.tolist()
-        self.event.synchronize()
-        return self.host.tolist()
-
-
 class InProcessExecutor:
     def __init__(self, config: EngineConfig):
         self.runner = ModelRunner(config)
@@ -74,11 +53,11 @@ class InProcessExecutor:
     def run(self, step: StepInput) -> list[int]:
         return self.runner.run(step)
 
-    def launch(self, step: StepInput, prev: PendingStep | None = None) -> PendingStep:
-        return PendingStep(self.runner.execute(step, prev.tokens if prev else None))
+    def launch(self, step: StepInput) -> None:
+        self.runner.launch(step)
 
-    def collect(self, pending: PendingStep) -> list[int]:
-        return pending.result()
+    def collect(self) -> list[int]:
+        return self.runner.collect()
 
     def prefill_logits(self, step: StepInput):
         return self.runner.prefill_logits(step)

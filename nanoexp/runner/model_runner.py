@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections import deque
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,7 @@ from nanoexp.models.registry import model_class
 from nanoexp.runner import kv_cache
 from nanoexp.runner.cuda_graphs import DecodeGraphs
 from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
+from nanoexp.runner.pending import PendingStep
 from nanoexp.runner.step_input import SamplingRow, StepInput
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -74,6 +76,8 @@ class ModelRunner:
         for layer in kv_cache.attention_layers(self.model):
             layer.backend = self.backend
         self.sampler = Sampler(one_pass=self.uses_sampler_kernel())
+        self.last_sampled: torch.Tensor | None = None  # the last launched step's ids, on every rank
+        self.pending: deque[PendingStep] = deque()  # launched, not collected (rank 0)
         self.num_blocks = self.setup_kv_cache()
         self.graphs = self.capture_graphs() if self.uses_graphs() else None
 
@@ -207,6 +211,28 @@ class ModelRunner:
         sampling = prepare_sampling(step, self.hf_config.vocab_size, self.device)
         with fused(self.graphs is not None):
             return self.sampler(logits, sampling)
+
+    @torch.inference_mode()
+    def launch(self, step: StepInput) -> None:
+        """Enqueues a step without waiting for it. Inputs marked in `step.prev_sample_rows` come from
+        the previous launched step's samples, which every rank holds (rank 0 broadcasts them)."""
+        tokens = self.execute(step, self.last_sampled)
+        if self.config.tensor_parallel_size > 1:
+            tokens = self.share_sampled(tokens, len(step.sample_seq_indices))
+        self.last_sampled = tokens
+        if self.rank == 0:
+            self.pending.append(PendingStep(tokens))
+
+    def collect(self) -> list[int] | None:
+        """Rank 0: the sampled ids of the oldest launched step not collected yet."""
+        return self.pending.popleft().result() if self.rank == 0 else None
+
+    def share_sampled(self, tokens: torch.Tensor | None, count: int) -> torch.Tensor:
+        if self.rank != 0:
+            tokens = torch.empty(count, dtype=torch.int64, device=self.device)
+        if count:
+            dist.broadcast(tokens, src=0)
+        return tokens
 
     @torch.inference_mode()
     def prefill_logits(self, step: StepInput) -> torch.Tensor | None:

@@ -33,6 +33,7 @@ NO_MULTICAST_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+UNANSWERED = frozenset({"launch"})  # enqueued without a reply; its result comes with "collect"
 STARTUP_HINT = (
     " (its traceback is above; a script that builds the engine at import time must guard that"
     " with `if __name__ == '__main__':` because workers are spawned)"
@@ -77,7 +78,7 @@ def serve(runner, rank: int, conn: Connection, parent: int) -> None:
             runner.close()
             return
         result = getattr(runner, method)(*args)
-        if rank == 0:
+        if rank == 0 and method not in UNANSWERED:
             conn.send(("ok", result))
 
 
@@ -254,16 +255,22 @@ class MultiprocExecutor:
             self.close()
             raise
 
-    def call(self, method: str, *args):
-        """Runs `method` on every rank; returns rank 0's result."""
+    def call(self, method: str, *args, reply: bool = True):
+        """Runs `method` on every rank; returns rank 0's result (None when `reply` is False)."""
         if not self.finalizer.alive:
             raise RuntimeError("the tensor-parallel executor is closed")
         try:
             self.group.send(method, *args)
-            return self.group.receive([0])[0]
+            return self.group.receive([0])[0] if reply else None
         except BaseException:
             self.close()  # a half-finished step leaves the ranks out of step: stop them all
             raise
+
+    def launch(self, step: StepInput) -> None:
+        self.call("launch", step, reply=False)
+
+    def collect(self) -> list[int]:
+        return self.call("collect")
 
     def run(self, step: StepInput) -> list[int]:
         return self.call("run", step)
