@@ -256,3 +256,32 @@ def is_running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+CHILD_WITH_PROGRESS_BAR = """
+import multiprocessing as mp, os, sys
+from tqdm import tqdm
+from nanoexp.runner.workers import use_thread_lock_for_tqdm
+
+def child(fixed):
+    if fixed:
+        use_thread_lock_for_tqdm()
+    for _ in tqdm(range(2), file=sys.stderr):
+        pass
+    os._exit(0)  # as a worker exits
+
+if __name__ == "__main__":
+    proc = mp.get_context("spawn").Process(target=child, args=(sys.argv[1] == "fixed",))
+    proc.start()
+    proc.join()
+"""
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_worker_progress_bars_leave_no_semaphore_behind(tmp_path, fixed):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD_WITH_PROGRESS_BAR)
+    arg = "fixed" if fixed else "plain"
+    out = subprocess.run([sys.executable, str(script), arg], capture_output=True, text=True, timeout=120)
+    assert ("leaked semaphore" in out.stderr) is not fixed, out.stderr
+

@@ -14,11 +14,13 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from multiprocessing.connection import Connection, wait
 
 import torch
+from tqdm import tqdm
 
 from nanoexp.engine.config import EngineConfig
 from nanoexp.loader import load_hf_config
@@ -50,6 +52,7 @@ def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connectio
         os.environ.setdefault(key, value)  # read by NCCL when the communicator is created
     if config.device == "cpu" or not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
+    use_thread_lock_for_tqdm()
     try:
         from nanoexp.runner.executor import runner_info
         from nanoexp.runner.model_runner import ModelRunner
@@ -63,6 +66,12 @@ def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connectio
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def use_thread_lock_for_tqdm() -> None:
+    """tqdm (which torch.compile uses) otherwise creates a multiprocessing lock that a worker's
+    os._exit leaves to the resource tracker, which then warns of a leaked semaphore."""
+    tqdm.set_lock(threading.RLock())
 
 
 def serve(runner, rank: int, conn: Connection, parent: int) -> None:
