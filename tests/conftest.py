@@ -56,11 +56,12 @@ def checkpoints(tmp_path_factory):
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy tokens as with `ignore_eos`: EOS may be generated but does not stop
+    generation (`min_new_tokens` would instead forbid EOS, a different sequence when it wins)."""
     with torch.no_grad():
         out = model.generate(
             torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
-            pad_token_id=0,
+            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
         )
     return out[0, len(prompt):].tolist()
 

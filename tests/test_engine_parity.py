@@ -159,3 +159,17 @@ def test_overlapped_step_times_add_up_to_at_most_the_wall_time(checkpoints):
             step_times.append(llm.engine.step()[1].step_time_s)
         wall = time.perf_counter() - start
     assert len(step_times) >= 30 and sum(step_times) <= wall
+
+
+def test_ignore_eos_generates_through_an_eos_that_greedy_picks(checkpoints, reference_outputs):
+    name = "qwen3_gqa4"
+    prompt = random_prompts([1, 2, 15], seed=20)[2]  # greedy picks EOS as its 11th token
+    eos = checkpoints[name][1].config.eos_token_id
+    with LLM(checkpoints[name][0], kvcache_block_size=16) as llm:
+        through = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                               use_tqdm=False)[0]
+        stopped = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
+    assert eos in through.token_ids[:-1] and len(through.token_ids) == 16
+    assert through.token_ids == reference_outputs(name, prompt, 16)
+    first_eos = through.token_ids.index(eos) + 1
+    assert stopped.token_ids == through.token_ids[:first_eos] and stopped.finish_reason == "stop"

@@ -110,3 +110,16 @@ def test_seeded_sampling_through_the_kernel_reproduces_and_ignores_the_batch(che
                                 use_tqdm=False)
     assert first == again and first != other and alone == first[1]
     assert all(len(o.token_ids) == 24 for o in unseeded)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_tp2_nccl_with_graphs_matches_transformers_in_float32(checkpoints, reference_outputs,
+                                                              async_scheduling):
+    name = "qwen3_gqa4"
+    prompts = random_prompts(LENGTHS, seed=20)
+    outs = engine_outputs(checkpoints[name][0], prompts, 16, dtype="float32", tensor_parallel_size=2,
+                          async_scheduling=async_scheduling, num_kvcache_blocks=40)
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == reference_outputs(name, prompt, 16), f"prompt length {len(prompt)}"
+    assert sum(o.num_preemptions for o in outs) > 0
