@@ -6,18 +6,13 @@ fp16/fp32 (the interpreter mishandles bf16 dots). The `gpu` tests use real Qwen3
 
 from __future__ import annotations
 
-import importlib
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' @triton.jit decoration
-
 triton = pytest.importorskip("triton")
 
-from nanoexp.kernels import triton_attention, triton_kv  # noqa: E402
+# Without CUDA, conftest has turned the Triton interpreter on before anything imported triton.
+from nanoexp.kernels import triton_attention  # noqa: E402
 from nanoexp.kernels.base import AttentionMetadata  # noqa: E402
 from nanoexp.kernels.select import make_attention_backend  # noqa: E402
 from nanoexp.kernels.torch_ref import TorchAttentionBackend  # noqa: E402
@@ -28,13 +23,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {torch.float32: 1e-4, torch.float16: 3e-3}
-
-if DEVICE.type == "cpu" and not triton_attention._decode_split_kernel.__class__.__name__.startswith(
-    "Interpreted"
-):
-    # Imported earlier without the interpreter: re-decorate the kernels in place.
-    importlib.reload(triton_kv)
-    importlib.reload(triton_attention)
 
 
 def cdiv(a: int, b: int) -> int:

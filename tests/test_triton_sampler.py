@@ -4,24 +4,15 @@ row counts: each program is interpreted); the `gpu` test draws many rows at the 
 
 from __future__ import annotations
 
-import importlib
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' @triton.jit decoration
-
 pytest.importorskip("triton")
 
-from nanoexp.kernels import triton_sampler  # noqa: E402
+from nanoexp.kernels import triton_sampler  # noqa: E402  (conftest turned the CPU interpreter on)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-if DEVICE.type == "cpu" and not triton_sampler._pick_kernel.__class__.__name__.startswith("Interpreted"):
-    importlib.reload(triton_sampler)  # imported earlier without the interpreter
 
 PROBS = torch.tensor([0.05, 0.30, 0.10, 0.40, 0.15])
 

@@ -89,25 +89,25 @@ def _pick_kernel(part_ptr, part_index_ptr, temperature_ptr, out_ptr, num_slices,
     tl.store(out_ptr + row, index.to(tl.int64))
 
 
-def num_slices(rows: int, vocab_size: int) -> int:
-    wanted = max(1, min(MAX_SLICES, TARGET_PROGRAMS // max(rows, 1)))
-    return max(1, min(wanted, triton.cdiv(vocab_size, BLOCK)))
+def slicing(rows: int, vocab_size: int) -> tuple[int, int]:
+    """(slice length, a multiple of BLOCK; number of slices) for each row's scan."""
+    wanted = max(1, min(MAX_SLICES, TARGET_PROGRAMS // max(rows, 1), triton.cdiv(vocab_size, BLOCK)))
+    slice_len = triton.cdiv(triton.cdiv(vocab_size, wanted), BLOCK) * BLOCK
+    return slice_len, triton.cdiv(vocab_size, slice_len)
 
 
 def sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     """Token per row: argmax where the temperature is 0, else a draw from softmax(logits / t)
     with Philox noise seeded by `seeds` (int64, one per row). Returns int64 [rows]."""
     rows, vocab_size = logits.shape
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    slices = num_slices(rows, vocab_size)
-    slice_len = triton.cdiv(triton.cdiv(vocab_size, slices), BLOCK) * BLOCK
-    slices = triton.cdiv(vocab_size, slice_len)
-    parts = torch.empty((rows, slices, 2), dtype=torch.float32, device=logits.device)
-    part_indices = torch.empty((rows, slices, 2), dtype=torch.int32, device=logits.device)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows == 0:
         return out
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    slice_len, slices = slicing(rows, vocab_size)
+    parts = torch.empty((rows, slices, 2), dtype=torch.float32, device=logits.device)
+    part_indices = torch.empty((rows, slices, 2), dtype=torch.int32, device=logits.device)
     _sample_slice_kernel[(rows, slices)](
         logits, logits.stride(0), temperatures, seeds, parts, part_indices, vocab_size, slice_len, slices,
         BLOCK=BLOCK,

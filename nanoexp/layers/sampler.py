@@ -31,14 +31,16 @@ class Sampler(nn.Module):
     def __init__(self, one_pass: bool = False) -> None:
         super().__init__()
         self.one_pass = one_pass
+        if one_pass:
+            from nanoexp.kernels.triton_sampler import sample
+
+            self.one_pass_sample = sample
 
     def forward(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
         if st.all_greedy:
             return logits.argmax(dim=-1)
         if self.one_pass and not st.needs_filter and st.row_seeds is not None:
-            from nanoexp.kernels import triton_sampler
-
-            return triton_sampler.sample(logits, st.temperatures, st.row_seeds)
+            return self.one_pass_sample(logits, st.temperatures, st.row_seeds)
         greedy_tokens = logits.argmax(dim=-1)
         if not st.needs_filter and all(seed is None for seed in st.seeds):
             sampled = sample_with_temperature(logits, st.temperatures)
