@@ -3,7 +3,7 @@
 import hydra
 from omegaconf import DictConfig
 
-import nanoexp.config  # noqa: F401  (registers the structured-config schema)
+import nanoexp.experiment.schema  # noqa: F401  (registers the structured-config schema)
 import nanoexp.experiment
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from nanoexp.config import EngineKind, LoadFormat, LoggerKind, NanoexpConfig, WorkloadKind
-from nanoexp.engine.config import EngineConfig
+from nanoexp.experiment.schema import EngineKind, LoadFormat, LoggerKind, NanoexpConfig, WorkloadKind
+from nanoexp.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,6 @@ CONFIG_KEYS = {
     "enable_prefix_caching": "cache.enable_prefix_caching",
     "load_format": "model.load_format",
     "attention_backend": "engine.attention_backend",
-    "fused_prefill": "engine.fused_prefill",
-    "sampler_kernel": "engine.sampler_kernel",
     "seed": "engine.seed",
 }
 
@@ -122,8 +120,6 @@ def engine_kwargs(spec: NanoexpConfig, checkpoint: Checkpoint | None) -> dict:
         "async_scheduling": s.async_scheduling,
         "load_format": checkpoint.load_format if checkpoint else "dummy",
         "attention_backend": e.attention_backend.value,
-        "fused_prefill": e.fused_prefill,
-        "sampler_kernel": e.sampler_kernel,
         "seed": e.seed,
         "hf_config": arch_dict(spec) if dummy else None,
     }

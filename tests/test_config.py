@@ -9,9 +9,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-import nanoexp.config  # noqa: F401  (registers the schema)
+import nanoexp.experiment.schema  # noqa: F401  (registers the schema)
 from nanoexp import factory
-from nanoexp.engine.config import EngineConfig
+from nanoexp.config import EngineConfig
 from nanoexp.experiment.workloads import nanovllm_bench_prompts
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -149,16 +149,16 @@ def test_checkpoint_resolution(tmp_path: Path) -> None:
 
 def test_engine_knobs_reach_the_engine_config() -> None:
     cfg = compose_cfg(
-        "model=qwen3_tiny", "engine.fused_prefill=true", "engine.attention_backend=torch",
+        "model=qwen3_tiny", "engine.attention_backend=torch",
         "scheduler.async_scheduling=true",
     )
     spec = factory.to_spec(cfg)
     kwargs = factory.engine_kwargs(spec, factory.Checkpoint("dummy", None, "dummy", "none"))
     config = EngineConfig.from_kwargs(spec.model.name, **kwargs)
-    assert config.fused_prefill and config.async_scheduling and config.attention_backend == "torch"
+    assert config.async_scheduling and config.execution.attention_backend == "torch"
 
 
 def test_async_scheduling_defaults_on_with_one_rank_and_can_be_asked_for_with_more():
-    assert EngineConfig("m").async_scheduling is True
-    assert EngineConfig("m", tensor_parallel_size=2).async_scheduling is False
-    assert EngineConfig("m", tensor_parallel_size=2, async_scheduling=True).async_scheduling is True
+    assert EngineConfig.from_kwargs("m").async_scheduling is True
+    assert EngineConfig.from_kwargs("m", tensor_parallel_size=2).async_scheduling is False
+    assert EngineConfig.from_kwargs("m", tensor_parallel_size=2, async_scheduling=True).async_scheduling is True

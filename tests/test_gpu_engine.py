@@ -22,7 +22,7 @@ PATHS = {
     "preemption": dict(num_kvcache_blocks=40),
     "block1": dict(kvcache_block_size=1, num_kvcache_blocks=4000),
     "block256": dict(kvcache_block_size=256),
-    "fused_prefill": dict(fused_prefill=True, max_num_batched_tokens=100),
+    "small_prefill_budget": dict(max_num_batched_tokens=100),
     "async": dict(async_scheduling=True, num_kvcache_blocks=60),
 }
 

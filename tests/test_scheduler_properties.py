@@ -9,10 +9,10 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nanoexp.engine.config import EngineConfig
+from nanoexp.config import EngineConfig
 from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.runner.step_input import StepInput
-from nanoexp.sampling_params import SamplingParams
+from nanoexp.config import SamplingParams
 
 VOCAB = 50
 
@@ -74,8 +74,8 @@ class RecordingExecutor:
 
 def make_engine(num_blocks, block_size, max_num_seqs, budget, chunked, prefix, max_model_len=512,
                 overlap=False):
-    config = EngineConfig(
-        model="fake", kvcache_block_size=block_size, num_kvcache_blocks=num_blocks, max_num_seqs=max_num_seqs,
+    config = EngineConfig.from_kwargs(
+        "fake", kvcache_block_size=block_size, num_kvcache_blocks=num_blocks, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget, enable_chunked_prefill=chunked, enable_prefix_caching=prefix,
         max_model_len=max_model_len, async_scheduling=overlap,
     )
@@ -119,8 +119,8 @@ def run(engine: LLMEngine, requests) -> dict[int, list[int]]:
         finished, stats = engine.step()
         step_no += 1
         assert step_no < 10_000, "no progress"
-        assert stats.num_seqs <= engine.config.max_num_seqs
-        assert stats.num_tokens <= engine.config.max_num_batched_tokens
+        assert stats.num_seqs <= engine.config.scheduler.max_num_seqs
+        assert stats.num_tokens <= engine.config.scheduler.max_num_batched_tokens
         check_invariants(engine)
         for out in finished:
             outputs[ids[out.request_id]] = out.token_ids

@@ -18,7 +18,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCau
 
 from nanoexp.engine.llm import LLM
 from nanoexp.runner.step_input import StepInput
-from nanoexp.sampling_params import SamplingParams
+from nanoexp.config import SamplingParams
 
 BLOCK = 4
 ENGINE = dict(

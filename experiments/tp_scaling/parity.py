@@ -24,7 +24,7 @@ import yaml
 
 from nanoexp.engine.llm import LLM
 from nanoexp.runner.step_input import StepInput
-from nanoexp.sampling_params import SamplingParams
+from nanoexp.config import SamplingParams
 
 BLOCK = 256
 TOP_K = 3

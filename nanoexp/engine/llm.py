@@ -7,19 +7,19 @@ from collections.abc import Sequence as Seq
 
 from tqdm.auto import tqdm
 
-from nanoexp.engine.config import EngineConfig
+from nanoexp.config import EngineConfig
 from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.engine.outputs import RequestOutput
-from nanoexp.sampling_params import SamplingParams
+from nanoexp.config import SamplingParams
 
 
 class LLM:
     def __init__(self, model: str, **kwargs):
         config = EngineConfig.from_kwargs(model, **kwargs)
-        if config.hf_config is None and not os.path.isdir(model) and "/" not in model:
+        if config.model.arch is None and not os.path.isdir(model) and "/" not in model:
             raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
         self.engine = LLMEngine(config)
-        self.tokenizer = load_tokenizer(model) if config.hf_config is None else None
+        self.tokenizer = load_tokenizer(model) if config.model.arch is None else None
         self.closed = False
 
     def __enter__(self) -> LLM:

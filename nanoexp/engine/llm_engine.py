@@ -7,13 +7,13 @@ import time
 from dataclasses import dataclass
 
 from nanoexp.engine.block_manager import BlockManager
-from nanoexp.engine.config import EngineConfig
+from nanoexp.config import EngineConfig
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
 from nanoexp.engine.sequence import Sequence, Status
 from nanoexp.runner.executor import make_executor
 from nanoexp.runner.step_input import SamplingRow, StepInput
-from nanoexp.sampling_params import SamplingParams
+from nanoexp.config import SamplingParams
 
 PLACEHOLDER = -1  # a sampled token that the host has not read yet
 
@@ -36,11 +36,11 @@ class LLMEngine:
         self.max_model_len = info["max_model_len"]
         self.eos_token_ids = set(info["eos_token_ids"])
         self.block_manager = BlockManager(
-            info["num_kv_blocks"], config.kvcache_block_size, config.enable_prefix_caching
+            info["num_kv_blocks"], config.cache.block_size, config.cache.enable_prefix_caching
         )
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-            config.enable_chunked_prefill,
+            self.block_manager, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
+            config.scheduler.enable_chunked_prefill,
         )
         self.ids = itertools.count()
         self.in_flight: InFlight | None = None

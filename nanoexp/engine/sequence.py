@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from enum import Enum, auto
 
-from nanoexp.sampling_params import SamplingParams
+from nanoexp.config import SamplingParams
 
 
 class Status(Enum):

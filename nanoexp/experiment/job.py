@@ -9,7 +9,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from nanoexp.config import LoggerConfig
+from nanoexp.experiment.schema import LoggerConfig
 
 
 @dataclass

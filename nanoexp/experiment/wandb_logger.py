@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from nanoexp.config import LoggerConfig
+from nanoexp.experiment.schema import LoggerConfig
 from nanoexp.experiment.job import JobInfo
 from nanoexp.experiment.local_sink import RESULTS_FILE
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from nanoexp.engine.config import EngineConfig
+from nanoexp.config import EngineConfig
 from nanoexp.layers.linear import divisors, kv_heads_fit, not_divisible
 from nanoexp.runner.model_runner import ModelRunner
 from nanoexp.runner.step_input import StepInput
@@ -14,8 +14,9 @@ from nanoexp.runner.step_input import StepInput
 def eos_token_ids(runner: ModelRunner) -> list[int]:
     ids = runner.hf_config.eos_token_id
     ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    gen_path = os.path.join(runner.config.model, "generation_config.json")
-    if runner.config.hf_config is None and os.path.isfile(gen_path):
+    model = runner.config.model
+    gen_path = os.path.join(model.path or "", "generation_config.json")
+    if model.arch is None and os.path.isfile(gen_path):
         with open(gen_path) as f:
             extra = json.load(f).get("eos_token_id")
         ids += [] if extra is None else [extra] if isinstance(extra, int) else extra
@@ -70,7 +71,7 @@ class InProcessExecutor:
 
 
 def make_executor(config: EngineConfig):
-    if config.tensor_parallel_size == 1:
+    if config.parallel.tensor_parallel_size == 1:
         return InProcessExecutor(config)
     from nanoexp.runner.workers import MultiprocExecutor
 

@@ -9,7 +9,7 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-from nanoexp.engine.config import EngineConfig
+from nanoexp.config import EngineConfig
 from nanoexp.kernels.select import make_attention_backend, triton_available
 from nanoexp.layers.fusion import fused
 from nanoexp.layers.sampler import Sampler
@@ -58,20 +58,20 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, rank: int = 0, dist_init: str | None = None):
         self.config, self.rank = config, rank
         self.timings: dict[str, float] = {}
-        self.device = pick_device(config.device, rank)
+        self.device = pick_device(config.execution.device, rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        if config.tensor_parallel_size > 1:
+        if config.parallel.tensor_parallel_size > 1:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(
-                backend, init_method=dist_init, rank=rank, world_size=config.tensor_parallel_size
+                backend, init_method=dist_init, rank=rank, world_size=config.parallel.tensor_parallel_size
             )
-        self.hf_config = load_hf_config(config.model, config.hf_config)
-        self.dtype = pick_dtype(config.dtype, self.hf_config, self.device)
-        self.max_model_len = min(config.max_model_len, self.hf_config.max_position_embeddings)
+        self.hf_config = load_hf_config(config.model.path, config.model.arch)
+        self.dtype = pick_dtype(config.model.dtype, self.hf_config, self.device)
+        self.max_model_len = min(config.scheduler.max_model_len, self.hf_config.max_position_embeddings)
         self.model = self.build_model()
         self.backend = make_attention_backend(
-            config.attention_backend, self.device, config.kvcache_block_size
+            config.execution.attention_backend, self.device, config.cache.block_size
         )
         for layer in kv_cache.attention_layers(self.model):
             layer.backend = self.backend
@@ -82,20 +82,20 @@ class ModelRunner:
         self.graphs = self.capture_graphs() if self.uses_graphs() else None
 
     def uses_graphs(self) -> bool:
-        return self.device.type == "cuda" and not self.config.enforce_eager
+        return self.device.type == "cuda" and not self.config.scheduler.enforce_eager
 
     def uses_sampler_kernel(self) -> bool:
-        return self.device.type == "cuda" and self.config.sampler_kernel and triton_available()
+        return self.device.type == "cuda" and triton_available()
 
     def fuses(self, is_prefill: bool) -> bool:
-        """Compiled elementwise kernels: in decode whenever graphs are used, in prefill on request."""
-        return self.uses_graphs() and (self.config.fused_prefill or not is_prefill)
+        """Compiled elementwise kernels wherever graphs are used (prefill too: measured faster)."""
+        return self.uses_graphs()
 
     def capture_graphs(self) -> DecodeGraphs:
         start = time.perf_counter()
-        block_size = self.config.kvcache_block_size
+        block_size = self.config.cache.block_size
         graphs = DecodeGraphs(
-            self.model, self.hf_config.hidden_size, self.config.max_num_seqs,
+            self.model, self.hf_config.hidden_size, self.config.scheduler.max_num_seqs,
             -(-self.max_model_len // block_size), self.dtype, self.device,
         )
         with fused(True):
@@ -107,7 +107,7 @@ class ModelRunner:
 
     def build_model(self):
         start = time.perf_counter()
-        torch.manual_seed(self.config.seed)
+        torch.manual_seed(self.config.execution.seed)
         cls = model_class(self.hf_config)
         previous = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
@@ -116,16 +116,16 @@ class ModelRunner:
                 model = cls(self.hf_config, self.max_model_len).eval()
         finally:
             torch.set_default_dtype(previous)
-        if self.config.load_format == "dummy":
-            init_dummy(model, self.config.seed)
+        if self.config.model.load_format == "dummy":
+            init_dummy(model, self.config.execution.seed)
         else:
-            load_safetensors(model, resolve_model_dir(self.config.model))
+            load_safetensors(model, resolve_model_dir(self.config.model.path))
         self.timings["load_s"] = time.perf_counter() - start
         return model
 
     def setup_kv_cache(self) -> int:
-        bytes_per_block = kv_cache.block_bytes(self.model, self.config.kvcache_block_size, self.dtype)
-        num_blocks = self.config.num_kvcache_blocks
+        bytes_per_block = kv_cache.block_bytes(self.model, self.config.cache.block_size, self.dtype)
+        num_blocks = self.config.cache.num_blocks
         if num_blocks == -1:
             num_blocks = self.blocks_from_memory(bytes_per_block)
         num_blocks = self.agree_on(num_blocks)
@@ -135,24 +135,24 @@ class ModelRunner:
                 "or lower max_num_batched_tokens"
             )
         self.kv_cache = kv_cache.allocate_kv_cache(
-            self.model, num_blocks, self.config.kvcache_block_size, self.dtype, self.device
+            self.model, num_blocks, self.config.cache.block_size, self.dtype, self.device
         )
         self.kv_cache_bytes = num_blocks * bytes_per_block
         return num_blocks
 
     def blocks_from_memory(self, bytes_per_block: int) -> int:
         if self.device.type == "cpu":
-            return kv_cache.blocks_for_budget(self.config.cpu_kv_cache_gb * 2**30, bytes_per_block)
+            return kv_cache.blocks_for_budget(self.config.cache.cpu_kv_cache_gb * 2**30, bytes_per_block)
         start = time.perf_counter()
         self.warm_up()
         self.timings["warmup_s"] = time.perf_counter() - start
         reserve = 2**30 if self.uses_graphs() else 2**28  # graph pool, logits and sampler buffers
-        budget = kv_cache.cuda_kv_budget(self.device, self.config.gpu_memory_utilization, reserve)
+        budget = kv_cache.cuda_kv_budget(self.device, self.config.cache.gpu_memory_utilization, reserve)
         return kv_cache.blocks_for_budget(budget, bytes_per_block)
 
     def agree_on(self, num_blocks: int) -> int:
         """Every rank must use the same number of blocks: the smallest any rank can afford."""
-        if self.config.tensor_parallel_size == 1:
+        if self.config.parallel.tensor_parallel_size == 1:
             return num_blocks
         t = torch.tensor([num_blocks], device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
@@ -163,15 +163,15 @@ class ModelRunner:
         """A largest-size prefill (without a KV cache) so peak activation memory is known."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        budget, max_len = self.config.max_num_batched_tokens, self.max_model_len
-        num_seqs = max(1, min(budget // max_len, self.config.max_num_seqs))
+        budget, max_len = self.config.scheduler.max_num_batched_tokens, self.max_model_len
+        num_seqs = max(1, min(budget // max_len, self.config.scheduler.max_num_seqs))
         lens = [min(max_len, budget // num_seqs)] * num_seqs
         step = StepInput(
             is_prefill=True, token_ids=[0] * sum(lens), query_lens=lens, context_lens=lens,
             block_tables=[[] for _ in lens], sample_seq_indices=list(range(num_seqs)),
             sampling=[],
         )
-        inputs = prepare_inputs(step, self.config.kvcache_block_size, self.device)
+        inputs = prepare_inputs(step, self.config.cache.block_size, self.device)
         with fused(self.fuses(is_prefill=True)):
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
         self.model.compute_logits(hidden[inputs.logits_indices])
@@ -197,7 +197,7 @@ class ModelRunner:
     def execute(self, step: StepInput, prev_tokens: torch.Tensor | None = None) -> torch.Tensor | None:
         """Enqueues one step; rank 0 gets the sampled ids as a device tensor (not waited for).
         `prev_tokens` are the previous step's samples, for inputs not known on the host yet."""
-        inputs = prepare_inputs(step, self.config.kvcache_block_size, self.device)
+        inputs = prepare_inputs(step, self.config.cache.block_size, self.device)
         if step.prev_sample_rows is not None:
             inputs.input_ids = substitute_tokens(inputs.input_ids, step.prev_sample_rows, prev_tokens)
         if self.graphs and not step.is_prefill and step.num_tokens <= self.graphs.max_batch:
@@ -217,7 +217,7 @@ class ModelRunner:
         """Enqueues a step without waiting for it. Inputs marked in `step.prev_sample_rows` come from
         the previous launched step's samples, which every rank holds (rank 0 broadcasts them)."""
         tokens = self.execute(step, self.last_sampled)
-        if self.config.tensor_parallel_size > 1:
+        if self.config.parallel.tensor_parallel_size > 1:
             tokens = self.share_sampled(tokens, len(step.sample_seq_indices))
         self.last_sampled = tokens
         if self.rank == 0:
@@ -237,7 +237,7 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill_logits(self, step: StepInput) -> torch.Tensor | None:
         """Logits of every new token of a prefill step (for correctness tests)."""
-        inputs = prepare_inputs(step, self.config.kvcache_block_size, self.device)
+        inputs = prepare_inputs(step, self.config.cache.block_size, self.device)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
         return self.model.compute_logits(hidden)
 
@@ -248,7 +248,7 @@ class ModelRunner:
             "weights_bytes": weights,
             "kv_cache_bytes": self.kv_cache_bytes,
             "num_kv_blocks": self.num_blocks,
-            "kv_block_size": self.config.kvcache_block_size,
+            "kv_block_size": self.config.cache.block_size,
             "peak_memory_bytes": peak,
             "device": self.device.type,
             "dtype": str(self.dtype).removeprefix("torch."),

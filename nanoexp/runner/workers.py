@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection, wait
 import torch
 from tqdm import tqdm
 
-from nanoexp.engine.config import EngineConfig
+from nanoexp.config import EngineConfig
 from nanoexp.loader import load_hf_config
 from nanoexp.runner.step_input import StepInput
 
@@ -50,8 +50,8 @@ def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connectio
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     for key, value in NO_MULTICAST_ENV.items():
         os.environ.setdefault(key, value)  # read by NCCL when the communicator is created
-    if config.device == "cpu" or not torch.cuda.is_available():
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
+    if config.execution.device == "cpu" or not torch.cuda.is_available():
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.parallel.tensor_parallel_size))
     use_thread_lock_for_tqdm()
     try:
         from nanoexp.runner.executor import runner_info
@@ -111,7 +111,7 @@ class WorkerGroup:
         dist_init = "file://" + os.path.join(self.tmpdir, "rendezvous")
         self.conns: list[Connection] = []
         self.procs = []
-        for rank in range(config.tensor_parallel_size):
+        for rank in range(config.parallel.tensor_parallel_size):
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(
                 target=worker_main, name=f"nanoexp-tp-rank{rank}",
@@ -236,12 +236,12 @@ def _close_all() -> None:
 
 
 def check_devices(config: EngineConfig) -> None:
-    if config.device == "cpu" or not torch.cuda.is_available():
+    if config.execution.device == "cpu" or not torch.cuda.is_available():
         return
     have = torch.cuda.device_count()
-    if have < config.tensor_parallel_size:
+    if have < config.parallel.tensor_parallel_size:
         raise ValueError(
-            f"tensor_parallel_size={config.tensor_parallel_size} needs that many CUDA devices; "
+            f"tensor_parallel_size={config.parallel.tensor_parallel_size} needs that many CUDA devices; "
             f"{have} available"
         )
 
@@ -252,9 +252,9 @@ class MultiprocExecutor:
     def __init__(self, config: EngineConfig):
         from nanoexp.runner.executor import check_tp_size
 
-        check_tp_size(load_hf_config(config.model, config.hf_config), config.tensor_parallel_size)
+        check_tp_size(load_hf_config(config.model.path, config.model.arch), config.parallel.tensor_parallel_size)
         check_devices(config)
-        self.size = config.tensor_parallel_size
+        self.size = config.parallel.tensor_parallel_size
         self.group = WorkerGroup(config)
         self.finalizer = weakref.finalize(self, stop_group, self.group)
         _live.add(self)

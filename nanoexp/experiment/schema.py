@@ -153,8 +153,6 @@ class EngineSelectConfig:
     kind: EngineKind = EngineKind.nanoexp
     device: Device = Device.auto
     attention_backend: AttentionBackend = AttentionBackend.auto
-    fused_prefill: bool = True  # CUDA: compiled norm/RoPE/SwiGLU kernels in prefill too
-    sampler_kernel: bool = True  # CUDA: one-pass Triton sampling kernel (rows without top-k/p, min-p)
     seed: int = 0
     warmup: bool = True  # one short untimed request before the workload
     use_tqdm: bool = False

@@ -1,0 +1,29 @@
+"""The paged KV cache: block size, how many blocks, prefix caching."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from nanoexp.config.checks import KnobError, boolean, integer, is_int, number
+
+
+@dataclass
+class CacheConfig:
+    section: ClassVar[str] = "cache"
+
+    block_size: int = 256  # tokens per KV block: a power of two from 1 to 1024
+    gpu_memory_utilization: float = 0.9  # share of the GPU's memory for weights, activations and KV
+    num_blocks: int = -1  # -1 = as many as memory allows
+    enable_prefix_caching: bool = True
+    cpu_kv_cache_gb: float = 2.0  # KV cache size on the CPU
+
+    def __post_init__(self) -> None:
+        bs = self.block_size
+        if not (is_int(bs) and 1 <= bs <= 1024 and bs & (bs - 1) == 0):
+            raise KnobError("cache.block_size", bs, "a power of two from 1 to 1024")
+        number("cache.gpu_memory_utilization", self.gpu_memory_utilization, lambda x: 0 < x <= 1, "a number in (0, 1]")
+        if self.num_blocks != -1:
+            integer("cache.num_blocks", self.num_blocks, 1, " (or -1 = from memory)")
+        boolean("cache.enable_prefix_caching", self.enable_prefix_caching)
+        number("cache.cpu_kv_cache_gb", self.cpu_kv_cache_gb, lambda x: x > 0, "a finite number > 0")

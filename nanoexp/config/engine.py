@@ -1,0 +1,85 @@
+"""EngineConfig composes the per-concern configs; `from_kwargs` maps vLLM-style flat keywords."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from nanoexp.config.cache import CacheConfig
+from nanoexp.config.checks import KnobError
+from nanoexp.config.execution import ExecutionConfig
+from nanoexp.config.model import ModelConfig
+from nanoexp.config.parallel import ParallelConfig
+from nanoexp.config.scheduler import SchedulerConfig
+
+SECTIONS = {
+    "model": ModelConfig,
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "parallel": ParallelConfig,
+    "execution": ExecutionConfig,
+}
+# flat keyword -> field, where vLLM's keyword differs from the field's name
+RENAMED = {
+    "kvcache_block_size": ("cache", "block_size"),
+    "num_kvcache_blocks": ("cache", "num_blocks"),
+    "hf_config": ("model", "arch"),
+}
+
+
+def flat_keywords() -> dict[str, tuple[str, str]]:
+    """Every keyword `LLM(model, **kwargs)` accepts, and the field it sets."""
+    keywords = {
+        f.name: (section, f.name)
+        for section, cls in SECTIONS.items()
+        for f in fields(cls)
+        if section != "model" or f.name != "path"
+    }
+    for keyword, target in RENAMED.items():
+        keywords.pop(target[1], None)
+        keywords[keyword] = target
+    return keywords
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+
+    def __post_init__(self) -> None:
+        s = self.scheduler
+        if not s.enable_chunked_prefill and s.max_num_batched_tokens < s.max_model_len:
+            raise KnobError(
+                "scheduler.max_num_batched_tokens", s.max_num_batched_tokens,
+                f">= scheduler.max_model_len={s.max_model_len} without chunked prefill "
+                "(or set scheduler.enable_chunked_prefill=true)",
+            )
+
+    @property
+    def async_scheduling(self) -> bool:
+        """Overlap step n+1's scheduling with step n; unset = on with one rank."""
+        chosen = self.scheduler.async_scheduling
+        return self.parallel.tensor_parallel_size == 1 if chosen is None else chosen
+
+    @classmethod
+    def from_kwargs(cls, model: str | None, **kwargs: Any) -> EngineConfig:
+        """`LLM(model, **kwargs)`: unknown keywords and invalid values are errors naming the keyword."""
+        keywords = flat_keywords()
+        unknown = sorted(set(kwargs) - set(keywords))
+        if unknown:
+            raise TypeError(
+                f"unknown engine argument(s) {', '.join(unknown)}; allowed: {', '.join(sorted(keywords))}"
+            )
+        values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+        values["model"]["path"] = model
+        for keyword, value in kwargs.items():
+            section, name = keywords[keyword]
+            values[section][name] = value
+        by_knob = {f"{SECTIONS[s].section}.{n}": k for k, (s, n) in keywords.items()}
+        try:
+            return cls(**{s: SECTIONS[s](**v) for s, v in values.items()})
+        except KnobError as e:
+            raise e.renamed(by_knob.get(e.knob, e.knob)) from None

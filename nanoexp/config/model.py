@@ -1,0 +1,27 @@
+"""Which weights the engine runs and in which precision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from nanoexp.config.checks import KnobError, choice
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+@dataclass
+class ModelConfig:
+    section: ClassVar[str] = "model"
+
+    path: str | None = None  # a checkpoint directory (or a hub id); None with dummy weights and `arch`
+    dtype: str = "auto"  # auto = the checkpoint's dtype on GPUs, float32 on CPU
+    load_format: str = "auto"  # auto: the checkpoint at `path`; safetensors: the same, named; dummy: random
+    arch: dict[str, Any] | None = None  # config.json fields; replace the checkpoint's config when set
+
+    def __post_init__(self) -> None:
+        choice("model.dtype", self.dtype, DTYPES)
+        choice("model.load_format", self.load_format, LOAD_FORMATS)
+        if self.path is None and self.arch is None:
+            raise KnobError("model.path", None, "a checkpoint directory or hub id (or give model.arch)")

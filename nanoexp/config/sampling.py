@@ -1,0 +1,64 @@
+"""Per-request sampling settings, validated on construction."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+from nanoexp.config.checks import KnobError, is_number
+
+
+def _integral(value: object) -> bool:
+    """Python and numpy integers; not bools, not floats such as 2.5 (or 3.0)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded. `temperature=0` means greedy."""
+
+    temperature: float = 1.0
+    top_k: int = -1  # -1 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    max_tokens: int = 64
+    ignore_eos: bool = False
+    seed: int | None = None  # makes this request's tokens reproducible whatever else is batched
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._number("temperature", lambda t: t >= 0, ">= 0 (0 = greedy)")
+        self._integer("top_k", lambda k: k == -1 or k >= 1, "-1 (off) or an integer >= 1")
+        self._number("top_p", lambda p: 0 < p <= 1, "a number in (0, 1]")
+        self._number("min_p", lambda p: 0 <= p <= 1, "a number in [0, 1]")
+        self._integer("max_tokens", lambda n: n >= 1, "an integer >= 1")
+        if not isinstance(self.ignore_eos, bool):
+            raise KnobError("SamplingParams.ignore_eos", self.ignore_eos, "True or False")
+        if self.seed is not None:
+            self._integer("seed", lambda s: 0 <= s < 2**63, "None or an integer in [0, 2**63)")
+        self._stop_tokens()
+
+    def _number(self, name: str, ok, allowed: str) -> None:
+        value = getattr(self, name)
+        if not (is_number(value) and ok(value)):
+            raise KnobError(f"SamplingParams.{name}", value, allowed)
+        object.__setattr__(self, name, float(value))
+
+    def _integer(self, name: str, ok, allowed: str) -> None:
+        value = getattr(self, name)
+        if not (_integral(value) and ok(value)):
+            raise KnobError(f"SamplingParams.{name}", value, allowed)
+        object.__setattr__(self, name, int(value))
+
+    def _stop_tokens(self) -> None:
+        ids = self.stop_token_ids
+        if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
+            raise KnobError("SamplingParams.stop_token_ids", ids, "a sequence of token ids >= 0")
+        ids = tuple(ids)
+        if not all(_integral(t) and t >= 0 for t in ids):
+            raise KnobError("SamplingParams.stop_token_ids", ids, "a sequence of token ids >= 0")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
