@@ -3,8 +3,8 @@
 import hydra
 from omegaconf import DictConfig
 
-import nanoexp.experiment.schema  # noqa: F401  (registers the structured-config schema)
 import nanoexp.experiment
+import nanoexp.experiment.schema  # noqa: F401  (registers the structured-config schema)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from nanoexp.experiment.schema import EngineKind, LoadFormat, LoggerKind, NanoexpConfig, WorkloadKind
 from nanoexp.config import EngineConfig
+from nanoexp.experiment.schema import EngineKind, LoadFormat, LoggerKind, NanoexpConfig, WorkloadKind
 
 log = logging.getLogger(__name__)
 

@@ -161,4 +161,5 @@ def test_engine_knobs_reach_the_engine_config() -> None:
 def test_async_scheduling_defaults_on_with_one_rank_and_can_be_asked_for_with_more():
     assert EngineConfig.from_kwargs("m").async_scheduling is True
     assert EngineConfig.from_kwargs("m", tensor_parallel_size=2).async_scheduling is False
-    assert EngineConfig.from_kwargs("m", tensor_parallel_size=2, async_scheduling=True).async_scheduling is True
+    chosen = EngineConfig.from_kwargs("m", tensor_parallel_size=2, async_scheduling=True)
+    assert chosen.async_scheduling is True

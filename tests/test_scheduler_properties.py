@@ -9,10 +9,9 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nanoexp.config import EngineConfig
+from nanoexp.config import EngineConfig, SamplingParams
 from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.runner.step_input import StepInput
-from nanoexp.config import SamplingParams
 
 VOCAB = 50
 

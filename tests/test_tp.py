@@ -16,9 +16,9 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from nanoexp.config import SamplingParams
 from nanoexp.engine.llm import LLM
 from nanoexp.runner.step_input import StepInput
-from nanoexp.config import SamplingParams
 
 BLOCK = 4
 ENGINE = dict(

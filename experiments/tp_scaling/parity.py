@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 import yaml
 
+from nanoexp.config import SamplingParams
 from nanoexp.engine.llm import LLM
 from nanoexp.runner.step_input import StepInput
-from nanoexp.config import SamplingParams
 
 BLOCK = 256
 TOP_K = 3

@@ -22,7 +22,8 @@ class CacheConfig:
         bs = self.block_size
         if not (is_int(bs) and 1 <= bs <= 1024 and bs & (bs - 1) == 0):
             raise KnobError("cache.block_size", bs, "a power of two from 1 to 1024")
-        number("cache.gpu_memory_utilization", self.gpu_memory_utilization, lambda x: 0 < x <= 1, "a number in (0, 1]")
+        utilization = self.gpu_memory_utilization
+        number("cache.gpu_memory_utilization", utilization, lambda x: 0 < x <= 1, "a number in (0, 1]")
         if self.num_blocks != -1:
             integer("cache.num_blocks", self.num_blocks, 1, " (or -1 = from memory)")
         boolean("cache.enable_prefix_caching", self.enable_prefix_caching)

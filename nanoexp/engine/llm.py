@@ -7,10 +7,9 @@ from collections.abc import Sequence as Seq
 
 from tqdm.auto import tqdm
 
-from nanoexp.config import EngineConfig
+from nanoexp.config import EngineConfig, SamplingParams
 from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.engine.outputs import RequestOutput
-from nanoexp.config import SamplingParams
 
 
 class LLM:

@@ -6,14 +6,13 @@ import itertools
 import time
 from dataclasses import dataclass
 
+from nanoexp.config import EngineConfig, SamplingParams
 from nanoexp.engine.block_manager import BlockManager
-from nanoexp.config import EngineConfig
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
 from nanoexp.engine.sequence import Sequence, Status
 from nanoexp.runner.executor import make_executor
 from nanoexp.runner.step_input import SamplingRow, StepInput
-from nanoexp.config import SamplingParams
 
 PLACEHOLDER = -1  # a sampled token that the host has not read yet
 

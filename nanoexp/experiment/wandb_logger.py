@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from nanoexp.experiment.schema import LoggerConfig
 from nanoexp.experiment.job import JobInfo
 from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.schema import LoggerConfig
 
 REQUEST_TABLE = "requests"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nanoexp.experiment.schema import SamplerConfig, WorkloadConfig, WorkloadKind
 from nanoexp.config import SamplingParams
+from nanoexp.experiment.schema import SamplerConfig, WorkloadConfig, WorkloadKind
 
 Tokenize = Callable[[str], list[int]]
 TOKEN_ID_HIGH = 10000  # random prompts use ids below this (ordinary tokens), as nano-vLLM's bench

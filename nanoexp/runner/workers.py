@@ -252,7 +252,8 @@ class MultiprocExecutor:
     def __init__(self, config: EngineConfig):
         from nanoexp.runner.executor import check_tp_size
 
-        check_tp_size(load_hf_config(config.model.path, config.model.arch), config.parallel.tensor_parallel_size)
+        size = config.parallel.tensor_parallel_size
+        check_tp_size(load_hf_config(config.model.path, config.model.arch), size)
         check_devices(config)
         self.size = config.parallel.tensor_parallel_size
         self.group = WorkerGroup(config)
