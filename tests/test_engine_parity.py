@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from nanoexp import LLM, SamplingParams
+from nanoexp.config import KnobError
 from nanoexp.runner.step_input import StepInput
 from tests.conftest import SHAPES, random_prompts
+from tests.helpers import prefill_logits
 
 LENGTHS = [1, 2, 15, 16, 17, 63, 129, 300]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -30,11 +32,14 @@ def test_prefill_logits_match_transformers(name, checkpoints):
     with torch.no_grad():
         ref = hf_model(torch.tensor([prompt])).logits[0]
     with LLM(path, num_kvcache_blocks=16, kvcache_block_size=16) as llm:
-        runner = llm.engine.executor.runner
-        step = StepInput(True, prompt, [40], [40], [[0, 1, 2]], [], [])
-        ours = runner.prefill_logits(step)
+        ours = prefill_logits(llm, StepInput(True, prompt, [40], [40], [[0, 1, 2]], []))
     rel = (ours - ref).norm() / ref.norm()
     assert rel < 1e-4, rel
+
+
+def test_max_model_len_beyond_the_models_positions_is_an_error(checkpoints):
+    with pytest.raises(KnobError, match=r"scheduler\.max_model_len=4097 is invalid: must be <= 4096"):
+        LLM(checkpoints["qwen3_gqa1"][0], max_model_len=4097)
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

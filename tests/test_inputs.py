@@ -28,7 +28,7 @@ def random_step(rng: random.Random, block_size: int) -> StepInput:
     tables = [[] if no_cache else rng.sample(range(10**5), -(-c // block_size)) for c in context]
     sampled = sorted(rng.sample(range(num_seqs), rng.randint(0, num_seqs)))
     tokens = [rng.randrange(1000) for _ in range(sum(query))]
-    return StepInput(rng.random() < 0.5, tokens, query, context, tables, sampled, [])
+    return StepInput(rng.random() < 0.5, tokens, query, context, tables, sampled)
 
 
 def test_prepared_inputs_match_the_per_token_reference():

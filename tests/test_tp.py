@@ -19,6 +19,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCau
 from nanoexp.config import SamplingParams
 from nanoexp.engine.llm import LLM
 from nanoexp.runner.step_input import StepInput
+from tests.helpers import prefill_logits
 
 BLOCK = 4
 ENGINE = dict(
@@ -47,7 +48,7 @@ def build_checkpoint(path, name: str) -> str:
     head_dim = {} if config_cls is Qwen2Config else {"head_dim": 16}  # Qwen2: hidden / heads = 8
     config = config_cls(
         vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+        num_attention_heads=8, num_key_value_heads=kv_heads, max_position_embeddings=4096,
         tie_word_embeddings=tied, initializer_range=0.1, **head_dim,
     )
     torch.manual_seed(sum(map(ord, name)))
@@ -91,13 +92,13 @@ def prefill_step() -> StepInput:
     per_seq = -(-max(lens) // BLOCK)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(len(lens))]
     tokens = [t for p in PROMPTS[:3] for t in p]
-    return StepInput(True, tokens, lens, lens, tables, [], [])
+    return StepInput(True, tokens, lens, lens, tables, [])
 
 
 def run(model: str, tp: int) -> tuple[torch.Tensor, list]:
     """Prefill logits (first, while the cache is fresh), then greedy generation."""
     with LLM(model, tensor_parallel_size=tp, **ENGINE) as llm:
-        logits = llm.engine.executor.prefill_logits(prefill_step())
+        logits = prefill_logits(llm, prefill_step())
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert_no_workers()
     return logits, outputs
@@ -187,24 +188,30 @@ def test_close_is_idempotent_and_reaps_workers(models):
 
 
 @pytest.mark.parametrize(
-    "overrides,tp,message",
+    "overrides,tp,allowed",
     [
         ({"num_attention_heads": 6, "num_key_value_heads": 6}, 4,
-         "num_attention_heads=6 is not divisible by tensor_parallel_size=4; use one of 1, 2, 3, 6"),
+         "one of 1, 2, 3, 6 (num_attention_heads=6 is not divisible)"),
         ({"num_attention_heads": 12, "num_key_value_heads": 3}, 2,
-         "num_key_value_heads=3 is not divisible by tensor_parallel_size=2; use one of 1, 3, 6, 12"),
+         "one of 1, 3, 6, 12 (num_key_value_heads=3 is not divisible)"),
         ({"intermediate_size": 90}, 4,
-         "intermediate_size=90 is not divisible by tensor_parallel_size=4; use one of 1, 2"),
+         "one of 1, 2 (intermediate_size=90 is not divisible)"),
     ],
 )
-def test_indivisible_sizes_fail_before_spawning(overrides, tp, message):
+def test_indivisible_sizes_fail_before_spawning(overrides, tp, allowed):
     hf = dict(
         model_type="qwen3", vocab_size=64, hidden_size=96, intermediate_size=96,
         num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
     )
     with pytest.raises(ValueError) as err:
         LLM("dummy", tensor_parallel_size=tp, load_format="dummy", hf_config={**hf, **overrides}, **ENGINE)
-    assert str(err.value) == message
+    assert str(err.value) == f"parallel.tensor_parallel_size={tp} is invalid: must be {allowed}"
+    assert_no_workers()
+
+
+def test_too_long_max_model_len_fails_before_spawning(models):
+    with pytest.raises(ValueError, match=r"^scheduler\.max_model_len=4097 is invalid: must be <= 4096"):
+        LLM(models["qwen3_kv4"], tensor_parallel_size=2, **{**ENGINE, "max_model_len": 4097})
     assert_no_workers()
 
 
@@ -223,7 +230,7 @@ def test_worker_startup_error_keeps_type_and_message(models, tmp_path):
 def test_tp1_on_cuda_matches_cpu(models):
     want_logits, want = reference(models["qwen3_kv4"])
     with LLM(models["qwen3_kv4"], tensor_parallel_size=1, **{**ENGINE, "device": "cuda"}) as llm:
-        logits = llm.engine.executor.prefill_logits(prefill_step())
+        logits = prefill_logits(llm, prefill_step())
         got = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     torch.testing.assert_close(logits.cpu(), want_logits, rtol=1e-3, atol=1e-3)
     assert_same_generation(got, want)

@@ -18,7 +18,7 @@ from cuda_timing import time_ms
 
 from nanoexp import LLM
 from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
-from nanoexp.runner.step_input import SamplingRow, StepInput
+from nanoexp.runner.step_input import StepInput
 
 BATCHES = [1, 16, 64, 128, 256]
 CONTEXTS = [128, 512, 1024, 2048, 4096]
@@ -28,9 +28,9 @@ def decode_step(batch: int, context: int, block_size: int, num_blocks: int) -> S
     per_seq = -(-context // block_size)
     blocks = random.sample(range(num_blocks), batch * per_seq)
     tables = [blocks[i * per_seq : (i + 1) * per_seq] for i in range(batch)]
-    rows = [SamplingRow(0.6, -1, 1.0, 0.0, None)] * batch
     return StepInput(False, [random.randrange(10000) for _ in range(batch)], [1] * batch, [context] * batch,
-                     tables, list(range(batch)), rows)
+                     tables, list(range(batch)), temperatures=[0.6] * batch, top_k=[-1] * batch,
+                     top_p=[1.0] * batch, min_p=[0.0] * batch, seeds=[None] * batch)
 
 
 def main() -> None:

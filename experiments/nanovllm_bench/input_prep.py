@@ -27,7 +27,7 @@ def make_step(prefill: bool, rng: random.Random) -> StepInput:
         context = [rng.randint(100, 2000) for _ in range(256)]
         query = [1] * len(context)
     tables = [rng.sample(range(5000), -(-c // BLOCK)) for c in context]
-    return StepInput(prefill, [1] * sum(query), query, context, tables, list(range(len(query))), [])
+    return StepInput(prefill, [1] * sum(query), query, context, tables, list(range(len(query))))
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ def main() -> None:
     per_seq = args.len // block
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(args.seqs)]
     lens = [args.len] * args.seqs
-    step = StepInput(True, [i % 10000 for i in range(sum(lens))], lens, lens, tables, [], [])
+    step = StepInput(True, [i % 10000 for i in range(sum(lens))], lens, lens, tables, [])
     total = sum(lens)
 
     def forward():

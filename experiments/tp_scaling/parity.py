@@ -24,6 +24,7 @@ import yaml
 
 from nanoexp.config import SamplingParams
 from nanoexp.engine.llm import LLM
+from nanoexp.runner.inputs import prepare_inputs
 from nanoexp.runner.step_input import StepInput
 
 BLOCK = 256
@@ -64,8 +65,12 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 def top_k_at(llm: LLM, tokens: list[int]) -> list[int]:
     """TP=1's top-k next tokens after `tokens` (a one-sequence prefill into blocks 0..)."""
     n = len(tokens)
-    step = StepInput(True, tokens, [n], [n], [list(range(-(-n // BLOCK)))], [], [])
-    logits = llm.engine.executor.prefill_logits(step)
+    step = StepInput(True, tokens, [n], [n], [list(range(-(-n // BLOCK)))], [])
+    runner = llm.engine.executor.runner
+    inputs = prepare_inputs(step, BLOCK, runner.device)
+    with torch.inference_mode():
+        hidden = runner.model(inputs.input_ids, inputs.positions, inputs.md)
+        logits = runner.model.compute_logits(hidden)
     return logits[-1].float().topk(TOP_K).indices.tolist()
 
 

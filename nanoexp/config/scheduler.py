@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nanoexp.config.checks import boolean, integer
+from nanoexp.config.checks import KnobError, boolean, integer
 
 
 @dataclass
@@ -26,3 +26,12 @@ class SchedulerConfig:
         boolean("scheduler.enable_chunked_prefill", self.enable_chunked_prefill)
         boolean("scheduler.enforce_eager", self.enforce_eager)
         boolean("scheduler.async_scheduling", self.async_scheduling, optional=True)
+
+
+def check_model_len(max_model_len: int, max_position_embeddings: int) -> None:
+    """A request may not be longer than the model's positions reach."""
+    if max_model_len > max_position_embeddings:
+        raise KnobError(
+            "scheduler.max_model_len", max_model_len,
+            f"<= {max_position_embeddings} (the model's max_position_embeddings)",
+        )

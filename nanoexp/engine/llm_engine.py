@@ -10,11 +10,9 @@ from nanoexp.config import EngineConfig, SamplingParams
 from nanoexp.engine.block_manager import BlockManager
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
-from nanoexp.engine.sequence import Sequence, Status
+from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
+from nanoexp.engine.step_builder import step_input_from
 from nanoexp.runner.executor import make_executor
-from nanoexp.runner.step_input import SamplingRow, StepInput
-
-PLACEHOLDER = -1  # a sampled token that the host has not read yet
 
 
 @dataclass
@@ -217,31 +215,3 @@ class LLMEngine:
     def close(self) -> None:
         self.executor.close()
 
-
-def step_input_from(batch: ScheduledBatch, prev_rows: dict[int, int] | None = None) -> StepInput:
-    """The step's plain-data description. A placeholder input token (decode after an unread step)
-    is taken on the device from row prev_rows[seq_id] of that step's samples."""
-    token_ids, query_lens, context_lens, tables, sample_idx, sampling = [], [], [], [], [], []
-    from_prev = []
-    for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
-        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-        tokens = seq.token_ids[start:end]
-        from_prev.append(prev_rows[seq.seq_id] if tokens[-1] == PLACEHOLDER else -1)
-        token_ids.extend(tokens[:-1] + [max(tokens[-1], 0)])
-        query_lens.append(n)
-        context_lens.append(end)
-        tables.append(seq.block_table)
-        if end == len(seq):
-            sample_idx.append(i)
-            sampling.append(sampling_row(seq.params, seq.num_output_tokens))
-    rows = from_prev if any(r >= 0 for r in from_prev) else None
-    return StepInput(
-        batch.is_prefill, token_ids, query_lens, context_lens, tables, sample_idx, sampling, rows
-    )
-
-
-def sampling_row(params: SamplingParams, output_position: int) -> SamplingRow:
-    seed = None
-    if params.seed is not None:
-        seed = (params.seed * 1_000_003 + output_position) % (2**63)
-    return SamplingRow(params.temperature, params.top_k, params.top_p, params.min_p, seed)

@@ -7,6 +7,8 @@ from enum import Enum, auto
 
 from nanoexp.config import SamplingParams
 
+PLACEHOLDER = -1  # a sampled token that the host has not read yet
+
 
 class Status(Enum):
     WAITING = auto()

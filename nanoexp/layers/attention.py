@@ -27,3 +27,7 @@ class Attention(nn.Module):
         if md.is_prefill:
             return backend.prefill(q, k, v, self.k_cache, self.v_cache, md, self.scale)
         return backend.decode(q, self.k_cache, self.v_cache, md, self.scale)
+
+
+def attention_layers(model: nn.Module) -> list[Attention]:
+    return [m for m in model.modules() if isinstance(m, Attention)]

@@ -19,26 +19,11 @@ def rows(loaded, start: int, size: int, dim: int = 0) -> torch.Tensor:
     return loaded[(slice(None),) * dim + (slice(start, start + size),)]
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def not_divisible(what: str, total: int, parts: int, choices: list[int]) -> ValueError:
-    return ValueError(
-        f"{what}={total} is not divisible by tensor_parallel_size={parts}; "
-        f"use one of {', '.join(map(str, choices))}"
-    )
-
-
-def divide(total: int, parts: int, what: str) -> int:
-    if total % parts:
-        raise not_divisible(what, total, parts, divisors(total))
+def divide(total: int, parts: int) -> int:
+    """Each rank's share; the model's sizes passed `nanoexp.config.parallel.check_split` before it
+    was built, so a remainder here is a bug."""
+    assert total % parts == 0, f"{total} does not split {parts} ways"
     return total // parts
-
-
-def kv_heads_fit(num_kv_heads: int, parts: int) -> bool:
-    """KV heads are split evenly, or replicated when ranks are a multiple of them."""
-    return num_kv_heads % parts == 0 or parts % num_kv_heads == 0
 
 
 class LinearBase(nn.Module):
@@ -70,16 +55,11 @@ class LinearBase(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class ReplicatedLinear(LinearBase):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__(in_features, out_features, bias, tp_dim=None)
-
-
 class ColumnParallelLinear(LinearBase):
     """Splits output features across ranks; no communication."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__(in_features, divide(out_features, tp_size(), "output size"), bias, 0)
+        super().__init__(in_features, divide(out_features, tp_size()), bias, 0)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -88,7 +68,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
         self.output_sizes = output_sizes
         for size in output_sizes:
-            divide(size, tp_size(), "output size")
+            divide(size, tp_size())
         super().__init__(in_features, sum(output_sizes), bias)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
@@ -104,11 +84,8 @@ class QKVParallelLinear(ColumnParallelLinear):
     def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool):
         size = tp_size()
         self.head_dim = head_dim
-        self.num_heads = divide(num_heads, size, "num_attention_heads")
+        self.num_heads = divide(num_heads, size)
         self.num_kv_heads = max(1, num_kv_heads // size)
-        if not kv_heads_fit(num_kv_heads, size):
-            ok = [d for d in divisors(num_heads) if kv_heads_fit(num_kv_heads, d)]
-            raise not_divisible("num_key_value_heads", num_kv_heads, size, ok)
         self.total_kv_heads = num_kv_heads
         local_out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         super().__init__(hidden, local_out * size, bias)
@@ -129,7 +106,7 @@ class RowParallelLinear(LinearBase):
     """Splits input features across ranks and all-reduces the partial outputs."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__(divide(in_features, tp_size(), "input size"), out_features, bias, 1)
+        super().__init__(divide(in_features, tp_size()), out_features, bias, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None

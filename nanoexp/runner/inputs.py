@@ -87,16 +87,15 @@ def row_seeds(seeds: list[int | None]) -> np.ndarray:
 
 
 def prepare_sampling(step: StepInput, vocab_size: int, device: torch.device) -> SamplingTensors:
-    rows = step.sampling
-    all_greedy = all(r.temperature == 0 for r in rows)
-    seeds = [r.seed for r in rows]
+    all_greedy = all(t == 0 for t in step.temperatures)
     return SamplingTensors(
-        temperatures=to_device([r.temperature for r in rows], torch.float32, device),
-        top_k=to_device([r.top_k if r.top_k > 0 else vocab_size for r in rows], torch.int64, device),
-        top_p=to_device([r.top_p for r in rows], torch.float32, device),
-        min_p=to_device([r.min_p for r in rows], torch.float32, device),
-        seeds=seeds,
+        temperatures=to_device(step.temperatures, torch.float32, device),
+        top_k=to_device([k if k > 0 else vocab_size for k in step.top_k], torch.int64, device),
+        top_p=to_device(step.top_p, torch.float32, device),
+        min_p=to_device(step.min_p, torch.float32, device),
+        seeds=list(step.seeds),
         all_greedy=all_greedy,
-        needs_filter=any(r.top_k > 0 or r.top_p < 1 or r.min_p > 0 for r in rows),
-        row_seeds=None if all_greedy else to_device(row_seeds(seeds), torch.int64, device),
+        needs_filter=any(k > 0 for k in step.top_k) or any(p < 1 for p in step.top_p)
+        or any(p > 0 for p in step.min_p),
+        row_seeds=None if all_greedy else to_device(row_seeds(step.seeds), torch.int64, device),
     )

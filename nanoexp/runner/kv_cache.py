@@ -2,20 +2,59 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from nanoexp.layers.attention import Attention
+from nanoexp.config import EngineConfig
+from nanoexp.layers.attention import attention_layers
 
 
-def attention_layers(model: nn.Module) -> list[Attention]:
-    return [m for m in model.modules() if isinstance(m, Attention)]
+@dataclass
+class KVCache:
+    tensor: torch.Tensor  # [layers, 2, blocks, block_size, kv_heads, head_dim]
+    num_blocks: int
+    num_bytes: int
+
+
+def create_kv_cache(
+    config: EngineConfig, model: nn.Module, dtype: torch.dtype, device: torch.device,
+    profile: Callable[[], None], reserve_bytes: int,
+) -> KVCache:
+    """As many blocks as the config asks for, or as fit in memory after `profile` (a largest-size
+    forward pass on CUDA) and a `reserve`; the same number on every rank."""
+    bytes_per_block = block_bytes(model, config.cache.block_size, dtype)
+    num_blocks = config.cache.num_blocks
+    if num_blocks == -1:
+        num_blocks = blocks_from_memory(config, bytes_per_block, device, profile, reserve_bytes)
+    num_blocks = agree_on(num_blocks, device, config.parallel.tensor_parallel_size)
+    if num_blocks < 1:
+        raise ValueError(
+            "no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gb "
+            "or lower max_num_batched_tokens"
+        )
+    tensor = allocate_kv_cache(model, num_blocks, config.cache.block_size, dtype, device)
+    return KVCache(tensor, num_blocks, num_blocks * bytes_per_block)
 
 
 def block_bytes(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of K and V for one block across all layers of this rank."""
     per_token = sum(2 * a.num_kv_heads * a.head_dim for a in attention_layers(model))
     return per_token * block_size * torch.empty(0, dtype=dtype).element_size()
+
+
+def blocks_from_memory(
+    config: EngineConfig, bytes_per_block: int, device: torch.device, profile: Callable[[], None],
+    reserve_bytes: int,
+) -> int:
+    if device.type == "cpu":
+        return blocks_for_budget(config.cache.cpu_kv_cache_gb * 2**30, bytes_per_block)
+    profile()
+    budget = cuda_kv_budget(device, config.cache.gpu_memory_utilization, reserve_bytes)
+    return blocks_for_budget(budget, bytes_per_block)
 
 
 def blocks_for_budget(budget_bytes: float, bytes_per_block: int) -> int:
@@ -30,6 +69,15 @@ def cuda_kv_budget(device: torch.device, utilization: float, reserve_bytes: int)
     current = torch.cuda.memory_allocated(device)
     by_utilization = total * utilization - peak - reserve_bytes
     return min(by_utilization, free - (peak - current) - reserve_bytes)
+
+
+def agree_on(num_blocks: int, device: torch.device, tp_size: int) -> int:
+    """Every rank must use the same number of blocks: the smallest any rank can afford."""
+    if tp_size == 1:
+        return num_blocks
+    t = torch.tensor([num_blocks], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
 
 
 def allocate_kv_cache(

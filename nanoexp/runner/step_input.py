@@ -2,16 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass
-class SamplingRow:
-    temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-    seed: int | None  # already mixed with the row's output position
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -22,7 +13,12 @@ class StepInput:
     context_lens: list[int]  # cached prefix + new tokens, per sequence
     block_tables: list[list[int]]
     sample_seq_indices: list[int]  # sequences whose last new token's logits are sampled
-    sampling: list[SamplingRow]
+    # sampling settings, one entry per sampled sequence (in sample_seq_indices order)
+    temperatures: list[float] = field(default_factory=list)  # 0 = greedy
+    top_k: list[int] = field(default_factory=list)  # -1 = off
+    top_p: list[float] = field(default_factory=list)
+    min_p: list[float] = field(default_factory=list)
+    seeds: list[int | None] = field(default_factory=list)  # already mixed with the output position
     # per sequence: the row of the previous step's samples that is its (not yet known) input token,
     # or -1 when token_ids holds it; None when every token is known
     prev_sample_rows: list[int] | None = None

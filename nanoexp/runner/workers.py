@@ -17,13 +17,15 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
 import torch
 from tqdm import tqdm
 
 from nanoexp.config import EngineConfig
-from nanoexp.loader import load_hf_config
+from nanoexp.runner.model_runner import ModelRunner
+from nanoexp.runner.model_setup import checked_hf_config
 from nanoexp.runner.step_input import StepInput
 
 PARENT_POLL_S = 1.0
@@ -54,11 +56,8 @@ def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connectio
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.parallel.tensor_parallel_size))
     use_thread_lock_for_tqdm()
     try:
-        from nanoexp.runner.executor import runner_info
-        from nanoexp.runner.model_runner import ModelRunner
-
         runner = ModelRunner(config, rank, dist_init)
-        conn.send(("ok", runner_info(runner) if rank == 0 else None))
+        conn.send(("ok", runner.info() if rank == 0 else None))
         serve(runner, rank, conn, parent)
     except BaseException as err:  # noqa: BLE001 - every failure goes back to the control plane
         send_error(conn, err)
@@ -74,7 +73,7 @@ def use_thread_lock_for_tqdm() -> None:
     tqdm.set_lock(threading.RLock())
 
 
-def serve(runner, rank: int, conn: Connection, parent: int) -> None:
+def serve(runner: ModelRunner, rank: int, conn: Connection, parent: int) -> None:
     while True:
         while not conn.poll(PARENT_POLL_S):
             if os.getppid() != parent:
@@ -86,7 +85,7 @@ def serve(runner, rank: int, conn: Connection, parent: int) -> None:
         if method == "close":
             runner.close()
             return
-        result = getattr(runner, method)(*args)
+        result = getattr(runner, method)(*args) if isinstance(method, str) else method(runner, *args)
         if rank == 0 and method not in UNANSWERED:
             conn.send(("ok", result))
 
@@ -250,10 +249,7 @@ class MultiprocExecutor:
     """Same interface as InProcessExecutor; every rank lives in its own worker process."""
 
     def __init__(self, config: EngineConfig):
-        from nanoexp.runner.executor import check_tp_size
-
-        size = config.parallel.tensor_parallel_size
-        check_tp_size(load_hf_config(config.model.path, config.model.arch), size)
+        checked_hf_config(config)  # fail before spawning: the split, the length
         check_devices(config)
         self.size = config.parallel.tensor_parallel_size
         self.group = WorkerGroup(config)
@@ -265,8 +261,9 @@ class MultiprocExecutor:
             self.close()
             raise
 
-    def call(self, method: str, *args, reply: bool = True):
-        """Runs `method` on every rank; returns rank 0's result (None when `reply` is False)."""
+    def call(self, method: str | Callable, *args, reply: bool = True):
+        """Runs a runner method by name, or `method(runner, *args)` (a module-level function, so
+        it pickles), on every rank; returns rank 0's result (None when `reply` is False)."""
         if not self.finalizer.alive:
             raise RuntimeError("the tensor-parallel executor is closed")
         try:
@@ -284,9 +281,6 @@ class MultiprocExecutor:
 
     def run(self, step: StepInput) -> list[int]:
         return self.call("run", step)
-
-    def prefill_logits(self, step: StepInput) -> torch.Tensor:
-        return self.call("prefill_logits", step)
 
     def stats(self) -> dict:
         return {**self.call("stats"), "tensor_parallel_size": self.size}

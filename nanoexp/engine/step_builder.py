@@ -1,0 +1,45 @@
+"""Scheduler output -> the runner's plain-data StepInput (tokens, positions' context, blocks, sampling)."""
+
+from __future__ import annotations
+
+from nanoexp.config import SamplingParams
+from nanoexp.engine.scheduler import ScheduledBatch
+from nanoexp.engine.sequence import PLACEHOLDER, Sequence
+from nanoexp.runner.step_input import StepInput
+
+
+def step_input_from(batch: ScheduledBatch, prev_rows: dict[int, int] | None = None) -> StepInput:
+    """The step's plain-data description. A placeholder input token (decode after an unread step)
+    is taken on the device from row prev_rows[seq_id] of that step's samples."""
+    step = StepInput(batch.is_prefill, [], [], [], [], [])
+    from_prev = []
+    for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+        tokens = seq.token_ids[start:end]
+        from_prev.append(prev_rows[seq.seq_id] if tokens[-1] == PLACEHOLDER else -1)
+        step.token_ids.extend(tokens[:-1] + [max(tokens[-1], 0)])
+        step.query_lens.append(n)
+        step.context_lens.append(end)
+        step.block_tables.append(seq.block_table)
+        if end == len(seq):
+            step.sample_seq_indices.append(i)
+            add_sampling_row(step, seq)
+    step.prev_sample_rows = from_prev if any(r >= 0 for r in from_prev) else None
+    return step
+
+
+def add_sampling_row(step: StepInput, seq: Sequence) -> None:
+    params = seq.params
+    step.temperatures.append(params.temperature)
+    step.top_k.append(params.top_k)
+    step.top_p.append(params.top_p)
+    step.min_p.append(params.min_p)
+    step.seeds.append(mixed_seed(params, seq.num_output_tokens))
+
+
+def mixed_seed(params: SamplingParams, output_position: int) -> int | None:
+    """The request's seed mixed with the position of the token being sampled, so each position
+    draws differently yet reproducibly."""
+    if params.seed is None:
+        return None
+    return (params.seed * 1_000_003 + output_position) % (2**63)

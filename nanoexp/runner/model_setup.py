@@ -1,0 +1,134 @@
+"""One rank's model: device, dtype, process group, the model built and loaded, its attention backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import PretrainedConfig
+
+from nanoexp.config import EngineConfig, ModelConfig
+from nanoexp.config.parallel import check_split
+from nanoexp.config.scheduler import check_model_len
+from nanoexp.kernels.base import AttentionBackend
+from nanoexp.kernels.select import make_attention_backend
+from nanoexp.layers.attention import attention_layers
+from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
+from nanoexp.models.registry import model_class
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+SPLIT_DIMS = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    hf_config: PretrainedConfig
+    device: torch.device
+    dtype: torch.dtype
+    backend: AttentionBackend
+    load_s: float
+
+
+def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = None) -> LoadedModel:
+    """Checks the model fits the config, joins the process group, builds and loads this rank's
+    shard and binds the attention backend to its attention layers."""
+    hf_config = checked_hf_config(config)
+    device = pick_device(config.execution.device, rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    join_process_group(config, rank, device, dist_init)
+    dtype = pick_dtype(config.model.dtype, hf_config, device)
+    start = time.perf_counter()
+    model = build_model(config, hf_config, dtype, device)
+    load_s = time.perf_counter() - start
+    backend = make_attention_backend(config.execution.attention_backend, device, config.cache.block_size)
+    for layer in attention_layers(model):
+        layer.backend = backend
+    return LoadedModel(model, hf_config, device, dtype, backend, load_s)
+
+
+def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
+    """The model's config, after checking that it can be split and is long enough for the config."""
+    hf_config = load_hf_config(config.model.path, config.model.arch)
+    check_split({dim: getattr(hf_config, dim) for dim in SPLIT_DIMS}, config.parallel.tensor_parallel_size)
+    check_model_len(config.scheduler.max_model_len, hf_config.max_position_embeddings)
+    return hf_config
+
+
+def pick_device(choice: str, rank: int) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but no CUDA device is available; use device=auto or cpu")
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", rank)
+
+
+def pick_dtype(choice: str, hf_config: PretrainedConfig, device: torch.device) -> torch.dtype:
+    if choice != "auto":
+        return DTYPES[choice]
+    if device.type == "cpu":
+        return torch.float32
+    native = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+    return native if isinstance(native, torch.dtype) else torch.bfloat16
+
+
+def join_process_group(config: EngineConfig, rank: int, device: torch.device, dist_init: str | None) -> None:
+    size = config.parallel.tensor_parallel_size
+    if size > 1:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=dist_init, rank=rank, world_size=size)
+
+
+def leave_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def build_model(
+    config: EngineConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device
+) -> nn.Module:
+    """This rank's shard of the model, with the checkpoint's weights or seeded random ones."""
+    torch.manual_seed(config.execution.seed)
+    cls = model_class(hf_config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls(hf_config, config.scheduler.max_model_len).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    if config.model.load_format == "dummy":
+        init_dummy(model, config.execution.seed)
+    else:
+        load_safetensors(model, resolve_model_dir(config.model.path))
+    return model
+
+
+def eos_token_ids(hf_config: PretrainedConfig, model: ModelConfig) -> list[int]:
+    """The config's EOS ids plus those of generation_config.json, when the checkpoint has one."""
+    ids = as_list(hf_config.eos_token_id)
+    gen_path = os.path.join(model.path or "", "generation_config.json")
+    if model.arch is None and os.path.isfile(gen_path):
+        with open(gen_path) as f:
+            ids += as_list(json.load(f).get("eos_token_id"))
+    return sorted(set(ids))
+
+
+def as_list(ids: int | list[int] | None) -> list[int]:
+    return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+
+
+def runner_info(config: EngineConfig, hf_config: PretrainedConfig, num_blocks: int) -> dict:
+    """What the control plane needs to know about the model and its KV cache."""
+    return {
+        "vocab_size": hf_config.vocab_size,
+        "max_model_len": config.scheduler.max_model_len,
+        "eos_token_ids": eos_token_ids(hf_config, config.model),
+        "num_kv_blocks": num_blocks,
+    }
