@@ -1,4 +1,4 @@
-"""Tensor parallelism: one spawned worker process per rank, driven over pipes by a control plane.
+"""Tensor parallelism: one spawned worker process per rank, and the pipes that drive them.
 
 The main process runs no rank itself, so it never blocks inside a collective: it waits on the
 workers' pipes and process sentinels together and notices a dead worker within a poll interval.
@@ -6,7 +6,6 @@ workers' pipes and process sentinels together and notices a dead worker within a
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing as mp
 import os
 import pickle
@@ -16,8 +15,6 @@ import sys
 import tempfile
 import threading
 import time
-import weakref
-from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
 import torch
@@ -25,8 +22,6 @@ from tqdm import tqdm
 
 from nanoexp.config import EngineConfig
 from nanoexp.runner.model_runner import ModelRunner
-from nanoexp.runner.model_setup import checked_hf_config
-from nanoexp.runner.step_input import StepInput
 
 PARENT_POLL_S = 1.0
 JOIN_TIMEOUT_S = 5.0
@@ -221,70 +216,3 @@ def stop_group(group: WorkerGroup) -> None:
         group.shutdown()
     finally:
         group.release()
-
-
-_live: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    # Registered after multiprocessing's own exit hook, so it runs first: that hook joins
-    # non-daemonic children and would wait forever for workers that were never told to stop.
-    for executor in list(_live):
-        executor.close()
-
-
-def check_devices(config: EngineConfig) -> None:
-    if config.execution.device == "cpu" or not torch.cuda.is_available():
-        return
-    have = torch.cuda.device_count()
-    if have < config.parallel.tensor_parallel_size:
-        raise ValueError(
-            f"tensor_parallel_size={config.parallel.tensor_parallel_size} needs that many CUDA devices; "
-            f"{have} available"
-        )
-
-
-class MultiprocExecutor:
-    """Same interface as InProcessExecutor; every rank lives in its own worker process."""
-
-    def __init__(self, config: EngineConfig):
-        checked_hf_config(config)  # fail before spawning: the split, the length
-        check_devices(config)
-        self.size = config.parallel.tensor_parallel_size
-        self.group = WorkerGroup(config)
-        self.finalizer = weakref.finalize(self, stop_group, self.group)
-        _live.add(self)
-        try:
-            self.info = self.group.receive(list(range(self.size)), startup=True)[0]
-        except BaseException:
-            self.close()
-            raise
-
-    def call(self, method: str | Callable, *args, reply: bool = True):
-        """Runs a runner method by name, or `method(runner, *args)` (a module-level function, so
-        it pickles), on every rank; returns rank 0's result (None when `reply` is False)."""
-        if not self.finalizer.alive:
-            raise RuntimeError("the tensor-parallel executor is closed")
-        try:
-            self.group.send(method, *args)
-            return self.group.receive([0])[0] if reply else None
-        except BaseException:
-            self.close()  # a half-finished step leaves the ranks out of step: stop them all
-            raise
-
-    def launch(self, step: StepInput) -> None:
-        self.call("launch", step, reply=False)
-
-    def collect(self) -> list[int]:
-        return self.call("collect")
-
-    def run(self, step: StepInput) -> list[int]:
-        return self.call("run", step)
-
-    def stats(self) -> dict:
-        return {**self.call("stats"), "tensor_parallel_size": self.size}
-
-    def close(self) -> None:
-        self.finalizer()
-        _live.discard(self)
