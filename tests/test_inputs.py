@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
-from nanoexp.runner.inputs import prepare_inputs
+from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
 from nanoexp.runner.step_input import StepInput
 
 
@@ -46,3 +47,22 @@ def test_prepared_inputs_match_the_per_token_reference():
         width = max(len(t) for t in step.block_tables)
         assert got.md.block_tables.tolist() == [t + [0] * (width - len(t)) for t in step.block_tables]
         assert got.md.has_cached_prefix == (step.is_prefill and step.query_lens != step.context_lens)
+
+
+def test_sampling_columns_become_sampling_tensors():
+    step = StepInput(False, [1, 2, 3], [1, 1, 1], [4, 5, 6], [[0], [1], [2]], [0, 2],
+                     temperatures=[0.0, 0.7], top_k=[-1, 5], top_p=[1.0, 0.9], min_p=[0.0, 0.1],
+                     seeds=[None, 42])
+    got = prepare_sampling(step, vocab_size=100, device=torch.device("cpu"))
+    assert got.temperatures.tolist() == pytest.approx([0.0, 0.7])
+    assert got.top_k.tolist() == [100, 5]  # off = the whole vocabulary
+    assert got.top_p.tolist() == pytest.approx([1.0, 0.9]) and got.min_p.tolist() == pytest.approx([0.0, 0.1])
+    assert got.seeds == [None, 42] and got.row_seeds[1].item() == 42
+    assert not got.all_greedy and got.needs_filter
+
+
+def test_greedy_unfiltered_columns_skip_seeds_and_filters():
+    step = StepInput(False, [1, 2], [1, 1], [3, 3], [[0], [1]], [0, 1], temperatures=[0.0, 0.0],
+                     top_k=[-1, -1], top_p=[1.0, 1.0], min_p=[0.0, 0.0], seeds=[None, None])
+    got = prepare_sampling(step, vocab_size=100, device=torch.device("cpu"))
+    assert got.all_greedy and not got.needs_filter and got.row_seeds is None
