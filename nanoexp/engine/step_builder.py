@@ -1,4 +1,4 @@
-"""Scheduler output -> the runner's plain-data StepInput (tokens, positions' context, blocks, sampling)."""
+"""Scheduler output -> the runner's plain-data StepInput, sampling settings as columns."""
 
 from __future__ import annotations
 
