@@ -113,5 +113,3 @@ def load_tokenizer(model: str):
         return AutoTokenizer.from_pretrained(model)
     except Exception:  # noqa: BLE001 - a checkpoint without a tokenizer still serves token ids
         return None
-
-

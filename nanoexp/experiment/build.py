@@ -49,7 +49,8 @@ def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
     """The sections are the engine's classes; `model.arch` goes along only with dummy weights."""
     dummy = checkpoint.load_format == "dummy"
     arch = arch_dict(spec.model) if dummy else None
-    model = _narrow(spec.model, ModelConfig, path=checkpoint.path, load_format=checkpoint.load_format, arch=arch)
+    weights = {"path": checkpoint.path, "load_format": checkpoint.load_format, "arch": arch}
+    model = _narrow(spec.model, ModelConfig, **weights)
     execution = _narrow(spec.engine, ExecutionConfig)
     try:
         return EngineConfig(model, spec.cache, spec.scheduler, spec.parallel, execution)

@@ -72,7 +72,9 @@ def _claim_gpus(spec: NanoexpConfig, job: JobInfo) -> dict:
     return {"gpus": claimed, "cuda_visible_devices": visible, "gpus_claimed_at": time.time()}
 
 
-def experiment(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint, logger, job: JobInfo) -> dict:
+def experiment(
+    spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint, logger, job: JobInfo
+) -> dict:
     """Build, warm up, run, summarize. Returns the flat summary that gets logged."""
     tokenizer = build.build_tokenizer(checkpoint)
     workload = build.build_workload(spec, tokenizer)
