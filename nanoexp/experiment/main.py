@@ -17,9 +17,18 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from nanoexp.config import EngineConfig
-from nanoexp.experiment import build, gpus
+from nanoexp.experiment.build import (
+    build_driver,
+    build_engine,
+    build_logger,
+    build_tokenizer,
+    build_workload,
+    check,
+    engine_config,
+)
 from nanoexp.experiment.checkpoint import Checkpoint, check_arch, resolve_checkpoint
 from nanoexp.experiment.driver import run
+from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
 from nanoexp.experiment.local_sink import RESULTS_FILE
 from nanoexp.experiment.metrics import latency_summary, request_rows, step_row, summarize
@@ -44,11 +53,11 @@ def main(cfg: DictConfig) -> int:
 
 
 def _run_job(spec: NanoexpConfig, plain: dict, job: JobInfo) -> int:
-    build.check(spec)
+    check(spec)
     checkpoint = resolve_checkpoint(spec.model)
-    config = build.engine_config(spec, checkpoint)
+    config = engine_config(spec, checkpoint)
     plain["resolved"] = {"checkpoint": checkpoint.as_dict(), **_claim_gpus(spec, job)}
-    logger = build.build_logger(spec)
+    logger = build_logger(spec)
     logger.start(plain, job)
     summary, code = {"load_format": checkpoint.load_format}, 0
     try:
@@ -65,9 +74,9 @@ def _run_job(spec: NanoexpConfig, plain: dict, job: JobInfo) -> int:
 
 def _claim_gpus(spec: NanoexpConfig, job: JobInfo) -> dict:
     """This job's GPUs (see gpus.claim) and the CUDA_VISIBLE_DEVICES its ranks will see."""
-    count = gpus.gpus_needed(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size)
+    count = gpus_needed(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size)
     lock_dir = Path(job.sweep_dir) / ".gpu_locks" if job.multirun and job.sweep_dir else None
-    claimed = gpus.claim(count, job.job_num, lock_dir)
+    claimed = claim(count, job.job_num, lock_dir)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return {"gpus": claimed, "cuda_visible_devices": visible, "gpus_claimed_at": time.time()}
 
@@ -76,14 +85,14 @@ def experiment(
     spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint, logger, job: JobInfo
 ) -> dict:
     """Build, warm up, run, summarize. Returns the flat summary that gets logged."""
-    tokenizer = build.build_tokenizer(checkpoint)
-    workload = build.build_workload(spec, tokenizer)
+    tokenizer = build_tokenizer(checkpoint)
+    workload = build_workload(spec, tokenizer)
     arch_diffs = check_arch(spec.model, checkpoint)
     start = time.perf_counter()
-    engine = build.build_engine(spec, config, checkpoint)
+    engine = build_engine(spec, config, checkpoint)
     try:
         build_s = time.perf_counter() - start
-        driver = build.build_driver(spec, engine)
+        driver = build_driver(spec, engine)
         warmup_s = _warm_up(driver, workload) if spec.engine.warmup else 0.0
         emit = lambda i, stats, t: logger.log_step(i, step_row(i, stats, t))
         record = run(driver, workload, emit)
