@@ -42,8 +42,8 @@ def main(cfg: DictConfig) -> int:
     """Run the experiment described by `cfg`; returns 0, or exits non-zero with one line."""
     job, code = None, 0
     try:
+        job = current_job(cfg.logger)  # before the typed config, so a sweep lists its config errors
         spec, plain = to_spec(cfg), to_plain(cfg)
-        job = current_job(spec.logger)
         code = _run_job(spec, plain, job)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line and an exit code
         code = _report_error(e, job)
