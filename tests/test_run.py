@@ -123,3 +123,20 @@ def test_bad_config_fails_fast_with_one_line(tmp_path: Path, overrides: list[str
     if ours:  # our own checks: exactly one line, and nothing was built
         assert len(ours) == 1 and expected in ours[0]
         assert not (tmp_path / "job" / "steps.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["+cache.no_such_key=1"], "cache.no_such_key"),
+        (["+no_such_top=1"], "no_such_top"),
+        (["cache.block_size=3"], "cache.block_size"),
+        (["sampler.temperature=-1"], "sampler.temperature"),
+    ],
+)
+def test_unknown_keys_and_rejected_values_exit_2_naming_the_key(tmp_path: Path, overrides, key) -> None:
+    proc = run_py(tmp_path, "logger=none", "model=qwen3_tiny", *overrides, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"nanoexp: error: {key}")
+    assert not (tmp_path / "job" / "steps.csv").exists()

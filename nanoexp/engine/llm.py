@@ -14,7 +14,18 @@ from nanoexp.engine.outputs import RequestOutput
 
 class LLM:
     def __init__(self, model: str, **kwargs):
-        config = EngineConfig.from_kwargs(model, **kwargs)
+        """vLLM's edge: a checkpoint and flat keywords (`kvcache_block_size=16`, ...)."""
+        self._start(EngineConfig.from_kwargs(model, **kwargs))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """An engine from a config already built (and checked), e.g. by the experiment layer."""
+        llm = cls.__new__(cls)
+        llm._start(config)
+        return llm
+
+    def _start(self, config: EngineConfig) -> None:
+        model = config.model.path
         if config.model.arch is None and not os.path.isdir(model) and "/" not in model:
             raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
         self.engine = LLMEngine(config)
@@ -102,5 +113,3 @@ def load_tokenizer(model: str):
         return AutoTokenizer.from_pretrained(model)
     except Exception:  # noqa: BLE001 - a checkpoint without a tokenizer still serves token ids
         return None
-
-

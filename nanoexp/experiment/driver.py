@@ -1,4 +1,4 @@
-"""Drives a workload through an executor and records what happened, step by step."""
+"""Drives a workload through an engine (ours or a baseline) and records what happened, step by step."""
 
 from __future__ import annotations
 
@@ -13,17 +13,19 @@ from nanoexp.experiment.workloads import Request, Workload
 OnStep = Callable[[StepStats], None]
 
 
-class Executor(Protocol):
-    def execute(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]: ...
+class Driver(Protocol):
+    """Submits requests at their arrival offsets from t0 and returns their outputs when all finish."""
+
+    def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]: ...
 
 
-class StepExecutor:
+class EngineDriver:
     """Our engine: submit each request at its arrival time, call `engine.step()` until done."""
 
     def __init__(self, engine):
         self.engine = engine
 
-    def execute(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
+    def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
         pending, outputs = list(requests), []
         while pending or self.engine.has_unfinished():
             pending = self._submit_arrived(pending, t0)
@@ -64,23 +66,23 @@ class StepLog:
             self.emit(len(self.record.steps) - 1, stats, time.perf_counter() - self.record.t0)
 
 
-def run(executor: Executor, workload: Workload, emit: Callable[[int, StepStats, float], None]) -> RunRecord:
+def run(driver: Driver, workload: Workload, emit: Callable[[int, StepStats, float], None]) -> RunRecord:
     """One offline/online pass, or in latency mode warm-up plus timed iterations of one batch."""
     record = RunRecord()
     log = StepLog(record, emit)
     if not workload.latency_mode:
         record.t0 = time.perf_counter()
-        record.outputs = sorted(executor.execute(workload.requests, record.t0, log), key=_order)
+        record.outputs = sorted(driver.drive(workload.requests, record.t0, log), key=_order)
         record.duration_s = time.perf_counter() - record.t0
         return record
     log.recording = False
     for _ in range(workload.num_iters_warmup):
-        executor.execute(workload.requests, time.perf_counter(), log)
+        driver.drive(workload.requests, time.perf_counter(), log)
     log.recording = True
     record.t0 = time.perf_counter()
     for _ in range(workload.num_iters):
         start = time.perf_counter()
-        record.outputs += executor.execute(workload.requests, start, log)
+        record.outputs += driver.drive(workload.requests, start, log)
         record.iteration_latencies_s.append(time.perf_counter() - start)
     record.duration_s = time.perf_counter() - record.t0
     return record

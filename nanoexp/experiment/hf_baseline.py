@@ -40,10 +40,9 @@ class HFBaseline:
         start = time.perf_counter()
         self.model = _load(arch, checkpoint, self.dtype).to(self.device).eval()
         self.load_s = time.perf_counter() - start
-        self.tokenizer = _tokenizer(checkpoint)
         self._next_id = 0
 
-    def execute(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
+    def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
         """Run every request (waiting for its arrival offset), batch by batch."""
         outputs: list[RequestOutput] = []
         pending = list(requests)
@@ -188,14 +187,6 @@ def _load(arch: dict, checkpoint: str | None, dtype: torch.dtype):
     fields = {k: v for k, v in arch.items() if k != "model_type"}
     config = AutoConfig.for_model(arch["model_type"], **fields)
     return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-
-
-def _tokenizer(checkpoint: str | None):
-    if not checkpoint:
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(checkpoint)
 
 
 def _device(name: str) -> torch.device:

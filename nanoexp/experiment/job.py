@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from omegaconf import DictConfig
 
 from nanoexp.experiment.schema import LoggerConfig
 
@@ -36,7 +37,7 @@ class JobInfo:
         }
 
 
-def current_job(logger_cfg: LoggerConfig) -> JobInfo:
+def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
     """The job as Hydra sees it; outside Hydra (e.g. a notebook) a fresh dir under outputs/."""
     if not HydraConfig.initialized():
         out = Path("outputs") / "manual" / time.strftime("%Y-%m-%d_%H-%M-%S")

@@ -16,14 +16,24 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from nanoexp import factory
-from nanoexp.experiment import gpus
+from nanoexp.config import EngineConfig
+from nanoexp.experiment.build import (
+    build_driver,
+    build_engine,
+    build_logger,
+    build_tokenizer,
+    build_workload,
+    check,
+    engine_config,
+)
+from nanoexp.experiment.checkpoint import Checkpoint, check_arch, resolve_checkpoint
 from nanoexp.experiment.driver import run
+from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
 from nanoexp.experiment.local_sink import RESULTS_FILE
 from nanoexp.experiment.metrics import latency_summary, request_rows, step_row, summarize
+from nanoexp.experiment.schema import ConfigError, NanoexpConfig, to_plain, to_spec
 from nanoexp.experiment.summary_table import print_summary
-from nanoexp.factory import ConfigError
 
 CONFIG_EXIT, RUNTIME_EXIT = 2, 1
 
@@ -32,8 +42,8 @@ def main(cfg: DictConfig) -> int:
     """Run the experiment described by `cfg`; returns 0, or exits non-zero with one line."""
     job, code = None, 0
     try:
-        spec, plain = factory.to_spec(cfg), factory.to_plain(cfg)
-        job = current_job(spec.logger)
+        job = current_job(cfg.logger)  # before the typed config, so a sweep lists its config errors
+        spec, plain = to_spec(cfg), to_plain(cfg)
         code = _run_job(spec, plain, job)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line and an exit code
         code = _report_error(e, job)
@@ -42,15 +52,16 @@ def main(cfg: DictConfig) -> int:
     return code
 
 
-def _run_job(spec, plain: dict, job: JobInfo) -> int:
-    factory.check(spec)
-    checkpoint = factory.resolve_checkpoint(spec)
+def _run_job(spec: NanoexpConfig, plain: dict, job: JobInfo) -> int:
+    check(spec)
+    checkpoint = resolve_checkpoint(spec.model)
+    config = engine_config(spec, checkpoint)
     plain["resolved"] = {"checkpoint": checkpoint.as_dict(), **_claim_gpus(spec, job)}
-    logger = factory.build_logger(spec)
+    logger = build_logger(spec)
     logger.start(plain, job)
     summary, code = {"load_format": checkpoint.load_format}, 0
     try:
-        summary = experiment(spec, checkpoint, logger, job)
+        summary = experiment(spec, config, checkpoint, logger, job)
     except BaseException as e:
         code = CONFIG_EXIT if isinstance(e, ConfigError) else RUNTIME_EXIT
         summary |= {"error": _one_line(e)}
@@ -61,32 +72,34 @@ def _run_job(spec, plain: dict, job: JobInfo) -> int:
     return 0
 
 
-def _claim_gpus(spec, job: JobInfo) -> dict:
+def _claim_gpus(spec: NanoexpConfig, job: JobInfo) -> dict:
     """This job's GPUs (see gpus.claim) and the CUDA_VISIBLE_DEVICES its ranks will see."""
-    count = gpus.gpus_needed(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size)
+    count = gpus_needed(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size)
     lock_dir = Path(job.sweep_dir) / ".gpu_locks" if job.multirun and job.sweep_dir else None
-    claimed = gpus.claim(count, job.job_num, lock_dir)
+    claimed = claim(count, job.job_num, lock_dir)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return {"gpus": claimed, "cuda_visible_devices": visible, "gpus_claimed_at": time.time()}
 
 
-def experiment(spec, checkpoint: factory.Checkpoint, logger, job: JobInfo) -> dict:
+def experiment(
+    spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint, logger, job: JobInfo
+) -> dict:
     """Build, warm up, run, summarize. Returns the flat summary that gets logged."""
-    tokenizer = factory.build_tokenizer(checkpoint)
-    workload = factory.build_workload(spec, tokenizer)
-    arch_diffs = factory.check_arch(spec, checkpoint)
+    tokenizer = build_tokenizer(checkpoint)
+    workload = build_workload(spec, tokenizer)
+    arch_diffs = check_arch(spec.model, checkpoint)
     start = time.perf_counter()
-    engine = factory.build_engine(spec, checkpoint)
+    engine = build_engine(spec, config, checkpoint)
     try:
         build_s = time.perf_counter() - start
-        executor = factory.build_executor(spec, engine)
-        warmup_s = _warm_up(executor, workload) if spec.engine.warmup else 0.0
+        driver = build_driver(spec, engine)
+        warmup_s = _warm_up(driver, workload) if spec.engine.warmup else 0.0
         emit = lambda i, stats, t: logger.log_step(i, step_row(i, stats, t))
-        record = run(executor, workload, emit)
+        record = run(driver, workload, emit)
         stats = engine.stats()
     finally:
         engine.close()
-        engine = executor = None  # drop the model and KV cache before releasing their memory
+        engine = driver = None  # drop the model and KV cache before releasing their memory
         _release_cuda_memory()
     logger.log_requests(request_rows(record.outputs, record.t0))
     summary = summarize(record.outputs, record.steps, record.duration_s)
@@ -119,7 +132,7 @@ def _release_cuda_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _warm_up(executor, workload) -> float:
+def _warm_up(driver, workload) -> float:
     """One short untimed request (nano-vLLM's bench does the same), so timings exclude first-call costs."""
     from dataclasses import replace
 
@@ -128,7 +141,7 @@ def _warm_up(executor, workload) -> float:
     first = workload.requests[0]
     params = replace(first.sampling_params, max_tokens=min(4, first.sampling_params.max_tokens))
     start = time.perf_counter()
-    executor.execute([Request(first.prompt_token_ids[:16], params)], start, lambda s: None)
+    driver.drive([Request(first.prompt_token_ids[:16], params)], start, lambda s: None)
     return time.perf_counter() - start
 
 

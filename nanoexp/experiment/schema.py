@@ -1,42 +1,35 @@
-"""Typed schema of the Hydra config: one dataclass per config group, registered in the ConfigStore.
+"""The typed Hydra config: the engine's config classes as groups, plus the experiment-only groups.
 
-Every YAML under conf/ is merged into these dataclasses, so a misspelled key or a value of the
-wrong type fails at composition, before anything heavy is imported or loaded.
+`cache`, `scheduler` and `parallel` are the engine's own classes; `model` and `engine` extend the
+engine's classes with what only the experiment needs; `sampler` takes its defaults from
+SamplingParams. Defaults live in those classes only: the group YAMLs under conf/ say what differs.
+A misspelled key or a value of the wrong type fails at composition; a value a class rejects fails
+in `to_spec`, one line naming the key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from nanoexp.config import (
+    CacheConfig,
+    ExecutionConfig,
+    KnobError,
+    ModelConfig,
+    ParallelConfig,
+    SamplingParams,
+    SchedulerConfig,
+)
+from nanoexp.config.checks import boolean
 
 
-class LoadFormat(Enum):
-    auto = "auto"  # real weights when found on disk, else dummy with a loud warning
-    safetensors = "safetensors"  # real weights or a one-line error
-    dummy = "dummy"  # random weights, no files needed
-
-
-class DType(Enum):
-    auto = "auto"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-    float32 = "float32"
-
-
-class Device(Enum):
-    auto = "auto"
-    cuda = "cuda"
-    cpu = "cpu"
-
-
-class AttentionBackend(Enum):
-    auto = "auto"
-    torch = "torch"
-    triton = "triton"
-    flash_attn = "flash_attn"
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the key and what is allowed."""
 
 
 class EngineKind(Enum):
@@ -59,7 +52,7 @@ class LoggerKind(Enum):
 
 @dataclass
 class ArchConfig:
-    """The architecture fields of the model's config.json (passed to the engine as hf_config)."""
+    """The architecture fields of the model's config.json (the engine's `model.arch` with dummy weights)."""
 
     architectures: list[str] = MISSING
     model_type: str = MISSING
@@ -81,47 +74,51 @@ class ArchConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelSpec(ModelConfig):
+    """The engine's ModelConfig plus a name, a hub id to look up locally, and a typed `arch`.
+
+    `path` (a local checkpoint directory) wins over `hub_id`; `load_format=auto` falls back to
+    dummy weights with a loud warning when neither has a checkpoint (see experiment/checkpoint.py).
+    """
+
     name: str = MISSING
     hub_id: str | None = None  # Hugging Face repo id, looked up in the local hub cache only
-    path: str | None = None  # a local checkpoint directory; wins over hub_id
-    load_format: LoadFormat = LoadFormat.auto
-    dtype: DType = DType.auto
     arch: ArchConfig = field(default_factory=ArchConfig)
 
 
 @dataclass
-class ParallelConfig:
-    tensor_parallel_size: int = 1
+class EngineSpec(ExecutionConfig):
+    """The engine's ExecutionConfig plus which engine runs the workload and how the job drives it."""
+
+    kind: EngineKind = EngineKind.nanoexp
+    warmup: bool = True  # one short untimed request before the workload
+    use_tqdm: bool = False  # a progress line while the workload runs
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        boolean("engine.warmup", self.warmup)
+        boolean("engine.use_tqdm", self.use_tqdm)
 
 
 @dataclass
 class SamplerConfig:
+    """The sampling knobs a workload's requests share; checked by building a SamplingParams."""
+
     name: str = "default"
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = -1
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
+    temperature: float = SamplingParams.temperature
+    top_k: int = SamplingParams.top_k
+    top_p: float = SamplingParams.top_p
+    min_p: float = SamplingParams.min_p
+    seed: int | None = SamplingParams.seed  # request i gets seed + i
 
+    def __post_init__(self) -> None:
+        try:
+            SamplingParams(**self.knobs())
+        except KnobError as e:
+            raise e.renamed("sampler." + e.knob.rsplit(".", 1)[-1]) from None
 
-@dataclass
-class CacheConfig:
-    block_size: int = 256
-    gpu_memory_utilization: float = 0.9
-    num_blocks: int = -1  # -1 = as many as memory allows
-    enable_prefix_caching: bool = True
-    cpu_kv_cache_gb: float = 2.0
-
-
-@dataclass
-class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 16384
-    max_model_len: int = 4096
-    enable_chunked_prefill: bool = True
-    enforce_eager: bool = False
-    async_scheduling: bool | None = None  # schedule decode step n+1 while step n runs; null = on at tp1
+    def knobs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
 
 
 @dataclass
@@ -149,16 +146,6 @@ class WorkloadConfig:
 
 
 @dataclass
-class EngineSelectConfig:
-    kind: EngineKind = EngineKind.nanoexp
-    device: Device = Device.auto
-    attention_backend: AttentionBackend = AttentionBackend.auto
-    seed: int = 0
-    warmup: bool = True  # one short untimed request before the workload
-    use_tqdm: bool = False
-
-
-@dataclass
 class LoggerConfig:
     kind: LoggerKind = LoggerKind.wandb
     project: str = "nanoexp"
@@ -178,16 +165,48 @@ class LaunchConfig:
 
 @dataclass
 class NanoexpConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelSpec = field(default_factory=ModelSpec)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    engine: EngineSelectConfig = field(default_factory=EngineSelectConfig)
+    engine: EngineSpec = field(default_factory=EngineSpec)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     notes: str = ""
+
+
+def to_spec(cfg: DictConfig) -> NanoexpConfig:
+    """The typed, fully resolved config; a key the schema lacks or a value a class rejects is a
+    ConfigError naming the key (missing values and bad interpolations raise OmegaConf's errors)."""
+    _reject_unknown_keys(OmegaConf.to_container(cfg, resolve=False), NanoexpConfig, "")
+    try:
+        return OmegaConf.to_object(cfg)
+    except KnobError as e:
+        raise ConfigError(str(e)) from None
+
+
+def to_plain(cfg: DictConfig) -> dict:
+    """The resolved config as plain data: what gets logged and what crosses process boundaries."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+
+def _reject_unknown_keys(values: dict, schema: type, prefix: str) -> None:
+    """Keys appended with `+key=value` get past composition; they are errors like misspelled ones."""
+    known = {f.name: f.type for f in fields(schema)}
+    for key, value in values.items():
+        if key not in known:
+            allowed = ", ".join(sorted(known))
+            raise ConfigError(f"{prefix}{key}: no such config key (allowed here: {allowed})")
+        child = _dataclass_type(schema, key)
+        if child is not None and isinstance(value, dict):
+            _reject_unknown_keys(value, child, f"{prefix}{key}.")
+
+
+def _dataclass_type(schema: type, key: str) -> type | None:
+    default = next(f for f in fields(schema) if f.name == key).default_factory
+    return default if is_dataclass(default) else None
 
 
 def register_configs() -> None:

@@ -1,0 +1,118 @@
+"""A job's parts from its typed config: the checks across groups, the EngineConfig, the engine (ours
+or the transformers baseline) and its driver, the workload and the logger.
+
+Everything here that can fail on a bad config fails in `check()` or `engine_config()`, cheaply and
+with a one-line message naming the key, before any weights are touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from nanoexp import factory
+from nanoexp.config import EngineConfig, ExecutionConfig, KnobError, ModelConfig
+from nanoexp.config.parallel import check_split
+from nanoexp.experiment.checkpoint import Checkpoint, arch_dict
+from nanoexp.experiment.driver import Driver, EngineDriver
+from nanoexp.experiment.schema import ConfigError, EngineKind, LoggerKind, NanoexpConfig, WorkloadKind
+
+
+def check(spec: NanoexpConfig) -> None:
+    """Rules across groups that need the model's architecture, and the workload's inputs."""
+    try:
+        check_split(arch_dict(spec.model), spec.parallel.tensor_parallel_size)
+        _check_model_len(spec.scheduler.max_model_len, spec.model.arch.max_position_embeddings)
+    except KnobError as e:
+        raise ConfigError(f"{e} (model={spec.model.name})") from None
+    _check_workload(spec)
+
+
+def _check_model_len(max_model_len: int, max_position_embeddings: int) -> None:
+    if max_model_len > max_position_embeddings:
+        allowed = f"<= model.arch.max_position_embeddings={max_position_embeddings}"
+        raise KnobError("scheduler.max_model_len", max_model_len, allowed)
+
+
+def _check_workload(spec: NanoexpConfig) -> None:
+    w = spec.workload
+    if w.kind is WorkloadKind.prompts_file and not (w.path and Path(w.path).is_file()):
+        raise ConfigError(f"workload.path={w.path!r}: no such file (a JSONL or text file of prompts)")
+    if w.kind is WorkloadKind.shared_prefix and w.num_prefixes < 1:
+        raise ConfigError(f"workload.num_prefixes={w.num_prefixes}: must be >= 1")
+    if w.kind is WorkloadKind.latency and w.num_iters < 1:
+        raise ConfigError(f"workload.num_iters={w.num_iters}: must be >= 1")
+
+
+def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
+    """The sections are the engine's classes; `model.arch` goes along only with dummy weights."""
+    dummy = checkpoint.load_format == "dummy"
+    arch = arch_dict(spec.model) if dummy else None
+    weights = {"path": checkpoint.path, "load_format": checkpoint.load_format, "arch": arch}
+    model = _narrow(spec.model, ModelConfig, **weights)
+    execution = _narrow(spec.engine, ExecutionConfig)
+    try:
+        return EngineConfig(model, spec.cache, spec.scheduler, spec.parallel, execution)
+    except KnobError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _narrow(section: Any, engine_class: type, **changes: Any) -> Any:
+    """The engine's class from a section that extends it: the engine sees only its own fields."""
+    values = {f.name: getattr(section, f.name) for f in fields(engine_class)}
+    return engine_class(**(values | changes))
+
+
+def build_engine(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint):
+    """Our LLM (through the engine factory), or the transformers baseline for engine=hf."""
+    if spec.engine.kind is EngineKind.hf:
+        from nanoexp.experiment.hf_baseline import HFBaseline
+
+        e = config.execution
+        dtype, max_batch = config.model.dtype, config.scheduler.max_num_seqs
+        return HFBaseline(arch_dict(spec.model), checkpoint.path, dtype, e.device, e.seed, max_batch)
+    return factory.build_engine(config)
+
+
+def build_driver(spec: NanoexpConfig, engine) -> Driver:
+    """What submits the workload: the baseline drives itself, our engine goes step by step."""
+    return engine if spec.engine.kind is EngineKind.hf else EngineDriver(engine.engine)
+
+
+def build_tokenizer(checkpoint: Checkpoint):
+    """The checkpoint's tokenizer (for text prompts); None with dummy weights."""
+    if checkpoint.path is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(checkpoint.path)
+
+
+def build_workload(spec: NanoexpConfig, tokenizer=None):
+    from nanoexp.experiment.workloads import WorkloadError, build_workload
+
+    tokenize = (lambda text: tokenizer.encode(text)) if tokenizer is not None else None
+    try:
+        workload = build_workload(spec.workload, spec.sampler, spec.model.arch.vocab_size, tokenize)
+    except (WorkloadError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    longest = max(len(r.prompt_token_ids) + r.sampling_params.max_tokens for r in workload.requests)
+    if longest > spec.scheduler.max_model_len:
+        raise ConfigError(
+            f"workload {spec.workload.name} has a request of {longest} tokens (prompt + max_tokens) "
+            f"> scheduler.max_model_len={spec.scheduler.max_model_len}"
+        )
+    return workload
+
+
+def build_logger(spec: NanoexpConfig):
+    """The selected logger fanned out with the always-on local sink."""
+    from nanoexp.experiment.local_sink import LocalSink
+    from nanoexp.experiment.loggers import FanoutLogger, NoneLogger
+
+    if spec.logger.kind is LoggerKind.wandb:
+        from nanoexp.experiment.wandb_logger import WandbLogger
+
+        return FanoutLogger([WandbLogger(spec.logger), LocalSink()])
+    return FanoutLogger([NoneLogger(), LocalSink()])

@@ -1,0 +1,100 @@
+"""Which weights a job runs: a local checkpoint, the local hub cache, or dummy (random) weights."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from nanoexp.experiment.schema import ConfigError, ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    load_format: str  # what the engine gets: "safetensors" or "dummy"
+    path: str | None  # the checkpoint directory when real weights are used
+    requested: str  # model.load_format as configured
+    source: str  # "path", "hub_cache" or "none"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def arch_dict(model: ModelSpec) -> dict:
+    """model.arch as the plain config.json fields the engine and transformers take."""
+    return OmegaConf.to_container(OmegaConf.structured(model.arch))
+
+
+def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
+    """Decide real vs dummy weights: auto falls back to dummy loudly, safetensors never does."""
+    requested = model.load_format
+    if requested == "dummy":
+        return Checkpoint("dummy", None, requested, "none")
+    path, source = find_checkpoint(model.path, model.hub_id)
+    if path is not None:
+        return Checkpoint("safetensors", path, requested, source)
+    where = f"model.path={model.path!r}" if model.path else f"model.hub_id={model.hub_id!r} (local HF cache)"
+    if requested == "safetensors":
+        raise ConfigError(
+            f"{where}: no *.safetensors checkpoint found; model.load_format=safetensors never "
+            "falls back (set model.path, download the model, or use model.load_format=auto|dummy)"
+        )
+    _warn_dummy(model.name, where)
+    return Checkpoint("dummy", None, requested, "none")
+
+
+def find_checkpoint(path: str | None, hub_id: str | None) -> tuple[str | None, str]:
+    """A directory with *.safetensors: the local path if given, else the local HF hub cache."""
+    if path:
+        p = Path(path).expanduser()
+        return (str(p), "path") if any(p.glob("*.safetensors")) else (None, "none")
+    if hub_id:
+        cached = _hub_snapshot(hub_id)
+        if cached and any(Path(cached).glob("*.safetensors")):
+            return cached, "hub_cache"
+    return None, "none"
+
+
+def _hub_snapshot(hub_id: str) -> str | None:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(hub_id, local_files_only=True)
+    except Exception:  # not cached (LocalEntryNotFoundError) or an invalid id: both mean "absent"
+        return None
+
+
+def check_arch(model: ModelSpec, checkpoint: Checkpoint) -> list[str]:
+    """Fields where the checkpoint's config.json disagrees with model.arch (warned, not fatal)."""
+    if checkpoint.path is None:
+        return []
+    config_file = Path(checkpoint.path) / "config.json"
+    if not config_file.is_file():
+        return []
+    disk = json.loads(config_file.read_text())
+    diffs = [
+        f"{k}: config.json={disk[k]!r} model.arch={v!r}"
+        for k, v in arch_dict(model).items()
+        if k in disk and disk[k] != v
+    ]
+    for d in diffs:
+        log.warning("model.arch differs from %s/config.json: %s", checkpoint.path, d)
+    return diffs
+
+
+def _warn_dummy(name: str, where: str) -> None:
+    bar = "!" * 78
+    msg = (
+        f"{bar}\n!! {name}: no checkpoint at {where}.\n"
+        "!! model.load_format=auto -> using DUMMY (random) weights: throughput and latency are\n"
+        "!! meaningful, generated text is not. Set model.path or model.load_format=dummy to silence.\n"
+        f"{bar}"
+    )
+    print(msg, file=sys.stderr)
+    log.warning("%s: no checkpoint at %s; using dummy weights", name, where)
