@@ -29,7 +29,7 @@ def build_checkpoint(path, arch: str, heads: int, kv_heads: int, head_dim: int, 
     torch.manual_seed(seed)
     common = dict(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
         tie_word_embeddings=tied, rms_norm_eps=1e-6, eos_token_id=vocab - 1, bos_token_id=vocab - 2,
     )
     if arch == "qwen3":

@@ -38,8 +38,13 @@ def test_prefill_logits_match_transformers(name, checkpoints):
 
 
 def test_max_model_len_beyond_the_models_positions_is_an_error(checkpoints):
-    with pytest.raises(KnobError, match=r"scheduler\.max_model_len=4097 is invalid: must be <= 4096"):
-        LLM(checkpoints["qwen3_gqa1"][0], max_model_len=4097)
+    with pytest.raises(KnobError, match=r"scheduler\.max_model_len=1025 is invalid: must be <= 1024"):
+        LLM(checkpoints["qwen3_gqa1"][0], max_model_len=1025)
+
+
+def test_max_model_len_defaults_to_the_models_positions(checkpoints):
+    with LLM(checkpoints["qwen3_gqa1"][0], num_kvcache_blocks=8) as llm:
+        assert llm.engine.max_model_len == 1024
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

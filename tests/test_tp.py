@@ -48,7 +48,7 @@ def build_checkpoint(path, name: str) -> str:
     head_dim = {} if config_cls is Qwen2Config else {"head_dim": 16}  # Qwen2: hidden / heads = 8
     config = config_cls(
         vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=kv_heads, max_position_embeddings=4096,
+        num_attention_heads=8, num_key_value_heads=kv_heads, max_position_embeddings=1024,
         tie_word_embeddings=tied, initializer_range=0.1, **head_dim,
     )
     torch.manual_seed(sum(map(ord, name)))
@@ -210,8 +210,8 @@ def test_indivisible_sizes_fail_before_spawning(overrides, tp, allowed):
 
 
 def test_too_long_max_model_len_fails_before_spawning(models):
-    with pytest.raises(ValueError, match=r"^scheduler\.max_model_len=4097 is invalid: must be <= 4096"):
-        LLM(models["qwen3_kv4"], tensor_parallel_size=2, **{**ENGINE, "max_model_len": 4097})
+    with pytest.raises(ValueError, match=r"^scheduler\.max_model_len=1025 is invalid: must be <= 1024"):
+        LLM(models["qwen3_kv4"], tensor_parallel_size=2, **{**ENGINE, "max_model_len": 1025})
     assert_no_workers()
 
 

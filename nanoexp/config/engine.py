@@ -10,7 +10,7 @@ from nanoexp.config.checks import KnobError
 from nanoexp.config.execution import ExecutionConfig
 from nanoexp.config.model import ModelConfig
 from nanoexp.config.parallel import ParallelConfig
-from nanoexp.config.scheduler import SchedulerConfig
+from nanoexp.config.scheduler import SchedulerConfig, check_batch_budget
 
 SECTIONS = {
     "model": ModelConfig,
@@ -50,13 +50,8 @@ class EngineConfig:
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
     def __post_init__(self) -> None:
-        s = self.scheduler
-        if not s.enable_chunked_prefill and s.max_num_batched_tokens < s.max_model_len:
-            raise KnobError(
-                "scheduler.max_num_batched_tokens", s.max_num_batched_tokens,
-                f">= scheduler.max_model_len={s.max_model_len} without chunked prefill "
-                "(or set scheduler.enable_chunked_prefill=true)",
-            )
+        if self.scheduler.max_model_len is not None:
+            check_batch_budget(self.scheduler, self.scheduler.max_model_len)
 
     @property
     def async_scheduling(self) -> bool:

@@ -14,7 +14,7 @@ class SchedulerConfig:
 
     max_num_seqs: int = 256  # sequences per step
     max_num_batched_tokens: int = 16384  # tokens per step
-    max_model_len: int = 4096  # prompt + output tokens of one request
+    max_model_len: int | None = None  # prompt + output tokens of one request; None = the model's limit
     enable_chunked_prefill: bool = True  # split long prompts across steps
     enforce_eager: bool = False  # no CUDA graphs
     async_scheduling: bool | None = None  # schedule step n+1 while step n runs; None = on with one rank
@@ -22,16 +22,30 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         integer("scheduler.max_num_seqs", self.max_num_seqs, 1)
         integer("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        integer("scheduler.max_model_len", self.max_model_len, 1)
+        if self.max_model_len is not None:
+            integer("scheduler.max_model_len", self.max_model_len, 1)
         boolean("scheduler.enable_chunked_prefill", self.enable_chunked_prefill)
         boolean("scheduler.enforce_eager", self.enforce_eager)
         boolean("scheduler.async_scheduling", self.async_scheduling, optional=True)
 
 
-def check_model_len(max_model_len: int, max_position_embeddings: int) -> None:
-    """A request may not be longer than the model's positions reach."""
+def resolve_model_len(max_model_len: int | None, max_position_embeddings: int) -> int:
+    """The longest request: the model's limit unless set lower; longer is an error."""
+    if max_model_len is None:
+        return max_position_embeddings
     if max_model_len > max_position_embeddings:
         raise KnobError(
             "scheduler.max_model_len", max_model_len,
             f"<= {max_position_embeddings} (the model's max_position_embeddings)",
+        )
+    return max_model_len
+
+
+def check_batch_budget(scheduler: SchedulerConfig, max_model_len: int) -> None:
+    """Without chunked prefill, one step must fit a whole prompt of the longest request."""
+    if not scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < max_model_len:
+        raise KnobError(
+            "scheduler.max_num_batched_tokens", scheduler.max_num_batched_tokens,
+            f">= max_model_len={max_model_len} without chunked prefill "
+            "(or set scheduler.enable_chunked_prefill=true)",
         )

@@ -14,6 +14,7 @@ from typing import Any
 from nanoexp import factory
 from nanoexp.config import EngineConfig, ExecutionConfig, KnobError, ModelConfig
 from nanoexp.config.parallel import check_split
+from nanoexp.config.scheduler import check_batch_budget, resolve_model_len
 from nanoexp.experiment.checkpoint import Checkpoint, arch_dict
 from nanoexp.experiment.driver import Driver, EngineDriver
 from nanoexp.experiment.schema import ConfigError, EngineKind, LoggerKind, NanoexpConfig, WorkloadKind
@@ -23,16 +24,17 @@ def check(spec: NanoexpConfig) -> None:
     """Rules across groups that need the model's architecture, and the workload's inputs."""
     try:
         check_split(arch_dict(spec.model), spec.parallel.tensor_parallel_size)
-        _check_model_len(spec.scheduler.max_model_len, spec.model.arch.max_position_embeddings)
+        max_model_len(spec)
     except KnobError as e:
         raise ConfigError(f"{e} (model={spec.model.name})") from None
     _check_workload(spec)
 
 
-def _check_model_len(max_model_len: int, max_position_embeddings: int) -> None:
-    if max_model_len > max_position_embeddings:
-        allowed = f"<= model.arch.max_position_embeddings={max_position_embeddings}"
-        raise KnobError("scheduler.max_model_len", max_model_len, allowed)
+def max_model_len(spec: NanoexpConfig) -> int:
+    """scheduler.max_model_len, or the model's limit when unset (checked against both)."""
+    limit = resolve_model_len(spec.scheduler.max_model_len, spec.model.arch.max_position_embeddings)
+    check_batch_budget(spec.scheduler, limit)
+    return limit
 
 
 def _check_workload(spec: NanoexpConfig) -> None:
@@ -98,10 +100,10 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
     except (WorkloadError, ValueError) as e:
         raise ConfigError(str(e)) from None
     longest = max(len(r.prompt_token_ids) + r.sampling_params.max_tokens for r in workload.requests)
-    if longest > spec.scheduler.max_model_len:
+    if longest > max_model_len(spec):
         raise ConfigError(
             f"workload {spec.workload.name} has a request of {longest} tokens (prompt + max_tokens) "
-            f"> scheduler.max_model_len={spec.scheduler.max_model_len}"
+            f"> max_model_len={max_model_len(spec)} (scheduler.max_model_len or the model's limit)"
         )
     return workload
 

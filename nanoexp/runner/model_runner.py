@@ -42,6 +42,7 @@ class ModelRunner:
         loaded = set_up_model(config, rank, dist_init)
         self.model, self.hf_config, self.backend = loaded.model, loaded.hf_config, loaded.backend
         self.device, self.dtype = loaded.device, loaded.dtype
+        self.max_model_len = loaded.max_model_len
         self.timings: dict[str, float] = {"load_s": loaded.load_s}
         self.sampler = Sampler(one_pass=self.device.type == "cuda" and triton_available())
         self.last_sampled: torch.Tensor | None = None  # the last launched step's ids, on every rank
@@ -55,13 +56,13 @@ class ModelRunner:
         return self.device.type == "cuda" and not self.config.scheduler.enforce_eager
 
     def info(self) -> dict:
-        return runner_info(self.config, self.hf_config, self.num_blocks)
+        return runner_info(self.config, self.hf_config, self.max_model_len, self.num_blocks)
 
     # ---- start-up runs ------------------------------------------------------------------------
 
     def capture_graphs(self) -> DecodeGraphs:
         start = time.perf_counter()
-        max_blocks = -(-self.config.scheduler.max_model_len // self.block_size)
+        max_blocks = -(-self.max_model_len // self.block_size)
         graphs = DecodeGraphs(
             self.model, self.hf_config.hidden_size, self.config.scheduler.max_num_seqs, max_blocks,
             self.dtype, self.device,
@@ -79,7 +80,7 @@ class ModelRunner:
         start = time.perf_counter()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        budget, max_len = self.config.scheduler.max_num_batched_tokens, self.config.scheduler.max_model_len
+        budget, max_len = self.config.scheduler.max_num_batched_tokens, self.max_model_len
         num_seqs = max(1, min(budget // max_len, self.config.scheduler.max_num_seqs))
         lens = [min(max_len, budget // num_seqs)] * num_seqs
         step = StepInput(True, [0] * sum(lens), lens, lens, [[] for _ in lens], list(range(num_seqs)))

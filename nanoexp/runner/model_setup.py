@@ -14,7 +14,7 @@ from transformers import PretrainedConfig
 
 from nanoexp.config import EngineConfig, ModelConfig
 from nanoexp.config.parallel import check_split
-from nanoexp.config.scheduler import check_model_len
+from nanoexp.config.scheduler import check_batch_budget, resolve_model_len
 from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.select import make_attention_backend
 from nanoexp.layers.attention import attention_layers
@@ -33,32 +33,41 @@ class LoadedModel:
     dtype: torch.dtype
     backend: AttentionBackend
     load_s: float
+    max_model_len: int  # the configured limit, or the model's own
 
 
 def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = None) -> LoadedModel:
     """Checks the model fits the config, joins the process group, builds and loads this rank's
     shard and binds the attention backend to its attention layers."""
     hf_config = checked_hf_config(config)
+    max_model_len = model_len(config, hf_config)
     device = pick_device(config.execution.device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     join_process_group(config, rank, device, dist_init)
     dtype = pick_dtype(config.model.dtype, hf_config, device)
     start = time.perf_counter()
-    model = build_model(config, hf_config, dtype, device)
+    model = build_model(config, hf_config, dtype, device, max_model_len)
     load_s = time.perf_counter() - start
     backend = make_attention_backend(config.execution.attention_backend, device, config.cache.block_size)
     for layer in attention_layers(model):
         layer.backend = backend
-    return LoadedModel(model, hf_config, device, dtype, backend, load_s)
+    return LoadedModel(model, hf_config, device, dtype, backend, load_s, max_model_len)
 
 
 def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
     """The model's config, after checking that it can be split and is long enough for the config."""
     hf_config = load_hf_config(config.model.path, config.model.arch)
     check_split({dim: getattr(hf_config, dim) for dim in SPLIT_DIMS}, config.parallel.tensor_parallel_size)
-    check_model_len(config.scheduler.max_model_len, hf_config.max_position_embeddings)
+    model_len(config, hf_config)
     return hf_config
+
+
+def model_len(config: EngineConfig, hf_config: PretrainedConfig) -> int:
+    """The longest request this engine serves (checked against the model and the step budget)."""
+    max_model_len = resolve_model_len(config.scheduler.max_model_len, hf_config.max_position_embeddings)
+    check_batch_budget(config.scheduler, max_model_len)
+    return max_model_len
 
 
 def pick_device(choice: str, rank: int) -> torch.device:
@@ -91,7 +100,8 @@ def leave_process_group() -> None:
 
 
 def build_model(
-    config: EngineConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device
+    config: EngineConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
+    max_model_len: int,
 ) -> nn.Module:
     """This rank's shard of the model, with the checkpoint's weights or seeded random ones."""
     torch.manual_seed(config.execution.seed)
@@ -100,7 +110,7 @@ def build_model(
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = cls(hf_config, config.scheduler.max_model_len).eval()
+            model = cls(hf_config, max_model_len).eval()
     finally:
         torch.set_default_dtype(previous)
     if config.model.load_format == "dummy":
@@ -124,11 +134,13 @@ def as_list(ids: int | list[int] | None) -> list[int]:
     return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
 
 
-def runner_info(config: EngineConfig, hf_config: PretrainedConfig, num_blocks: int) -> dict:
+def runner_info(
+    config: EngineConfig, hf_config: PretrainedConfig, max_model_len: int, num_blocks: int
+) -> dict:
     """What the control plane needs to know about the model and its KV cache."""
     return {
         "vocab_size": hf_config.vocab_size,
-        "max_model_len": config.scheduler.max_model_len,
+        "max_model_len": max_model_len,
         "eos_token_ids": eos_token_ids(hf_config, config.model),
         "num_kv_blocks": num_blocks,
     }

@@ -1,0 +1,89 @@
+"""The package's import graph: every import between modules points down the layer order, no cycles."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "nanoexp"
+# lower index = lower layer; a module may import its own layer and the ones below it
+LAYERS = [
+    "config",
+    "kernels",
+    "distributed",
+    "layers",
+    "models",
+    "loader",
+    "runner",
+    "engine",
+    "factory",
+    "experiment",
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """nanoexp modules imported anywhere in the file (function-level imports count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from pkg import mod` imports pkg.mod; `from pkg import name` imports pkg
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                for a in node.names
+            ]
+        found |= {n for n in names if n in known}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: imported_modules(path, set(files)) - {name} for name, path in files.items()}
+
+
+def layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    stray = [m for m in import_graph() if m != "nanoexp" and layer_of(m) is None]
+    assert not stray, f"modules outside the layer order {LAYERS}: {stray}"
+
+
+def test_imports_point_down() -> None:
+    upward = [
+        f"{src} -> {dst}"
+        for src, targets in import_graph().items()
+        for dst in targets
+        if src != "nanoexp" and dst != "nanoexp" and layer_of(dst) > layer_of(src)
+    ]
+    assert not upward, "imports that point up the layers:\n" + "\n".join(sorted(upward))
+
+
+def test_only_the_public_api_imports_the_package_root() -> None:
+    importers = [src for src, targets in import_graph().items() if "nanoexp" in targets]
+    assert not importers, f"import nanoexp.<layer> modules directly, not the package root: {importers}"
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    pytest.fail("import cycle: " + " -> ".join(path + [start]))
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
