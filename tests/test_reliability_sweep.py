@@ -9,13 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from nanoexp.experiment.sweep_report import expected_jobs, write_report
+from nanoexp.experiment.sweep_report import expected_jobs, wait_for_local_jobs, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,3 +99,14 @@ def test_submitit_sweep_with_a_killed_job_still_reports(tmp_path):
     statuses = {r["param:cache.block_size"]: r["status"] for r in rows.values()}
     assert statuses == {"16": "ok", "32": "vanished", "64": "ok"}, proc.stderr[-3000:]
     assert "1 of 3 jobs failed or vanished" in proc.stderr
+
+
+def test_after_an_abort_running_local_jobs_are_awaited_then_terminated(tmp_path):
+    quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    for proc in (quick, stuck):
+        (tmp_path / ".submitit" / str(proc.pid)).mkdir(parents=True)
+    start = time.monotonic()
+    wait_for_local_jobs(tmp_path, wait_s=3.0)
+    assert 2.5 < time.monotonic() - start < 10
+    assert stuck.wait(timeout=5) == -signal.SIGTERM

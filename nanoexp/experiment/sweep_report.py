@@ -14,6 +14,7 @@ import atexit
 import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -144,13 +145,16 @@ def expected_jobs(config: DictConfig) -> list[list[str]] | None:
 
 
 def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> None:
-    """Waits (at most `wait_s`) for this process's submitit jobs still running; submitit names
-    a local job's folder after its process id."""
+    """Waits (at most `wait_s`, then terminates them) for this process's submitit jobs still
+    running, so none outlives the sweep; submitit names a local job's folder after its pid."""
     deadline = time.monotonic() + wait_s
     pids = [int(p.name) for p in (sweep_dir / ".submitit").glob("*") if p.name.isdigit()]
     while pids and time.monotonic() < deadline:
         pids = [pid for pid in pids if _running_child(pid)]
         time.sleep(0.2 if pids else 0)
+    for pid in pids:
+        if _running_child(pid):
+            os.kill(pid, signal.SIGTERM)
 
 
 def _running_child(pid: int) -> bool:
