@@ -7,9 +7,16 @@ import json
 import os
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
+
+from nanoexp.layers.embed_head import VocabParallelEmbedding
+from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, shape_of
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read, or a tensor whose shape config.json contradicts."""
 
 
 def resolve_model_dir(model: str) -> str:
@@ -55,26 +62,72 @@ def load_safetensors(model: nn.Module, path: str) -> None:
     packed = getattr(model, "packed_modules_mapping", {})
     loaded: set[str] = set()
     for file in files:
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                target = load_one(params, packed, name, f.get_slice(name))
-                if target:
-                    loaded.add(target)
+        loaded |= load_file(model, params, packed, file)
     check_all_loaded(model, params, loaded)
 
 
-def load_one(params: dict, packed: dict, name: str, tensor) -> str | None:
+def load_file(model: nn.Module, params: dict, packed: dict, file: str) -> set[str]:
+    loaded = set()
+    try:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                target = load_one(model, params, packed, name, f.get_slice(name), file)
+                if target:
+                    loaded.add(target)
+    except (SafetensorError, OSError) as err:
+        reason = " ".join(str(err).split())
+        raise CheckpointError(
+            f"checkpoint file {file} is unreadable (truncated or corrupt?): {reason}"
+        ) from None
+    return loaded
+
+
+def load_one(model: nn.Module, params: dict, packed: dict, name: str, tensor, file: str) -> str | None:
+    target, shard_id = packed_target(packed, name)
+    if target not in params:
+        return None  # e.g. rotary inv_freq buffers, or lm_head.weight of a tied model
+    param = params[target]
+    check_shape(model.get_submodule(target.rpartition(".")[0]), param, shard_id, shape_of(tensor), name, file)
+    loader = getattr(param, "weight_loader", None)
+    if shard_id is not None:
+        loader(param, tensor, shard_id)
+    else:
+        loader(param, tensor) if loader else param.data.copy_(tensor[:])
+    return target
+
+
+def check_shape(
+    module: nn.Module, param: nn.Parameter, shard_id, found: list[int], name: str, file: str
+) -> None:
+    expected = checkpoint_shape(module, param, shard_id)
+    if found != expected:
+        raise CheckpointError(
+            f"checkpoint tensor {name} in {file} has shape {found}, but the model built from "
+            f"config.json needs {expected}"
+        )
+
+
+def packed_target(packed: dict, name: str) -> tuple[str, str | int | None]:
+    """(parameter name, shard id) of a checkpoint tensor; q/k/v and gate/up map onto fused params."""
     for source, (dest, shard_id) in packed.items():
         if f".{source}." in name:
-            target = name.replace(f".{source}.", f".{dest}.")
-            params[target].weight_loader(params[target], tensor, shard_id)
-            return target
-    if name not in params:
-        return None  # e.g. rotary inv_freq buffers, or lm_head.weight of a tied model
-    param = params[name]
-    loader = getattr(param, "weight_loader", None)
-    loader(param, tensor) if loader else param.data.copy_(tensor[:])
-    return name
+            return name.replace(f".{source}.", f".{dest}."), shard_id
+    return name, None
+
+
+def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id) -> list[int]:
+    """The whole (unsharded) shape the checkpoint tensor of `param` must have."""
+    local = list(param.shape)
+    if isinstance(module, VocabParallelEmbedding):
+        return [module.vocab_size, *local[1:]]
+    if isinstance(module, QKVParallelLinear) and shard_id is not None:
+        heads = module.num_heads * module.tp_size if shard_id == "q" else module.total_kv_heads
+        return [heads * module.head_dim, *local[1:]]
+    if isinstance(module, MergedColumnParallelLinear) and shard_id is not None:
+        return [module.output_sizes[shard_id], *local[1:]]
+    if isinstance(module, LinearBase) and module.tp_dim is not None and module.tp_dim < len(local):
+        local[module.tp_dim] *= module.tp_size
+    return local
 
 
 def check_all_loaded(model: nn.Module, params: dict, loaded: set[str]) -> None:

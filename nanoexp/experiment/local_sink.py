@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -39,12 +40,19 @@ class LocalSink:
             "config": self.config,
             "summary": summary,
         }
-        (self.out_dir / RESULTS_FILE).write_text(json.dumps(_json_safe(results), indent=2) + "\n")
+        write_atomically(self.out_dir / RESULTS_FILE, json.dumps(_json_safe(results), indent=2) + "\n")
 
     @property
     def out_dir(self) -> Path:
         assert self.job is not None, "LocalSink.start() was not called"
         return self.job.out_dir
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A job killed while writing leaves the old file or none, never half a file."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoexp.config import SamplingParams
+from nanoexp.config.checks import KnobError
 from nanoexp.experiment.schema import SamplerConfig, WorkloadConfig, WorkloadKind
 
 Tokenize = Callable[[str], list[int]]
@@ -52,9 +54,9 @@ class WorkloadError(ValueError):
 def build_workload(
     w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int, tokenize: Tokenize | None = None
 ) -> Workload:
-    """Build the requests of workload `w`; token ids are folded into [0, vocab_size)."""
+    """Build the requests of workload `w`; random token ids are drawn inside [0, vocab_size)."""
+    validate(w)
     prompts, max_tokens = _prompts(w, vocab_size, tokenize)
-    prompts = [[t % vocab_size for t in p] for p in prompts]
     params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
     offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed)
     requests = [Request(p, sp, o) for p, sp, o in zip(prompts, params, offsets)]
@@ -65,7 +67,7 @@ def build_workload(
 
 def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None):
     if w.kind is WorkloadKind.nanovllm_bench:
-        return nanovllm_bench_prompts(w.num_requests, w.input_len, w.output_len, w.seed)
+        return nanovllm_bench_prompts(w.num_requests, w.input_len, w.output_len, w.seed, vocab)
     if w.kind is WorkloadKind.random:
         return random_prompts(w, w.num_requests, vocab)
     if w.kind is WorkloadKind.shared_prefix:
@@ -73,17 +75,17 @@ def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None):
     if w.kind is WorkloadKind.latency:
         fixed = WorkloadConfig(name=w.name, input_len=w.input_len, output_len=w.output_len, seed=w.seed)
         return random_prompts(fixed, w.batch_size, vocab)
-    return file_prompts(w, tokenize)
+    return file_prompts(w, tokenize, vocab)
 
 
 def nanovllm_bench_prompts(
-    num: int = 256, max_input: int = 1024, max_output: int = 1024, seed: int = 0
+    num: int = 256, max_input: int = 1024, max_output: int = 1024, seed: int = 0, vocab: int | None = None
 ) -> tuple[list[list[int]], list[int]]:
-    """nano-vLLM's bench.py, call for call: prompts first, then the output lengths."""
+    """nano-vLLM's bench.py, call for call: prompts first, then the output lengths. Its ids are in
+    [0, 10000]; a smaller vocabulary draws in [0, vocab) (and so gets other lengths than bench.py)."""
     rng = random.Random(seed)
-    prompts = [
-        [rng.randint(0, TOKEN_ID_HIGH) for _ in range(rng.randint(100, max_input))] for _ in range(num)
-    ]
+    top = TOKEN_ID_HIGH if vocab is None else min(TOKEN_ID_HIGH, vocab - 1)
+    prompts = [[rng.randint(0, top) for _ in range(rng.randint(100, max_input))] for _ in range(num)]
     max_tokens = [rng.randint(100, max_output) for _ in range(num)]
     return prompts, max_tokens
 
@@ -109,45 +111,82 @@ def shared_prefix_prompts(w: WorkloadConfig, vocab: int) -> tuple[list[list[int]
     return prompts, out_lens
 
 
-def file_prompts(w: WorkloadConfig, tokenize: Tokenize | None) -> tuple[list[list[int]], list[int]]:
+def file_prompts(
+    w: WorkloadConfig, tokenize: Tokenize | None, vocab: int
+) -> tuple[list[list[int]], list[int]]:
     """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines."""
     path = Path(w.path or "")
     if not path.is_file():
         raise WorkloadError(f"workload.path={w.path!r}: no such file")
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    items = [_file_item(ln, path.suffix == ".jsonl", w.output_len) for ln in lines]
+    numbered = [(i, ln) for i, ln in enumerate(path.read_text().splitlines(), 1) if ln.strip()]
     if w.num_requests > 0:
-        items = items[: w.num_requests]
-    if not items:
+        numbered = numbered[: w.num_requests]
+    if not numbered:
         raise WorkloadError(f"workload.path={w.path!r}: no prompts in the file")
-    return [_token_ids(p, tokenize, w.path) for p, _ in items], [m for _, m in items]
+    items = [_file_request(path, i, ln, w.output_len, tokenize, vocab) for i, ln in numbered]
+    return [p for p, _ in items], [m for _, m in items]
 
 
-def _file_item(line: str, is_jsonl: bool, default_max: int) -> tuple[str | list[int], int]:
-    if not is_jsonl:
-        return line, default_max
-    item = json.loads(line)
+def _file_request(
+    path: Path, line_no: int, line: str, default_max: int, tokenize: Tokenize | None, vocab: int
+) -> tuple[list[int], int]:
+    where = f"{path}:{line_no}"
+    if path.suffix != ".jsonl":
+        return _tokenized(line, tokenize, where), default_max
+    item = _json_object(line, where)
     prompt = item.get("prompt_token_ids", item.get("prompt"))
-    if prompt is None:
-        raise WorkloadError(f"prompts file line has neither 'prompt' nor 'prompt_token_ids': {line[:80]}")
-    return prompt, int(item.get("max_tokens", default_max))
-
-
-def _token_ids(prompt: str | list[int], tokenize: Tokenize | None, path: str | None) -> list[int]:
+    max_tokens = item.get("max_tokens", default_max)
+    if not _is_int(max_tokens) or max_tokens < 1:
+        raise WorkloadError(f"{where}: max_tokens={max_tokens!r} is invalid: must be an integer >= 1")
+    if isinstance(prompt, str):
+        return _tokenized(prompt, tokenize, where), int(max_tokens)
     if isinstance(prompt, list):
-        return [int(t) for t in prompt]
+        return _checked_ids(prompt, vocab, where), int(max_tokens)
+    raise WorkloadError(
+        f"{where}: needs 'prompt' (a string) or 'prompt_token_ids' (a list of ints), got {prompt!r:.80}"
+    )
+
+
+def _json_object(line: str, where: str) -> dict:
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise WorkloadError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(item, dict):
+        raise WorkloadError(f"{where}: must be a JSON object like {{\"prompt\": \"...\"}}, got {line[:80]}")
+    return item
+
+
+def _checked_ids(ids: list, vocab: int, where: str) -> list[int]:
+    if not ids:
+        raise WorkloadError(f"{where}: prompt_token_ids is empty: a prompt needs at least one token")
+    for pos, t in enumerate(ids):
+        if not _is_int(t) or not 0 <= t < vocab:
+            raise WorkloadError(
+                f"{where}: prompt_token_ids[{pos}]={t!r} is invalid: must be an integer in [0, {vocab})"
+            )
+    return [int(t) for t in ids]
+
+
+def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
     if tokenize is None:
         raise WorkloadError(
-            f"workload.path={path!r} has text prompts but the model has no tokenizer "
+            f"{where}: a text prompt, but the model has no tokenizer "
             "(dummy weights): use prompt_token_ids or a real checkpoint"
         )
-    return tokenize(prompt)
+    ids = tokenize(text)
+    if not ids:
+        raise WorkloadError(f"{where}: the prompt is empty (no tokens)")
+    return ids
 
 
 def _lengths(rng: np.random.Generator, length: int, ratio: float, num: int) -> list[int]:
-    low = max(1, int(length * (1 - ratio)))
-    high = max(low, int(length * (1 + ratio)))
+    low, high = length_range(length, ratio)
     return rng.integers(low, high + 1, size=num).tolist()
+
+
+def length_range(length: int, ratio: float) -> tuple[int, int]:
+    return int(length * (1 - ratio)), int(length * (1 + ratio))
 
 
 def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> list[float]:
@@ -170,3 +209,72 @@ def _sampling_params(w: WorkloadConfig, s: SamplerConfig, max_tokens: int, i: in
         ignore_eos=w.ignore_eos,
         seed=None if s.seed is None else s.seed + i,
     )
+
+
+def _is_int(value: object) -> bool:
+    """Python or numpy integers; not bools, not floats such as 2.5 or 2.0."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+Check = tuple[Callable[[object], bool], str]  # (accepts the value?, what is allowed)
+POSITIVE_INT: Check = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+COUNT_INT: Check = (lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+RATIO: Check = (lambda v: _is_real(v) and 0 <= v < 1, "a number in [0, 1)")
+BENCH_LEN: Check = (lambda v: _is_int(v) and v >= 100, "an integer >= 100 (bench.py draws in [100, it])")
+ARRIVALS: dict[str, Check] = {
+    "seed": COUNT_INT,
+    "request_rate": (lambda v: _is_real(v) and v > 0 and not math.isnan(v), "a number > 0 (.inf = offline)"),
+    "burstiness": (lambda v: _is_real(v) and 0 < v < math.inf, "a finite number > 0 (1 = Poisson)"),
+}
+RANDOM: dict[str, Check] = {
+    "num_requests": POSITIVE_INT,
+    "input_len": POSITIVE_INT,
+    "output_len": POSITIVE_INT,
+    "range_ratio": RATIO,
+    "output_range_ratio": (lambda v: v is None or RATIO[0](v), "null or a number in [0, 1)"),
+}
+FIELDS_BY_KIND: dict[WorkloadKind, dict[str, Check]] = {  # the fields each kind uses
+    WorkloadKind.random: RANDOM,
+    WorkloadKind.shared_prefix: RANDOM | {"prefix_len": POSITIVE_INT, "num_prefixes": POSITIVE_INT},
+    WorkloadKind.latency: {
+        "batch_size": POSITIVE_INT,
+        "input_len": POSITIVE_INT,
+        "output_len": POSITIVE_INT,
+        "num_iters": POSITIVE_INT,
+        "num_iters_warmup": COUNT_INT,
+    },
+    WorkloadKind.nanovllm_bench: {
+        "num_requests": POSITIVE_INT,
+        "input_len": BENCH_LEN,
+        "output_len": BENCH_LEN,
+    },
+    WorkloadKind.prompts_file: {
+        "num_requests": (lambda v: _is_int(v) and (v == -1 or v >= 1), "-1 (all prompts) or an integer >= 1"),
+        "output_len": POSITIVE_INT,
+    },
+}
+
+
+def validate(w: WorkloadConfig) -> None:
+    """Every field the workload's kind uses, checked as it enters; the first bad one is reported."""
+    for name, (ok, allowed) in (ARRIVALS | FIELDS_BY_KIND[w.kind]).items():
+        value = getattr(w, name)
+        if not ok(value):
+            raise KnobError(f"workload.{name}", value, allowed)
+    _check_length_range(w)
+
+
+def _check_length_range(w: WorkloadConfig) -> None:
+    """A range so wide that a prompt or output could have 0 tokens is an error, not a clamp to 1."""
+    if w.kind not in (WorkloadKind.random, WorkloadKind.shared_prefix):
+        return
+    out_ratio = "range_ratio" if w.output_range_ratio is None else "output_range_ratio"
+    for name, ratio_name in (("input_len", "range_ratio"), ("output_len", out_ratio)):
+        length, ratio = getattr(w, name), getattr(w, ratio_name)
+        if length_range(length, ratio)[0] < 1:
+            allowed = f"small enough that {name}={length} * (1 - {ratio_name}) >= 1"
+            raise KnobError(f"workload.{ratio_name}", ratio, allowed)
