@@ -58,7 +58,10 @@ def make_attention_backend(
     return backend
 
 
-def auto_candidates(device: torch.device, block_size: int) -> list[tuple[str, Callable[[], AttentionBackend]]]:
+Builder = Callable[[], AttentionBackend]
+
+
+def auto_candidates(device: torch.device, block_size: int) -> list[tuple[str, Builder]]:
     """(name, builder) of the backends `auto` may use here, in order of preference, before torch."""
     if device.type != "cuda":
         return []
@@ -117,7 +120,9 @@ def _build_requested(name: str, device: torch.device, block_size: int) -> Attent
             "attention_backend='torch' or 'auto'"
         )
     if not flash_attn_available():
-        raise ValueError("attention_backend='flash_attn' needs the flash_attn package; use 'triton' or 'auto'")
+        raise ValueError(
+            "attention_backend='flash_attn' needs the flash_attn package; use 'triton' or 'auto'"
+        )
     check_block_size(block_size)
     return FlashAttnBackend(block_size)
 
