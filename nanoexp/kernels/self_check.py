@@ -129,7 +129,9 @@ def max_error(backend, device, dtype, head_dim, block_size) -> float:
 
 def _compare(backend, case: PagedCase, md: AttentionMetadata, q, k, v, scale: float) -> float:
     reference = TorchAttentionBackend()
-    k_ref, v_ref = case.k_cache.float(), case.v_cache.float()
+    # copy=True: for float32 caches .float() would alias them, and the reference would store into them.
+    k_ref = case.k_cache.to(torch.float32, copy=True)
+    v_ref = case.v_cache.to(torch.float32, copy=True)
     reference.store_kv(k.float(), v.float(), k_ref, v_ref, md.slot_mapping)
     backend.store_kv(k, v, case.k_cache, case.v_cache, md.slot_mapping)
     if not (torch.equal(case.k_cache.float(), k_ref) and torch.equal(case.v_cache.float(), v_ref)):
