@@ -112,7 +112,7 @@ def defines() -> list[str]:
 
 if __name__ == "__main__":
     if not (SRC / "csrc/cutlass/include/cutlass/cutlass.h").exists():
-        raise SystemExit("csrc/cutlass is missing: unpack the flash-attn sdist (it ships cutlass) and run here")
+        raise SystemExit("csrc/cutlass is missing: run from the unpacked flash-attn sdist (it ships cutlass)")
     patch_sources()
     setup(
         name="flash_attn",

@@ -66,11 +66,11 @@ def describe(exc: BaseException) -> str:
 class PagedCase:
     """Random paged K/V caches and block tables for sequences with the given context lengths."""
 
-    def __init__(self, ctx_lens, block_size, head_dim, dtype, device, gen):
+    def __init__(self, ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen):
         self.block_size, self.device = block_size, device
         need = [-(-n // block_size) for n in ctx_lens]
         num_blocks = sum(need) + 2
-        shape = (num_blocks, block_size, NUM_KV_HEADS, head_dim)
+        shape = (num_blocks, block_size, kv_heads, head_dim)
         self.k_cache = torch.randn(shape, generator=gen).to(device, dtype)
         self.v_cache = torch.randn(shape, generator=gen).to(device, dtype)
         pages = torch.randperm(num_blocks, generator=gen).tolist()
@@ -106,23 +106,31 @@ class PagedCase:
         )
 
 
-def max_error(backend, device, dtype, head_dim, block_size) -> float:
-    """Largest abs difference from the reference over store_kv, decode and both prefill kinds."""
-    gen = torch.Generator().manual_seed(1234)
-    scale = head_dim**-0.5
-    cases = [  # (context lengths, new tokens per sequence, is_prefill)
+def default_cases(block_size: int) -> list[tuple[list[int], list[int], bool]]:
+    """(context lengths, new tokens per sequence, is_prefill): a decode batch, a prefill after a
+    cached prefix next to one without, and a plain prefill."""
+    return [
         ([1, block_size + 3, 37], [1, 1, 1], False),
         ([block_size + 20, 9], [30, 9], True),
         ([17, 5], [17, 5], True),
     ]
+
+
+def max_error(
+    backend, device, dtype, head_dim, block_size, cases=None, heads=(NUM_HEADS, NUM_KV_HEADS), seed=1234
+) -> float:
+    """Largest abs difference from the reference over store_kv, decode and both prefill kinds."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = head_dim**-0.5
+    num_heads, kv_heads = heads
     errors = []
-    for ctx_lens, q_lens, is_prefill in cases:
-        case = PagedCase(ctx_lens, block_size, head_dim, dtype, device, gen)
+    for ctx_lens, q_lens, is_prefill in cases or default_cases(block_size):
+        case = PagedCase(ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen)
         md = case.metadata(q_lens, is_prefill)
         n = sum(q_lens)
-        q = torch.randn(n, NUM_HEADS, head_dim, generator=gen).to(device, dtype)
-        k = torch.randn(n, NUM_KV_HEADS, head_dim, generator=gen).to(device, dtype)
-        v = torch.randn(n, NUM_KV_HEADS, head_dim, generator=gen).to(device, dtype)
+        q = torch.randn(n, num_heads, head_dim, generator=gen).to(device, dtype)
+        k = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
+        v = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
         errors.append(_compare(backend, case, md, q, k, v, scale))
     return max(errors)
 
