@@ -116,6 +116,8 @@ if __name__ == "__main__":
     patch_sources()
     setup(
         name="flash_attn",
+        packages=[],  # the Python package is copied as is; no discovery over the sdist's flat layout
+        py_modules=[],
         ext_modules=[
             CUDAExtension(
                 name="flash_attn_2_cuda",
