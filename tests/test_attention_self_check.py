@@ -58,7 +58,7 @@ def fresh_results(monkeypatch):
 
 def inject(monkeypatch, *backends):
     candidates = [(cls.name, cls) for cls in backends]
-    monkeypatch.setattr(select, "auto_candidates", lambda device, block_size: candidates)
+    monkeypatch.setattr(select, "auto_candidates", lambda *_: candidates)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -104,7 +104,7 @@ def test_a_backend_that_cannot_be_built_is_rejected(monkeypatch, caplog):
     def unbuildable():
         raise ImportError("flash_attn_2_cuda: undefined symbol")
 
-    monkeypatch.setattr(select, "auto_candidates", lambda device, block_size: [("flash_attn", unbuildable)])
+    monkeypatch.setattr(select, "auto_candidates", lambda *_: [("flash_attn", unbuildable)])
     with caplog.at_level(logging.WARNING, logger=select.__name__):
         backend = select.make_attention_backend("auto", DEVICE, 256, torch.float32, 32)
     assert type(backend) is TorchAttentionBackend
@@ -124,7 +124,7 @@ def test_the_check_runs_once_per_key(monkeypatch):
 def test_explicit_and_cpu_choices_are_not_self_checked(monkeypatch):
     monkeypatch.setattr(self_check, "_run_check", pytest.fail)
     cpu = torch.device("cpu")
-    assert select.auto_candidates(cpu, 256) == []
+    assert select.auto_candidates(cpu, 256, torch.bfloat16) == []
     auto = select.make_attention_backend("auto", cpu, 256)
     assert auto.name == "torch" and auto.selection == "auto: torch: reference"
     explicit = select.make_attention_backend("torch", cpu, 16)
@@ -161,3 +161,13 @@ def test_the_triton_backend_passes(dtype):
 
     result = self_check.check_backend(TritonAttentionBackend(), DEVICE, dtype, 32, 16)
     assert result.ok, result.reason
+
+
+def test_auto_skips_flash_attn_where_it_does_not_apply(monkeypatch):
+    """Only listing candidates (nothing is built), so a CUDA device object is fine without CUDA."""
+    monkeypatch.setattr(select, "flash_attn_available", lambda: True)
+    cuda = torch.device("cuda")
+    names = lambda block, dtype: [n for n, _ in select.auto_candidates(cuda, block, dtype)]  # noqa: E731
+    assert "flash_attn" in names(256, torch.bfloat16)
+    assert "flash_attn" not in names(16, torch.bfloat16)
+    assert "flash_attn" not in names(256, torch.float32)

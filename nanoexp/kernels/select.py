@@ -61,13 +61,17 @@ def make_attention_backend(
 Builder = Callable[[], AttentionBackend]
 
 
-def auto_candidates(device: torch.device, block_size: int) -> list[tuple[str, Builder]]:
+def auto_candidates(device: torch.device, block_size: int, dtype: torch.dtype) -> list[tuple[str, Builder]]:
     """(name, builder) of the backends `auto` may use here, in order of preference, before torch."""
     if device.type != "cuda":
         return []
     usable = {
         "triton": triton_available(),
-        "flash_attn": block_size % FLASH_ATTN_PAGE_MULTIPLE == 0 and flash_attn_available(),
+        "flash_attn": (
+            block_size % FLASH_ATTN_PAGE_MULTIPLE == 0
+            and dtype in (torch.float16, torch.bfloat16)
+            and flash_attn_available()
+        ),
     }
     builders = {"triton": _triton_backend, "flash_attn": lambda: FlashAttnBackend(block_size)}
     return [(name, builders[name]) for name in AUTO_CUDA_ORDER if usable[name]]
@@ -75,7 +79,7 @@ def auto_candidates(device: torch.device, block_size: int) -> list[tuple[str, Bu
 
 def choose_auto(device: torch.device, block_size: int, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
     rejected = []
-    for name, build in auto_candidates(device, block_size):
+    for name, build in auto_candidates(device, block_size, dtype):
         try:
             backend = build()
             result = check_backend(backend, device, dtype, head_dim, block_size)
