@@ -82,6 +82,8 @@ class PagedCase:
         self.ctx_lens = ctx_lens
 
     def slots(self, q_lens) -> torch.Tensor:
+        if any(q > ctx for q, ctx in zip(q_lens, self.ctx_lens, strict=True)):
+            raise ValueError(f"new tokens {q_lens} exceed context lengths {self.ctx_lens}")
         table, bs = self.block_tables.cpu(), self.block_size
         slots = [
             int(table[i, p // bs]) * bs + p % bs
@@ -111,7 +113,7 @@ def default_cases(block_size: int) -> list[tuple[list[int], list[int], bool]]:
     cached prefix next to one without, and a plain prefill."""
     return [
         ([1, block_size + 3, 37], [1, 1, 1], False),
-        ([block_size + 20, 9], [30, 9], True),
+        ([block_size + 30, 9], [30, 9], True),  # 30 new tokens after one cached block
         ([17, 5], [17, 5], True),
     ]
 
