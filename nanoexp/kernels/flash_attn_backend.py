@@ -1,4 +1,11 @@
-"""Attention backend on the `flash_attn` package (CUDA; paged KV needs blocks of 256*k)."""
+"""Attention backend on the `flash_attn` package (CUDA; paged KV needs blocks of 256*k).
+
+Calls, all forward and fp16/bf16: `flash_attn_varlen_func` for prefill (with `block_table` after a
+cached prefix, which runs flash-attn's split-KV kernels; without, its plain forward kernels) and
+`flash_attn_with_kvcache` with `block_table` for decode (split-KV kernels). flash-attn drops the
+causal mask for a single query, so both causal and non-causal kernels are used. The lean build in
+experiments/kernels/build_flash_attn.sh keeps exactly these kernels, for head dim 128.
+"""
 
 from __future__ import annotations
 

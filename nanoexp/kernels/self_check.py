@@ -1,0 +1,160 @@
+"""A one-time check of an attention backend against the torch reference on a small paged case.
+
+The case goes through the backend's real interface: store_kv into a paged cache, then a decode
+batch, a prefill after a cached prefix (mixed with a sequence that has none) and a plain prefill.
+The reference runs in float32 on the same (dtype-rounded) inputs, so the tolerance only has to
+cover the backend's own rounding. Results are cached per process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
+from nanoexp.kernels.torch_ref import TorchAttentionBackend
+
+# Max abs error allowed on outputs of magnitude ~1 (random q/k/v, softmax-weighted sums of N(0,1)).
+# A wrong mask, page or scale shows up as errors of 0.1 and more.
+TOLERANCE = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+NUM_HEADS, NUM_KV_HEADS = 8, 2  # grouped-query, as in the Qwen3 models
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    reason: str  # "max error E <= tolerance T", "max error E > tolerance T" or the exception
+
+
+_results: dict[tuple, CheckResult] = {}
+
+
+class SelfCheckError(Exception):
+    pass
+
+
+def check_backend(
+    backend: AttentionBackend, device: torch.device, dtype: torch.dtype, head_dim: int, block_size: int
+) -> CheckResult:
+    """Compare `backend` with the reference once per process per (backend, dtype, head_dim, block_size)."""
+    key = (type(backend), backend.name, torch.device(device), dtype, head_dim, block_size)
+    if key not in _results:
+        _results[key] = _run_check(backend, torch.device(device), dtype, head_dim, block_size)
+    return _results[key]
+
+
+def _run_check(backend, device, dtype, head_dim, block_size) -> CheckResult:
+    tolerance = TOLERANCE[dtype]
+    try:
+        error = max_error(backend, device, dtype, head_dim, block_size)
+    except SelfCheckError as exc:
+        return CheckResult(False, str(exc))
+    except Exception as exc:  # a backend that cannot run this case must not be chosen
+        return CheckResult(False, describe(exc))
+    if error <= tolerance:
+        return CheckResult(True, f"max error {error:.2e} <= tolerance {tolerance:.0e}")
+    return CheckResult(False, f"max error {error:.2e} > tolerance {tolerance:.0e} ({dtype})")
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming an exception: its type and the first line of its message."""
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return f"raised {type(exc).__name__}: {first_line}"
+
+
+class PagedCase:
+    """Random paged K/V caches and block tables for sequences with the given context lengths."""
+
+    def __init__(self, ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen):
+        self.block_size, self.device = block_size, device
+        need = [-(-n // block_size) for n in ctx_lens]
+        num_blocks = sum(need) + 2
+        shape = (num_blocks, block_size, kv_heads, head_dim)
+        self.k_cache = torch.randn(shape, generator=gen).to(device, dtype)
+        self.v_cache = torch.randn(shape, generator=gen).to(device, dtype)
+        pages = torch.randperm(num_blocks, generator=gen).tolist()
+        table = torch.zeros(len(ctx_lens), max(need), dtype=torch.int32)
+        for i, n in enumerate(need):
+            table[i, :n] = torch.tensor(pages[:n], dtype=torch.int32)
+            pages = pages[n:]
+        self.block_tables = table.to(device)
+        self.ctx_lens = ctx_lens
+
+    def slots(self, q_lens) -> torch.Tensor:
+        if any(q > ctx for q, ctx in zip(q_lens, self.ctx_lens, strict=True)):
+            raise ValueError(f"new tokens {q_lens} exceed context lengths {self.ctx_lens}")
+        table, bs = self.block_tables.cpu(), self.block_size
+        slots = [
+            int(table[i, p // bs]) * bs + p % bs
+            for i, (ctx, q) in enumerate(zip(self.ctx_lens, q_lens, strict=True))
+            for p in range(ctx - q, ctx)
+        ]
+        return torch.tensor(slots, dtype=torch.int64, device=self.device)
+
+    def metadata(self, q_lens, is_prefill: bool) -> AttentionMetadata:
+        cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+        cu_k = torch.tensor([0, *torch.tensor(self.ctx_lens).cumsum(0).tolist()], dtype=torch.int32)
+        return AttentionMetadata(
+            is_prefill=is_prefill,
+            slot_mapping=self.slots(q_lens),
+            context_lens=torch.tensor(self.ctx_lens, dtype=torch.int32, device=self.device),
+            block_tables=self.block_tables,
+            cu_seqlens_q=cu_q.to(self.device) if is_prefill else None,
+            cu_seqlens_k=cu_k.to(self.device) if is_prefill else None,
+            max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(self.ctx_lens),
+            has_cached_prefix=is_prefill and any(c > q for c, q in zip(self.ctx_lens, q_lens, strict=True)),
+        )
+
+
+def default_cases(block_size: int) -> list[tuple[list[int], list[int], bool]]:
+    """(context lengths, new tokens per sequence, is_prefill): a decode batch, a prefill after a
+    cached prefix next to one without, and a plain prefill."""
+    return [
+        ([1, block_size + 3, 37], [1, 1, 1], False),
+        ([block_size + 30, 9], [30, 9], True),  # 30 new tokens after one cached block
+        ([17, 5], [17, 5], True),
+    ]
+
+
+def max_error(
+    backend, device, dtype, head_dim, block_size, cases=None, heads=(NUM_HEADS, NUM_KV_HEADS), seed=1234
+) -> float:
+    """Largest abs difference from the reference over store_kv, decode and both prefill kinds."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = head_dim**-0.5
+    num_heads, kv_heads = heads
+    errors = []
+    for ctx_lens, q_lens, is_prefill in cases or default_cases(block_size):
+        case = PagedCase(ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen)
+        md = case.metadata(q_lens, is_prefill)
+        n = sum(q_lens)
+        q = torch.randn(n, num_heads, head_dim, generator=gen).to(device, dtype)
+        k = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
+        v = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
+        errors.append(_compare(backend, case, md, q, k, v, scale))
+    return max(errors)
+
+
+def _compare(backend, case: PagedCase, md: AttentionMetadata, q, k, v, scale: float) -> float:
+    reference = TorchAttentionBackend()
+    # copy=True: for float32 caches .float() would alias them, and the reference would store into them.
+    k_ref = case.k_cache.to(torch.float32, copy=True)
+    v_ref = case.v_cache.to(torch.float32, copy=True)
+    reference.store_kv(k.float(), v.float(), k_ref, v_ref, md.slot_mapping)
+    backend.store_kv(k, v, case.k_cache, case.v_cache, md.slot_mapping)
+    if not (torch.equal(case.k_cache.float(), k_ref) and torch.equal(case.v_cache.float(), v_ref)):
+        raise SelfCheckError("store_kv wrote different K/V than the reference (it must copy exactly)")
+    if md.is_prefill:
+        want = reference.prefill(q.float(), k.float(), v.float(), k_ref, v_ref, md, scale)
+        got = backend.prefill(q, k, v, case.k_cache, case.v_cache, md, scale)
+    else:
+        want = reference.decode(q.float(), k_ref, v_ref, md, scale)
+        got = backend.decode(q, case.k_cache, case.v_cache, md, scale)
+    kind = "prefill" if md.is_prefill else "decode"
+    if got.shape != want.shape:
+        raise SelfCheckError(f"{kind} returned shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+    if not torch.isfinite(got).all():
+        raise SelfCheckError(f"{kind} returned non-finite values")
+    return float((got.float() - want).abs().max())
