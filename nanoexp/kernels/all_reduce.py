@@ -118,7 +118,7 @@ class AllReduce:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         path = self.path_for(x)
-        self.paths.setdefault(x.numel() * x.element_size(), path)
+        self.paths.setdefault(x.numel() * x.element_size(), "gloo" if self.impl == "gloo" else path)
         if path == ONE_SHOT:
             return self.one_shot(x)
         if path == TWO_SHOT:
