@@ -69,7 +69,8 @@ def symmetric(world: int, buffer_bytes: int, dtype=torch.bfloat16) -> AllReduce:
     """Path selection only: a plain tensor stands in for the symmetric buffer."""
     limit = min(buffer_bytes, SYMM_MEM_MAX_BYTES[world])
     buffer = torch.empty(buffer_bytes // dtype.itemsize, dtype=dtype)
-    return AllReduce(None, "auto", "symm_mem", world, dtype, buffer, "g", min(limit, ONE_SHOT_MAX_BYTES[world]), limit)
+    one_shot = min(limit, ONE_SHOT_MAX_BYTES[world])
+    return AllReduce(None, "auto", "symm_mem", world, dtype, buffer, "g", one_shot, limit)
 
 
 @pytest.mark.parametrize(
