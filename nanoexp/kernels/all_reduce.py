@@ -13,7 +13,6 @@ The buffer is allocated once, before CUDA-graph capture, so captured kernels see
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -184,10 +183,9 @@ def allocate_symmetric(group: dist.ProcessGroup, device: torch.device, dtype: to
     if hasattr(symm_mem, "set_backend") and getattr(symm_mem, "get_backend", lambda d: None)(device) is None:
         symm_mem.set_backend("CUDA")  # CUDA IPC peer mappings; not NVSHMEM
     group_name = group.group_name
-    if not getattr(symm_mem, "is_symm_mem_enabled_for_group", lambda n: True)(group_name):
-        with warnings.catch_warnings():  # deprecated (and unneeded) in newer torch, required in older
-            warnings.simplefilter("ignore", FutureWarning)
-            symm_mem.enable_symm_mem_for_group(group_name)
+    enable = symm_mem.enable_symm_mem_for_group
+    if not hasattr(enable, "__deprecated__") and not symm_mem.is_symm_mem_enabled_for_group(group_name):
+        enable(group_name)  # older torch needs it before rendezvous; newer torch deprecates it
     buffer = symm_mem.empty(numel, dtype=dtype, device=device)
     symm_mem.rendezvous(buffer, group_name)
     return buffer, group_name
