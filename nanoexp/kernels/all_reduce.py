@@ -180,8 +180,6 @@ def allocate_symmetric(group: dist.ProcessGroup, device: torch.device, dtype: to
     """A flat symmetric buffer shared with the group's ranks (a collective call)."""
     check_no_multicast_env()
     symm_mem = symm_mem_module()
-    if hasattr(symm_mem, "set_backend") and getattr(symm_mem, "get_backend", lambda d: None)(device) is None:
-        symm_mem.set_backend("CUDA")  # CUDA IPC peer mappings; not NVSHMEM
     group_name = group.group_name
     enable = symm_mem.enable_symm_mem_for_group
     if not hasattr(enable, "__deprecated__") and not symm_mem.is_symm_mem_enabled_for_group(group_name):
