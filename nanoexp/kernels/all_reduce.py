@@ -1,0 +1,221 @@
+"""Tensor-parallel all-reduce: NCCL (gloo on CPU), or symmetric memory for small messages.
+
+Symmetric memory gives each rank a buffer its peers can load from and store to over NVLink:
+one-shot (every rank reads all peers' whole buffers and sums; one barrier) is the fastest for
+decode-sized messages, two-shot (reduce-scatter then all-gather through the buffers) for larger
+ones, and NCCL above the buffer. Only point-to-point loads and stores are used: NVLink multicast
+(NVLS, `multimem` ops) can take a shared host's GPUs out of service, so it is never called and
+the environment must keep it off.
+
+The buffer is allocated once, before CUDA-graph capture, so captured kernels see fixed addresses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from nanoexp.config.checks import KnobError
+
+KiB, MiB = 1024, 1024 * 1024
+
+# Measured on 2 H200s over NVLink, bf16 rows x 4096 (issue 10; re-measure with
+# experiments/tp_scaling/bench_all_reduce.py): one-shot in a CUDA graph 6.3 us (1 row) .. 18.8 us
+# (256 rows = 2 MiB); two-shot eager 11-14 us over the same range; NCCL in a graph 18-38 us.
+# One-shot reads (N-1) x the message from peers, two-shot 2 (N-1)/N x, so two-shot wins as messages
+# and N grow. The cut-offs mirror vLLM's point-to-point custom all-reduce (one-shot below 512 KiB
+# up to 4 ranks, 256 KiB at 8; point-to-point at all only up to 64 MiB / 32 MiB / 512 KiB / 256 KiB
+# for 2 / 4 / 6 / 8 ranks on Hopper, NCCL above), which does not use multicast either.
+ONE_SHOT_MAX_BYTES = {2: 512 * KiB, 4: 512 * KiB, 6: 256 * KiB, 8: 256 * KiB}
+SYMM_MEM_MAX_BYTES = {2: 64 * MiB, 4: 32 * MiB, 6: 512 * KiB, 8: 256 * KiB}
+DEFAULT_ONE_SHOT_MAX_BYTES = 256 * KiB  # other world sizes: the most conservative entries above
+DEFAULT_SYMM_MEM_MAX_BYTES = 256 * KiB
+
+SYMM_MEM_DTYPES = (torch.bfloat16, torch.float32)  # what torch's symm_mem reduction kernels support
+TWO_SHOT_OUT_WORLD_SIZES = (2, 4, 8)  # two_shot_all_reduce_out has kernels only for these
+
+# Read by NCCL and torch's symmetric-memory allocator; symmetric memory is refused without them.
+NO_MULTICAST_ENV = {
+    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+NCCL, ONE_SHOT, TWO_SHOT = "nccl", "one_shot", "two_shot"
+
+
+def check_no_multicast_env() -> None:
+    wrong = [f"{k}={os.environ.get(k)}" for k, v in NO_MULTICAST_ENV.items() if os.environ.get(k) != v]
+    if wrong:
+        need = " ".join(f"{k}={v}" for k, v in NO_MULTICAST_ENV.items())
+        raise RuntimeError(
+            f"parallel.all_reduce=symm_mem needs NVLink multicast off ({need}); got {' '.join(wrong)}"
+        )
+
+
+def symm_mem_module():
+    """torch's symmetric-memory module, or None where this build lacks it."""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        torch.ops.symm_mem.one_shot_all_reduce_out  # noqa: B018  (raises where the ops are missing)
+        torch.ops.symm_mem.two_shot_all_reduce_  # noqa: B018
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    return symm_mem
+
+
+def peers_reachable(device: torch.device, world_size: int) -> bool:
+    """Every rank's GPU (cuda:0..N-1 on one host, as the runner places them) is peer-accessible."""
+    if world_size > torch.cuda.device_count():
+        return False
+    me = device.index if device.index is not None else torch.cuda.current_device()
+    return all(torch.cuda.can_device_access_peer(me, other) for other in range(world_size) if other != me)
+
+
+def symm_mem_usable(device: torch.device, world_size: int) -> bool:
+    return device.type == "cuda" and world_size > 1 and symm_mem_module() is not None and (
+        peers_reachable(device, world_size)
+    )
+
+
+def resolve_choice(choice: str, device: torch.device, world_size: int, usable: bool) -> str:
+    """The implementation a rank uses: gloo on CPU whatever the knob says (symm_mem forced on CPU is
+    an error), symm_mem where it is usable under `auto`, NCCL otherwise."""
+    if choice not in ("auto", "nccl", "symm_mem"):
+        raise KnobError("parallel.all_reduce", choice, "one of auto, nccl, symm_mem")
+    if device.type != "cuda":
+        if choice == "symm_mem":
+            raise KnobError("parallel.all_reduce", choice, "auto or nccl on CPU (symm_mem needs CUDA GPUs)")
+        return "gloo"
+    if choice == "symm_mem" and not usable:
+        raise KnobError(
+            "parallel.all_reduce", choice,
+            f"auto or nccl here (symm_mem needs {world_size} peer-accessible GPUs on one host and a torch "
+            "build with symmetric memory)",
+        )
+    if choice == "auto":
+        return "symm_mem" if usable and world_size > 1 else "nccl"
+    return choice
+
+
+@dataclass
+class AllReduce:
+    """Sums a tensor across the group's ranks; `__call__` picks the path by message size."""
+
+    group: dist.ProcessGroup | None
+    choice: str  # the knob
+    impl: str  # what it resolved to: gloo, nccl or symm_mem
+    world_size: int
+    dtype: torch.dtype | None = None  # the symmetric buffer's dtype
+    buffer: torch.Tensor | None = None  # flat symmetric buffer, fixed address for CUDA graphs
+    group_name: str = ""
+    one_shot_max_bytes: int = 0
+    symm_mem_max_bytes: int = 0  # min(the buffer, the per-world-size limit)
+    paths: dict[int, str] = field(default_factory=dict)  # message bytes -> path taken (eager or capture)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        path = self.path_for(x)
+        self.paths.setdefault(x.numel() * x.element_size(), "gloo" if self.impl == "gloo" else path)
+        if path == ONE_SHOT:
+            return self.one_shot(x)
+        if path == TWO_SHOT:
+            return self.two_shot(x)
+        return self.nccl(x)
+
+    def path_for(self, x: torch.Tensor) -> str:
+        nbytes = x.numel() * x.element_size()
+        aligned = nbytes % 16 == 0 and x.storage_offset() * x.element_size() % 16 == 0
+        if self.buffer is None or x.dtype != self.dtype or not x.is_contiguous() or not aligned:
+            return NCCL
+        if nbytes <= self.one_shot_max_bytes:
+            return ONE_SHOT
+        return TWO_SHOT if nbytes <= self.symm_mem_max_bytes else NCCL
+
+    def nccl(self, x: torch.Tensor) -> torch.Tensor:
+        """In place through the process group's backend (NCCL, or gloo on CPU)."""
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def staged(self, x: torch.Tensor) -> torch.Tensor:
+        if self.buffer is None or x.dtype != self.dtype or x.numel() > self.buffer.numel():
+            raise ValueError(f"symmetric all-reduce of {tuple(x.shape)} {x.dtype} does not fit its buffer")
+        return self.buffer[: x.numel()]
+
+    def one_shot(self, x: torch.Tensor) -> torch.Tensor:
+        """Each rank copies its input into its buffer, then reads every peer's and sums."""
+        symm, out = self.staged(x), torch.empty_like(x)
+        ops = torch.ops.symm_mem
+        if hasattr(ops, "one_shot_all_reduce_copy_out"):  # the copy happens inside the kernel
+            ops.one_shot_all_reduce_copy_out(symm, x.view(-1), "sum", self.group_name, out.view(-1))
+        else:
+            symm.copy_(x.view(-1))
+            ops.one_shot_all_reduce_out(symm, "sum", self.group_name, out.view(-1))
+        return out
+
+    def two_shot(self, x: torch.Tensor) -> torch.Tensor:
+        """Each rank sums its 1/N slice from all peers, then gathers the others' sums; in place in x."""
+        symm = self.staged(x)
+        symm.copy_(x.view(-1))
+        if self.world_size in TWO_SHOT_OUT_WORLD_SIZES:
+            torch.ops.symm_mem.two_shot_all_reduce_out(symm, "sum", self.group_name, x.view(-1))
+        else:
+            torch.ops.symm_mem.two_shot_all_reduce_(symm, "sum", self.group_name)
+            x.view(-1).copy_(symm)
+        return x
+
+    def describe(self) -> dict:
+        """What results and W&B record: the knob, what it resolved to, thresholds, paths taken."""
+        return {
+            "all_reduce": self.choice,
+            "all_reduce_impl": self.impl,
+            "all_reduce_one_shot_max_bytes": self.one_shot_max_bytes,
+            "all_reduce_symm_mem_max_bytes": self.symm_mem_max_bytes,
+            "all_reduce_paths": {str(n): p for n, p in sorted(self.paths.items())},
+        }
+
+
+def allocate_symmetric(group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype, numel: int):
+    """A flat symmetric buffer shared with the group's ranks (a collective call)."""
+    check_no_multicast_env()
+    symm_mem = symm_mem_module()
+    group_name = group.group_name
+    enable = symm_mem.enable_symm_mem_for_group
+    if not hasattr(enable, "__deprecated__") and not symm_mem.is_symm_mem_enabled_for_group(group_name):
+        enable(group_name)  # older torch needs it before rendezvous; newer torch deprecates it
+    buffer = symm_mem.empty(numel, dtype=dtype, device=device)
+    symm_mem.rendezvous(buffer, group_name)
+    return buffer, group_name
+
+
+def agree(flag: bool, group: dist.ProcessGroup | None, device: torch.device) -> bool:
+    """True only where every rank says True, so all ranks take the same collective path."""
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return bool(t.item())
+
+
+def setup_all_reduce(
+    choice: str, group: dist.ProcessGroup | None, device: torch.device, dtype: torch.dtype, max_bytes: int
+) -> AllReduce:
+    """Builds this rank's all-reduce; a collective call (every rank, after the process group exists,
+    before CUDA-graph capture). `max_bytes`: the largest message the symmetric buffer takes (larger
+    ones go to NCCL); decode needs max_num_seqs x hidden_size x dtype bytes."""
+    group = group or dist.group.WORLD
+    world_size = dist.get_world_size(group)
+    usable = device.type == "cuda" and agree(symm_mem_usable(device, world_size), group, device)
+    impl = resolve_choice(choice, device, world_size, usable)
+    if choice == "symm_mem" and dtype not in SYMM_MEM_DTYPES:
+        raise KnobError(
+            "parallel.all_reduce", choice, f"auto or nccl for dtype {dtype} (symm_mem: bfloat16, float32)"
+        )
+    if impl != "symm_mem" or dtype not in SYMM_MEM_DTYPES:
+        return AllReduce(group, choice, "nccl" if impl == "symm_mem" else impl, world_size)
+    limit = min(max_bytes, SYMM_MEM_MAX_BYTES.get(world_size, DEFAULT_SYMM_MEM_MAX_BYTES))
+    if choice == "symm_mem":  # forced: symmetric memory up to the whole buffer
+        limit = max_bytes
+    numel = -(-max(limit, 16) // 16) * 16 // dtype.itemsize
+    buffer, group_name = allocate_symmetric(group, device, dtype, numel)
+    one_shot = min(limit, ONE_SHOT_MAX_BYTES.get(world_size, DEFAULT_ONE_SHOT_MAX_BYTES))
+    return AllReduce(group, choice, impl, world_size, dtype, buffer, group_name, one_shot, limit)
