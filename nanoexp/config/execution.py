@@ -16,7 +16,7 @@ class ExecutionConfig:
     section: ClassVar[str] = "engine"
 
     device: str = "auto"  # auto = CUDA when present
-    attention_backend: str = "auto"  # auto = flash_attn or triton on CUDA, torch on CPU
+    attention_backend: str = "auto"  # auto: first self-checked of triton, flash_attn on CUDA; torch on CPU
     seed: int = 0  # dummy weights and unseeded sampling
 
     def __post_init__(self) -> None:

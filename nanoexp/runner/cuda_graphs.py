@@ -8,9 +8,11 @@ from torch import nn
 from nanoexp.kernels.base import AttentionMetadata
 from nanoexp.runner.inputs import ModelInputs
 
+MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly
+
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    top = min(max_num_seqs, 512)
+    top = min(max_num_seqs, MAX_GRAPH_BATCH)
     sizes = [bs for bs in (1, 2, 4, 8) if bs < top] + list(range(16, top, 16)) + [top]
     return sorted(set(sizes))
 

@@ -11,10 +11,11 @@ import torch
 import torch.distributed as dist
 
 from nanoexp.config import EngineConfig
+from nanoexp.distributed import init_all_reduce, reset_all_reduce
 from nanoexp.kernels.select import triton_available
 from nanoexp.layers.fusion import fused
 from nanoexp.layers.sampler import Sampler
-from nanoexp.runner.cuda_graphs import DecodeGraphs
+from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, DecodeGraphs
 from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.model_setup import leave_process_group, runner_info, set_up_model
@@ -43,6 +44,9 @@ class ModelRunner:
         self.model, self.hf_config, self.backend = loaded.model, loaded.hf_config, loaded.backend
         self.device, self.dtype = loaded.device, loaded.dtype
         self.max_model_len = loaded.max_model_len
+        self.all_reduce = init_all_reduce(
+            config.parallel.all_reduce, self.device, self.dtype, self.decode_message_bytes()
+        )
         self.timings: dict[str, float] = {"load_s": loaded.load_s}
         self.sampler = Sampler(one_pass=self.device.type == "cuda" and triton_available())
         self.last_sampled: torch.Tensor | None = None  # the last launched step's ids, on every rank
@@ -51,6 +55,11 @@ class ModelRunner:
         cache = create_kv_cache(config, self.model, self.dtype, self.device, self.profile_memory, reserve)
         self.kv_cache, self.num_blocks, self.kv_cache_bytes = cache.tensor, cache.num_blocks, cache.num_bytes
         self.graphs = self.capture_graphs() if self.uses_graphs() else None
+
+    def decode_message_bytes(self) -> int:
+        """The largest all-reduce of a captured decode step: one hidden row per sequence."""
+        rows = min(self.config.scheduler.max_num_seqs, MAX_GRAPH_BATCH)
+        return rows * self.hf_config.hidden_size * self.dtype.itemsize
 
     def uses_graphs(self) -> bool:
         return self.device.type == "cuda" and not self.config.scheduler.enforce_eager
@@ -167,11 +176,14 @@ class ModelRunner:
             "device": self.device.type,
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention_backend": self.backend.name,
+            "attention_backend_selection": self.backend.selection,
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,
             "load_s": 0.0, "warmup_s": 0.0, "graph_capture_s": 0.0,
+            **(self.all_reduce.describe() if self.all_reduce else {}),
             **self.timings,
         }
 
     def close(self) -> None:
+        reset_all_reduce()
         leave_process_group()

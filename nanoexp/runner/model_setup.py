@@ -49,8 +49,11 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     start = time.perf_counter()
     model = build_model(config, hf_config, dtype, device, max_model_len)
     load_s = time.perf_counter() - start
-    backend = make_attention_backend(config.execution.attention_backend, device, config.cache.block_size)
-    for layer in attention_layers(model):
+    layers = attention_layers(model)
+    backend = make_attention_backend(
+        config.execution.attention_backend, device, config.cache.block_size, dtype, layers[0].head_dim
+    )
+    for layer in layers:
         layer.backend = backend
     return LoadedModel(model, hf_config, device, dtype, backend, load_s, max_model_len)
 
