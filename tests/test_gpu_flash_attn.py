@@ -107,9 +107,10 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-def assert_follows_transformers(hf_model, prompts, outs):
+def assert_follows_transformers(hf_model, prompts, outs, min_exact: float = 0.5) -> int:
     """Where our greedy tokens first differ from transformers (float32, teacher-forced on our
-    tokens), ours must be in its top 3, and at least half of the prompts must match exactly."""
+    tokens), ours must be in its top 3, and at least `min_exact` of the prompts must match exactly.
+    Returns the number of exact matches."""
     exact = 0
     for prompt, out in zip(prompts, outs, strict=True):
         with torch.no_grad():
@@ -121,7 +122,8 @@ def assert_follows_transformers(hf_model, prompts, outs):
             continue
         top3 = logits[len(prompt) - 1 + i].topk(3).indices.tolist()
         assert out.token_ids[i] in top3, f"prompt length {len(prompt)}: token {i} outside top-3"
-    assert exact >= 0.5 * len(prompts), f"{exact} of {len(prompts)} exact"
+    assert exact >= min_exact * len(prompts), f"{exact} of {len(prompts)} exact"
+    return exact
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
@@ -144,7 +146,11 @@ def test_bfloat16_greedy_follows_transformers(hd128, eager):
     path, hf_model = hd128
     prompts = random_prompts(LENGTHS, seed=33)
     outs = engine_outputs(path, prompts, 16, dtype="bfloat16", enforce_eager=eager)
-    assert_follows_transformers(hf_model, prompts, outs)
+    ref = engine_outputs(path, prompts, 16, dtype="bfloat16", enforce_eager=eager, attention_backend="torch")
+    # bf16 rounding flips near-ties of a random tiny model: as exact as the reference kernel, not 50%
+    exact = assert_follows_transformers(hf_model, prompts, outs, min_exact=0.0)
+    exact_ref = assert_follows_transformers(hf_model, prompts, ref, min_exact=0.0)
+    assert exact >= exact_ref - 1, f"flash_attn {exact} exact, torch reference {exact_ref}"
 
 
 def test_same_tokens_as_the_torch_reference_backend(hd128):

@@ -39,7 +39,7 @@ for part in $parts; do
       summary "tests ($((SECONDS - start)) s): $(tail -1 "$WORK/gpu_tests.log")" ;;
     decode)
       for backend in triton flash_attn; do
-        timeout 200 python3 experiments/kernels/decode_step_backend.py "$backend" \
+        timeout 200 python3 experiments/nanovllm_bench/decode_step.py --attention-backend "$backend" \
           --out "$WORK/decode_step_$backend.md" 2>&1 | tee "$WORK/decode_$backend.log" | tail -4
       done
       summary "decode tables ($((SECONDS - start)) s): $(ls "$WORK"/decode_step_*.md 2>/dev/null | xargs -n1 basename | tr '\n' ' ')" ;;

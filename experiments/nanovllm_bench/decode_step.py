@@ -37,12 +37,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bandwidth", type=float, default=4.2e12, help="measured copy bandwidth, B/s")
     parser.add_argument("--block-size", type=int, default=256)
+    parser.add_argument("--attention-backend", default="auto", help="auto, triton, flash_attn or torch")
     parser.add_argument("--out", default=None)
     parser.add_argument("--profile", action="store_true", help="print the kernels of one step instead")
     args = parser.parse_args()
     arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
     llm = LLM("Qwen/Qwen3-0.6B", hf_config=arch, load_format="dummy", dtype="bfloat16",
-              kvcache_block_size=args.block_size, max_model_len=4096 + 16, max_num_seqs=256)
+              kvcache_block_size=args.block_size, max_model_len=4096 + 16, max_num_seqs=256,
+              attention_backend=args.attention_backend)
     runner = llm.engine.executor.runner
     runner.kv_cache.normal_()  # never time on zeros
     weights = llm.stats()["weights_bytes"]
