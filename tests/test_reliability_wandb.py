@@ -105,7 +105,6 @@ def assert_nothing_left_outside(tmp_path: Path) -> None:
     assert not left, f"W&B left files outside the job dir: {left[:5]}"
 
 
-@pytest.mark.slow
 def test_run_py_with_unreachable_server_finishes_offline(tmp_path, silent_server):
     env = unreachable_env(tmp_path, silent_server) | {"WANDB_INIT_TIMEOUT": "5"}
     cmd = [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'job'}", "model=qwen3_tiny",

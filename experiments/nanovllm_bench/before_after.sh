@@ -11,7 +11,7 @@ site=/tmp/site
   --upgrade --target "$site" .whl/*.whl
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 backends=triton
-python3 -c "import flash_attn_2_cuda" 2>/dev/null && backends=triton,flash_attn
+python3 -c "import torch, flash_attn_2_cuda" 2>/dev/null && backends=triton,flash_attn
 work="$OUT/bench"; mkdir -p "$work"
 for round in $(seq "$ROUNDS"); do
   (cd "$BASE" && PYTHONPATH="$site:$PWD" timeout 200 python3 run.py experiment=nanovllm_bench logger=none \
