@@ -113,13 +113,14 @@ def test_seeded_sampling_through_the_kernel_reproduces_and_ignores_the_batch(che
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("all_reduce", ["nccl", "symm_mem"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_tp2_nccl_with_graphs_matches_transformers_in_float32(checkpoints, reference_outputs,
-                                                              async_scheduling):
+def test_tp2_with_graphs_matches_transformers_in_float32(checkpoints, reference_outputs,
+                                                         async_scheduling, all_reduce):
     name = "qwen3_gqa4"
     prompts = random_prompts(LENGTHS, seed=20)
     outs = engine_outputs(checkpoints[name][0], prompts, 16, dtype="float32", tensor_parallel_size=2,
-                          async_scheduling=async_scheduling, num_kvcache_blocks=40)
+                          async_scheduling=async_scheduling, num_kvcache_blocks=40, all_reduce=all_reduce)
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.token_ids == reference_outputs(name, prompt, 16), f"prompt length {len(prompt)}"
     assert sum(o.num_preemptions for o in outs) > 0
