@@ -76,7 +76,7 @@ def symmetric(world: int, buffer_bytes: int, dtype=torch.bfloat16) -> AllReduce:
 @pytest.mark.parametrize(
     ("world", "rows", "expected"),
     [
-        (2, 1, ONE_SHOT), (2, 64, ONE_SHOT), (2, 65, TWO_SHOT), (2, 512, TWO_SHOT), (2, 513, NCCL),
+        (2, 1, ONE_SHOT), (2, 128, ONE_SHOT), (2, 129, TWO_SHOT), (2, 512, TWO_SHOT), (2, 513, NCCL),
         (8, 32, ONE_SHOT), (8, 33, NCCL),  # 8 ranks: point to point only up to 256 KiB
     ],
 )

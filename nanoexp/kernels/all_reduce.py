@@ -22,14 +22,15 @@ from nanoexp.config.checks import KnobError
 
 KiB, MiB = 1024, 1024 * 1024
 
-# Measured on 2 H200s over NVLink, bf16 rows x 4096 (issue 10; re-measure with
-# experiments/tp_scaling/bench_all_reduce.py): one-shot in a CUDA graph 6.3 us (1 row) .. 18.8 us
-# (256 rows = 2 MiB); two-shot eager 11-14 us over the same range; NCCL in a graph 18-38 us.
+# Measured on 2 H200s over NVLink, bf16 (experiments/tp_scaling/runs/all_reduce.md, made by
+# experiments/tp_scaling/bench_all_reduce.py), per call inside a CUDA graph: one-shot 6.5 us (8 KiB)
+# .. 14.8 us (1 MiB), then two-shot is faster (19.3 vs 22.7 us at 2 MiB, 27 vs 35 at 4 MiB, 41 vs 61 at
+# 8 MiB); NCCL in a graph is 15-57 us over 8 KiB .. 8 MiB and only catches two-shot at 32 MiB.
 # One-shot reads (N-1) x the message from peers, two-shot 2 (N-1)/N x, so two-shot wins as messages
-# and N grow. The cut-offs mirror vLLM's point-to-point custom all-reduce (one-shot below 512 KiB
-# up to 4 ranks, 256 KiB at 8; point-to-point at all only up to 64 MiB / 32 MiB / 512 KiB / 256 KiB
-# for 2 / 4 / 6 / 8 ranks on Hopper, NCCL above), which does not use multicast either.
-ONE_SHOT_MAX_BYTES = {2: 512 * KiB, 4: 512 * KiB, 6: 256 * KiB, 8: 256 * KiB}
+# and N grow. Beyond 2 ranks (not measured here) the cut-offs mirror vLLM's point-to-point custom
+# all-reduce (one-shot below 512 KiB up to 4 ranks, 256 KiB at 8; point-to-point only up to
+# 32 MiB / 512 KiB / 256 KiB for 4 / 6 / 8 ranks on Hopper, NCCL above), which avoids multicast too.
+ONE_SHOT_MAX_BYTES = {2: 1 * MiB, 4: 512 * KiB, 6: 256 * KiB, 8: 256 * KiB}
 SYMM_MEM_MAX_BYTES = {2: 64 * MiB, 4: 32 * MiB, 6: 512 * KiB, 8: 256 * KiB}
 DEFAULT_ONE_SHOT_MAX_BYTES = 256 * KiB  # other world sizes: the most conservative entries above
 DEFAULT_SYMM_MEM_MAX_BYTES = 256 * KiB
