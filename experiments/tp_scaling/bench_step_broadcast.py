@@ -1,5 +1,6 @@
 """Host cost of sending one step's input to every tensor-parallel rank: pickle + one pipe per rank
-(the old path) against pickle + one write into the shared-memory ring (nanoexp.runner.shm_ring).
+(the old path) against pickle + one write into the shared-memory ring (nanoexp.runner.shm_ring),
+and against a compact encoding (numpy columns, block tables flattened) written into the ring.
 
 Dummy receiver processes (one per rank) read and unpickle each message, then acknowledge it on a
 pipe of their own, so the writer never runs ahead. Printed per step, median over `--steps`:
@@ -18,6 +19,8 @@ import pickle
 import random
 import statistics
 import time
+
+import numpy as np
 
 from nanoexp.runner.shm_ring import ShmRing
 from nanoexp.runner.step_input import StepInput
@@ -46,12 +49,33 @@ def prefill_step(num_tokens: int = 16384, num_seqs: int = 8) -> StepInput:
     )
 
 
+def encode_compact(step: StepInput) -> bytes:
+    """The step as numpy columns (lists converted here, on the engine's side)."""
+    tables = step.block_tables
+    columns = (
+        step.is_prefill,
+        np.array(step.token_ids, dtype=np.int64),
+        np.array(step.query_lens, dtype=np.int32),
+        np.array(step.context_lens, dtype=np.int32),
+        np.fromiter((b for t in tables for b in t), dtype=np.int32),
+        np.fromiter(map(len, tables), dtype=np.int32, count=len(tables)),
+        np.array(step.sample_seq_indices, dtype=np.int32),
+        np.array(step.temperatures, dtype=np.float32),
+        np.array(step.top_k, dtype=np.int32),
+        np.array(step.top_p, dtype=np.float32),
+        np.array(step.min_p, dtype=np.float32),
+        np.array([-1 if s is None else s for s in step.seeds], dtype=np.int64),
+        None if step.prev_sample_rows is None else np.array(step.prev_sample_rows, dtype=np.int32),
+    )
+    return pickle.dumps(("launch", columns), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def nothing() -> None:
     pass
 
 
 def receiver(kind: str, rank: int, source, ack) -> None:
-    ring = ShmRing.attach(source, rank) if kind == "ring" else None
+    ring = ShmRing.attach(source, rank) if kind != "pipes" else None
     while True:
         data = ring.read(nothing, spin_s=0.05) if ring else source.recv_bytes()
         message = pickle.loads(data)
@@ -65,7 +89,7 @@ def receiver(kind: str, rank: int, source, ack) -> None:
 
 def measure(kind: str, tp: int, step: StepInput, steps: int) -> tuple[float, float]:
     ctx = mp.get_context("spawn")
-    ring = ShmRing.create(tp, slot_bytes=4 << 20) if kind == "ring" else None
+    ring = ShmRing.create(tp, slot_bytes=4 << 20) if kind != "pipes" else None
     pipes, acks, procs = [], [], []
     for rank in range(tp):
         reader_end, writer_end = ctx.Pipe(duplex=False)
@@ -79,7 +103,10 @@ def measure(kind: str, tp: int, step: StepInput, steps: int) -> tuple[float, flo
     sends, deliveries = [], []
     for i in range(steps + 3):
         start = time.perf_counter()
-        data = pickle.dumps(("launch", (step,)), protocol=pickle.HIGHEST_PROTOCOL)
+        if kind == "compact":
+            data = encode_compact(step)
+        else:
+            data = pickle.dumps(("launch", (step,)), protocol=pickle.HIGHEST_PROTOCOL)
         if ring:
             ring.write(data, nothing)
         else:
@@ -111,17 +138,16 @@ def main() -> None:
     args = parser.parse_args()
     cases = {"decode, 256 seqs, 4-64 blocks": decode_step(), "prefill, 16k tokens": prefill_step()}
     print(f"host: {os.cpu_count()} CPUs; median of {args.steps} steps; microseconds per step\n")
-    print("| step | bytes | TP | pipes: send | pipes: delivered | ring: send | ring: delivered |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    kinds = ("pipes", "ring", "compact")
+    columns = " | ".join(f"{k}: send | {k}: delivered" for k in kinds)
+    print(f"| step | pickled / compact bytes | TP | {columns} |")
+    print("|---|---:|---:|" + "---:|" * 2 * len(kinds))
     for name, step in cases.items():
         size = len(pickle.dumps(("launch", (step,)), protocol=pickle.HIGHEST_PROTOCOL))
+        compact = len(encode_compact(step))
         for tp in args.tp:
-            pipe_send, pipe_done = measure("pipes", tp, step, args.steps)
-            ring_send, ring_done = measure("ring", tp, step, args.steps)
-            print(
-                f"| {name} | {size:,} | {tp} | {pipe_send * 1e6:.0f} | {pipe_done * 1e6:.0f} "
-                f"| {ring_send * 1e6:.0f} | {ring_done * 1e6:.0f} |", flush=True,
-            )
+            cells = [f"{t * 1e6:.0f}" for kind in kinds for t in measure(kind, tp, step, args.steps)]
+            print(f"| {name} | {size:,} / {compact:,} | {tp} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
