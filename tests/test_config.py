@@ -285,8 +285,8 @@ def test_engine_knobs_reach_the_engine_config() -> None:
     assert config.async_scheduling and config.execution.attention_backend == "torch"
 
 
-def test_async_scheduling_defaults_on_with_one_rank_and_can_be_asked_for_with_more():
+def test_async_scheduling_defaults_on_at_every_tp_size_and_can_be_turned_off():
     assert EngineConfig.from_kwargs("m").async_scheduling is True
-    assert EngineConfig.from_kwargs("m", tensor_parallel_size=2).async_scheduling is False
-    chosen = EngineConfig.from_kwargs("m", tensor_parallel_size=2, async_scheduling=True)
-    assert chosen.async_scheduling is True
+    assert EngineConfig.from_kwargs("m", tensor_parallel_size=2).async_scheduling is True
+    chosen = EngineConfig.from_kwargs("m", tensor_parallel_size=2, async_scheduling=False)
+    assert chosen.async_scheduling is False

@@ -129,20 +129,30 @@ def test_tp_matches_tp1(models, name, tp):
     assert_same_generation(got, want)
 
 
+LONG_PROMPT = [(7 * i + 3) % 120 for i in range(45)]  # more than one step's token budget
+
+
 @pytest.mark.parametrize("name,tp", [("qwen3_kv4", 2), ("qwen3_kv2_pad", 4)])
-def test_overlapped_tp_matches_tp1(models, name, tp):
-    """async_scheduling with workers: rank 0 broadcasts each step's samples, so every rank builds
-    the next step's inputs on its device before the host has read them."""
+def test_overlapped_tp_matches_sync_tp1(models, name, tp):
+    """async_scheduling with workers (the default): rank 0 broadcasts each step's samples, so every
+    rank builds the next step's inputs on its device before the host has read them. With prefix
+    caching, chunked prefill (the long prompt) and preemption (the small cache)."""
+    prompts = PROMPTS + [LONG_PROMPT]
     params = [GREEDY if i % 2 else SamplingParams(temperature=0.9, seed=i, max_tokens=10, ignore_eos=True)
-              for i in range(len(PROMPTS))]
+              for i in range(len(prompts))]
+    engine = {**ENGINE, "num_kvcache_blocks": 16, "max_num_batched_tokens": 32}
     outputs = {}
-    for size, overlap in ((1, False), (tp, True)):
-        with LLM(models[name], tensor_parallel_size=size, async_scheduling=overlap, **ENGINE) as llm:
-            outputs[size] = llm.generate(PROMPTS, params, use_tqdm=False)
+    for size, overlap in ((1, False), (tp, None)):
+        with LLM(models[name], tensor_parallel_size=size, **engine,
+                 **({} if overlap is None else {"async_scheduling": overlap})) as llm:
+            assert llm.engine.config.async_scheduling is (size > 1)
+            outputs[size] = llm.generate(prompts, params, use_tqdm=False)
             assert llm.engine.block_manager.num_used == 0
     assert_no_workers()
     assert_same_generation(outputs[tp], outputs[1])
     assert sum(o.num_preemptions for o in outputs[tp]) > 0
+    assert sum(o.num_cached_tokens for o in outputs[tp]) > 0
+    assert len(LONG_PROMPT) > engine["max_num_batched_tokens"]
 
 
 def test_two_engines_at_once(models):
@@ -240,21 +250,25 @@ ORPHAN_SCRIPT = """
 import os, signal
 from nanoexp.engine.llm import LLM
 llm = LLM({model!r}, tensor_parallel_size=2, **{engine!r})
-print(*(p.pid for p in llm.engine.executor.group.procs), flush=True)
+group = llm.engine.executor.group
+print(group.tmpdir, "/dev/shm/" + group.ring.handle.name, *(p.pid for p in group.procs), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_workers_exit_when_the_main_process_dies(models):
+def test_workers_exit_and_clean_up_when_the_main_process_is_killed(models):
     script = ORPHAN_SCRIPT.format(model=models["qwen3_kv4"], engine=ENGINE)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    pids = [int(p) for p in proc.stdout.split()]
+    tmpdir, ring, *pids = proc.stdout.split()
+    pids = [int(p) for p in pids]
     assert len(pids) == 2
     deadline = time.monotonic() + 10
     while any(map(is_running, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(is_running, pids))
+    assert not os.path.exists(tmpdir), "the rendezvous directory outlived the workers"
+    assert not os.path.exists(ring), "the shared-memory ring outlived the workers"
 
 
 def is_running(pid: int) -> bool:

@@ -55,9 +55,8 @@ class EngineConfig:
 
     @property
     def async_scheduling(self) -> bool:
-        """Overlap step n+1's scheduling with step n; unset = on with one rank."""
-        chosen = self.scheduler.async_scheduling
-        return self.parallel.tensor_parallel_size == 1 if chosen is None else chosen
+        """Overlap step n+1's scheduling with step n; on unless turned off, at every TP size."""
+        return self.scheduler.async_scheduling is not False
 
     @classmethod
     def from_kwargs(cls, model: str | None, **kwargs: Any) -> EngineConfig:

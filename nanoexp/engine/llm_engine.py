@@ -42,11 +42,17 @@ class LLMEngine:
         self.ids = itertools.count()
         self.in_flight: InFlight | None = None
         self.last_step_end = 0.0  # overlapped steps are timed from the later of this and their start
+        self.closed = False
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("the engine is closed")
 
     def add_request(
         self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
     ) -> int:
         """Queues one request; raises ValueError (and queues nothing) if it can never run."""
+        self.check_open()
         seq_id = next(self.ids)
         self.check_request(seq_id, list(prompt_token_ids), params)
         self.scheduler.add(Sequence(seq_id, prompt_token_ids, params, arrival_time))
@@ -79,6 +85,7 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or self.in_flight is not None
 
     def step(self) -> tuple[list[RequestOutput], StepStats]:
+        self.check_open()
         if self.config.async_scheduling:
             return self.overlapped_step()
         start, counters = time.perf_counter(), self.prefix_counters()
@@ -213,5 +220,8 @@ class LLMEngine:
         self.scheduler.abort_all()
 
     def close(self) -> None:
-        self.executor.close()
+        """Stops the executor; every later add_request or step raises. Closing twice is a no-op."""
+        if not self.closed:
+            self.closed = True
+            self.executor.close()
 

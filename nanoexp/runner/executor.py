@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import atexit
+import os
+import signal
+import threading
 import weakref
 from collections.abc import Callable
 
@@ -43,6 +46,7 @@ class InProcessExecutor:
 
 
 _live: weakref.WeakSet = weakref.WeakSet()
+_previous_sigterm: list = []  # the handler SIGTERM had before ours, once ours is installed
 
 
 @atexit.register
@@ -51,6 +55,30 @@ def _close_all() -> None:
     # non-daemonic children and would wait forever for workers that were never told to stop.
     for executor in list(_live):
         executor.close()
+
+
+def _on_sigterm(signum: int, frame) -> None:
+    """Stops the workers and removes the rendezvous directory and ring, then does what SIGTERM
+    did before (by default: terminate)."""
+    for executor in list(_live):
+        executor.kill()
+    previous = _previous_sigterm[0]
+    if callable(previous):
+        previous(signum, frame)
+    elif previous in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def install_sigterm_cleanup() -> None:
+    """Once, from the main thread, unless SIGTERM is ignored (then there is nothing to clean up)."""
+    if _previous_sigterm or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:
+        return
+    _previous_sigterm.append(previous)
+    signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def check_devices(config: EngineConfig) -> None:
@@ -67,11 +95,16 @@ def check_devices(config: EngineConfig) -> None:
 class MultiprocExecutor:
     """Same interface as InProcessExecutor; every rank lives in its own worker process."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, step_timeout_s: float | None = None,
+                 startup_timeout_s: float | None = None):
+        """The step deadline is `step_timeout_s` (else $NANOEXP_TP_STEP_TIMEOUT_S, else 60 s) plus
+        10x the slowest step so far; start-up's is `startup_timeout_s` (else
+        $NANOEXP_TP_STARTUP_TIMEOUT_S, else 1800 s). A worker past it is an error, as a dead one."""
         checked_hf_config(config)  # fail before spawning: the split, the length
         check_devices(config)
         self.size = config.parallel.tensor_parallel_size
-        self.group = WorkerGroup(config)
+        install_sigterm_cleanup()
+        self.group = WorkerGroup(config, step_timeout_s, startup_timeout_s)
         self.finalizer = weakref.finalize(self, stop_group, self.group)
         _live.add(self)
         try:
@@ -84,7 +117,7 @@ class MultiprocExecutor:
         """Runs a runner method by name, or `method(runner, *args)` (a module-level function, so
         it pickles), on every rank; returns rank 0's result (None when `reply` is False)."""
         if not self.finalizer.alive:
-            raise RuntimeError("the tensor-parallel executor is closed")
+            raise RuntimeError("the engine is closed (its tensor-parallel workers were shut down)")
         try:
             self.group.send(method, *args)
             return self.group.receive([0])[0] if reply else None
@@ -106,6 +139,15 @@ class MultiprocExecutor:
 
     def close(self) -> None:
         self.finalizer()
+        _live.discard(self)
+
+    def kill(self) -> None:
+        """Stops the workers at once (no goodbye) and removes what they shared."""
+        if self.finalizer.detach():
+            try:
+                self.group.kill()
+            finally:
+                self.group.release()
         _live.discard(self)
 
 

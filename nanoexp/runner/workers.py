@@ -1,7 +1,9 @@
-"""Tensor parallelism: one spawned worker process per rank, and the pipes that drive them.
+"""Tensor parallelism: one spawned worker process per rank, the shared-memory ring that carries
+each command to all of them at once, and the pipes that carry replies (and oversized commands).
 
 The main process runs no rank itself, so it never blocks inside a collective: it waits on the
-workers' pipes and process sentinels together and notices a dead worker within a poll interval.
+workers' pipes and process sentinels together, notices a dead worker at once and a stuck one at
+the step deadline.
 """
 
 from __future__ import annotations
@@ -22,9 +24,20 @@ from tqdm import tqdm
 
 from nanoexp.config import EngineConfig
 from nanoexp.runner.model_runner import ModelRunner
+from nanoexp.runner.shm_ring import RingHandle, ShmRing, unlink
 
-PARENT_POLL_S = 1.0
 JOIN_TIMEOUT_S = 5.0
+RING_SLOTS = 8
+RING_SLOT_BYTES = 4 << 20  # a decode step of 256 sequences is ~50 KB pickled; larger ones use the pipes
+# How long an idle worker busy-waits for the next command before sleeping with backoff: on a GPU
+# longer than a decode step, so the next one is picked up at once; on a CPU short, cores are few.
+SPIN_S = {"cuda": 0.05, "cpu": 0.0005}
+# The step deadline: STEP_TIMEOUT_FLOOR_S + SLOWEST_STEP_FACTOR x the slowest step so far; start-up
+# (loading, profiling, graph capture, compilation) has its own. Environment variables override both.
+STEP_TIMEOUT_ENV, STARTUP_TIMEOUT_ENV = "NANOEXP_TP_STEP_TIMEOUT_S", "NANOEXP_TP_STARTUP_TIMEOUT_S"
+STEP_TIMEOUT_FLOOR_S = 60.0
+STARTUP_TIMEOUT_S = 1800.0
+SLOWEST_STEP_FACTOR = 10.0
 # NVLink multicast (NVLS, symmetric-memory multimem) off unless the environment says otherwise:
 # the all-reduces here do not need it, and on shared hosts it can take the GPUs out of service.
 NO_MULTICAST_ENV = {
@@ -42,7 +55,13 @@ STARTUP_HINT = (
 # ---- worker side -----------------------------------------------------------------------------
 
 
-def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connection, parent: int) -> None:
+class Orphaned(Exception):
+    """The main process is gone."""
+
+
+def worker_main(
+    config: EngineConfig, rank: int, dist_init: str, conn: Connection, parent: int, ring_handle: RingHandle
+) -> None:
     """Entry point of one rank: build the runner, then serve commands until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     for key, value in NO_MULTICAST_ENV.items():
@@ -50,12 +69,16 @@ def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connectio
     if config.execution.device == "cpu" or not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.parallel.tensor_parallel_size))
     use_thread_lock_for_tqdm()
+    ring = ShmRing.attach(ring_handle, rank)
     try:
         runner = ModelRunner(config, rank, dist_init)
         conn.send(("ok", runner.info() if rank == 0 else None))
-        serve(runner, rank, conn, parent)
+        serve(runner, rank, conn, parent, ring)
+    except Orphaned:
+        clean_up_after(dist_init, ring_handle)
     except BaseException as err:  # noqa: BLE001 - every failure goes back to the control plane
         send_error(conn, err)
+    ring.close()
     # Skip interpreter teardown (seconds with torch loaded); only stdio needs flushing.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -68,21 +91,29 @@ def use_thread_lock_for_tqdm() -> None:
     tqdm.set_lock(threading.RLock())
 
 
-def serve(runner: ModelRunner, rank: int, conn: Connection, parent: int) -> None:
+def serve(runner: ModelRunner, rank: int, conn: Connection, parent: int, ring: ShmRing) -> None:
+    def check_parent() -> None:
+        if os.getppid() != parent:
+            raise Orphaned
+
+    spin_s = SPIN_S.get(runner.device.type, SPIN_S["cpu"])
     while True:
-        while not conn.poll(PARENT_POLL_S):
-            if os.getppid() != parent:
-                return  # orphaned: the control plane is gone
-        try:
-            method, args = pickle.loads(conn.recv_bytes())
-        except EOFError:
-            return
+        data = ring.read(check_parent, spin_s)
+        if data is None:  # too large for a slot: this one came over the pipe
+            data = conn.recv_bytes()
+        method, args = pickle.loads(data)
         if method == "close":
             runner.close()
             return
         result = getattr(runner, method)(*args) if isinstance(method, str) else method(runner, *args)
         if rank == 0 and method not in UNANSWERED:
             conn.send(("ok", result))
+
+
+def clean_up_after(dist_init: str, ring_handle: RingHandle) -> None:
+    """The main process died without cleaning up (SIGKILL): its workers remove what it left."""
+    shutil.rmtree(os.path.dirname(dist_init.removeprefix("file://")), ignore_errors=True)
+    unlink(ring_handle.name)
 
 
 def send_error(conn: Connection, err: BaseException) -> None:
@@ -96,39 +127,65 @@ def send_error(conn: Connection, err: BaseException) -> None:
 
 
 class WorkerGroup:
-    """The processes, pipes and rendezvous directory; owns no reference to the executor so a
+    """The processes, ring, pipes and rendezvous directory; owns no reference to the executor so a
     finalizer can shut it down when the executor is collected."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, step_timeout_s: float | None = None,
+                 startup_timeout_s: float | None = None):
+        self.step_floor_s = timeout_from(STEP_TIMEOUT_ENV, step_timeout_s, STEP_TIMEOUT_FLOOR_S)
+        self.startup_timeout_s = timeout_from(STARTUP_TIMEOUT_ENV, startup_timeout_s, STARTUP_TIMEOUT_S)
+        self.slowest_step_s = 0.0
         ctx = mp.get_context("spawn")
         self.tmpdir = tempfile.mkdtemp(prefix="nanoexp-tp-")
-        dist_init = "file://" + os.path.join(self.tmpdir, "rendezvous")
         self.conns: list[Connection] = []
         self.procs = []
+        self.ring = ShmRing.create(config.parallel.tensor_parallel_size, RING_SLOTS, RING_SLOT_BYTES)
+        dist_init = "file://" + os.path.join(self.tmpdir, "rendezvous")
         for rank in range(config.parallel.tensor_parallel_size):
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(
                 target=worker_main, name=f"nanoexp-tp-rank{rank}",
-                args=(config, rank, dist_init, child_end, os.getpid()),
+                args=(config, rank, dist_init, child_end, os.getpid(), self.ring.handle),
             )
             proc.start()
             child_end.close()
             self.conns.append(parent_end)
             self.procs.append(proc)
 
-    def send(self, method: str, *args) -> None:
-        data = pickle.dumps((method, args))
+    def step_deadline_s(self) -> float:
+        return self.step_floor_s + SLOWEST_STEP_FACTOR * self.slowest_step_s
+
+    def send(self, method: str, *args, timeout: float | None = None) -> None:
+        """Publishes one command to every rank: once in the ring, or over each pipe if too large."""
+        data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        deadline = time.monotonic() + (timeout or self.step_deadline_s())
+        if self.ring.write(data, lambda: self.check_workers(deadline, range(len(self.procs)))):
+            return
         for rank, conn in enumerate(self.conns):
             try:
                 conn.send_bytes(data)
             except OSError:
                 self.raise_dead(rank)
 
+    def check_workers(self, deadline: float, awaited) -> None:
+        """Raises if a worker died or the deadline passed (while the ring is full)."""
+        for rank, proc in enumerate(self.procs):
+            if not proc.is_alive():
+                self.raise_dead(rank)
+        if time.monotonic() > deadline:
+            self.raise_stuck(list(awaited), self.step_deadline_s(), startup=False)
+
     def receive(self, ranks: list[int], startup: bool = False) -> list:
-        """Waits for one reply from each of `ranks`; any error or death elsewhere aborts."""
+        """Waits for one reply from each of `ranks`; any error or death elsewhere aborts, and so
+        does the deadline."""
+        start = time.monotonic()
+        timeout = self.startup_timeout_s if startup else self.step_deadline_s()
         replies: dict[int, object] = {}
         while len(replies) < len(ranks):
-            ready = wait(self.conns + [p.sentinel for p in self.procs])
+            left = start + timeout - time.monotonic()
+            ready = wait(self.conns + [p.sentinel for p in self.procs], timeout=max(0.0, left))
+            if not ready:
+                self.raise_stuck([r for r in ranks if r not in replies], timeout, startup)
             # Deaths first: a survivor's "peer closed the connection" error is only a symptom.
             dead = [r for r, p in enumerate(self.procs) if p.sentinel in ready]
             for rank in dead + [r for r, c in enumerate(self.conns) if c in ready and r not in dead]:
@@ -137,6 +194,8 @@ class WorkerGroup:
                 reply = self.read(rank, startup)  # raises on an error report or end of pipe
                 if rank in ranks:
                     replies[rank] = reply
+        if not startup:
+            self.slowest_step_s = max(self.slowest_step_s, time.monotonic() - start)
         return [replies[r] for r in ranks]
 
     def read(self, rank: int, startup: bool):
@@ -167,6 +226,20 @@ class WorkerGroup:
             f"tensor-parallel worker rank {rank} died ({how}); all workers were shut down{hint}"
         ) from None
 
+    def raise_stuck(self, awaited: list[int], timeout: float, startup: bool):
+        """A worker that neither answers nor dies (stopped, deadlocked, hung in a collective)."""
+        states = {rank: process_state(proc.pid) for rank, proc in enumerate(self.procs)}
+        stopped = [rank for rank, state in states.items() if state in ("T", "t")]
+        rank = (stopped or awaited)[0]
+        what = "start-up" if startup else "step"
+        env = STARTUP_TIMEOUT_ENV if startup else STEP_TIMEOUT_ENV
+        state = " (stopped)" if rank in stopped else ""
+        self.kill()
+        raise RuntimeError(
+            f"tensor-parallel worker rank {rank}{state} did not finish within the {what} deadline of "
+            f"{timeout:.1f} s; all workers were shut down (set {env} to change it)"
+        ) from None
+
     def kill(self) -> None:
         """Stops every worker now (they may be blocked in a collective with the dead one)."""
         for proc in self.procs:
@@ -176,7 +249,7 @@ class WorkerGroup:
 
     def shutdown(self) -> None:
         try:
-            self.send("close")
+            self.send("close", timeout=JOIN_TIMEOUT_S)
         except RuntimeError:
             pass  # a worker is already gone; kill() below takes care of the rest
         self.reap(JOIN_TIMEOUT_S)
@@ -194,7 +267,29 @@ class WorkerGroup:
     def release(self) -> None:
         for conn in self.conns:
             conn.close()
+        self.ring.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def timeout_from(env: str, given: float | None, default: float) -> float:
+    """An executor argument, else the environment variable, else the default; must be > 0."""
+    raw = given if given is not None else os.environ.get(env, default)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{env}={raw!r} is invalid: must be a positive number of seconds")
+    return value
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state in /proc/PID/stat ("T": stopped), or "" where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def name_of(cls: type) -> str:
