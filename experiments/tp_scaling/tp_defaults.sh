@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Device calls on 2 GPUs for the tensor-parallel acceptance runs with the current defaults (async
+# scheduling at every TP size, parallel.all_reduce=auto, the shared-memory step ring); each table is
+# one sweep. Sweep summaries land in $OUT/<part>.md.
+# Usage (repo root, GPU machine, .whl carried): bash experiments/tp_scaling/tp_defaults.sh [parts]
+#   bench8b      Qwen3-8B nanovllm_bench, parallel=tp1,tp2 x parallel.all_reduce=nccl,auto
+#                (the two TP=1 jobs are the same setting twice: the run-to-run spread)
+#   latency      batch-1 decode, Qwen3-8B and 0.6B, parallel=tp1,tp2
+#   async8b      Qwen3-8B nanovllm_bench at TP=2, scheduler.async_scheduling=false,true
+#   bench_small  Qwen3-1.7B and 4B nanovllm_bench, parallel=tp1,tp2
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+[ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+dummy=(model.load_format=dummy model.dtype=bfloat16)
+sweep() {  # name, timeout, overrides...
+  local name=$1 t=$2; shift 2
+  timeout "$t" python3 run.py -m "$@" logger=none hydra.sweep.dir="$OUT/$name" \
+    'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/$name.log" 2>&1
+  cp "$OUT/$name/sweep_summary.md" "$OUT/$name.md" 2>/dev/null || tail -5 "$OUT/$name.log"
+}
+for part in ${*:-bench8b latency}; do
+  case "$part" in
+    bench8b) sweep bench8b 300 experiment=nanovllm_bench model=qwen3_8b "${dummy[@]}" \
+      parallel=tp1,tp2 parallel.all_reduce=nccl,auto ;;
+    latency) sweep latency 240 model=qwen3_8b,qwen3_0_6b "${dummy[@]}" workload=latency \
+      workload.batch_size=1 scheduler.max_num_seqs=8 parallel=tp1,tp2 ;;
+    async8b) sweep async8b 200 experiment=nanovllm_bench model=qwen3_8b "${dummy[@]}" parallel=tp2 \
+      scheduler.async_scheduling=false,true ;;
+    bench_small) sweep bench_small 300 experiment=nanovllm_bench model=qwen3_1_7b,qwen3_4b "${dummy[@]}" \
+      parallel=tp1,tp2 ;;
+  esac
+  date
+done
+tar -czf "$OUT/runs.tgz" -C "$OUT" --exclude=wandb --exclude='*.csv' $(cd "$OUT" && ls -d */ 2>/dev/null)
