@@ -80,6 +80,15 @@ def test_a_logger_failing_at_the_end_does_not_hide_the_jobs_error(tmp_path: Path
     assert state["state"] == "failed" and state["exit_code"] == 2  # ended, with the exit code
 
 
+def test_an_unreadable_logger_section_still_leaves_results_and_error_txt(tmp_path: Path) -> None:
+    proc = run_py(tmp_path, *TINY, "logger=wandb", "logger.project=${nope}")
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "logger.project: Interpolation key 'nope' not found" in lines[0]
+    assert_failed_job_recorded(tmp_path / "job", 2, "logger.project: Interpolation key 'nope' not found")
+    assert not (tmp_path / "job" / "wandb").exists(), "documented: no W&B run without logger settings"
+
+
 @pytest.mark.parametrize(
     ("override", "needle"),
     [

@@ -260,8 +260,11 @@ def _is_config_error(e: BaseException) -> bool:
 
 
 def _one_line(e: BaseException) -> str:
+    """The error's first line; OmegaConf's errors name their key on a later line, so it leads."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return lines[0] if lines else type(e).__name__
+    line = lines[0] if lines else type(e).__name__
+    key = getattr(e, "full_key", None) if _is_config_error(e) else None
+    return f"{key}: {line}" if key and key not in line else line
 
 
 def _error_line(e: BaseException) -> str:
