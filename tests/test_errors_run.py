@@ -112,3 +112,16 @@ def test_hydra_full_error_keeps_hydras_own_report(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "Traceback (most recent call last)" in proc.stderr and "MissingConfigException" in proc.stderr
     assert not error_lines(proc)
+
+
+def test_runtime_failure_exits_1_pointing_at_error_txt(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64}))
+    (checkpoint / "model.safetensors").write_bytes(b"not a safetensors file")
+    proc = run_py(tmp_path, *TINY, "logger=none", f"model.path={checkpoint}", "model.load_format=safetensors")
+    lines = error_lines(proc)
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].endswith(f"(traceback: {tmp_path / 'job' / 'error.txt'})")
+    error = lines[0].removeprefix("nanoexp: error: ").split(" (traceback")[0]
+    assert_failed_job_recorded(tmp_path / "job", 1, error)
