@@ -306,7 +306,8 @@ def _hydra_line(e: Exception) -> str:
     if isinstance(e, MissingConfigException) and e.options:
         return f"{lines[0]} (available: {', '.join(e.options)})"
     if isinstance(e.__cause__, OmegaConfBaseException):
-        return f"{lines[0].rstrip('.')}: {_one_line(e.__cause__)}"
+        detail = str(e.__cause__).strip().splitlines()[0]  # its key is in the override already
+        return f"{lines[0].rstrip('.')}: {detail}"
     if isinstance(e, OverrideParseException) and len(lines) > 1:
         return f"{lines[0]}: {lines[1]}"
     return lines[0]
