@@ -5,6 +5,7 @@ from omegaconf import DictConfig
 
 import nanoexp.experiment
 import nanoexp.experiment.schema  # noqa: F401  (registers the structured-config schema)
+from nanoexp.experiment.main import cli
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -13,4 +14,4 @@ def main(cfg: DictConfig) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

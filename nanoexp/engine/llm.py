@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
 
 from tqdm.auto import tqdm
@@ -10,6 +11,8 @@ from tqdm.auto import tqdm
 from nanoexp.config import EngineConfig, SamplingParams
 from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.engine.outputs import RequestOutput
+
+PROMPT_KINDS = "a prompt is a str or a sequence of int token ids"
 
 
 class LLM:
@@ -45,9 +48,11 @@ class LLM:
     ) -> list[RequestOutput]:
         """Runs all prompts to completion; outputs come back in prompt order."""
         self.engine.check_open()
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        prompts = as_prompt_list(prompts)
         params = self.params_per_prompt(sampling_params or SamplingParams(), len(prompts))
-        token_lists = [self.encode(p) for p in prompts]
+        token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(prompts)]
+        for i, (tokens, sp) in enumerate(zip(token_lists, params)):
+            self.engine.check_request(f"prompt {i}", tokens, sp)  # all checked before any is queued
         ids = []
         try:
             for tokens, sp in zip(token_lists, params):
@@ -66,11 +71,24 @@ class LLM:
             raise ValueError(f"got {len(params)} sampling_params for {n} prompts; give one or one per prompt")
         return params
 
-    def encode(self, prompt) -> list[int]:
+    def prompt_tokens(self, index: int, prompt) -> list[int]:
+        """`encode`, with errors naming the prompt's index."""
+        try:
+            return self.encode(prompt)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"prompt {index}: {e}") from None
+
+    def encode(self, prompt: str | Seq[int]) -> list[int]:
+        """A text prompt's token ids (needs the checkpoint's tokenizer), or a sequence of token ids
+        (list, tuple, 1-D array; Python or numpy integers) as a list; the engine checks their range."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer in the checkpoint; pass token ids")
             return self.tokenizer.encode(prompt)
+        if isinstance(prompt, Mapping | bytes | bytearray) or not isinstance(prompt, Iterable):
+            raise TypeError(f"got {type(prompt).__name__} {_short(prompt)}; {PROMPT_KINDS}")
+        if getattr(prompt, "ndim", 1) != 1:
+            raise TypeError(f"got a {prompt.ndim}-D array; {PROMPT_KINDS}")
         return list(prompt)
 
     def with_text(self, out: RequestOutput) -> RequestOutput:
@@ -117,3 +135,19 @@ def load_tokenizer(model: str):
         return AutoTokenizer.from_pretrained(model)
     except Exception:  # noqa: BLE001 - a checkpoint without a tokenizer still serves token ids
         return None
+
+
+def as_prompt_list(prompts) -> list:
+    """`generate`'s prompts as a list: one str, or a sequence of prompts (not a dict or a set,
+    whose order or items would be guessed)."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, Mapping | set | frozenset | bytes) or not isinstance(prompts, Iterable):
+        raise TypeError(f"prompts: got {type(prompts).__name__}; pass a str or a list of prompts "
+                        f"({PROMPT_KINDS})")
+    return list(prompts)
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from dataclasses import dataclass
 
@@ -54,32 +55,33 @@ class LLMEngine:
         """Queues one request; raises ValueError (and queues nothing) if it can never run."""
         self.check_open()
         seq_id = next(self.ids)
-        self.check_request(seq_id, list(prompt_token_ids), params)
-        self.scheduler.add(Sequence(seq_id, prompt_token_ids, params, arrival_time))
+        prompt = self.check_request(f"request {seq_id}", prompt_token_ids, params)
+        self.scheduler.add(Sequence(seq_id, prompt, params, arrival_time))
         return seq_id
 
-    def check_request(self, seq_id: int, prompt: list[int], params: SamplingParams) -> None:
+    def check_request(self, name: str, prompt_token_ids, params: SamplingParams) -> list[int]:
+        """The prompt as a list of Python ints, or a one-line error naming the request (`name`)."""
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"request {seq_id}: sampling_params must be a SamplingParams")
+            raise TypeError(f"{name}: sampling_params must be a SamplingParams")
+        prompt = [_token_id(name, t) for t in prompt_token_ids]
         if not prompt:
-            raise ValueError(f"request {seq_id}: the prompt is empty")
-        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
+            raise ValueError(f"{name}: the prompt is empty")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(
-                f"request {seq_id}: token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})"
-            )
+            raise ValueError(f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(
-                f"request {seq_id}: prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) "
+                f"{name}: prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) "
                 f"= {total} exceeds max_model_len={self.max_model_len}"
             )
         capacity = self.block_manager.num_blocks * self.block_manager.block_size
         if total > capacity:
             raise ValueError(
-                f"request {seq_id}: prompt + max_tokens = {total} tokens exceeds the whole KV cache "
+                f"{name}: prompt + max_tokens = {total} tokens exceeds the whole KV cache "
                 f"({capacity} tokens); raise num_kvcache_blocks or the memory budget"
             )
+        return prompt
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.in_flight is not None
@@ -225,3 +227,18 @@ class LLMEngine:
             self.closed = True
             self.executor.close()
 
+
+def _token_id(name: str, token) -> int:
+    """A token id as a Python int: ints and numpy/torch integers pass, anything else (bool, float,
+    str) is an error rather than a guess."""
+    if type(token) is int:
+        return token
+    try:
+        if isinstance(token, bool) or str(getattr(token, "dtype", "")) in ("bool", "torch.bool"):
+            raise TypeError
+        return operator.index(token)
+    except TypeError:
+        raise TypeError(
+            f"{name}: token id {token!r} ({type(token).__name__}) is not an integer; "
+            "a prompt is a str or a sequence of int token ids"
+        ) from None

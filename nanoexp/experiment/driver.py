@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -93,4 +94,6 @@ def _order(o: RequestOutput) -> int:
 
 
 def _sleep_until(t: float) -> None:
+    if not math.isfinite(t):  # nan never arrives and inf never comes: the loop would spin forever
+        raise ValueError(f"a request's arrival time is {t}; arrival offsets must be finite seconds")
     time.sleep(max(0.0, t - time.perf_counter()))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.experiment.schema import LoggerConfig
 
@@ -43,7 +43,7 @@ def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
         out = Path("outputs") / "manual" / time.strftime("%Y-%m-%d_%H-%M-%S")
         return JobInfo(out, [], logger_cfg.name or "manual", logger_cfg.group)
     hc = HydraConfig.get()
-    overrides = list(hc.overrides.task)
+    overrides = list(OmegaConf.to_container(hc.overrides.task, resolve=False))  # may hold ${...}
     multirun = hc.mode == RunMode.MULTIRUN
     sweep_dir = str(Path(hc.sweep.dir)) if multirun else None
     return JobInfo(

@@ -1,20 +1,25 @@
 """One job: resolve the config, build, warm up, run the workload, summarize, log.
 
-Errors end the job with one line on stderr (config errors exit 2, others 1; the traceback goes to
-error.txt in the job dir, or to the terminal with HYDRA_FULL_ERROR=1). In a multirun the job
-returns its exit code instead, so the other jobs still run and the sweep report lists it.
+Errors end the job with one line on stderr (config errors exit 2, others 1), also written to
+run.log; error.txt in the job dir holds that line and the traceback (HYDRA_FULL_ERROR=1 prints
+the traceback too). Every failed job still leaves results.json and, with logger=wandb, a finished
+W&B run with its exit code. In a multirun the job returns its exit code instead of exiting, so
+the other jobs still run and the sweep report lists it. `cli` gives configs that Hydra itself
+rejects (before any job starts) the same one line and exit code 2.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.config import EngineConfig
 from nanoexp.experiment.build import (
@@ -32,10 +37,20 @@ from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
 from nanoexp.experiment.local_sink import RESULTS_FILE
 from nanoexp.experiment.metrics import latency_summary, request_rows, step_row, summarize
-from nanoexp.experiment.schema import ConfigError, NanoexpConfig, to_plain, to_spec
+from nanoexp.experiment.schema import (
+    ConfigError,
+    LoggerConfig,
+    LoggerKind,
+    NanoexpConfig,
+    to_plain,
+    to_spec,
+)
 from nanoexp.experiment.summary_table import print_summary
 
 CONFIG_EXIT, RUNTIME_EXIT = 2, 1
+ERROR_FILE = "error.txt"
+FULL_ERROR = "HYDRA_FULL_ERROR"
+CLI_FULL_ERROR = "NANOEXP_CLI_SET_HYDRA_FULL_ERROR"  # marks FULL_ERROR as set by `cli`, not the user
 
 
 def main(cfg: DictConfig) -> int:
@@ -43,8 +58,7 @@ def main(cfg: DictConfig) -> int:
     job, code = None, 0
     try:
         job = current_job(cfg.logger)  # before the typed config, so a sweep lists its config errors
-        spec, plain = to_spec(cfg), to_plain(cfg)
-        code = _run_job(spec, plain, job)
+        code = _run_job(cfg, job)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line and an exit code
         code = _report_error(e, job)
     if code and not (job and job.multirun):
@@ -52,22 +66,27 @@ def main(cfg: DictConfig) -> int:
     return code
 
 
-def _run_job(spec: NanoexpConfig, plain: dict, job: JobInfo) -> int:
-    check(spec)
-    checkpoint = resolve_checkpoint(spec.model)
-    config = engine_config(spec, checkpoint)
-    plain["resolved"] = {"checkpoint": checkpoint.as_dict(), **_claim_gpus(spec, job)}
+def _run_job(cfg: DictConfig, job: JobInfo) -> int:
+    try:
+        spec, plain = to_spec(cfg), to_plain(cfg)
+        check(spec)
+        checkpoint = resolve_checkpoint(spec.model)
+        config = engine_config(spec, checkpoint)
+        plain["resolved"] = {"checkpoint": checkpoint.as_dict(), **_claim_gpus(spec, job)}
+    except Exception as e:
+        _log_early_failure(cfg, job, e)
+        raise
     logger = build_logger(spec)
     logger.start(plain, job)
     summary, code = {"load_format": checkpoint.load_format}, 0
     try:
         summary = experiment(spec, config, checkpoint, logger, job)
     except BaseException as e:
-        code = CONFIG_EXIT if isinstance(e, ConfigError) else RUNTIME_EXIT
+        code = _exit_code(e)
         summary |= {"error": _one_line(e)}
+        _finish_after_failure(logger, summary, code, e)
         raise
-    finally:
-        logger.finish(summary, code)
+    logger.finish(summary, code)
     print_summary(summary, job)
     return 0
 
@@ -145,27 +164,93 @@ def _warm_up(driver, workload) -> float:
     return time.perf_counter() - start
 
 
+def _finish_after_failure(logger, summary: dict, code: int, error: BaseException) -> None:
+    """Finishes the loggers of a failed job; an error while finishing is noted on the job's error
+    (and so reported with it) instead of replacing it."""
+    try:
+        logger.finish(summary, code)
+    except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
+        error.add_note(f"finishing the loggers failed too: {_one_line(err)}")
+
+
+def _log_early_failure(cfg: DictConfig, job: JobInfo, error: Exception) -> None:
+    """Starts and finishes the loggers of a job that failed before they started (a config error,
+    a missing checkpoint), so it too leaves results.json and, with logger=wandb, a W&B run."""
+    code, line = _exit_code(error), _one_line(error)
+    logger = build_logger(NanoexpConfig(logger=_logger_config(cfg)))
+    try:
+        logger.start(_config_as_data(cfg), job)
+        logger.finish({"error": line}, code)
+    except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
+        error.add_note(f"recording the failure failed too: {_one_line(err)}")
+        _record_failure(job, code, line, replace=True)
+
+
+def _logger_config(cfg: DictConfig) -> LoggerConfig:
+    """The job's logger settings; only the local sink when the logger section itself is invalid."""
+    try:
+        logger_cfg = OmegaConf.to_object(cfg.logger)
+    except Exception:  # noqa: BLE001 - the job's own error is reported; this only picks loggers
+        return LoggerConfig(kind=LoggerKind.none)
+    return logger_cfg if isinstance(logger_cfg, LoggerConfig) else LoggerConfig(kind=LoggerKind.none)
+
+
+def _config_as_data(cfg: DictConfig) -> dict:
+    """The resolved config, or the unresolved one when resolving it is what failed."""
+    try:
+        return to_plain(cfg)
+    except Exception:  # noqa: BLE001 - the unresolved config is still worth logging
+        return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+
+
 def _report_error(e: BaseException, job: JobInfo | None) -> int:
-    code = CONFIG_EXIT if _is_config_error(e) else RUNTIME_EXIT
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+    """The one line (stderr and run.log), error.txt and results.json; never raises."""
+    code, line = _exit_code(e), _error_line(e)
+    if _user_wants_full_error():
         traceback.print_exc()
-    elif job is not None and code == RUNTIME_EXIT:
-        job.out_dir.mkdir(parents=True, exist_ok=True)
-        (job.out_dir / "error.txt").write_text(traceback.format_exc())
-    where = f" (traceback: {job.out_dir / 'error.txt'})" if job and code == RUNTIME_EXIT else ""
-    print(f"nanoexp: error: {_one_line(e)}{where}", file=sys.stderr)
+    where = ""
     if job is not None:
-        _record_failure(job, code, _one_line(e))
+        saved = _write_error_file(job, line, traceback.format_exc())
+        where = f" (traceback: {saved})" if saved and code == RUNTIME_EXIT else ""
+        _record_failure(job, code, line)
+    _log_to_files(f"nanoexp: error: {line}")
+    print(f"nanoexp: error: {line}{where}", file=sys.stderr)
     return code
 
 
-def _record_failure(job: JobInfo, code: int, error: str) -> None:
-    """A results.json for jobs that failed before the logger started, so sweeps list them."""
-    path = job.out_dir / RESULTS_FILE
-    if not path.exists():
+def _write_error_file(job: JobInfo, line: str, trace: str) -> Path | None:
+    path = job.out_dir / ERROR_FILE
+    try:
         job.out_dir.mkdir(parents=True, exist_ok=True)
-        failed = {"status": "failed", "exit_code": code, "job": job.as_dict(), "summary": {"error": error}}
-        path.write_text(json.dumps(failed, indent=2) + "\n")
+        path.write_text(f"{line}\n\n{trace}")
+    except OSError:
+        return None
+    return path
+
+
+def _record_failure(job: JobInfo, code: int, error: str, replace: bool = False) -> None:
+    """A results.json for jobs whose loggers did not write one, so sweeps list them."""
+    path = job.out_dir / RESULTS_FILE
+    failed = {"status": "failed", "exit_code": code, "job": job.as_dict(), "summary": {"error": error}}
+    try:
+        if replace or not path.exists():
+            job.out_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(failed, indent=2) + "\n")
+    except OSError:
+        pass  # the error line on stderr is all that is left to report
+
+
+def _log_to_files(message: str) -> None:
+    """The error line into the job's log files (run.log), not its console handler: stderr
+    already has it."""
+    record = logging.LogRecord("nanoexp", logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def _exit_code(e: BaseException) -> int:
+    return CONFIG_EXIT if _is_config_error(e) else RUNTIME_EXIT
 
 
 def _is_config_error(e: BaseException) -> bool:
@@ -175,5 +260,54 @@ def _is_config_error(e: BaseException) -> bool:
 
 
 def _one_line(e: BaseException) -> str:
+    """The error's first line; OmegaConf's errors name their key on a later line, so it leads."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return lines[0] if lines else type(e).__name__
+    line = lines[0] if lines else type(e).__name__
+    key = getattr(e, "full_key", None) if _is_config_error(e) else None
+    return f"{key}: {line}" if key and key not in line else line
+
+
+def _error_line(e: BaseException) -> str:
+    """The first line of the error and of each note added to it (e.g. a logger that failed too)."""
+    notes = [(n.strip().splitlines() or [""])[0] for n in getattr(e, "__notes__", [])]
+    return "; ".join([_one_line(e), *filter(None, notes)])
+
+
+def _user_wants_full_error() -> bool:
+    return os.environ.get(FULL_ERROR) == "1" and os.environ.get(CLI_FULL_ERROR) != "1"
+
+
+def cli(app: Callable[[], object]) -> None:
+    """Runs the Hydra app (run.py's `main`). A config that Hydra rejects before any job starts (an
+    unknown group option, an override's syntax, a value of the wrong type) is one line, exit 2,
+    like the config errors found in a job; HYDRA_FULL_ERROR=1 keeps Hydra's own report."""
+    from hydra.errors import HydraException
+
+    if _user_wants_full_error():
+        app()
+        return
+    os.environ |= {FULL_ERROR: "1", CLI_FULL_ERROR: "1"}  # Hydra re-raises instead of reporting
+    try:
+        app()
+    except HydraException as e:
+        print(f"nanoexp: error: {_hydra_line(e)}", file=sys.stderr)
+        sys.exit(CONFIG_EXIT)
+    finally:
+        os.environ.pop(FULL_ERROR, None)
+        os.environ.pop(CLI_FULL_ERROR, None)
+
+
+def _hydra_line(e: Exception) -> str:
+    """Hydra's multi-line report as one line: its first line plus the detail that names the value."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+    if isinstance(e, MissingConfigException) and e.options:
+        return f"{lines[0]} (available: {', '.join(e.options)})"
+    if isinstance(e.__cause__, OmegaConfBaseException):
+        detail = str(e.__cause__).strip().splitlines()[0]  # its key is in the override already
+        return f"{lines[0].rstrip('.')}: {detail}"
+    if isinstance(e, OverrideParseException) and len(lines) > 1:
+        return f"{lines[0]}: {lines[1]}"
+    return lines[0]
