@@ -282,11 +282,11 @@ def test_checkpoint_resolution(tmp_path: Path) -> None:
 def test_engine_knobs_reach_the_engine_config() -> None:
     cfg = compose_cfg("model=qwen3_tiny", "engine.attention_backend=torch", "scheduler.async_scheduling=true")
     config = build.engine_config(to_spec(cfg), DUMMY)
-    assert config.async_scheduling and config.execution.attention_backend == "torch"
+    assert config.scheduler.async_scheduling and config.execution.attention_backend == "torch"
 
 
 def test_async_scheduling_defaults_on_at_every_tp_size_and_can_be_turned_off():
-    assert EngineConfig.from_kwargs("m").async_scheduling is True
-    assert EngineConfig.from_kwargs("m", tensor_parallel_size=2).async_scheduling is True
+    assert EngineConfig.from_kwargs("m").scheduler.async_scheduling is True
+    assert EngineConfig.from_kwargs("m", tensor_parallel_size=2).scheduler.async_scheduling is True
     chosen = EngineConfig.from_kwargs("m", tensor_parallel_size=2, async_scheduling=False)
-    assert chosen.async_scheduling is False
+    assert chosen.scheduler.async_scheduling is False

@@ -145,7 +145,7 @@ def test_overlapped_tp_matches_sync_tp1(models, name, tp):
     for size, overlap in ((1, False), (tp, None)):
         with LLM(models[name], tensor_parallel_size=size, **engine,
                  **({} if overlap is None else {"async_scheduling": overlap})) as llm:
-            assert llm.engine.config.async_scheduling is (size > 1)
+            assert llm.engine.config.scheduler.async_scheduling is (size > 1)
             outputs[size] = llm.generate(prompts, params, use_tqdm=False)
             assert llm.engine.block_manager.num_used == 0
     assert_no_workers()

@@ -35,9 +35,9 @@ def integer(knob: str, value: object, low: int, note: str = "") -> None:
         raise KnobError(knob, value, f"an integer >= {low}{note}")
 
 
-def boolean(knob: str, value: object, optional: bool = False) -> None:
-    if not (isinstance(value, bool) or (optional and value is None)):
-        raise KnobError(knob, value, "true or false" + (" or null" if optional else ""))
+def boolean(knob: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise KnobError(knob, value, "true or false")
 
 
 def number(knob: str, value: object, ok: Callable[[float], bool], allowed: str) -> None:

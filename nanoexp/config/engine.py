@@ -53,11 +53,6 @@ class EngineConfig:
         if self.scheduler.max_model_len is not None:
             check_batch_budget(self.scheduler, self.scheduler.max_model_len)
 
-    @property
-    def async_scheduling(self) -> bool:
-        """Overlap step n+1's scheduling with step n; on unless turned off, at every TP size."""
-        return self.scheduler.async_scheduling is not False
-
     @classmethod
     def from_kwargs(cls, model: str | None, **kwargs: Any) -> EngineConfig:
         """`LLM(model, **kwargs)`: unknown keywords and invalid values are errors naming the keyword."""

@@ -88,7 +88,7 @@ class LLMEngine:
 
     def step(self) -> tuple[list[RequestOutput], StepStats]:
         self.check_open()
-        if self.config.async_scheduling:
+        if self.config.scheduler.async_scheduling:
             return self.overlapped_step()
         start, counters = time.perf_counter(), self.prefix_counters()
         return self.run_synchronously(self.scheduler.schedule(), start, counters)
