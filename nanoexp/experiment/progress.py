@@ -24,8 +24,14 @@ class Progress:
         stream = sys.stderr if stream is None else stream
         self.enabled = enabled and _is_tty(stream)
         self.bar = tqdm(
-            total=total, desc=desc, unit="req", file=stream, disable=not self.enabled,
-            dynamic_ncols=True, mininterval=REFRESH_S, leave=True,
+            total=total,
+            desc=desc,
+            unit="req",
+            file=stream,
+            disable=not self.enabled,
+            dynamic_ncols=True,
+            mininterval=REFRESH_S,
+            leave=True,
         )
         self.done = self.tokens = self.preemptions = 0
         self.started: float | None = None

@@ -215,7 +215,9 @@ class NanoexpConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     repeats: int = 1  # timed passes of the workload on one engine, after the warm-up
-    reseed_repeats: bool = False  # repeat r uses workload.seed + r (and sampler.seed + r)
+    # repeat r draws its prompts with workload.seed + r (and samples with sampler.seed + r): identical
+    # prompts would hit the prefix cache the earlier repeats filled
+    reseed_repeats: bool = True
     save_outputs: bool | None = None  # outputs.jsonl; null = only for workload=prompts_file
     notes: str = ""
 
