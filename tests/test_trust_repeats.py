@@ -42,7 +42,9 @@ def test_one_repeat_has_no_spread() -> None:
 
 
 def test_repeats_run_on_one_engine_and_carry_intervals(tmp_path: Path) -> None:
-    proc = run_py(tmp_path, "repeats=2", "workload.output_len=8", "workload.range_ratio=0")
+    proc = run_py(
+        tmp_path, "repeats=2", "workload.output_len=8", "workload.range_ratio=0", "save_outputs=true"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     job = tmp_path / "job"
     summary = json.loads((job / "results.json").read_text())["summary"]
@@ -58,6 +60,8 @@ def test_repeats_run_on_one_engine_and_carry_intervals(tmp_path: Path) -> None:
     with (job / "steps.csv").open() as f:
         assert {r["repeat"] for r in csv.DictReader(f)} == {"0", "1"}
     assert "±" in proc.stdout and "over 2 repeats" in proc.stdout
+    outputs = [json.loads(line) for line in (job / "outputs.jsonl").read_text().splitlines()]
+    assert sorted(r["repeat"] for r in outputs) == [0] * 4 + [1] * 4  # the knob, on for a random workload
     assert summary["load_s"] > 0 and "load_s_std" not in summary  # one engine, built once
 
 

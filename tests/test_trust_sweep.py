@@ -95,6 +95,7 @@ def test_job_summaries_equal_results(sweep: Path) -> None:
     for results_file in sorted(sweep.glob("[0-9]*/results.json")):
         results = json.loads(results_file.read_text())
         summary = results["summary"]
+        assert not (results_file.parent / "outputs.jsonl").exists()  # off by default off prompts files
         state = json.loads(inspect(Path(results["job"]["wandb"]["dir"]), "--summary"))
         for key in TOTALS:
             assert state["summary"][key] == pytest.approx(summary[key]), key
