@@ -43,7 +43,12 @@ def test_one_repeat_has_no_spread() -> None:
 
 def test_repeats_run_on_one_engine_and_carry_intervals(tmp_path: Path) -> None:
     proc = run_py(
-        tmp_path, "repeats=2", "workload.output_len=8", "workload.range_ratio=0", "save_outputs=true"
+        tmp_path,
+        "repeats=2",
+        "workload.output_len=8",
+        "workload.range_ratio=0",
+        "workload.output_range_ratio=0",
+        "save_outputs=true",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     job = tmp_path / "job"
