@@ -59,6 +59,21 @@ def test_prompts_file_saves_outputs_and_reports_goodput(tmp_path: Path) -> None:
     assert summary["good_requests"] == 3
     assert summary["request_goodput"] == pytest.approx(summary["request_throughput"])
     assert "request goodput" in proc.stdout
+    header = proc.stdout.splitlines()[:3]
+    assert header[1] == "TP 1, block size 256, rate inf, attention torch"
+    changed = header[2].removeprefix("changed from the defaults: ").split()
+    for setting in (
+        "workload=prompts_file",
+        "model=qwen3_tiny",
+        "logger=none",
+        "metrics.slo.tpot_ms=1000000.0",
+    ):
+        assert setting in changed
+    assert not any(
+        s.startswith(("model.arch", "workload.kind", "hydra")) for s in changed
+    )  # from the options
+    run_log = (job / "run.log").read_text()
+    assert "\n".join(header) in run_log and "request goodput" in run_log
     rows = [json.loads(line) for line in (job / "outputs.jsonl").read_text().splitlines()]
     with (job / "requests.csv").open() as f:
         requests = {int(r["request_id"]): r for r in csv.DictReader(f)}

@@ -73,6 +73,6 @@ def test_repeats_run_on_one_engine_and_carry_intervals(tmp_path: Path) -> None:
 def test_bad_repeats_is_one_line_exit_2(tmp_path: Path) -> None:
     proc = run_py(tmp_path, "repeats=0")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        "nanoexp: error: repeats=0 is invalid: must be an integer >= 1"
-    ]
+    line = "nanoexp: error: repeats=0 is invalid: must be an integer >= 1"
+    assert proc.stderr.strip().splitlines() == [line]
+    assert line in (tmp_path / "job" / "run.log").read_text()

@@ -34,7 +34,9 @@ from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.outputs_file import OUTPUTS_FILE, wants_outputs, write_outputs
 from nanoexp.experiment.progress import Progress
 from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
+from nanoexp.experiment.run_log import append_run_log
 from nanoexp.experiment.schema import ConfigError, NanoexpConfig, to_plain, to_spec
+from nanoexp.experiment.settings import always_shown, changed_settings
 from nanoexp.experiment.summary_table import print_summary
 
 CONFIG_EXIT, RUNTIME_EXIT = 2, 1
@@ -70,7 +72,8 @@ def _run_job(spec: NanoexpConfig, plain: dict, job: JobInfo) -> int:
         raise
     finally:
         logger.finish(summary, code)
-    print_summary(summary, job)
+    table = print_summary(summary, job, always_shown(plain), changed_settings(plain))
+    append_run_log(job, table)
     return 0
 
 
@@ -157,6 +160,7 @@ def _report_error(e: BaseException, job: JobInfo | None) -> int:
     where = f" (traceback: {job.out_dir / 'error.txt'})" if job and code == RUNTIME_EXIT else ""
     print(f"nanoexp: error: {_one_line(e)}{where}", file=sys.stderr)
     if job is not None:
+        append_run_log(job, f"nanoexp: error: {_one_line(e)}{where}")
         _record_failure(job, code, _one_line(e))
     return code
 

@@ -26,16 +26,18 @@ ROWS = [  # label, summary keys, number format, unit
     ("load / warmup / graphs", ("load_s", "warmup_s", "graph_capture_s"), "{:.2f}", "s"),
 ]
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
-SHOWN_SETTINGS = (  # always in the header, whether or not they differ from the defaults
-    ("TP", "parallel.tensor_parallel_size"),
-    ("block size", "cache.block_size"),
-    ("rate", "workload.request_rate"),
-)
+SHOWN = {  # always in the header, whether or not they differ from the defaults
+    "parallel.tensor_parallel_size": "TP",
+    "cache.block_size": "block size",
+    "workload.request_rate": "rate",
+}
 
 
-def format_summary(summary: dict, job: JobInfo | None = None, settings: dict | None = None) -> str:
-    """The table; `settings` (dotted key -> value, those that differ from the defaults) go in the header."""
-    lines = header(summary, settings or {})
+def format_summary(
+    summary: dict, job: JobInfo | None = None, shown: dict | None = None, changed: dict | None = None
+) -> str:
+    """The table; the header names `shown` (see SHOWN) and every `changed` setting (key -> value)."""
+    lines = header(summary, shown or {}, changed or {})
     lines.append("-" * max(len(line) for line in lines))
     for label, keys, fmt, unit in ROWS:
         cells = [_cell(summary, k, fmt) for k in keys]
@@ -49,20 +51,22 @@ def format_summary(summary: dict, job: JobInfo | None = None, settings: dict | N
     return "\n".join(lines)
 
 
-def header(summary: dict, settings: dict) -> list[str]:
+def header(summary: dict, shown: dict, changed: dict) -> list[str]:
     get = lambda k: summary.get(k, "?")
     head = f"{get('engine_kind')} | {get('model')} ({get('load_format')} weights) | {get('workload')}"
-    shown = [f"{name} {settings[k]}" for name, k in SHOWN_SETTINGS if k in settings]
-    shown.append(f"attention {get('attention_backend')}")
-    lines = [head + " | " + ", ".join(shown)]
-    changed = [f"{k}={v}" for k, v in settings.items() if not k.startswith("_")]
-    if changed:
-        lines.append("settings: " + " ".join(changed))
+    facts = [f"{SHOWN[k]} {v}" for k, v in shown.items() if k in SHOWN]
+    facts.append(f"attention {get('attention_backend')}")
+    lines = [head, ", ".join(facts)]
+    changes = " ".join(f"{k}={v}" for k, v in changed.items()) or "nothing"
+    lines.append(f"changed from the defaults: {changes}")
     return lines
 
 
-def print_summary(summary: dict, job: JobInfo | None = None, settings: dict | None = None) -> str:
-    text = format_summary(summary, job, settings)
+def print_summary(
+    summary: dict, job: JobInfo | None = None, shown: dict | None = None, changed: dict | None = None
+) -> str:
+    """Prints the table and returns it."""
+    text = format_summary(summary, job, shown, changed)
     print(text, flush=True)
     return text
 
