@@ -20,19 +20,20 @@ def log_sweep(
 ) -> str | None:
     """Logs the report as one run under `<sweep_dir>/wandb`; returns its dir (None when W&B failed:
     the local report stands on its own, so a W&B error is one warning line, not a failed sweep)."""
-    import wandb
-
-    config = {k.removeprefix("param:"): _values(table[k]) for k in swept}
-    config |= {
-        "sweep_dir": str(sweep_dir),
-        "num_jobs": len(table),
-        "swept_keys": [k.removeprefix("param:") for k in swept],
-    }
     try:
-        run, env_set = start_run(cfg, sweep_dir, config, group, "sweep-report", JOB_TYPE)
+        return _log(sweep_dir, table, swept, images, cfg, group)
     except Exception as err:  # noqa: BLE001 - see the docstring
         print(f"wandb: warning: no sweep-level run ({_first_line(err)})", file=sys.stderr)
         return None
+
+
+def _log(sweep_dir: Path, table: pd.DataFrame, swept: list[str], images: list[Path], cfg, group) -> str:
+    import wandb
+
+    keys = [k.removeprefix("param:") for k in swept]
+    config = {k.removeprefix("param:"): _values(table[k]) for k in swept}
+    config |= {"sweep_dir": str(sweep_dir), "num_jobs": len(table), "swept_keys": keys}
+    run, env_set = start_run(cfg, sweep_dir, config, group, "sweep-report", JOB_TYPE)
     try:
         run.log({TABLE_KEY: wandb.Table(dataframe=_loggable(table))})
         run.log({f"plots/{p.stem}": wandb.Image(str(p)) for p in images if p.is_file()})
