@@ -72,7 +72,7 @@ def _run_job(spec: NanoexpConfig, plain: dict, job: JobInfo) -> int:
         raise
     finally:
         logger.finish(summary, code)
-    table = print_summary(summary, job, always_shown(plain), changed_settings(plain))
+    table = print_summary(summary, job, always_shown(plain), changed_settings(plain, job.overrides))
     append_run_log(job, table)
     return 0
 

@@ -12,13 +12,21 @@ SKIPPED_GROUPS = ("hydra", "experiment")  # experiment presets show as the keys 
 SKIPPED_KEYS = ("resolved.",)  # what the job resolved at run time, not a setting
 
 
-def changed_settings(plain: dict) -> dict[str, Any]:
-    """`plain` is the job's resolved config; {} outside a Hydra app."""
+def changed_settings(plain: dict, overrides: list[str]) -> dict[str, Any]:
+    """`plain` is the job's resolved config. Outside a Hydra app, or if the defaults cannot be
+    composed again, the command-line `overrides` stand in (a summary never fails a job)."""
+    try:
+        return _changed(plain)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra"))
+
+
+def _changed(plain: dict) -> dict[str, Any]:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
     if not (HydraConfig.initialized() and GlobalHydra.instance().is_initialized()):
-        return {}
+        raise RuntimeError("not in a Hydra app")
     choices = _choices(HydraConfig.get().runtime.choices)
     default_choices = _choices(_compose([], hydra=True).hydra.runtime.choices)
     changed = {g: o for g, o in choices.items() if default_choices.get(g) != o}
