@@ -44,6 +44,7 @@ def test_optuna_search_runs_four_trials_and_reports_the_best(tmp_path: Path) -> 
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = []
+    assert sorted(p.name for p in sweep.glob("[0-9]*")) == ["0", "1", "2", "3"]  # trial numbers
     for path in sorted(sweep.glob("[0-9]*/results.json")):
         results = json.loads(path.read_text())
         search = results["config"]["search"]
