@@ -82,3 +82,19 @@ def test_prompts_file_saves_outputs_and_reports_goodput(tmp_path: Path) -> None:
         assert set(row) == {"request_id", "repeat", "prompt_len", "output_token_ids", "finish_reason"}
         assert len(row["output_token_ids"]) == int(requests[row["request_id"]]["output_len"])
         assert row["finish_reason"] == requests[row["request_id"]]["finish_reason"]
+
+
+def test_outputs_carry_text_when_there_is_a_tokenizer(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from nanoexp.experiment.driver import RunRecord
+    from nanoexp.experiment.outputs_file import write_outputs
+
+    raw = Tokenizer(models.WordLevel({f"w{i}": i for i in range(8)}, unk_token="w0"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw)
+    record = RunRecord(repeat=1, outputs=[output(0.1, 0.01, 3)])
+    write_outputs(tmp_path / "outputs.jsonl", [record], tokenizer)
+    (row,) = [json.loads(line) for line in (tmp_path / "outputs.jsonl").read_text().splitlines()]
+    assert row["output_token_ids"] == [0, 1, 2] and row["text"] == "w0 w1 w2" and row["repeat"] == 1
