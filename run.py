@@ -1,4 +1,8 @@
-"""Entry point: `python run.py [group=option ...] [key=value ...]`, `-m` for sweeps."""
+"""Entry point: `python run.py [group=option ...] [key=value ...]`, `-m` for sweeps.
+
+Returns the job's search objective (see nanoexp/experiment/objective.py), which a search sweeper
+such as `hparams_search=throughput_slo` optimizes.
+"""
 
 import hydra
 from omegaconf import DictConfig
@@ -6,11 +10,13 @@ from omegaconf import DictConfig
 import nanoexp.experiment
 import nanoexp.experiment.schema  # noqa: F401  (registers the structured-config schema)
 from nanoexp.experiment.main import cli
+from nanoexp.experiment.objective import objective
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> int:
-    return nanoexp.experiment.main(cfg)
+def main(cfg: DictConfig) -> float:
+    nanoexp.experiment.main(cfg)
+    return objective(cfg)
 
 
 if __name__ == "__main__":

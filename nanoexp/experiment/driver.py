@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
+from nanoexp.experiment.progress import Progress
 from nanoexp.experiment.workloads import Request, Workload
 
 OnStep = Callable[[StepStats], None]
@@ -48,6 +49,9 @@ class EngineDriver:
 
 @dataclass
 class RunRecord:
+    """One timed pass of the workload (one repeat)."""
+
+    repeat: int = 0
     outputs: list[RequestOutput] = field(default_factory=list)
     steps: list[StepStats] = field(default_factory=list)
     t0: float = 0.0
@@ -55,29 +59,37 @@ class RunRecord:
     iteration_latencies_s: list[float] = field(default_factory=list)
 
 
-class StepLog:
-    """Collects StepStats (only while recording) and forwards flat rows to a callback."""
+Emit = Callable[[int, StepStats, float, int], None]  # (step index, stats, seconds into the repeat, repeat)
 
-    def __init__(self, record: RunRecord, emit: Callable[[int, StepStats, float], None]):
-        self.record, self.emit, self.recording = record, emit, True
+
+class StepLog:
+    """Collects StepStats of the current repeat (only while recording), numbers the steps across
+    repeats, forwards them to `emit` and feeds the progress line."""
+
+    def __init__(self, emit: Emit, progress: Progress | None = None):
+        self.emit, self.progress = emit, progress
+        self.record, self.recording, self.index = RunRecord(), True, 0
 
     def __call__(self, stats: StepStats) -> None:
+        if self.progress is not None:
+            self.progress.update(stats, counted=self.recording)
         if self.recording:
             self.record.steps.append(stats)
-            self.emit(len(self.record.steps) - 1, stats, time.perf_counter() - self.record.t0)
+            self.emit(self.index, stats, time.perf_counter() - self.record.t0, self.record.repeat)
+            self.index += 1
 
 
-def run(driver: Driver, workload: Workload, emit: Callable[[int, StepStats, float], None]) -> RunRecord:
-    """One offline/online pass, or in latency mode warm-up plus timed iterations of one batch."""
-    record = RunRecord()
-    log = StepLog(record, emit)
+def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_up: bool = True) -> RunRecord:
+    """One timed pass: offline/online, or in latency mode (after the warm-up iterations when
+    `warm_up`) `num_iters` timed iterations of one batch."""
+    record = log.record = RunRecord(repeat)
     if not workload.latency_mode:
         record.t0 = time.perf_counter()
         record.outputs = sorted(driver.drive(workload.requests, record.t0, log), key=_order)
         record.duration_s = time.perf_counter() - record.t0
         return record
     log.recording = False
-    for _ in range(workload.num_iters_warmup):
+    for _ in range(workload.num_iters_warmup if warm_up else 0):
         driver.drive(workload.requests, time.perf_counter(), log)
     log.recording = True
     record.t0 = time.perf_counter()

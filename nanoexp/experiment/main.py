@@ -32,11 +32,14 @@ from nanoexp.experiment.build import (
     engine_config,
 )
 from nanoexp.experiment.checkpoint import Checkpoint, check_arch, resolve_checkpoint
-from nanoexp.experiment.driver import run
 from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
 from nanoexp.experiment.local_sink import RESULTS_FILE
-from nanoexp.experiment.metrics import latency_summary, request_rows, step_row, summarize
+from nanoexp.experiment.metrics import request_rows
+from nanoexp.experiment.outputs_file import OUTPUTS_FILE, wants_outputs, write_outputs
+from nanoexp.experiment.progress import Progress
+from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
+from nanoexp.experiment.run_log import append_run_log
 from nanoexp.experiment.schema import (
     ConfigError,
     LoggerConfig,
@@ -45,6 +48,7 @@ from nanoexp.experiment.schema import (
     to_plain,
     to_spec,
 )
+from nanoexp.experiment.settings import always_shown, changed_settings
 from nanoexp.experiment.summary_table import print_summary
 
 CONFIG_EXIT, RUNTIME_EXIT = 2, 1
@@ -87,7 +91,8 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> int:
         _finish_after_failure(logger, summary, code, e)
         raise
     logger.finish(summary, code)
-    print_summary(summary, job)
+    table = print_summary(summary, job, always_shown(plain), changed_settings(plain, job.overrides))
+    append_run_log(job, table)
     return 0
 
 
@@ -103,27 +108,27 @@ def _claim_gpus(spec: NanoexpConfig, job: JobInfo) -> dict:
 def experiment(
     spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint, logger, job: JobInfo
 ) -> dict:
-    """Build, warm up, run, summarize. Returns the flat summary that gets logged."""
+    """Build, warm up, run the workload `repeats` times, summarize. Returns the flat summary."""
     tokenizer = build_tokenizer(checkpoint)
-    workload = build_workload(spec, tokenizer)
+    workloads = [build_workload(s, tokenizer) for s in repeat_specs(spec)]
     arch_diffs = check_arch(spec.model, checkpoint)
     start = time.perf_counter()
     engine = build_engine(spec, config, checkpoint)
     try:
         build_s = time.perf_counter() - start
         driver = build_driver(spec, engine)
-        warmup_s = _warm_up(driver, workload) if spec.engine.warmup else 0.0
-        emit = lambda i, stats, t: logger.log_step(i, step_row(i, stats, t))
-        record = run(driver, workload, emit)
+        warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
+        progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
+        records = measure(driver, workloads, logger, progress)
         stats = engine.stats()
     finally:
         engine.close()
         engine = driver = None  # drop the model and KV cache before releasing their memory
         _release_cuda_memory()
-    logger.log_requests(request_rows(record.outputs, record.t0))
-    summary = summarize(record.outputs, record.steps, record.duration_s)
-    if record.iteration_latencies_s:
-        summary |= latency_summary(record.iteration_latencies_s)
+    logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
+    if wants_outputs(spec):
+        write_outputs(job.out_dir / OUTPUTS_FILE, records, tokenizer)
+    summary = summarize_repeats(records, spec.metrics.slo.as_dict())
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()}
     summary |= {
         "build_s": build_s,

@@ -5,17 +5,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
 
 PERCENTILES = (90, 99)
 LATENCY_PERCENTILES = (10, 25, 50, 75, 90, 99)  # as `vllm bench latency`
+CONFIDENCE = 0.95
+# Metrics that get a spread over repeats: `<key>_std`, `<key>_ci95_low`, `<key>_ci95_high`.
+HEADLINE = (
+    "output_throughput",
+    "total_token_throughput",
+    "request_throughput",
+    "request_goodput",
+    "duration_s",
+    *(f"{s}_{m}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms") for s in ("mean", "median", "p99")),
+    "mean_latency_ms",
+    "p50_latency_ms",
+    "p99_latency_ms",
+)
 
 
 def summarize(
-    outputs: Sequence[RequestOutput], steps: Sequence[StepStats], duration_s: float
+    outputs: Sequence[RequestOutput],
+    steps: Sequence[StepStats],
+    duration_s: float,
+    slo: dict[str, float] | None = None,
 ) -> dict[str, float]:
-    """Throughput, latency distributions and step aggregates of one benchmark pass."""
+    """Throughput, latency distributions and step aggregates of one benchmark pass; with SLOs
+    (ms, keys ttft_ms/tpot_ms/e2el_ms) also `request_goodput` and `good_requests`."""
     inputs = sum(len(o.prompt_token_ids) for o in outputs)
     generated = sum(len(o.token_ids) for o in outputs)
     summary: dict[str, float] = {
@@ -34,7 +52,50 @@ def summarize(
     summary |= distribution("e2el_ms", [o.e2e_latency * 1e3 for o in outputs])
     summary["total_cached_tokens"] = sum(o.num_cached_tokens for o in outputs)
     summary["total_preempted_requests"] = sum(o.num_preemptions > 0 for o in outputs)
+    if slo:
+        good = sum(meets_slo(o, slo) for o in outputs)
+        summary |= {"good_requests": good, "request_goodput": _rate(good, duration_s)}
     return summary | step_aggregates(steps)
+
+
+def meets_slo(o: RequestOutput, slo: dict[str, float]) -> bool:
+    """vLLM's goodput rule: every SLO that is set is met (value <= the SLO, in ms)."""
+    measured = {"ttft_ms": o.ttft * 1e3, "tpot_ms": o.tpot * 1e3, "e2el_ms": o.e2e_latency * 1e3}
+    return all(measured[k] <= limit for k, limit in slo.items())
+
+
+def aggregate_repeats(summaries: Sequence[dict]) -> dict:
+    """One summary from the repeats' summaries: each numeric key's mean; with two or more repeats
+    each HEADLINE key also gets its sample std and a Student-t 95% confidence interval of the mean."""
+    first, n = summaries[0], len(summaries)
+    out: dict = {"repeats": n}
+    for key in first:
+        values = [s.get(key) for s in summaries]
+        if not all(_is_number(v) for v in values):
+            out[key] = first[key]
+            continue
+        out[key] = first[key] if len(set(values)) == 1 else float(np.mean(values))
+        if n > 1 and key in HEADLINE:
+            out |= spread(key, values)
+    return out
+
+
+def spread(key: str, values: Sequence[float]) -> dict[str, float]:
+    """`<key>_std` (ddof=1) and `<key>_ci95_low/high`, the t-interval of the mean."""
+    arr = np.asarray(values, dtype=float)
+    mean, sem = float(arr.mean()), float(scipy_stats.sem(arr))
+    if not np.isfinite(sem):
+        low = high = float("nan")
+    elif sem == 0:
+        low = high = mean
+    else:
+        low, high = scipy_stats.t.interval(CONFIDENCE, arr.size - 1, loc=mean, scale=sem)
+    std = float(arr.std(ddof=1))
+    return {f"{key}_std": std, f"{key}_ci95_low": float(low), f"{key}_ci95_high": float(high)}
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def distribution(name: str, values: Sequence[float]) -> dict[str, float]:
@@ -77,10 +138,11 @@ def latency_summary(latencies_s: Sequence[float]) -> dict[str, float]:
     return out | {f"p{p}_latency_ms": float(np.percentile(arr, p)) for p in LATENCY_PERCENTILES}
 
 
-def request_rows(outputs: Sequence[RequestOutput], t0: float) -> list[dict]:
+def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -> list[dict]:
     """One row per finished request, times in ms (arrival relative to the workload start)."""
     return [
         {
+            "repeat": repeat,
             "request_id": o.request_id,
             "arrival_ms": (o.arrival_time - t0) * 1e3,
             "prompt_len": len(o.prompt_token_ids),
@@ -97,11 +159,12 @@ def request_rows(outputs: Sequence[RequestOutput], t0: float) -> list[dict]:
     ]
 
 
-def step_row(index: int, stats: StepStats, t_s: float) -> dict:
-    """A flat, numeric row for the per-step history."""
+def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
+    """A flat, numeric row for the per-step history (`t_s`: seconds since the repeat started)."""
     row = {k: v for k, v in stats.as_dict().items() if k != "phase"}
     row |= {
         "step": index,
+        "repeat": repeat,
         "t_s": t_s,
         "is_prefill": int(stats.phase == "prefill"),
         "step_time_ms": stats.step_time_s * 1e3,

@@ -25,7 +25,7 @@ from nanoexp.config import (
     SamplingParams,
     SchedulerConfig,
 )
-from nanoexp.config.checks import boolean
+from nanoexp.config.checks import boolean, integer, number
 
 
 class ConfigError(ValueError):
@@ -92,7 +92,7 @@ class EngineSpec(ExecutionConfig):
 
     kind: EngineKind = EngineKind.nanoexp
     warmup: bool = True  # one short untimed request before the workload
-    use_tqdm: bool = False  # a progress line while the workload runs
+    use_tqdm: bool = True  # a progress line while the workload runs (only on a terminal)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -164,6 +164,44 @@ class LaunchConfig:
 
 
 @dataclass
+class SloConfig:
+    """Service-level objectives as vLLM's `--goodput`: a request is good when it meets every one set."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            value = getattr(self, name)
+            if value is not None:
+                number(f"metrics.slo.{name}", value, lambda v: v > 0, "null or a number > 0 (milliseconds)")
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass
+class MetricsConfig:
+    slo: SloConfig = field(default_factory=SloConfig)
+
+
+@dataclass
+class SearchConfig:
+    """What run.py returns to a search sweeper (conf/hparams_search/): `objective` from the job's
+    summary when the job succeeded and its p99 TTFT is at most `max_p99_ttft_ms` (when set), else
+    `infeasible_value`."""
+
+    objective: str = "output_throughput"
+    max_p99_ttft_ms: float | None = None
+    infeasible_value: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_p99_ttft_ms is not None:
+            number("search.max_p99_ttft_ms", self.max_p99_ttft_ms, lambda v: v > 0, "null or a number > 0")
+
+
+@dataclass
 class NanoexpConfig:
     model: ModelSpec = field(default_factory=ModelSpec)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -174,7 +212,19 @@ class NanoexpConfig:
     engine: EngineSpec = field(default_factory=EngineSpec)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    repeats: int = 1  # timed passes of the workload on one engine, after the warm-up
+    # repeat r draws its prompts with workload.seed + r (and samples with sampler.seed + r): identical
+    # prompts would hit the prefix cache the earlier repeats filled
+    reseed_repeats: bool = True
+    save_outputs: bool | None = None  # outputs.jsonl; null = only for workload=prompts_file
     notes: str = ""
+
+    def __post_init__(self) -> None:
+        integer("repeats", self.repeats, 1)
+        boolean("reseed_repeats", self.reseed_repeats)
+        boolean("save_outputs", self.save_outputs, optional=True)
 
 
 def to_spec(cfg: DictConfig) -> NanoexpConfig:

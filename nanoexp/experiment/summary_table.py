@@ -1,4 +1,4 @@
-"""The compact summary table printed at the end of a job."""
+"""The compact summary table printed at the end of a job (and appended to its run.log)."""
 
 from __future__ import annotations
 
@@ -6,43 +6,79 @@ import math
 
 from nanoexp.experiment.job import JobInfo
 
-ROWS = [
-    ("requests", "completed", "{:.0f}"),
-    ("input / output tokens", ("total_input_tokens", "total_output_tokens"), "{:.0f} / {:.0f}"),
-    ("duration", "duration_s", "{:.2f} s"),
-    ("output throughput", "output_throughput", "{:.1f} tok/s"),
-    ("total throughput", "total_token_throughput", "{:.1f} tok/s"),
-    ("request throughput", "request_throughput", "{:.2f} req/s"),
-    ("TTFT mean / p99", ("mean_ttft_ms", "p99_ttft_ms"), "{:.1f} / {:.1f} ms"),
-    ("TPOT mean / p99", ("mean_tpot_ms", "p99_tpot_ms"), "{:.2f} / {:.2f} ms"),
-    ("ITL mean / p99", ("mean_itl_ms", "p99_itl_ms"), "{:.2f} / {:.2f} ms"),
-    ("E2E mean / p99", ("mean_e2el_ms", "p99_e2el_ms"), "{:.1f} / {:.1f} ms"),
-    ("iteration latency mean / p99", ("mean_latency_ms", "p99_latency_ms"), "{:.1f} / {:.1f} ms"),
-    ("prefix cache hit rate", "prefix_cache_hit_rate", "{:.1%}"),
-    ("preemptions", "num_preemptions", "{:.0f}"),
-    ("weights / KV cache", ("weights_bytes", "kv_cache_bytes"), "{:.3g} / {:.3g} GB"),
-    ("peak memory", "peak_memory_bytes", "{:.3g} GB"),
-    ("load / warmup / graphs", ("load_s", "warmup_s", "graph_capture_s"), "{:.2f} / {:.2f} / {:.2f} s"),
+ROWS = [  # label, summary keys, number format, unit
+    ("requests", ("completed",), "{:.0f}", ""),
+    ("input / output tokens", ("total_input_tokens", "total_output_tokens"), "{:.0f}", ""),
+    ("duration", ("duration_s",), "{:.2f}", "s"),
+    ("output throughput", ("output_throughput",), "{:.1f}", "tok/s"),
+    ("total throughput", ("total_token_throughput",), "{:.1f}", "tok/s"),
+    ("request throughput", ("request_throughput",), "{:.2f}", "req/s"),
+    ("request goodput", ("request_goodput",), "{:.2f}", "req/s"),
+    ("TTFT mean / p99", ("mean_ttft_ms", "p99_ttft_ms"), "{:.1f}", "ms"),
+    ("TPOT mean / p99", ("mean_tpot_ms", "p99_tpot_ms"), "{:.2f}", "ms"),
+    ("ITL mean / p99", ("mean_itl_ms", "p99_itl_ms"), "{:.2f}", "ms"),
+    ("E2E mean / p99", ("mean_e2el_ms", "p99_e2el_ms"), "{:.1f}", "ms"),
+    ("iteration latency mean / p99", ("mean_latency_ms", "p99_latency_ms"), "{:.1f}", "ms"),
+    ("prefix cache hit rate", ("prefix_cache_hit_rate",), "{:.1%}", ""),
+    ("preemptions", ("num_preemptions",), "{:.0f}", ""),
+    ("weights / KV cache", ("weights_bytes", "kv_cache_bytes"), "{:.3g}", "GB"),
+    ("peak memory", ("peak_memory_bytes",), "{:.3g}", "GB"),
+    ("load / warmup / graphs", ("load_s", "warmup_s", "graph_capture_s"), "{:.2f}", "s"),
 ]
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
+SHOWN = {  # always in the header, whether or not they differ from the defaults
+    "parallel.tensor_parallel_size": "TP",
+    "cache.block_size": "block size",
+    "workload.request_rate": "rate",
+}
 
 
-def format_summary(summary: dict, job: JobInfo | None = None) -> str:
-    get = lambda k: summary.get(k, "?")
-    head = f"{get('engine_kind')} | {get('model')} ({get('load_format')} weights) | {get('workload')}"
-    lines = [head, "-" * len(head)]
-    for label, keys, fmt in ROWS:
-        keys = keys if isinstance(keys, tuple) else (keys,)
-        values = [_value(summary, k) for k in keys]
-        if all(v is not None for v in values):
-            lines.append(f"{label:<30}{fmt.format(*values)}")
+def format_summary(
+    summary: dict, job: JobInfo | None = None, shown: dict | None = None, changed: dict | None = None
+) -> str:
+    """The table; the header names `shown` (see SHOWN) and every `changed` setting (key -> value)."""
+    lines = header(summary, shown or {}, changed or {})
+    lines.append("-" * max(len(line) for line in lines))
+    for label, keys, fmt, unit in ROWS:
+        cells = [_cell(summary, k, fmt) for k in keys]
+        if all(c is not None for c in cells):
+            lines.append(f"{label:<30}{' / '.join(cells)}{' ' + unit if unit else ''}")
+    repeats = summary.get("repeats", 1)
+    if isinstance(repeats, int) and repeats > 1:
+        lines.append(f"{'':<30}(mean ± 95% CI half-width over {repeats} repeats)")
     if job is not None:
         lines.append(f"{'results':<30}{job.out_dir / 'results.json'}")
     return "\n".join(lines)
 
 
-def print_summary(summary: dict, job: JobInfo | None = None) -> None:
-    print(format_summary(summary, job), flush=True)
+def header(summary: dict, shown: dict, changed: dict) -> list[str]:
+    get = lambda k: summary.get(k, "?")
+    head = f"{get('engine_kind')} | {get('model')} ({get('load_format')} weights) | {get('workload')}"
+    facts = [f"{SHOWN[k]} {v}" for k, v in shown.items() if k in SHOWN]
+    facts.append(f"attention {get('attention_backend')}")
+    lines = [head, ", ".join(facts)]
+    changes = " ".join(f"{k}={v}" for k, v in changed.items()) or "nothing"
+    lines.append(f"changed from the defaults: {changes}")
+    return lines
+
+
+def print_summary(
+    summary: dict, job: JobInfo | None = None, shown: dict | None = None, changed: dict | None = None
+) -> str:
+    """Prints the table and returns it."""
+    text = format_summary(summary, job, shown, changed)
+    print(text, flush=True)
+    return text
+
+
+def _cell(summary: dict, key: str, fmt: str) -> str | None:
+    value = _value(summary, key)
+    if value is None:
+        return None
+    low, high = _value(summary, f"{key}_ci95_low"), _value(summary, f"{key}_ci95_high")
+    if low is None or high is None:
+        return fmt.format(value)
+    return f"{fmt.format(value)} ± {fmt.format((high - low) / 2)}"
 
 
 def _value(summary: dict, key: str) -> float | None:

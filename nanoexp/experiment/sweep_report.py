@@ -1,7 +1,9 @@
 """Sweep report: a Hydra callback that tabulates and plots every job of a multirun.
 
-Writes sweep_summary.csv, sweep_summary.md and one PNG per swept parameter (main metrics against
-its values, one line per combination of the other swept parameters) into the sweep dir. Jobs that
+Writes sweep_summary.csv, sweep_summary.md, one PNG per swept parameter (main metrics against
+its values, see sweep_plots) and sweep_latency_cdf.png into the sweep dir and, with logger=wandb,
+a sweep-level W&B run (see sweep_wandb). With repeats, each metric shows mean ± 95% CI
+half-width, and rows whose CI overlaps the best row's are marked as within noise. Jobs that
 failed (their results.json says so) or vanished (a job dir without results.json, or, for Hydra's
 basic sweeper, an expected job without a dir) are listed too. When the launcher aborts the sweep
 (e.g. submitit raising for a killed job), the report is still written at exit, after the jobs
@@ -29,6 +31,7 @@ from nanoexp.experiment.local_sink import RESULTS_FILE
 METRICS = [
     "output_throughput",
     "total_token_throughput",
+    "request_goodput",
     "mean_ttft_ms",
     "p99_ttft_ms",
     "mean_tpot_ms",
@@ -37,6 +40,13 @@ METRICS = [
     "peak_memory_bytes",
 ]
 TABLE_METRICS = METRICS + ["mean_latency_ms", "duration_s", "num_preemptions", "prefix_cache_hit_rate"]
+HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
+LOWER_IS_BETTER = (
+    "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "mean_latency_ms"
+)
+CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
+CI = ("_ci95_low", "_ci95_high")
+LATENCY_CDF = "sweep_latency_cdf.png"
 
 
 VANISHED = "vanished"
@@ -55,9 +65,11 @@ class SweepReport(Callback):
         wait_s = 60.0 * float(config.hydra.launcher.get("timeout_min", 0) or 0) + 60.0
         atexit.register(self._report_after_abort, wait_s)
 
+        self.wandb = wandb_target(config)
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self.reported = True
-        failed = report(Path(config.hydra.sweep.dir), self.expected)
+        failed = report(Path(config.hydra.sweep.dir), self.expected, self.wandb)
         if failed:
             sys.exit(1)
 
@@ -66,14 +78,33 @@ class SweepReport(Callback):
         if self.reported or self.sweep_dir is None:
             return
         wait_for_local_jobs(self.sweep_dir, wait_s)
-        report(self.sweep_dir, self.expected)
+        report(self.sweep_dir, self.expected, self.wandb)
 
 
-def report(sweep_dir: Path, expected: list[list[str]] | None) -> int:
+def wandb_target(config: DictConfig):
+    """(LoggerConfig, group) of the sweep-level W&B run, or None with logger=none."""
+    from omegaconf import OmegaConf
+
+    from nanoexp.experiment.job import sweep_group
+    from nanoexp.experiment.schema import LoggerConfig, LoggerKind
+
+    logger = config.get("logger")
+    plain = OmegaConf.to_container(logger, resolve=True, enum_to_str=True) if logger is not None else {}
+    if plain.get("kind") != LoggerKind.wandb.value:
+        return None
+    cfg = LoggerConfig(**(plain | {"kind": LoggerKind.wandb}))
+    return cfg, cfg.group or sweep_group(str(Path(config.hydra.sweep.dir)))
+
+
+def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None) -> int:
     """Writes the report; prints where, and how many jobs failed or vanished. Returns that count."""
     table = write_report(sweep_dir, expected)
     if table is None:
         return 0
+    if wandb is not None:
+        from nanoexp.experiment.sweep_wandb import log_sweep
+
+        log_sweep(sweep_dir, table, swept_keys(table), sorted(sweep_dir.glob("sweep_*.png")), *wandb)
     print(f"sweep report: {sweep_dir / 'sweep_summary.md'}", flush=True)
     failed = int((table["status"] != "ok").sum())
     if failed:
@@ -86,11 +117,56 @@ def write_report(sweep_dir: Path, expected: list[list[str]] | None = None) -> pd
     table = collect(sweep_dir, expected)
     if table.empty:
         return None
+    from nanoexp.experiment.sweep_plots import plot_latency_cdf, plot_param
+
     swept = swept_keys(table)
+    table = mark_noise(table)
     table.to_csv(sweep_dir / "sweep_summary.csv", index=False)
-    (sweep_dir / "sweep_summary.md").write_text(markdown(table, swept, str(sweep_dir)))
+    title = plot_title(table, swept)
+    (sweep_dir / "sweep_summary.md").write_text(markdown(table, swept, str(sweep_dir), title))
     for key in swept:
-        plot(table, key, [k for k in swept if k != key], sweep_dir / f"sweep_{_slug(key)}.png")
+        others = [k for k in swept if k != key]
+        plot_param(table, METRICS, key, others, title, sweep_dir / f"sweep_{_slug(key)}.png")
+    plot_latency_cdf(job_requests(sweep_dir, table, swept), title, sweep_dir / LATENCY_CDF)
+    return table
+
+
+def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
+    """Model, workload and the settings every job shared (the overrides not swept)."""
+    ok = table[table["status"] == "ok"]
+    first = (ok if not ok.empty else table).iloc[0]
+    context = [f"{k} {first[k]}" for k in CONTEXT if k in table.columns and pd.notna(first[k])]
+    fixed = [c for c in table.columns if c.startswith("param:") and c not in swept]
+    fixed = [c for c in fixed if c.removeprefix("param:") not in CONTEXT]
+    settings = [f"{c.removeprefix('param:')}={first[c]}" for c in fixed if pd.notna(first[c])]
+    return " | ".join([", ".join(context), "fixed: " + (" ".join(settings) or "defaults")])
+
+
+def job_requests(sweep_dir: Path, table: pd.DataFrame, swept: list[str]) -> list[tuple[str, pd.DataFrame]]:
+    """(label, requests.csv) of every job that finished, labelled by its swept values."""
+    out = []
+    for _, row in table[table["status"] == "ok"].iterrows():
+        path = sweep_dir / str(row["job_dir"]) / "requests.csv"
+        if path.is_file():
+            label = ", ".join(f"{k.removeprefix('param:')}={row[k]}" for k in swept) or str(row["job_dir"])
+            out.append((label, pd.read_csv(path)))
+    return out
+
+
+def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
+    """`noise:<metric>` = "best" for the best row, "within noise" where the row's 95% CI overlaps the
+    best row's, "" otherwise; only for metrics with CIs (jobs run with repeats >= 2)."""
+    table = table.copy()
+    ok = table["status"] == "ok"
+    for metric in HIGHER_IS_BETTER + LOWER_IS_BETTER:
+        low, high = (f"{metric}{s}" for s in CI)
+        if low not in table.columns or table.loc[ok, low].isna().all():
+            continue
+        values = pd.to_numeric(table.loc[ok, metric])
+        best = values.idxmax() if metric in HIGHER_IS_BETTER else values.idxmin()
+        overlaps = (table[low] <= table.at[best, high]) & (table[high] >= table.at[best, low]) & ok
+        table[f"noise:{metric}"] = overlaps.map({True: "within noise", False: ""})
+        table.at[best, f"noise:{metric}"] = "best"
     return table
 
 
@@ -177,7 +253,8 @@ def _row(path: Path) -> dict:
     row |= _parse_overrides(job.get("overrides", []))
     row |= {"status": results.get("status", "?"), "error": results.get("summary", {}).get("error", "")}
     summary = results.get("summary", {})
-    return row | {k: summary.get(k) for k in TABLE_METRICS if k in summary}
+    keys = [*CONTEXT, *TABLE_METRICS, *(m + s for m in TABLE_METRICS for s in CI)]
+    return row | {k: summary.get(k) for k in keys if k in summary}
 
 
 def _parse_overrides(overrides: list[str]) -> dict:
@@ -191,66 +268,29 @@ def swept_keys(table: pd.DataFrame) -> list[str]:
     return [c for c in params if table[c].astype(str).nunique() > 1]
 
 
-def markdown(table: pd.DataFrame, swept: list[str], title: str) -> str:
+def markdown(table: pd.DataFrame, swept: list[str], title: str, context: str = "") -> str:
+    """The table with `mean ± CI half-width` cells; **bold** = the best row of a metric, `≈` = its
+    CI overlaps the best row's (the difference is within noise)."""
     metrics = [m for m in TABLE_METRICS if m in table.columns]
     errors = ["error"] if (table["status"] != "ok").any() else []
-    shown = table[["job_num", *swept, "status", *metrics, *errors]].rename(
-        columns=lambda c: c.removeprefix("param:")
-    )
-    header = "| " + " | ".join(shown.columns) + " |"
-    rule = "|" + "|".join("---" for _ in shown.columns) + "|"
-    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in shown.itertuples(index=False)]
-    return "\n".join([f"# Sweep {title}", "", header, rule, *body, ""])
+    columns = ["job_num", *swept, "status", *metrics, *errors]
+    header = "| " + " | ".join(c.removeprefix("param:") for c in columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(_metric_cell(row, c) for c in columns) + " |" for _, row in table.iterrows()]
+    notes = [context] if context else []
+    if any(c.startswith("noise:") for c in table.columns):
+        notes.append("mean ± 95% CI half-width over repeats; **bold**: best row, ≈: CI overlaps the best "
+                     "row's (within noise)")
+    return "\n".join([f"# Sweep {title}", "", *notes, "", header, rule, *body, ""])
 
 
-def plot(table: pd.DataFrame, key: str, others: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metrics = [m for m in METRICS if m in table.columns and table[m].notna().any()]
-    if not metrics:
-        return
-    ok = table[table["status"] == "ok"].copy()
-    ok["_x"] = _axis(ok[key])
-    ncols = min(4, len(metrics))
-    nrows = -(-len(metrics) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 2.9 * nrows), squeeze=False)
-    groups = list(ok.groupby(others, dropna=False)) if others else [("all", ok)]
-    for ax, metric in zip(axes.flat, metrics):
-        for label, part in groups:
-            part = part.sort_values("_x")
-            ax.plot(part["_x"], part[metric], marker="o", label=_label(others, label))
-        ax.set_title(metric, fontsize=9)
-        ax.set_xlabel(key.removeprefix("param:"), fontsize=8)
-        ax.tick_params(labelsize=7)
-        _log2_axis(ax, ok["_x"])
-    for ax in list(axes.flat)[len(metrics) :]:
-        ax.set_visible(False)
-    if others:
-        axes.flat[0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _log2_axis(ax, x: pd.Series) -> None:
-    """Powers of two spanning 8x or more (block sizes, batch sizes) read best on a log2 axis."""
-    if pd.api.types.is_numeric_dtype(x) and (x > 0).all() and x.max() >= 8 * x.min():
-        ax.set_xscale("log", base=2)
-
-
-def _axis(values: pd.Series) -> pd.Series:
-    numeric = pd.to_numeric(values, errors="coerce")
-    return numeric if numeric.notna().all() else values.astype(str)
-
-
-def _label(others: list[str], label) -> str:
-    if not others:
-        return ""
-    values = label if isinstance(label, tuple) else (label,)
-    return ", ".join(f"{k.removeprefix('param:')}={v}" for k, v in zip(others, values))
+def _metric_cell(row: pd.Series, column: str) -> str:
+    text = _cell(row.get(column))
+    low, high = row.get(f"{column}{CI[0]}"), row.get(f"{column}{CI[1]}")
+    if text and isinstance(low, float) and isinstance(high, float) and low == low and high == high:
+        text += f" ± {(high - low) / 2:.3g}"
+    mark = row.get(f"noise:{column}", "")
+    return f"**{text}**" if mark == "best" else f"≈{text}" if mark == "within noise" else text
 
 
 def _cell(v) -> str:

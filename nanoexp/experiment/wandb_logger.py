@@ -32,7 +32,22 @@ LOCAL_DIRS = {  # wandb's variable -> subdir of <out>/wandb/local
 }
 
 
+STEP_PREFIX = "step/"
+STEP_AXIS = STEP_PREFIX + "index"
+STEP_SUMMARIES = {  # per-step series whose min/max/mean make sense in the run's summary
+    "step_time_ms": "min,max,mean",
+    "tokens_per_s": "max,mean",
+    "kv_cache_usage": "max,mean",
+    "num_seqs": "max,mean",
+    "num_waiting": "max",
+}
+
+
 class WandbLogger:
+    """One W&B run per job: job totals in the summary, per-step series under `step/` with
+    `step/index` as their x-axis (steps are numbered across repeats; `step/t_s` is seconds into the
+    repeat)."""
+
     def __init__(self, cfg: LoggerConfig):
         self.cfg = cfg
         self.run = None
@@ -41,55 +56,16 @@ class WandbLogger:
 
     def start(self, config: dict, job: JobInfo) -> None:
         self.job = job
-        job.out_dir.mkdir(parents=True, exist_ok=True)
-        self.env_set = set_missing_env(job_env(job.out_dir))
-        try:
-            self.run, fallback = self._init(config, job, choose_mode())
-        except BaseException:
-            restore_env(self.env_set)
-            raise
-        self.run.define_metric("step")
-        self.run.define_metric("*", step_metric="step")
-        run_dir = str(Path(self.run.dir).parent)
-        job.extra["wandb"] = {"id": self.run.id, "dir": run_dir, "mode": self.run.settings.mode}
-        if fallback:
-            print(f"wandb: warning: no online run ({fallback}); logging offline instead, "
-                  f"upload later with `wandb sync {run_dir}`", file=sys.stderr)
-        elif self.run.settings.mode == "offline":
-            print(f"wandb: offline run; upload it with `wandb sync {run_dir}`", file=sys.stderr)
-
-    def _init(self, config: dict, job: JobInfo, mode: str | None):
-        """(run, why the online run failed or None); an online failure falls back to offline."""
-        import wandb
-
-        try:
-            return self._init_mode(config, job, mode), None
-        except wandb.Error as err:
-            if mode == "offline":
-                raise
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-            return self._init_mode(config, job, "offline"), reason
-
-    def _init_mode(self, config: dict, job: JobInfo, mode: str | None):
-        import wandb
-
-        with temp_dir_for_service(job.out_dir / "wandb" / "local" / "tmp"):
-            return wandb.init(
-                project=self.cfg.project,
-                entity=self.cfg.entity,
-                group=job.group,
-                name=job.name,
-                tags=list(self.cfg.tags) or None,
-                config=config,
-                dir=str(job.out_dir),
-                mode=mode,
-                job_type="benchmark",
-                settings=wandb.Settings(console="off", silent=True, **bounded_timeouts()),
-            )
+        self.run, self.env_set = start_run(self.cfg, job.out_dir, config, job.group, job.name, "benchmark")
+        self.run.define_metric(STEP_AXIS)
+        self.run.define_metric(STEP_PREFIX + "*", step_metric=STEP_AXIS)
+        for key, ops in STEP_SUMMARIES.items():
+            self.run.define_metric(STEP_PREFIX + key, step_metric=STEP_AXIS, summary=ops)
+        job.extra["wandb"] = {"id": self.run.id, "dir": run_dir(self.run), "mode": self.run.settings.mode}
 
     def log_step(self, step: int, row: dict) -> None:
         if step % self.cfg.log_every_n_steps == 0:
-            self.run.log(row)
+            self.run.log({STEP_AXIS: step} | {STEP_PREFIX + k: v for k, v in row.items() if k != "step"})
 
     def log_requests(self, rows: list[dict]) -> None:
         import wandb
@@ -120,6 +96,59 @@ class WandbLogger:
             artifact = wandb.Artifact(f"results-{self.run.id}", type="results")
             artifact.add_file(str(path))
             self.run.log_artifact(artifact)
+
+
+def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None, name: str, job_type: str):
+    """A W&B run writing under `out_dir`, online when possible (bounded), else offline with one
+    warning line. Returns the run and the env variables set for it (see `restore_env`)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env_set = set_missing_env(job_env(out_dir))
+    try:
+        run, fallback = _init(cfg, out_dir, dict(config=config, group=group, name=name, job_type=job_type))
+    except BaseException:
+        restore_env(env_set)
+        raise
+    where = run_dir(run)
+    if fallback:
+        print(f"wandb: warning: no online run ({fallback}); logging offline instead, "
+              f"upload later with `wandb sync {where}`", file=sys.stderr)
+    elif run.settings.mode == "offline":
+        print(f"wandb: offline run; upload it with `wandb sync {where}`", file=sys.stderr)
+    return run, env_set
+
+
+def run_dir(run) -> str:
+    """The run's own dir (`<out>/wandb/offline-run-...` or `run-...`)."""
+    return str(Path(run.dir).parent)
+
+
+def _init(cfg: LoggerConfig, out_dir: Path, fields: dict):
+    """(run, why the online run failed or None); an online failure falls back to offline."""
+    import wandb
+
+    mode = choose_mode()
+    try:
+        return _init_mode(cfg, out_dir, fields, mode), None
+    except wandb.Error as err:
+        if mode == "offline":
+            raise
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        return _init_mode(cfg, out_dir, fields, "offline"), reason
+
+
+def _init_mode(cfg: LoggerConfig, out_dir: Path, fields: dict, mode: str | None):
+    import wandb
+
+    with temp_dir_for_service(out_dir / "wandb" / "local" / "tmp"):
+        return wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            tags=list(cfg.tags) or None,
+            dir=str(out_dir),
+            mode=mode,
+            settings=wandb.Settings(console="off", silent=True, **bounded_timeouts()),
+            **fields,
+        )
 
 
 def choose_mode() -> str | None:
