@@ -19,3 +19,26 @@ def runner_prefill_logits(runner, step: StepInput) -> torch.Tensor | None:
 def prefill_logits(llm, step: StepInput) -> torch.Tensor:
     """The step's logits from rank 0, with every rank taking part (the LM head gathers)."""
     return llm.engine.executor.call(runner_prefill_logits, step)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+
+def assert_follows_transformers(hf_model, prompts, outs, min_exact: float = 0.5) -> int:
+    """bf16 policy: where our greedy tokens first differ from transformers (float32, teacher-forced
+    on our tokens), ours must be in its top 3, and at least `min_exact` of the prompts must match
+    exactly (random tiny models have near-tied logits, so bf16 flips some). Returns the exact count."""
+    exact = 0
+    for prompt, out in zip(prompts, outs, strict=True):
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([prompt + out.token_ids])).logits[0]
+        hf_choice = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
+        i = first_divergence(out.token_ids, hf_choice)
+        if i is None:
+            exact += 1
+            continue
+        top3 = logits[len(prompt) - 1 + i].topk(3).indices.tolist()
+        assert out.token_ids[i] in top3, f"prompt length {len(prompt)}: token {i} outside top-3"
+    assert exact >= min_exact * len(prompts), f"{exact} of {len(prompts)} exact"
+    return exact

@@ -16,6 +16,7 @@ from nanoexp import LLM, SamplingParams
 from nanoexp.kernels import self_check
 from nanoexp.kernels.select import make_attention_backend
 from tests.conftest import build_checkpoint, random_prompts
+from tests.helpers import assert_follows_transformers
 
 pytestmark = [
     pytest.mark.gpu,
@@ -101,29 +102,6 @@ def engine_outputs(path, prompts, max_tokens, later=(), **kwargs):
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         outs = llm.generate(prompts, params, use_tqdm=False)
         return outs + (llm.generate(list(later), params, use_tqdm=False) if later else [])
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-
-
-def assert_follows_transformers(hf_model, prompts, outs, min_exact: float = 0.5) -> int:
-    """Where our greedy tokens first differ from transformers (float32, teacher-forced on our
-    tokens), ours must be in its top 3, and at least `min_exact` of the prompts must match exactly.
-    Returns the number of exact matches."""
-    exact = 0
-    for prompt, out in zip(prompts, outs, strict=True):
-        with torch.no_grad():
-            logits = hf_model(torch.tensor([prompt + out.token_ids])).logits[0]
-        hf_choice = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
-        i = first_divergence(out.token_ids, hf_choice)
-        if i is None:
-            exact += 1
-            continue
-        top3 = logits[len(prompt) - 1 + i].topk(3).indices.tolist()
-        assert out.token_ids[i] in top3, f"prompt length {len(prompt)}: token {i} outside top-3"
-    assert exact >= min_exact * len(prompts), f"{exact} of {len(prompts)} exact"
-    return exact
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
