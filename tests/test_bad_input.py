@@ -61,6 +61,14 @@ def test_request_larger_than_the_whole_cache_is_rejected(checkpoints):
         ({"max_tokens": 0}, "max_tokens"),
         ({"seed": -1}, "seed"),
         ({"stop_token_ids": [-2]}, "stop_token_ids"),
+        ({"max_tokens": 2.5}, "max_tokens"),  # never rounded
+        ({"max_tokens": True}, "max_tokens"),
+        ({"ignore_eos": "no"}, "ignore_eos"),  # a non-empty string is not True
+        ({"seed": 1.5}, "seed"),  # rejected here, not at generate time
+        ({"temperature": "0.5"}, "temperature"),  # one line, not a TypeError from a comparison
+        ({"top_k": "5"}, "top_k"),
+        ({"top_p": float("nan")}, "top_p"),
+        ({"stop_token_ids": "12"}, "stop_token_ids"),
     ],
 )
 def test_invalid_sampling_params(kwargs, needle):
@@ -80,12 +88,25 @@ def test_invalid_sampling_params(kwargs, needle):
         ({"max_num_seqs": 0}, "max_num_seqs=0"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization=1.5"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size=0"),
+        ({"cpu_kv_cache_gb": float("inf")}, "cpu_kv_cache_gb=inf is invalid: must be a finite number > 0"),
+        ({"enable_prefix_caching": "yes"}, "enable_prefix_caching='yes' is invalid: must be true or false"),
+        ({"all_reduce": "nvls"}, "all_reduce='nvls' is invalid"),
     ],
 )
 def test_invalid_engine_arguments(checkpoints, kwargs, needle):
     with pytest.raises(ValueError) as err:
         LLM(checkpoints["qwen3_gqa1"][0], **kwargs)
     assert needle in one_line(err)
+
+
+def test_numpy_values_are_accepted_as_the_numbers_they_hold():
+    import numpy as np
+
+    params = SamplingParams(
+        max_tokens=np.int64(4), seed=np.int32(3), top_k=np.int64(5), temperature=np.float32(0.5)
+    )
+    assert (params.max_tokens, params.seed, params.top_k) == (4, 3, 5)
+    assert type(params.max_tokens) is int and type(params.temperature) is float
 
 
 def test_unknown_kwarg_is_rejected(checkpoints):

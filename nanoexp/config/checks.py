@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 
 
@@ -22,7 +23,8 @@ def is_int(value: object) -> bool:
 
 
 def is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite real number: Python or numpy ints and floats, not bools, strings or nan/inf."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def choice(knob: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -224,7 +224,8 @@ class NanoexpConfig:
     def __post_init__(self) -> None:
         integer("repeats", self.repeats, 1)
         boolean("reseed_repeats", self.reseed_repeats)
-        boolean("save_outputs", self.save_outputs, optional=True)
+        if self.save_outputs is not None:
+            boolean("save_outputs", self.save_outputs)
 
 
 def to_spec(cfg: DictConfig) -> NanoexpConfig:
