@@ -183,3 +183,18 @@ def test_ignore_eos_generates_through_an_eos_that_greedy_picks(checkpoints, refe
     assert through.token_ids == reference_outputs(name, prompt, 16)
     first_eos = through.token_ids.index(eos) + 1
     assert stopped.token_ids == through.token_ids[:first_eos] and stopped.finish_reason == "stop"
+
+
+def test_reset_prefix_cache_makes_the_next_pass_cold(checkpoints):
+    prompt = random_prompts([70], seed=5)[0]
+    with LLM(checkpoints["qwen3_gqa1"][0], kvcache_block_size=16, num_kvcache_blocks=32) as llm:
+        first = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
+        warm = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
+        llm.engine.reset_prefix_cache()
+        cold = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
+        llm.engine.add_request(prompt, GREEDY)
+        with pytest.raises(RuntimeError, match="idle engine"):
+            llm.engine.reset_prefix_cache()
+        llm.engine.abort_all()
+    assert first.num_cached_tokens == 0 and warm.num_cached_tokens == 64 and cold.num_cached_tokens == 0
+    assert first.token_ids == warm.token_ids == cold.token_ids

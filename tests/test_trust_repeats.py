@@ -76,3 +76,16 @@ def test_bad_repeats_is_one_line_exit_2(tmp_path: Path) -> None:
     line = "nanoexp: error: repeats=0 is invalid: must be an integer >= 1"
     assert proc.stderr.strip().splitlines() == [line]
     assert line in (tmp_path / "job" / "run.log").read_text()
+
+
+def test_each_repeat_starts_with_an_empty_prefix_cache(tmp_path: Path) -> None:
+    """Identical prompts in every repeat: without emptying the cache between repeats, the second
+    would be served from what the first cached and its TTFT would not be comparable."""
+    proc = run_py(
+        tmp_path, "repeats=2", "reseed_repeats=false", "cache.block_size=16", "workload.input_len=64",
+        "workload.output_len=4", "workload.range_ratio=0", "workload.output_range_ratio=0",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with (tmp_path / "job" / "requests.csv").open() as f:
+        cached = {(r["repeat"], r["request_id"]): int(r["num_cached_tokens"]) for r in csv.DictReader(f)}
+    assert len(cached) == 8 and sum(cached.values()) == 0, cached

@@ -42,6 +42,14 @@ class BlockManager:
     def num_used(self) -> int:
         return self.num_blocks - self.num_free
 
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached block, so later prompts start cold (the blocks must all be free)."""
+        if self.num_used:
+            raise RuntimeError(f"cannot reset the prefix cache: {self.num_used} KV blocks are in use")
+        for block in self.blocks:
+            block.hash, block.token_ids = None, ()
+        self.hash_to_block.clear()
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

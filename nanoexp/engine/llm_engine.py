@@ -216,6 +216,12 @@ class LLMEngine:
     def stats(self) -> dict:
         return self.executor.stats()
 
+    def reset_prefix_cache(self) -> None:
+        """Empties the prefix cache (as vLLM's reset_prefix_cache); only between requests."""
+        if self.has_unfinished():
+            raise RuntimeError("reset_prefix_cache needs an idle engine: requests are still running")
+        self.block_manager.reset_prefix_cache()
+
     def abort_all(self) -> None:
         """Drops every queued, running or in-flight request, returning their blocks."""
         self.in_flight = None

@@ -20,12 +20,18 @@ class Driver(Protocol):
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]: ...
 
+    def reset_prefix_cache(self) -> None:
+        """Starts the next timed pass cold: nothing an earlier pass cached is reused."""
+
 
 class EngineDriver:
     """Our engine: submit each request at its arrival time, call `engine.step()` until done."""
 
     def __init__(self, engine):
         self.engine = engine
+
+    def reset_prefix_cache(self) -> None:
+        self.engine.reset_prefix_cache()
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
         pending, outputs = list(requests), []

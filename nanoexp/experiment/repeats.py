@@ -31,9 +31,16 @@ def measure(driver: Driver, workloads: list[Workload], logger, progress: Progres
     emit: Callable = lambda i, stats, t, r: logger.log_step(i, step_row(i, stats, t, r))
     log = StepLog(emit, progress)
     try:
-        return [run(driver, w, log, repeat=r, warm_up=r == 0) for r, w in enumerate(workloads)]
+        return [_run_cold(driver, w, log, r) for r, w in enumerate(workloads)]
     finally:
         progress.close()
+
+
+def _run_cold(driver: Driver, workload: Workload, log: StepLog, repeat: int) -> RunRecord:
+    """One timed pass on an empty prefix cache: nothing the warm-up request or an earlier pass cached
+    is reused."""
+    driver.reset_prefix_cache()
+    return run(driver, workload, log, repeat=repeat, warm_up=repeat == 0)
 
 
 def progress_total(workloads: list[Workload]) -> int:
