@@ -15,7 +15,7 @@ from nanoexp.config import EngineConfig
 from nanoexp.runner.model_runner import ModelRunner
 from nanoexp.runner.model_setup import checked_hf_config
 from nanoexp.runner.step_input import StepInput
-from nanoexp.runner.workers import WorkerGroup, stop_group
+from nanoexp.runner.workers import WorkerGroup, invoke, stop_group
 
 
 class InProcessExecutor:
@@ -27,7 +27,7 @@ class InProcessExecutor:
 
     def call(self, method: str | Callable, *args):
         """Runs a runner method by name, or `method(runner, *args)`; returns its result."""
-        return getattr(self.runner, method)(*args) if isinstance(method, str) else method(self.runner, *args)
+        return invoke(self.runner, method, args)
 
     def run(self, step: StepInput) -> list[int]:
         return self.runner.run(step)

@@ -17,12 +17,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
 import torch
 from tqdm import tqdm
 
 from nanoexp.config import EngineConfig
+from nanoexp.kernels.all_reduce import NO_MULTICAST_ENV
 from nanoexp.runner.model_runner import ModelRunner
 from nanoexp.runner.shm_ring import RingHandle, ShmRing, unlink
 
@@ -38,13 +40,6 @@ STEP_TIMEOUT_ENV, STARTUP_TIMEOUT_ENV = "NANOEXP_TP_STEP_TIMEOUT_S", "NANOEXP_TP
 STEP_TIMEOUT_FLOOR_S = 60.0
 STARTUP_TIMEOUT_S = 1800.0
 SLOWEST_STEP_FACTOR = 10.0
-# NVLink multicast (NVLS, symmetric-memory multimem) off unless the environment says otherwise:
-# the all-reduces here do not need it, and on shared hosts it can take the GPUs out of service.
-NO_MULTICAST_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 UNANSWERED = frozenset({"launch"})  # enqueued without a reply; its result comes with "collect"
 STARTUP_HINT = (
     " (its traceback is above; a script that builds the engine at import time must guard that"
@@ -105,9 +100,14 @@ def serve(runner: ModelRunner, rank: int, conn: Connection, parent: int, ring: S
         if method == "close":
             runner.close()
             return
-        result = getattr(runner, method)(*args) if isinstance(method, str) else method(runner, *args)
+        result = invoke(runner, method, args)
         if rank == 0 and method not in UNANSWERED:
             conn.send(("ok", result))
+
+
+def invoke(runner: ModelRunner, method: str | Callable, args: tuple):
+    """A runner method by name, or a module-level function called as `method(runner, *args)`."""
+    return getattr(runner, method)(*args) if isinstance(method, str) else method(runner, *args)
 
 
 def clean_up_after(dist_init: str, ring_handle: RingHandle) -> None:
