@@ -38,13 +38,16 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=4.2e12, help="measured copy bandwidth, B/s")
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--attention-backend", default="auto", help="auto, triton, flash_attn or torch")
+    parser.add_argument("--gemm-backend", default="auto", help="auto, torch or triton")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--out", default=None)
     parser.add_argument("--profile", action="store_true", help="print the kernels of one step instead")
     args = parser.parse_args()
     arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
     llm = LLM("Qwen/Qwen3-0.6B", hf_config=arch, load_format="dummy", dtype="bfloat16",
               kvcache_block_size=args.block_size, max_model_len=4096 + 16, max_num_seqs=256,
-              attention_backend=args.attention_backend)
+              attention_backend=args.attention_backend, gemm_backend=args.gemm_backend)
     runner = llm.engine.executor.runner
     runner.kv_cache.normal_()  # never time on zeros
     weights = llm.stats()["weights_bytes"]
@@ -53,8 +56,8 @@ def main() -> None:
         return profile(runner, arch, args.block_size)
     lines = ["| batch | context | forward ms | LM head ms | sampler ms | step ms | floor ms | step / floor |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for batch in BATCHES:
-        for context in CONTEXTS:
+    for batch in map(int, args.batches.split(",")):
+        for context in map(int, args.contexts.split(",")):
             if batch * -(-context // args.block_size) > runner.num_blocks:
                 continue
             step = decode_step(batch, context, args.block_size, runner.num_blocks)

@@ -1,4 +1,4 @@
-"""Where and how the model runs: device, attention kernels, random seed."""
+"""Where and how the model runs: device, attention and GEMM kernels, random seed."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from nanoexp.config.checks import choice, integer
 
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+GEMM_BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass
@@ -17,9 +18,13 @@ class ExecutionConfig:
 
     device: str = "auto"  # auto = CUDA when present
     attention_backend: str = "auto"  # auto: first self-checked of triton, flash_attn on CUDA; torch on CPU
+    # decode-sized linear layers (1-64 rows): auto = the Triton skinny GEMM where it was measured
+    # faster than torch (cuBLAS), on CUDA in bf16/fp16; torch everywhere else
+    gemm_backend: str = "auto"
     seed: int = 0  # dummy weights and unseeded sampling
 
     def __post_init__(self) -> None:
         choice("engine.device", self.device, DEVICES)
         choice("engine.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        choice("engine.gemm_backend", self.gemm_backend, GEMM_BACKENDS)
         integer("engine.seed", self.seed, 0)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoexp.distributed import all_reduce, tp_rank, tp_size
+from nanoexp.kernels.gemm_select import SkinnyGemm
 
 
 def shape_of(loaded) -> list[int]:
@@ -33,6 +34,7 @@ class LinearBase(nn.Module):
         super().__init__()
         self.tp_dim = tp_dim
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.skinny: SkinnyGemm | None = None  # bound by bind_gemm_backend
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -52,7 +54,12 @@ class LinearBase(nn.Module):
             param.data.copy_(loaded[:])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.linear(x, self.bias)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.skinny is not None and self.skinny.applies(x, self.weight):
+            return self.skinny(x, self.weight, bias)
+        return F.linear(x, self.weight, bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -110,4 +117,11 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None
-        return all_reduce(F.linear(x, self.weight, bias))
+        return all_reduce(self.linear(x, bias))
+
+
+def bind_gemm_backend(model: nn.Module, skinny: SkinnyGemm | None) -> None:
+    """Every linear layer of `model` sends decode-sized inputs to `skinny` (None: torch only)."""
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            module.skinny = skinny

@@ -43,6 +43,7 @@ class ModelRunner:
         loaded = set_up_model(config, rank, dist_init)
         self.model, self.hf_config, self.backend = loaded.model, loaded.hf_config, loaded.backend
         self.device, self.dtype = loaded.device, loaded.dtype
+        self.skinny_gemm = loaded.skinny_gemm
         self.max_model_len = loaded.max_model_len
         self.all_reduce = init_all_reduce(
             config.parallel.all_reduce, self.device, self.dtype, self.decode_message_bytes()
@@ -177,6 +178,7 @@ class ModelRunner:
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention_backend": self.backend.name,
             "attention_backend_selection": self.backend.selection,
+            "gemm_backend": self.skinny_gemm.describe() if self.skinny_gemm else "torch",
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,
             "load_s": 0.0, "warmup_s": 0.0, "graph_capture_s": 0.0,

@@ -16,8 +16,10 @@ from nanoexp.config import EngineConfig, ModelConfig
 from nanoexp.config.parallel import check_split
 from nanoexp.config.scheduler import check_batch_budget, resolve_model_len
 from nanoexp.kernels.base import AttentionBackend
+from nanoexp.kernels.gemm_select import SkinnyGemm, make_skinny_gemm
 from nanoexp.kernels.select import make_attention_backend
 from nanoexp.layers.attention import attention_layers
+from nanoexp.layers.linear import bind_gemm_backend
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
 from nanoexp.models.registry import model_class
 
@@ -34,6 +36,7 @@ class LoadedModel:
     backend: AttentionBackend
     load_s: float
     max_model_len: int  # the configured limit, or the model's own
+    skinny_gemm: SkinnyGemm | None  # the Triton GEMM for decode-sized rows, or None: torch only
 
 
 def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = None) -> LoadedModel:
@@ -55,7 +58,9 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     )
     for layer in layers:
         layer.backend = backend
-    return LoadedModel(model, hf_config, device, dtype, backend, load_s, max_model_len)
+    skinny = make_skinny_gemm(config.execution.gemm_backend, device, dtype)
+    bind_gemm_backend(model, skinny)
+    return LoadedModel(model, hf_config, device, dtype, backend, load_s, max_model_len, skinny)
 
 
 def checked_hf_config(config: EngineConfig) -> PretrainedConfig:

@@ -1,0 +1,105 @@
+"""Decode-sized GEMMs on one GPU: cuBLAS (torch F.linear) against the Triton skinny GEMM.
+
+For Qwen3 layer shapes (0.6B at TP=1, 8B at TP=1 and TP=2) and 1-64 rows, times each candidate
+inside a CUDA graph of back-to-back calls that cycle through enough weight copies (> 2x L2) that
+every call reads its weight from HBM, as in a decode step. Prints one markdown table: cuBLAS, the
+kernel's default config, the best config found, and the bytes floor at --bandwidth.
+
+    python experiments/kernels/bench_skinny_gemm.py [--out table.md] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from nanoexp.kernels.triton_gemm import GemmConfig, default_config, skinny_gemm
+
+SHAPES = {  # name: (N, K)
+    "0.6B qkv": (4096, 1024),
+    "0.6B o": (1024, 2048),
+    "0.6B gate_up": (6144, 1024),
+    "0.6B down": (1024, 3072),
+    "8B qkv tp1": (6144, 4096),
+    "8B o tp1": (4096, 4096),
+    "8B gate_up tp1": (24576, 4096),
+    "8B down tp1": (4096, 12288),
+    "8B qkv tp2": (3072, 4096),
+    "8B o tp2": (4096, 2048),
+    "8B gate_up tp2": (12288, 4096),
+    "8B down tp2": (4096, 6144),
+}
+ROWS = [1, 4, 16, 32, 64]
+L2_BYTES = 60 * 2**20
+
+
+def sweep_configs() -> list[GemmConfig]:
+    return [GemmConfig(n, k, s, w, st) for n, k, s, w, st in
+            itertools.product((16, 32, 64), (128, 256), (1, 2, 4, 8), (4,), (3, 4))]
+
+
+def time_graph_us(fns: list, rounds: int = 5) -> float:
+    """Median over rounds of one graph replay of all fns, divided by len(fns)."""
+    for fn in fns:
+        fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    times = []
+    for _ in range(rounds + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(fns))
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def bench_shape(n: int, k: int, rows: int, sweep: bool) -> dict:
+    copies = max(4, -(-2 * L2_BYTES // (n * k * 2)))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    ref = F.linear(x, weights[0]).float()
+    result = {"cublas": time_graph_us([lambda w=w: F.linear(x, w) for w in weights])}
+    default = default_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    err = (skinny_gemm(x, weights[0], None, default).float() - ref).abs().max().item()
+    result["default"] = time_graph_us([lambda w=w: skinny_gemm(x, w, None, default) for w in weights])
+    result["default_cfg"], result["max_err"] = default, err
+    if sweep:
+        best = min(((time_graph_us([lambda w=w, c=c: skinny_gemm(x, w, None, c) for w in weights]), c)
+                    for c in sweep_configs()), key=lambda t: t[0])
+        result["best"], result["best_cfg"] = best
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bandwidth", type=float, default=4.2e12)
+    parser.add_argument("--sweep", action="store_true", help="also search block and split sizes")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    lines = ["| shape | N x K | rows | cuBLAS us | Triton default us | best us (config) | floor us | max abs err |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, (n, k) in SHAPES.items():
+        for rows in ROWS:
+            r = bench_shape(n, k, rows, args.sweep)
+            floor = (n * k + rows * (n + k)) * 2 / args.bandwidth * 1e6
+            best = f"{r['best']:.2f} ({r['best_cfg'].block_n}/{r['best_cfg'].block_k}/{r['best_cfg'].split_k}/" \
+                   f"{r['best_cfg'].num_stages})" if "best" in r else "-"
+            d = r["default_cfg"]
+            lines.append(f"| {name} | {n}x{k} | {rows} | {r['cublas']:.2f} | {r['default']:.2f} "
+                         f"({d.block_n}/{d.block_k}/{d.split_k}) | {best} | {floor:.2f} | {r['max_err']:.3g} |")
+            print(lines[-1], flush=True)
+    table = "\n".join(lines)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("config = block_n/block_k/split_k(/stages)\n\n" + table + "\n")
+
+
+if __name__ == "__main__":
+    main()

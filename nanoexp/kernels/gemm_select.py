@@ -1,0 +1,49 @@
+"""Which GEMM runs a decode-sized linear layer: torch (cuBLAS) or the Triton skinny GEMM."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+# Rows up to which `auto` takes the Triton kernel: measured on an H200 in bf16 against cuBLAS
+# for Qwen3 0.6B-8B layer shapes (experiments/kernels/bench_skinny_gemm.py).
+AUTO_MAX_ROWS = 16
+MAX_ROWS = 64  # the kernel's limit
+
+
+class SkinnyGemm:
+    """Routes x [M, K] @ w[N, K]^T with M <= max_rows to the Triton kernel."""
+
+    def __init__(self, max_rows: int):
+        self.max_rows = max_rows
+
+    def applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        return x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(-1) == 1 and weight.stride(-1) == 1
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from nanoexp.kernels.triton_gemm import skinny_gemm
+
+        return skinny_gemm(x, weight, bias)
+
+    def describe(self) -> str:
+        return f"triton up to {self.max_rows} rows"
+
+
+def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> SkinnyGemm | None:
+    """`engine.gemm_backend`: torch -> None; triton -> always for up to 64 rows; auto -> the
+    measured range on CUDA in bf16/fp16 when Triton is installed, else None."""
+    has_triton = importlib.util.find_spec("triton") is not None
+    if choice == "torch":
+        return None
+    if choice == "triton":
+        if not has_triton:
+            raise ValueError("engine.gemm_backend='triton' needs the triton package; use 'torch' or 'auto'")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                f"engine.gemm_backend='triton' needs a CUDA device, got {device}; use 'torch' or 'auto'"
+            )
+        return SkinnyGemm(MAX_ROWS)
+    usable = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and has_triton
+    return SkinnyGemm(AUTO_MAX_ROWS) if usable else None

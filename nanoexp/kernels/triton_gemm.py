@@ -1,0 +1,133 @@
+"""Skinny GEMM for decode: y[M, N] = x[M, K] @ w[N, K]^T (+ bias) with M of 1 to 64 rows.
+
+At a few rows a linear layer is a weight read: the kernel streams w once, in tiles of BLOCK_N
+output features, and splits K across SPLIT_K programs when N alone gives too few programs to
+keep every SM loading. Split partials go to an fp32 workspace; the last program of a column
+tile to finish (an atomic ticket) sums them, adds the bias, writes y and resets its ticket, so
+one launch does the whole product and CUDA-graph replays start clean.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 64
+TICKETS = 8192  # column tiles per launch that can split K
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+@triton.jit
+def _skinny_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    y_ptr,
+    part_ptr,
+    ticket_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    row_mask = rows < M
+    col_mask = cols < N
+    k_per_split = (K + SPLIT_K - 1) // SPLIT_K
+    k_per_split = (k_per_split + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    k_start = split * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
+    w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_wn
+    acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        kk = k0 + ks
+        k_mask = kk[None, :] < k_end
+        x = tl.load(x_rows + kk[None, :], mask=row_mask[:, None] & k_mask, other=0.0)
+        w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
+        acc += tl.dot(x, tl.trans(w))
+    out_mask = row_mask[:, None] & col_mask[None, :]
+    if SPLIT_K > 1:
+        part = part_ptr + (split * BLOCK_M + rows[:, None]) * N + cols[None, :]
+        tl.store(part, acc, mask=out_mask)
+        done = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
+        if done != SPLIT_K - 1:
+            return
+        acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        for s in range(SPLIT_K):
+            part = part_ptr + (s * BLOCK_M + rows[:, None]) * N + cols[None, :]
+            acc += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
+        tl.store(ticket_ptr + tile, 0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    y = y_ptr + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+
+
+@functools.lru_cache(maxsize=8)
+def _tickets(device: torch.device) -> torch.Tensor:
+    return torch.zeros(TICKETS, dtype=torch.int32, device=device)
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def default_config(n: int, k: int, num_sms: int) -> GemmConfig:
+    """Tiles of 32 output features; split K until there are about two programs per SM."""
+    block_n, block_k = 32, 128
+    tiles = triton.cdiv(n, block_n)
+    split = 1
+    while tiles * split < 2 * num_sms and k // (block_k * split * 2) >= 2:
+        split *= 2
+    return GemmConfig(block_n, block_k, split)
+
+
+def skinny_gemm(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, config: GemmConfig | None = None
+) -> torch.Tensor:
+    """x [M, K] (M <= 64, contiguous rows) times w [N, K]^T, plus bias [N]; returns [M, N]."""
+    m, k = x.shape
+    n = w.shape[0]
+    assert m <= MAX_ROWS and w.shape[1] == k and x.stride(-1) == 1 and w.stride(-1) == 1
+    config = config or default_config(n, k, _num_sms(x.device))
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    block_m = max(16, triton.next_power_of_2(m))
+    tiles = triton.cdiv(n, config.block_n)
+    split = config.split_k if tiles <= TICKETS else 1
+    part = torch.empty((split, block_m, n), dtype=torch.float32, device=x.device) if split > 1 else y
+    _skinny_gemm_kernel[(tiles, split)](
+        x, w, bias if bias is not None else w, y, part, _tickets(x.device),
+        m, n, k, x.stride(0), w.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SPLIT_K=split, num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    return y

@@ -1,0 +1,80 @@
+"""The Triton skinny GEMM (decode-sized linear layers) against torch, and its engine wiring.
+
+On CPU the kernel runs in the Triton interpreter (conftest turns it on), so shapes stay small."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from nanoexp import LLM, SamplingParams  # noqa: E402
+from nanoexp.config import ExecutionConfig, KnobError  # noqa: E402
+from nanoexp.kernels.gemm_select import AUTO_MAX_ROWS, make_skinny_gemm  # noqa: E402
+from nanoexp.kernels.triton_gemm import GemmConfig, default_config, skinny_gemm  # noqa: E402
+from tests.conftest import random_prompts  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize(
+    "rows, n, k, config",
+    [
+        (1, 64, 256, GemmConfig(32, 128, 1)),
+        (3, 96, 200, GemmConfig(32, 64, 4)),  # K not a multiple of the block, split-K
+        (17, 40, 130, GemmConfig(16, 32, 2)),  # N not a multiple of the tile
+        (64, 32, 512, GemmConfig(32, 128, 8)),
+    ],
+)
+def test_skinny_gemm_matches_torch(rows, n, k, config):
+    gen = torch.Generator().manual_seed(rows)
+    x, w, b = (torch.randn(*shape, generator=gen).to(DEVICE) for shape in ((rows, k), (n, k), (n,)))
+    for bias in (None, b):
+        for _ in range(2):  # the split-K tickets must be reset by the first call
+            got = skinny_gemm(x, w, bias, config)
+            torch.testing.assert_close(got, F.linear(x, w, bias), rtol=1e-4, atol=1e-4)
+
+
+def test_default_config_splits_k_only_when_tiles_are_few():
+    assert default_config(24576, 4096, 132).split_k == 1  # 768 tiles of 32 columns
+    narrow = default_config(1024, 3072, 132)
+    assert narrow.split_k > 1 and 1024 // narrow.block_n * narrow.split_k <= 4 * 132
+
+
+def test_gemm_backend_knob():
+    with pytest.raises(KnobError, match="engine.gemm_backend='cublas' is invalid"):
+        ExecutionConfig(gemm_backend="cublas")
+    assert make_skinny_gemm("torch", DEVICE, torch.bfloat16) is None
+    assert make_skinny_gemm("auto", torch.device("cpu"), torch.bfloat16) is None
+    assert make_skinny_gemm("auto", DEVICE, torch.float32) is None  # fp32 keeps cuBLAS' exact products
+    if DEVICE.type == "cuda":
+        assert make_skinny_gemm("auto", DEVICE, torch.bfloat16).max_rows == AUTO_MAX_ROWS
+
+
+def test_engine_with_triton_gemm_matches_torch_gemm(checkpoints):
+    path, _ = checkpoints["qwen2_gqa2"]  # Qwen2: the q/k/v projections carry a bias
+    prompts = random_prompts([5, 9, 3], seed=4)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = {}
+    for backend in ("torch", "triton"):
+        with LLM(path, device=DEVICE.type, dtype="float32", gemm_backend=backend, kvcache_block_size=16,
+                 max_model_len=256) as llm:
+            outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+            assert llm.stats()["gemm_backend"] == ("torch" if backend == "torch" else "triton up to 64 rows")
+    assert outs["triton"] == outs["torch"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 5, 16, 33, 64])
+@pytest.mark.parametrize("n, k", [(4096, 1024), (1024, 3072), (1000, 1000)])
+def test_skinny_gemm_bf16_on_gpu(rows, n, k):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5
+    ref = F.linear(x.float(), w.float())
+    for _ in range(3):
+        torch.testing.assert_close(skinny_gemm(x, w).float(), ref, rtol=2e-2, atol=2e-2)
