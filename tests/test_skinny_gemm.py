@@ -78,3 +78,28 @@ def test_skinny_gemm_bf16_on_gpu(rows, n, k):
     ref = F.linear(x.float(), w.float())
     for _ in range(3):
         torch.testing.assert_close(skinny_gemm(x, w).float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(
+    "rows, inter, k, config", [(1, 48, 64, GemmConfig(16, 32, 1)), (5, 40, 96, GemmConfig(32, 32, 2))]
+)
+def test_gated_skinny_gemm_is_silu_of_gate_times_up(rows, inter, k, config):
+    gen = torch.Generator().manual_seed(7)
+    x, w = torch.randn(rows, k, generator=gen).to(DEVICE), torch.randn(2 * inter, k, generator=gen).to(DEVICE)
+    gate, up = F.linear(x, w).chunk(2, dim=-1)
+    for _ in range(2):
+        got = skinny_gemm(x, w, None, config, gated=True)
+        torch.testing.assert_close(got, F.silu(gate) * up, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 7, 16, 64])
+def test_gated_skinny_gemm_bf16_on_gpu(rows):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(2 * 3072, 1024, device="cuda", dtype=torch.bfloat16, generator=gen) / 32
+    gate, up = F.linear(x, w).chunk(2, dim=-1)
+    ref = (F.silu(gate) * up).float()
+    for _ in range(3):
+        torch.testing.assert_close(skinny_gemm(x, w, gated=True).float(), ref, rtol=2e-2, atol=2e-2)

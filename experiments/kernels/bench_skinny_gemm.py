@@ -15,11 +15,16 @@ import itertools
 
 import torch
 import torch.nn.functional as F
+from triton.runtime.errors import OutOfResources
 
 from nanoexp.kernels.triton_gemm import GemmConfig, default_config, skinny_gemm
+from nanoexp.layers.activation import silu_and_mul
+from nanoexp.layers.fusion import fused
 
-SHAPES = {  # name: (N, K)
+SHAPES = {  # name: (N, K); "+silu": w is [gate; up] with 2N rows, against cuBLAS + compiled SwiGLU
     "0.6B qkv": (4096, 1024),
+    "0.6B gate_up+silu": (3072, 1024),
+    "8B gate_up+silu tp2": (6144, 4096),
     "0.6B o": (1024, 2048),
     "0.6B gate_up": (6144, 1024),
     "0.6B down": (1024, 3072),
@@ -60,21 +65,38 @@ def time_graph_us(fns: list, rounds: int = 5) -> float:
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
-def bench_shape(n: int, k: int, rows: int, sweep: bool) -> dict:
-    copies = max(4, -(-2 * L2_BYTES // (n * k * 2)))
-    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
+def bench_shape(n: int, k: int, rows: int, gated: bool, sweep: bool) -> dict:
+    w_rows = 2 * n if gated else n
+    copies = max(4, -(-2 * L2_BYTES // (w_rows * k * 2)))
+    weights = [torch.randn(w_rows, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-    ref = F.linear(x, weights[0]).float()
-    result = {"cublas": time_graph_us([lambda w=w: F.linear(x, w) for w in weights])}
+
+    def torch_op(w):
+        return silu_and_mul(F.linear(x, w)) if gated else F.linear(x, w)
+
+    def triton_op(w, config):
+        return skinny_gemm(x, w, None, config, gated=gated)
+
+    with fused(True):
+        ref = torch_op(weights[0]).float()
+        result = {"cublas": time_graph_us([lambda w=w: torch_op(w) for w in weights])}
     default = default_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    err = (skinny_gemm(x, weights[0], None, default).float() - ref).abs().max().item()
-    result["default"] = time_graph_us([lambda w=w: skinny_gemm(x, w, None, default) for w in weights])
-    result["default_cfg"], result["max_err"] = default, err
+    result["max_err"] = (triton_op(weights[0], default).float() - ref).abs().max().item()
+    result["default"] = time_graph_us([lambda w=w: triton_op(w, default) for w in weights])
+    result["default_cfg"] = default
     if sweep:
-        best = min(((time_graph_us([lambda w=w, c=c: skinny_gemm(x, w, None, c) for w in weights]), c)
-                    for c in sweep_configs()), key=lambda t: t[0])
-        result["best"], result["best_cfg"] = best
+        timed = []
+        for c in sweep_configs():
+            try:
+                timed.append((time_graph_us([lambda w=w, c=c: triton_op(w, c) for w in weights]), c))
+            except OutOfResources:
+                continue
+        result["best"], result["best_cfg"] = min(timed, key=lambda t: t[0])
     return result
+
+
+def describe(c: GemmConfig) -> str:
+    return f"{c.block_n}/{c.block_k}/{c.split_k}/{c.num_stages}"
 
 
 def main() -> None:
@@ -83,17 +105,17 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also search block and split sizes")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    lines = ["| shape | N x K | rows | cuBLAS us | Triton default us | best us (config) | floor us | max abs err |",
+    lines = ["| shape | N x K | rows | cuBLAS us | Triton us (config) | best us (config) | floor us | err |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, (n, k) in SHAPES.items():
         for rows in ROWS:
-            r = bench_shape(n, k, rows, args.sweep)
-            floor = (n * k + rows * (n + k)) * 2 / args.bandwidth * 1e6
-            best = f"{r['best']:.2f} ({r['best_cfg'].block_n}/{r['best_cfg'].block_k}/{r['best_cfg'].split_k}/" \
-                   f"{r['best_cfg'].num_stages})" if "best" in r else "-"
-            d = r["default_cfg"]
-            lines.append(f"| {name} | {n}x{k} | {rows} | {r['cublas']:.2f} | {r['default']:.2f} "
-                         f"({d.block_n}/{d.block_k}/{d.split_k}) | {best} | {floor:.2f} | {r['max_err']:.3g} |")
+            gated = "+silu" in name
+            r = bench_shape(n, k, rows, gated, args.sweep)
+            floor = ((2 if gated else 1) * n * k + rows * (n + k)) * 2 / args.bandwidth * 1e6
+            best = f"{r['best']:.2f} ({describe(r['best_cfg'])})" if "best" in r else "-"
+            default = f"{r['default']:.2f} ({describe(r['default_cfg'])})"
+            lines.append(f"| {name} | {n}x{k} | {rows} | {r['cublas']:.2f} | {default} | {best} | "
+                         f"{floor:.2f} | {r['max_err']:.3g} |")
             print(lines[-1], flush=True)
     table = "\n".join(lines)
     if args.out:

@@ -22,10 +22,13 @@ class SkinnyGemm:
     def applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         return x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(-1) == 1 and weight.stride(-1) == 1
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False
+    ) -> torch.Tensor:
+        """x @ weight^T + bias; gated: weight is [gate; up] and the result silu(gate) * up."""
         from nanoexp.kernels.triton_gemm import skinny_gemm
 
-        return skinny_gemm(x, weight, bias)
+        return skinny_gemm(x, weight, bias, gated=gated)
 
     def describe(self) -> str:
         return f"triton up to {self.max_rows} rows"

@@ -30,6 +30,29 @@ class GemmConfig:
 
 
 @triton.jit
+def _tile_product(x_rows, w_rows, row_mask, col_mask, ks, k_start, k_end, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        kk = k0 + ks
+        k_mask = kk[None, :] < k_end
+        x = tl.load(x_rows + kk[None, :], mask=row_mask[:, None] & k_mask, other=0.0)
+        w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
+        acc += tl.dot(x, tl.trans(w))
+    return acc
+
+
+@triton.jit
+def _sum_splits(part_ptr, rows, cols, out_mask, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                SPLIT_K: tl.constexpr):
+    acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    for s in range(SPLIT_K):
+        part = part_ptr + (s * BLOCK_M + rows[:, None]) * N + cols[None, :]
+        acc += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
 def _skinny_gemm_kernel(
     x_ptr,
     w_ptr,
@@ -44,11 +67,13 @@ def _skinny_gemm_kernel(
     stride_wn,
     stride_ym,
     HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
+    """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N]."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -62,29 +87,34 @@ def _skinny_gemm_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_wn
-    acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        kk = k0 + ks
-        k_mask = kk[None, :] < k_end
-        x = tl.load(x_rows + kk[None, :], mask=row_mask[:, None] & k_mask, other=0.0)
-        w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
-        acc += tl.dot(x, tl.trans(w))
+    acc = _tile_product(x_rows, w_rows, row_mask, col_mask, ks, k_start, k_end, BLOCK_M, BLOCK_N, BLOCK_K)
+    if GATED:
+        up_rows = w_rows + N.to(tl.int64) * stride_wn
+        up = _tile_product(x_rows, up_rows, row_mask, col_mask, ks, k_start, k_end, BLOCK_M, BLOCK_N, BLOCK_K)
     out_mask = row_mask[:, None] & col_mask[None, :]
     if SPLIT_K > 1:
-        part = part_ptr + (split * BLOCK_M + rows[:, None]) * N + cols[None, :]
+        width = 2 * N if GATED else N
+        part = part_ptr + (split * BLOCK_M + rows[:, None]) * width + cols[None, :]
         tl.store(part, acc, mask=out_mask)
+        if GATED:
+            tl.store(part + N, up, mask=out_mask)
         done = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
         if done != SPLIT_K - 1:
             return
-        acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-        for s in range(SPLIT_K):
-            part = part_ptr + (s * BLOCK_M + rows[:, None]) * N + cols[None, :]
-            acc += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
+        acc = _sum_splits(part_ptr, rows, cols, out_mask, width, BLOCK_M, BLOCK_N, SPLIT_K)
+        if GATED:
+            up = _sum_splits(part_ptr + N, rows, cols, out_mask, width, BLOCK_M, BLOCK_N, SPLIT_K)
         tl.store(ticket_ptr + tile, 0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    out = acc.to(y_ptr.dtype.element_ty)
+    if GATED:
+        # rounded where the unfused ops round: each product, then silu, then the product
+        gate = out.to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(y_ptr.dtype.element_ty)
+        out = (silu.to(tl.float32) * up.to(y_ptr.dtype.element_ty).to(tl.float32)).to(y_ptr.dtype.element_ty)
     y = y_ptr + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(y, out, mask=out_mask)
 
 
 @functools.lru_cache(maxsize=8)
@@ -110,12 +140,15 @@ def default_config(n: int, k: int, num_sms: int) -> GemmConfig:
 
 
 def skinny_gemm(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, config: GemmConfig | None = None
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, config: GemmConfig | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
-    """x [M, K] (M <= 64, contiguous rows) times w [N, K]^T, plus bias [N]; returns [M, N]."""
+    """x [M, K] (M <= 64, contiguous rows) times w [N, K]^T, plus bias [N]; returns [M, N].
+    gated: w holds [gate; up] (2N rows, no bias) and the result is silu(x gate^T) * (x up^T)."""
     m, k = x.shape
-    n = w.shape[0]
+    n = w.shape[0] // 2 if gated else w.shape[0]
     assert m <= MAX_ROWS and w.shape[1] == k and x.stride(-1) == 1 and w.stride(-1) == 1
+    assert not (gated and bias is not None)
     config = config or default_config(n, k, _num_sms(x.device))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
@@ -123,11 +156,12 @@ def skinny_gemm(
     block_m = max(16, triton.next_power_of_2(m))
     tiles = triton.cdiv(n, config.block_n)
     split = config.split_k if tiles <= TICKETS else 1
-    part = torch.empty((split, block_m, n), dtype=torch.float32, device=x.device) if split > 1 else y
+    width = 2 * n if gated else n
+    part = torch.empty((split, block_m, width), dtype=torch.float32, device=x.device) if split > 1 else y
     _skinny_gemm_kernel[(tiles, split)](
         x, w, bias if bias is not None else w, y, part, _tickets(x.device),
         m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=split, num_warps=config.num_warps, num_stages=config.num_stages,
+        HAS_BIAS=bias is not None, GATED=gated, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, SPLIT_K=split, num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y

@@ -83,6 +83,14 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         size = self.output_sizes[shard_id] // self.tp_size
         param.data.narrow(0, offset, size).copy_(self.shard_of(loaded, 0))
 
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up in the GEMM's epilogue, for [gate, up] layers on the skinny-GEMM path;
+        None where that path does not apply."""
+        gated_pair = len(self.output_sizes) == 2 and self.bias is None
+        if gated_pair and self.skinny is not None and self.skinny.applies(x, self.weight):
+            return self.skinny(x, self.weight, None, gated=True)
+        return None
+
 
 class QKVParallelLinear(ColumnParallelLinear):
     """Fused q/k/v projection; each rank holds its query heads and KV heads (replicated when

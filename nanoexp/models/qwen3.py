@@ -71,7 +71,10 @@ class Qwen3MLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        gated = self.gate_up_proj.silu_and_mul(x)
+        if gated is None:
+            gated = self.act_fn(self.gate_up_proj(x))
+        return self.down_proj(gated)
 
 
 class Qwen3DecoderLayer(nn.Module):
