@@ -13,7 +13,9 @@ pytest.importorskip("triton")
 from nanoexp import LLM, SamplingParams  # noqa: E402
 from nanoexp.config import ExecutionConfig, KnobError  # noqa: E402
 from nanoexp.kernels.gemm_select import AUTO_MAX_ROWS, make_skinny_gemm  # noqa: E402
+from nanoexp.kernels.norm_first import NormFirst  # noqa: E402
 from nanoexp.kernels.triton_gemm import GemmConfig, default_config, skinny_gemm  # noqa: E402
+from nanoexp.layers.norm import add_rms_norm, rms_norm  # noqa: E402
 from tests.conftest import random_prompts  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -103,3 +105,46 @@ def test_gated_skinny_gemm_bf16_on_gpu(rows):
     ref = (F.silu(gate) * up).float()
     for _ in range(3):
         torch.testing.assert_close(skinny_gemm(x, w, gated=True).float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("gated", [False, True])
+def test_norm_first_matches_rms_norm_then_linear(residual, gated):
+    gen = torch.Generator().manual_seed(3)
+    rows, n, k = 3, 40, 96
+    x, r = (torch.randn(rows, k, generator=gen).to(DEVICE) for _ in range(2))
+    g = (1 + 0.1 * torch.randn(k, generator=gen)).to(DEVICE)
+    w = (torch.randn(2 * n if gated else n, k, generator=gen) / k**0.5).to(DEVICE)
+    if residual:
+        normed, summed = add_rms_norm(x, r, g, 1e-6)
+    else:
+        normed, summed = rms_norm(x, g, 1e-6), x
+    ref = F.linear(normed, w)
+    if gated:
+        gate, up = ref.chunk(2, dim=-1)
+        ref = F.silu(gate) * up
+    for _ in range(2):
+        norm = NormFirst(g, 1e-6, r if residual else None)
+        got, got_sum = skinny_gemm(x, w, None, GemmConfig(16, 32, 2), gated, norm)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got_sum, summed)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 9, 64])
+@pytest.mark.parametrize("gated", [False, True])
+def test_norm_first_bf16_on_gpu(rows, gated):
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    x, r = (torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    g = 1 + 0.1 * torch.randn(1024, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(6144 if gated else 4096, 1024, device="cuda", dtype=torch.bfloat16, generator=gen) / 32
+    normed, summed = add_rms_norm(x, r, g, 1e-6)
+    ref = F.linear(normed, w)
+    if gated:
+        gate, up = ref.chunk(2, dim=-1)
+        ref = F.silu(gate) * up
+    for _ in range(3):
+        got, got_sum = skinny_gemm(x, w, None, None, gated, NormFirst(g, 1e-6, r))
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
+        assert torch.equal(got_sum, summed)

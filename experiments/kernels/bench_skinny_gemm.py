@@ -17,12 +17,17 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
+from nanoexp.kernels.norm_first import NormFirst
 from nanoexp.kernels.triton_gemm import GemmConfig, default_config, skinny_gemm
 from nanoexp.layers.activation import silu_and_mul
 from nanoexp.layers.fusion import fused
+from nanoexp.layers.norm import add_rms_norm
 
-SHAPES = {  # name: (N, K); "+silu": w is [gate; up] with 2N rows, against cuBLAS + compiled SwiGLU
+SHAPES = {  # name: (N, K); "+silu": w is [gate; up] with 2N rows, against cuBLAS + compiled SwiGLU;
+    # "norm+": RMSNorm(x + residual) first, against the compiled add + RMSNorm and cuBLAS
     "0.6B qkv": (4096, 1024),
+    "0.6B norm+qkv": (4096, 1024),
+    "0.6B norm+gate_up+silu": (3072, 1024),
     "0.6B gate_up+silu": (3072, 1024),
     "8B gate_up+silu tp2": (6144, 4096),
     "0.6B o": (1024, 2048),
@@ -65,17 +70,20 @@ def time_graph_us(fns: list, rounds: int = 5) -> float:
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
-def bench_shape(n: int, k: int, rows: int, gated: bool, sweep: bool) -> dict:
+def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: bool) -> dict:
     w_rows = 2 * n if gated else n
     copies = max(4, -(-2 * L2_BYTES // (w_rows * k * 2)))
     weights = [torch.randn(w_rows, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
-    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    x, residual = (torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    norm = NormFirst(torch.ones(k, device="cuda", dtype=torch.bfloat16), 1e-6, residual) if normed else None
 
     def torch_op(w):
-        return silu_and_mul(F.linear(x, w)) if gated else F.linear(x, w)
+        inp = add_rms_norm(x, residual, norm.weight, norm.eps)[0] if normed else x
+        return silu_and_mul(F.linear(inp, w)) if gated else F.linear(inp, w)
 
     def triton_op(w, config):
-        return skinny_gemm(x, w, None, config, gated=gated)
+        out = skinny_gemm(x, w, None, config, gated=gated, norm=norm)
+        return out[0] if normed else out
 
     with fused(True):
         ref = torch_op(weights[0]).float()
@@ -110,7 +118,7 @@ def main() -> None:
     for name, (n, k) in SHAPES.items():
         for rows in ROWS:
             gated = "+silu" in name
-            r = bench_shape(n, k, rows, gated, args.sweep)
+            r = bench_shape(n, k, rows, gated, "norm+" in name, args.sweep)
             floor = ((2 if gated else 1) * n * k + rows * (n + k)) * 2 / args.bandwidth * 1e6
             best = f"{r['best']:.2f} ({describe(r['best_cfg'])})" if "best" in r else "-"
             default = f"{r['default']:.2f} ({describe(r['default_cfg'])})"

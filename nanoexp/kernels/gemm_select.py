@@ -7,6 +7,8 @@ import os
 
 import torch
 
+from nanoexp.kernels.norm_first import NormFirst
+
 # Rows up to which `auto` takes the Triton kernel: measured on an H200 in bf16 against cuBLAS
 # for Qwen3 0.6B-8B layer shapes (experiments/kernels/bench_skinny_gemm.py).
 AUTO_MAX_ROWS = 16
@@ -23,12 +25,14 @@ class SkinnyGemm:
         return x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(-1) == 1 and weight.stride(-1) == 1
 
     def __call__(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False
-    ) -> torch.Tensor:
-        """x @ weight^T + bias; gated: weight is [gate; up] and the result silu(gate) * up."""
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False,
+        norm: NormFirst | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x @ weight^T + bias; gated: weight is [gate; up] and the result silu(gate) * up; norm:
+        x is RMS-normed first and the new residual is returned too."""
         from nanoexp.kernels.triton_gemm import skinny_gemm
 
-        return skinny_gemm(x, weight, bias, gated=gated)
+        return skinny_gemm(x, weight, bias, gated=gated, norm=norm)
 
     def describe(self) -> str:
         return f"triton up to {self.max_rows} rows"

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoexp.kernels.norm_first import NormFirst
+
 MAX_ROWS = 64
 TICKETS = 8192  # column tiles per launch that can split K
 
@@ -30,13 +32,40 @@ class GemmConfig:
 
 
 @triton.jit
-def _tile_product(x_rows, w_rows, row_mask, col_mask, ks, k_start, k_end, BLOCK_M: tl.constexpr,
+def _row_rstd(x_rows, r_rows, sum_rows, write_sum, row_mask, ks, K, eps, HAS_RESIDUAL: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / rms of each row of x (+ residual), in fp32; writes x + residual when write_sum."""
+    squares = tl.full([BLOCK_M], 0.0, tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        mask = row_mask[:, None] & (kk[None, :] < K)
+        x = tl.load(x_rows + kk[None, :], mask=mask, other=0.0)
+        v = x.to(tl.float32)
+        if HAS_RESIDUAL:
+            v += tl.load(r_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+            if write_sum:
+                tl.store(sum_rows + kk[None, :], v.to(x.dtype), mask=mask)
+        squares += tl.sum(v * v, axis=1)
+    return tl.rsqrt(squares / K + eps)
+
+
+@triton.jit
+def _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks, k_start, k_end,
+                  NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         kk = k0 + ks
         k_mask = kk[None, :] < k_end
         x = tl.load(x_rows + kk[None, :], mask=row_mask[:, None] & k_mask, other=0.0)
+        if NORM:
+            # RMSNorm rounded where the unfused op rounds: the normed row, then its product with
+            # the norm weight
+            v = x.to(tl.float32)
+            if HAS_RESIDUAL:
+                v += tl.load(r_rows + kk[None, :], mask=row_mask[:, None] & k_mask, other=0.0).to(tl.float32)
+            g = tl.load(norm_w_ptr + kk, mask=kk < k_end, other=0.0).to(tl.float32)
+            x = ((v * rstd[:, None]).to(x.dtype).to(tl.float32) * g[None, :]).to(x.dtype)
         w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
         acc += tl.dot(x, tl.trans(w))
     return acc
@@ -60,6 +89,10 @@ def _skinny_gemm_kernel(
     y_ptr,
     part_ptr,
     ticket_ptr,
+    residual_ptr,
+    norm_w_ptr,
+    sum_ptr,
+    eps,
     M,
     N,
     K,
@@ -68,12 +101,16 @@ def _skinny_gemm_kernel(
     stride_ym,
     HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N]."""
+    """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
+    NORM: x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0) writes x + residual
+    to sum_ptr (the next residual). Every program computes the rows' rms itself: fine at few rows."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -85,12 +122,20 @@ def _skinny_gemm_kernel(
     k_per_split = (k_per_split + BLOCK_K - 1) // BLOCK_K * BLOCK_K
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
+    row_offsets = rows[:, None].to(tl.int64) * stride_xm
+    x_rows, r_rows = x_ptr + row_offsets, residual_ptr + row_offsets
     w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_wn
-    acc = _tile_product(x_rows, w_rows, row_mask, col_mask, ks, k_start, k_end, BLOCK_M, BLOCK_N, BLOCK_K)
+    rstd = tl.full([BLOCK_M], 1.0, tl.float32)
+    if NORM:
+        write_sum = (tile == 0) & (split == 0)
+        rstd = _row_rstd(x_rows, r_rows, sum_ptr + row_offsets, write_sum, row_mask, ks, K, eps,
+                         HAS_RESIDUAL, BLOCK_M, BLOCK_K)
+    acc = _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks, k_start, k_end,
+                        NORM, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K)
     if GATED:
         up_rows = w_rows + N.to(tl.int64) * stride_wn
-        up = _tile_product(x_rows, up_rows, row_mask, col_mask, ks, k_start, k_end, BLOCK_M, BLOCK_N, BLOCK_K)
+        up = _tile_product(x_rows, up_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks, k_start,
+                           k_end, NORM, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K)
     out_mask = row_mask[:, None] & col_mask[None, :]
     if SPLIT_K > 1:
         width = 2 * N if GATED else N
@@ -141,18 +186,24 @@ def default_config(n: int, k: int, num_sms: int) -> GemmConfig:
 
 def skinny_gemm(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, config: GemmConfig | None = None,
-    gated: bool = False,
-) -> torch.Tensor:
+    gated: bool = False, norm: NormFirst | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (M <= 64, contiguous rows) times w [N, K]^T, plus bias [N]; returns [M, N].
-    gated: w holds [gate; up] (2N rows, no bias) and the result is silu(x gate^T) * (x up^T)."""
+    gated: w holds [gate; up] (2N rows, no bias) and the result is silu(x gate^T) * (x up^T).
+    norm: x is RMS-normed first (after adding norm.residual); returns (y, the new residual: x +
+    norm.residual, or x itself without one)."""
     m, k = x.shape
     n = w.shape[0] // 2 if gated else w.shape[0]
     assert m <= MAX_ROWS and w.shape[1] == k and x.stride(-1) == 1 and w.stride(-1) == 1
     assert not (gated and bias is not None)
     config = config or default_config(n, k, _num_sms(x.device))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    residual = norm.residual if norm is not None else None
+    summed = torch.empty_like(x) if residual is not None else x
     if m == 0:
-        return y
+        return (y, summed) if norm is not None else y
+    if residual is not None:
+        assert residual.shape == x.shape and residual.stride() == x.stride()
     block_m = max(16, triton.next_power_of_2(m))
     tiles = triton.cdiv(n, config.block_n)
     split = config.split_k if tiles <= TICKETS else 1
@@ -160,8 +211,11 @@ def skinny_gemm(
     part = torch.empty((split, block_m, width), dtype=torch.float32, device=x.device) if split > 1 else y
     _skinny_gemm_kernel[(tiles, split)](
         x, w, bias if bias is not None else w, y, part, _tickets(x.device),
+        residual if residual is not None else x, norm.weight if norm is not None else w, summed,
+        norm.eps if norm is not None else 0.0,
         m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, GATED=gated, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, SPLIT_K=split, num_warps=config.num_warps, num_stages=config.num_stages,
+        HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    return y
+    return (y, summed) if norm is not None else y

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoexp.distributed import all_reduce, tp_rank, tp_size
-from nanoexp.kernels.gemm_select import SkinnyGemm
+from nanoexp.kernels.gemm_select import NormFirst, SkinnyGemm
 
 
 def shape_of(loaded) -> list[int]:
@@ -61,6 +61,20 @@ class LinearBase(nn.Module):
             return self.skinny(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
 
+    def norm_linear(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+        gated: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(self(RMSNorm(x + residual)), x + residual) in one skinny-GEMM kernel, gated: with
+        silu(gate) * up as its epilogue; None where that path does not apply."""
+        usable = self.skinny is not None and self.skinny.applies(x, self.weight)
+        if not usable or (gated and self.bias is not None):
+            return None
+        if residual is not None and residual.stride() != x.stride():
+            return None
+        norm = NormFirst(norm_weight, eps, residual)
+        return self.skinny(x, self.weight, self.bias, gated=gated, norm=norm)
+
 
 class ColumnParallelLinear(LinearBase):
     """Splits output features across ranks; no communication."""
@@ -82,14 +96,6 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         param.data.narrow(0, offset, size).copy_(self.shard_of(loaded, 0))
-
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
-        """silu(gate) * up in the GEMM's epilogue, for [gate, up] layers on the skinny-GEMM path;
-        None where that path does not apply."""
-        gated_pair = len(self.output_sizes) == 2 and self.bias is None
-        if gated_pair and self.skinny is not None and self.skinny.applies(x, self.weight):
-            return self.skinny(x, self.weight, None, gated=True)
-        return None
 
 
 class QKVParallelLinear(ColumnParallelLinear):

@@ -10,7 +10,12 @@ from nanoexp.kernels.base import AttentionMetadata
 from nanoexp.layers.activation import SiluAndMul
 from nanoexp.layers.attention import Attention
 from nanoexp.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
-from nanoexp.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanoexp.layers.linear import (
+    LinearBase,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from nanoexp.layers.norm import RMSNorm
 from nanoexp.layers.rope import RotaryEmbedding, qk_norm_rope
 
@@ -47,8 +52,9 @@ class Qwen3Attention(nn.Module):
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, md: AttentionMetadata):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, md: AttentionMetadata):
+        """Attention output (after o_proj) of the fused q/k/v projection `qkv`."""
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -71,10 +77,7 @@ class Qwen3MLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gated = self.gate_up_proj.silu_and_mul(x)
-        if gated is None:
-            gated = self.act_fn(self.gate_up_proj(x))
-        return self.down_proj(gated)
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -86,13 +89,24 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, positions, hidden, residual, md: AttentionMetadata):
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, md)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        qkv, residual = norm_then_linear(self.input_layernorm, self.self_attn.qkv_proj, hidden, residual)
+        hidden = self.self_attn(positions, qkv, md)
+        mlp, norm = self.mlp, self.post_attention_layernorm
+        act, residual = norm_then_linear(norm, mlp.gate_up_proj, hidden, residual, mlp.act_fn)
+        return mlp.down_proj(act), residual
+
+
+def norm_then_linear(
+    norm: RMSNorm, linear: LinearBase, x: torch.Tensor, residual: torch.Tensor | None,
+    act_fn: SiluAndMul | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(act_fn(linear(norm(x + residual))), x + residual); one kernel where the skinny GEMM applies."""
+    fused = linear.norm_linear(x, residual, norm.weight, norm.eps, gated=act_fn is not None)
+    if fused is not None:
+        return fused
+    normed, residual = (norm(x), x) if residual is None else norm(x, residual)
+    out = linear(normed)
+    return (out if act_fn is None else act_fn(out)), residual
 
 
 class Qwen3Model(nn.Module):
