@@ -41,9 +41,9 @@ def test_skinny_gemm_matches_torch(rows, n, k, config):
 
 
 def test_default_config_splits_k_only_when_tiles_are_few():
-    assert default_config(24576, 4096, 132).split_k == 1  # 768 tiles of 32 columns
-    narrow = default_config(1024, 3072, 132)
-    assert narrow.split_k > 1 and 1024 // narrow.block_n * narrow.split_k <= 4 * 132
+    assert default_config(4096, 1024, 132).split_k == 1  # 128 tiles of 32 columns
+    narrow = default_config(1024, 3072, 132)  # 32 tiles
+    assert narrow.split_k == 4 and 3072 // narrow.split_k >= narrow.block_k
 
 
 def test_gemm_backend_knob():
