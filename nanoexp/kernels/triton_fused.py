@@ -70,7 +70,7 @@ def _qk_norm_rope_store_kernel(
     partner = tl.where(first_half, dims + HALF, dims - HALF)  # the element each one rotates with
     dim_mask = dims < HEAD_DIM
     mask = (heads[:, None] < NUM_HEADS + NUM_KV_HEADS) & dim_mask[None, :]
-    DT: tl.constexpr = q_out_ptr.dtype.element_ty
+    DT = q_out_ptr.dtype.element_ty
 
     row = qkv_ptr + token * stride_qkv + heads[:, None] * HEAD_DIM
     x = tl.load(row + dims[None, :], mask=mask, other=0.0).to(tl.float32)
