@@ -47,6 +47,25 @@ class AttentionBackend:
     ) -> None:
         raise NotImplementedError
 
+    def fused_qk_norm_rope_store(
+        self,
+        qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,  # [max_position, head_dim] fp32: cos halves, then sin halves
+        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None,  # (q weight, k weight, eps)
+        num_heads: int,
+        num_kv_heads: int,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        write_k: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Optional: per-head q/k RMSNorm (if qk_norm), RoPE and store_kv as one op.
+
+        Returns (q, k), k only if write_k, or None where this backend (or device) has no such op:
+        the caller then runs the torch ops and store_kv."""
+        return None
+
     def prefill(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]

@@ -80,6 +80,7 @@ def _decode_split_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
+    counters_ptr,
     qk_scale,
     num_splits,
     stride_qb,
@@ -97,6 +98,8 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr = False,
+    SPLITS_PAD: tl.constexpr = 1,
 ):
     """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
     seq = tl.program_id(0)
@@ -141,6 +144,83 @@ def _decode_split_kernel(
         tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], out, mask=store_mask)
         lse = tl.where(den > 0.0, m + tl.log2(tl.where(den > 0.0, den, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_mask)
+        if FUSED_REDUCE:
+            _combine_if_last_split(
+                part_out_ptr, part_lse_ptr, out_ptr, counters_ptr, seq, kv_head, num_splits,
+                stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD, SPLITS_PAD,
+            )  # fmt: skip
+
+
+@triton.jit
+def _combine_if_last_split(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    counters_ptr,
+    seq,
+    kv_head,
+    num_splits,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    """The last split of a (sequence, kv head) to finish combines all splits of its GROUP heads.
+
+    A per-(sequence, kv head) counter counts finished splits; the barrier plus the release half
+    of the atomic publish this program's partials, its acquire half makes the others' visible to
+    the last one, which resets the counter for the next launch (or CUDA-graph replay).
+    """
+    tl.debug_barrier()
+    counter = counters_ptr + seq * tl.num_programs(1) + kv_head
+    done = tl.atomic_add(counter, 1, sem="acq_rel")
+    if done == num_splits - 1:
+        tl.store(counter, 0)
+        num_heads = GROUP * tl.num_programs(1)
+        for g in tl.static_range(GROUP):
+            head = kv_head * GROUP + g
+            _combine_splits(
+                part_out_ptr, part_lse_ptr, out_ptr, seq, head, num_heads, num_splits,
+                stride_ob, stride_oh, HEAD_DIM, DIM_PAD, SPLITS_PAD,
+            )  # fmt: skip
+
+
+@triton.jit
+def _combine_splits(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    seq,
+    head,
+    num_heads,
+    num_splits,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    """Combine the per-split (normalized out, lse) of one (sequence, head) into out.
+
+    Partials are read through L2 (.cg): another SM wrote them, maybe after this SM cached the
+    same addresses in an earlier launch."""
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    split_mask = splits < num_splits
+    base = (seq.to(tl.int64) * num_heads + head) * num_splits
+    lse = tl.load(part_lse_ptr + base + splits, mask=split_mask, other=float("-inf"), cache_modifier=".cg")
+    m = tl.reduce(lse, 0, _max_combine)
+    m = tl.where(m == float("-inf"), 0.0, m)  # context of length 0 gives zeros, not NaN
+    w = tl.exp2(lse - m)
+    o_mask = split_mask[:, None] & (dims[None, :] < HEAD_DIM)
+    o_ptrs = part_out_ptr + (base + splits)[:, None] * DIM_PAD + dims[None, :]
+    o = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")
+    total = tl.reduce(w, 0, _sum_combine)
+    out = tl.reduce(w[:, None] * o, 0, _sum_combine) / tl.where(total > 0.0, total, 1.0)
+    out_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + dims
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
 @triton.jit
@@ -156,23 +236,10 @@ def _decode_reduce_kernel(
     SPLITS_PAD: tl.constexpr,
 ):
     """Combine the per-split (normalized out, lse) of one (sequence, head)."""
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    splits = tl.arange(0, SPLITS_PAD)
-    dims = tl.arange(0, DIM_PAD)
-    split_mask = splits < num_splits
-    base = (seq.to(tl.int64) * tl.num_programs(1) + head) * num_splits
-    lse = tl.load(part_lse_ptr + base + splits, mask=split_mask, other=float("-inf"))
-    m = tl.reduce(lse, 0, _max_combine)
-    m = tl.where(m == float("-inf"), 0.0, m)  # context of length 0 gives zeros, not NaN
-    w = tl.exp2(lse - m)
-    o_mask = split_mask[:, None] & (dims[None, :] < HEAD_DIM)
-    o_ptrs = part_out_ptr + (base + splits)[:, None] * DIM_PAD + dims[None, :]
-    o = tl.load(o_ptrs, mask=o_mask, other=0.0)
-    total = tl.reduce(w, 0, _sum_combine)
-    out = tl.reduce(w[:, None] * o, 0, _sum_combine) / tl.where(total > 0.0, total, 1.0)
-    out_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + dims
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+    _combine_splits(
+        part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), tl.num_programs(1),
+        num_splits, stride_ob, stride_oh, HEAD_DIM, DIM_PAD, SPLITS_PAD,
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=8)
@@ -204,11 +271,14 @@ def paged_decode(
     max_len: int | None = None,
     num_splits: int | None = None,
     block_n: int | None = None,
+    fused_reduce: bool = True,
 ) -> torch.Tensor:
     """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
 
     max_len bounds context_lens (default: the block table's capacity) and only steers the split
-    count; any num_splits >= 1 gives the same result.
+    count; any num_splits >= 1 gives the same result. With several splits, fused_reduce lets the
+    last split of each (sequence, kv head) combine them (one launch); otherwise a second kernel
+    does.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -228,6 +298,9 @@ def paged_decode(
         part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out
+    fused_reduce = fused_reduce and num_splits > 1
+    counters = split_counters(q.device, batch * num_kv_heads) if fused_reduce else context_lens
+    splits_pad = triton.next_power_of_2(num_splits)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -237,6 +310,7 @@ def paged_decode(
         out,
         part_out,
         part_lse,
+        counters,
         scale * LOG2E,
         num_splits,
         q.stride(0),
@@ -254,10 +328,12 @@ def paged_decode(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         SINGLE_SPLIT=num_splits == 1,
+        FUSED_REDUCE=fused_reduce,
+        SPLITS_PAD=splits_pad,
         num_warps=4,
         num_stages=2,
     )
-    if num_splits > 1:
+    if num_splits > 1 and not fused_reduce:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out,
             part_lse,
@@ -267,7 +343,7 @@ def paged_decode(
             out.stride(1),
             HEAD_DIM=head_dim,
             DIM_PAD=dim_pad,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            SPLITS_PAD=splits_pad,
             num_warps=4,
         )
     return out
@@ -471,6 +547,27 @@ def varlen_prefill(
         num_stages=num_stages,
     )
     return out
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+MIN_COUNTERS = 1 << 16  # batch 1,024 x 64 kv heads: never regrown in practice
+
+
+def split_counters(device: torch.device, needed: int) -> torch.Tensor:
+    """Zeroed int32 counters of finished splits, one per (sequence, kv head), cached per device.
+
+    Every launch leaves them zero again, so one allocation serves all calls and graph replays.
+    """
+    counters = _counters.get(device)
+    if counters is None or counters.numel() < needed:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"paged_decode needs {needed} split counters during CUDA-graph capture but only "
+                f"{0 if counters is None else counters.numel()} exist; run it once before capture"
+            )
+        counters = torch.zeros(max(needed, MIN_COUNTERS), dtype=torch.int32, device=device)
+        _counters[device] = counters
+    return counters
 
 
 def _check_cache(q, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> None:

@@ -6,11 +6,17 @@ import torch
 
 from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
 from nanoexp.kernels.triton_attention import paged_decode, varlen_prefill
+from nanoexp.kernels.triton_fused import qk_norm_rope_store
 from nanoexp.kernels.triton_kv import store_kv
 
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+
+    def __init__(self, fuse_qk_norm_rope: bool | None = None):
+        """fuse_qk_norm_rope: use the one-kernel q/k norm + RoPE + KV store; None = on CUDA only
+        (the CPU interpreter is slower than the torch ops it replaces)."""
+        self.fuse_qk_norm_rope = fuse_qk_norm_rope
 
     def store_kv(
         self,
@@ -21,6 +27,19 @@ class TritonAttentionBackend(AttentionBackend):
         slot_mapping: torch.Tensor,
     ) -> None:
         store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+    def fused_qk_norm_rope_store(
+        self, qkv, positions, cos_sin, qk_norm, num_heads, num_kv_heads, k_cache, v_cache,
+        slot_mapping, write_k,
+    ):  # fmt: skip
+        fuse = self.fuse_qk_norm_rope
+        if not (qkv.is_cuda if fuse is None else fuse):
+            return None
+        q_weight, k_weight, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
+        return qk_norm_rope_store(
+            qkv, positions, cos_sin, q_weight, k_weight, eps, num_heads, num_kv_heads,
+            k_cache, v_cache, slot_mapping, write_k=write_k,
+        )  # fmt: skip
 
     def prefill(
         self,

@@ -21,12 +21,38 @@ class Attention(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:
-        backend = self.backend
         if self.k_cache.numel():  # no cache before it is sized (memory profiling): store nothing
-            backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping)
+            self.backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping)
+        return self._attend(q, k, v, md)
+
+    def forward_fused(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+        md: AttentionMetadata,
+    ) -> torch.Tensor | None:
+        """From the fused qkv projection: q/k norm + RoPE + K/V store in one backend op, then
+        attention; None when the backend has no such op (the caller runs the unfused path)."""
+        if not self.k_cache.numel():
+            return None
+        # Prefill without a cached prefix attends over this step's packed k, not the cache.
+        write_k = md.is_prefill and not md.has_cached_prefix
+        qk = self.backend.fused_qk_norm_rope_store(
+            qkv, positions, cos_sin, qk_norm, self.num_heads, self.num_kv_heads,
+            self.k_cache, self.v_cache, md.slot_mapping, write_k,
+        )  # fmt: skip
+        if qk is None:
+            return None
+        q, k = qk
+        v = qkv[:, qkv.shape[1] - self.num_kv_heads * self.head_dim :]
+        return self._attend(q, k, v.view(-1, self.num_kv_heads, self.head_dim), md)
+
+    def _attend(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
         if md.is_prefill:
-            return backend.prefill(q, k, v, self.k_cache, self.v_cache, md, self.scale)
-        return backend.decode(q, self.k_cache, self.v_cache, md, self.scale)
+            return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, md, self.scale)
+        return self.backend.decode(q, self.k_cache, self.v_cache, md, self.scale)
 
 
 def attention_layers(model: nn.Module) -> list[Attention]:

@@ -54,6 +54,13 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor, md: AttentionMetadata):
         """Attention output (after o_proj) of the fused q/k/v projection `qkv`."""
+        norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else None
+        out = self.attn.forward_fused(qkv, positions, self.rotary_emb.cos_sin, norm, md)
+        if out is None:
+            out = self.attn(*self.norm_rope(positions, qkv), md)
+        return self.o_proj(out.flatten(1))
+
+    def norm_rope(self, positions: torch.Tensor, qkv: torch.Tensor):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -65,7 +72,7 @@ class Qwen3Attention(nn.Module):
             )
         else:
             q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, md).flatten(1))
+        return q, k, v
 
 
 class Qwen3MLP(nn.Module):

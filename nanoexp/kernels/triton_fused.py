@@ -1,0 +1,179 @@
+"""One Triton kernel from the fused qkv projection to attention inputs: per-head RMSNorm of q and k
+(Qwen3; skipped for Qwen2), NeoX RoPE, q written out, roped k and raw v stored in the paged cache.
+
+Numerics follow the torch ops it replaces (`qk_norm_rope` / `apply_rope` then `store_kv`): fp32
+math, the norm output cast to the model dtype and scaled by the weight before RoPE, the RoPE
+output cast to the model dtype. An fp8 e4m3 cache stores clamp(x / scale, -448, 448).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+FP8_MAX = 448.0
+
+_sum_combine = tl.standard._sum_combine  # tl.sum breaks the interpreter (see triton_attention.py)
+
+
+@triton.jit
+def _norm_heads(x, w, rstd, DT: tl.constexpr):
+    """rms_norm_unfused: (x * rstd) cast to the model dtype, times the weight, in the model dtype."""
+    return ((x * rstd[:, None]).to(DT).to(tl.float32) * w.to(tl.float32)).to(DT).to(tl.float32)
+
+
+@triton.jit
+def _store_cache(cache_ptr, offsets, x, scale_ptr, mask, FP8: tl.constexpr):
+    if FP8:
+        scale = tl.load(scale_ptr)
+        x = tl.minimum(tl.maximum(x.to(tl.float32) / scale, -448.0), 448.0)
+    tl.store(cache_ptr + offsets, x.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_store_kernel(
+    qkv_ptr,
+    positions_ptr,
+    cos_sin_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    eps,
+    stride_qkv,
+    stride_cos,
+    stride_cb,
+    stride_cp,
+    stride_ch,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    HEADS_BLOCK: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    NORM: tl.constexpr,
+    WRITE_K: tl.constexpr,
+    FP8: tl.constexpr,
+):
+    """One token, HEADS_BLOCK heads of the combined [q heads, k heads] range of the qkv row."""
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * HEADS_BLOCK + tl.arange(0, HEADS_BLOCK)
+    dims = tl.arange(0, DIM_PAD)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    first_half = dims < HALF
+    partner = tl.where(first_half, dims + HALF, dims - HALF)  # the element each one rotates with
+    dim_mask = dims < HEAD_DIM
+    mask = (heads[:, None] < NUM_HEADS + NUM_KV_HEADS) & dim_mask[None, :]
+    DT = q_out_ptr.dtype.element_ty
+
+    row = qkv_ptr + token * stride_qkv + heads[:, None] * HEAD_DIM
+    x = tl.load(row + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(row + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        is_q = (heads < NUM_HEADS)[:, None]
+        w = tl.where(is_q, tl.load(q_weight_ptr + dims, mask=dim_mask)[None, :],
+                     tl.load(k_weight_ptr + dims, mask=dim_mask)[None, :])  # fmt: skip
+        wp = tl.where(is_q, tl.load(q_weight_ptr + partner, mask=dim_mask)[None, :],
+                      tl.load(k_weight_ptr + partner, mask=dim_mask)[None, :])  # fmt: skip
+        rstd = tl.math.rsqrt(tl.reduce(x * x, 1, _sum_combine) / HEAD_DIM + eps)
+        x, xp = _norm_heads(x, w, rstd, DT), _norm_heads(xp, wp, rstd, DT)
+
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    freq = tl.where(first_half, dims, dims - HALF)
+    cos = tl.load(cos_sin_ptr + pos * stride_cos + freq, mask=dim_mask, other=0.0)[None, :]
+    sin = tl.load(cos_sin_ptr + pos * stride_cos + HALF + freq, mask=dim_mask, other=0.0)[None, :]
+    roped = tl.where(first_half[None, :], x * cos - xp * sin, x * cos + xp * sin).to(DT)
+
+    q_mask = mask & (heads < NUM_HEADS)[:, None]
+    q_dst = q_out_ptr + token * NUM_HEADS * HEAD_DIM + heads[:, None] * HEAD_DIM + dims[None, :]
+    tl.store(q_dst, roped, mask=q_mask)
+
+    kv_heads = heads - NUM_HEADS
+    k_mask = mask & (kv_heads >= 0)[:, None]
+    if WRITE_K:
+        k_dst = k_out_ptr + token * NUM_KV_HEADS * HEAD_DIM + kv_heads[:, None] * HEAD_DIM
+        tl.store(k_dst + dims[None, :], roped, mask=k_mask)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    store_mask = k_mask & (slot >= 0)
+    slot = tl.maximum(slot, 0)
+    dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cp
+    dst += kv_heads[:, None] * stride_ch + dims[None, :]
+    _store_cache(k_cache_ptr, dst, roped, k_scale_ptr, store_mask, FP8)
+    v = tl.load(row + (NUM_KV_HEADS * HEAD_DIM) + dims[None, :], mask=store_mask, other=0.0)
+    _store_cache(v_cache_ptr, dst, v, v_scale_ptr, store_mask, FP8)
+
+
+def default_heads_block(num_tokens: int, total_heads: int) -> int:
+    """Few heads per program while tokens are few (spread one token over many SMs), more later."""
+    want = 1 if num_tokens <= 16 else 2 if num_tokens <= 64 else 8
+    return min(want, triton.next_power_of_2(total_heads))
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    num_heads: int,
+    num_kv_heads: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    write_k: bool = False,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    heads_block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """qkv [T, (H + 2 Hkv) * D] -> (q [T, H, D], roped k [T, Hkv, D] if write_k else None).
+
+    q/k are RMS-normed per head when q_weight/k_weight are given (else only roped), roped with
+    cos_sin[positions] ([max_pos, D] fp32: cos halves then sin halves), and k plus the raw v
+    are stored in the caches [blocks, block_size, Hkv, D] at slot_mapping (-1: not stored).
+    An fp8 e4m3 cache needs k_scale/v_scale (fp32 tensors of shape [1], read on the device).
+    """
+    num_tokens, width = qkv.shape
+    head_dim = cos_sin.shape[1]
+    assert width == (num_heads + 2 * num_kv_heads) * head_dim and head_dim % 2 == 0
+    assert qkv.stride(1) == 1 and cos_sin.dtype == torch.float32 and cos_sin.stride(1) == 1
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    assert k_cache.shape[2:] == (num_kv_heads, head_dim) and slot_mapping.is_contiguous()
+    norm = q_weight is not None
+    if norm:
+        assert q_weight.dtype == k_weight.dtype == qkv.dtype and q_weight.shape == (head_dim,)
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if fp8 and (k_scale is None or v_scale is None):
+        raise ValueError("an fp8 e4m3 KV cache needs k_scale and v_scale tensors")
+    if not fp8:
+        assert k_cache.dtype == qkv.dtype, f"cache dtype {k_cache.dtype} != model dtype {qkv.dtype}"
+    q = qkv.new_empty((num_tokens, num_heads, head_dim))
+    k = qkv.new_empty((num_tokens, num_kv_heads, head_dim)) if write_k else None
+    if num_tokens == 0:
+        return q, k
+    total = num_heads + num_kv_heads
+    heads_block = heads_block or default_heads_block(num_tokens, total)
+    _qk_norm_rope_store_kernel[(num_tokens, triton.cdiv(total, heads_block))](
+        qkv, positions, cos_sin,
+        q_weight if norm else cos_sin, k_weight if norm else cos_sin,
+        q, k if write_k else q, k_cache, v_cache, slot_mapping,
+        k_scale if fp8 else cos_sin, v_scale if fp8 else cos_sin,
+        eps, qkv.stride(0), cos_sin.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        DIM_PAD=triton.next_power_of_2(head_dim), HEADS_BLOCK=heads_block,
+        BLOCK_SIZE=k_cache.shape[1], NORM=norm, WRITE_K=write_k, FP8=fp8,
+        num_warps=1 if heads_block <= 2 else 4,
+    )  # fmt: skip
+    return q, k
+
+
+def quantize_fp8_reference(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The fp8 e4m3 cache encoding the kernel writes: clamp(x / scale, -448, 448) as e4m3."""
+    return (x.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
