@@ -24,17 +24,17 @@ class PerturbedBackend(TorchAttentionBackend):
 
     name = "perturbed"
 
-    def decode(self, q, k_cache, v_cache, md, scale):
-        return super().decode(q, k_cache, v_cache, md, scale) + 0.05
+    def decode(self, q, k_cache, v_cache, md, scale, *scales):
+        return super().decode(q, k_cache, v_cache, md, scale, *scales) + 0.05
 
-    def prefill(self, q, k, v, k_cache, v_cache, md, scale):
-        return super().prefill(q, k, v, k_cache, v_cache, md, scale) + 0.05
+    def prefill(self, q, k, v, k_cache, v_cache, md, scale, *scales):
+        return super().prefill(q, k, v, k_cache, v_cache, md, scale, *scales) + 0.05
 
 
 class RaisingBackend(TorchAttentionBackend):
     name = "raising"
 
-    def decode(self, q, k_cache, v_cache, md, scale):
+    def decode(self, q, k_cache, v_cache, md, scale, *scales):
         raise RuntimeError("no kernel image is available for execution on the device\nmore detail")
 
 
@@ -43,8 +43,8 @@ class LossyStoreBackend(TorchAttentionBackend):
 
     name = "lossy_store"
 
-    def store_kv(self, k, v, k_cache, v_cache, slot_mapping):
-        super().store_kv(k[:-1], v[:-1], k_cache, v_cache, slot_mapping[:-1])
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping, *scales):
+        super().store_kv(k[:-1], v[:-1], k_cache, v_cache, slot_mapping[:-1], *scales)
 
 
 class ReferenceCopy(TorchAttentionBackend):
@@ -114,7 +114,7 @@ def test_a_backend_that_cannot_be_built_is_rejected(monkeypatch, caplog):
 def test_the_check_runs_once_per_key(monkeypatch):
     calls = []
     real = self_check._run_check
-    monkeypatch.setattr(self_check, "_run_check", lambda *a: calls.append(a[2:]) or real(*a))
+    monkeypatch.setattr(self_check, "_run_check", lambda *a: calls.append(a[2:5]) or real(*a))
     for _ in range(3):
         self_check.check_backend(ReferenceCopy(), DEVICE, torch.float32, 32, 16)
     self_check.check_backend(ReferenceCopy(), DEVICE, torch.float32, 32, 8)

@@ -183,7 +183,9 @@ def test_decode_empty_context_gives_zeros():
 
 def test_choose_num_splits_fills_the_gpu():
     assert triton_attention.choose_num_splits(256, 8, 4096, 132) == 1
-    assert triton_attention.choose_num_splits(1, 8, 4096, 132) == 32
+    assert triton_attention.choose_num_splits(1, 8, 4096, 132) == 33
+    assert triton_attention.choose_num_splits(1, 8, 1024, 132) == 16  # the fastest measured
+    assert triton_attention.choose_num_splits(64, 8, 1024, 132) == 1
     assert triton_attention.choose_num_splits(1, 8, 64, 132) == 1
     assert 1 < triton_attention.choose_num_splits(16, 8, 4096, 132) <= 8
 

@@ -1,11 +1,15 @@
-"""The paged KV cache: block size, how many blocks, prefix caching."""
+"""The paged KV cache: block size, how many blocks, prefix caching, the dtype it stores."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nanoexp.config.checks import KnobError, boolean, integer, is_int, number
+from nanoexp.config.checks import KnobError, boolean, choice, integer, is_int, number
+
+# vLLM's names: `auto` stores the model's dtype; `fp8` is an alias of `fp8_e4m3` (float8 e4m3fn
+# with one scale per layer for K and one for V, calibrated at start-up).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 @dataclass
@@ -17,6 +21,7 @@ class CacheConfig:
     num_blocks: int = -1  # -1 = as many as memory allows
     enable_prefix_caching: bool = True
     cpu_kv_cache_gb: float = 2.0  # KV cache size on the CPU
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype), fp8 or fp8_e4m3
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -28,3 +33,4 @@ class CacheConfig:
             integer("cache.num_blocks", self.num_blocks, 1, " (or -1 = from memory)")
         boolean("cache.enable_prefix_caching", self.enable_prefix_caching)
         number("cache.cpu_kv_cache_gb", self.cpu_kv_cache_gb, lambda x: x > 0, "a finite number > 0")
+        choice("cache.kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)

@@ -1,10 +1,32 @@
-"""The contract every attention backend implements, and the per-step metadata it reads."""
+"""The contract every attention backend implements, the per-step metadata it reads, and the fp8
+KV-cache convention every kernel that writes or reads the cache follows.
+
+fp8 KV cache (`cache.kv_cache_dtype=fp8_e4m3`): the cache tensors are `torch.float8_e4m3fn`
+(Triton `tl.float8e4nv`), and each attention layer owns two float32 tensors of shape [1] on the
+device, `k_scale` and `v_scale` (one scale per tensor per layer; 1.0 for a cache in the model's
+dtype). Writers and readers load the scales through their pointers, never as Python floats, so a
+CUDA graph captured once stays valid when the scales are recalibrated in place.
+
+    quantize:   cache = clamp(x.float() / scale, -FP8_MAX, FP8_MAX).to(float8_e4m3fn)  (round to nearest even)
+    dequantize: x = cache.float() * scale
+
+Readers may fold the scales instead of dequantizing each element (mathematically identical):
+scores = (q . k_fp8) * (softmax_scale * k_scale), output = (p @ v_fp8) * v_scale.
+A cache in the model's dtype stores and reads K/V unchanged (no scale is applied).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def is_fp8(cache: torch.Tensor) -> bool:
+    return cache.dtype == FP8_DTYPE
 
 
 @dataclass
@@ -33,7 +55,11 @@ class AttentionMetadata:
 class AttentionBackend:
     """Stores new K/V by slot mapping, then attends.
 
-    Caches are [num_blocks, block_size, kv_heads, head_dim]."""
+    Caches are [num_blocks, block_size, kv_heads, head_dim], in the model's dtype or fp8. For an
+    fp8 cache, `k_scale`/`v_scale` (float32 [1] on the device, see the module docstring) are
+    required: store_kv quantizes with them, and prefill/decode dequantize what they read from the
+    cache. Prefill without a cached prefix attends to this step's k/v as given (unquantized).
+    For other caches the scales are ignored and may be None."""
 
     name = "base"
 
@@ -44,6 +70,8 @@ class AttentionBackend:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> None:
         raise NotImplementedError
 
@@ -59,6 +87,8 @@ class AttentionBackend:
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
         write_k: bool,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """Optional: per-head q/k RMSNorm (if qk_norm), RoPE and store_kv as one op.
 
@@ -75,6 +105,8 @@ class AttentionBackend:
         v_cache: torch.Tensor,
         md: AttentionMetadata,
         scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Causal attention of each sequence's new tokens over its whole context."""
         raise NotImplementedError
@@ -86,6 +118,17 @@ class AttentionBackend:
         v_cache: torch.Tensor,
         md: AttentionMetadata,
         scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
         """Attention of each sequence's newest token over its context_lens[i] cached tokens."""
         raise NotImplementedError
+
+
+def check_scales(k_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> bool:
+    """Whether the cache is fp8; an fp8 cache without its scales is an error."""
+    if not is_fp8(k_cache):
+        return False
+    if k_scale is None or v_scale is None:
+        raise ValueError("an fp8 KV cache needs k_scale and v_scale (float32 tensors of shape [1])")
+    return True

@@ -1,5 +1,7 @@
 """Attention backend on the `flash_attn` package (CUDA; paged KV needs blocks of 256*k).
 
+No fp8 KV cache: `cache.kv_cache_dtype` must be auto with this backend.
+
 Calls, all forward and fp16/bf16: `flash_attn_varlen_func` for prefill (with `block_table` after a
 cached prefix, which runs flash-attn's split-KV kernels; without, its plain forward kernels) and
 `flash_attn_with_kvcache` with `block_table` for decode (split-KV kernels). flash-attn drops the
@@ -13,7 +15,7 @@ import importlib.util
 
 import torch
 
-from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
+from nanoexp.kernels.base import AttentionBackend, AttentionMetadata, is_fp8
 
 FLASH_ATTN_PAGE_MULTIPLE = 256
 
@@ -29,6 +31,19 @@ def check_block_size(block_size: int) -> None:
             f"{FLASH_ATTN_PAGE_MULTIPLE} (paged KV in flash-attn), got {block_size}; "
             "use attention_backend='triton' for other block sizes"
         )
+
+
+def check_no_fp8_cache(kv_cache_dtype: str) -> None:
+    if kv_cache_dtype != "auto":
+        raise ValueError(
+            f"attention_backend='flash_attn' does not support kv_cache_dtype={kv_cache_dtype!r}; "
+            "use attention_backend='triton' (or 'auto') or kv_cache_dtype='auto'"
+        )
+
+
+def _check_cache_dtype(k_cache: torch.Tensor) -> None:
+    if is_fp8(k_cache):
+        check_no_fp8_cache("fp8_e4m3")
 
 
 class FlashAttnBackend(AttentionBackend):
@@ -47,9 +62,12 @@ class FlashAttnBackend(AttentionBackend):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> None:
         from nanoexp.kernels.triton_kv import store_kv
 
+        _check_cache_dtype(k_cache)
         store_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def prefill(
@@ -61,9 +79,12 @@ class FlashAttnBackend(AttentionBackend):
         v_cache: torch.Tensor,
         md: AttentionMetadata,
         scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         from flash_attn import flash_attn_varlen_func
 
+        _check_cache_dtype(k_cache)
         if not md.has_cached_prefix:
             return flash_attn_varlen_func(
                 q, k, v, md.cu_seqlens_q, md.cu_seqlens_q, md.max_seqlen_q, md.max_seqlen_q,
@@ -87,9 +108,12 @@ class FlashAttnBackend(AttentionBackend):
         v_cache: torch.Tensor,
         md: AttentionMetadata,
         scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         from flash_attn import flash_attn_with_kvcache
 
+        _check_cache_dtype(k_cache)
         check_block_size(k_cache.shape[1])
         out = flash_attn_with_kvcache(
             q.unsqueeze(1), k_cache, v_cache, cache_seqlens=md.context_lens,

@@ -1,4 +1,4 @@
-"""Pick the attention backend for a device, KV block size, dtype and head size.
+"""Pick the attention backend for a device, KV block size, dtype, head size and KV-cache dtype.
 
 `auto` never chooses blindly: a candidate other than the torch reference is taken only after it
 passes a one-time self-check against the reference (nanoexp/kernels/self_check.py); a candidate
@@ -20,6 +20,7 @@ from nanoexp.kernels.flash_attn_backend import (
     FLASH_ATTN_PAGE_MULTIPLE,
     FlashAttnBackend,
     check_block_size,
+    check_no_fp8_cache,
     flash_attn_available,
 )
 from nanoexp.kernels.self_check import check_backend, describe
@@ -41,18 +42,23 @@ def make_attention_backend(
     block_size: int,
     dtype: torch.dtype | None = None,
     head_dim: int = 128,
+    kv_cache_dtype: str = "auto",
 ) -> AttentionBackend:
     """Build backend `name`; "auto" takes the first self-checked backend of `auto_candidates`, else
     torch. `dtype` and `head_dim` describe the model's attention (the self-check runs in them);
-    dtype defaults to bfloat16 on CUDA and float32 on CPU."""
+    dtype defaults to bfloat16 on CUDA and float32 on CPU. `kv_cache_dtype` is the cache knob
+    (auto or an fp8 name): flash_attn has no fp8 cache, so auto skips it and asking for it fails."""
     device = torch.device(device)
+    kv_fp8 = kv_cache_dtype != "auto"
     if name == "auto":
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        return choose_auto(device, block_size, dtype, head_dim)
+        return choose_auto(device, block_size, dtype, head_dim, kv_fp8)
     if name not in BACKEND_NAMES:
         allowed = ", ".join(BACKEND_NAMES)
         raise ValueError(f"attention_backend={name!r} is invalid: must be one of {allowed}")
+    if name == "flash_attn":
+        check_no_fp8_cache(kv_cache_dtype)
     backend = _build_requested(name, device, block_size)
     backend.selection = f"{name}: requested explicitly (not self-checked)"
     return backend
@@ -61,14 +67,17 @@ def make_attention_backend(
 Builder = Callable[[], AttentionBackend]
 
 
-def auto_candidates(device: torch.device, block_size: int, dtype: torch.dtype) -> list[tuple[str, Builder]]:
+def auto_candidates(
+    device: torch.device, block_size: int, dtype: torch.dtype, kv_fp8: bool = False
+) -> list[tuple[str, Builder]]:
     """(name, builder) of the backends `auto` may use here, in order of preference, before torch."""
     if device.type != "cuda":
         return []
     usable = {
         "triton": triton_available(),
         "flash_attn": (
-            block_size % FLASH_ATTN_PAGE_MULTIPLE == 0
+            not kv_fp8
+            and block_size % FLASH_ATTN_PAGE_MULTIPLE == 0
             and dtype in (torch.float16, torch.bfloat16)
             and flash_attn_available()
         ),
@@ -77,12 +86,14 @@ def auto_candidates(device: torch.device, block_size: int, dtype: torch.dtype) -
     return [(name, builders[name]) for name in AUTO_CUDA_ORDER if usable[name]]
 
 
-def choose_auto(device: torch.device, block_size: int, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
+def choose_auto(
+    device: torch.device, block_size: int, dtype: torch.dtype, head_dim: int, kv_fp8: bool = False
+) -> AttentionBackend:
     rejected = []
-    for name, build in auto_candidates(device, block_size, dtype):
+    for name, build in auto_candidates(device, block_size, dtype, kv_fp8):
         try:
             backend = build()
-            result = check_backend(backend, device, dtype, head_dim, block_size)
+            result = check_backend(backend, device, dtype, head_dim, block_size, kv_fp8)
             ok, reason = result.ok, result.reason
         except Exception as exc:  # a backend that cannot even be built is rejected like a wrong one
             ok, reason = False, describe(exc)
@@ -91,8 +102,8 @@ def choose_auto(device: torch.device, block_size: int, dtype: torch.dtype, head_
             return backend
         log.warning(
             "attention_backend=auto: not using %s, its self-check against the torch reference failed "
-            "(%s, head_dim=%d, block_size=%d): %s", name, str(dtype).removeprefix("torch."), head_dim,
-            block_size, reason,
+            "(%s%s, head_dim=%d, block_size=%d): %s", name, str(dtype).removeprefix("torch."),
+            ", fp8 KV cache" if kv_fp8 else "", head_dim, block_size, reason,
         )  # fmt: skip
         rejected.append(f"{name} rejected ({reason})")
     backend = TorchAttentionBackend()

@@ -3,7 +3,9 @@
 The case goes through the backend's real interface: store_kv into a paged cache, then a decode
 batch, a prefill after a cached prefix (mixed with a sequence that has none) and a plain prefill.
 The reference runs in float32 on the same (dtype-rounded) inputs, so the tolerance only has to
-cover the backend's own rounding. Results are cached per process.
+cover the backend's own rounding. With an fp8 KV cache the case is stored and read in fp8 with
+per-layer scales, and store_kv must write the reference's bytes exactly. Results are cached per
+process.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
-from nanoexp.kernels.torch_ref import TorchAttentionBackend
+from nanoexp.kernels.base import FP8_DTYPE, AttentionBackend, AttentionMetadata
+from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8
 
 # Max abs error allowed on outputs of magnitude ~1 (random q/k/v, softmax-weighted sums of N(0,1)).
 # A wrong mask, page or scale shows up as errors of 0.1 and more.
 TOLERANCE = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 NUM_HEADS, NUM_KV_HEADS = 8, 2  # grouped-query, as in the Qwen3 models
+# fp8 cache scales of the check: N(0, 1) values use most of e4m3's range; K and V differ so a
+# swapped scale shows.
+FP8_K_SCALE, FP8_V_SCALE = 0.02, 0.03
 
 
 @dataclass(frozen=True)
@@ -35,19 +40,21 @@ class SelfCheckError(Exception):
 
 
 def check_backend(
-    backend: AttentionBackend, device: torch.device, dtype: torch.dtype, head_dim: int, block_size: int
+    backend: AttentionBackend, device: torch.device, dtype: torch.dtype, head_dim: int, block_size: int,
+    kv_fp8: bool = False,
 ) -> CheckResult:
-    """Compare `backend` with the reference once per process per (backend, dtype, head_dim, block_size)."""
-    key = (type(backend), backend.name, torch.device(device), dtype, head_dim, block_size)
+    """Compare `backend` with the reference once per process per (backend, dtype, head_dim,
+    block_size, fp8 cache or not)."""
+    key = (type(backend), backend.name, torch.device(device), dtype, head_dim, block_size, kv_fp8)
     if key not in _results:
-        _results[key] = _run_check(backend, torch.device(device), dtype, head_dim, block_size)
+        _results[key] = _run_check(backend, torch.device(device), dtype, head_dim, block_size, kv_fp8)
     return _results[key]
 
 
-def _run_check(backend, device, dtype, head_dim, block_size) -> CheckResult:
+def _run_check(backend, device, dtype, head_dim, block_size, kv_fp8) -> CheckResult:
     tolerance = TOLERANCE[dtype]
     try:
-        error = max_error(backend, device, dtype, head_dim, block_size)
+        error = max_error(backend, device, dtype, head_dim, block_size, kv_fp8=kv_fp8)
     except SelfCheckError as exc:
         return CheckResult(False, str(exc))
     except Exception as exc:  # a backend that cannot run this case must not be chosen
@@ -64,15 +71,22 @@ def describe(exc: BaseException) -> str:
 
 
 class PagedCase:
-    """Random paged K/V caches and block tables for sequences with the given context lengths."""
+    """Random paged K/V caches and block tables for sequences with the given context lengths;
+    with `kv_fp8` the caches are fp8 and `k_scale`/`v_scale` their scales (else None)."""
 
-    def __init__(self, ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen):
+    def __init__(self, ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8=False):
         self.block_size, self.device = block_size, device
         need = [-(-n // block_size) for n in ctx_lens]
         num_blocks = sum(need) + 2
         shape = (num_blocks, block_size, kv_heads, head_dim)
         self.k_cache = torch.randn(shape, generator=gen).to(device, dtype)
         self.v_cache = torch.randn(shape, generator=gen).to(device, dtype)
+        self.k_scale = self.v_scale = None
+        if kv_fp8:
+            self.k_scale = torch.tensor([FP8_K_SCALE], device=device)
+            self.v_scale = torch.tensor([FP8_V_SCALE], device=device)
+            self.k_cache = quantize_fp8(self.k_cache, self.k_scale)
+            self.v_cache = quantize_fp8(self.v_cache, self.v_scale)
         pages = torch.randperm(num_blocks, generator=gen).tolist()
         table = torch.zeros(len(ctx_lens), max(need), dtype=torch.int32)
         for i, n in enumerate(need):
@@ -119,7 +133,8 @@ def default_cases(block_size: int) -> list[tuple[list[int], list[int], bool]]:
 
 
 def max_error(
-    backend, device, dtype, head_dim, block_size, cases=None, heads=(NUM_HEADS, NUM_KV_HEADS), seed=1234
+    backend, device, dtype, head_dim, block_size, cases=None, heads=(NUM_HEADS, NUM_KV_HEADS), seed=1234,
+    kv_fp8=False,
 ) -> float:
     """Largest abs difference from the reference over store_kv, decode and both prefill kinds."""
     gen = torch.Generator().manual_seed(seed)
@@ -127,7 +142,7 @@ def max_error(
     num_heads, kv_heads = heads
     errors = []
     for ctx_lens, q_lens, is_prefill in cases or default_cases(block_size):
-        case = PagedCase(ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen)
+        case = PagedCase(ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8)
         md = case.metadata(q_lens, is_prefill)
         n = sum(q_lens)
         q = torch.randn(n, num_heads, head_dim, generator=gen).to(device, dtype)
@@ -139,22 +154,32 @@ def max_error(
 
 def _compare(backend, case: PagedCase, md: AttentionMetadata, q, k, v, scale: float) -> float:
     reference = TorchAttentionBackend()
+    fp8 = case.k_cache.dtype == FP8_DTYPE
+    scales = (case.k_scale, case.v_scale) if fp8 else ()
     # copy=True: for float32 caches .float() would alias them, and the reference would store into them.
-    k_ref = case.k_cache.to(torch.float32, copy=True)
-    v_ref = case.v_cache.to(torch.float32, copy=True)
-    reference.store_kv(k.float(), v.float(), k_ref, v_ref, md.slot_mapping)
-    backend.store_kv(k, v, case.k_cache, case.v_cache, md.slot_mapping)
-    if not (torch.equal(case.k_cache.float(), k_ref) and torch.equal(case.v_cache.float(), v_ref)):
+    cache_dtype = FP8_DTYPE if fp8 else torch.float32
+    k_ref = case.k_cache.to(cache_dtype, copy=True)
+    v_ref = case.v_cache.to(cache_dtype, copy=True)
+    reference.store_kv(k.float(), v.float(), k_ref, v_ref, md.slot_mapping, *scales)
+    backend.store_kv(k, v, case.k_cache, case.v_cache, md.slot_mapping, *scales)
+    if not (_same(case.k_cache, k_ref) and _same(case.v_cache, v_ref)):
         raise SelfCheckError("store_kv wrote different K/V than the reference (it must copy exactly)")
     if md.is_prefill:
-        want = reference.prefill(q.float(), k.float(), v.float(), k_ref, v_ref, md, scale)
-        got = backend.prefill(q, k, v, case.k_cache, case.v_cache, md, scale)
+        want = reference.prefill(q.float(), k.float(), v.float(), k_ref, v_ref, md, scale, *scales)
+        got = backend.prefill(q, k, v, case.k_cache, case.v_cache, md, scale, *scales)
     else:
-        want = reference.decode(q.float(), k_ref, v_ref, md, scale)
-        got = backend.decode(q, case.k_cache, case.v_cache, md, scale)
+        want = reference.decode(q.float(), k_ref, v_ref, md, scale, *scales)
+        got = backend.decode(q, case.k_cache, case.v_cache, md, scale, *scales)
     kind = "prefill" if md.is_prefill else "decode"
     if got.shape != want.shape:
         raise SelfCheckError(f"{kind} returned shape {tuple(got.shape)}, expected {tuple(want.shape)}")
     if not torch.isfinite(got).all():
         raise SelfCheckError(f"{kind} returned non-finite values")
     return float((got.float() - want).abs().max())
+
+
+def _same(cache: torch.Tensor, reference: torch.Tensor) -> bool:
+    """Bit-equal for fp8 caches (so -0.0 and NaN bytes count); value-equal otherwise."""
+    if reference.dtype == FP8_DTYPE:
+        return torch.equal(cache.view(torch.uint8), reference.view(torch.uint8))
+    return torch.equal(cache.float(), reference)

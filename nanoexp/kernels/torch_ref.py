@@ -5,19 +5,37 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
+from nanoexp.kernels.base import FP8_DTYPE, FP8_MAX, AttentionBackend, AttentionMetadata, check_scales
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The fp8 cache's store rule (kernels/base.py): clamp(x / scale, +-448) as float8_e4m3fn."""
+    return torch.clamp(x.float() / scale, -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def dequantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x.float() * scale
+
+
+def readable(cache: torch.Tensor, scale: torch.Tensor | None, fp8: bool) -> torch.Tensor:
+    """The cache (or a gather of it) in a dtype attention can read: dequantized when fp8."""
+    return dequantize_fp8(cache, scale) if fp8 else cache
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
+        if check_scales(k_cache, k_scale, v_scale):
+            k, v = quantize_fp8(k, k_scale), quantize_fp8(v, v_scale)
         keep = slot_mapping >= 0
         slots = slot_mapping[keep]
         k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep]
         v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
 
-    def prefill(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float):
+    def prefill(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
+                k_scale=None, v_scale=None):
+        fp8 = check_scales(k_cache, k_scale, v_scale)
         out = torch.empty_like(q)
         cu_q = md.cu_seqlens_q.tolist()
         ctx = md.context_lens.tolist()
@@ -25,20 +43,24 @@ class TorchAttentionBackend(AttentionBackend):
             q_i = q[cu_q[i] : cu_q[i + 1]]
             if md.has_cached_prefix:
                 k_i, v_i = gather_context(k_cache, v_cache, md.block_tables[i], ctx[i])
+                k_i, v_i = readable(k_i, k_scale, fp8).to(q.dtype), readable(v_i, v_scale, fp8).to(q.dtype)
             else:
                 k_i, v_i = k[cu_q[i] : cu_q[i + 1]], v[cu_q[i] : cu_q[i + 1]]
             out[cu_q[i] : cu_q[i + 1]] = causal_attention(q_i, k_i, v_i, scale)
         return out
 
-    def decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float):
+    def decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float, k_scale=None, v_scale=None):
+        fp8 = check_scales(k_cache, k_scale, v_scale)
         num_seqs, _, head_dim = q.shape
         block_size = k_cache.shape[1]
         max_len = md.block_tables.shape[1] * block_size
         positions = torch.arange(max_len, device=q.device)
         mask = positions[None, :] < md.context_lens[:, None].to(positions.dtype)  # [B, L]
         valid = mask[:, :, None, None]  # slots past the context may hold stale bytes, even NaN
-        k = k_cache[md.block_tables].reshape(num_seqs, max_len, -1, head_dim).where(valid, 0)
-        v = v_cache[md.block_tables].reshape(num_seqs, max_len, -1, head_dim).where(valid, 0)
+        k = readable(k_cache[md.block_tables], k_scale, fp8).to(q.dtype)
+        v = readable(v_cache[md.block_tables], v_scale, fp8).to(q.dtype)
+        k = k.reshape(num_seqs, max_len, -1, head_dim).where(valid, 0)
+        v = v.reshape(num_seqs, max_len, -1, head_dim).where(valid, 0)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None, None, :],
             scale=scale, enable_gqa=True,

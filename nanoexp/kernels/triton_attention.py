@@ -4,6 +4,11 @@ K/V caches are [num_blocks, block_size, kv_heads, head_dim] with a contiguous la
 position p of sequence i lives in page block_tables[i, p // block_size] at row p % block_size.
 Softmax runs in fp32 in the log2 domain (scores are pre-multiplied by log2(e)).
 
+An fp8 cache (kernels/base.py) is read as is and widened to q's dtype in registers (exact); its
+scales are folded in rather than multiplied into every element: k_scale into the score scale and
+v_scale into the output. The KV_FP8 constexpr removes both for other caches, whose numerics are
+unchanged.
+
 The kernels avoid calling the @jit helpers of triton.language.standard (tl.max, tl.sum,
 tl.zeros, tl.cdiv): they break the CPU interpreter when triton was imported before
 TRITON_INTERPRET=1 was set.
@@ -17,9 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoexp.kernels.base import check_scales
+
 LOG2E = 1.4426950408889634
 DEFAULT_NUM_SMS = 132
-MIN_KEYS_PER_SPLIT = 128
+MIN_KEYS_PER_SPLIT = 64
 MAX_SPLITS = 64
 
 
@@ -81,6 +88,8 @@ def _decode_split_kernel(
     part_out_ptr,
     part_lse_ptr,
     counters_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     qk_scale,
     num_splits,
     stride_qb,
@@ -98,10 +107,13 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
+    KV_FP8: tl.constexpr,
     FUSED_REDUCE: tl.constexpr = False,
     SPLITS_PAD: tl.constexpr = 1,
 ):
     """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
+    if KV_FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -127,13 +139,15 @@ def _decode_split_kernel(
         key_mask = pos < end
         kv_rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
         kv_rows += kv_head * stride_ch
-        k = _load_rows(k_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD)
-        v = _load_rows(v_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD)
+        k = _load_rows(k_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
+        v = _load_rows(v_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         s = tl.where(key_mask[None, :], s, float("-inf"))
         m, den, acc = _online_softmax_step(s, m, den, acc, v)
 
     out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
+    if KV_FP8:
+        out = out * tl.load(v_scale_ptr)
     store_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
     if SINGLE_SPLIT:
         o_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dims[None, :]
@@ -250,9 +264,10 @@ def _num_sms(device: torch.device) -> int:
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
-    """Enough splits that batch * kv_heads * splits programs fill the GPU a few times over."""
+    """Enough splits that batch * kv_heads * splits programs fill the GPU about twice (on an H200,
+    4x cost time from 64 sequences on: experiments/kernels/runs/decode_splits.md)."""
     programs = batch * num_kv_heads
-    want = triton.cdiv(4 * num_sms, programs)
+    want = triton.cdiv(2 * num_sms, programs)
     useful = max(1, max_len // MIN_KEYS_PER_SPLIT)
     return max(1, min(want, useful, MAX_SPLITS))
 
@@ -271,6 +286,8 @@ def paged_decode(
     max_len: int | None = None,
     num_splits: int | None = None,
     block_n: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     fused_reduce: bool = True,
 ) -> torch.Tensor:
     """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
@@ -278,11 +295,12 @@ def paged_decode(
     max_len bounds context_lens (default: the block table's capacity) and only steers the split
     count; any num_splits >= 1 gives the same result. With several splits, fused_reduce lets the
     last split of each (sequence, kv head) combine them (one launch); otherwise a second kernel
-    does.
+    does. An fp8 cache needs k_scale and v_scale.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     _check_cache(q, k_cache, v_cache, num_heads, num_kv_heads)
+    fp8 = check_scales(k_cache, k_scale, v_scale)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
@@ -311,6 +329,8 @@ def paged_decode(
         part_out,
         part_lse,
         counters,
+        k_scale if fp8 else context_lens,  # unused unless KV_FP8
+        v_scale if fp8 else context_lens,
         scale * LOG2E,
         num_splits,
         q.stride(0),
@@ -328,6 +348,7 @@ def paged_decode(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         SINGLE_SPLIT=num_splits == 1,
+        KV_FP8=fp8,
         FUSED_REDUCE=fused_reduce,
         SPLITS_PAD=splits_pad,
         num_warps=4,
@@ -384,8 +405,8 @@ def _prefill_tiles(
         else:
             rows = pos.to(tl.int64) * stride_kt
         rows += kv_base
-        k = _load_rows(k_ptr, rows, dims, key_mask, HEAD_DIM, DIM_PAD)
-        v = _load_rows(v_ptr, rows, dims, key_mask, HEAD_DIM, DIM_PAD)
+        k = _load_rows(k_ptr, rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
+        v = _load_rows(v_ptr, rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         if CAUSAL_MASK:
             visible = (pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
@@ -403,6 +424,8 @@ def _prefill_kernel(
     cu_seqlens_q_ptr,
     context_lens_ptr,
     block_tables_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -420,12 +443,15 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """One (query tile, sequence, head). Query j sits at position ctx - q_len + j (causal).
 
-    PAGED reads K/V through the block table (k_ptr/v_ptr are the caches); otherwise K/V are this
-    step's packed rows and the context is exactly the new tokens.
+    PAGED reads K/V through the block table (k_ptr/v_ptr are the caches, fp8 when KV_FP8);
+    otherwise K/V are this step's packed rows and the context is exactly the new tokens.
     """
+    if KV_FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     m_block = tl.program_id(0)
     seq = tl.program_id(1)
     head = tl.program_id(2)
@@ -467,6 +493,8 @@ def _prefill_kernel(
     )  # fmt: skip
 
     out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
+    if KV_FP8:
+        out = out * tl.load(v_scale_ptr)
     o_ptrs = out_ptr + ((q_start + offs_m).to(tl.int64) * stride_ot)[:, None]
     o_ptrs += head * stride_oh + dims[None, :]
     o_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
@@ -493,16 +521,20 @@ def varlen_prefill(
     scale: float,
     block_m: int | None = None,
     block_n: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries q [T, H, D].
 
     With block_tables, k/v are the paged caches and sequence i's context is its first
-    context_lens[i] cached positions. Without, k/v [T, kv_heads, D] are packed like q and each
-    sequence attends to its own new tokens only. max_seqlen_q must bound every q length.
+    context_lens[i] cached positions (an fp8 cache needs k_scale and v_scale). Without, k/v
+    [T, kv_heads, D] are packed like q and each sequence attends to its own new tokens only.
+    max_seqlen_q must bound every q length.
     """
     num_tokens, num_heads, head_dim = q.shape
     paged = block_tables is not None
     num_kv_heads = k.shape[2] if paged else k.shape[1]
+    fp8 = paged and check_scales(k, k_scale, v_scale)
     if paged:
         _check_cache(q, k, v, num_heads, num_kv_heads)
     else:
@@ -526,6 +558,8 @@ def varlen_prefill(
         cu_seqlens_q,
         context_lens if paged else cu_seqlens_q,
         block_tables if paged else cu_seqlens_q,
+        k_scale if fp8 else cu_seqlens_q,  # unused unless KV_FP8
+        v_scale if fp8 else cu_seqlens_q,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -543,6 +577,7 @@ def varlen_prefill(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         PAGED=paged,
+        KV_FP8=fp8,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -25,12 +25,14 @@ class TritonAttentionBackend(AttentionBackend):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> None:
-        store_kv(k, v, k_cache, v_cache, slot_mapping)
+        store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
     def fused_qk_norm_rope_store(
         self, qkv, positions, cos_sin, qk_norm, num_heads, num_kv_heads, k_cache, v_cache,
-        slot_mapping, write_k,
+        slot_mapping, write_k, k_scale=None, v_scale=None,
     ):  # fmt: skip
         fuse = self.fuse_qk_norm_rope
         if not (qkv.is_cuda if fuse is None else fuse):
@@ -38,7 +40,7 @@ class TritonAttentionBackend(AttentionBackend):
         q_weight, k_weight, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
         return qk_norm_rope_store(
             qkv, positions, cos_sin, q_weight, k_weight, eps, num_heads, num_kv_heads,
-            k_cache, v_cache, slot_mapping, write_k=write_k,
+            k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale, write_k=write_k,
         )  # fmt: skip
 
     def prefill(
@@ -50,6 +52,8 @@ class TritonAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         md: AttentionMetadata,
         scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         num_seqs = md.cu_seqlens_q.shape[0] - 1
         if md.max_seqlen_q * num_seqs < q.shape[0]:
@@ -60,7 +64,7 @@ class TritonAttentionBackend(AttentionBackend):
         if md.has_cached_prefix:
             return varlen_prefill(
                 q, k_cache, v_cache, md.cu_seqlens_q, md.max_seqlen_q,
-                md.context_lens, md.block_tables, scale,
+                md.context_lens, md.block_tables, scale, k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
         return varlen_prefill(q, k, v, md.cu_seqlens_q, md.max_seqlen_q, None, None, scale)
 
@@ -71,7 +75,12 @@ class TritonAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         md: AttentionMetadata,
         scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # The split count is a function of static shapes only, so CUDA-graph capture stays valid.
         max_len = md.block_tables.shape[1] * k_cache.shape[1]
-        return paged_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, max_len)
+        return paged_decode(
+            q, k_cache, v_cache, md.block_tables, md.context_lens, scale, max_len,
+            k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip

@@ -3,7 +3,7 @@
 
 Numerics follow the torch ops it replaces (`qk_norm_rope` / `apply_rope` then `store_kv`): fp32
 math, the norm output cast to the model dtype and scaled by the weight before RoPE, the RoPE
-output cast to the model dtype. An fp8 e4m3 cache stores clamp(x / scale, -448, 448).
+output cast to the model dtype. An fp8 e4m3 cache stores what `store_kv` stores (kernels/base.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0
+from nanoexp.kernels.base import FP8_MAX
+from nanoexp.kernels.triton_kv import quantize_fp8
 
 _sum_combine = tl.standard._sum_combine  # tl.sum breaks the interpreter (see triton_attention.py)
 
@@ -26,8 +27,7 @@ def _norm_heads(x, w, rstd, DT: tl.constexpr):
 @triton.jit
 def _store_cache(cache_ptr, offsets, x, scale_ptr, mask, FP8: tl.constexpr):
     if FP8:
-        scale = tl.load(scale_ptr)
-        x = tl.minimum(tl.maximum(x.to(tl.float32) / scale, -448.0), 448.0)
+        x = quantize_fp8(x, tl.load(scale_ptr), cache_ptr.dtype.element_ty)
     tl.store(cache_ptr + offsets, x.to(cache_ptr.dtype.element_ty), mask=mask)
 
 

@@ -1,10 +1,15 @@
-"""Triton kernel that writes new K/V rows into the paged cache by slot mapping."""
+"""Triton kernel that writes new K/V rows into the paged cache by slot mapping (quantizing them
+for an fp8 cache, as kernels/base.py defines)."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from nanoexp.kernels.base import FP8_MAX, check_scales
+
+_FP8_MAX = tl.constexpr(FP8_MAX)
 
 
 @triton.jit
@@ -14,6 +19,8 @@ def _store_kv_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     stride_kt,
     stride_kh,
     stride_vt,
@@ -26,6 +33,7 @@ def _store_kv_kernel(
     HEADS_PAD: tl.constexpr,
     DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -39,9 +47,29 @@ def _store_kv_kernel(
     token64 = token.to(tl.int64)
     k = tl.load(k_ptr + token64 * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
     v = tl.load(v_ptr + token64 * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
+    if KV_FP8:
+        k = quantize_fp8(k, tl.load(k_scale_ptr), k_cache_ptr.dtype.element_ty)
+        v = quantize_fp8(v, tl.load(v_scale_ptr), v_cache_ptr.dtype.element_ty)
     dst = block * stride_cb + offset * stride_cp + heads[:, None] * stride_ch + dims[None, :]
     tl.store(k_cache_ptr + dst, k, mask=mask)
     tl.store(v_cache_ptr + dst, v, mask=mask)
+
+
+@triton.jit
+def quantize_fp8(x, scale, dtype: tl.constexpr):
+    """x as the fp8 cache stores it (kernels/base.py): clamp(x / scale, +-448), rounded to nearest
+    even. The rounding to e4m3's 3 mantissa bits happens here in fp32 (add and subtract 1.5 x 2^k,
+    where k puts the fp32 ulp at e4m3's ulp for x's binade, never below the subnormal step 2^-9),
+    so the final cast is exact: the same bits on the GPU and in the CPU interpreter, whose own
+    fp32 -> fp8 cast does not round correctly."""
+    x = tl.math.div_rn(x.to(tl.float32), scale)
+    x = tl.minimum(tl.maximum(x, -_FP8_MAX), _FP8_MAX)
+    bits = x.to(tl.int32, bitcast=True)
+    exponent = tl.maximum((bits >> 23) & 0xFF, 127 - 6)
+    magic = (((exponent + 20) << 23) | 0x400000).to(tl.float32, bitcast=True)
+    a = (tl.abs(x) + magic) - magic
+    sign = bits & -0x80000000  # copied bitwise: -0.0 stays -0.0, as in torch
+    return (a.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True).to(dtype)
 
 
 def store_kv(
@@ -50,20 +78,26 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Copy k/v [tokens, kv_heads, head_dim] to caches [blocks, block_size, kv_heads, head_dim]."""
+    """Copy k/v [tokens, kv_heads, head_dim] to caches [blocks, block_size, kv_heads, head_dim];
+    an fp8 cache gets clamp(k / k_scale, +-448) and clamp(v / v_scale, +-448)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
     assert k.stride(-1) == 1 and v.stride(-1) == 1, "k/v need a contiguous last dim"
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     assert slot_mapping.is_contiguous()
+    fp8 = check_scales(k_cache, k_scale, v_scale)
     _store_kv_kernel[(num_tokens,)](
         k,
         v,
         k_cache,
         v_cache,
         slot_mapping,
+        k_scale if fp8 else slot_mapping,  # unused unless KV_FP8
+        v_scale if fp8 else slot_mapping,
         k.stride(0),
         k.stride(1),
         v.stride(0),
@@ -76,5 +110,6 @@ def store_kv(
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         DIM_PAD=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=k_cache.shape[1],
+        KV_FP8=fp8,
         num_warps=4,
     )

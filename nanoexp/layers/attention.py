@@ -9,7 +9,11 @@ from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
 
 
 class Attention(nn.Module):
-    """Backend-agnostic; the runner binds `backend`, `k_cache` and `v_cache` before use."""
+    """Backend-agnostic; the runner binds `backend`, `k_cache` and `v_cache` before use.
+
+    `k_scale`/`v_scale` are this layer's fp8 KV-cache scales (float32 [1] on the model's device,
+    see kernels/base.py): 1.0 until the runner calibrates them, and updated only in place, since
+    CUDA graphs hold their addresses."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
@@ -17,12 +21,14 @@ class Attention(nn.Module):
         self.scale = scale
         self.backend: AttentionBackend | None = None
         self.k_cache = self.v_cache = torch.empty(0)
+        self.k_scale = torch.ones(1, dtype=torch.float32)
+        self.v_scale = torch.ones(1, dtype=torch.float32)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:
         if self.k_cache.numel():  # no cache before it is sized (memory profiling): store nothing
-            self.backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping)
+            self.backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping, self.k_scale, self.v_scale)
         return self._attend(q, k, v, md)
 
     def forward_fused(
@@ -35,13 +41,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor | None:
         """From the fused qkv projection: q/k norm + RoPE + K/V store in one backend op, then
         attention; None when the backend has no such op (the caller runs the unfused path)."""
-        if not self.k_cache.numel():
+        if not self.k_cache.numel():  # memory profiling and fp8 calibration take the unfused path
             return None
         # Prefill without a cached prefix attends over this step's packed k, not the cache.
         write_k = md.is_prefill and not md.has_cached_prefix
         qk = self.backend.fused_qk_norm_rope_store(
             qkv, positions, cos_sin, qk_norm, self.num_heads, self.num_kv_heads,
-            self.k_cache, self.v_cache, md.slot_mapping, write_k,
+            self.k_cache, self.v_cache, md.slot_mapping, write_k, self.k_scale, self.v_scale,
         )  # fmt: skip
         if qk is None:
             return None
@@ -50,9 +56,10 @@ class Attention(nn.Module):
         return self._attend(q, k, v.view(-1, self.num_kv_heads, self.head_dim), md)
 
     def _attend(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
+        backend, k_scale, v_scale = self.backend, self.k_scale, self.v_scale
         if md.is_prefill:
-            return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, md, self.scale)
-        return self.backend.decode(q, self.k_cache, self.v_cache, md, self.scale)
+            return backend.prefill(q, k, v, self.k_cache, self.v_cache, md, self.scale, k_scale, v_scale)
+        return backend.decode(q, self.k_cache, self.v_cache, md, self.scale, k_scale, v_scale)
 
 
 def attention_layers(model: nn.Module) -> list[Attention]:

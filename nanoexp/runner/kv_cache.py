@@ -1,4 +1,4 @@
-"""Sizing and allocating the paged KV cache of one rank."""
+"""Sizing and allocating the paged KV cache of one rank (in the model's dtype, or fp8)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nanoexp.config import EngineConfig
+from nanoexp.kernels.base import FP8_DTYPE
 from nanoexp.layers.attention import attention_layers
 
 
@@ -20,12 +21,19 @@ class KVCache:
     num_bytes: int
 
 
+def cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the cache stores for the `cache.kv_cache_dtype` knob: auto = the model's."""
+    return model_dtype if kv_cache_dtype == "auto" else FP8_DTYPE
+
+
 def create_kv_cache(
     config: EngineConfig, model: nn.Module, dtype: torch.dtype, device: torch.device,
     profile: Callable[[], None], reserve_bytes: int,
 ) -> KVCache:
     """As many blocks as the config asks for, or as fit in memory after `profile` (a largest-size
-    forward pass on CUDA) and a `reserve`; the same number on every rank."""
+    forward pass on CUDA) and a `reserve`; the same number on every rank. `dtype` is the model's;
+    the cache stores `cache_dtype` of it and is sized in that dtype's bytes."""
+    dtype = cache_dtype(config.cache.kv_cache_dtype, dtype)
     bytes_per_block = block_bytes(model, config.cache.block_size, dtype)
     num_blocks = config.cache.num_blocks
     if num_blocks == -1:

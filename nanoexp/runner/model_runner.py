@@ -18,6 +18,7 @@ from nanoexp.layers.sampler import Sampler
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, DecodeGraphs
 from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
 from nanoexp.runner.kv_cache import create_kv_cache
+from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import leave_process_group, runner_info, set_up_model
 from nanoexp.runner.pending import PendingStep
 from nanoexp.runner.step_input import StepInput
@@ -52,6 +53,8 @@ class ModelRunner:
         self.sampler = Sampler(one_pass=self.device.type == "cuda" and triton_available())
         self.last_sampled: torch.Tensor | None = None  # the last launched step's ids, on every rank
         self.pending: deque[PendingStep] = deque()  # launched, not collected (rank 0)
+        if config.cache.kv_cache_dtype != "auto":
+            self.calibrate_kv_scales()
         reserve = 2**30 if self.uses_graphs() else 2**28  # graph pool, logits and sampler buffers
         cache = create_kv_cache(config, self.model, self.dtype, self.device, self.profile_memory, reserve)
         self.kv_cache, self.num_blocks, self.kv_cache_bytes = cache.tensor, cache.num_blocks, cache.num_bytes
@@ -83,6 +86,18 @@ class ModelRunner:
                 self.warm_up_sampler()
         self.timings["graph_capture_s"] = time.perf_counter() - start
         return graphs
+
+    @torch.inference_mode()
+    def calibrate_kv_scales(self) -> None:
+        """The fp8 cache's per-layer scales, from one eager prefill before any cache or graph exists."""
+        start = time.perf_counter()
+        budget = min(self.max_model_len, self.config.scheduler.max_num_batched_tokens)
+        tokens = calibration_tokens(self.hf_config.vocab_size, budget)
+        step = StepInput(True, tokens, [len(tokens)], [len(tokens)], [[]], [0])
+        inputs = prepare_inputs(step, self.block_size, self.device)
+        with fused(False):
+            calibrate_kv_scales(self.model, lambda: self.model(inputs.input_ids, inputs.positions, inputs.md))
+        self.timings["kv_calibration_s"] = time.perf_counter() - start
 
     @torch.inference_mode()
     def profile_memory(self) -> None:
@@ -171,6 +186,8 @@ class ModelRunner:
         return {
             "weights_bytes": weights,
             "kv_cache_bytes": self.kv_cache_bytes,
+            "kv_cache_dtype": str(self.kv_cache.dtype).removeprefix("torch."),
+            **scales_summary(self.model),
             "num_kv_blocks": self.num_blocks,
             "kv_block_size": self.block_size,
             "peak_memory_bytes": peak_memory_bytes(self.device),
@@ -181,7 +198,7 @@ class ModelRunner:
             "gemm_backend": self.skinny_gemm.describe() if self.skinny_gemm else "torch",
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,
-            "load_s": 0.0, "warmup_s": 0.0, "graph_capture_s": 0.0,
+            "load_s": 0.0, "warmup_s": 0.0, "graph_capture_s": 0.0, "kv_calibration_s": 0.0,
             **(self.all_reduce.describe() if self.all_reduce else {}),
             **self.timings,
         }

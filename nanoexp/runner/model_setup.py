@@ -54,7 +54,8 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     load_s = time.perf_counter() - start
     layers = attention_layers(model)
     backend = make_attention_backend(
-        config.execution.attention_backend, device, config.cache.block_size, dtype, layers[0].head_dim
+        config.execution.attention_backend, device, config.cache.block_size, dtype, layers[0].head_dim,
+        config.cache.kv_cache_dtype,
     )
     for layer in layers:
         layer.backend = backend
