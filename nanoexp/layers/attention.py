@@ -28,7 +28,8 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:
         if self.k_cache.numel():  # no cache before it is sized (memory profiling): store nothing
-            self.backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping, self.k_scale, self.v_scale)
+            scales = self.k_scale, self.v_scale
+            self.backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping, *scales)
         return self._attend(q, k, v, md)
 
     def forward_fused(
