@@ -3,7 +3,11 @@ an exact cache agrees with the plain prefill everywhere, a lossy one is caught, 
 
 from __future__ import annotations
 
+import csv
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,9 +17,14 @@ import torch
 from nanoexp.config import SamplingParams
 from nanoexp.engine.kv_quality import probe_groups
 from nanoexp.engine.llm import LLM
+from nanoexp.experiment.kv_quality import measure_kv_quality
+from nanoexp.experiment.schema import ConfigError, KvQualityConfig
+from nanoexp.experiment.sweep_report import write_report
+from nanoexp.experiment.workloads import Request, Workload
 from nanoexp.kernels.torch_ref import TorchAttentionBackend
 
-TRAIN_SCRIPT = Path(__file__).parents[1] / "experiments" / "kv_fp8" / "train_tiny.py"
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_SCRIPT = ROOT / "experiments" / "kv_fp8" / "train_tiny.py"
 ENGINE = dict(
     device="cpu", dtype="float32", attention_backend="torch", kvcache_block_size=4,
     num_kvcache_blocks=48, max_num_seqs=4, max_num_batched_tokens=96, max_model_len=96,
@@ -35,7 +44,7 @@ def train_tiny():
 def trained(tmp_path_factory) -> str:
     tt = train_tiny()
     out = tmp_path_factory.mktemp("kv_tiny")
-    shape = tt.Shape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32, max_positions=256)
+    shape = tt.Shape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32)
     loss = tt.train(out, shape, tt.Schedule(steps=8, batch=4, seq_len=32, corpus_bytes=50_000), log_every=0)
     assert loss < 5.4  # below uniform (ln 259 = 5.56) after a few steps
     return str(out)
@@ -136,3 +145,46 @@ def test_probe_needs_an_idle_engine(trained, prompts):
         llm.engine.add_request(prompts[0], SamplingParams(max_tokens=4))
         with pytest.raises(RuntimeError, match="needs an idle engine"):
             llm.kv_cache_quality(prompts, 4)
+
+
+def test_job_records_kv_quality(trained, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
+    env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'job'}", "model=kv_fp8_tiny",
+           f"model.path={trained}", "logger=none", "cache.cpu_kv_cache_gb=0.05", "workload=smoke",
+           "workload.num_requests=4", "workload.input_len=24", "workload.output_len=4",
+           "scheduler.max_model_len=64", "metrics.kv_quality.num_requests=3",
+           "metrics.kv_quality.num_tokens=6"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "job" / "results.json").read_text())["summary"]
+    assert summary["kv_quality/greedy_agreement"] == 1.0 and abs(summary["kv_quality/kl_mean"]) < 1e-6
+    assert summary["kv_quality/num_positions"] == 18 and summary["kv_quality/num_cut_prompts"] == 0
+    assert summary["kv_quality_s"] > 0 and summary["kv_cache_dtype"] == "auto"
+    assert "KV cache greedy agreement     100.00%" in proc.stdout
+
+
+def test_sweep_report_lists_kv_quality(tmp_path):
+    for num, quality in ((0, {}), (1, {"kv_quality/greedy_agreement": 0.97, "kv_quality/kl_mean": 0.002})):
+        job = tmp_path / str(num)
+        job.mkdir()
+        overrides = [f"cache.block_size={16 * (num + 1)}"]
+        results = {"status": "ok", "job": {"job_num": num, "overrides": overrides},
+                   "summary": {"output_throughput": 10.0, **quality}}
+        (job / "results.json").write_text(json.dumps(results))
+    write_report(tmp_path)
+    with (tmp_path / "sweep_summary.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [row["kv_quality/greedy_agreement"] for row in table] == ["", "0.97"]
+    markdown = (tmp_path / "sweep_summary.md").read_text()
+    assert "| kv_quality/greedy_agreement | kv_quality/kl_mean |" in markdown
+
+
+def test_long_prompts_are_cut_to_the_probe_limit(trained):
+    with LLM(trained, **ENGINE) as llm:
+        workload = Workload("w", [Request([7] * 95, SamplingParams()), Request([3, 4], SamplingParams())])
+        metrics = measure_kv_quality(llm, workload, KvQualityConfig(num_requests=8, num_tokens=6))
+        assert measure_kv_quality(llm, workload, KvQualityConfig(num_requests=0)) == {}
+        assert metrics["kv_quality/num_cut_prompts"] == 1 and metrics["kv_quality/num_requests"] == 2
+        with pytest.raises(ConfigError, match=r"metrics.kv_quality.num_tokens=96 is invalid: must leave"):
+            measure_kv_quality(llm, workload, KvQualityConfig(num_requests=8, num_tokens=96))
