@@ -47,6 +47,7 @@ def trained(tmp_path_factory) -> str:
     shape = tt.Shape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32)
     loss = tt.train(out, shape, tt.Schedule(steps=8, batch=4, seq_len=32, corpus_bytes=50_000), log_every=0)
     assert loss < 5.4  # below uniform (ln 259 = 5.56) after a few steps
+    assert len((out / "prompts.jsonl").read_text().splitlines()) == 32  # held-out prompts for a sweep
     return str(out)
 
 

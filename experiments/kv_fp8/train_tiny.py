@@ -8,6 +8,7 @@ KV-cache quality probe measures something a random model cannot show.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sysconfig
 import time
@@ -68,6 +69,16 @@ def corpus_text(max_bytes: int) -> str:
     return "".join(parts)[:max_bytes]
 
 
+def write_prompts(out_dir: str | Path, schedule: Schedule, count: int = 32, length: int = 384) -> Path:
+    """prompts.jsonl of `count` held-out pieces of `length` bytes (from the sources right after the
+    training corpus), for workload=prompts_file."""
+    text = corpus_text(schedule.corpus_bytes + count * length)[schedule.corpus_bytes :]
+    path = Path(out_dir) / "prompts.jsonl"
+    lines = [json.dumps({"prompt": text[i * length : (i + 1) * length]}) for i in range(count)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def build_model(shape: Shape, tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
     config = Qwen3Config(
         vocab_size=VOCAB_SIZE, hidden_size=shape.hidden, intermediate_size=3 * shape.hidden,
@@ -86,8 +97,8 @@ def learning_rate(schedule: Schedule, step: int) -> float:
 
 
 def train(out_dir: str | Path, shape: Shape, schedule: Schedule, log_every: int = 25) -> float:
-    """Trains, saves the model (float32 safetensors) and tokenizer to out_dir; returns the mean
-    loss (nats per byte) of the last steps."""
+    """Trains, saves the model (float32 safetensors), its tokenizer and held-out prompts
+    (prompts.jsonl) to out_dir; returns the mean loss (nats per byte) of the last ten steps."""
     torch.manual_seed(schedule.seed)
     tokenizer = byte_tokenizer()
     data = torch.tensor(tokenizer.encode(corpus_text(schedule.corpus_bytes)), dtype=torch.int64)
@@ -113,6 +124,7 @@ def train(out_dir: str | Path, shape: Shape, schedule: Schedule, log_every: int 
         print(f"final loss {final:.3f} nats/byte; uniform would be {math.log(VOCAB_SIZE):.3f}", flush=True)
     model.eval().save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    write_prompts(out_dir, schedule)
     return final
 
 
