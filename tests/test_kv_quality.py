@@ -189,3 +189,18 @@ def test_long_prompts_are_cut_to_the_probe_limit(trained):
         assert metrics["kv_quality/num_cut_prompts"] == 1 and metrics["kv_quality/num_requests"] == 2
         with pytest.raises(ConfigError, match=r"metrics.kv_quality.num_tokens=96 is invalid: must leave"):
             measure_kv_quality(llm, workload, KvQualityConfig(num_requests=8, num_tokens=96))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_gpu_kernels_float32_agree_and_bfloat16_stays_close(trained, prompts, eager):
+    """The GPU path: the decode kernel (replayed in a CUDA graph or eager) against the prefill kernel."""
+    gpu = {**ENGINE, "device": "cuda", "attention_backend": "auto", "enforce_eager": eager}
+    with LLM(trained, **gpu) as llm:
+        exact = llm.kv_cache_quality(prompts, 8)
+        assert llm.engine.block_manager.num_used == 0
+    with LLM(trained, **{**gpu, "dtype": "bfloat16"}) as llm:
+        bf16 = llm.kv_cache_quality(prompts, 8)
+    assert exact["greedy_agreement"] == 1.0 and abs(exact["kl_mean"]) < 1e-5, exact
+    assert bf16["greedy_agreement"] >= 0.9 and bf16["kl_mean"] < 1e-2, bf16
