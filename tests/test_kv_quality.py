@@ -151,7 +151,7 @@ def test_probe_needs_an_idle_engine(trained, prompts):
 def test_job_records_kv_quality(trained, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
     env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'job'}", "model=kv_fp8_tiny",
+    cmd = [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'job'}", "model=qwen3_tiny_trained",
            f"model.path={trained}", "logger=none", "cache.cpu_kv_cache_gb=0.05", "workload=smoke",
            "workload.num_requests=4", "workload.input_len=24", "workload.output_len=4",
            "scheduler.max_model_len=64", "metrics.kv_quality.num_requests=3",
