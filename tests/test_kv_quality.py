@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nanoexp.config import SamplingParams
-from nanoexp.engine.kv_quality import probe_groups
+from nanoexp.engine.kv_quality import max_group_seqs, probe_groups
 from nanoexp.engine.llm import LLM
 from nanoexp.experiment.kv_quality import measure_kv_quality
 from nanoexp.experiment.schema import ConfigError, KvQualityConfig
@@ -105,6 +105,8 @@ def test_groups_fit_the_step_budget_and_the_cache():
     assert probe_groups([10, 10, 20, 2], 4, 30, 4, 4, 100) == [[0, 1], [2, 3]]  # 30 tokens a step
     assert probe_groups([10, 10, 20, 2], 4, 30, 4, 4, 7) == [[0], [1], [2], [3]]  # and 7 blocks
     assert probe_groups([2, 2, 2], 4, 100, 2, 4, 100) == [[0, 1], [2]]
+    # and the reference log-probs a group holds stay bounded (MAX_REFERENCE_ROWS rows)
+    assert max_group_seqs(256, 32) == 16 and max_group_seqs(4, 32) == 4 and max_group_seqs(8, 1000) == 1
 
 
 def test_requests_split_into_groups_give_the_same_result(trained, prompts):

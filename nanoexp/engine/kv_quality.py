@@ -6,6 +6,13 @@ import numpy as np
 
 from nanoexp.runner.probe import ProbeResult
 
+# Reference log-probs a group holds at once: rows x vocab float32 (512 x 152k ~ 0.3 GB), twice
+MAX_REFERENCE_ROWS = 512
+
+
+def max_group_seqs(max_num_seqs: int, num_tokens: int) -> int:
+    return max(1, min(max_num_seqs, MAX_REFERENCE_ROWS // num_tokens))
+
 
 def check_num_tokens(num_tokens) -> int:
     if type(num_tokens) is not int or num_tokens < 1:

@@ -240,7 +240,8 @@ class LLMEngine:
             raise ValueError("kv_cache_quality: no prompts given")
         groups = kv_quality.probe_groups(
             [len(p) for p in prompts], num_tokens, self.config.scheduler.max_num_batched_tokens,
-            self.config.scheduler.max_num_seqs, self.block_manager.block_size, self.block_manager.num_blocks,
+            kv_quality.max_group_seqs(self.config.scheduler.max_num_seqs, num_tokens),
+            self.block_manager.block_size, self.block_manager.num_blocks,
         )
         self.block_manager.reset_prefix_cache()
         try:
