@@ -115,6 +115,12 @@ class LLM:
         bar.close()
         return outputs
 
+    def kv_cache_quality(self, prompts: Seq[str] | Seq[list[int]], num_tokens: int = 32) -> dict:
+        """The KV cache's accuracy cost on these prompts (see LLMEngine.kv_cache_quality)."""
+        self.engine.check_open()
+        token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(as_prompt_list(prompts))]
+        return self.engine.kv_cache_quality(token_lists, num_tokens)
+
     def stats(self) -> dict:
         return self.engine.stats()
 

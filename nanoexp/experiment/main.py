@@ -34,6 +34,7 @@ from nanoexp.experiment.build import (
 from nanoexp.experiment.checkpoint import Checkpoint, check_arch, resolve_checkpoint
 from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
+from nanoexp.experiment.kv_quality import measure_kv_quality, prompt_limit
 from nanoexp.experiment.local_sink import RESULTS_FILE
 from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.outputs_file import OUTPUTS_FILE, wants_outputs, write_outputs
@@ -42,6 +43,7 @@ from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, su
 from nanoexp.experiment.run_log import append_run_log
 from nanoexp.experiment.schema import (
     ConfigError,
+    EngineKind,
     LoggerConfig,
     LoggerKind,
     NanoexpConfig,
@@ -117,10 +119,14 @@ def experiment(
     try:
         build_s = time.perf_counter() - start
         driver = build_driver(spec, engine)
+        if _probes_kv_quality(spec):  # a num_tokens without room fails before the timed runs
+            prompt_limit(engine.engine, spec.metrics.kv_quality.num_tokens)
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
         records = measure(driver, workloads, logger, progress)
         stats = engine.stats()
+        probe = _probes_kv_quality(spec)
+        quality = measure_kv_quality(engine, workloads[0], spec.metrics.kv_quality) if probe else {}
     finally:
         engine.close()
         engine = driver = None  # drop the model and KV cache before releasing their memory
@@ -129,7 +135,7 @@ def experiment(
     if wants_outputs(spec):
         write_outputs(job.out_dir / OUTPUTS_FILE, records, tokenizer)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict())
-    summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()}
+    summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= {
         "build_s": build_s,
         "bench_warmup_s": warmup_s,
@@ -142,6 +148,11 @@ def experiment(
         "arch_mismatches": len(arch_diffs),
     }
     return summary
+
+
+def _probes_kv_quality(spec: NanoexpConfig) -> bool:
+    """Our engine probes its KV cache after the timed runs (the transformers baseline has no paged cache)."""
+    return spec.engine.kind is not EngineKind.hf and spec.metrics.kv_quality.num_requests > 0
 
 
 def _release_cuda_memory() -> None:

@@ -182,8 +182,23 @@ class SloConfig:
 
 
 @dataclass
+class KvQualityConfig:
+    """The KV-cache quality probe after the timed repeats (see LLMEngine.kv_cache_quality): the
+    first `num_requests` prompts of the workload (0 = off), each with a greedy continuation of
+    `num_tokens` tokens decoded through the cache and compared with one plain prefill."""
+
+    num_requests: int = 8
+    num_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        integer("metrics.kv_quality.num_requests", self.num_requests, 0, " (0 = off)")
+        integer("metrics.kv_quality.num_tokens", self.num_tokens, 1)
+
+
+@dataclass
 class MetricsConfig:
     slo: SloConfig = field(default_factory=SloConfig)
+    kv_quality: KvQualityConfig = field(default_factory=KvQualityConfig)
 
 
 @dataclass

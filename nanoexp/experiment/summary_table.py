@@ -24,6 +24,9 @@ ROWS = [  # label, summary keys, number format, unit
     ("weights / KV cache", ("weights_bytes", "kv_cache_bytes"), "{:.3g}", "GB"),
     ("peak memory", ("peak_memory_bytes",), "{:.3g}", "GB"),
     ("load / warmup / graphs", ("load_s", "warmup_s", "graph_capture_s"), "{:.2f}", "s"),
+    ("KV cache greedy agreement", ("kv_quality/greedy_agreement",), "{:.2%}", ""),
+    ("KV cache KL mean / p99 / max", ("kv_quality/kl_mean", "kv_quality/kl_p99", "kv_quality/kl_max"),
+     "{:.3g}", "nats"),
 ]
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
 SHOWN = {  # always in the header, whether or not they differ from the defaults

@@ -39,7 +39,9 @@ METRICS = [
     "mean_e2el_ms",
     "peak_memory_bytes",
 ]
-TABLE_METRICS = METRICS + ["mean_latency_ms", "duration_s", "num_preemptions", "prefix_cache_hit_rate"]
+KV_QUALITY = ["kv_quality/greedy_agreement", "kv_quality/kl_mean", "kv_quality/kl_max"]
+TABLE_METRICS = METRICS + ["mean_latency_ms", "duration_s", "num_preemptions", "prefix_cache_hit_rate",
+                           *KV_QUALITY]
 HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
 LOWER_IS_BETTER = (
     "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "mean_latency_ms"

@@ -16,7 +16,7 @@ from nanoexp.kernels.select import triton_available
 from nanoexp.layers.fusion import fused
 from nanoexp.layers.sampler import Sampler
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, DecodeGraphs
-from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
+from nanoexp.runner.inputs import ModelInputs, prepare_inputs, prepare_sampling
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import leave_process_group, runner_info, set_up_model
@@ -145,17 +145,22 @@ class ModelRunner:
         inputs = prepare_inputs(step, self.block_size, self.device)
         if step.prev_sample_rows is not None:
             inputs.input_ids = substitute_tokens(inputs.input_ids, step.prev_sample_rows, prev_tokens)
-        if self.graphs and not step.is_prefill and step.num_tokens <= self.graphs.max_batch:
-            hidden = self.graphs.replay(inputs)
-        else:
-            with fused(self.uses_graphs()):
-                hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        logits = self.forward_logits(step, inputs)
         if logits is None or not step.sample_seq_indices:
             return None if logits is None else torch.empty(0, dtype=torch.int64, device=self.device)
         sampling = prepare_sampling(step, self.hf_config.vocab_size, self.device)
         with fused(self.graphs is not None):
             return self.sampler(logits, sampling)
+
+    def forward_logits(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor | None:
+        """The logits at inputs.logits_indices (rank 0; None on the others), through the captured
+        graph for a decode step that fits one."""
+        if self.graphs and not step.is_prefill and step.num_tokens <= self.graphs.max_batch:
+            hidden = self.graphs.replay(inputs)
+        else:
+            with fused(self.uses_graphs()):
+                hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
+        return self.model.compute_logits(hidden[inputs.logits_indices])
 
     @torch.inference_mode()
     def launch(self, step: StepInput) -> None:

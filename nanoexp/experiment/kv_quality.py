@@ -1,0 +1,47 @@
+"""A job's KV-cache quality metrics: the engine's probe on a sample of the workload's prompts, run
+after the timed repeats (never inside them) and timed on its own."""
+
+from __future__ import annotations
+
+import time
+
+from nanoexp.experiment.schema import ConfigError, KvQualityConfig
+from nanoexp.experiment.workloads import Workload
+
+PREFIX = "kv_quality/"
+SHOWN = ("greedy_agreement", "kl_mean", "kl_p99", "kl_max", "num_positions", "num_requests")
+
+
+def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
+    """`kv_quality/*` metrics, the cache dtype they were measured with and `kv_quality_s`; {} when
+    the probe is off. Prompts longer than the probe's limit are cut to their first tokens (counted
+    in `kv_quality/num_cut_prompts`); any prompt length from one token up is probed as it is."""
+    if cfg.num_requests == 0:
+        return {}
+    start = time.perf_counter()
+    limit = prompt_limit(llm.engine, cfg.num_tokens)
+    prompts = [list(r.prompt_token_ids) for r in workload.requests[: cfg.num_requests]]
+    cut = sum(len(p) > limit for p in prompts)
+    result = llm.engine.kv_cache_quality([p[:limit] for p in prompts], cfg.num_tokens)
+    metrics = {PREFIX + k: result[k] for k in SHOWN}
+    return metrics | {
+        PREFIX + "num_cut_prompts": cut,
+        PREFIX + "num_tokens": cfg.num_tokens,
+        "kv_quality_s": time.perf_counter() - start,
+        "kv_cache_dtype": getattr(llm.engine.config.cache, "kv_cache_dtype", "auto"),
+    }
+
+
+def prompt_limit(engine, num_tokens: int) -> int:
+    """The longest prompt the probe takes with `num_tokens` more: prompt + continuation must fit
+    max_model_len, one step's token budget (the reference is one prefill) and the KV cache."""
+    manager = engine.block_manager
+    room = min(engine.max_model_len, engine.config.scheduler.max_num_batched_tokens,
+               manager.num_blocks * manager.block_size)
+    if room - num_tokens < 1:
+        raise ConfigError(
+            f"metrics.kv_quality.num_tokens={num_tokens} is invalid: must leave room for a prompt "
+            f"within {room} tokens (the least of max_model_len, max_num_batched_tokens and the KV "
+            "cache); lower it or set metrics.kv_quality.num_requests=0"
+        )
+    return room - num_tokens

@@ -1,0 +1,208 @@
+"""The KV-cache quality probe on a briefly trained tiny Qwen3 (experiments/kv_fp8/train_tiny.py):
+an exact cache agrees with the plain prefill everywhere, a lossy one is caught, at TP=1 and TP=2."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoexp.config import SamplingParams
+from nanoexp.engine.kv_quality import max_group_seqs, probe_groups
+from nanoexp.engine.llm import LLM
+from nanoexp.experiment.kv_quality import measure_kv_quality
+from nanoexp.experiment.schema import ConfigError, KvQualityConfig
+from nanoexp.experiment.sweep_report import write_report
+from nanoexp.experiment.workloads import Request, Workload
+from nanoexp.kernels.torch_ref import TorchAttentionBackend
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_SCRIPT = ROOT / "experiments" / "kv_fp8" / "train_tiny.py"
+ENGINE = dict(
+    device="cpu", dtype="float32", attention_backend="torch", kvcache_block_size=4,
+    num_kvcache_blocks=48, max_num_seqs=4, max_num_batched_tokens=96, max_model_len=96,
+)
+TEXTS = ["def main():\n    ", "import os\nimport sys\n\n", "class ", "    return self."]
+
+
+def train_tiny():
+    spec = importlib.util.spec_from_file_location("train_tiny", TRAIN_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["train_tiny"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> str:
+    tt = train_tiny()
+    out = tmp_path_factory.mktemp("kv_tiny")
+    shape = tt.Shape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32)
+    loss = tt.train(out, shape, tt.Schedule(steps=8, batch=4, seq_len=32, corpus_bytes=50_000), log_every=0)
+    assert loss < 5.4  # below uniform (ln 259 = 5.56) after a few steps
+    assert len((out / "prompts.jsonl").read_text().splitlines()) == 32  # held-out prompts for a sweep
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def prompts(trained) -> list[list[int]]:
+    with LLM(trained, **ENGINE) as llm:
+        encoded = [llm.tokenizer.encode(t) for t in TEXTS]
+    return [*encoded, [encoded[0][0]]]  # a one-token prompt too: nothing to prefill into the cache
+
+
+def fp8_rounding_store(store):
+    """store_kv that keeps K and V only to float8 e4m3 precision, as a lossy cache would."""
+    def lossy(self, k, v, k_cache, v_cache, slot_mapping):
+        fp8 = torch.float8_e4m3fn
+        store(self, k.to(fp8).to(k.dtype), v.to(fp8).to(v.dtype), k_cache, v_cache, slot_mapping)
+    return lossy
+
+
+def test_exact_cache_agrees_with_the_plain_prefill(trained, prompts):
+    with LLM(trained, **ENGINE) as llm:
+        before = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
+        result = llm.kv_cache_quality(prompts, 8)
+        manager = llm.engine.block_manager
+        assert manager.num_used == 0 and not manager.hash_to_block  # no leak, prefix cache left empty
+        after = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
+    assert [o.token_ids for o in after] == [o.token_ids for o in before]
+    assert result["num_requests"] == len(prompts) and result["num_positions"] == 8 * len(prompts)
+    assert result["greedy_agreement"] == 1.0
+    assert abs(result["kl_mean"]) < 1e-6 and result["kl_max"] < 1e-5
+
+
+def test_lossy_cache_is_detected(trained, prompts, monkeypatch):
+    with LLM(trained, **ENGINE) as llm:
+        exact = llm.kv_cache_quality(prompts, 8)
+        store = TorchAttentionBackend.store_kv
+        monkeypatch.setattr(TorchAttentionBackend, "store_kv", fp8_rounding_store(store))
+        lossy = llm.kv_cache_quality(prompts, 8)
+    assert lossy["kl_mean"] > 10 * max(exact["kl_max"], 1e-8), (exact, lossy)
+    assert lossy["kl_max"] >= lossy["kl_p99"] >= lossy["kl_mean"] > 0
+
+
+def test_tp2_matches_tp1(trained, prompts):
+    with LLM(trained, **ENGINE) as llm:
+        tp1 = llm.kv_cache_quality(prompts, 6)
+    with LLM(trained, tensor_parallel_size=2, **ENGINE) as llm:
+        tp2 = llm.kv_cache_quality(prompts, 6)
+        assert llm.engine.block_manager.num_used == 0
+    assert tp2["greedy_agreement"] == tp1["greedy_agreement"] == 1.0
+    assert tp2["num_positions"] == tp1["num_positions"]
+    assert abs(tp2["kl_mean"]) < 1e-6 and tp2["kl_max"] < 1e-5
+
+
+def test_groups_fit_the_step_budget_and_the_cache():
+    # prompt + 4 tokens: 14, 14, 24, 6 tokens in 4, 4, 6, 2 blocks of 4 (13, 13, 23, 5 cached tokens)
+    assert probe_groups([10, 10, 20, 2], 4, 30, 4, 4, 100) == [[0, 1], [2, 3]]  # 30 tokens a step
+    assert probe_groups([10, 10, 20, 2], 4, 30, 4, 4, 7) == [[0], [1], [2], [3]]  # and 7 blocks
+    assert probe_groups([2, 2, 2], 4, 100, 2, 4, 100) == [[0, 1], [2]]
+    # and the reference log-probs a group holds stay bounded (MAX_REFERENCE_ROWS rows)
+    assert max_group_seqs(256, 32) == 16 and max_group_seqs(4, 32) == 4 and max_group_seqs(8, 1000) == 1
+
+
+def test_requests_split_into_groups_give_the_same_result(trained, prompts):
+    with LLM(trained, **ENGINE) as llm:
+        together = llm.kv_cache_quality(prompts, 4)
+    with LLM(trained, **{**ENGINE, "max_num_seqs": 1}) as llm:
+        one_by_one = llm.kv_cache_quality(prompts, 4)
+    assert one_by_one["num_positions"] == together["num_positions"]
+    assert one_by_one["greedy_agreement"] == together["greedy_agreement"]
+
+
+@pytest.mark.parametrize(
+    "prompts,num_tokens,message",
+    [
+        ([[1, 2]], 0, "kv_cache_quality: num_tokens=0 is invalid: must be an int >= 1"),
+        ([], 4, "kv_cache_quality: no prompts given"),
+        ([[1, 2], []], 4, "kv_cache_quality prompt 1: the prompt is empty"),
+        ([[1] * 90], 8, "kv_cache_quality prompt 0: prompt (90 tokens) + max_tokens (8) = 98 exceeds "
+                        "max_model_len=96"),
+    ],
+)
+def test_bad_probe_input_is_one_clear_error(trained, prompts, num_tokens, message):
+    with LLM(trained, **ENGINE) as llm:
+        with pytest.raises((ValueError, TypeError)) as err:
+            llm.kv_cache_quality(prompts, num_tokens)
+        assert str(err.value) == message
+        assert llm.engine.block_manager.num_used == 0
+
+
+def test_prompt_beyond_the_step_budget_is_named(trained):
+    with LLM(trained, **{**ENGINE, "max_num_batched_tokens": 48, "enable_chunked_prefill": True}) as llm:
+        with pytest.raises(ValueError, match=r"prompt 0: prompt \(44 tokens\) \+ num_tokens \(8\) exceeds "
+                                             r"max_num_batched_tokens=48"):
+            llm.kv_cache_quality([[3] * 44], 8)
+
+
+def test_probe_needs_an_idle_engine(trained, prompts):
+    with LLM(trained, **ENGINE) as llm:
+        llm.engine.add_request(prompts[0], SamplingParams(max_tokens=4))
+        with pytest.raises(RuntimeError, match="needs an idle engine"):
+            llm.kv_cache_quality(prompts, 4)
+
+
+def test_job_records_kv_quality(trained, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
+    env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'job'}", "model=qwen3_tiny_trained",
+           f"model.path={trained}", "logger=none", "cache.cpu_kv_cache_gb=0.05", "workload=smoke",
+           "workload.num_requests=4", "workload.input_len=24", "workload.output_len=4",
+           "scheduler.max_model_len=64", "metrics.kv_quality.num_requests=3",
+           "metrics.kv_quality.num_tokens=6"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "job" / "results.json").read_text())["summary"]
+    assert summary["kv_quality/greedy_agreement"] == 1.0 and abs(summary["kv_quality/kl_mean"]) < 1e-6
+    assert summary["kv_quality/num_positions"] == 18 and summary["kv_quality/num_cut_prompts"] == 0
+    assert summary["kv_quality_s"] > 0 and summary["kv_cache_dtype"] == "auto"
+    assert "KV cache greedy agreement     100.00%" in proc.stdout
+
+
+def test_sweep_report_lists_kv_quality(tmp_path):
+    for num, quality in ((0, {}), (1, {"kv_quality/greedy_agreement": 0.97, "kv_quality/kl_mean": 0.002})):
+        job = tmp_path / str(num)
+        job.mkdir()
+        overrides = [f"cache.block_size={16 * (num + 1)}"]
+        results = {"status": "ok", "job": {"job_num": num, "overrides": overrides},
+                   "summary": {"output_throughput": 10.0, **quality}}
+        (job / "results.json").write_text(json.dumps(results))
+    write_report(tmp_path)
+    with (tmp_path / "sweep_summary.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [row["kv_quality/greedy_agreement"] for row in table] == ["", "0.97"]
+    markdown = (tmp_path / "sweep_summary.md").read_text()
+    assert "| kv_quality/greedy_agreement | kv_quality/kl_mean |" in markdown
+
+
+def test_long_prompts_are_cut_to_the_probe_limit(trained):
+    with LLM(trained, **ENGINE) as llm:
+        workload = Workload("w", [Request([7] * 95, SamplingParams()), Request([3, 4], SamplingParams())])
+        metrics = measure_kv_quality(llm, workload, KvQualityConfig(num_requests=8, num_tokens=6))
+        assert measure_kv_quality(llm, workload, KvQualityConfig(num_requests=0)) == {}
+        assert metrics["kv_quality/num_cut_prompts"] == 1 and metrics["kv_quality/num_requests"] == 2
+        with pytest.raises(ConfigError, match=r"metrics.kv_quality.num_tokens=96 is invalid: must leave"):
+            measure_kv_quality(llm, workload, KvQualityConfig(num_requests=8, num_tokens=96))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_gpu_kernels_float32_agree_and_bfloat16_stays_close(trained, prompts, eager):
+    """The GPU path: the decode kernel (replayed in a CUDA graph or eager) against the prefill kernel."""
+    gpu = {**ENGINE, "device": "cuda", "attention_backend": "auto", "enforce_eager": eager}
+    with LLM(trained, **gpu) as llm:
+        exact = llm.kv_cache_quality(prompts, 8)
+        assert llm.engine.block_manager.num_used == 0
+    with LLM(trained, **{**gpu, "dtype": "bfloat16"}) as llm:
+        bf16 = llm.kv_cache_quality(prompts, 8)
+    assert exact["greedy_agreement"] == 1.0 and abs(exact["kl_mean"]) < 1e-5, exact
+    assert bf16["greedy_agreement"] >= 0.9 and bf16["kl_mean"] < 1e-2, bf16
