@@ -21,7 +21,6 @@ from nanoexp.experiment.kv_quality import measure_kv_quality
 from nanoexp.experiment.schema import ConfigError, KvQualityConfig
 from nanoexp.experiment.sweep_report import write_report
 from nanoexp.experiment.workloads import Request, Workload
-from nanoexp.kernels.torch_ref import TorchAttentionBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = ROOT / "experiments" / "kv_fp8" / "train_tiny.py"
@@ -58,14 +57,6 @@ def prompts(trained) -> list[list[int]]:
     return [*encoded, [encoded[0][0]]]  # a one-token prompt too: nothing to prefill into the cache
 
 
-def fp8_rounding_store(store):
-    """store_kv that keeps K and V only to float8 e4m3 precision, as a lossy cache would."""
-    def lossy(self, k, v, k_cache, v_cache, slot_mapping):
-        fp8 = torch.float8_e4m3fn
-        store(self, k.to(fp8).to(k.dtype), v.to(fp8).to(v.dtype), k_cache, v_cache, slot_mapping)
-    return lossy
-
-
 def test_exact_cache_agrees_with_the_plain_prefill(trained, prompts):
     with LLM(trained, **ENGINE) as llm:
         before = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
@@ -79,12 +70,12 @@ def test_exact_cache_agrees_with_the_plain_prefill(trained, prompts):
     assert abs(result["kl_mean"]) < 1e-6 and result["kl_max"] < 1e-5
 
 
-def test_lossy_cache_is_detected(trained, prompts, monkeypatch):
+def test_fp8_cache_is_detected(trained, prompts):
     with LLM(trained, **ENGINE) as llm:
         exact = llm.kv_cache_quality(prompts, 8)
-        store = TorchAttentionBackend.store_kv
-        monkeypatch.setattr(TorchAttentionBackend, "store_kv", fp8_rounding_store(store))
+    with LLM(trained, kv_cache_dtype="fp8_e4m3", **ENGINE) as llm:
         lossy = llm.kv_cache_quality(prompts, 8)
+        assert llm.engine.block_manager.num_used == 0
     assert lossy["kl_mean"] > 10 * max(exact["kl_max"], 1e-8), (exact, lossy)
     assert lossy["kl_max"] >= lossy["kl_p99"] >= lossy["kl_mean"] > 0
 

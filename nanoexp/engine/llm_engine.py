@@ -225,10 +225,10 @@ class LLMEngine:
         self.block_manager.reset_prefix_cache()
 
     def kv_cache_quality(self, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
-        """What the KV cache's storage costs in accuracy: for each prompt, its greedy continuation
-        of `num_tokens` tokens from plain prefills, then per continuation position the next-token
-        distribution of a decode step reading the paged cache against that of one plain prefill
-        of prompt + continuation (fresh K/V in the model dtype). Returns greedy_agreement, kl_mean,
+        """What the KV cache's storage costs in accuracy: each prompt is continued greedily for
+        `num_tokens` decode steps that read the paged cache, and at every continuation position
+        that next-token distribution is scored against one plain prefill of prompt + continuation
+        (fresh K/V in the model dtype). Returns greedy_agreement, kl_mean,
         kl_p99, kl_max, num_positions, num_requests (see engine/kv_quality.py). Only on an idle
         engine; the prefix cache is emptied before and after, and every block is returned."""
         self.check_open()

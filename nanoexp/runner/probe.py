@@ -1,6 +1,6 @@
-"""The KV-cache quality probe on one rank: teacher-forced next-token distributions read through the
-paged cache (decode, one token per step) against one plain prefill over the fresh K/V in the
-model dtype (what an `auto` cache holds, exactly), at the same positions.
+"""The KV-cache quality probe on one rank: next-token distributions read through the paged cache
+(decode, one token per step) against one plain prefill over the fresh K/V in the model dtype
+(what an `auto` cache holds, exactly), at the same positions of the same token sequences.
 
 Every rank runs the same forward passes (tensor parallelism needs all of them); rank 0 holds the
 full logits, reduces them on the device and returns per-position numbers, the others None.
@@ -20,7 +20,7 @@ from nanoexp.runner.step_input import StepInput
 class ProbeResult:
     """Per request, per continuation position: KL(reference || decode) and whether the argmax agrees."""
 
-    continuations: list[list[int]]  # the reference greedy continuation each position is forced on
+    continuations: list[list[int]]  # the decode path's greedy continuation, scored by both paths
     kl: list[list[float]]
     agree: list[list[bool]]
 
@@ -30,21 +30,33 @@ def probe_kv_cache(
     runner, prompts: list[list[int]], num_tokens: int, block_tables: list[list[int]]
 ) -> ProbeResult | None:
     """Probes one group of requests whose blocks (room for prompt + num_tokens - 1 tokens each)
-    the engine allocated; every pass fits one step's token budget."""
-    continuations = greedy_continuations(runner, prompts, num_tokens)
-    reference = reference_log_probs(runner, prompts, continuations)
+    the engine allocated; every pass fits one step's token budget.
+
+    The decode path generates each continuation greedily, one step at a time, reading the cache;
+    then one plain prefill of prompt + continuation gives the reference at the same positions. So
+    a position counts as agreeing when the reference would have picked the same next token."""
     fill_cache(runner, prompts, block_tables)
-    kl, agree = [], []
+    continuations: list[list[int]] = [[] for _ in prompts]
+    decoded = []
     for t in range(num_tokens):
-        decoded = decode_log_probs(runner, prompts, continuations, block_tables, t)
-        if decoded is not None:
-            kl.append(kl_divergence(reference[:, t], decoded))
-            agree.append(reference[:, t].argmax(-1) == decoded.argmax(-1))
+        log_probs = decode_log_probs(runner, prompts, continuations, block_tables, t)
+        for c, token in zip(continuations, greedy_tokens(runner, log_probs, len(prompts))):
+            c.append(token)
+        decoded.append(log_probs)
+    reference = reference_log_probs(runner, prompts, continuations)
     if runner.rank != 0:
         return None
-    return ProbeResult(
-        continuations, torch.stack(kl, 1).tolist(), torch.stack(agree, 1).tolist()
-    )
+    kl = [kl_divergence(reference[:, t], d) for t, d in enumerate(decoded)]
+    agree = [reference[:, t].argmax(-1) == d.argmax(-1) for t, d in enumerate(decoded)]
+    return ProbeResult(continuations, torch.stack(kl, 1).tolist(), torch.stack(agree, 1).tolist())
+
+
+def greedy_tokens(runner, log_probs: torch.Tensor | None, count: int) -> list[int]:
+    """Rank 0's argmax per row, shared so every rank feeds the same next inputs."""
+    tokens = log_probs.argmax(-1) if log_probs is not None else None
+    if runner.config.parallel.tensor_parallel_size > 1:
+        tokens = runner.share_sampled(tokens, count)
+    return tokens.tolist()
 
 
 def logits_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.Tensor | None:
@@ -63,20 +75,6 @@ def plain_prefill(sequences: list[list[int]]) -> StepInput:
     lens = [len(s) for s in sequences]
     return StepInput(True, [t for s in sequences for t in s], lens, lens, [[] for _ in sequences],
                      list(range(len(sequences))))
-
-
-def greedy_continuations(runner, prompts: list[list[int]], num_tokens: int) -> list[list[int]]:
-    """Each prompt's greedy continuation computed by plain prefills (no cache involved); rank 0
-    picks the tokens and shares them so every rank feeds the same inputs."""
-    continuations: list[list[int]] = [[] for _ in prompts]
-    for _ in range(num_tokens):
-        logits = logits_of(runner, plain_prefill([p + c for p, c in zip(prompts, continuations)]))
-        tokens = logits.argmax(-1) if logits is not None else None
-        if runner.config.parallel.tensor_parallel_size > 1:
-            tokens = runner.share_sampled(tokens, len(prompts))
-        for c, token in zip(continuations, tokens.tolist()):
-            c.append(token)
-    return continuations
 
 
 def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
