@@ -36,7 +36,7 @@ for part in $parts; do
     sweep) timeout 560 python3 run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 \
              hydra.sweep.dir="$OUT/sweep" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/sweep.log" | tail -30
            (cd "$OUT" && tar czf sweep.tgz sweep && rm -rf sweep) ;;
-    tiny) timeout 200 python3 run.py -m model=kv_fp8_tiny cache.kv_cache_dtype=auto,fp8_e4m3 logger=none \
+    tiny) timeout 200 python3 run.py -m model=qwen3_tiny_trained cache.kv_cache_dtype=auto,fp8_e4m3 logger=none \
              hydra.sweep.dir="$OUT/tiny" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/tiny.log" | tail -20
           (cd "$OUT" && tar czf tiny.tgz tiny && rm -rf tiny) ;;
   esac
