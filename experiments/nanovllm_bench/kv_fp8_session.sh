@@ -2,13 +2,14 @@
 # One device call for the per-step fixed cost and the fp8 KV cache, logs under $OUT.
 # Usage (repo root, on the GPU machine): bash experiments/nanovllm_bench/kv_fp8_session.sh [parts]
 # parts: tests fused decode profile sweep tiny (default: tests fused decode)
-#   tests   GPU tests of the kernels touched (fused norm/RoPE/store, one-pass decode, fp8, skinny GEMM)
-#           and the engine against transformers
+#   tests   GPU tests of the fused norm/RoPE/store kernel, the one-pass decode, the fp8 cache and
+#           the quality probe (tests/test_gpu_engine.py, test_skinny_gemm.py: `pytest -m gpu tests`)
 #   fused   experiments/nanovllm_bench/bench_fused.py
 #   decode  decode-step table per cache dtype (auto, fp8_e4m3), each against its own floor
 #   profile the kernels of one batch-1 and one batch-128 decode step
 #   sweep   python run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 (W&B offline)
-#   tiny    the trained tiny checkpoint (experiments/kv_fp8/README.md), both cache dtypes, one sweep
+#   tiny    the trained tiny checkpoint (experiments/kv_fp8/README.md: train it first and carry
+#           experiments/kv_fp8/checkpoint), both cache dtypes, one sweep
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 if [ -d .whl ]; then
@@ -23,8 +24,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee
 git log --oneline -1 | tee -a "$OUT/machine.txt"
 for part in $parts; do
   case "$part" in
-    tests) files=$(ls tests/test_triton_fused.py tests/test_kv_fp8.py tests/test_skinny_gemm.py \
-             tests/test_triton_kernels.py tests/test_gpu_engine.py tests/test_kv_quality.py 2>/dev/null)
+    tests) files=$(ls tests/test_triton_fused.py tests/test_kv_fp8.py tests/test_kv_quality.py 2>/dev/null)
            timeout 300 python3 -m pytest -q -m gpu $files 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     fused) timeout 120 python3 experiments/nanovllm_bench/bench_fused.py --out "$OUT/fused.md" 2>&1 | tail -25 ;;
     decode) for dtype in auto fp8_e4m3; do
@@ -36,7 +36,9 @@ for part in $parts; do
     sweep) timeout 560 python3 run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 \
              hydra.sweep.dir="$OUT/sweep" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/sweep.log" | tail -30
            (cd "$OUT" && tar czf sweep.tgz sweep && rm -rf sweep) ;;
-    tiny) timeout 200 python3 run.py -m model=qwen3_tiny_trained cache.kv_cache_dtype=auto,fp8_e4m3 logger=none \
+    tiny) timeout 200 python3 run.py -m model=qwen3_tiny_trained workload=prompts_file \
+             workload.path=experiments/kv_fp8/checkpoint/prompts.jsonl workload.output_len=64 sampler=greedy \
+             metrics.kv_quality.num_requests=32 cache.kv_cache_dtype=auto,fp8_e4m3 logger=none \
              hydra.sweep.dir="$OUT/tiny" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/tiny.log" | tail -20
           (cd "$OUT" && tar czf tiny.tgz tiny && rm -rf tiny) ;;
   esac
