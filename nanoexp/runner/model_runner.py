@@ -58,6 +58,8 @@ class ModelRunner:
         reserve = 2**30 if self.uses_graphs() else 2**28  # graph pool, logits and sampler buffers
         cache = create_kv_cache(config, self.model, self.dtype, self.device, self.profile_memory, reserve)
         self.kv_cache, self.num_blocks, self.kv_cache_bytes = cache.tensor, cache.num_blocks, cache.num_bytes
+        if self.device.type == "cuda":
+            self.warm_up_prefill_kernels()
         self.graphs = self.capture_graphs() if self.uses_graphs() else None
 
     def decode_message_bytes(self) -> int:
@@ -99,22 +101,38 @@ class ModelRunner:
             calibrate_kv_scales(self.model, lambda: self.model(inputs.input_ids, inputs.positions, inputs.md))
         self.timings["kv_calibration_s"] = time.perf_counter() - start
 
+    def blockless_prefill(self, tokens: int) -> StepInput:
+        """A prefill of about `tokens` tokens in as few sequences as the limits allow, with no cache
+        blocks: its K/V are not stored."""
+        max_len = self.max_model_len
+        num_seqs = max(1, min(-(-tokens // max_len), self.config.scheduler.max_num_seqs))
+        lens = [min(max_len, max(1, tokens // num_seqs))] * num_seqs
+        return StepInput(True, [0] * sum(lens), lens, lens, [[] for _ in lens], list(range(num_seqs)))
+
     @torch.inference_mode()
+    def run_blockless_prefill(self, tokens: int) -> None:
+        inputs = prepare_inputs(self.blockless_prefill(tokens), self.block_size, self.device)
+        with fused(self.uses_graphs()):
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
+        self.model.compute_logits(hidden[inputs.logits_indices])
+        torch.cuda.synchronize(self.device)
+
     def profile_memory(self) -> None:
         """A largest-size prefill (without a KV cache) so peak activation memory is known."""
         start = time.perf_counter()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        budget, max_len = self.config.scheduler.max_num_batched_tokens, self.max_model_len
-        num_seqs = max(1, min(budget // max_len, self.config.scheduler.max_num_seqs))
-        lens = [min(max_len, budget // num_seqs)] * num_seqs
-        step = StepInput(True, [0] * sum(lens), lens, lens, [[] for _ in lens], list(range(num_seqs)))
-        inputs = prepare_inputs(step, self.block_size, self.device)
-        with fused(self.uses_graphs()):
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
-        self.model.compute_logits(hidden[inputs.logits_indices])
-        torch.cuda.synchronize(self.device)
+        self.run_blockless_prefill(self.config.scheduler.max_num_batched_tokens)
         self.timings["warmup_s"] = time.perf_counter() - start
+
+    def warm_up_prefill_kernels(self) -> None:
+        """Prefills at the sizes where kernels that run only with a KV cache bound (the fused q/k
+        norm + RoPE + store picks its tiling by token count) change variant, so that no timed step
+        compiles one; nothing is stored."""
+        start = time.perf_counter()
+        for tokens in (16, 64, self.config.scheduler.max_num_batched_tokens):
+            self.run_blockless_prefill(min(tokens, self.config.scheduler.max_num_batched_tokens))
+        self.timings["warmup_s"] = self.timings.get("warmup_s", 0.0) + time.perf_counter() - start
 
     @torch.inference_mode()
     def warm_up_sampler(self) -> None:
