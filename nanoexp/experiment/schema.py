@@ -185,10 +185,12 @@ class SloConfig:
 class KvQualityConfig:
     """The KV-cache quality probe after the timed repeats (see LLMEngine.kv_cache_quality): the
     first `num_requests` prompts of the workload (0 = off), each with a greedy continuation of
-    `num_tokens` tokens decoded through the cache and compared with one plain prefill."""
+    `num_tokens` tokens decoded through the cache and compared with one plain prefill. It costs
+    two prefills and `num_tokens` decode steps of those requests: seconds on a CPU, so the default
+    is short; the benchmark presets probe longer."""
 
-    num_requests: int = 8
-    num_tokens: int = 32
+    num_requests: int = 4
+    num_tokens: int = 8
 
     def __post_init__(self) -> None:
         integer("metrics.kv_quality.num_requests", self.num_requests, 0, " (0 = off)")
