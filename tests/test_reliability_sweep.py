@@ -64,6 +64,17 @@ def test_corrupt_results_json_is_listed_not_fatal(tmp_path):
     assert list(table["status"]) == ["ok", "vanished"]
 
 
+def test_jobs_whose_dir_nests_under_a_path_override_are_found(tmp_path):
+    sweep = tmp_path / "sweep"
+    job_dir = sweep / "0_workload.path=data" / "prompts.jsonl"  # for workload.path=data/prompts.jsonl
+    job_dir.mkdir(parents=True)
+    job = {"job_num": 0, "overrides": ["workload.path=data/prompts.jsonl"]}
+    summary = {"output_throughput": 5.0}
+    (job_dir / "results.json").write_text(json.dumps({"status": "ok", "job": job, "summary": summary}))
+    table = write_report(sweep, [job["overrides"]])
+    assert list(table["status"]) == ["ok"]
+
+
 def test_expected_jobs_of_the_basic_sweeper():
     config = OmegaConf.create({"hydra": {
         "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "params": None},

@@ -173,7 +173,8 @@ def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def collect(sweep_dir: Path, expected: list[list[str]] | None = None) -> pd.DataFrame:
-    rows = [_row(p) for p in sorted(sweep_dir.glob(f"*/{RESULTS_FILE}"))]
+    # at any depth: an override value with a slash (workload.path=a/b.jsonl) nests Hydra's job dir
+    rows = [_row(p) for p in sorted(sweep_dir.rglob(RESULTS_FILE))]
     rows += vanished_rows(sweep_dir, expected, {r["job_num"] for r in rows}, {r["job_dir"] for r in rows})
     table = pd.DataFrame(rows)
     return table.sort_values("job_num", kind="stable") if not table.empty else table
