@@ -9,30 +9,11 @@ timing is one CUDA graph replaying 28 calls over 28 distinct caches (one per lay
 from __future__ import annotations
 
 import torch
+from graph_timing import time_graph_us
 
 from nanoexp.kernels.triton_attention import choose_num_splits, paged_decode
 
 LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 28, 16, 8, 128, 256
-
-
-def time_us(fns: list) -> float:
-    for fn in fns:
-        fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(fns))
-    return sorted(times[1:])[3]
-
-
 SPLITS = (1, 2, 4, 8, 16, 32)
 
 
@@ -47,7 +28,7 @@ def row_for(batch: int, context: int) -> str:
     def call(cache, splits):
         return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, splits)
 
-    times = [time_us([lambda c=c, s=s: call(c, s) for c in caches]) for s in SPLITS]
+    times = [time_graph_us([lambda c=c, s=s: call(c, s) for c in caches]) for s in SPLITS]
     floor = batch * context * KV_HEADS * DIM * 2 * 2 / 4.2e12 * 1e6
     default = choose_num_splits(batch, KV_HEADS, context, 132)
     cells = " | ".join(f"{t:.2f}" for t in times)

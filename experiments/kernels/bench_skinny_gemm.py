@@ -15,6 +15,7 @@ import itertools
 
 import torch
 import torch.nn.functional as F
+from graph_timing import time_graph_us
 from triton.runtime.errors import OutOfResources
 
 from nanoexp.kernels.norm_first import NormFirst
@@ -49,25 +50,6 @@ L2_BYTES = 60 * 2**20
 def sweep_configs() -> list[GemmConfig]:
     return [GemmConfig(n, k, s, w, st) for n, k, s, w, st in
             itertools.product((16, 32, 64), (128, 256), (1, 2, 4, 8), (4,), (3, 4))]
-
-
-def time_graph_us(fns: list, rounds: int = 5) -> float:
-    """Median over rounds of one graph replay of all fns, divided by len(fns)."""
-    for fn in fns:
-        fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    times = []
-    for _ in range(rounds + 1):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(fns))
-    return sorted(times[1:])[len(times[1:]) // 2]
 
 
 def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: bool) -> dict:
