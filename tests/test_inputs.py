@@ -66,3 +66,18 @@ def test_greedy_unfiltered_columns_skip_seeds_and_filters():
                      top_k=[-1, -1], top_p=[1.0, 1.0], min_p=[0.0, 0.0], seeds=[None, None])
     got = prepare_sampling(step, vocab_size=100, device=torch.device("cpu"))
     assert got.all_greedy and not got.needs_filter and got.row_seeds is None
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 64, 300])
+def test_blockless_warm_up_prefill_stores_nothing_and_fits_the_limits(checkpoints, tokens):
+    from nanoexp import LLM
+
+    path, _ = checkpoints["qwen3_gqa1"]
+    with LLM(path, device="cpu", max_model_len=128, max_num_seqs=2, max_num_batched_tokens=300,
+             kvcache_block_size=16) as llm:
+        runner = llm.engine.executor.runner
+        step = runner.blockless_prefill(tokens)
+        inputs = prepare_inputs(step, runner.block_size, runner.device)
+    lens = step.query_lens
+    assert 0 < sum(lens) <= tokens and max(lens) <= 128 and len(lens) <= 2
+    assert (inputs.md.slot_mapping == -1).all()

@@ -2,7 +2,8 @@
 # One device call: GPU tests, kernel micro-benchmarks, the decode-step table and the nano-vLLM
 # benchmark, logs under $OUT. Usage (repo root, on the GPU machine): bash experiments/nanovllm_bench/gpu_session.sh [parts]
 # parts: any of tests kernels sampler decode profile prefill bench ab final hf (default: tests kernels decode bench)
-# ab: the knobs measured as one sweep (sampler kernel x fused prefill x async scheduling);
+# ab: today's knobs as one sweep (gemm backend x KV cache dtype x async scheduling; run 10 swept
+# the sampler kernel and fused prefill, both always on since);
 # final: the defaults and the transformers baseline (engine=nanoexp,hf) as one sweep.
 # Two calls may run side by side on two GPUs (CUDA_VISIBLE_DEVICES, separate OUT): wheels install once.
 set -uo pipefail
@@ -25,7 +26,7 @@ for part in $parts; do
     profile) timeout 200 python3 experiments/nanovllm_bench/decode_step.py --profile 2>&1 | tee "$OUT/profile.log" | tail -80 ;;
     bench) timeout 300 python3 run.py experiment=nanovllm_bench logger=none hydra.run.dir="$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -30 ;;
     ab) TORCH_LOGS=recompiles timeout 580 python3 run.py -m experiment=nanovllm_bench logger=none \
-          engine.sampler_kernel=false,true engine.fused_prefill=false,true scheduler.async_scheduling=false,true \
+          engine.gemm_backend=torch,auto cache.kv_cache_dtype=auto,fp8_e4m3 scheduler.async_scheduling=false,true \
           hydra.sweep.dir="$OUT/ab" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/ab.log" | tail -40 ;;
     final) timeout 560 python3 run.py -m experiment=nanovllm_bench engine=nanoexp,hf logger=none \
           hydra.sweep.dir="$OUT/final" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/final.log" | tail -30 ;;

@@ -28,7 +28,7 @@ def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
         PREFIX + "num_cut_prompts": cut,
         PREFIX + "num_tokens": cfg.num_tokens,
         "kv_quality_s": time.perf_counter() - start,
-        "kv_cache_dtype": getattr(llm.engine.config.cache, "kv_cache_dtype", "auto"),
+        "kv_cache_dtype": llm.engine.config.cache.kv_cache_dtype,
     }
 
 
