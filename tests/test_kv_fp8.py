@@ -307,6 +307,15 @@ def test_every_cache_path_runs_with_fp8(peaked_checkpoint, auto_run, path_name):
         assert sum(o.num_preemptions for o in outputs) > 0
 
 
+def test_tp2_fp8_follows_tp1(peaked_checkpoint):
+    """Each rank calibrates the scales of its own KV heads (TP=1's span all heads, so they may
+    differ): the sharded fp8 cache must still follow the unsharded one."""
+    tp1, _ = generate(peaked_checkpoint, max_tokens=6, kv_cache_dtype="fp8")
+    tp2, stats = generate(peaked_checkpoint, max_tokens=6, kv_cache_dtype="fp8", tensor_parallel_size=2)
+    assert agreeing(tp2, tp1) >= 7
+    assert stats["kv_cache_dtype"] == "float8_e4m3fn"
+
+
 # ---------------------------------------------------------------- GPU
 
 
