@@ -148,3 +148,18 @@ def test_norm_first_bf16_on_gpu(rows, gated):
         got, got_sum = skinny_gemm(x, w, None, None, gated, NormFirst(g, 1e-6, r))
         torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
         assert torch.equal(got_sum, summed)
+
+
+def test_tp2_with_triton_gemm_matches_tp1_torch_gemm(checkpoints):
+    """Row-parallel layers all-reduce the kernel's partial products; the fused norm reads the
+    replicated hidden state on every rank."""
+    path, _ = checkpoints["qwen3_gqa2_tied"]
+    prompts = random_prompts([7, 12], seed=5)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    outs = {}
+    for backend, tp in (("torch", 1), ("triton", 2)):
+        with LLM(path, device="cpu", dtype="float32", gemm_backend=backend, tensor_parallel_size=tp,
+                 kvcache_block_size=16, max_model_len=256) as llm:
+            outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+            assert llm.stats()["gemm_backend"] == ("torch" if tp == 1 else "triton up to 64 rows")
+    assert outs["triton"] == outs["torch"]
