@@ -1,0 +1,70 @@
+"""Split-K decode attention per KV-cache dtype and key-tile size, against each dtype's bytes floor.
+
+Qwen3-0.6B layer shapes (16 query heads, 8 KV heads, head_dim 128), block size 256, the default
+split count; each timing is one CUDA graph replaying 28 calls over 28 distinct caches (one per
+layer, as in a step). fp8 caches hold e4m3 values with scale 1 (the kernel reads the scales from
+the device either way). A tile a dtype cannot compile (shared memory) prints "-".
+
+    python experiments/kernels/bench_decode_tiles.py [--out table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from graph_timing import time_graph_us
+from triton.runtime.errors import OutOfResources
+
+from nanoexp.kernels.triton_attention import paged_decode
+
+LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 28, 16, 8, 128, 256
+TILES = (32, 64, 128)
+SHAPES = ((64, 1024), (256, 1024), (128, 4096))  # 28 bf16 caches of 128 x 4096: 60 GB
+DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+
+
+def time_tile(q, caches, tables, lens, context: int, block_n: int, scale: torch.Tensor) -> str:
+    def call(cache):
+        return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, block_n=block_n,
+                            k_scale=scale, v_scale=scale)  # fmt: skip
+
+    try:
+        return f"{time_graph_us([lambda c=c: call(c) for c in caches]):.1f}"
+    except OutOfResources:
+        return "-"
+
+
+def row_for(name: str, batch: int, context: int) -> str:
+    dtype = DTYPES[name]
+    blocks = batch * context // BLOCK
+    caches = [torch.randn(2, blocks, BLOCK, KV_HEADS, DIM, device="cuda").to(dtype) for _ in range(LAYERS)]
+    q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    tables = torch.arange(blocks, device="cuda", dtype=torch.int32).view(batch, -1)
+    lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+    scale = torch.ones(1, device="cuda")
+    cells = " | ".join(time_tile(q, caches, tables, lens, context, n, scale) for n in TILES)
+    floor = batch * context * KV_HEADS * DIM * 2 * dtype.itemsize / 4.2e12 * 1e6
+    return f"| {name} | {batch} | {context} | {cells} | {floor:.1f} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    heads = " | ".join(f"{n} keys us" for n in TILES)
+    rule = "|---|---:|---:|" + "---:|" * (len(TILES) + 1)
+    lines = [f"| cache | batch | context | {heads} | floor us |", rule]
+    print("\n".join(lines), flush=True)
+    for name in DTYPES:
+        for batch, context in SHAPES:
+            lines.append(row_for(name, batch, context))
+            print(lines[-1], flush=True)
+            torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
