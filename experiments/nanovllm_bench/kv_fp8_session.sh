@@ -7,6 +7,7 @@
 #   fused   experiments/nanovllm_bench/bench_fused.py
 #   decode  decode-step table per cache dtype (auto, fp8_e4m3), each against its own floor
 #   profile the kernels of one batch-1 and one batch-128 decode step
+#   tiles   split-K decode per cache dtype and key-tile size (experiments/kernels/bench_decode_tiles.py)
 #   sweep   python run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 (W&B offline)
 #   tiny    the trained tiny checkpoint (experiments/kv_fp8/README.md: train it first and carry
 #           experiments/kv_fp8/checkpoint), both cache dtypes, one sweep
@@ -31,6 +32,7 @@ for part in $parts; do
               timeout 150 python3 experiments/nanovllm_bench/decode_step.py --kv-cache-dtype $dtype \
                 --batches 1,16,64,128,256 --contexts 1024 --out "$OUT/decode_$dtype.md" 2>&1 | tail -7
             done ;;
+    tiles) (cd experiments/kernels && timeout 200 python3 bench_decode_tiles.py --out "$OUT/tiles.md") 2>&1 | tail -10 ;;
     profile) timeout 120 python3 experiments/nanovllm_bench/decode_step.py --profile > "$OUT/profile.log" 2>&1
              grep -A24 "batch 1 " "$OUT/profile.log" | cut -c1-60,100-150 ;;
     sweep) timeout 560 python3 run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 \
