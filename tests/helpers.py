@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
 import torch
 
 from nanoexp.runner.inputs import prepare_inputs
@@ -42,3 +46,17 @@ def assert_follows_transformers(hf_model, prompts, outs, min_exact: float = 0.5)
         assert out.token_ids[i] in top3, f"prompt length {len(prompt)}: token {i} outside top-3"
     assert exact >= min_exact * len(prompts), f"{exact} of {len(prompts)} exact"
     return exact
+
+
+def signal_soon(pid: int, sig: int, delay_s: float = 1.0) -> list[float]:
+    """Sends `sig` to `pid` from a thread after `delay_s`; the returned list then holds the
+    monotonic time it was sent."""
+    sent_at: list[float] = []
+
+    def send() -> None:
+        time.sleep(delay_s)
+        sent_at.append(time.monotonic())
+        os.kill(pid, sig)
+
+    threading.Thread(target=send, daemon=True).start()
+    return sent_at

@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from functools import cache
 
@@ -19,7 +18,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCau
 from nanoexp.config import SamplingParams
 from nanoexp.engine.llm import LLM
 from nanoexp.runner.step_input import StepInput
-from tests.helpers import prefill_logits
+from tests.helpers import prefill_logits, signal_soon
 
 BLOCK = 4
 ENGINE = dict(
@@ -169,14 +168,7 @@ def test_two_engines_at_once(models):
 def test_killed_worker_raises_quickly_and_leaves_no_processes(models):
     llm = LLM(models["qwen3_kv4"], tensor_parallel_size=2, **{**ENGINE, "num_kvcache_blocks": 1024})
     victim = llm.engine.executor.group.procs[1].pid
-    killed_at = []
-
-    def kill_soon():
-        time.sleep(1.0)
-        killed_at.append(time.monotonic())
-        os.kill(victim, signal.SIGKILL)
-
-    threading.Thread(target=kill_soon, daemon=True).start()
+    killed_at = signal_soon(victim, signal.SIGKILL)
     long = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
     with pytest.raises(RuntimeError, match=r"worker rank 1 died \(exit code -9, SIGKILL\)"):
         llm.generate([p[:4] for p in PROMPTS], long, use_tqdm=False)

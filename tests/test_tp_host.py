@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from nanoexp.config import SamplingParams
 from nanoexp.engine.llm import LLM
 from nanoexp.runner.shm_ring import CHECK_EVERY_S, ShmRing
+from tests.helpers import signal_soon
 from tests.test_tp import ENGINE, GREEDY, PROMPTS, assert_no_workers, build_checkpoint, is_running
 
 
@@ -93,14 +93,7 @@ def test_a_stopped_worker_fails_at_the_step_deadline_and_leaves_nothing(model, m
     llm = LLM(model, tensor_parallel_size=2, **{**ENGINE, "num_kvcache_blocks": 1024})
     group = llm.engine.executor.group
     victim, leftovers = group.procs[1].pid, (group.tmpdir, f"/dev/shm/{group.ring.handle.name}")
-    stopped_at = []
-
-    def stop_soon():
-        time.sleep(1.0)
-        stopped_at.append(time.monotonic())
-        os.kill(victim, signal.SIGSTOP)
-
-    threading.Thread(target=stop_soon, daemon=True).start()
+    stopped_at = signal_soon(victim, signal.SIGSTOP)
     long = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
     pattern = r"^tensor-parallel worker rank 1 \(stopped\) did not finish within the step deadline of"
     with pytest.raises(RuntimeError, match=pattern):

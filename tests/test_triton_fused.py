@@ -14,9 +14,8 @@ triton = pytest.importorskip("triton")
 
 from nanoexp import LLM, SamplingParams  # noqa: E402
 from nanoexp.kernels import triton_attention  # noqa: E402
-from nanoexp.kernels.torch_ref import TorchAttentionBackend  # noqa: E402
+from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8  # noqa: E402
 from nanoexp.kernels.triton_fused import qk_norm_rope_store as fused_op  # noqa: E402
-from nanoexp.kernels.triton_fused import quantize_fp8_reference  # noqa: E402
 from nanoexp.layers.rope import RotaryEmbedding, apply_rope_unfused, qk_norm_rope  # noqa: E402
 from tests.conftest import random_prompts  # noqa: E402
 from tests.test_triton_kernels import DEVICE, assert_close, run_decode  # noqa: E402
@@ -137,8 +136,8 @@ def test_gpu_fp8_cache_stores_scaled_and_clamped_values(dtype):
     v = inputs[0][:, -8 * 128 :].view(-1, 8, 128)
     stored_k = k_cache.view(-1, 8, 128)[slots[keep]].view(torch.uint8)
     stored_v = v_cache.view(-1, 8, 128)[slots[keep]].view(torch.uint8)
-    assert torch.equal(stored_k, quantize_fp8_reference(k[keep], k_scale).view(torch.uint8))
-    assert torch.equal(stored_v, quantize_fp8_reference(v[keep], v_scale).view(torch.uint8))
+    assert torch.equal(stored_k, quantize_fp8(k[keep], k_scale).view(torch.uint8))
+    assert torch.equal(stored_v, quantize_fp8(v[keep], v_scale).view(torch.uint8))
     assert (k_cache.view(-1, 8, 128)[slots[keep]].float().abs() == 448).any()
     assert_same(q, q_ref, dtype, exact=False)
     assert_same(k, k_ref, dtype, exact=False)

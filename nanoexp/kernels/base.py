@@ -17,6 +17,7 @@ A cache in the model's dtype stores and reads K/V unchanged (no scale is applied
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -132,3 +133,14 @@ def check_scales(k_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: t
     if k_scale is None or v_scale is None:
         raise ValueError("an fp8 KV cache needs k_scale and v_scale (float32 tensors of shape [1])")
     return True
+
+
+DEFAULT_NUM_SMS = 132  # an H100/H200, for sizing launches where there is no CUDA device
+
+
+@functools.lru_cache(maxsize=8)
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`, which kernels size their grids by."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_NUM_SMS

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import torch
 
 from nanoexp.kernels.norm_first import NormFirst
+from nanoexp.kernels.select import triton_available, triton_runs_on
 
 # Rows up to which `auto` takes the Triton kernel: measured on an H200 in bf16 against cuBLAS
 # for Qwen3 0.6B-8B layer shapes (experiments/kernels/bench_skinny_gemm.py).
@@ -19,7 +17,10 @@ class SkinnyGemm:
     """Routes x [M, K] @ w[N, K]^T with M <= max_rows to the Triton kernel."""
 
     def __init__(self, max_rows: int):
+        from nanoexp.kernels.triton_gemm import skinny_gemm  # only once Triton is known to be there
+
         self.max_rows = max_rows
+        self.kernel = skinny_gemm
 
     def applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         return x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(-1) == 1 and weight.stride(-1) == 1
@@ -30,9 +31,7 @@ class SkinnyGemm:
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x @ weight^T + bias; gated: weight is [gate; up] and the result silu(gate) * up; norm:
         x is RMS-normed first and the new residual is returned too."""
-        from nanoexp.kernels.triton_gemm import skinny_gemm
-
-        return skinny_gemm(x, weight, bias, gated=gated, norm=norm)
+        return self.kernel(x, weight, bias, gated=gated, norm=norm)
 
     def describe(self) -> str:
         return f"triton up to {self.max_rows} rows"
@@ -41,13 +40,13 @@ class SkinnyGemm:
 def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> SkinnyGemm | None:
     """`engine.gemm_backend`: torch -> None; triton -> always for up to 64 rows; auto -> the
     measured range on CUDA in bf16/fp16 when Triton is installed, else None."""
-    has_triton = importlib.util.find_spec("triton") is not None
+    has_triton = triton_available()
     if choice == "torch":
         return None
     if choice == "triton":
         if not has_triton:
             raise ValueError("engine.gemm_backend='triton' needs the triton package; use 'torch' or 'auto'")
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        if not triton_runs_on(device):
             raise ValueError(
                 f"engine.gemm_backend='triton' needs a CUDA device, got {device}; use 'torch' or 'auto'"
             )

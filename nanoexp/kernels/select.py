@@ -122,7 +122,7 @@ def _build_requested(name: str, device: torch.device, block_size: int) -> Attent
     if name == "triton":
         if not triton_available():
             raise ValueError("attention_backend='triton' needs the triton package; use 'torch'")
-        if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        if not triton_runs_on(device):
             raise ValueError(
                 f"attention_backend='triton' needs a CUDA device, got {device}; on CPU use "
                 "attention_backend='torch' or 'auto' (or set TRITON_INTERPRET=1 to run the "
@@ -144,6 +144,11 @@ def _build_requested(name: str, device: torch.device, block_size: int) -> Attent
 
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """Triton kernels run on CUDA, or on the CPU in the (slow) interpreter when it is switched on."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _triton_backend() -> AttentionBackend:

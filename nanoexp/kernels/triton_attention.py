@@ -16,16 +16,13 @@ TRITON_INTERPRET=1 was set.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from nanoexp.kernels.base import check_scales
+from nanoexp.kernels.base import check_scales, num_sms
 
 LOG2E = 1.4426950408889634
-DEFAULT_NUM_SMS = 132
 MIN_KEYS_PER_SPLIT = 64
 MAX_SPLITS = 64
 
@@ -260,13 +257,6 @@ def _decode_reduce_kernel(
     )  # fmt: skip
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return DEFAULT_NUM_SMS
-
-
 def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
     """Enough splits that batch * kv_heads * splits programs fill the GPU about twice (on an H200,
     4x cost time from 64 sequences on: experiments/kernels/runs/decode_splits.md)."""
@@ -314,7 +304,7 @@ def paged_decode(
     if max_len is None:
         max_len = block_tables.shape[1] * block_size
     if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, max_len, _num_sms(q.device))
+        num_splits = choose_num_splits(batch, num_kv_heads, max_len, num_sms(q.device))
     if num_splits > 1:
         part_out = torch.empty((batch, num_heads, num_splits, dim_pad), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanoexp.kernels.base import FP8_MAX
+from nanoexp.kernels.base import check_scales
 from nanoexp.kernels.triton_kv import quantize_fp8
 
 _sum_combine = tl.standard._sum_combine  # tl.sum breaks the interpreter (see triton_attention.py)
@@ -148,9 +148,7 @@ def qk_norm_rope_store(
     norm = q_weight is not None
     if norm:
         assert q_weight.dtype == k_weight.dtype == qkv.dtype and q_weight.shape == (head_dim,)
-    fp8 = k_cache.dtype == torch.float8_e4m3fn
-    if fp8 and (k_scale is None or v_scale is None):
-        raise ValueError("an fp8 e4m3 KV cache needs k_scale and v_scale tensors")
+    fp8 = check_scales(k_cache, k_scale, v_scale)
     if not fp8:
         assert k_cache.dtype == qkv.dtype, f"cache dtype {k_cache.dtype} != model dtype {qkv.dtype}"
     q = qkv.new_empty((num_tokens, num_heads, head_dim))
@@ -172,8 +170,3 @@ def qk_norm_rope_store(
         num_warps=1 if heads_block <= 2 else 4,
     )  # fmt: skip
     return q, k
-
-
-def quantize_fp8_reference(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The fp8 e4m3 cache encoding the kernel writes: clamp(x / scale, -448, 448) as e4m3."""
-    return (x.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)

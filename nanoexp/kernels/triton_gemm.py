@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoexp.kernels.base import num_sms
 from nanoexp.kernels.norm_first import NormFirst
 
 MAX_ROWS = 64
@@ -167,13 +168,6 @@ def _tickets(device: torch.device) -> torch.Tensor:
     return torch.zeros(TICKETS, dtype=torch.int32, device=device)
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
-
-
 def default_config(n: int, k: int, num_sms: int) -> GemmConfig:
     """Tiles of 32 output features, 256-wide K steps; K is split only when the tiles alone would
     leave over half the SMs idle (on an H200, splitting 128 tiles 4 ways was slower than not)."""
@@ -199,7 +193,7 @@ def skinny_gemm(
     n = w.shape[0] // 2 if gated else w.shape[0]
     assert m <= MAX_ROWS and w.shape[1] == k and x.stride(-1) == 1 and w.stride(-1) == 1
     assert not (gated and bias is not None)
-    config = config or default_config(n, k, _num_sms(x.device))
+    config = config or default_config(n, k, num_sms(x.device))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     residual = norm.residual if norm is not None else None
     summed = torch.empty_like(x) if residual is not None else x

@@ -21,7 +21,7 @@ from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import leave_process_group, runner_info, set_up_model
 from nanoexp.runner.pending import PendingStep
-from nanoexp.runner.step_input import StepInput
+from nanoexp.runner.step_input import StepInput, blockless_prefill
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -94,8 +94,7 @@ class ModelRunner:
         """The fp8 cache's per-layer scales, from one eager prefill before any cache or graph exists."""
         start = time.perf_counter()
         budget = min(self.max_model_len, self.config.scheduler.max_num_batched_tokens)
-        tokens = calibration_tokens(self.hf_config.vocab_size, budget)
-        step = StepInput(True, tokens, [len(tokens)], [len(tokens)], [[]], [0])
+        step = blockless_prefill([calibration_tokens(self.hf_config.vocab_size, budget)])
         inputs = prepare_inputs(step, self.block_size, self.device)
         with fused(False):
             calibrate_kv_scales(self.model, lambda: self.model(inputs.input_ids, inputs.positions, inputs.md))
@@ -106,8 +105,8 @@ class ModelRunner:
         blocks: its K/V are not stored."""
         max_len = self.max_model_len
         num_seqs = max(1, min(-(-tokens // max_len), self.config.scheduler.max_num_seqs))
-        lens = [min(max_len, max(1, tokens // num_seqs))] * num_seqs
-        return StepInput(True, [0] * sum(lens), lens, lens, [[] for _ in lens], list(range(num_seqs)))
+        length = min(max_len, max(1, tokens // num_seqs))
+        return blockless_prefill([[0] * length for _ in range(num_seqs)])
 
     @torch.inference_mode()
     def run_blockless_prefill(self, tokens: int) -> None:
@@ -130,8 +129,9 @@ class ModelRunner:
         norm + RoPE + store picks its tiling by token count) change variant, so that no timed step
         compiles one; nothing is stored."""
         start = time.perf_counter()
-        for tokens in (16, 64, self.config.scheduler.max_num_batched_tokens):
-            self.run_blockless_prefill(min(tokens, self.config.scheduler.max_num_batched_tokens))
+        budget = self.config.scheduler.max_num_batched_tokens
+        for tokens in sorted({min(16, budget), min(64, budget), budget}):
+            self.run_blockless_prefill(tokens)
         self.timings["warmup_s"] = self.timings.get("warmup_s", 0.0) + time.perf_counter() - start
 
     @torch.inference_mode()

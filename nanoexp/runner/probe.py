@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from nanoexp.runner.inputs import prepare_inputs
-from nanoexp.runner.step_input import StepInput
+from nanoexp.runner.step_input import StepInput, blockless_prefill
 
 
 @dataclass
@@ -69,14 +69,6 @@ def logits_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.T
     return None if logits is None else logits.float()
 
 
-def plain_prefill(sequences: list[list[int]]) -> StepInput:
-    """A prefill of whole sequences with no cache blocks: attention over the fresh K/V only, and
-    nothing is stored."""
-    lens = [len(s) for s in sequences]
-    return StepInput(True, [t for s in sequences for t in s], lens, lens, [[] for _ in sequences],
-                     list(range(len(sequences))))
-
-
 def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
     """[requests, positions, vocab] log-probs of ONE plain prefill of prompt + continuation, at the
     positions that predict each continuation token."""
@@ -84,7 +76,7 @@ def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
     for p, c in zip(prompts, continuations):
         rows += range(start + len(p) - 1, start + len(p) - 1 + len(c))
         start += len(p) + len(c)
-    logits = logits_of(runner, plain_prefill([p + c for p, c in zip(prompts, continuations)]), rows)
+    logits = logits_of(runner, blockless_prefill([p + c for p, c in zip(prompts, continuations)]), rows)
     if logits is None:
         return None
     return logits.log_softmax(-1).view(len(prompts), len(continuations[0]), -1)
