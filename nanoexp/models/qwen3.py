@@ -83,8 +83,12 @@ class Qwen3MLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, config.hidden_size)
         self.act_fn = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+    def forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(down(SwiGLU(gate_up(norm(hidden + residual)))), hidden + residual)."""
+        act, residual = norm_then_linear(norm, self.gate_up_proj, hidden, residual, self.act_fn)
+        return self.down_proj(act), residual
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -98,9 +102,7 @@ class Qwen3DecoderLayer(nn.Module):
     def forward(self, positions, hidden, residual, md: AttentionMetadata):
         qkv, residual = norm_then_linear(self.input_layernorm, self.self_attn.qkv_proj, hidden, residual)
         hidden = self.self_attn(positions, qkv, md)
-        mlp, norm = self.mlp, self.post_attention_layernorm
-        act, residual = norm_then_linear(norm, mlp.gate_up_proj, hidden, residual, mlp.act_fn)
-        return mlp.down_proj(act), residual
+        return self.mlp(hidden, residual, self.post_attention_layernorm)
 
 
 def norm_then_linear(
