@@ -119,13 +119,13 @@ def experiment(
     try:
         build_s = time.perf_counter() - start
         driver = build_driver(spec, engine)
-        if _probes_kv_quality(spec):  # a num_tokens without room fails before the timed runs
+        probe = _probes_kv_quality(spec)
+        if probe:  # a num_tokens without room fails before the timed runs
             prompt_limit(engine.engine, spec.metrics.kv_quality.num_tokens)
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
         records = measure(driver, workloads, logger, progress)
         stats = engine.stats()
-        probe = _probes_kv_quality(spec)
         quality = measure_kv_quality(engine, workloads[0], spec.metrics.kv_quality) if probe else {}
     finally:
         engine.close()
