@@ -1,4 +1,5 @@
-"""Split-K decode attention per KV-cache dtype and key-tile size, against each dtype's bytes floor.
+"""Split-K decode attention per KV-cache dtype and kernel config (key tile, warps, pipeline
+stages), against each dtype's bytes floor.
 
 Qwen3-0.6B layer shapes (16 query heads, 8 KV heads, head_dim 128), block size 256, the default
 split count; each timing is one CUDA graph replaying 28 calls over 28 distinct caches (one per
@@ -19,15 +20,19 @@ from triton.runtime.errors import OutOfResources
 from nanoexp.kernels.triton_attention import paged_decode
 
 LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 28, 16, 8, 128, 256
-TILES = (32, 64, 128)
+# (keys per tile, warps, stages); the first is the bf16 default
+CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8, 2), (128, 8, 3),
+           (256, 8, 2))
 SHAPES = ((64, 1024), (256, 1024), (128, 4096))  # 28 bf16 caches of 128 x 4096: 60 GB
 DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
-def time_tile(q, caches, tables, lens, context: int, block_n: int, scale: torch.Tensor) -> str:
+def time_tile(q, caches, tables, lens, context: int, config: tuple, scale: torch.Tensor) -> str:
+    block_n, warps, stages = config
+
     def call(cache):
         return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, block_n=block_n,
-                            k_scale=scale, v_scale=scale)  # fmt: skip
+                            k_scale=scale, v_scale=scale, num_warps=warps, num_stages=stages)  # fmt: skip
 
     try:
         return f"{time_graph_us([lambda c=c: call(c) for c in caches]):.1f}"
@@ -43,7 +48,7 @@ def row_for(name: str, batch: int, context: int) -> str:
     tables = torch.arange(blocks, device="cuda", dtype=torch.int32).view(batch, -1)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
     scale = torch.ones(1, device="cuda")
-    cells = " | ".join(time_tile(q, caches, tables, lens, context, n, scale) for n in TILES)
+    cells = " | ".join(time_tile(q, caches, tables, lens, context, c, scale) for c in CONFIGS)
     floor = batch * context * KV_HEADS * DIM * 2 * dtype.itemsize / 4.2e12 * 1e6
     return f"| {name} | {batch} | {context} | {cells} | {floor:.1f} |"
 
@@ -52,8 +57,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    heads = " | ".join(f"{n} keys us" for n in TILES)
-    rule = "|---|---:|---:|" + "---:|" * (len(TILES) + 1)
+    heads = " | ".join(f"{n}k {w}w {st}s us" for n, w, st in CONFIGS)
+    rule = "|---|---:|---:|" + "---:|" * (len(CONFIGS) + 1)
     lines = [f"| cache | batch | context | {heads} | floor us |", rule]
     print("\n".join(lines), flush=True)
     for name in DTYPES:

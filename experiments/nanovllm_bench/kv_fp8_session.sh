@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One device call for the per-step fixed cost and the fp8 KV cache, logs under $OUT.
 # Usage (repo root, on the GPU machine): bash experiments/nanovllm_bench/kv_fp8_session.sh [parts]
-# parts: tests fused decode profile sweep tiny (default: tests fused decode)
+# parts: tests fused decode pdl profile sweep tiny tiles (default: tests fused decode)
 #   tests   GPU tests of the fused norm/RoPE/store kernel, the one-pass decode, the fp8 cache and
 #           the quality probe (tests/test_gpu_engine.py, test_skinny_gemm.py: `pytest -m gpu tests`)
 #   fused   experiments/nanovllm_bench/bench_fused.py
 #   decode  decode-step table per cache dtype (auto, fp8_e4m3), each against its own floor
+#   pdl     decode-step table with programmatic dependent launch off, then on (bf16 cache)
 #   profile the kernels of one batch-1 and one batch-128 decode step
 #   tiles   split-K decode per cache dtype and key-tile size (experiments/kernels/bench_decode_tiles.py)
 #   sweep   python run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 (W&B offline)
@@ -26,12 +27,16 @@ git log --oneline -1 | tee -a "$OUT/machine.txt"
 for part in $parts; do
   case "$part" in
     tests) files=$(ls tests/test_triton_fused.py tests/test_kv_fp8.py tests/test_kv_quality.py 2>/dev/null)
-           timeout 300 python3 -m pytest -q -m gpu $files 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+           timeout 300 python3 -m pytest -q -m gpu $files ${GPU_TESTS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     fused) timeout 120 python3 experiments/nanovllm_bench/bench_fused.py --out "$OUT/fused.md" 2>&1 | tail -25 ;;
     decode) for dtype in auto fp8_e4m3; do
               timeout 150 python3 experiments/nanovllm_bench/decode_step.py --kv-cache-dtype $dtype \
                 --batches 1,16,64,128,256 --contexts 1024 --out "$OUT/decode_$dtype.md" 2>&1 | tail -7
             done ;;
+    pdl) for choice in off on; do
+           timeout 150 python3 experiments/nanovllm_bench/decode_step.py --pdl $choice \
+             --batches 1,16,64,256 --contexts 1024 --out "$OUT/decode_pdl_$choice.md" 2>&1 | tail -5
+         done ;;
     tiles) (cd experiments/kernels && timeout 200 python3 bench_decode_tiles.py --out "$OUT/tiles.md") 2>&1 | tail -10 ;;
     profile) timeout 120 python3 experiments/nanovllm_bench/decode_step.py --profile > "$OUT/profile.log" 2>&1
              grep -A24 "batch 1 " "$OUT/profile.log" | cut -c1-60,100-150 ;;

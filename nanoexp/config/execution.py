@@ -10,6 +10,7 @@ from nanoexp.config.checks import choice, integer
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 GEMM_BACKENDS = ("auto", "torch", "triton")
+PDL_CHOICES = ("auto", "on", "off")
 
 
 @dataclass
@@ -21,10 +22,14 @@ class ExecutionConfig:
     # decode-sized linear layers (1-64 rows): auto = the Triton skinny GEMM where it was measured
     # faster than torch (cuBLAS), on CUDA in bf16/fp16; torch everywhere else
     gemm_backend: str = "auto"
+    # programmatic dependent launch of the decode step's Triton kernels (kernels/pdl.py): each
+    # kernel launches while the previous one finishes; auto = on for CUDA compute capability 9.0+
+    pdl: str = "auto"
     seed: int = 0  # dummy weights and unseeded sampling
 
     def __post_init__(self) -> None:
         choice("engine.device", self.device, DEVICES)
         choice("engine.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         choice("engine.gemm_backend", self.gemm_backend, GEMM_BACKENDS)
+        choice("engine.pdl", self.pdl, PDL_CHOICES)
         integer("engine.seed", self.seed, 0)

@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 
 from nanoexp.kernels.base import check_scales, num_sms
+from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.triton_pdl import wait_then_release
 
 LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 64
@@ -107,8 +109,10 @@ def _decode_split_kernel(
     KV_FP8: tl.constexpr,
     FUSED_REDUCE: tl.constexpr = False,
     SPLITS_PAD: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
     """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
+    wait_then_release(PDL)
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     seq = tl.program_id(0)
@@ -249,8 +253,10 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Combine the per-split (normalized out, lse) of one (sequence, head)."""
+    wait_then_release(PDL)
     _combine_splits(
         part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), tl.num_programs(1),
         num_splits, stride_ob, stride_oh, HEAD_DIM, DIM_PAD, SPLITS_PAD,
@@ -283,13 +289,16 @@ def paged_decode(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     fused_reduce: bool = False,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
 
     max_len bounds context_lens (default: the block table's capacity) and only steers the split
     count; any num_splits >= 1 gives the same result. With several splits, fused_reduce lets the
     last split of each (sequence, kv head) combine them (one launch); otherwise a second kernel
-    does. An fp8 cache needs k_scale and v_scale.
+    does. An fp8 cache needs k_scale and v_scale. block_n, num_warps and num_stages tune the split
+    kernel (benchmarks sweep them).
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -345,8 +354,9 @@ def paged_decode(
         KV_FP8=fp8,
         FUSED_REDUCE=fused_reduce,
         SPLITS_PAD=splits_pad,
-        num_warps=4,
-        num_stages=2,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        **launch_options(),
     )
     if num_splits > 1 and not fused_reduce:
         _decode_reduce_kernel[(batch, num_heads)](
@@ -360,6 +370,7 @@ def paged_decode(
             DIM_PAD=dim_pad,
             SPLITS_PAD=splits_pad,
             num_warps=4,
+            **launch_options(),
         )
     return out
 

@@ -13,7 +13,9 @@ import triton
 import triton.language as tl
 
 from nanoexp.kernels.base import check_scales
+from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_kv import quantize_fp8
+from nanoexp.kernels.triton_pdl import wait_then_release
 
 _sum_combine = tl.standard._sum_combine  # tl.sum breaks the interpreter (see triton_attention.py)
 
@@ -60,8 +62,10 @@ def _qk_norm_rope_store_kernel(
     NORM: tl.constexpr,
     WRITE_K: tl.constexpr,
     FP8: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One token, HEADS_BLOCK heads of the combined [q heads, k heads] range of the qkv row."""
+    wait_then_release(PDL)
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HEADS_BLOCK + tl.arange(0, HEADS_BLOCK)
     dims = tl.arange(0, DIM_PAD)
@@ -167,6 +171,6 @@ def qk_norm_rope_store(
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         DIM_PAD=triton.next_power_of_2(head_dim), HEADS_BLOCK=heads_block,
         BLOCK_SIZE=k_cache.shape[1], NORM=norm, WRITE_K=write_k, FP8=fp8,
-        num_warps=1 if heads_block <= 2 else 4,
+        num_warps=1 if heads_block <= 2 else 4, **launch_options(),
     )  # fmt: skip
     return q, k

@@ -18,6 +18,8 @@ import triton.language as tl
 
 from nanoexp.kernels.base import num_sms
 from nanoexp.kernels.norm_first import NormFirst
+from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.triton_pdl import wait_then_release
 
 MAX_ROWS = 64
 TICKETS = 8192  # column tiles per launch that can split K
@@ -108,10 +110,12 @@ def _skinny_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
     NORM: x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0) writes x + residual
     to sum_ptr (the next residual). Every program computes the rows' rms itself: fine at few rows."""
+    wait_then_release(PDL)
     tile = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -213,6 +217,6 @@ def skinny_gemm(
         m, n, k, x.stride(0), w.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **launch_options(),
     )  # fmt: skip
     return (y, summed) if norm is not None else y

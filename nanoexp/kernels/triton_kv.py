@@ -8,6 +8,8 @@ import triton
 import triton.language as tl
 
 from nanoexp.kernels.base import FP8_MAX, check_scales
+from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.triton_pdl import wait_then_release
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 
@@ -34,7 +36,9 @@ def _store_kv_kernel(
     DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     KV_FP8: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_then_release(PDL)
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:
@@ -112,4 +116,5 @@ def store_kv(
         BLOCK_SIZE=k_cache.shape[1],
         KV_FP8=fp8,
         num_warps=4,
+        **launch_options(),
     )

@@ -14,6 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.triton_pdl import wait_then_release
+
 BLOCK = 1024
 TARGET_PROGRAMS = 4096  # short slices: each program's loop is load-latency bound
 MAX_SLICES = 64  # a power of two: the pick kernel reads this many slots per row
@@ -39,7 +42,9 @@ def _sample_slice_kernel(
     slice_len,
     num_slices,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_then_release(PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     temperature = tl.load(temperature_ptr + row)
@@ -76,7 +81,11 @@ def _sample_slice_kernel(
 
 
 @triton.jit(do_not_specialize=["num_slices"])
-def _pick_kernel(part_ptr, part_index_ptr, temperature_ptr, out_ptr, num_slices, SLICES_PAD: tl.constexpr):
+def _pick_kernel(
+    part_ptr, part_index_ptr, temperature_ptr, out_ptr, num_slices, SLICES_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    wait_then_release(PDL)
     row = tl.program_id(0)
     slices = tl.arange(0, SLICES_PAD)
     inside = slices < num_slices
@@ -110,7 +119,9 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor
     part_indices = torch.empty((rows, slices, 2), dtype=torch.int32, device=logits.device)
     _sample_slice_kernel[(rows, slices)](
         logits, logits.stride(0), temperatures, seeds, parts, part_indices, vocab_size, slice_len, slices,
-        BLOCK=BLOCK,
+        BLOCK=BLOCK, **launch_options(),
     )
-    _pick_kernel[(rows,)](parts, part_indices, temperatures, out, slices, SLICES_PAD=MAX_SLICES)
+    _pick_kernel[(rows,)](
+        parts, part_indices, temperatures, out, slices, SLICES_PAD=MAX_SLICES, **launch_options()
+    )
     return out

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from nanoexp.config import EngineConfig
 from nanoexp.distributed import init_all_reduce, reset_all_reduce
+from nanoexp.kernels import pdl
 from nanoexp.kernels.select import triton_available
 from nanoexp.layers.fusion import fused
 from nanoexp.layers.sampler import Sampler
@@ -219,6 +220,7 @@ class ModelRunner:
             "attention_backend": self.backend.name,
             "attention_backend_selection": self.backend.selection,
             "gemm_backend": self.skinny_gemm.describe() if self.skinny_gemm else "torch",
+            "pdl": pdl.enabled(),
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,
             "load_s": 0.0, "warmup_s": 0.0, "graph_capture_s": 0.0, "kv_calibration_s": 0.0,

@@ -15,9 +15,10 @@ from transformers import PretrainedConfig
 from nanoexp.config import EngineConfig, ModelConfig
 from nanoexp.config.parallel import check_split
 from nanoexp.config.scheduler import check_batch_budget, resolve_model_len
+from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.gemm_select import SkinnyGemm, make_skinny_gemm
-from nanoexp.kernels.select import make_attention_backend
+from nanoexp.kernels.select import make_attention_backend, triton_available
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.linear import bind_gemm_backend
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
@@ -60,6 +61,7 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     for layer in layers:
         layer.backend = backend
     skinny = make_skinny_gemm(config.execution.gemm_backend, device, dtype)
+    pdl.configure(config.execution.pdl, device, triton_available())
     bind_gemm_backend(model, skinny)
     return LoadedModel(model, hf_config, device, dtype, backend, load_s, max_model_len, skinny)
 
