@@ -27,8 +27,8 @@ def test_pdl_knob_names_its_choices():
 
 def test_pdl_is_off_where_it_cannot_run():
     cpu = torch.device("cpu")
-    assert pdl.configure("auto", cpu, has_triton=True) is False
-    assert pdl.launch_options() == {"PDL": False}
+    assert pdl.configure("off", cpu, has_triton=True) is False
+    assert pdl.launch_options() == {"PDL": 0}
     with pytest.raises(ValueError, match="engine.pdl='on' needs Triton and a CUDA GPU of compute capability"):
         pdl.configure("on", cpu, has_triton=True)
 

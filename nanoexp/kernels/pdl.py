@@ -13,6 +13,8 @@ it ends.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 MIN_CAPABILITY = (9, 0)
@@ -26,15 +28,14 @@ def supported(device: torch.device) -> bool:
 
 
 def configure(choice: str, device: torch.device, has_triton: bool) -> bool:
-    """Apply `engine.pdl` for this process's kernels: auto = on where supported; returns the state."""
+    """Apply `engine.pdl` (on or off) to this process's kernels; returns the state."""
     global _enabled
-    usable = has_triton and supported(device)
-    if choice == "on" and not usable:
+    if choice == "on" and not (has_triton and supported(device)):
         raise ValueError(
             f"engine.pdl='on' needs Triton and a CUDA GPU of compute capability >= 9.0, got {device}; "
-            "use 'auto' or 'off'"
+            "use 'off'"
         )
-    _enabled = choice != "off" and usable
+    _enabled = choice == "on"
     return _enabled
 
 
@@ -43,5 +44,9 @@ def enabled() -> bool:
 
 
 def launch_options() -> dict:
-    """Keyword arguments for a Triton launch: the PDL constexpr, and the launch attribute when on."""
-    return {"PDL": True, "launch_pdl": True} if _enabled else {"PDL": False}
+    """Keyword arguments for a Triton launch: the PDL constexpr, and the launch attribute when on.
+    NANOEXP_PDL_RELEASE=exit (a measurement switch) lets the next kernel launch only as each one
+    exits rather than right after its wait."""
+    if not _enabled:
+        return {"PDL": 0}
+    return {"PDL": 1 if os.environ.get("NANOEXP_PDL_RELEASE") == "exit" else 2, "launch_pdl": True}

@@ -7,7 +7,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 @triton.jit
 def wait_then_release(PDL: tl.constexpr):
-    """Under PDL: wait for the previous kernel, then let the next one launch. A no-op otherwise."""
-    if PDL:
+    """PDL 0: a no-op; 1: wait for the previous kernel (the next one launches as this one exits);
+    2: wait, then let the next kernel launch at once."""
+    if PDL >= 1:
         gdc_wait()
+    if PDL == 2:
         gdc_launch_dependents()
