@@ -27,10 +27,18 @@ def test_pdl_knob_names_its_choices():
 
 def test_pdl_is_off_where_it_cannot_run():
     cpu = torch.device("cpu")
-    assert pdl.configure("off", cpu, has_triton=True) is False
-    assert pdl.launch_options() == {"PDL": 0}
+    assert pdl.configure("auto", cpu, has_triton=True) is False
+    assert pdl.launch_options() == {"PDL": False}
     with pytest.raises(ValueError, match="engine.pdl='on' needs Triton and a CUDA GPU of compute capability"):
         pdl.configure("on", cpu, has_triton=True)
+
+
+def test_only_decode_graph_launches_use_pdl(monkeypatch):
+    monkeypatch.setattr(pdl, "_enabled", True)
+    assert pdl.launch_options() == {"PDL": False}
+    with pdl.graph_launches():
+        assert pdl.launch_options() == {"PDL": True, "launch_pdl": True}
+    assert pdl.launch_options() == {"PDL": False}
 
 
 def test_engine_reports_pdl_off_on_cpu(checkpoints):
@@ -42,8 +50,8 @@ def test_engine_reports_pdl_off_on_cpu(checkpoints):
 @pytest.mark.skipif(not HOPPER, reason="needs a CUDA GPU of compute capability 9.0+")
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
 def test_pdl_changes_no_token_in_bf16(checkpoints, eager):
-    """bf16 with the skinny GEMM, fused q/k kernel, split-K decode and sampler all launched early:
-    bit for bit the tokens of the same engine without PDL, greedy and seeded sampling."""
+    """bf16 with the skinny GEMM, fused q/k kernel and split-K decode launched early in the decode
+    graphs (eager: no PDL at all): bit for bit the tokens without PDL, greedy and seeded."""
     prompts = random_prompts([1, 7, 33, 130, 257], seed=21)
     params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
               SamplingParams(temperature=0.8, seed=5, max_tokens=24, ignore_eos=True)]

@@ -6,7 +6,7 @@
 #           the quality probe (tests/test_gpu_engine.py, test_skinny_gemm.py: `pytest -m gpu tests`)
 #   fused   experiments/nanovllm_bench/bench_fused.py
 #   decode  decode-step table per cache dtype (auto, fp8_e4m3), each against its own floor
-#   pdl     decode-step table with programmatic dependent launch off, on, and on releasing at exit
+#   pdl     decode-step table with programmatic dependent launch off, then on (bf16 cache)
 #   profile the kernels of one batch-1 and one batch-128 decode step
 #   tiles   split-K decode per cache dtype and key-tile size (experiments/kernels/bench_decode_tiles.py)
 #   sweep   python run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 (W&B offline)
@@ -33,16 +33,16 @@ for part in $parts; do
               timeout 150 python3 experiments/nanovllm_bench/decode_step.py --kv-cache-dtype $dtype \
                 --batches 1,16,64,128,256 --contexts 1024 --out "$OUT/decode_$dtype.md" 2>&1 | tail -7
             done ;;
-    pdl) for choice in off on on_exit; do
-           NANOEXP_PDL_RELEASE=${choice#on_} timeout 150 python3 experiments/nanovllm_bench/decode_step.py \
-             --pdl ${choice%_exit} --batches 1,16,64,256 --contexts 1024 --out "$OUT/decode_pdl_$choice.md" 2>&1 | tail -5
+    pdl) for choice in off on; do
+           timeout 150 python3 experiments/nanovllm_bench/decode_step.py --pdl $choice \
+             --batches 1,16,64,256 --contexts 1024 --out "$OUT/decode_pdl_$choice.md" 2>&1 | tail -5
          done ;;
     tiles) (cd experiments/kernels && timeout 200 python3 bench_decode_tiles.py --out "$OUT/tiles.md") 2>&1 | tail -10 ;;
     profile) timeout 120 python3 experiments/nanovllm_bench/decode_step.py --profile > "$OUT/profile.log" 2>&1
              grep -A24 "batch 1 " "$OUT/profile.log" | cut -c1-60,100-150 ;;
     sweep) timeout 560 python3 run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 \
              hydra.sweep.dir="$OUT/sweep" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/sweep.log" | tail -30
-           (cd "$OUT" && tar czf sweep.tgz sweep && rm -rf sweep) ;;
+           (cd "$OUT" && tar czf sweep.tgz --exclude=wandb sweep && rm -rf sweep) ;;
     tiny) timeout 200 python3 run.py -m model=qwen3_tiny_trained workload=prompts_file \
              workload.path=experiments/kv_fp8/checkpoint/prompts.jsonl workload.output_len=64 sampler=greedy \
              metrics.kv_quality.num_requests=32 cache.kv_cache_dtype=auto,fp8_e4m3 logger=none \

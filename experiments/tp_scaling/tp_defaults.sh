@@ -5,6 +5,7 @@
 # Usage (repo root, GPU machine, .whl carried): bash experiments/tp_scaling/tp_defaults.sh [parts]
 #   bench8b      Qwen3-8B nanovllm_bench, parallel=tp1,tp2 x parallel.all_reduce=nccl,auto
 #                (the two TP=1 jobs are the same setting twice: the run-to-run spread)
+#   tp8b         Qwen3-8B nanovllm_bench, parallel=tp1,tp2 (all defaults)
 #   latency      batch-1 decode, Qwen3-8B and 0.6B, parallel=tp1,tp2
 #   async8b      Qwen3-8B nanovllm_bench at TP=2, scheduler.async_scheduling=false,true
 #   bench_small  Qwen3-1.7B and 4B nanovllm_bench, parallel=tp1,tp2
@@ -25,6 +26,7 @@ for part in ${*:-bench8b latency}; do
   case "$part" in
     bench8b) sweep bench8b 300 experiment=nanovllm_bench model=qwen3_8b "${dummy[@]}" \
       parallel=tp1,tp2 parallel.all_reduce=nccl,auto ;;
+    tp8b) sweep tp8b 300 experiment=nanovllm_bench model=qwen3_8b "${dummy[@]}" parallel=tp1,tp2 ;;
     latency) sweep latency 240 model=qwen3_8b,qwen3_0_6b "${dummy[@]}" workload=latency \
       workload.batch_size=1 scheduler.max_num_seqs=8 parallel=tp1,tp2 ;;
     async8b) sweep async8b 200 experiment=nanovllm_bench model=qwen3_8b "${dummy[@]}" parallel=tp2 \

@@ -10,7 +10,7 @@ from nanoexp.config.checks import choice, integer
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 GEMM_BACKENDS = ("auto", "torch", "triton")
-PDL_CHOICES = ("on", "off")
+PDL_CHOICES = ("auto", "on", "off")
 
 
 @dataclass
@@ -22,10 +22,9 @@ class ExecutionConfig:
     # decode-sized linear layers (1-64 rows): auto = the Triton skinny GEMM where it was measured
     # faster than torch (cuBLAS), on CUDA in bf16/fp16; torch everywhere else
     gemm_backend: str = "auto"
-    # programmatic dependent launch of the decode step's Triton kernels (kernels/pdl.py): each
-    # kernel launches while the previous one finishes (CUDA compute capability 9.0+). Off by
-    # default: it made the decode step slower on an H200 (experiments/nanovllm_bench/notes.md, run 15)
-    pdl: str = "off"
+    # programmatic dependent launch of the decode graphs' Triton kernels (kernels/pdl.py): each
+    # launches as the previous one exits; auto = on for CUDA compute capability 9.0+
+    pdl: str = "auto"
     seed: int = 0  # dummy weights and unseeded sampling
 
     def __post_init__(self) -> None:

@@ -1,25 +1,28 @@
-"""Programmatic dependent launch (PDL, `engine.pdl`): on Hopper and newer, a kernel may be launched
-while its predecessor in the stream still runs, so its launch and start-up overlap the
-predecessor's tail instead of following it. Captured into CUDA graphs as programmatic edges.
+"""Programmatic dependent launch (PDL, `engine.pdl`): on Hopper and newer, a kernel captured in a
+decode CUDA graph is launched as its predecessor exits instead of after the graph's usual
+kernel-to-kernel gap, so its launch overlaps the predecessor's last memory flush.
 
-Every Triton kernel of the decode step follows one rule when launched this way: its first act
-is `griddepcontrol.wait` (returns once the previous kernel has finished and its writes are
-visible), then `griddepcontrol.launch_dependents` (lets the next kernel start launching). Waiting
-first in every kernel keeps dependencies transitive: a kernel cannot finish before the one it
-follows, so the kernel after it never sees a half-done grandparent. Kernels launched without PDL
-(torch's own, cuBLAS) serialize as usual, and a PDL launch after one of them simply starts when
-it ends.
+Every Triton kernel of the decode step follows one rule when launched this way: its first act is
+`griddepcontrol.wait` (returns once the previous kernel has finished and its writes are
+visible). Waiting first in every kernel keeps dependencies transitive: a kernel cannot finish
+before the one it follows. No kernel calls `griddepcontrol.launch_dependents` early: letting the
+next kernel launch right after the wait made the batch-1 step 20% slower on an H200, launching
+at exit 4% faster (experiments/nanovllm_bench/notes.md, run 15). Only launches inside a CUDA
+graph capture use PDL; eager ones (the sampler, prefill) do not, where it measured slower.
+Kernels launched without PDL (torch's own, cuBLAS) serialize as usual.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 MIN_CAPABILITY = (9, 0)
 
 _enabled = False
+_graph_launches = False
 
 
 def supported(device: torch.device) -> bool:
@@ -28,14 +31,16 @@ def supported(device: torch.device) -> bool:
 
 
 def configure(choice: str, device: torch.device, has_triton: bool) -> bool:
-    """Apply `engine.pdl` (on or off) to this process's kernels; returns the state."""
+    """Apply `engine.pdl` (auto, on or off) to this process's kernels; returns the state.
+    auto = on where supported."""
     global _enabled
-    if choice == "on" and not (has_triton and supported(device)):
+    usable = has_triton and supported(device)
+    if choice == "on" and not usable:
         raise ValueError(
             f"engine.pdl='on' needs Triton and a CUDA GPU of compute capability >= 9.0, got {device}; "
-            "use 'off'"
+            "use 'auto' or 'off'"
         )
-    _enabled = choice == "on"
+    _enabled = choice != "off" and usable
     return _enabled
 
 
@@ -43,10 +48,21 @@ def enabled() -> bool:
     return _enabled
 
 
+@contextmanager
+def graph_launches() -> Iterator[None]:
+    """Launches in this block are the decode graphs' (their capture and its warm-up run, which
+    compiles the PDL variants outside the capture): they use PDL when it is on."""
+    global _graph_launches
+    _graph_launches = True
+    try:
+        yield
+    finally:
+        _graph_launches = False
+
+
 def launch_options() -> dict:
-    """Keyword arguments for a Triton launch: the PDL constexpr, and the launch attribute when on.
-    NANOEXP_PDL_RELEASE=exit (a measurement switch) lets the next kernel launch only as each one
-    exits rather than right after its wait."""
-    if not _enabled:
-        return {"PDL": 0}
-    return {"PDL": 1 if os.environ.get("NANOEXP_PDL_RELEASE") == "exit" else 2, "launch_pdl": True}
+    """Keyword arguments for a Triton launch: the PDL constexpr, plus the launch attribute for the
+    decode graphs' launches with PDL on."""
+    if _enabled and _graph_launches:
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}

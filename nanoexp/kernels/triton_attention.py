@@ -22,7 +22,7 @@ import triton.language as tl
 
 from nanoexp.kernels.base import check_scales, num_sms
 from nanoexp.kernels.pdl import launch_options
-from nanoexp.kernels.triton_pdl import wait_then_release
+from nanoexp.kernels.triton_pdl import wait_for_previous
 
 LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 64
@@ -112,7 +112,7 @@ def _decode_split_kernel(
     PDL: tl.constexpr = False,
 ):
     """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
-    wait_then_release(PDL)
+    wait_for_previous(PDL)
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     seq = tl.program_id(0)
@@ -256,7 +256,7 @@ def _decode_reduce_kernel(
     PDL: tl.constexpr = False,
 ):
     """Combine the per-split (normalized out, lse) of one (sequence, head)."""
-    wait_then_release(PDL)
+    wait_for_previous(PDL)
     _combine_splits(
         part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), tl.num_programs(1),
         num_splits, stride_ob, stride_oh, HEAD_DIM, DIM_PAD, SPLITS_PAD,

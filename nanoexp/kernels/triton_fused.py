@@ -15,7 +15,7 @@ import triton.language as tl
 from nanoexp.kernels.base import check_scales
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_kv import quantize_fp8
-from nanoexp.kernels.triton_pdl import wait_then_release
+from nanoexp.kernels.triton_pdl import wait_for_previous
 
 _sum_combine = tl.standard._sum_combine  # tl.sum breaks the interpreter (see triton_attention.py)
 
@@ -65,7 +65,7 @@ def _qk_norm_rope_store_kernel(
     PDL: tl.constexpr = False,
 ):
     """One token, HEADS_BLOCK heads of the combined [q heads, k heads] range of the qkv row."""
-    wait_then_release(PDL)
+    wait_for_previous(PDL)
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HEADS_BLOCK + tl.arange(0, HEADS_BLOCK)
     dims = tl.arange(0, DIM_PAD)

@@ -19,7 +19,7 @@ import triton.language as tl
 from nanoexp.kernels.base import num_sms
 from nanoexp.kernels.norm_first import NormFirst
 from nanoexp.kernels.pdl import launch_options
-from nanoexp.kernels.triton_pdl import wait_then_release
+from nanoexp.kernels.triton_pdl import wait_for_previous
 
 MAX_ROWS = 64
 TICKETS = 8192  # column tiles per launch that can split K
@@ -115,7 +115,7 @@ def _skinny_gemm_kernel(
     """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
     NORM: x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0) writes x + residual
     to sum_ptr (the next residual). Every program computes the rows' rms itself: fine at few rows."""
-    wait_then_release(PDL)
+    wait_for_previous(PDL)
     tile = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)

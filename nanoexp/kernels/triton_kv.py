@@ -9,7 +9,7 @@ import triton.language as tl
 
 from nanoexp.kernels.base import FP8_MAX, check_scales
 from nanoexp.kernels.pdl import launch_options
-from nanoexp.kernels.triton_pdl import wait_then_release
+from nanoexp.kernels.triton_pdl import wait_for_previous
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 
@@ -38,7 +38,7 @@ def _store_kv_kernel(
     KV_FP8: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    wait_then_release(PDL)
+    wait_for_previous(PDL)
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from nanoexp.kernels.pdl import launch_options
-from nanoexp.kernels.triton_pdl import wait_then_release
+from nanoexp.kernels.triton_pdl import wait_for_previous
 
 BLOCK = 1024
 TARGET_PROGRAMS = 4096  # short slices: each program's loop is load-latency bound
@@ -44,7 +44,7 @@ def _sample_slice_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    wait_then_release(PDL)
+    wait_for_previous(PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     temperature = tl.load(temperature_ptr + row)
@@ -85,7 +85,7 @@ def _pick_kernel(
     part_ptr, part_index_ptr, temperature_ptr, out_ptr, num_slices, SLICES_PAD: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    wait_then_release(PDL)
+    wait_for_previous(PDL)
     row = tl.program_id(0)
     slices = tl.arange(0, SLICES_PAD)
     inside = slices < num_slices

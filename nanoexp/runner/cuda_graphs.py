@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionMetadata
 from nanoexp.runner.inputs import ModelInputs
 
@@ -51,6 +52,10 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        with pdl.graph_launches():
+            self._capture_all()
+
+    def _capture_all(self) -> None:
         for bs in reversed(self.sizes):
             input_ids, positions, md = self.view(bs)
             self.output[:bs] = self.model(input_ids, positions, md)  # warm-up outside the graph
