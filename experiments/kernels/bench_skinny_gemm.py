@@ -5,7 +5,7 @@ inside a CUDA graph of back-to-back calls that cycle through enough weight copie
 every call reads its weight from HBM, as in a decode step. Prints one markdown table: cuBLAS, the
 kernel's default config, the best config found, and the bytes floor at --bandwidth.
 
-    python experiments/kernels/bench_skinny_gemm.py [--out table.md] [--sweep]
+    python experiments/kernels/bench_skinny_gemm.py [--out table.md] [--sweep] [--only 8B] [--rows 1,16]
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ SHAPES = {  # name: (N, K); "+silu": w is [gate; up] with 2N rows, against cuBLA
     "8B o tp2": (4096, 2048),
     "8B gate_up tp2": (12288, 4096),
     "8B down tp2": (4096, 6144),
+    "8B norm+qkv tp1": (6144, 4096),
+    "8B norm+gate_up+silu tp1": (12288, 4096),
+    "8B norm+qkv tp2": (3072, 4096),
+    "8B norm+gate_up+silu tp2": (6144, 4096),
 }
 ROWS = [1, 4, 16, 32, 64]
 L2_BYTES = 60 * 2**20
@@ -94,11 +98,15 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=4.2e12)
     parser.add_argument("--sweep", action="store_true", help="also search block and split sizes")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--only", default="", help="shapes whose name contains this text")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     args = parser.parse_args()
     lines = ["| shape | N x K | rows | cuBLAS us | Triton us (config) | best us (config) | floor us | err |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, (n, k) in SHAPES.items():
-        for rows in ROWS:
+        if args.only not in name:
+            continue
+        for rows in map(int, args.rows.split(",")):
             gated = "+silu" in name
             r = bench_shape(n, k, rows, gated, "norm+" in name, args.sweep)
             floor = ((2 if gated else 1) * n * k + rows * (n + k)) * 2 / args.bandwidth * 1e6
