@@ -12,7 +12,12 @@ pytest.importorskip("triton")
 
 from nanoexp import LLM, SamplingParams  # noqa: E402
 from nanoexp.config import ExecutionConfig, KnobError  # noqa: E402
-from nanoexp.kernels.gemm_select import AUTO_MAX_ROWS, make_skinny_gemm  # noqa: E402
+from nanoexp.kernels.gemm_select import (  # noqa: E402
+    AUTO_MAX_ROWS,
+    AUTO_MAX_WEIGHT_BYTES,
+    SkinnyGemm,
+    make_skinny_gemm,
+)
 from nanoexp.kernels.norm_first import NormFirst  # noqa: E402
 from nanoexp.kernels.triton_gemm import GemmConfig, default_config, skinny_gemm  # noqa: E402
 from nanoexp.layers.norm import add_rms_norm, rms_norm  # noqa: E402
@@ -54,6 +59,17 @@ def test_gemm_backend_knob():
     assert make_skinny_gemm("auto", DEVICE, torch.float32) is None  # fp32 keeps cuBLAS' exact products
     if DEVICE.type == "cuda":
         assert make_skinny_gemm("auto", DEVICE, torch.bfloat16).max_rows == AUTO_MAX_ROWS
+
+
+def test_auto_leaves_large_weights_to_cublas():
+    gemm = SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES)
+    x = torch.zeros(1, 1024, dtype=torch.bfloat16)
+    small = torch.zeros(AUTO_MAX_WEIGHT_BYTES // 2048, 1024, dtype=torch.bfloat16)  # exactly the limit
+    large = torch.zeros(small.shape[0] + 1, 1024, dtype=torch.bfloat16)
+    assert gemm.applies(x, small) and not gemm.applies(x, large)
+    assert not gemm.applies(torch.zeros(AUTO_MAX_ROWS + 1, 1024, dtype=torch.bfloat16), small)
+    assert SkinnyGemm(64).applies(x, large)  # engine.gemm_backend=triton: no size limit
+    assert gemm.describe() == "triton up to 16 rows, weights up to 12 MiB"
 
 
 def test_engine_with_triton_gemm_matches_torch_gemm(checkpoints):

@@ -7,22 +7,30 @@ import torch
 from nanoexp.kernels.norm_first import NormFirst
 from nanoexp.kernels.select import triton_available, triton_runs_on
 
-# Rows up to which `auto` takes the Triton kernel: measured on an H200 in bf16 against cuBLAS
-# for Qwen3 0.6B-8B layer shapes (experiments/kernels/bench_skinny_gemm.py).
+# Where `auto` takes the Triton kernel, measured on an H200 in bf16 against cuBLAS
+# (experiments/kernels/bench_skinny_gemm.py): up to 16 rows, and only weights up to 12 MiB (all
+# of Qwen3-0.6B's layers, where folding the norm and SwiGLU in pays). cuBLAS wins every Qwen3-8B
+# shape, by 10-50% with the norm folded in (runs/skinny_gemm_8b.md; 8B batch-1 TPOT 5.51 ms with
+# the kernel against 4.95 without).
 AUTO_MAX_ROWS = 16
+AUTO_MAX_WEIGHT_BYTES = 12 * 2**20
 MAX_ROWS = 64  # the kernel's limit
 
 
 class SkinnyGemm:
     """Routes x [M, K] @ w[N, K]^T with M <= max_rows to the Triton kernel."""
 
-    def __init__(self, max_rows: int):
+    def __init__(self, max_rows: int, max_weight_bytes: int | None = None):
         from nanoexp.kernels.triton_gemm import skinny_gemm  # only once Triton is known to be there
 
         self.max_rows = max_rows
+        self.max_weight_bytes = max_weight_bytes
         self.kernel = skinny_gemm
 
     def applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        weight_bytes = weight.numel() * weight.element_size()
+        if self.max_weight_bytes is not None and weight_bytes > self.max_weight_bytes:
+            return False
         return x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(-1) == 1 and weight.stride(-1) == 1
 
     def __call__(
@@ -34,12 +42,13 @@ class SkinnyGemm:
         return self.kernel(x, weight, bias, gated=gated, norm=norm)
 
     def describe(self) -> str:
-        return f"triton up to {self.max_rows} rows"
+        limit = f", weights up to {self.max_weight_bytes / 2**20:g} MiB" if self.max_weight_bytes else ""
+        return f"triton up to {self.max_rows} rows{limit}"
 
 
 def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> SkinnyGemm | None:
     """`engine.gemm_backend`: torch -> None; triton -> always for up to 64 rows; auto -> the
-    measured range on CUDA in bf16/fp16 when Triton is installed, else None."""
+    measured range (rows and weight size) on CUDA in bf16/fp16 when Triton is installed, else None."""
     has_triton = triton_available()
     if choice == "torch":
         return None
@@ -52,4 +61,4 @@ def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> S
             )
         return SkinnyGemm(MAX_ROWS)
     usable = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and has_triton
-    return SkinnyGemm(AUTO_MAX_ROWS) if usable else None
+    return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES) if usable else None
