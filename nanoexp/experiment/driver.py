@@ -70,19 +70,29 @@ Emit = Callable[[int, StepStats, float, int], None]  # (step index, stats, secon
 
 class StepLog:
     """Collects StepStats of the current repeat (only while recording), numbers the steps across
-    repeats, forwards them to `emit` and feeds the progress line."""
+    repeats and feeds the progress line. Steps reach `emit` (the loggers: W&B, the local sink) only
+    at `flush()`, after the timed pass: logging a step costs the host 0.2-2 ms (W&B offline on
+    2 CPU cores, experiments/nanovllm_bench/host_step.py), and inside the loop it would delay the
+    next step's launch and show up in the measured step times."""
 
     def __init__(self, emit: Emit, progress: Progress | None = None):
         self.emit, self.progress = emit, progress
         self.record, self.recording, self.index = RunRecord(), True, 0
+        self.unsent: list[tuple[int, StepStats, float, int]] = []
 
     def __call__(self, stats: StepStats) -> None:
         if self.progress is not None:
             self.progress.update(stats, counted=self.recording)
         if self.recording:
             self.record.steps.append(stats)
-            self.emit(self.index, stats, time.perf_counter() - self.record.t0, self.record.repeat)
+            self.unsent.append((self.index, stats, time.perf_counter() - self.record.t0, self.record.repeat))
             self.index += 1
+
+    def flush(self) -> None:
+        """Sends the recorded steps to `emit`, in order."""
+        unsent, self.unsent = self.unsent, []
+        for step in unsent:
+            self.emit(*step)
 
 
 def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_up: bool = True) -> RunRecord:

@@ -27,11 +27,18 @@ def _reseeded(spec: NanoexpConfig, r: int) -> NanoexpConfig:
 
 
 def measure(driver: Driver, workloads: list[Workload], logger, progress: Progress) -> list[RunRecord]:
-    """Every repeat in turn; steps go to `logger.log_step` numbered across repeats."""
+    """Every repeat in turn; steps go to `logger.log_step` numbered across repeats, after each
+    repeat (and what a failed repeat recorded before it failed)."""
     emit: Callable = lambda i, stats, t, r: logger.log_step(i, step_row(i, stats, t, r))
     log = StepLog(emit, progress)
+    records = []
     try:
-        return [_run_cold(driver, w, log, r) for r, w in enumerate(workloads)]
+        for r, w in enumerate(workloads):
+            try:
+                records.append(_run_cold(driver, w, log, r))
+            finally:
+                log.flush()
+        return records
     finally:
         progress.close()
 
