@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from nanoexp.config import SamplingParams
 from nanoexp.engine.kv_quality import max_group_seqs, probe_groups
@@ -197,3 +198,15 @@ def test_gpu_kernels_float32_agree_and_bfloat16_stays_close(trained, prompts, ea
         bf16 = llm.kv_cache_quality(prompts, 8)
     assert exact["greedy_agreement"] == 1.0 and abs(exact["kl_mean"]) < 1e-5, exact
     assert bf16["greedy_agreement"] >= 0.9 and bf16["kl_mean"] < 1e-2, bf16
+
+
+def test_kl_is_never_negative_and_zero_for_equal_distributions():
+    from nanoexp.runner.probe import kl_divergence
+
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(64, 1000, generator=gen).log_softmax(-1)
+    noisy = (ref + 1e-7 * torch.randn(64, 1000, generator=gen)).log_softmax(-1)  # rounding-level change
+    assert (kl_divergence(ref, noisy) >= 0).all() and (kl_divergence(ref, ref) == 0).all()
+    other = torch.randn(64, 1000, generator=gen).log_softmax(-1)
+    exact = F.kl_div(other.double(), ref.double(), log_target=True, reduction="none").sum(-1)
+    torch.testing.assert_close(kl_divergence(ref, other), exact)

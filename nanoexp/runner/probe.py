@@ -105,6 +105,8 @@ def decode_log_probs(runner, prompts, continuations, block_tables, t: int) -> to
 
 
 def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """KL(reference || other) per row, from log-probs."""
-    return (reference.exp() * (reference - other)).sum(-1)
+    """KL(reference || other) per row, from log-probs, summed in float64 and floored at 0 (a KL is
+    never negative; rounding of two near-equal distributions can make the sum slightly so)."""
+    reference, other = reference.double(), other.double()
+    return (reference.exp() * (reference - other)).sum(-1).clamp_min(0.0)
 
