@@ -7,9 +7,11 @@ place of the forward pass and sampler (it still builds every input tensor, as th
 before its host-to-device copies), plus whatever the experiment layer does per step in the loop
 (the experiment's StepLog feeding W&B offline and the local sink): `none` (no logging),
 `in-loop` (each step sent to the loggers as it ends, as before) and `deferred` (sent after the
-pass, what the experiment does now), one column each.
+pass, what the experiment does now), one column each. With `--tp 2` the steps go through the
+worker processes (gloo on CPU): the step ring, each rank's input preparation, the token broadcast
+and rank 0's reply; the stub is installed at import, so the spawned workers run it too.
 
-    python experiments/nanovllm_bench/host_step.py [--batches 1,8,64,256]
+    python experiments/nanovllm_bench/host_step.py [--batches 1,8,64,256] [--tp 1]
 """
 
 from __future__ import annotations
@@ -33,22 +35,22 @@ from nanoexp.experiment.metrics import step_row
 from nanoexp.experiment.schema import LoggerConfig
 from nanoexp.experiment.wandb_logger import WandbLogger
 from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
+from nanoexp.runner.model_runner import ModelRunner
 
 CONTEXT = 1024
 STEPS = 200
 
 
-def stub_forward(runner):
+def stub_forward_step(runner, step, prev_tokens=None):
     """forward_step without the model: inputs and sampling tensors built, token 7 sampled."""
+    prepare_inputs(step, runner.block_size, runner.device)
+    if not step.sample_seq_indices:
+        return None
+    prepare_sampling(step, runner.hf_config.vocab_size, runner.device)
+    return torch.full((len(step.sample_seq_indices),), 7, dtype=torch.int64)
 
-    def forward_step(step, prev_tokens=None):
-        prepare_inputs(step, runner.block_size, runner.device)
-        if not step.sample_seq_indices:
-            return None
-        prepare_sampling(step, runner.hf_config.vocab_size, runner.device)
-        return torch.full((len(step.sample_seq_indices),), 7, dtype=torch.int64)
 
-    runner.forward_step = forward_step
+ModelRunner.forward_step = stub_forward_step  # at import: spawned TP workers import this module too
 
 
 def per_step_logger(out_dir: Path):
@@ -81,12 +83,13 @@ def time_batch(llm: LLM, batch: int, log: StepLog | None, in_loop: bool) -> floa
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (worker processes)")
     args = parser.parse_args()
     arch = yaml.safe_load(open("conf/model/qwen3_tiny.yaml"))["arch"] | {"vocab_size": 10240}
     llm = LLM("qwen3_tiny", hf_config=arch, load_format="dummy", device="cpu", dtype="float32",
               max_num_seqs=256, max_model_len=CONTEXT + STEPS + 16, num_kvcache_blocks=2048,
-              kvcache_block_size=256, async_scheduling=True, max_num_batched_tokens=16384)
-    stub_forward(llm.engine.executor.runner)
+              kvcache_block_size=256, async_scheduling=True, max_num_batched_tokens=16384,
+              tensor_parallel_size=args.tp)
     with tempfile.TemporaryDirectory() as tmp:
         logger = per_step_logger(Path(tmp))
         log = StepLog(lambda i, s, t, r: logger.log_step(i, step_row(i, s, t, r)))
