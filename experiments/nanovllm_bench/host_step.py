@@ -11,7 +11,7 @@ pass, what the experiment does now), one column each. With `--tp 2` the steps go
 worker processes (gloo on CPU): the step ring, each rank's input preparation, the token broadcast
 and rank 0's reply; the stub is installed at import, so the spawned workers run it too.
 
-    python experiments/nanovllm_bench/host_step.py [--batches 1,8,64,256] [--tp 1]
+    python experiments/nanovllm_bench/host_step.py [--batches 1,8,64,256] [--tp 1] [--device cpu]
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def stub_forward_step(runner, step, prev_tokens=None):
     if not step.sample_seq_indices:
         return None
     prepare_sampling(step, runner.hf_config.vocab_size, runner.device)
-    return torch.full((len(step.sample_seq_indices),), 7, dtype=torch.int64)
+    return torch.full((len(step.sample_seq_indices),), 7, dtype=torch.int64, device=runner.device)
 
 
 ModelRunner.forward_step = stub_forward_step  # at import: spawned TP workers import this module too
@@ -84,9 +84,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1,8,64,256")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (worker processes)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: inputs then go through pinned copies")
     args = parser.parse_args()
     arch = yaml.safe_load(open("conf/model/qwen3_tiny.yaml"))["arch"] | {"vocab_size": 10240}
-    llm = LLM("qwen3_tiny", hf_config=arch, load_format="dummy", device="cpu", dtype="float32",
+    llm = LLM("qwen3_tiny", hf_config=arch, load_format="dummy", device=args.device, dtype="float32",
               max_num_seqs=256, max_model_len=CONTEXT + STEPS + 16, num_kvcache_blocks=2048,
               kvcache_block_size=256, async_scheduling=True, max_num_batched_tokens=16384,
               tensor_parallel_size=args.tp)
