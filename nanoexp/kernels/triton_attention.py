@@ -16,6 +16,8 @@ TRITON_INTERPRET=1 was set.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -281,8 +283,12 @@ def decode_tile(dim_pad: int, fp8: bool, device: torch.device) -> tuple[int, int
         return 32, 2
     if fp8:
         return 128, 2
-    hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
-    return 64, 3 if hopper else 2
+    return 64, 3 if _is_hopper_or_newer(device) else 2
+
+
+@functools.lru_cache(maxsize=8)
+def _is_hopper_or_newer(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def paged_decode(
