@@ -28,10 +28,11 @@ class SkinnyGemm:
         self.kernel = skinny_gemm
 
     def applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        weight_bytes = weight.numel() * weight.element_size()
-        if self.max_weight_bytes is not None and weight_bytes > self.max_weight_bytes:
+        fits = x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(-1) == 1 and weight.stride(-1) == 1
+        if not fits:  # checked first: prefill-sized inputs leave here
             return False
-        return x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(-1) == 1 and weight.stride(-1) == 1
+        limit = self.max_weight_bytes
+        return limit is None or weight.numel() * weight.element_size() <= limit
 
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoexp.kernels.base import FP8_DTYPE, AttentionBackend, AttentionMetadata
+from nanoexp.kernels.base import FP8_DTYPE, AttentionBackend, AttentionMetadata, is_fp8
 from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8
 
 # Max abs error allowed on outputs of magnitude ~1 (random q/k/v, softmax-weighted sums of N(0,1)).
@@ -154,7 +154,7 @@ def max_error(
 
 def _compare(backend, case: PagedCase, md: AttentionMetadata, q, k, v, scale: float) -> float:
     reference = TorchAttentionBackend()
-    fp8 = case.k_cache.dtype == FP8_DTYPE
+    fp8 = is_fp8(case.k_cache)
     scales = (case.k_scale, case.v_scale) if fp8 else ()
     # copy=True: for float32 caches .float() would alias them, and the reference would store into them.
     cache_dtype = FP8_DTYPE if fp8 else torch.float32
@@ -180,6 +180,6 @@ def _compare(backend, case: PagedCase, md: AttentionMetadata, q, k, v, scale: fl
 
 def _same(cache: torch.Tensor, reference: torch.Tensor) -> bool:
     """Bit-equal for fp8 caches (so -0.0 and NaN bytes count); value-equal otherwise."""
-    if reference.dtype == FP8_DTYPE:
+    if is_fp8(reference):
         return torch.equal(cache.view(torch.uint8), reference.view(torch.uint8))
     return torch.equal(cache.float(), reference)
