@@ -6,7 +6,7 @@ split count; each timing is one CUDA graph replaying 28 calls over 28 distinct c
 layer, as in a step). fp8 caches hold e4m3 values with scale 1 (the kernel reads the scales from
 the device either way). A tile a dtype cannot compile (shared memory) prints "-".
 
-    python experiments/kernels/bench_decode_tiles.py [--out table.md]
+    python experiments/kernels/bench_decode_tiles.py [--dtypes bf16 fp8_e4m3] [--out table.md]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 28, 16, 8, 128, 256
 # (keys per tile, warps, stages); the first is the bf16 default
 CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8, 2), (128, 8, 3),
            (256, 8, 2))
-SHAPES = ((64, 1024), (256, 1024), (128, 4096))  # 28 bf16 caches of 128 x 4096: 60 GB
+SHAPES = ((64, 1024), (64, 2048), (256, 1024), (128, 4096))  # 28 bf16 caches of 128 x 4096: 60 GB
 DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
@@ -56,12 +56,13 @@ def row_for(name: str, batch: int, context: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     args = parser.parse_args()
     heads = " | ".join(f"{n}k {w}w {st}s us" for n, w, st in CONFIGS)
     rule = "|---|---:|---:|" + "---:|" * (len(CONFIGS) + 1)
     lines = [f"| cache | batch | context | {heads} | floor us |", rule]
     print("\n".join(lines), flush=True)
-    for name in DTYPES:
+    for name in args.dtypes:
         for batch, context in SHAPES:
             lines.append(row_for(name, batch, context))
             print(lines[-1], flush=True)

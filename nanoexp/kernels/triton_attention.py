@@ -29,6 +29,7 @@ from nanoexp.kernels.triton_pdl import wait_for_previous
 LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 64
 MAX_SPLITS = 64
+FP8_SMALL_TILE_MAX_BATCH = 64
 
 
 # tl.max / tl.sum via tl.reduce with the same combine functions; the interpreter recognizes
@@ -65,6 +66,18 @@ def _load_rows(ptr, rows, dims, row_mask, HEAD_DIM: tl.constexpr, DIM_PAD: tl.co
         return tl.load(ptrs, mask=row_mask[:, None], other=0.0)
     else:
         return tl.load(ptrs, mask=row_mask[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
+
+
+@triton.jit
+def _widen_fp8_values(v, key_mask):
+    """An fp8 V tile [keys, dims] as fp16, widened before it is staged for the dot.
+
+    P @ V reads V along keys, across its rows. Widened after staging, as Triton arranges a bare
+    conversion, every thread gathers single bytes from shared memory (ldmatrix has no 8-bit
+    transpose); the product with the (exact) key mask keeps the conversion here, so V is staged as
+    fp16 and read back with a transposing ldmatrix. Measured in experiments/kernels/runs.
+    """
+    return v.to(tl.float16) * key_mask.to(tl.float16)[:, None]
 
 
 @triton.jit
@@ -147,7 +160,8 @@ def _decode_split_kernel(
         kv_rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
         kv_rows += kv_head * stride_ch
         k = _load_rows(k_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
-        v = _load_rows(v_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
+        v = _load_rows(v_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD)
+        v = _widen_fp8_values(v, key_mask) if KV_FP8 else v.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         s = tl.where(key_mask[None, :], s, float("-inf"))
         m, den, acc = _online_softmax_step(s, m, den, acc, v)
@@ -274,16 +288,18 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int)
     return max(1, min(want, useful, MAX_SPLITS))
 
 
-def decode_tile(dim_pad: int, fp8: bool, device: torch.device) -> tuple[int, int]:
+def decode_tile(dim_pad: int, fp8: bool, device: torch.device, batch: int) -> tuple[int, int]:
     """(keys per tile, pipeline stages) of the split kernel, measured on an H200 for head_dim 128
-    (experiments/kernels/runs/decode_tiles.md): an fp8 tile of 128 keys moves as many bytes per
-    load as a 16-bit tile of 64 (211 -> 200 us at 256 x 1,024); 16-bit tiles gain a third stage
-    where shared memory allows (Hopper: 252 -> 243 us)."""
+    (experiments/kernels/runs/decode_tiles.md). 16-bit tiles gain a third stage where shared
+    memory allows (Hopper: 252 -> 243 us at 256 x 1,024). fp8 tiles, whose V is widened before
+    staging, take 3 stages on Hopper and 128 keys from batch 128 on (198 -> 185 us at 256 x 1,024),
+    64 below (62 -> 54 us at 64 x 1,024)."""
     if dim_pad > 128:
         return 32, 2
+    hopper = _is_hopper_or_newer(device)
     if fp8:
-        return 128, 2
-    return 64, 3 if _is_hopper_or_newer(device) else 2
+        return (128 if batch > FP8_SMALL_TILE_MAX_BATCH else 64), (3 if hopper else 2)
+    return 64, 3 if hopper else 2
 
 
 @functools.lru_cache(maxsize=8)
@@ -324,7 +340,7 @@ def paged_decode(
         return out
     group = num_heads // num_kv_heads
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device)
+    tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch)
     block_n, num_stages = block_n or tile_keys, num_stages or tile_stages
     if max_len is None:
         max_len = block_tables.shape[1] * block_size
