@@ -48,3 +48,13 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
         return _all_reduce(x)
     dist.all_reduce(x)
     return x
+
+
+def all_gather_stacked(x: torch.Tensor) -> torch.Tensor:
+    """[world, *x.shape]: every rank's x, in rank order, on every rank."""
+    out = torch.empty((tp_size(), *x.shape), dtype=x.dtype, device=x.device)
+    if x.device.type == "cuda":
+        dist.all_gather_into_tensor(out, x.contiguous())
+    else:  # gloo has no all_gather_into_tensor
+        dist.all_gather(list(out.unbind(0)), x.contiguous())
+    return out

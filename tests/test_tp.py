@@ -128,6 +128,17 @@ def test_tp_matches_tp1(models, name, tp):
     assert_same_generation(got, want)
 
 
+def test_tp_with_gathered_sampling_matches_tp1(models):
+    """parallel.sharded_sampling=false: rank 0 gathers the full logits and broadcasts the tokens
+    (the default draws greedy steps from each rank's vocabulary shard)."""
+    want = reference(models["qwen3_kv2_pad"])[1]
+    with LLM(models["qwen3_kv2_pad"], tensor_parallel_size=2, sharded_sampling=False, **ENGINE) as llm:
+        assert llm.engine.config.parallel.sharded_sampling is False
+        got = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert_no_workers()
+    assert_same_generation(got, want)
+
+
 LONG_PROMPT = [(7 * i + 3) % 120 for i in range(45)]  # more than one step's token budget
 
 

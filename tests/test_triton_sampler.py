@@ -85,3 +85,27 @@ def test_real_vocab_distribution_on_gpu():
     picked = torch.stack([(tokens == i).float().mean() for i in (3, 70_000, 151_935)])
     expected = torch.softmax(torch.log(torch.tensor([0.2, 0.5, 0.3])) / temperature, dim=-1)
     assert torch.allclose(picked, expected, atol=0.005), (picked, expected)
+
+
+@pytest.mark.parametrize("cuts", [[2500], [1000, 3001, 4200]])
+def test_shard_winners_pick_what_the_whole_vocabulary_scan_draws(cuts):
+    """Each tensor-parallel rank scans its vocabulary shard; the best of the shards' winners is the
+    whole-vocabulary draw (same noise per token id), ties to the lowest id, greedy rows included."""
+    from nanoexp.layers.sampler import pick_shard_winner
+
+    torch.manual_seed(3)
+    logits = torch.randn(6, 5000)
+    logits[0, [900, 4100]] = 9.0  # a greedy tie across shards
+    temperatures = torch.tensor([0.0, 0.0, 0.7, 1.0, 1.3, 0.5])
+    seeds = torch.tensor([1, 2, 3, 4, 5, 6])
+    want = sample(logits, temperatures, seeds)
+    bounds = [0, *cuts, logits.shape[1]]
+    scores, tokens = zip(*(
+        triton_sampler.shard_winners(
+            logits[:, lo:hi].to(DEVICE), temperatures.to(DEVICE), seeds.to(DEVICE), lo
+        )
+        for lo, hi in zip(bounds, bounds[1:])
+    ))  # fmt: skip
+    got = pick_shard_winner(torch.stack(scores), torch.stack(tokens)).cpu()
+    assert got.tolist() == want.tolist()
+    assert got[0] == 900

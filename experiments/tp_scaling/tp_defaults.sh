@@ -9,6 +9,10 @@
 #   latency      batch-1 decode, Qwen3-8B and 0.6B, parallel=tp1,tp2
 #   async8b      Qwen3-8B nanovllm_bench at TP=2, scheduler.async_scheduling=false,true
 #   bench_small  Qwen3-1.7B and 4B nanovllm_bench, parallel=tp1,tp2
+#   sampling     batch-1 decode, Qwen3-0.6B, parallel=tp1,tp2 x parallel.sharded_sampling=false,true
+#   sampling8b   Qwen3-8B nanovllm_bench, parallel=tp1,tp2 x parallel.sharded_sampling=false,true
+#   latency8b    batch-1 decode, Qwen3-8B, parallel=tp1,tp2
+#   gpu_tests    pytest -m gpu tests/ (both GPUs: the TP=2 parity tests run)
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
@@ -31,6 +35,14 @@ for part in ${*:-bench8b latency}; do
       workload.batch_size=1 scheduler.max_num_seqs=8 parallel=tp1,tp2 ;;
     async8b) sweep async8b 200 experiment=nanovllm_bench model=qwen3_8b "${dummy[@]}" parallel=tp2 \
       scheduler.async_scheduling=false,true ;;
+    sampling) sweep sampling 240 model=qwen3_0_6b "${dummy[@]}" workload=latency workload.batch_size=1 \
+      scheduler.max_num_seqs=8 parallel=tp1,tp2 parallel.sharded_sampling=false,true ;;
+    sampling8b) sweep sampling8b 420 experiment=nanovllm_bench model=qwen3_8b "${dummy[@]}" \
+      parallel=tp1,tp2 parallel.sharded_sampling=false,true ;;
+    latency8b) sweep latency8b 200 model=qwen3_8b "${dummy[@]}" workload=latency workload.batch_size=1 \
+      scheduler.max_num_seqs=8 parallel=tp1,tp2 ;;
+    gpu_tests) timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -q -m gpu -rs tests/ > "$OUT/gpu_tests.log" 2>&1
+      tail -25 "$OUT/gpu_tests.log" ;;
     bench_small) sweep bench_small 300 experiment=nanovllm_bench model=qwen3_1_7b,qwen3_4b "${dummy[@]}" \
       parallel=tp1,tp2 ;;
   esac

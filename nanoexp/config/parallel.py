@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from nanoexp.config.checks import KnobError, choice, integer
+from nanoexp.config.checks import KnobError, boolean, choice, integer
 
 ALL_REDUCES = ("auto", "nccl", "symm_mem")
 
@@ -17,10 +17,14 @@ class ParallelConfig:
 
     tensor_parallel_size: int = 1
     all_reduce: str = "auto"  # auto: by message size; nccl; symm_mem (symmetric memory, CUDA only)
+    # greedy and one-pass-kernel steps drawn from each rank's vocabulary shard (one all-gather of
+    # the winners) instead of gathering the full logits on rank 0 and broadcasting the tokens
+    sharded_sampling: bool = True
 
     def __post_init__(self) -> None:
         integer("parallel.tensor_parallel_size", self.tensor_parallel_size, 1)
         choice("parallel.all_reduce", self.all_reduce, ALL_REDUCES)
+        boolean("parallel.sharded_sampling", self.sharded_sampling)
 
 
 def kv_heads_fit(num_kv_heads: int, size: int) -> bool:

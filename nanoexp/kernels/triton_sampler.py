@@ -6,6 +6,10 @@ the vocabulary index, so nothing is materialized and a seeded row's draw does no
 rest of the batch. Each program scans one slice of one row and keeps, per lane, the best sampled
 and the best raw logit; a second kernel picks each row's winner across slices (ties go to the
 lowest index, as torch.argmax).
+
+A tensor-parallel rank can scan its own slice of the vocabulary (`shard_winners`, indices offset
+to the full vocabulary): the noise is keyed by the full-vocabulary index, so the best of the
+ranks' winners is the token the whole-vocabulary scan draws.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ def _best(values, indices):
     return top, index
 
 
-@triton.jit(do_not_specialize=["stride_row", "vocab_size", "slice_len", "num_slices"])
+@triton.jit(do_not_specialize=["stride_row", "vocab_size", "slice_len", "num_slices", "vocab_offset"])
 def _sample_slice_kernel(
     logits_ptr,
     stride_row,
@@ -41,6 +45,7 @@ def _sample_slice_kernel(
     vocab_size,
     slice_len,
     num_slices,
+    vocab_offset,  # the full-vocabulary index of column 0
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
@@ -62,6 +67,7 @@ def _sample_slice_kernel(
         index = offset + lanes
         inside = index < end
         x = tl.load(row_logits + index, mask=inside, other=float("-inf")).to(tl.float32)
+        index += vocab_offset
         u = tl.rand(seed, index)
         score = x * inv_temperature - tl.log(-tl.log(u))
         score = tl.where(inside, score, float("-inf"))
@@ -82,9 +88,11 @@ def _sample_slice_kernel(
 
 @triton.jit(do_not_specialize=["num_slices"])
 def _pick_kernel(
-    part_ptr, part_index_ptr, temperature_ptr, out_ptr, num_slices, SLICES_PAD: tl.constexpr,
-    PDL: tl.constexpr = False,
+    part_ptr, part_index_ptr, temperature_ptr, out_ptr, value_ptr, num_slices, SLICES_PAD: tl.constexpr,
+    WRITE_VALUE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    """Each row's winner across slices: the sampled one, or the largest logit where t = 0; with
+    WRITE_VALUE also its score (or logit), which ranks compare across vocabulary shards."""
     wait_for_previous(PDL)
     row = tl.program_id(0)
     slices = tl.arange(0, SLICES_PAD)
@@ -94,8 +102,10 @@ def _pick_kernel(
     which = tl.where(greedy, 1, 0)
     values = tl.load(part_ptr + base + which, mask=inside, other=float("-inf"))
     indices = tl.load(part_index_ptr + base + which, mask=inside, other=2147483647)
-    _, index = _best(values, indices)
+    value, index = _best(values, indices)
     tl.store(out_ptr + row, index.to(tl.int64))
+    if WRITE_VALUE:
+        tl.store(value_ptr + row, value)
 
 
 def slicing(rows: int, vocab_size: int) -> tuple[int, int]:
@@ -108,6 +118,22 @@ def slicing(rows: int, vocab_size: int) -> tuple[int, int]:
 def sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     """Token per row: argmax where the temperature is 0, else a draw from softmax(logits / t)
     with Philox noise seeded by `seeds` (int64, one per row). Returns int64 [rows]."""
+    return _scan(logits, temperatures, seeds, 0, None)
+
+
+def shard_winners(
+    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, vocab_offset: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample` over one vocabulary shard whose column 0 is token `vocab_offset`: per row the
+    winner's score (float32; the logit where t = 0) and its full-vocabulary index (int64)."""
+    values = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    return values, _scan(logits, temperatures, seeds, vocab_offset, values)
+
+
+def _scan(
+    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, vocab_offset: int,
+    values: torch.Tensor | None,
+) -> torch.Tensor:
     rows, vocab_size = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows == 0:
@@ -119,9 +145,10 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor
     part_indices = torch.empty((rows, slices, 2), dtype=torch.int32, device=logits.device)
     _sample_slice_kernel[(rows, slices)](
         logits, logits.stride(0), temperatures, seeds, parts, part_indices, vocab_size, slice_len, slices,
-        BLOCK=BLOCK, **launch_options(),
-    )
+        vocab_offset, BLOCK=BLOCK, **launch_options(),
+    )  # fmt: skip
     _pick_kernel[(rows,)](
-        parts, part_indices, temperatures, out, slices, SLICES_PAD=MAX_SLICES, **launch_options()
-    )
+        parts, part_indices, temperatures, out, out if values is None else values, slices,
+        SLICES_PAD=MAX_SLICES, WRITE_VALUE=values is not None, **launch_options(),
+    )  # fmt: skip
     return out

@@ -39,6 +39,11 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits for the given hidden rows; rank 0 gathers the full vocabulary, others get None."""
 
+    def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's vocabulary columns (from token `vocab_start`), without the padding."""
+        valid = min(self.per_rank, self.vocab_size - self.vocab_start)
+        return F.linear(hidden, self.weight[:valid])
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
         logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:

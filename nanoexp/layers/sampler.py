@@ -26,15 +26,31 @@ class SamplingTensors:
 
 class Sampler(nn.Module):
     """`one_pass=True` (CUDA with Triton) samples unfiltered rows with the one-pass Gumbel kernel;
-    rows with top-k, top-p or min-p, and every row on the CPU, take the torch path."""
+    rows with top-k, top-p or min-p, and every row on the CPU, take the torch path.
+
+    Under tensor parallelism a step that is all greedy, or all on the one-pass kernel, is drawn
+    from each rank's vocabulary shard (`shard_winners`) and the ranks' winners are compared
+    (`pick_shard_winner`): no rank gathers the full logits."""
 
     def __init__(self, one_pass: bool = False) -> None:
         super().__init__()
         self.one_pass = one_pass
         if one_pass:
-            from nanoexp.kernels.triton_sampler import sample
+            from nanoexp.kernels.triton_sampler import sample, shard_winners
 
-            self.one_pass_sample = sample
+            self.one_pass_sample, self.one_pass_shard = sample, shard_winners
+
+    def can_shard(self, st: SamplingTensors) -> bool:
+        return st.all_greedy or (self.one_pass and not st.needs_filter and st.row_seeds is not None)
+
+    def shard_winners(
+        self, logits: torch.Tensor, st: SamplingTensors, vocab_offset: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row of this shard's logits: the winner's score (float32) and its token id."""
+        if st.all_greedy:
+            index = logits.argmax(dim=-1)
+            return logits.gather(1, index.unsqueeze(1)).squeeze(1).float(), index + vocab_offset
+        return self.one_pass_shard(logits, st.temperatures, st.row_seeds, vocab_offset)
 
     def forward(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
         if st.all_greedy:
@@ -51,6 +67,13 @@ class Sampler(nn.Module):
         probs = torch.softmax(logits, dim=-1)
         sampled = (probs / exponential_noise(probs, st.seeds)).argmax(dim=-1)
         return torch.where(st.temperatures == 0, greedy_tokens, sampled)
+
+
+def pick_shard_winner(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The token per row from every shard's winner ([shards, rows] each, shards in vocabulary
+    order): the best score, ties to the first shard, i.e. the lowest token id, as argmax does."""
+    best = scores.argmax(dim=0, keepdim=True)
+    return tokens.gather(0, best).squeeze(0)
 
 
 @fusable

@@ -159,6 +159,10 @@ class Qwen3ForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         return self.lm_head(hidden)
 
+    def compute_local_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """This rank's vocabulary shard of the logits, and the token id of its column 0."""
+        return self.lm_head.local_logits(hidden), self.lm_head.vocab_start
+
 
 class Qwen2ForCausalLM(Qwen3ForCausalLM):
     qk_norm = False

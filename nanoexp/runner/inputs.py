@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,13 +81,33 @@ def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> Mo
     )
 
 
-def row_seeds(seeds: list[int | None]) -> np.ndarray:
-    """Each row's seed, or a fresh one from torch's host generator (seeded by the engine seed)."""
-    fresh = torch.randint(0, 2**62, (len(seeds),), dtype=torch.int64).numpy()
-    return np.array([fresh[i] if seed is None else seed for i, seed in enumerate(seeds)], dtype=np.int64)
+def row_seeds(seeds: list[int | None], fresh: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
+    """Each row's seed, or a fresh one: from `fresh(n)` when given, else from torch's host
+    generator (seeded by the engine seed)."""
+    n = len(seeds)
+    fresh_seeds = fresh(n) if fresh else torch.randint(0, 2**62, (n,), dtype=torch.int64).numpy()
+    chosen = [fresh_seeds[i] if seed is None else seed for i, seed in enumerate(seeds)]
+    return np.array(chosen, dtype=np.int64)
 
 
-def prepare_sampling(step: StepInput, vocab_size: int, device: torch.device) -> SamplingTensors:
+def counter_seeds(base: int, serial: int, n: int) -> np.ndarray:
+    """n seeds in [0, 2^62) that depend only on (base, serial, row): every tensor-parallel rank
+    computes the same ones without sharing a generator's state (splitmix64 of a counter)."""
+    x = np.full(n, (base * 0x9E3779B97F4A7C15 + (serial << 24)) % 2**64, dtype=np.uint64)
+    x += np.arange(n, dtype=np.uint64)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return (x >> np.uint64(2)).astype(np.int64)
+
+
+def prepare_sampling(
+    step: StepInput, vocab_size: int, device: torch.device, fresh: Callable[[int], np.ndarray] | None = None
+) -> SamplingTensors:
+    """The step's sampling parameters on the device; `fresh` draws the seeds of unseeded rows
+    (default: torch's host generator)."""
     all_greedy = all(t == 0 for t in step.temperatures)
     return SamplingTensors(
         temperatures=to_device(step.temperatures, torch.float32, device),
@@ -97,5 +118,5 @@ def prepare_sampling(step: StepInput, vocab_size: int, device: torch.device) -> 
         all_greedy=all_greedy,
         needs_filter=any(k > 0 for k in step.top_k) or any(p < 1 for p in step.top_p)
         or any(p > 0 for p in step.min_p),
-        row_seeds=None if all_greedy else to_device(row_seeds(step.seeds), torch.int64, device),
+        row_seeds=None if all_greedy else to_device(row_seeds(step.seeds, fresh), torch.int64, device),
     )

@@ -11,13 +11,13 @@ import torch
 import torch.distributed as dist
 
 from nanoexp.config import EngineConfig
-from nanoexp.distributed import init_all_reduce, reset_all_reduce
+from nanoexp.distributed import all_gather_stacked, init_all_reduce, reset_all_reduce
 from nanoexp.kernels import pdl
 from nanoexp.kernels.select import triton_available
 from nanoexp.layers.fusion import fused
-from nanoexp.layers.sampler import Sampler
+from nanoexp.layers.sampler import Sampler, SamplingTensors, pick_shard_winner
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, DecodeGraphs
-from nanoexp.runner.inputs import ModelInputs, prepare_inputs, prepare_sampling
+from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_sampling
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import leave_process_group, runner_info, set_up_model
@@ -53,6 +53,8 @@ class ModelRunner:
         self.timings: dict[str, float] = {"load_s": loaded.load_s}
         self.sampler = Sampler(one_pass=self.device.type == "cuda" and triton_available())
         self.last_sampled: torch.Tensor | None = None  # the last launched step's ids, on every rank
+        self.tp = config.parallel.tensor_parallel_size
+        self.steps_sampled = 0  # every rank counts the same steps: the key of TP's fresh seeds
         self.pending: deque[PendingStep] = deque()  # launched, not collected (rank 0)
         if config.cache.kv_cache_dtype != "auto":
             self.calibrate_kv_scales()
@@ -85,8 +87,7 @@ class ModelRunner:
         )
         with fused(True):
             graphs.capture()
-            if self.rank == 0:  # only rank 0 samples
-                self.warm_up_sampler()
+            self.warm_up_sampler()
         self.timings["graph_capture_s"] = time.perf_counter() - start
         return graphs
 
@@ -137,56 +138,87 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up_sampler(self) -> None:
-        """Compiles the fused sampler for one row and for many (size 1 is specialized)."""
+        """Compiles the sampler for one row and for many (size 1 is specialized): on rank 0 over
+        the whole vocabulary, and under TP over each rank's shard."""
         vocab = self.hf_config.vocab_size
         for rows in (1, 2):
             step = StepInput(
                 False, [0] * rows, [1] * rows, [1] * rows, [[0]] * rows, list(range(rows)),
                 temperatures=[1.0] * rows, top_k=[-1] * rows, top_p=[1.0] * rows, min_p=[0.0] * rows,
                 seeds=[None] * rows,
-            )
-            logits = torch.randn(rows, vocab, device=self.device, dtype=self.dtype)
-            self.sampler(logits, prepare_sampling(step, vocab, self.device))
+            )  # fmt: skip
+            sampling = prepare_sampling(step, vocab, self.device)
+            if self.rank == 0:
+                self.sampler(torch.randn(rows, vocab, device=self.device, dtype=self.dtype), sampling)
+            if self.tp > 1 and self.sampler.can_shard(sampling):
+                hidden = torch.zeros(rows, self.hf_config.hidden_size, device=self.device, dtype=self.dtype)
+                logits, offset = self.model.compute_local_logits(hidden)
+                self.sampler.shard_winners(logits, sampling, offset)
 
     # ---- steps --------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def run(self, step: StepInput) -> list[int] | None:
         """Runs one step; rank 0 returns the sampled token per sampling sequence."""
-        tokens = self.forward_step(step)
-        return None if tokens is None else tokens.tolist()
+        tokens, _ = self.forward_step(step)
+        return None if tokens is None or self.rank != 0 else tokens.tolist()
 
     @torch.inference_mode()
-    def forward_step(self, step: StepInput, prev_tokens: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Enqueues one step's forward pass and sampling; rank 0 gets the sampled ids as a device
-        tensor (not waited for). `prev_tokens` are the previous step's samples, for inputs not
-        known on the host yet."""
+    def forward_step(
+        self, step: StepInput, prev_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, bool]:
+        """Enqueues one step's forward pass and sampling: the sampled ids as a device tensor (not
+        waited for) on rank 0, and on every rank when the step was drawn shard by shard (the
+        second value). `prev_tokens` are the previous step's samples, for inputs not known on the
+        host yet."""
         inputs = prepare_inputs(step, self.block_size, self.device)
         if step.prev_sample_rows is not None:
             inputs.input_ids = substitute_tokens(inputs.input_ids, step.prev_sample_rows, prev_tokens)
-        logits = self.forward_logits(step, inputs)
-        if logits is None or not step.sample_seq_indices:
-            return None if logits is None else torch.empty(0, dtype=torch.int64, device=self.device)
-        sampling = prepare_sampling(step, self.hf_config.vocab_size, self.device)
+        hidden = self.forward_hidden(step, inputs)[inputs.logits_indices]
+        if not step.sample_seq_indices:
+            return torch.empty(0, dtype=torch.int64, device=self.device), True
+        sampling = self.sampling_tensors(step)
         with fused(self.graphs is not None):
-            return self.sampler(logits, sampling)
+            if self.tp > 1 and self.config.parallel.sharded_sampling and self.sampler.can_shard(sampling):
+                return self.sample_shards(hidden, sampling), True
+            logits = self.model.compute_logits(hidden)
+            return (None if logits is None else self.sampler(logits, sampling)), False
+
+    def sampling_tensors(self, step: StepInput) -> SamplingTensors:
+        """Under TP every rank prepares them, with fresh seeds keyed by the step count (the same on
+        every rank, so shard-by-shard draws agree)."""
+        fresh = None
+        if self.tp > 1:
+            serial = self.steps_sampled
+            self.steps_sampled += 1
+            fresh = lambda n: counter_seeds(self.config.execution.seed, serial, n)  # noqa: E731
+        return prepare_sampling(step, self.hf_config.vocab_size, self.device, fresh)
+
+    def sample_shards(self, hidden: torch.Tensor, sampling: SamplingTensors) -> torch.Tensor:
+        """Each rank draws from its vocabulary shard; one all-gather of (score, token) per row
+        gives every rank the step's tokens."""
+        logits, vocab_offset = self.model.compute_local_logits(hidden)
+        scores, tokens = self.sampler.shard_winners(logits, sampling, vocab_offset)
+        winners = all_gather_stacked(torch.stack([scores, tokens.float()]))  # ids < 2^24: exact
+        return pick_shard_winner(winners[:, 0], winners[:, 1]).long()
+
+    def forward_hidden(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor:
+        """The last layer's hidden states, through the captured graph for a decode step that fits."""
+        if self.graphs and not step.is_prefill and step.num_tokens <= self.graphs.max_batch:
+            return self.graphs.replay(inputs)
+        with fused(self.uses_graphs()):
+            return self.model(inputs.input_ids, inputs.positions, inputs.md)
 
     def forward_logits(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor | None:
-        """The logits at inputs.logits_indices (rank 0; None on the others), through the captured
-        graph for a decode step that fits one."""
-        if self.graphs and not step.is_prefill and step.num_tokens <= self.graphs.max_batch:
-            hidden = self.graphs.replay(inputs)
-        else:
-            with fused(self.uses_graphs()):
-                hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+        """The logits at inputs.logits_indices (rank 0; None on the others)."""
+        return self.model.compute_logits(self.forward_hidden(step, inputs)[inputs.logits_indices])
 
     @torch.inference_mode()
     def launch(self, step: StepInput) -> None:
         """Enqueues a step without waiting for it. Inputs marked in `step.prev_sample_rows` come from
         the previous launched step's samples, which every rank holds (rank 0 broadcasts them)."""
-        tokens = self.forward_step(step, self.last_sampled)
-        if self.config.parallel.tensor_parallel_size > 1:
+        tokens, on_every_rank = self.forward_step(step, self.last_sampled)
+        if self.tp > 1 and not on_every_rank:
             tokens = self.share_sampled(tokens, len(step.sample_seq_indices))
         self.last_sampled = tokens
         if self.rank == 0:
