@@ -120,3 +120,24 @@ def test_driver_rejects_a_non_finite_arrival_instead_of_spinning(llm, offset) ->
     assert "arrival" in result["error"] and "finite" in result["error"]
     llm.engine.abort_all()
     assert_idle_and_serving(llm)
+
+
+def test_close_releases_the_kv_cache_and_weights_while_the_engine_is_still_referenced(checkpoints):
+    """In-process close drops the runner (no garbage collection needed): a later engine in the same
+    process sizes its cache from memory that is really free; stats stay readable."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        path = checkpoints["qwen3_gqa1"][0]
+        llm = LLM(path, device="cpu", dtype="float32", num_kvcache_blocks=32, kvcache_block_size=16)
+        runner = llm.engine.executor.runner
+        cache, weight = weakref.ref(runner.kv_cache), weakref.ref(next(runner.model.parameters()))
+        del runner
+        stats = llm.stats()
+        llm.close()
+        assert cache() is None and weight() is None
+        assert llm.stats() == stats
+    finally:
+        gc.enable()

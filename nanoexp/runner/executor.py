@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import signal
 import threading
@@ -22,11 +23,14 @@ class InProcessExecutor:
     """The one rank's runner lives in this process."""
 
     def __init__(self, config: EngineConfig):
-        self.runner = ModelRunner(config)
+        self.runner: ModelRunner | None = ModelRunner(config)
         self.info = self.runner.info()
+        self.final_stats: dict = {}
 
     def call(self, method: str | Callable, *args):
         """Runs a runner method by name, or `method(runner, *args)`; returns its result."""
+        if self.runner is None:
+            raise RuntimeError("the engine is closed")
         return invoke(self.runner, method, args)
 
     def run(self, step: StepInput) -> list[int]:
@@ -39,10 +43,22 @@ class InProcessExecutor:
         return self.runner.collect()
 
     def stats(self) -> dict:
-        return self.runner.stats()
+        """The runner's facts; after close, those it had when it closed."""
+        return self.runner.stats() if self.runner else self.final_stats
 
     def close(self) -> None:
+        """Releases the runner's weights, KV cache and graphs now, not whenever the garbage
+        collector or the caller lets go of the engine: a later engine in this process (a test
+        suite, a notebook) sizes its KV cache from the free device memory."""
+        if self.runner is None:
+            return
+        self.final_stats = self.runner.stats()
+        device = self.runner.device
         self.runner.close()
+        self.runner = None
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 _live: weakref.WeakSet = weakref.WeakSet()
