@@ -7,6 +7,7 @@ layer, as in a step). fp8 caches hold e4m3 values with scale 1 (the kernel reads
 the device either way). A tile a dtype cannot compile (shared memory) prints "-".
 
     python experiments/kernels/bench_decode_tiles.py [--dtypes bf16 fp8_e4m3] [--out table.md]
+    python experiments/kernels/bench_decode_tiles.py --splits 1 2 4 8   # the default tile per split count
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 def time_tile(q, caches, tables, lens, context: int, config: tuple, scale: torch.Tensor) -> str:
-    block_n, warps, stages = config
+    """config: (keys per tile, warps, stages, splits); None keeps paged_decode's own choice."""
+    block_n, warps, stages, splits = config
 
     def call(cache):
         return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, block_n=block_n,
-                            k_scale=scale, v_scale=scale, num_warps=warps, num_stages=stages)  # fmt: skip
+                            k_scale=scale, v_scale=scale, num_warps=warps or 4, num_stages=stages,
+                            num_splits=splits)  # fmt: skip
 
     try:
         return f"{time_graph_us([lambda c=c: call(c) for c in caches]):.1f}"
@@ -40,7 +43,7 @@ def time_tile(q, caches, tables, lens, context: int, config: tuple, scale: torch
         return "-"
 
 
-def row_for(name: str, batch: int, context: int) -> str:
+def row_for(name: str, batch: int, context: int, configs: list[tuple]) -> str:
     dtype = DTYPES[name]
     blocks = batch * context // BLOCK
     caches = [torch.randn(2, blocks, BLOCK, KV_HEADS, DIM, device="cuda").to(dtype) for _ in range(LAYERS)]
@@ -48,7 +51,7 @@ def row_for(name: str, batch: int, context: int) -> str:
     tables = torch.arange(blocks, device="cuda", dtype=torch.int32).view(batch, -1)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
     scale = torch.ones(1, device="cuda")
-    cells = " | ".join(time_tile(q, caches, tables, lens, context, c, scale) for c in CONFIGS)
+    cells = " | ".join(time_tile(q, caches, tables, lens, context, c, scale) for c in configs)
     floor = batch * context * KV_HEADS * DIM * 2 * dtype.itemsize / 4.2e12 * 1e6
     return f"| {name} | {batch} | {context} | {cells} | {floor:.1f} |"
 
@@ -57,14 +60,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    parser.add_argument("--splits", nargs="+", type=int, default=None,
+                        help="time the default tile at these split counts instead of the tile configs")
     args = parser.parse_args()
-    heads = " | ".join(f"{n}k {w}w {st}s us" for n, w, st in CONFIGS)
-    rule = "|---|---:|---:|" + "---:|" * (len(CONFIGS) + 1)
+    if args.splits:
+        configs = [(None, None, None, n) for n in args.splits]
+        heads = " | ".join(f"{n} splits us" for n in args.splits)
+    else:
+        configs = [(*c, None) for c in CONFIGS]
+        heads = " | ".join(f"{n}k {w}w {st}s us" for n, w, st in CONFIGS)
+    rule = "|---|---:|---:|" + "---:|" * (len(configs) + 1)
     lines = [f"| cache | batch | context | {heads} | floor us |", rule]
     print("\n".join(lines), flush=True)
     for name in args.dtypes:
         for batch, context in SHAPES:
-            lines.append(row_for(name, batch, context))
+            lines.append(row_for(name, batch, context, configs))
             print(lines[-1], flush=True)
             torch.cuda.empty_cache()
     if args.out:

@@ -11,6 +11,9 @@
 #           copies to the GPU (experiments/nanovllm_bench/host_step.py; TP=2 too with 2 GPUs)
 #   profile the kernels of one batch-1 and one batch-128 decode step
 #   tiles   split-K decode per cache dtype and key-tile size (experiments/kernels/bench_decode_tiles.py)
+#   splits  the same at 1/2/4/8 splits with the default tile (fp8 at 33-128 sequences is latency-bound?)
+#   ncu     Nsight Compute on one bf16 and one fp8 decode call at 256 x 1,024 and 64 x 2,048
+#           (experiments/kernels/ncu_decode.py; hardware counters need a Firecracker machine)
 #   sweep   python run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 (W&B offline)
 #   tiny    the trained tiny checkpoint (experiments/kv_fp8/README.md: train it first and carry
 #           experiments/kv_fp8/checkpoint), both cache dtypes, one sweep
@@ -43,6 +46,14 @@ for part in $parts; do
           if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
             timeout 200 python3 experiments/nanovllm_bench/host_step.py --device cuda --tp 2 2>&1 | grep "^|" | tee "$OUT/host_step_tp2.md"
           fi ;;
+    splits) (cd experiments/kernels && timeout 200 python3 bench_decode_tiles.py --splits 1 2 4 8 \
+             --out "$OUT/splits.md") 2>&1 | tail -10 ;;
+    ncu) for shape in "256 1024" "64 2048"; do
+           set -- $shape
+           timeout 150 ncu --clock-control none --set full -k regex:_decode_split_kernel -s 1 -c 3 \
+             python3 experiments/kernels/ncu_decode.py --batch $1 --context $2 > "$OUT/ncu_$1x$2.txt" 2>&1
+           grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|Stall" "$OUT/ncu_$1x$2.txt" | head -40
+         done ;;
     tiles) (cd experiments/kernels && timeout 200 python3 bench_decode_tiles.py --out "$OUT/tiles.md") 2>&1 | tail -10 ;;
     profile) timeout 120 python3 experiments/nanovllm_bench/decode_step.py --profile > "$OUT/profile.log" 2>&1
              grep -A24 "batch 1 " "$OUT/profile.log" | cut -c1-60,100-150 ;;
