@@ -8,8 +8,8 @@ before its host-to-device copies), plus whatever the experiment layer does per s
 (the experiment's StepLog feeding W&B offline and the local sink): `none` (no logging),
 `in-loop` (each step sent to the loggers as it ends, as before) and `deferred` (sent after the
 pass, what the experiment does now), one column each. With `--tp 2` the steps go through the
-worker processes (gloo on CPU): the step ring, each rank's input preparation, the token broadcast
-and rank 0's reply; the stub is installed at import, so the spawned workers run it too.
+worker processes (gloo on CPU): the step ring, each rank's input preparation, the all-gather of
+the sampled winners and rank 0's reply; the stub is installed at import, so the spawned workers run it too.
 
     python experiments/nanovllm_bench/host_step.py [--batches 1,8,64,256] [--tp 1] [--device cpu]
 """
@@ -27,6 +27,7 @@ import torch
 import yaml
 
 from nanoexp import LLM, SamplingParams
+from nanoexp.distributed import all_gather_stacked
 from nanoexp.experiment.driver import StepLog
 from nanoexp.experiment.job import JobInfo
 from nanoexp.experiment.local_sink import LocalSink
@@ -34,7 +35,8 @@ from nanoexp.experiment.loggers import FanoutLogger
 from nanoexp.experiment.metrics import step_row
 from nanoexp.experiment.schema import LoggerConfig
 from nanoexp.experiment.wandb_logger import WandbLogger
-from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
+from nanoexp.layers.sampler import pick_shard_winner
+from nanoexp.runner.inputs import prepare_inputs
 from nanoexp.runner.model_runner import ModelRunner
 
 CONTEXT = 1024
@@ -42,12 +44,18 @@ STEPS = 200
 
 
 def stub_forward_step(runner, step, prev_tokens=None):
-    """forward_step without the model: inputs and sampling tensors built, token 7 sampled."""
+    """forward_step without the model: inputs and sampling tensors built, token 7 sampled; under TP
+    the ranks exchange their winners as the sharded sampler does (one all-gather)."""
     prepare_inputs(step, runner.block_size, runner.device)
     if not step.sample_seq_indices:
-        return None
-    prepare_sampling(step, runner.hf_config.vocab_size, runner.device)
-    return torch.full((len(step.sample_seq_indices),), 7, dtype=torch.int64, device=runner.device)
+        return torch.empty(0, dtype=torch.int64, device=runner.device), True
+    runner.sampling_tensors(step)
+    tokens = torch.full((len(step.sample_seq_indices),), 7, dtype=torch.int64, device=runner.device)
+    if runner.tp > 1:
+        scores = torch.zeros_like(tokens, dtype=torch.float32)
+        winners = all_gather_stacked(torch.stack([scores, tokens.float()]))
+        tokens = pick_shard_winner(winners[:, 0], winners[:, 1]).long()
+    return tokens, True
 
 
 ModelRunner.forward_step = stub_forward_step  # at import: spawned TP workers import this module too
