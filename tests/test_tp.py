@@ -99,6 +99,7 @@ def run(model: str, tp: int) -> tuple[torch.Tensor, list]:
     with LLM(model, tensor_parallel_size=tp, **ENGINE) as llm:
         logits = prefill_logits(llm, prefill_step())
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert llm.stats()["sharded_sampling"] is (tp > 1)
     assert_no_workers()
     return logits, outputs
 
@@ -121,6 +122,7 @@ def assert_same_generation(got: list, want: list) -> None:
     "name,tp", [("qwen3_kv4", 2), ("qwen3_kv4", 4), ("qwen3_kv2_pad", 4), ("qwen2_bias", 2)]
 )
 def test_tp_matches_tp1(models, name, tp):
+    """Greedy steps are drawn from each rank's vocabulary shard (the default)."""
     want_logits, want = reference(models[name])
     logits, got = run(models[name], tp)
     assert logits.shape == want_logits.shape == (sum(len(p) for p in PROMPTS[:3]), MODELS[name][2])
@@ -135,6 +137,7 @@ def test_tp_with_gathered_sampling_matches_tp1(models):
     with LLM(models["qwen3_kv2_pad"], tensor_parallel_size=2, sharded_sampling=False, **ENGINE) as llm:
         assert llm.engine.config.parallel.sharded_sampling is False
         got = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert llm.stats()["sharded_sampling"] is False
     assert_no_workers()
     assert_same_generation(got, want)
 

@@ -55,6 +55,10 @@ class ModelRunner:
         self.last_sampled: torch.Tensor | None = None  # the last launched step's ids, on every rank
         self.tp = config.parallel.tensor_parallel_size
         self.steps_sampled = 0  # every rank counts the same steps: the key of TP's fresh seeds
+        # the ranks exchange token ids as float32, exact below 2^24
+        self.shards_sampling = self.tp > 1 and config.parallel.sharded_sampling and (
+            self.hf_config.vocab_size < 2**24
+        )
         self.pending: deque[PendingStep] = deque()  # launched, not collected (rank 0)
         if config.cache.kv_cache_dtype != "auto":
             self.calibrate_kv_scales()
@@ -150,7 +154,7 @@ class ModelRunner:
             sampling = prepare_sampling(step, vocab, self.device)
             if self.rank == 0:
                 self.sampler(torch.randn(rows, vocab, device=self.device, dtype=self.dtype), sampling)
-            if self.tp > 1 and self.sampler.can_shard(sampling):
+            if self.shards_sampling and self.sampler.can_shard(sampling):
                 hidden = torch.zeros(rows, self.hf_config.hidden_size, device=self.device, dtype=self.dtype)
                 logits, offset = self.model.compute_local_logits(hidden)
                 self.sampler.shard_winners(logits, sampling, offset)
@@ -179,7 +183,7 @@ class ModelRunner:
             return torch.empty(0, dtype=torch.int64, device=self.device), True
         sampling = self.sampling_tensors(step)
         with fused(self.graphs is not None):
-            if self.tp > 1 and self.config.parallel.sharded_sampling and self.sampler.can_shard(sampling):
+            if self.shards_sampling and self.sampler.can_shard(sampling):
                 return self.sample_shards(hidden, sampling), True
             logits = self.model.compute_logits(hidden)
             return (None if logits is None else self.sampler(logits, sampling)), False
@@ -199,7 +203,7 @@ class ModelRunner:
         gives every rank the step's tokens."""
         logits, vocab_offset = self.model.compute_local_logits(hidden)
         scores, tokens = self.sampler.shard_winners(logits, sampling, vocab_offset)
-        winners = all_gather_stacked(torch.stack([scores, tokens.float()]))  # ids < 2^24: exact
+        winners = all_gather_stacked(torch.stack([scores, tokens.float()]))
         return pick_shard_winner(winners[:, 0], winners[:, 1]).long()
 
     def forward_hidden(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor:
@@ -255,6 +259,7 @@ class ModelRunner:
             "pdl": pdl.enabled(),
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,
+            "sharded_sampling": self.shards_sampling,
             "load_s": 0.0, "warmup_s": 0.0, "graph_capture_s": 0.0, "kv_calibration_s": 0.0,
             **(self.all_reduce.describe() if self.all_reduce else {}),
             **self.timings,
