@@ -292,8 +292,8 @@ def decode_tile(dim_pad: int, fp8: bool, device: torch.device, batch: int) -> tu
     """(keys per tile, pipeline stages) of the split kernel, measured on an H200 for head_dim 128
     (experiments/kernels/runs/decode_tiles.md). 16-bit tiles gain a third stage where shared
     memory allows (Hopper: 252 -> 243 us at 256 x 1,024). fp8 tiles, whose V is widened before
-    staging, take 3 stages on Hopper and 128 keys from batch 128 on (198 -> 185 us at 256 x 1,024),
-    64 below (62 -> 54 us at 64 x 1,024)."""
+    staging, take 3 stages on Hopper, and 128 keys above batch 64 (198 -> 185 us at 256 x 1,024),
+    64 keys up to it (62 -> 54 us at 64 x 1,024)."""
     if dim_pad > 128:
         return 32, 2
     hopper = _is_hopper_or_newer(device)
