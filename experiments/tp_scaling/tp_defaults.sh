@@ -12,7 +12,9 @@
 #   sampling     batch-1 decode, Qwen3-0.6B, parallel=tp1,tp2 x parallel.sharded_sampling=false,true
 #   sampling8b   Qwen3-8B nanovllm_bench, parallel=tp1,tp2 x parallel.sharded_sampling=false,true
 #   latency8b    batch-1 decode, Qwen3-8B, parallel=tp1,tp2
-#   gpu_tests    pytest -m gpu tests/ (both GPUs: the TP=2 parity tests run)
+#   gpu_tests    pytest -m gpu tests/ (both GPUs: the TP=2 parity tests run; ~9 min in all, so
+#                split in two calls: gpu_tests_engine (engine, all-reduce, KV quality files) and
+#                gpu_tests_rest (the others), each one pytest process)
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
@@ -41,8 +43,16 @@ for part in ${*:-bench8b latency}; do
       parallel=tp1,tp2 parallel.sharded_sampling=false,true ;;
     latency8b) sweep latency8b 200 model=qwen3_8b "${dummy[@]}" workload=latency workload.batch_size=1 \
       scheduler.max_num_seqs=8 parallel=tp1,tp2 ;;
-    gpu_tests) timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -q -m gpu -rs tests/ > "$OUT/gpu_tests.log" 2>&1
-      tail -25 "$OUT/gpu_tests.log" ;;
+    gpu_tests|gpu_tests_engine|gpu_tests_rest)
+      engine_files="tests/test_gpu_engine.py tests/test_gpu_all_reduce.py tests/test_kv_quality.py"
+      case "$part" in
+        gpu_tests) files=tests/ ;;
+        gpu_tests_engine) files=$engine_files ;;
+        gpu_tests_rest) files=$(ls tests/test_*.py | grep -v -e test_gpu_engine -e test_gpu_all_reduce \
+                                  -e test_kv_quality) ;;
+      esac
+      timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -m gpu -rfs $files > "$OUT/$part.log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/$part.log" | tail -25 ;;
     bench_small) sweep bench_small 300 experiment=nanovllm_bench model=qwen3_1_7b,qwen3_4b "${dummy[@]}" \
       parallel=tp1,tp2 ;;
   esac
