@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,3 +94,19 @@ def test_counter_seeds_depend_only_on_base_serial_and_row():
     seen |= {int(s) for s in counter_seeds(8, 0, 64)}
     assert len(seen) == 50 * 64 + 64
     assert all(0 <= s < 2**62 for s in seen)
+
+
+def test_upload_packs_columns_into_one_buffer_with_aligned_views():
+    from nanoexp.runner.inputs import UPLOAD_ALIGN, upload
+
+    tables = np.arange(6, dtype=np.int64).reshape(2, 3)
+    got = upload(
+        [([5, -1, 7], torch.int64), (tables, torch.int32), ([], torch.int64), ([0.5], torch.float32)],
+        torch.device("cpu"),
+    )
+    assert got[0].tolist() == [5, -1, 7] and got[0].dtype == torch.int64
+    assert got[1].tolist() == tables.tolist() and got[1].dtype == torch.int32 and got[1].shape == (2, 3)
+    assert got[2].shape == (0,) and got[3].tolist() == [0.5]
+    base = got[0].untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == base for t in got)  # one buffer, so one copy
+    assert all((t.data_ptr() - base) % UPLOAD_ALIGN == 0 for t in got)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,17 +20,39 @@ class ModelInputs:
     positions: torch.Tensor
     md: AttentionMetadata
     logits_indices: torch.Tensor  # rows of the hidden states whose logits are needed
+    prev_sample_rows: torch.Tensor | None = None  # step.prev_sample_rows on the device
+
+
+NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
+# Packed arrays start this many bytes apart at least, so every view is as aligned as a tensor of
+# its own would be for what reads it (Triton specializes kernels on 16-byte aligned pointers).
+UPLOAD_ALIGN = 64
+
+
+def upload(columns: list[tuple[Any, torch.dtype]], device: torch.device) -> list[torch.Tensor]:
+    """Each (list or array, dtype) as a tensor on `device`, all through one host-to-device copy:
+    packed at aligned offsets into one host buffer (pinned on CUDA), copied once, returned as views
+    of the copy. A step's dozen small inputs then cost one copy's fixed cost instead of a dozen."""
+    arrays = [np.ascontiguousarray(data, dtype=NUMPY_DTYPES[dtype]) for data, dtype in columns]
+    offsets, end = [], 0
+    for array in arrays:
+        start = -(-end // UPLOAD_ALIGN) * UPLOAD_ALIGN
+        offsets.append(start)
+        end = start + array.nbytes
+    staging = torch.empty(max(end, 1), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    flat = staging.numpy()
+    for array, start in zip(arrays, offsets):
+        flat[start : start + array.nbytes] = array.reshape(-1).view(np.uint8)
+    packed = staging if device.type == "cpu" else staging.to(device, non_blocking=True)
+    return [
+        packed[start : start + array.nbytes].view(dtype).view(array.shape)
+        for array, start, (_, dtype) in zip(arrays, offsets, columns)
+    ]
 
 
 def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A list or numpy array as a tensor on `device` (through pinned memory on CUDA)."""
-    if isinstance(data, np.ndarray):
-        tensor = torch.from_numpy(data).to(dtype)
-    else:
-        tensor = torch.tensor(data, dtype=dtype)
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor
+    return upload([(data, dtype)], device)[0]
 
 
 def padded_tables(tables: list[list[int]]) -> np.ndarray:
@@ -61,24 +84,29 @@ def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> Mo
     positions = np.arange(cu_q[-1]) - cu_q[seq_of_token] + (context_lens - query_lens)[seq_of_token]
     tables = padded_tables(step.block_tables)
     slots = slot_mapping(step, tables, seq_of_token, positions, block_size)
+    last_rows = cu_q[np.asarray(step.sample_seq_indices, dtype=np.int64) + 1] - 1
+    columns = [
+        (step.token_ids, torch.int64), (positions, torch.int64), (last_rows, torch.int64),
+        (slots, torch.int64), (context_lens, torch.int32), (tables, torch.int32),
+        (cu_q, torch.int32), (cu_k, torch.int32),
+    ]  # fmt: skip
+    if step.prev_sample_rows is not None:
+        columns.append((step.prev_sample_rows, torch.int64))
+    input_ids, positions_t, logits_indices, slots_t, context_t, tables_t, cu_q_t, cu_k_t, *rows = upload(
+        columns, device
+    )
     md = AttentionMetadata(
         is_prefill=step.is_prefill,
-        slot_mapping=to_device(slots, torch.int64, device),
-        context_lens=to_device(context_lens, torch.int32, device),
-        block_tables=to_device(tables, torch.int32, device),
-        cu_seqlens_q=to_device(cu_q, torch.int32, device),
-        cu_seqlens_k=to_device(cu_k, torch.int32, device),
+        slot_mapping=slots_t,
+        context_lens=context_t,
+        block_tables=tables_t,
+        cu_seqlens_q=cu_q_t,
+        cu_seqlens_k=cu_k_t,
         max_seqlen_q=int(query_lens.max()),
         max_seqlen_k=int(context_lens.max()),
         has_cached_prefix=step.is_prefill and step.query_lens != step.context_lens,
     )
-    last_rows = cu_q[np.asarray(step.sample_seq_indices, dtype=np.int64) + 1] - 1
-    return ModelInputs(
-        input_ids=to_device(step.token_ids, torch.int64, device),
-        positions=to_device(positions, torch.int64, device),
-        md=md,
-        logits_indices=to_device(last_rows, torch.int64, device),
-    )
+    return ModelInputs(input_ids, positions_t, md, logits_indices, rows[0] if rows else None)
 
 
 def row_seeds(seeds: list[int | None], fresh: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
@@ -109,14 +137,23 @@ def prepare_sampling(
     """The step's sampling parameters on the device; `fresh` draws the seeds of unseeded rows
     (default: torch's host generator)."""
     all_greedy = all(t == 0 for t in step.temperatures)
+    columns = [
+        (step.temperatures, torch.float32),
+        ([k if k > 0 else vocab_size for k in step.top_k], torch.int64),
+        (step.top_p, torch.float32),
+        (step.min_p, torch.float32),
+    ]
+    if not all_greedy:
+        columns.append((row_seeds(step.seeds, fresh), torch.int64))
+    temperatures, top_k, top_p, min_p, *seeds = upload(columns, device)
     return SamplingTensors(
-        temperatures=to_device(step.temperatures, torch.float32, device),
-        top_k=to_device([k if k > 0 else vocab_size for k in step.top_k], torch.int64, device),
-        top_p=to_device(step.top_p, torch.float32, device),
-        min_p=to_device(step.min_p, torch.float32, device),
+        temperatures=temperatures,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
         seeds=list(step.seeds),
         all_greedy=all_greedy,
         needs_filter=any(k > 0 for k in step.top_k) or any(p < 1 for p in step.top_p)
         or any(p > 0 for p in step.min_p),
-        row_seeds=None if all_greedy else to_device(row_seeds(step.seeds, fresh), torch.int64, device),
+        row_seeds=seeds[0] if seeds else None,
     )

@@ -32,10 +32,9 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def substitute_tokens(input_ids: torch.Tensor, rows: list[int], prev_tokens: torch.Tensor) -> torch.Tensor:
+def substitute_tokens(input_ids: torch.Tensor, rows: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
     """input_ids with each row r >= 0 of `rows` taken from prev_tokens[r], on the device."""
-    index = torch.tensor(rows, dtype=torch.int64).to(input_ids.device, non_blocking=True)
-    return torch.where(index >= 0, prev_tokens[index.clamp(min=0)], input_ids)
+    return torch.where(rows >= 0, prev_tokens[rows.clamp(min=0)], input_ids)
 
 
 class ModelRunner:
@@ -177,7 +176,7 @@ class ModelRunner:
         host yet."""
         inputs = prepare_inputs(step, self.block_size, self.device)
         if step.prev_sample_rows is not None:
-            inputs.input_ids = substitute_tokens(inputs.input_ids, step.prev_sample_rows, prev_tokens)
+            inputs.input_ids = substitute_tokens(inputs.input_ids, inputs.prev_sample_rows, prev_tokens)
         hidden = self.forward_hidden(step, inputs)[inputs.logits_indices]
         if not step.sample_seq_indices:
             return torch.empty(0, dtype=torch.int64, device=self.device), True
