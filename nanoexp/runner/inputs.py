@@ -50,11 +50,6 @@ def upload(columns: list[tuple[Any, torch.dtype]], device: torch.device) -> list
     ]
 
 
-def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A list or numpy array as a tensor on `device` (through pinned memory on CUDA)."""
-    return upload([(data, dtype)], device)[0]
-
-
 def padded_tables(tables: list[list[int]]) -> np.ndarray:
     table = np.zeros((len(tables), max((len(t) for t in tables), default=0)), dtype=np.int32)
     for row, blocks in zip(table, tables):
