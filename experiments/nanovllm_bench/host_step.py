@@ -27,7 +27,6 @@ import torch
 import yaml
 
 from nanoexp import LLM, SamplingParams
-from nanoexp.distributed import all_gather_stacked
 from nanoexp.experiment.driver import StepLog
 from nanoexp.experiment.job import JobInfo
 from nanoexp.experiment.local_sink import LocalSink
@@ -35,9 +34,8 @@ from nanoexp.experiment.loggers import FanoutLogger
 from nanoexp.experiment.metrics import step_row
 from nanoexp.experiment.schema import LoggerConfig
 from nanoexp.experiment.wandb_logger import WandbLogger
-from nanoexp.layers.sampler import pick_shard_winner
 from nanoexp.runner.inputs import prepare_inputs
-from nanoexp.runner.model_runner import ModelRunner
+from nanoexp.runner.model_runner import ModelRunner, exchange_winners
 
 CONTEXT = 1024
 STEPS = 200
@@ -52,9 +50,7 @@ def stub_forward_step(runner, step, prev_tokens=None):
     runner.sampling_tensors(step)
     tokens = torch.full((len(step.sample_seq_indices),), 7, dtype=torch.int64, device=runner.device)
     if runner.tp > 1:
-        scores = torch.zeros_like(tokens, dtype=torch.float32)
-        winners = all_gather_stacked(torch.stack([scores, tokens.float()]))
-        tokens = pick_shard_winner(winners[:, 0], winners[:, 1]).long()
+        tokens = exchange_winners(torch.zeros_like(tokens, dtype=torch.float32), tokens)
     return tokens, True
 
 

@@ -37,6 +37,13 @@ def substitute_tokens(input_ids: torch.Tensor, rows: torch.Tensor, prev_tokens: 
     return torch.where(rows >= 0, prev_tokens[rows.clamp(min=0)], input_ids)
 
 
+def exchange_winners(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Every rank's per-row winner (score, token id) to every rank, in one all-gather; returns the
+    best per row. Token ids travel as float32, exact below 2^24."""
+    winners = all_gather_stacked(torch.stack([scores, tokens.float()]))
+    return pick_shard_winner(winners[:, 0], winners[:, 1]).long()
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, rank: int = 0, dist_init: str | None = None):
         self.config, self.rank = config, rank
@@ -201,9 +208,7 @@ class ModelRunner:
         """Each rank draws from its vocabulary shard; one all-gather of (score, token) per row
         gives every rank the step's tokens."""
         logits, vocab_offset = self.model.compute_local_logits(hidden)
-        scores, tokens = self.sampler.shard_winners(logits, sampling, vocab_offset)
-        winners = all_gather_stacked(torch.stack([scores, tokens.float()]))
-        return pick_shard_winner(winners[:, 0], winners[:, 1]).long()
+        return exchange_winners(*self.sampler.shard_winners(logits, sampling, vocab_offset))
 
     def forward_hidden(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor:
         """The last layer's hidden states, through the captured graph for a decode step that fits."""
@@ -219,7 +224,8 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, step: StepInput) -> None:
         """Enqueues a step without waiting for it. Inputs marked in `step.prev_sample_rows` come from
-        the previous launched step's samples, which every rank holds (rank 0 broadcasts them)."""
+        the previous launched step's samples, which every rank holds (drawn shard by shard, or
+        broadcast by rank 0)."""
         tokens, on_every_rank = self.forward_step(step, self.last_sampled)
         if self.tp > 1 and not on_every_rank:
             tokens = self.share_sampled(tokens, len(step.sample_seq_indices))
