@@ -1,0 +1,98 @@
+"""The split-K decode kernel compiled offline for sm_90 (no GPU needed), and what its SASS does.
+
+    python experiments/kernels/decode_sass.py [--configs 128,4,3 64,4,3] [--dtypes fp8 bf16]
+
+Compiles `_decode_split_kernel` at Qwen3-0.6B's layer shape (GQA 2, head_dim 128, block size 256,
+one split) with the divisibility hints a real launch gets (pointers and strides divisible by 16),
+disassembles it with the cuobjdump that ships with Triton, and prints, per config: the kernel's
+instruction count, its main loop's (the one backward branch) and the loop's most frequent opcodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from nanoexp.kernels import triton_attention
+
+DIVISIBLE = ("stride_qb", "stride_qh", "stride_cb", "stride_cp", "stride_ch", "stride_ob", "stride_oh")
+INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4})\*/\s+(.*?);")
+
+
+def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int):
+    cache = "*fp8e4nv" if fp8 else "*bf16"
+    signature = {
+        "q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
+        "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32",
+        "counters_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32",
+        "num_splits": "i32", "stride_qb": "i32", "stride_qh": "i32", "stride_cb": "i32", "stride_cp": "i32",
+        "stride_ch": "i32", "stride_bt": "i32", "stride_ob": "i32", "stride_oh": "i32",
+    }  # fmt: skip
+    constants = dict(
+        GROUP=2, GROUP_PAD=16, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256, BLOCK_N=block_n,
+        SINGLE_SPLIT=True, KV_FP8=fp8, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False,
+    )  # fmt: skip
+    signature |= dict.fromkeys(constants, "constexpr")
+    names = list(signature)
+    aligned = [n for n in names if n.endswith("_ptr") or n in DIVISIBLE]
+    source = ASTSource(
+        fn=triton_attention._decode_split_kernel,
+        signature=signature,
+        constexprs={(names.index(k),): v for k, v in constants.items()},
+        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
+    )
+    options = {"num_warps": warps, "num_stages": stages}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def sass(cubin: bytes) -> list[tuple[int, str]]:
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return [(int(m.group(1), 16), m.group(2)) for m in map(INSTRUCTION.match, text.splitlines()) if m]
+
+
+def opcode(instruction: str) -> str:
+    words = instruction.split()
+    return words[1] if words[0].startswith("@") else words[0]  # skip a predicate
+
+
+def main_loop(code: list[tuple[int, str]]) -> list[str]:
+    for address, text in code:
+        target = re.search(r"BRA.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            start = int(target.group(1), 16)
+            return [t for a, t in code if start <= a <= address]
+    return []
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--configs", nargs="+", default=["128,4,3", "128,4,2", "64,4,3"],
+                        help="keys per tile, warps, stages")  # fmt: skip
+    parser.add_argument("--dtypes", nargs="+", choices=["fp8", "bf16"], default=["fp8", "bf16"])
+    args = parser.parse_args()
+    for dtype in args.dtypes:
+        for config in args.configs:
+            block_n, warps, stages = map(int, config.split(","))
+            kernel = compile_kernel(dtype == "fp8", block_n, warps, stages)
+            code = sass(kernel.asm["cubin"])
+            loop = Counter(opcode(t) for t in main_loop(code))
+            moves = loop["IMAD.MOV.U32"] + loop["MOV"]
+            print(f"{dtype} {block_n} keys {warps}w {stages}s: shared {kernel.metadata.shared} B, kernel "
+                  f"{len(code)} instructions, loop {sum(loop.values())} ({moves} moves), "
+                  f"top: {', '.join(f'{op} {n}' for op, n in loop.most_common(8))}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
