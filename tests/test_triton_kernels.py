@@ -6,6 +6,8 @@ fp16/fp32 (the interpreter mishandles bf16 dots). The `gpu` tests use real Qwen3
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -234,6 +236,23 @@ def test_prefill_without_cached_prefix(dtype, group):
     q_lens = [1, 9, 70, 130]
     out, ref = run_prefill(q_lens, q_lens, 2 * group, 2, 40, 16, dtype)
     assert_close(out, ref, dtype)
+
+
+def test_prefill_reads_k_and_v_through_their_own_strides():
+    """v as a view into the fused qkv projection (row stride = its width), k a separate tensor, as
+    the fused q/k norm + RoPE path passes them: no copy, same output as contiguous inputs."""
+    gen = torch.Generator().manual_seed(5)
+    heads, kv_heads, head_dim, q_lens = 4, 2, 32, [3, 40, 17]
+    tokens = sum(q_lens)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(DEVICE, torch.float16)
+    q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim).clone()
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].reshape(tokens, kv_heads, head_dim).clone()
+    v = qkv[:, (heads + kv_heads) * head_dim :].view(tokens, kv_heads, head_dim)
+    cu = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=DEVICE)
+    args = (cu, max(q_lens), None, None, 0.2)
+    out = triton_attention.varlen_prefill(q, k, v, *args)
+    assert v.stride(0) != k.stride(0)
+    assert torch.equal(out, triton_attention.varlen_prefill(q, k, v.contiguous(), *args))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

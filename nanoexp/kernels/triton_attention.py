@@ -416,7 +416,8 @@ def _prefill_tiles(
     k_ptr,
     v_ptr,
     table,
-    kv_base,
+    k_base,
+    v_base,
     q_pos,
     dims,
     n_start,
@@ -424,6 +425,7 @@ def _prefill_tiles(
     ctx,
     qk_scale,
     stride_kt,
+    stride_vt,
     stride_cb,
     stride_cp,
     HEAD_DIM: tl.constexpr,
@@ -439,11 +441,12 @@ def _prefill_tiles(
         key_mask = pos < ctx
         if PAGED:
             rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
+            k_rows, v_rows = rows + k_base, rows + v_base
         else:
-            rows = pos.to(tl.int64) * stride_kt
-        rows += kv_base
-        k = _load_rows(k_ptr, rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
-        v = _load_rows(v_ptr, rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
+            k_rows = pos.to(tl.int64) * stride_kt + k_base
+            v_rows = pos.to(tl.int64) * stride_vt + v_base
+        k = _load_rows(k_ptr, k_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
+        v = _load_rows(v_ptr, v_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         if CAUSAL_MASK:
             visible = (pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
@@ -468,6 +471,8 @@ def _prefill_kernel(
     stride_qh,
     stride_kt,
     stride_kh,
+    stride_vt,
+    stride_vh,
     stride_cb,
     stride_cp,
     stride_ot,
@@ -485,7 +490,8 @@ def _prefill_kernel(
     """One (query tile, sequence, head). Query j sits at position ctx - q_len + j (causal).
 
     PAGED reads K/V through the block table (k_ptr/v_ptr are the caches, fp8 when KV_FP8);
-    otherwise K/V are this step's packed rows and the context is exactly the new tokens.
+    otherwise K/V are this step's packed rows (each with its own strides: v is usually a view
+    into the fused qkv projection) and the context is exactly the new tokens.
     """
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
@@ -498,10 +504,12 @@ def _prefill_kernel(
         return
     if PAGED:
         ctx = tl.load(context_lens_ptr + seq)
-        kv_base = (head // GROUP) * stride_kh
+        k_base = (head // GROUP) * stride_kh
+        v_base = k_base
     else:
         ctx = q_len
-        kv_base = q_start.to(tl.int64) * stride_kt + (head // GROUP) * stride_kh
+        k_base = q_start.to(tl.int64) * stride_kt + (head // GROUP) * stride_kh
+        v_base = q_start.to(tl.int64) * stride_vt + (head // GROUP) * stride_vh
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -519,13 +527,13 @@ def _prefill_kernel(
     full_end = (first_pos // BLOCK_N) * BLOCK_N
     diag_end = tl.minimum(first_pos + BLOCK_M, ctx)
     m, den, acc = _prefill_tiles(
-        q, m, den, acc, k_ptr, v_ptr, table, kv_base, q_pos, dims, 0, full_end, ctx,
-        qk_scale, stride_kt, stride_cb, stride_cp,
+        q, m, den, acc, k_ptr, v_ptr, table, k_base, v_base, q_pos, dims, 0, full_end, ctx,
+        qk_scale, stride_kt, stride_vt, stride_cb, stride_cp,
         HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, PAGED, False,
     )  # fmt: skip
     m, den, acc = _prefill_tiles(
-        q, m, den, acc, k_ptr, v_ptr, table, kv_base, q_pos, dims, full_end, diag_end, ctx,
-        qk_scale, stride_kt, stride_cb, stride_cp,
+        q, m, den, acc, k_ptr, v_ptr, table, k_base, v_base, q_pos, dims, full_end, diag_end, ctx,
+        qk_scale, stride_kt, stride_vt, stride_cb, stride_cp,
         HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, PAGED, True,
     )  # fmt: skip
 
@@ -575,8 +583,7 @@ def varlen_prefill(
     if paged:
         _check_cache(q, k, v, num_heads, num_kv_heads)
     else:
-        if k.stride() != v.stride() or k.stride(-1) != 1:  # e.g. v a view into the fused qkv
-            k, v = k.contiguous(), v.contiguous()
+        k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
         assert q.stride(-1) == 1 and num_heads % num_kv_heads == 0
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     num_seqs = cu_seqlens_q.shape[0] - 1
@@ -602,6 +609,8 @@ def varlen_prefill(
         q.stride(1),
         0 if paged else k.stride(0),
         k.stride(2) if paged else k.stride(1),
+        0 if paged else v.stride(0),
+        0 if paged else v.stride(1),
         k.stride(0) if paged else 0,
         k.stride(1) if paged else 0,
         out.stride(0),

@@ -2,9 +2,14 @@
 
 A categorical draw from softmax(x / t) is argmax(x / t + g) with g standard Gumbel noise
 (-log(-log(u))). The uniforms come from Philox in registers, keyed by the row's 64-bit seed and
-the vocabulary index, so nothing is materialized and a seeded row's draw does not depend on the
-rest of the batch. Each program scans one slice of one row and keeps, per lane, the best sampled
-and the best raw logit; a second kernel picks each row's winner across slices (ties go to the
+the vocabulary index (one Philox call gives the four uniforms of four consecutive token ids), so
+nothing is materialized and a seeded row's draw does not depend on the rest of the batch. On the
+GPU the two logs are the hardware's approximate log2 (relative error ~1e-7, far below what
+sampling can tell): the accurate log's polynomial and Philox bounded the kernel by its arithmetic
+(experiments/nanovllm_bench/notes.md, run 22).
+
+Each program scans one slice of one row and keeps, per lane, the best sampled and the best raw
+logit; a second kernel picks each row's winner across slices (ties go to the
 lowest index, as torch.argmax).
 
 A tensor-parallel rank can scan its own slice of the vocabulary (`shard_winners`, indices offset
@@ -34,6 +39,33 @@ def _best(values, indices):
     return top, index
 
 
+@triton.jit
+def _uniforms(seed, first_group, BLOCK: tl.constexpr):
+    """BLOCK uniforms in [0, 1) for tokens 4 * first_group onwards: token 4g + j takes output j of
+    Philox(seed, counter g)."""
+    groups = first_group + tl.arange(0, BLOCK // 4)
+    r0, r1, r2, r3 = tl.randint4x(seed, groups)
+    bits = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK])
+    return tl.random.uint_to_uniform_float(bits)
+
+
+@triton.jit
+def _log2(x, FAST: tl.constexpr):
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def _gumbel(u, FAST_LOG: tl.constexpr):
+    """-log(-log(u)), through log2."""
+    LN2: tl.constexpr = 0.6931471805599453
+    return -LN2 * _log2(-LN2 * _log2(u, FAST_LOG), FAST_LOG)
+
+
 @triton.jit(do_not_specialize=["stride_row", "vocab_size", "slice_len", "num_slices", "vocab_offset"])
 def _sample_slice_kernel(
     logits_ptr,
@@ -47,6 +79,7 @@ def _sample_slice_kernel(
     num_slices,
     vocab_offset,  # the full-vocabulary index of column 0
     BLOCK: tl.constexpr,
+    FAST_LOG: tl.constexpr = True,
     PDL: tl.constexpr = False,
 ):
     wait_for_previous(PDL)
@@ -63,13 +96,15 @@ def _sample_slice_kernel(
     best_logit_index = tl.zeros([BLOCK], tl.int32)
     start = part * slice_len
     end = tl.minimum(start + slice_len, vocab_size)
-    for offset in range(start, end, BLOCK):
-        index = offset + lanes
-        inside = index < end
-        x = tl.load(row_logits + index, mask=inside, other=float("-inf")).to(tl.float32)
-        index += vocab_offset
-        u = tl.rand(seed, index)
-        score = x * inv_temperature - tl.log(-tl.log(u))
+    # Tiles start at full-vocabulary ids that are multiples of 4, so every shard draws the same
+    # four uniforms for the same four tokens whatever its vocab_offset.
+    first = (start + vocab_offset) // 4 * 4
+    for tile in range(first, end + vocab_offset, BLOCK):
+        index = tile + lanes
+        local = index - vocab_offset
+        inside = (local >= start) & (local < end)
+        x = tl.load(row_logits + local, mask=inside, other=float("-inf")).to(tl.float32)
+        score = x * inv_temperature + _gumbel(_uniforms(seed, tile // 4, BLOCK), FAST_LOG)
         score = tl.where(inside, score, float("-inf"))
         better = score > best_score
         best_score = tl.where(better, score, best_score)
@@ -145,7 +180,7 @@ def _scan(
     part_indices = torch.empty((rows, slices, 2), dtype=torch.int32, device=logits.device)
     _sample_slice_kernel[(rows, slices)](
         logits, logits.stride(0), temperatures, seeds, parts, part_indices, vocab_size, slice_len, slices,
-        vocab_offset, BLOCK=BLOCK, **launch_options(),
+        vocab_offset, BLOCK=BLOCK, FAST_LOG=logits.is_cuda, **launch_options(),
     )  # fmt: skip
     _pick_kernel[(rows,)](
         parts, part_indices, temperatures, out, out if values is None else values, slices,

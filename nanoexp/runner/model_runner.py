@@ -52,6 +52,7 @@ class ModelRunner:
         self.model, self.hf_config, self.backend = loaded.model, loaded.hf_config, loaded.backend
         self.device, self.dtype = loaded.device, loaded.dtype
         self.skinny_gemm = loaded.skinny_gemm
+        self.swiglu_kernel = loaded.swiglu_kernel
         self.max_model_len = loaded.max_model_len
         self.all_reduce = init_all_reduce(
             config.parallel.all_reduce, self.device, self.dtype, self.decode_message_bytes()
@@ -261,6 +262,7 @@ class ModelRunner:
             "attention_backend": self.backend.name,
             "attention_backend_selection": self.backend.selection,
             "gemm_backend": self.skinny_gemm.describe() if self.skinny_gemm else "torch",
+            "swiglu_kernel": self.swiglu_kernel,
             "pdl": pdl.enabled(),
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,

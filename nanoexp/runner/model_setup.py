@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.gemm_select import SkinnyGemm, make_skinny_gemm
 from nanoexp.kernels.select import make_attention_backend, triton_available
+from nanoexp.layers.activation import bind_activation_kernel
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.linear import bind_gemm_backend
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
@@ -38,6 +40,7 @@ class LoadedModel:
     load_s: float
     max_model_len: int  # the configured limit, or the model's own
     skinny_gemm: SkinnyGemm | None  # the Triton GEMM for decode-sized rows, or None: torch only
+    swiglu_kernel: bool = False  # SwiGLU through the Triton kernel (else torch's op)
 
 
 def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = None) -> LoadedModel:
@@ -63,7 +66,20 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     skinny = make_skinny_gemm(config.execution.gemm_backend, device, dtype)
     pdl.configure(config.execution.pdl, device, triton_available())
     bind_gemm_backend(model, skinny)
-    return LoadedModel(model, hf_config, device, dtype, backend, load_s, max_model_len, skinny)
+    swiglu = swiglu_kernel(device, dtype)
+    bind_activation_kernel(model, swiglu)
+    return LoadedModel(
+        model, hf_config, device, dtype, backend, load_s, max_model_len, skinny, swiglu is not None
+    )
+
+
+def swiglu_kernel(device: torch.device, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The Triton SwiGLU on CUDA in bf16/fp16; float32 keeps torch's op, the parity reference."""
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or not triton_available():
+        return None
+    from nanoexp.kernels.triton_fused import silu_and_mul
+
+    return silu_and_mul
 
 
 def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
