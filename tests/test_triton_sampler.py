@@ -109,3 +109,23 @@ def test_shard_winners_pick_what_the_whole_vocabulary_scan_draws(cuts):
     got = pick_shard_winner(torch.stack(scores), torch.stack(tokens)).cpu()
     assert got.tolist() == want.tolist()
     assert got[0] == 900
+
+
+def test_token_4g_plus_j_takes_philox_output_j_of_counter_g():
+    """The noise-to-token mapping seeded draws depend on: one Philox call per four token ids."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def uniforms_and_reference(out_ptr, ref_ptr, seed):
+        tl.store(out_ptr + tl.arange(0, 16), triton_sampler._uniforms(seed, 5, 16))
+        r0, r1, r2, r3 = tl.randint4x(seed, 5 + tl.arange(0, 4))
+        groups = tl.arange(0, 4) * 4
+        tl.store(ref_ptr + groups, tl.random.uint_to_uniform_float(r0))
+        tl.store(ref_ptr + groups + 1, tl.random.uint_to_uniform_float(r1))
+        tl.store(ref_ptr + groups + 2, tl.random.uint_to_uniform_float(r2))
+        tl.store(ref_ptr + groups + 3, tl.random.uint_to_uniform_float(r3))
+
+    out, ref = torch.zeros(16, device=DEVICE), torch.ones(16, device=DEVICE)
+    uniforms_and_reference[(1,)](out, ref, 1234)
+    assert torch.equal(out, ref)

@@ -11,55 +11,28 @@ instruction count, its main loop's (the one backward branch) and the loop's most
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
-import tempfile
 from collections import Counter
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
 from nanoexp.kernels import triton_attention
+from nanoexp.kernels.offline_sass import compile_offline, sass
 
 DIVISIBLE = ("stride_qb", "stride_qh", "stride_cb", "stride_cp", "stride_ch", "stride_ob", "stride_oh")
-INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4})\*/\s+(.*?);")
 
 
 def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int):
     cache = "*fp8e4nv" if fp8 else "*bf16"
-    signature = {
+    types = {
         "q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
         "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32",
         "counters_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32",
-        "num_splits": "i32", "stride_qb": "i32", "stride_qh": "i32", "stride_cb": "i32", "stride_cp": "i32",
-        "stride_ch": "i32", "stride_bt": "i32", "stride_ob": "i32", "stride_oh": "i32",
     }  # fmt: skip
     constants = dict(
         GROUP=2, GROUP_PAD=16, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256, BLOCK_N=block_n,
         SINGLE_SPLIT=True, KV_FP8=fp8, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False,
     )  # fmt: skip
-    signature |= dict.fromkeys(constants, "constexpr")
-    names = list(signature)
-    aligned = [n for n in names if n.endswith("_ptr") or n in DIVISIBLE]
-    source = ASTSource(
-        fn=triton_attention._decode_split_kernel,
-        signature=signature,
-        constexprs={(names.index(k),): v for k, v in constants.items()},
-        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
-    )
-    options = {"num_warps": warps, "num_stages": stages}
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-
-
-def sass(cubin: bytes) -> list[tuple[int, str]]:
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    return [(int(m.group(1), 16), m.group(2)) for m in map(INSTRUCTION.match, text.splitlines()) if m]
+    kernel = triton_attention._decode_split_kernel
+    return compile_offline(kernel, types, constants, DIVISIBLE, num_warps=warps, num_stages=stages)
 
 
 def opcode(instruction: str) -> str:

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One device call for the per-step fixed cost and the fp8 KV cache, logs under $OUT.
 # Usage (repo root, on the GPU machine): bash experiments/nanovllm_bench/kv_fp8_session.sh [parts]
-# parts: tests fused decode pdl profile sweep tiny tiles host (default: tests fused decode)
+# parts: tests fused decode pdl prefetch profile sweep tiny tiles host splits ncu (default: tests fused decode)
 #   tests   GPU tests of the fused norm/RoPE/store kernel, the one-pass decode, the fp8 cache and
 #           the quality probe (tests/test_gpu_engine.py, test_skinny_gemm.py: `pytest -m gpu tests`)
 #   fused   experiments/nanovllm_bench/bench_fused.py
 #   decode  decode-step table per cache dtype (auto, fp8_e4m3), each against its own floor
 #   pdl     decode-step table with programmatic dependent launch off, then on (bf16 cache)
+#   prefetch  the same, engine.pdl=on against prefetch (early launch, GEMM weights prefetched), alternated
 #   host    the host's decode step with a stub model, this machine's CPU, inputs through pinned
 #           copies to the GPU (experiments/nanovllm_bench/host_step.py; TP=2 too with 2 GPUs)
 #   profile the kernels of one batch-1 and one batch-128 decode step
@@ -41,6 +42,10 @@ for part in $parts; do
     pdl) for choice in off on; do
            timeout 150 python3 experiments/nanovllm_bench/decode_step.py --pdl $choice \
              --batches 1,16,64,256 --contexts 1024 --out "$OUT/decode_pdl_$choice.md" 2>&1 | tail -5
+         done ;;
+    prefetch) for choice in on prefetch on prefetch; do  # alternated: each twice
+           timeout 120 python3 experiments/nanovllm_bench/decode_step.py --pdl $choice \
+             --batches 1,16,64 --contexts 1024 --out "$OUT/decode_pdl_$choice.md" 2>&1 | tail -4
          done ;;
     host) timeout 200 python3 experiments/nanovllm_bench/host_step.py --device cuda 2>&1 | grep "^|" | tee "$OUT/host_step.md"
           if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then

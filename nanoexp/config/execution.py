@@ -10,7 +10,7 @@ from nanoexp.config.checks import choice, integer
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 GEMM_BACKENDS = ("auto", "torch", "triton")
-PDL_CHOICES = ("auto", "on", "off")
+PDL_CHOICES = ("auto", "on", "off", "prefetch")
 
 
 @dataclass
@@ -23,7 +23,8 @@ class ExecutionConfig:
     # faster than torch (cuBLAS), on CUDA in bf16/fp16; torch everywhere else
     gemm_backend: str = "auto"
     # programmatic dependent launch of the decode graphs' Triton kernels (kernels/pdl.py): each
-    # launches as the previous one exits; auto = on for CUDA compute capability 9.0+
+    # launches as the previous one exits; auto = on for CUDA compute capability 9.0+; prefetch =
+    # early launch with the GEMMs' weights prefetched (a variant under measurement)
     pdl: str = "auto"
     seed: int = 0  # dummy weights and unseeded sampling
 

@@ -19,7 +19,7 @@ import triton.language as tl
 from nanoexp.kernels.base import num_sms
 from nanoexp.kernels.norm_first import NormFirst
 from nanoexp.kernels.pdl import launch_options
-from nanoexp.kernels.triton_pdl import wait_for_previous
+from nanoexp.kernels.triton_pdl import prefetch_l2, wait_for_previous
 
 MAX_ROWS = 64
 TICKETS = 8192  # column tiles per launch that can split K
@@ -85,6 +85,17 @@ def _sum_splits(part_ptr, rows, cols, out_mask, N, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def _prefetch_weights(w_rows, up_offset, col_mask, k_start, k_end, GATED: tl.constexpr):
+    """This program's weight rows [k_start, k_end) (and the up half's when GATED) into L2."""
+    starts = tl.reshape(w_rows, [w_rows.shape[0]]) + k_start
+    nbytes = (k_end - k_start) * w_rows.dtype.element_ty.primitive_bitwidth // 8
+    aligned = (starts.to(tl.int64) % 16 == 0) & (nbytes % 16 == 0) & (nbytes > 0)
+    prefetch_l2(starts, nbytes, col_mask & aligned)
+    if GATED:
+        prefetch_l2(starts + up_offset, nbytes, col_mask & aligned)
+
+
+@triton.jit
 def _skinny_gemm_kernel(
     x_ptr,
     w_ptr,
@@ -114,8 +125,8 @@ def _skinny_gemm_kernel(
 ):
     """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
     NORM: x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0) writes x + residual
-    to sum_ptr (the next residual). Every program computes the rows' rms itself: fine at few rows."""
-    wait_for_previous(PDL)
+    to sum_ptr (the next residual). Every program computes the rows' rms itself: fine at few rows.
+    PDL == 2: the weight tile, which no kernel writes, is prefetched into L2 before the wait."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -127,9 +138,12 @@ def _skinny_gemm_kernel(
     k_per_split = (k_per_split + BLOCK_K - 1) // BLOCK_K * BLOCK_K
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_wn
+    if PDL == 2:
+        _prefetch_weights(w_rows, N.to(tl.int64) * stride_wn, col_mask, k_start, k_end, GATED)
+    wait_for_previous(PDL)
     row_offsets = rows[:, None].to(tl.int64) * stride_xm
     x_rows, r_rows = x_ptr + row_offsets, residual_ptr + row_offsets
-    w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_wn
     rstd = tl.full([BLOCK_M], 1.0, tl.float32)
     if NORM:
         write_sum = (tile == 0) & (split == 0)

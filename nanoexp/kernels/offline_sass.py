@@ -1,0 +1,53 @@
+"""Compile a Triton kernel for a GPU that is not here, and read its SASS.
+
+Used to check kernels whose variants only run on a given architecture (e.g. Hopper's bulk L2
+prefetch) from a CPU-only machine, and to count what their loops execute
+(experiments/kernels/decode_sass.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4})\*/\s+(.*?);")
+
+
+def compile_offline(
+    kernel, types: dict[str, str], constants: dict, aligned: tuple[str, ...] | None = None, arch: int = 90,
+    num_warps: int = 4, num_stages: int = 3,
+):
+    """`kernel` compiled for sm_`arch`. `types` gives the Triton type of pointers and floats by
+    parameter name (others are i32). Pointers and the integers named in `aligned` (default: every
+    stride) get the 16-divisibility a real launch with aligned tensors gets."""
+    params = inspect.signature(kernel.fn).parameters
+    signature = {name: types.get(name, "i32") for name in params if name not in constants}
+    signature |= dict.fromkeys(constants, "constexpr")
+    names = [name for name in params if name in signature]
+    divisible = aligned or tuple(n for n in names if n.startswith("stride"))
+    divisible = [n for n in names if n.endswith("_ptr") or n in divisible]
+    source = ASTSource(
+        fn=kernel,
+        signature={name: signature[name] for name in names},
+        constexprs={(names.index(k),): v for k, v in constants.items()},
+        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible},
+    )
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def sass(cubin: bytes) -> list[tuple[int, str]]:
+    """(address, instruction) of a compiled kernel, from the cuobjdump that ships with Triton."""
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return [(int(m.group(1), 16), m.group(2)) for m in map(INSTRUCTION.match, text.splitlines()) if m]
