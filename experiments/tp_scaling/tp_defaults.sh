@@ -33,15 +33,15 @@ for part in ${*:-bench8b latency}; do
     bench8b) sweep bench8b 300 experiment=nanovllm_bench model=qwen3_8b "${dummy[@]}" \
       parallel=tp1,tp2 parallel.all_reduce=nccl,auto ;;
     tp8b) sweep tp8b 300 experiment=nanovllm_bench model=qwen3_8b "${dummy[@]}" parallel=tp1,tp2 ;;
-    latency) sweep latency 240 model=qwen3_8b,qwen3_0_6b "${dummy[@]}" workload=latency \
+    latency) sweep latency 420 model=qwen3_8b,qwen3_0_6b "${dummy[@]}" workload=latency \
       workload.batch_size=1 scheduler.max_num_seqs=8 parallel=tp1,tp2 ;;
     async8b) sweep async8b 200 experiment=nanovllm_bench model=qwen3_8b "${dummy[@]}" parallel=tp2 \
       scheduler.async_scheduling=false,true ;;
-    sampling) sweep sampling 240 model=qwen3_0_6b "${dummy[@]}" workload=latency workload.batch_size=1 \
+    sampling) sweep sampling 360 model=qwen3_0_6b "${dummy[@]}" workload=latency workload.batch_size=1 \
       scheduler.max_num_seqs=8 parallel=tp1,tp2 parallel.sharded_sampling=false,true ;;
     sampling8b) sweep sampling8b 420 experiment=nanovllm_bench model=qwen3_8b "${dummy[@]}" \
       parallel=tp1,tp2 parallel.sharded_sampling=false,true ;;
-    latency8b) sweep latency8b 200 model=qwen3_8b "${dummy[@]}" workload=latency workload.batch_size=1 \
+    latency8b) sweep latency8b 300 model=qwen3_8b "${dummy[@]}" workload=latency workload.batch_size=1 \
       scheduler.max_num_seqs=8 parallel=tp1,tp2 ;;
     gpu_tests|gpu_tests_engine|gpu_tests_rest)
       engine_files="tests/test_gpu_engine.py tests/test_gpu_all_reduce.py tests/test_kv_quality.py"
