@@ -31,8 +31,8 @@ def compile_offline(
     signature = {name: types.get(name, "i32") for name in params if name not in constants}
     signature |= dict.fromkeys(constants, "constexpr")
     names = [name for name in params if name in signature]
-    divisible = aligned or tuple(n for n in names if n.startswith("stride"))
-    divisible = [n for n in names if n.endswith("_ptr") or n in divisible]
+    integers = aligned if aligned is not None else tuple(n for n in names if n.startswith("stride"))
+    divisible = [n for n in names if n.endswith("_ptr") or n in integers]
     source = ASTSource(
         fn=kernel,
         signature={name: signature[name] for name in names},

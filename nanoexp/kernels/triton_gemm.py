@@ -89,10 +89,9 @@ def _prefetch_weights(w_rows, up_offset, col_mask, k_start, k_end, GATED: tl.con
     """This program's weight rows [k_start, k_end) (and the up half's when GATED) into L2."""
     starts = tl.reshape(w_rows, [w_rows.shape[0]]) + k_start
     nbytes = (k_end - k_start) * w_rows.dtype.element_ty.primitive_bitwidth // 8
-    aligned = (starts.to(tl.int64) % 16 == 0) & (nbytes % 16 == 0) & (nbytes > 0)
-    prefetch_l2(starts, nbytes, col_mask & aligned)
+    prefetch_l2(starts, nbytes, col_mask)
     if GATED:
-        prefetch_l2(starts + up_offset, nbytes, col_mask & aligned)
+        prefetch_l2(starts + up_offset, nbytes, col_mask)
 
 
 @triton.jit

@@ -18,7 +18,9 @@ def wait_for_previous(PDL: tl.constexpr):
 @triton.jit
 def prefetch_l2(ptrs, nbytes, mask):
     """Ask for each [ptrs, ptrs + nbytes) where mask holds to be brought into L2, without waiting
-    (a bulk prefetch, Hopper and newer; addresses and sizes must be multiples of 16 bytes)."""
+    (a bulk prefetch, Hopper and newer). Ranges whose address or size is not a multiple of 16
+    bytes, which the instruction does not take, are skipped."""
+    mask = mask & (ptrs.to(tl.int64) % 16 == 0) & (nbytes % 16 == 0) & (nbytes > 0)
     return tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.b32 p, $3, 0; "
         "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
