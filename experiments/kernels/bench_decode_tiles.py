@@ -8,6 +8,7 @@ the device either way). A tile a dtype cannot compile (shared memory) prints "-"
 
     python experiments/kernels/bench_decode_tiles.py [--dtypes bf16 fp8_e4m3] [--out table.md]
     python experiments/kernels/bench_decode_tiles.py --splits 1 2 4 8   # the default tile per split count
+    python experiments/kernels/bench_decode_tiles.py --v-layout key_major  # V pages [heads, dims, keys]
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 28, 16, 8, 128, 256
 # (keys per tile, warps, stages); the first is the bf16 default
 CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8, 2), (128, 8, 3),
            (256, 8, 2))
+# key-major V pages stage fp8 as loaded (no fp16 copy), so deeper pipelines fit; the first column
+# is the row-major layout's default, the rest key-major
+KEY_MAJOR_CONFIGS = ((None, None, None), (None, None, None), (64, 4, 3), (64, 4, 4), (128, 4, 3),
+                     (128, 4, 4), (256, 4, 2), (128, 8, 3))
 SHAPES = ((64, 1024), (64, 2048), (256, 1024), (128, 4096))  # 28 bf16 caches of 128 x 4096: 60 GB
 DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
@@ -43,17 +48,32 @@ def time_tile(q, caches, tables, lens, context: int, config: tuple, scale: torch
         return "-"
 
 
-def row_for(name: str, batch: int, context: int, configs: list[tuple]) -> str:
+def layer_cache(blocks: int, dtype: torch.dtype, key_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    k = torch.randn(blocks, BLOCK, KV_HEADS, DIM, device="cuda").to(dtype)
+    if not key_major:
+        return k, torch.randn(blocks, BLOCK, KV_HEADS, DIM, device="cuda").to(dtype)
+    v = torch.randn(blocks, KV_HEADS, DIM, BLOCK, device="cuda").to(dtype)
+    return k, v.permute(0, 3, 1, 2)
+
+
+def row_for(name: str, batch: int, context: int, configs: list[tuple], key_major: bool = False) -> str:
+    """One table row; with key_major the first config runs on row-major caches (the baseline),
+    the others on key-major V pages (each set allocated in turn: 128 x 4,096 bf16 is 60 GB)."""
     dtype = DTYPES[name]
     blocks = batch * context // BLOCK
-    caches = [torch.randn(2, blocks, BLOCK, KV_HEADS, DIM, device="cuda").to(dtype) for _ in range(LAYERS)]
     q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
     tables = torch.arange(blocks, device="cuda", dtype=torch.int32).view(batch, -1)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
     scale = torch.ones(1, device="cuda")
-    cells = " | ".join(time_tile(q, caches, tables, lens, context, c, scale) for c in configs)
+    groups = [(False, configs[:1]), (True, configs[1:])] if key_major else [(False, configs)]
+    cells = []
+    for layout_key_major, group in groups:
+        caches = [layer_cache(blocks, dtype, layout_key_major) for _ in range(LAYERS)]
+        cells += [time_tile(q, caches, tables, lens, context, c, scale) for c in group]
+        del caches
+        torch.cuda.empty_cache()
     floor = batch * context * KV_HEADS * DIM * 2 * dtype.itemsize / 4.2e12 * 1e6
-    return f"| {name} | {batch} | {context} | {cells} | {floor:.1f} |"
+    return f"| {name} | {batch} | {context} | {' | '.join(cells)} | {floor:.1f} |"
 
 
 def main() -> None:
@@ -62,8 +82,14 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     parser.add_argument("--splits", nargs="+", type=int, default=None,
                         help="time the default tile at these split counts instead of the tile configs")
+    parser.add_argument("--v-layout", choices=["row_major", "key_major"], default="row_major")
     args = parser.parse_args()
-    if args.splits:
+    key_major = args.v_layout == "key_major"
+    if key_major:
+        configs = [(*c, None) for c in KEY_MAJOR_CONFIGS]
+        heads = " | ".join(f"{n}k {w}w {st}s us" if n else "default us" for n, w, st in KEY_MAJOR_CONFIGS)
+        heads = heads.replace("default us", "row-major default us", 1)
+    elif args.splits:
         configs = [(None, None, None, n) for n in args.splits]
         heads = " | ".join(f"{n} splits us" for n in args.splits)
     else:
@@ -74,7 +100,7 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     for name in args.dtypes:
         for batch, context in SHAPES:
-            lines.append(row_for(name, batch, context, configs))
+            lines.append(row_for(name, batch, context, configs, key_major))
             print(lines[-1], flush=True)
             torch.cuda.empty_cache()
     if args.out:

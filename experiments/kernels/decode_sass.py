@@ -17,10 +17,11 @@ from collections import Counter
 from nanoexp.kernels import triton_attention
 from nanoexp.kernels.offline_sass import compile_offline, sass
 
-DIVISIBLE = ("stride_qb", "stride_qh", "stride_cb", "stride_cp", "stride_ch", "stride_ob", "stride_oh")
+DIVISIBLE = ("stride_qb", "stride_qh", "stride_cb", "stride_cp", "stride_ch", "stride_vb", "stride_vh",
+             "stride_vd", "stride_ob", "stride_oh")
 
 
-def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int):
+def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int, key_major: bool = False):
     cache = "*fp8e4nv" if fp8 else "*bf16"
     types = {
         "q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
@@ -29,7 +30,7 @@ def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int):
     }  # fmt: skip
     constants = dict(
         GROUP=2, GROUP_PAD=16, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256, BLOCK_N=block_n,
-        SINGLE_SPLIT=True, KV_FP8=fp8, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False,
+        SINGLE_SPLIT=True, KV_FP8=fp8, V_KEY_MAJOR=key_major, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False,
     )  # fmt: skip
     kernel = triton_attention._decode_split_kernel
     return compile_offline(kernel, types, constants, DIVISIBLE, num_warps=warps, num_stages=stages)
@@ -54,11 +55,12 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=["128,4,3", "128,4,2", "64,4,3"],
                         help="keys per tile, warps, stages")  # fmt: skip
     parser.add_argument("--dtypes", nargs="+", choices=["fp8", "bf16"], default=["fp8", "bf16"])
+    parser.add_argument("--v-layout", choices=["row_major", "key_major"], default="row_major")
     args = parser.parse_args()
     for dtype in args.dtypes:
         for config in args.configs:
             block_n, warps, stages = map(int, config.split(","))
-            kernel = compile_kernel(dtype == "fp8", block_n, warps, stages)
+            kernel = compile_kernel(dtype == "fp8", block_n, warps, stages, args.v_layout == "key_major")
             code = sass(kernel.asm["cubin"])
             loop = Counter(opcode(t) for t in main_loop(code))
             moves = loop["IMAD.MOV.U32"] + loop["MOV"]

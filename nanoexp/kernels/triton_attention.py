@@ -81,6 +81,47 @@ def _widen_fp8_values(v, key_mask):
 
 
 @triton.jit
+def _load_values_key_major(
+    v_ptr,
+    table_ptr,
+    pos,
+    n0,
+    key_mask,
+    dims,
+    kv_head,
+    stride_vb,
+    stride_vh,
+    stride_vd,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """A [keys, dims] tile of a V cache whose pages are key-major ([blocks, heads, dims, keys]).
+
+    Adjacent keys are adjacent in memory, the order P @ V reads V in, so an fp8 tile is staged as
+    loaded and widened after the dot's operand load (no byte gathers, no fp16 staging). Unmasked
+    (MASKED false), every key of the tile must be below the context length: its page is real and
+    its bytes were written by the store.
+    """
+    if BLOCK_SIZE >= BLOCK_N:
+        page = tl.load(table_ptr + n0 // BLOCK_SIZE).to(tl.int64)
+        first = tl.multiple_of(n0 % BLOCK_SIZE, BLOCK_N)
+        keys = page * stride_vb + first + tl.arange(0, BLOCK_N)
+    else:
+        page = tl.load(table_ptr + pos // BLOCK_SIZE, mask=key_mask, other=0).to(tl.int64)
+        keys = page * stride_vb + pos % BLOCK_SIZE
+    ptrs = v_ptr + kv_head * stride_vh + keys[:, None] + dims[None, :] * stride_vd
+    if MASKED:
+        return tl.load(ptrs, mask=key_mask[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
+    elif HEAD_DIM == DIM_PAD:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=dims[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
 def _online_softmax_step(s, m, den, acc, v):
     """Fold one tile of log2-domain scores s [M, N] and values v [N, D] into (m, den, acc)."""
     m_new = tl.maximum(m, tl.reduce(s, 1, _max_combine))
@@ -89,6 +130,53 @@ def _online_softmax_step(s, m, den, acc, v):
     den = den * alpha + tl.reduce(p, 1, _sum_combine)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     return m_new, den, acc
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    m,
+    den,
+    acc,
+    k_cache_ptr,
+    v_cache_ptr,
+    table,
+    n0,
+    end,
+    dims,
+    kv_head,
+    qk_scale,
+    stride_cb,
+    stride_cp,
+    stride_ch,
+    stride_vb,
+    stride_vh,
+    stride_vd,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    V_KEY_MAJOR: tl.constexpr,
+    V_MASKED: tl.constexpr,
+):
+    """Fold the keys n0 .. n0 + BLOCK_N (those below end) of one kv head into (m, den, acc)."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    key_mask = pos < end
+    kv_rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
+    kv_rows += kv_head * stride_ch
+    k = _load_rows(k_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
+    if V_KEY_MAJOR:
+        v = _load_values_key_major(
+            v_cache_ptr, table, pos, n0, key_mask, dims, kv_head, stride_vb, stride_vh, stride_vd,
+            HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, V_MASKED,
+        ).to(q.dtype)  # fmt: skip
+    else:
+        v = _load_rows(v_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD)
+        v = _widen_fp8_values(v, key_mask) if KV_FP8 else v.to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    s = tl.where(key_mask[None, :], s, float("-inf"))
+    return _online_softmax_step(s, m, den, acc, v)
 
 
 @triton.jit
@@ -111,6 +199,9 @@ def _decode_split_kernel(
     stride_cb,
     stride_cp,
     stride_ch,
+    stride_vb,
+    stride_vh,
+    stride_vd,
     stride_bt,
     stride_ob,
     stride_oh,
@@ -122,6 +213,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
     KV_FP8: tl.constexpr,
+    V_KEY_MAJOR: tl.constexpr = False,
     FUSED_REDUCE: tl.constexpr = False,
     SPLITS_PAD: tl.constexpr = 1,
     PDL: tl.constexpr = False,
@@ -154,17 +246,21 @@ def _decode_split_kernel(
     den = tl.full([GROUP_PAD], 0.0, tl.float32)
     acc = tl.full([GROUP_PAD, DIM_PAD], 0.0, tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        key_mask = pos < end
-        kv_rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
-        kv_rows += kv_head * stride_ch
-        k = _load_rows(k_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
-        v = _load_rows(v_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD)
-        v = _widen_fp8_values(v, key_mask) if KV_FP8 else v.to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-        s = tl.where(key_mask[None, :], s, float("-inf"))
-        m, den, acc = _online_softmax_step(s, m, den, acc, v)
+    # Key-major V tiles load unmasked (a mask that varies along keys would split the loads into
+    # bytes) except the split's last, partial one.
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N if V_KEY_MAJOR else end
+    for n0 in range(start, full_end, BLOCK_N):
+        m, den, acc = _attend_tile(
+            q, m, den, acc, k_cache_ptr, v_cache_ptr, table, n0, end, dims, kv_head, qk_scale, stride_cb,
+            stride_cp, stride_ch, stride_vb, stride_vh, stride_vd, HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N,
+            KV_FP8, V_KEY_MAJOR, False,
+        )  # fmt: skip
+    if full_end < end:
+        m, den, acc = _attend_tile(
+            q, m, den, acc, k_cache_ptr, v_cache_ptr, table, full_end, end, dims, kv_head, qk_scale,
+            stride_cb, stride_cp, stride_ch, stride_vb, stride_vh, stride_vd, HEAD_DIM, DIM_PAD, BLOCK_SIZE,
+            BLOCK_N, KV_FP8, V_KEY_MAJOR, True,
+        )  # fmt: skip
 
     out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
     if KV_FP8:
@@ -373,6 +469,9 @@ def paged_decode(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(2),
+        v_cache.stride(3),
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
@@ -384,6 +483,7 @@ def paged_decode(
         BLOCK_N=block_n,
         SINGLE_SPLIT=num_splits == 1,
         KV_FP8=fp8,
+        V_KEY_MAJOR=is_key_major(v_cache),
         FUSED_REDUCE=fused_reduce,
         SPLITS_PAD=splits_pad,
         num_warps=num_warps,
@@ -651,9 +751,16 @@ def split_counters(device: torch.device, needed: int) -> torch.Tensor:
     return counters
 
 
+def is_key_major(v_cache: torch.Tensor) -> bool:
+    """Whether a [blocks, block_size, heads, dim] V cache view has adjacent keys adjacent in memory
+    (kernels/base.py allocates fp8 caches so)."""
+    return v_cache.stride(1) == 1 and v_cache.shape[1] > 1
+
+
 def _check_cache(q, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> None:
     assert q.stride(-1) == 1, "q needs a contiguous last dim"
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    assert k_cache.stride(-1) == 1 and k_cache.shape == v_cache.shape
+    assert k_cache.stride() == v_cache.stride() or is_key_major(v_cache)
     assert k_cache.shape[-1] == q.shape[-1] and num_heads % num_kv_heads == 0
     bs = k_cache.shape[1]
     assert bs & (bs - 1) == 0, f"block size {bs} must be a power of two"
