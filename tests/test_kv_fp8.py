@@ -21,7 +21,7 @@ from nanoexp.config import CacheConfig, EngineConfig, KnobError
 from nanoexp.experiment.schema import ConfigError, to_spec
 from nanoexp.kernels import select, self_check
 from nanoexp.kernels.base import FP8_DTYPE, FP8_MAX
-from nanoexp.kernels.torch_ref import TorchAttentionBackend, gather_context
+from nanoexp.kernels.torch_ref import TorchAttentionBackend, gather_context, quantize_fp8
 from nanoexp.layers.attention import Attention, attention_layers
 from nanoexp.runner import kv_scales
 from nanoexp.runner.kv_cache import create_kv_cache
@@ -93,6 +93,51 @@ def test_an_fp8_cache_holds_twice_the_blocks_of_bf16_in_the_same_budget():
     assert fp8.num_blocks == 2 * auto.num_blocks == 2 * (2**24 // (2 * 2 * 2 * 32 * 16 * 2))
     assert fp8.num_bytes == fp8.tensor.nbytes == auto.num_bytes
     assert all(layer.k_cache.dtype == FP8_DTYPE for layer in attention_layers(model))
+
+
+def test_an_fp8_cache_stores_v_pages_key_major_and_k_pages_row_major():
+    model = two_layer_model()
+    for kv_dtype, v_key_stride in (("auto", 2 * 32), ("fp8", 1)):
+        config = EngineConfig.from_kwargs(
+            "m", cpu_kv_cache_gb=1 / 256, kvcache_block_size=16, kv_cache_dtype=kv_dtype
+        )
+        create_kv_cache(config, model, torch.bfloat16, torch.device("cpu"), lambda: 0, 0)
+        for layer in attention_layers(model):
+            assert layer.k_cache.stride()[1:] == (2 * 32, 32, 1)
+            assert layer.v_cache.shape == layer.k_cache.shape and layer.v_cache.stride(1) == v_key_stride
+            if kv_dtype == "fp8":
+                assert layer.v_cache.stride()[2:] == (32 * 16, 16)
+
+
+@pytest.mark.parametrize("block_size", [16, 128])  # tiles across pages; whole tiles inside one page
+def test_key_major_decode_never_reads_the_bytes_past_the_context(block_size):
+    """Full tiles load V unmasked: the stale bytes after each context (NaN here) must stay unread,
+    and the result must be the row-major layout's. (The CPU interpreter widens e4m3's NaN byte to
+    480, so only the GPU run can see a NaN read; the CPU run checks the layout's result.)"""
+    from nanoexp.kernels.triton_attention import is_key_major, paged_decode
+
+    gen = torch.Generator().manual_seed(4)
+    ctx = [block_size + 5, 3, 2 * block_size]
+    pages = [-(-n // block_size) for n in ctx]
+    shape = (sum(pages), block_size, 2, 32)
+    k = quantize_fp8(torch.randn(shape, generator=gen), torch.tensor([0.05])).to(DEVICE)
+    v = torch.full(shape, float("nan")).to(DEVICE, FP8_DTYPE)
+    starts = torch.tensor([0, *pages]).cumsum(0).tolist()
+    for i, n in enumerate(ctx):
+        v.view(-1, 2, 32)[starts[i] * block_size : starts[i] * block_size + n] = quantize_fp8(
+            torch.randn(n, 2, 32, generator=gen), torch.tensor([0.05])).to(DEVICE)  # fmt: skip
+    tables = torch.zeros(len(ctx), max(pages), dtype=torch.int32)
+    for i, n in enumerate(pages):
+        tables[i, :n] = torch.arange(starts[i], starts[i] + n)
+    q = torch.randn(len(ctx), 8, 32, generator=gen).to(DEVICE, torch.float16)
+    lens, scale = torch.tensor(ctx, dtype=torch.int32, device=DEVICE), torch.tensor([0.05], device=DEVICE)
+    v_key_major = self_check.key_major_copy(v)
+    assert is_key_major(v_key_major) and not is_key_major(v)
+    for splits in (1, 3):
+        args = (q, k, v, tables.to(DEVICE), lens, 0.2, None, splits)
+        want = paged_decode(*args, k_scale=scale, v_scale=scale)
+        got = paged_decode(*args[:2], v_key_major, *args[3:], k_scale=scale, v_scale=scale)
+        assert torch.isfinite(got).all() and torch.allclose(got, want, atol=2e-3), (got - want).abs().max()
 
 
 # ---------------------------------------------------------------- the torch reference
@@ -337,6 +382,13 @@ def test_gpu_triton_fp8_matches_the_reference(dtype, head_dim, heads, block_size
     error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size, cases, heads,
                                  seed=3, kv_fp8=True)
     assert error <= self_check.TOLERANCE[dtype], error
+
+
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_key_major_decode_never_reads_the_bytes_past_the_context(block_size):
+    test_key_major_decode_never_reads_the_bytes_past_the_context(block_size)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

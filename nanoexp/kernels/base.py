@@ -13,6 +13,13 @@ CUDA graph captured once stays valid when the scales are recalibrated in place.
 Readers may fold the scales instead of dequantizing each element (mathematically identical):
 scores = (q . k_fp8) * (softmax_scale * k_scale), output = (p @ v_fp8) * v_scale.
 A cache in the model's dtype stores and reads K/V unchanged (no scale is applied).
+
+Layout: every cache is indexed [num_blocks, block_size, kv_heads, head_dim]. K pages, and V pages
+of a cache in the model's dtype, are stored in that order. V pages of an fp8 cache are stored
+key-major, [num_blocks, kv_heads, head_dim, block_size] in memory (`key_major_values`), so
+adjacent keys of one dim are adjacent bytes: P @ V reads V along keys, and a byte-wide tile in the
+other order can only reach the matrix units through byte gathers or a 16-bit copy. Writers and
+readers use the tensors' strides, so both layouts go through the same code.
 """
 
 from __future__ import annotations
@@ -28,6 +35,13 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 def is_fp8(cache: torch.Tensor) -> bool:
     return cache.dtype == FP8_DTYPE
+
+
+def key_major_values(pages: torch.Tensor) -> torch.Tensor:
+    """Contiguous V pages [blocks, block_size, kv_heads, head_dim] reinterpreted as key-major
+    (memory [blocks, kv_heads, head_dim, block_size]) and indexed as before."""
+    blocks, block_size, kv_heads, head_dim = pages.shape
+    return pages.view(blocks, kv_heads, head_dim, block_size).permute(0, 3, 1, 2)
 
 
 @dataclass

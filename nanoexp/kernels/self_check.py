@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoexp.kernels.base import FP8_DTYPE, AttentionBackend, AttentionMetadata, is_fp8
+from nanoexp.kernels.base import FP8_DTYPE, AttentionBackend, AttentionMetadata, is_fp8, key_major_values
 from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8
 
 # Max abs error allowed on outputs of magnitude ~1 (random q/k/v, softmax-weighted sums of N(0,1)).
@@ -70,6 +70,11 @@ def describe(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {first_line}"
 
 
+def key_major_copy(v_cache: torch.Tensor) -> torch.Tensor:
+    """The same V pages stored key-major, as the engine allocates an fp8 cache's (kernels/base.py)."""
+    return key_major_values(torch.empty_like(v_cache, memory_format=torch.contiguous_format)).copy_(v_cache)
+
+
 class PagedCase:
     """Random paged K/V caches and block tables for sequences with the given context lengths;
     with `kv_fp8` the caches are fp8 and `k_scale`/`v_scale` their scales (else None)."""
@@ -86,7 +91,7 @@ class PagedCase:
             self.k_scale = torch.tensor([FP8_K_SCALE], device=device)
             self.v_scale = torch.tensor([FP8_V_SCALE], device=device)
             self.k_cache = quantize_fp8(self.k_cache, self.k_scale)
-            self.v_cache = quantize_fp8(self.v_cache, self.v_scale)
+            self.v_cache = key_major_copy(quantize_fp8(self.v_cache, self.v_scale))
         pages = torch.randperm(num_blocks, generator=gen).tolist()
         table = torch.zeros(len(ctx_lens), max(need), dtype=torch.int32)
         for i, n in enumerate(need):

@@ -30,8 +30,9 @@ class TorchAttentionBackend(AttentionBackend):
             k, v = quantize_fp8(k, k_scale), quantize_fp8(v, v_scale)
         keep = slot_mapping >= 0
         slots = slot_mapping[keep]
-        k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep]
-        v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
+        blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]
+        k_cache[blocks, offsets] = k[keep]
+        v_cache[blocks, offsets] = v[keep]  # by index: an fp8 cache's V pages are key-major
 
     def prefill(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
                 k_scale=None, v_scale=None):

@@ -59,9 +59,9 @@ def _key_offsets(
 
 
 @triton.jit
-def _load_rows(ptr, rows, dims, row_mask, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
+def _load_rows(ptr, rows, dims, row_mask, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, stride_d=1):
     """Load a [len(rows), DIM_PAD] tile; rows are element offsets, padded dims read as zero."""
-    ptrs = ptr + rows[:, None] + dims[None, :]
+    ptrs = ptr + rows[:, None] + dims[None, :] * stride_d
     if HEAD_DIM == DIM_PAD:
         return tl.load(ptrs, mask=row_mask[:, None], other=0.0)
     else:
@@ -384,15 +384,21 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int)
     return max(1, min(want, useful, MAX_SPLITS))
 
 
-def decode_tile(dim_pad: int, fp8: bool, device: torch.device, batch: int) -> tuple[int, int]:
+def decode_tile(
+    dim_pad: int, fp8: bool, device: torch.device, batch: int, key_major: bool = False
+) -> tuple[int, int]:
     """(keys per tile, pipeline stages) of the split kernel, measured on an H200 for head_dim 128
     (experiments/kernels/runs/decode_tiles.md). 16-bit tiles gain a third stage where shared
     memory allows (Hopper: 252 -> 243 us at 256 x 1,024). fp8 tiles, whose V is widened before
     staging, take 3 stages on Hopper, and 128 keys above batch 64 (198 -> 185 us at 256 x 1,024),
-    64 keys up to it (62 -> 54 us at 64 x 1,024)."""
+    64 keys up to it (62 -> 54 us at 64 x 1,024). fp8 with key-major V pages (the engine's) stages
+    the bytes as loaded: 128 keys and 3 stages at every batch (54 -> 44 us at 64 x 1,024, 185 -> 163
+    us at 256 x 1,024; experiments/kernels/runs/decode_key_major.md)."""
     if dim_pad > 128:
         return 32, 2
     hopper = _is_hopper_or_newer(device)
+    if fp8 and key_major:
+        return 128, 3 if hopper else 2
     if fp8:
         return (128 if batch > FP8_SMALL_TILE_MAX_BATCH else 64), (3 if hopper else 2)
     return 64, 3 if hopper else 2
@@ -436,7 +442,7 @@ def paged_decode(
         return out
     group = num_heads // num_kv_heads
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch)
+    tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch, is_key_major(v_cache))
     block_n, num_stages = block_n or tile_keys, num_stages or tile_stages
     if max_len is None:
         max_len = block_tables.shape[1] * block_size
@@ -528,6 +534,9 @@ def _prefill_tiles(
     stride_vt,
     stride_cb,
     stride_cp,
+    stride_vb,
+    stride_vp,
+    stride_vd,
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -540,13 +549,14 @@ def _prefill_tiles(
         pos = n0 + tl.arange(0, BLOCK_N)
         key_mask = pos < ctx
         if PAGED:
-            rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
-            k_rows, v_rows = rows + k_base, rows + v_base
+            k_rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
+            v_rows = _key_offsets(table, pos, n0, key_mask, stride_vb, stride_vp, BLOCK_SIZE, BLOCK_N)
+            k_rows, v_rows = k_rows + k_base, v_rows + v_base
         else:
             k_rows = pos.to(tl.int64) * stride_kt + k_base
             v_rows = pos.to(tl.int64) * stride_vt + v_base
         k = _load_rows(k_ptr, k_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
-        v = _load_rows(v_ptr, v_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
+        v = _load_rows(v_ptr, v_rows, dims, key_mask, HEAD_DIM, DIM_PAD, stride_vd).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         if CAUSAL_MASK:
             visible = (pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
@@ -575,6 +585,9 @@ def _prefill_kernel(
     stride_vh,
     stride_cb,
     stride_cp,
+    stride_vb,
+    stride_vp,
+    stride_vd,
     stride_ot,
     stride_oh,
     stride_bt,
@@ -605,7 +618,7 @@ def _prefill_kernel(
     if PAGED:
         ctx = tl.load(context_lens_ptr + seq)
         k_base = (head // GROUP) * stride_kh
-        v_base = k_base
+        v_base = (head // GROUP) * stride_vh
     else:
         ctx = q_len
         k_base = q_start.to(tl.int64) * stride_kt + (head // GROUP) * stride_kh
@@ -628,12 +641,12 @@ def _prefill_kernel(
     diag_end = tl.minimum(first_pos + BLOCK_M, ctx)
     m, den, acc = _prefill_tiles(
         q, m, den, acc, k_ptr, v_ptr, table, k_base, v_base, q_pos, dims, 0, full_end, ctx,
-        qk_scale, stride_kt, stride_vt, stride_cb, stride_cp,
+        qk_scale, stride_kt, stride_vt, stride_cb, stride_cp, stride_vb, stride_vp, stride_vd,
         HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, PAGED, False,
     )  # fmt: skip
     m, den, acc = _prefill_tiles(
         q, m, den, acc, k_ptr, v_ptr, table, k_base, v_base, q_pos, dims, full_end, diag_end, ctx,
-        qk_scale, stride_kt, stride_vt, stride_cb, stride_cp,
+        qk_scale, stride_kt, stride_vt, stride_cb, stride_cp, stride_vb, stride_vp, stride_vd,
         HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, PAGED, True,
     )  # fmt: skip
 
@@ -710,9 +723,12 @@ def varlen_prefill(
         0 if paged else k.stride(0),
         k.stride(2) if paged else k.stride(1),
         0 if paged else v.stride(0),
-        0 if paged else v.stride(1),
+        v.stride(2) if paged else v.stride(1),
         k.stride(0) if paged else 0,
         k.stride(1) if paged else 0,
+        v.stride(0) if paged else 0,
+        v.stride(1) if paged else 0,
+        v.stride(3) if paged else 1,
         out.stride(0),
         out.stride(1),
         block_tables.stride(0) if paged else 0,

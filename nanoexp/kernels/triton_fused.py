@@ -53,6 +53,10 @@ def _qk_norm_rope_store_kernel(
     stride_cb,
     stride_cp,
     stride_ch,
+    stride_vb,
+    stride_vp,
+    stride_vh,
+    stride_vd,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -106,11 +110,12 @@ def _qk_norm_rope_store_kernel(
     slot = tl.load(slot_ptr + token).to(tl.int64)
     store_mask = k_mask & (slot >= 0)
     slot = tl.maximum(slot, 0)
-    dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cp
-    dst += kv_heads[:, None] * stride_ch + dims[None, :]
-    _store_cache(k_cache_ptr, dst, roped, k_scale_ptr, store_mask, FP8)
+    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+    k_dst = block * stride_cb + offset * stride_cp + kv_heads[:, None] * stride_ch + dims[None, :]
+    _store_cache(k_cache_ptr, k_dst, roped, k_scale_ptr, store_mask, FP8)
     v = tl.load(row + (NUM_KV_HEADS * HEAD_DIM) + dims[None, :], mask=store_mask, other=0.0)
-    _store_cache(v_cache_ptr, dst, v, v_scale_ptr, store_mask, FP8)
+    v_dst = block * stride_vb + offset * stride_vp + kv_heads[:, None] * stride_vh + dims[None, :] * stride_vd
+    _store_cache(v_cache_ptr, v_dst, v, v_scale_ptr, store_mask, FP8)
 
 
 def default_heads_block(num_tokens: int, total_heads: int) -> int:
@@ -147,7 +152,7 @@ def qk_norm_rope_store(
     head_dim = cos_sin.shape[1]
     assert width == (num_heads + 2 * num_kv_heads) * head_dim and head_dim % 2 == 0
     assert qkv.stride(1) == 1 and cos_sin.dtype == torch.float32 and cos_sin.stride(1) == 1
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    assert k_cache.stride(-1) == 1 and k_cache.shape == v_cache.shape  # V: own strides (kernels/base.py)
     assert k_cache.shape[2:] == (num_kv_heads, head_dim) and slot_mapping.is_contiguous()
     norm = q_weight is not None
     if norm:
@@ -167,7 +172,7 @@ def qk_norm_rope_store(
         q, k if write_k else q, k_cache, v_cache, slot_mapping,
         k_scale if fp8 else cos_sin, v_scale if fp8 else cos_sin,
         eps, qkv.stride(0), cos_sin.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         DIM_PAD=triton.next_power_of_2(head_dim), HEADS_BLOCK=heads_block,
         BLOCK_SIZE=k_cache.shape[1], NORM=norm, WRITE_K=write_k, FP8=fp8,
