@@ -95,20 +95,6 @@ def test_an_fp8_cache_holds_twice_the_blocks_of_bf16_in_the_same_budget():
     assert all(layer.k_cache.dtype == FP8_DTYPE for layer in attention_layers(model))
 
 
-def test_an_fp8_cache_stores_v_pages_key_major_and_k_pages_row_major():
-    model = two_layer_model()
-    for kv_dtype, v_key_stride in (("auto", 2 * 32), ("fp8", 1)):
-        config = EngineConfig.from_kwargs(
-            "m", cpu_kv_cache_gb=1 / 256, kvcache_block_size=16, kv_cache_dtype=kv_dtype
-        )
-        create_kv_cache(config, model, torch.bfloat16, torch.device("cpu"), lambda: 0, 0)
-        for layer in attention_layers(model):
-            assert layer.k_cache.stride()[1:] == (2 * 32, 32, 1)
-            assert layer.v_cache.shape == layer.k_cache.shape and layer.v_cache.stride(1) == v_key_stride
-            if kv_dtype == "fp8":
-                assert layer.v_cache.stride()[2:] == (32 * 16, 16)
-
-
 @pytest.mark.parametrize("block_size", [16, 128])  # tiles across pages; whole tiles inside one page
 def test_key_major_decode_never_reads_the_bytes_past_the_context(block_size):
     """Full tiles load V unmasked: the stale bytes after each context (NaN here) must stay unread,
@@ -228,6 +214,16 @@ def test_triton_fp8_decode_and_prefill_match_the_reference(dtype, head_dim, head
     error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size, heads=heads,
                                  kv_fp8=True)
     assert error <= self_check.TOLERANCE[dtype], error
+
+
+@pytest.mark.parametrize("block_size", [8, 64])
+def test_triton_kernels_serve_key_major_v_pages(block_size):
+    """Store, decode and both prefill kinds through V's own strides (kernels/base.py)."""
+    from nanoexp.kernels.triton_backend import TritonAttentionBackend
+
+    error = self_check.max_error(TritonAttentionBackend(), DEVICE, torch.float16, 16, block_size,
+                                 heads=(4, 2), kv_fp8=True, v_key_major=True)  # fmt: skip
+    assert error <= self_check.TOLERANCE[torch.float16], error
 
 
 # ---------------------------------------------------------------- calibration
@@ -379,9 +375,10 @@ def test_gpu_triton_fp8_matches_the_reference(dtype, head_dim, heads, block_size
         ([block_size + 130, 9, 700], [130, 9, 64], True),
         ([170, 5], [170, 5], True),
     ]
-    error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size, cases, heads,
-                                 seed=3, kv_fp8=True)
-    assert error <= self_check.TOLERANCE[dtype], error
+    for v_key_major in (False, True):
+        error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size, cases,
+                                     heads, seed=3, kv_fp8=True, v_key_major=v_key_major)  # fmt: skip
+        assert error <= self_check.TOLERANCE[dtype], (v_key_major, error)
 
 
 @pytest.mark.parametrize("block_size", [16, 256])

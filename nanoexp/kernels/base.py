@@ -14,12 +14,13 @@ Readers may fold the scales instead of dequantizing each element (mathematically
 scores = (q . k_fp8) * (softmax_scale * k_scale), output = (p @ v_fp8) * v_scale.
 A cache in the model's dtype stores and reads K/V unchanged (no scale is applied).
 
-Layout: every cache is indexed [num_blocks, block_size, kv_heads, head_dim]. K pages, and V pages
-of a cache in the model's dtype, are stored in that order. V pages of an fp8 cache are stored
-key-major, [num_blocks, kv_heads, head_dim, block_size] in memory (`key_major_values`), so
-adjacent keys of one dim are adjacent bytes: P @ V reads V along keys, and a byte-wide tile in the
-other order can only reach the matrix units through byte gathers or a 16-bit copy. Writers and
-readers use the tensors' strides, so both layouts go through the same code.
+Layout: every cache is indexed [num_blocks, block_size, kv_heads, head_dim] and the engine stores
+it in that order. Writers and readers take V through its own strides, so they also serve V pages
+stored key-major, [num_blocks, kv_heads, head_dim, block_size] in memory (`key_major_values`):
+adjacent keys of one dim adjacent, the order P @ V reads V in. That makes the fp8 decode kernel
+12-21% faster, but a token's store then writes one byte per 32-byte sector, which costs more than
+the kernel gains (experiments/nanovllm_bench/README.md, "Key-major fp8 V pages"), so the engine
+does not use it.
 """
 
 from __future__ import annotations

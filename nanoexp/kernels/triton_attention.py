@@ -776,7 +776,7 @@ def is_key_major(v_cache: torch.Tensor) -> bool:
 def _check_cache(q, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> None:
     assert q.stride(-1) == 1, "q needs a contiguous last dim"
     assert k_cache.stride(-1) == 1 and k_cache.shape == v_cache.shape
-    assert k_cache.stride() == v_cache.stride() or is_key_major(v_cache)
+    assert k_cache.stride() == v_cache.stride() or is_key_major(v_cache) or k_cache.shape[1] == 1
     assert k_cache.shape[-1] == q.shape[-1] and num_heads % num_kv_heads == 0
     bs = k_cache.shape[1]
     assert bs & (bs - 1) == 0, f"block size {bs} must be a power of two"

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nanoexp.config import EngineConfig
-from nanoexp.kernels.base import FP8_DTYPE, is_fp8, key_major_values
+from nanoexp.kernels.base import FP8_DTYPE
 from nanoexp.layers.attention import attention_layers
 
 
@@ -91,8 +91,7 @@ def agree_on(num_blocks: int, device: torch.device, tp_size: int) -> int:
 def allocate_kv_cache(
     model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """One tensor [layers, 2, blocks, block_size, kv_heads, head_dim]; each layer gets views (an
-    fp8 cache's V pages key-major, kernels/base.py)."""
+    """One tensor [layers, 2, blocks, block_size, kv_heads, head_dim]; each layer gets views."""
     layers = attention_layers(model)
     first = layers[0]
     cache = torch.empty(
@@ -100,6 +99,5 @@ def allocate_kv_cache(
         dtype=dtype, device=device,
     )
     for i, layer in enumerate(layers):
-        layer.k_cache = cache[i, 0]
-        layer.v_cache = key_major_values(cache[i, 1]) if is_fp8(cache) else cache[i, 1]
+        layer.k_cache, layer.v_cache = cache[i, 0], cache[i, 1]
     return cache
