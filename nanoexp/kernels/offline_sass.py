@@ -45,9 +45,18 @@ def compile_offline(
 
 def sass(cubin: bytes) -> list[tuple[int, str]]:
     """(address, instruction) of a compiled kernel, from the cuobjdump that ships with Triton."""
+    text = _cuobjdump(cubin, "-sass")
+    return [(int(m.group(1), 16), m.group(2)) for m in map(INSTRUCTION.match, text.splitlines()) if m]
+
+
+def registers(cubin: bytes) -> int:
+    """Registers per thread of a compiled kernel (cuobjdump's resource usage)."""
+    return int(re.search(r"REG:(\d+)", _cuobjdump(cubin, "-res-usage")).group(1))
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    return [(int(m.group(1), 16), m.group(2)) for m in map(INSTRUCTION.match, text.splitlines()) if m]
+        return subprocess.run([cuobjdump, flag, f.name], capture_output=True, text=True, check=True).stdout
