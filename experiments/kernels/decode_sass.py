@@ -21,9 +21,7 @@ DIVISIBLE = ("stride_qb", "stride_qh", "stride_cb", "stride_cp", "stride_ch", "s
              "stride_vd", "stride_ob", "stride_oh")
 
 
-def compile_kernel(
-    fp8: bool, block_n: int, warps: int, stages: int, key_major: bool = False, fma: bool = False
-):
+def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int, key_major: bool = False):
     cache = "*fp8e4nv" if fp8 else "*bf16"
     types = {
         "q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
@@ -31,8 +29,7 @@ def compile_kernel(
         "counters_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32",
     }  # fmt: skip
     constants = dict(
-        GROUP=2, GROUP_PAD=2 if fma else 16, FMA=fma, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256,
-        BLOCK_N=block_n,
+        GROUP=2, GROUP_PAD=16, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256, BLOCK_N=block_n,
         SINGLE_SPLIT=True, KV_FP8=fp8, V_KEY_MAJOR=key_major, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False,
     )  # fmt: skip
     kernel = triton_attention._decode_split_kernel
@@ -59,13 +56,12 @@ def main() -> None:
                         help="keys per tile, warps, stages")  # fmt: skip
     parser.add_argument("--dtypes", nargs="+", choices=["fp8", "bf16"], default=["fp8", "bf16"])
     parser.add_argument("--v-layout", choices=["row_major", "key_major"], default="row_major")
-    parser.add_argument("--fma", action="store_true", help="the CUDA-core variant (paged_decode(fma=True))")
     args = parser.parse_args()
     for dtype in args.dtypes:
         for config in args.configs:
             block_n, warps, stages = map(int, config.split(","))
             key_major = args.v_layout == "key_major"
-            kernel = compile_kernel(dtype == "fp8", block_n, warps, stages, key_major, args.fma)
+            kernel = compile_kernel(dtype == "fp8", block_n, warps, stages, key_major)
             code = sass(kernel.asm["cubin"])
             loop = Counter(opcode(t) for t in main_loop(code))
             moves = loop["IMAD.MOV.U32"] + loop["MOV"]

@@ -30,7 +30,6 @@ LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 64
 MAX_SPLITS = 64
 FP8_SMALL_TILE_MAX_BATCH = 64
-FMA_TILE = (32, 1, 2)  # keys per tile, warps, stages of the CUDA-core decode (paged_decode(fma=True))
 
 
 # tl.max / tl.sum via tl.reduce with the same combine functions; the interpreter recognizes
@@ -181,31 +180,6 @@ def _attend_tile(
 
 
 @triton.jit
-def _attend_tile_fma(
-    q, m, den, acc, k_cache_ptr, v_cache_ptr, table, n0, end, dims, kv_head, qk_scale, stride_cb, stride_cp,
-    stride_ch, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """_attend_tile on the CUDA cores: q [GROUP, D] in fp32, K and V read as stored (fp8) and
-    widened per element, q.k and p.v as broadcast products summed in fp32. No matrix unit, so no
-    16-row padding of the group and no operand layout for V: its tile stays in the layout it is
-    loaded in."""
-    pos = n0 + tl.arange(0, BLOCK_N)
-    key_mask = pos < end
-    kv_rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
-    kv_rows += kv_head * stride_ch
-    k = _load_rows(k_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(tl.float32)
-    s = tl.reduce(q[:, None, :] * k[None, :, :], 2, _sum_combine) * qk_scale
-    s = tl.where(key_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.reduce(s, 1, _max_combine))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    den = den * alpha + tl.reduce(p, 1, _sum_combine)
-    v = _load_rows(v_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(tl.float32)
-    acc = acc * alpha[:, None] + tl.reduce(p[:, :, None] * v[None, :, :], 1, _sum_combine)
-    return m_new, den, acc
-
-
-@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -243,10 +217,8 @@ def _decode_split_kernel(
     FUSED_REDUCE: tl.constexpr = False,
     SPLITS_PAD: tl.constexpr = 1,
     PDL: tl.constexpr = False,
-    FMA: tl.constexpr = False,
 ):
-    """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context
-    (FMA: on the CUDA cores, `_attend_tile_fma`; GROUP_PAD is then the group's power of two)."""
+    """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
     wait_for_previous(PDL)
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
@@ -265,9 +237,7 @@ def _decode_split_kernel(
     row_mask = rows < GROUP
     q_rows = seq.to(tl.int64) * stride_qb + heads * stride_qh
     q = _load_rows(q_ptr, q_rows, dims, row_mask, HEAD_DIM, DIM_PAD)
-    if FMA:
-        q = q.to(tl.float32)
-    elif KV_FP8:
+    if KV_FP8:
         # e4m3 widens to fp16 in one instruction per pair, to bf16 only through fp32; the products
         # are fp16 x fp16 with fp32 sums (q and the probabilities sit well inside fp16's range)
         q = q.to(tl.float16)
@@ -276,28 +246,21 @@ def _decode_split_kernel(
     den = tl.full([GROUP_PAD], 0.0, tl.float32)
     acc = tl.full([GROUP_PAD, DIM_PAD], 0.0, tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    if FMA:
-        for n0 in range(start, end, BLOCK_N):
-            m, den, acc = _attend_tile_fma(
-                q, m, den, acc, k_cache_ptr, v_cache_ptr, table, n0, end, dims, kv_head, qk_scale, stride_cb,
-                stride_cp, stride_ch, HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N,
-            )  # fmt: skip
-    else:
-        # Key-major V tiles load unmasked (a mask that varies along keys would split the loads
-        # into bytes) except the split's last, partial one.
-        full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N if V_KEY_MAJOR else end
-        for n0 in range(start, full_end, BLOCK_N):
-            m, den, acc = _attend_tile(
-                q, m, den, acc, k_cache_ptr, v_cache_ptr, table, n0, end, dims, kv_head, qk_scale, stride_cb,
-                stride_cp, stride_ch, stride_vb, stride_vh, stride_vd, HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N,
-                KV_FP8, V_KEY_MAJOR, False,
-            )  # fmt: skip
-        if full_end < end:
-            m, den, acc = _attend_tile(
-                q, m, den, acc, k_cache_ptr, v_cache_ptr, table, full_end, end, dims, kv_head, qk_scale,
-                stride_cb, stride_cp, stride_ch, stride_vb, stride_vh, stride_vd, HEAD_DIM, DIM_PAD,
-                BLOCK_SIZE, BLOCK_N, KV_FP8, V_KEY_MAJOR, True,
-            )  # fmt: skip
+    # Key-major V tiles load unmasked (a mask that varies along keys would split the loads into
+    # bytes) except the split's last, partial one.
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N if V_KEY_MAJOR else end
+    for n0 in range(start, full_end, BLOCK_N):
+        m, den, acc = _attend_tile(
+            q, m, den, acc, k_cache_ptr, v_cache_ptr, table, n0, end, dims, kv_head, qk_scale, stride_cb,
+            stride_cp, stride_ch, stride_vb, stride_vh, stride_vd, HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N,
+            KV_FP8, V_KEY_MAJOR, False,
+        )  # fmt: skip
+    if full_end < end:
+        m, den, acc = _attend_tile(
+            q, m, den, acc, k_cache_ptr, v_cache_ptr, table, full_end, end, dims, kv_head, qk_scale,
+            stride_cb, stride_cp, stride_ch, stride_vb, stride_vh, stride_vd, HEAD_DIM, DIM_PAD, BLOCK_SIZE,
+            BLOCK_N, KV_FP8, V_KEY_MAJOR, True,
+        )  # fmt: skip
 
     out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
     if KV_FP8:
@@ -459,9 +422,8 @@ def paged_decode(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     fused_reduce: bool = False,
-    num_warps: int | None = None,
+    num_warps: int = 4,
     num_stages: int | None = None,
-    fma: bool = False,
 ) -> torch.Tensor:
     """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
 
@@ -469,8 +431,7 @@ def paged_decode(
     count; any num_splits >= 1 gives the same result. With several splits, fused_reduce lets the
     last split of each (sequence, kv head) combine them (one launch); otherwise a second kernel
     does. An fp8 cache needs k_scale and v_scale. block_n, num_warps and num_stages tune the split
-    kernel (benchmarks sweep them). fma runs the split kernel's products on the CUDA cores
-    (`_attend_tile_fma`) instead of the matrix units.
+    kernel (benchmarks sweep them).
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -481,13 +442,8 @@ def paged_decode(
         return out
     group = num_heads // num_kv_heads
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    if fma:
-        assert not is_key_major(v_cache), "the FMA decode reads row-major V pages"
-        tile_keys, tile_warps, tile_stages = FMA_TILE
-    else:
-        tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch, is_key_major(v_cache))
-        tile_warps = 4
-    block_n, num_warps, num_stages = block_n or tile_keys, num_warps or tile_warps, num_stages or tile_stages
+    tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch, is_key_major(v_cache))
+    block_n, num_stages = block_n or tile_keys, num_stages or tile_stages
     if max_len is None:
         max_len = block_tables.shape[1] * block_size
     if num_splits is None:
@@ -526,7 +482,7 @@ def paged_decode(
         out.stride(0),
         out.stride(1),
         GROUP=group,
-        GROUP_PAD=triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group)),
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         DIM_PAD=dim_pad,
         BLOCK_SIZE=block_size,
@@ -536,7 +492,6 @@ def paged_decode(
         V_KEY_MAJOR=is_key_major(v_cache),
         FUSED_REDUCE=fused_reduce,
         SPLITS_PAD=splits_pad,
-        FMA=fma,
         num_warps=num_warps,
         num_stages=num_stages,
         **launch_options(),
