@@ -1,7 +1,8 @@
 """Triton paged attention: split-K decode (flash-decoding) and varlen causal prefill.
 
-K/V caches are [num_blocks, block_size, kv_heads, head_dim] with a contiguous last dim. Key
-position p of sequence i lives in page block_tables[i, p // block_size] at row p % block_size.
+K/V caches are [num_blocks, block_size, kv_heads, head_dim], K with a contiguous last dim, V
+through its own strides (row-major like K, or key-major pages: kernels/base.py). Key position p of
+sequence i lives in page block_tables[i, p // block_size] at row p % block_size.
 Softmax runs in fp32 in the log2 domain (scores are pre-multiplied by log2(e)).
 
 An fp8 cache (kernels/base.py) is read as is and widened to q's dtype in registers (exact); its
@@ -391,7 +392,7 @@ def decode_tile(
     (experiments/kernels/runs/decode_tiles.md). 16-bit tiles gain a third stage where shared
     memory allows (Hopper: 252 -> 243 us at 256 x 1,024). fp8 tiles, whose V is widened before
     staging, take 3 stages on Hopper, and 128 keys above batch 64 (198 -> 185 us at 256 x 1,024),
-    64 keys up to it (62 -> 54 us at 64 x 1,024). fp8 with key-major V pages (the engine's) stages
+    64 keys up to it (62 -> 54 us at 64 x 1,024). fp8 with key-major V pages (kernels/base.py) stages
     the bytes as loaded: 128 keys and 3 stages at every batch (54 -> 44 us at 64 x 1,024, 185 -> 163
     us at 256 x 1,024; experiments/kernels/runs/decode_key_major.md)."""
     if dim_pad > 128:
@@ -769,7 +770,7 @@ def split_counters(device: torch.device, needed: int) -> torch.Tensor:
 
 def is_key_major(v_cache: torch.Tensor) -> bool:
     """Whether a [blocks, block_size, heads, dim] V cache view has adjacent keys adjacent in memory
-    (kernels/base.py allocates fp8 caches so)."""
+    (key-major pages, kernels/base.py)."""
     return v_cache.stride(1) == 1 and v_cache.shape[1] > 1
 
 

@@ -92,7 +92,7 @@ def store_kv(
     v_scale: torch.Tensor | None = None,
 ) -> None:
     """Copy k/v [tokens, kv_heads, head_dim] to caches [blocks, block_size, kv_heads, head_dim]
-    (v_cache through its own strides: key-major for fp8, kernels/base.py); an fp8 cache gets
+    (v_cache through its own strides, so key-major V pages too: kernels/base.py); an fp8 cache gets
     clamp(k / k_scale, +-448) and clamp(v / v_scale, +-448)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
