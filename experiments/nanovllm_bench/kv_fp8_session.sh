@@ -3,7 +3,7 @@
 # Usage (repo root, on the GPU machine): bash experiments/nanovllm_bench/kv_fp8_session.sh [parts]
 # parts: tests fused decode pdl prefetch profile sweep tiny tiles host splits ncu (default: tests fused decode)
 #   tests   GPU tests of the fused norm/RoPE/store kernel, the one-pass decode, the fp8 cache and
-#           the quality probe (tests/test_gpu_engine.py, test_skinny_gemm.py: `pytest -m gpu tests`)
+#           the quality probe; GPU_TESTS adds files, TESTS_TIMEOUT (s, default 300) bounds the run
 #   fused   experiments/nanovllm_bench/bench_fused.py
 #   decode  decode-step table per cache dtype (auto, fp8_e4m3), each against its own floor
 #   pdl     decode-step table with programmatic dependent launch off, then on (bf16 cache)
@@ -33,7 +33,7 @@ git log --oneline -1 | tee -a "$OUT/machine.txt"
 for part in $parts; do
   case "$part" in
     tests) files=$(ls tests/test_triton_fused.py tests/test_kv_fp8.py tests/test_kv_quality.py 2>/dev/null)
-           timeout 300 python3 -m pytest -q -m gpu $files ${GPU_TESTS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+           timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -m gpu $files ${GPU_TESTS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     fused) timeout 120 python3 experiments/nanovllm_bench/bench_fused.py --out "$OUT/fused.md" 2>&1 | tail -25 ;;
     decode) for dtype in auto fp8_e4m3; do
               timeout 150 python3 experiments/nanovllm_bench/decode_step.py --kv-cache-dtype $dtype \
