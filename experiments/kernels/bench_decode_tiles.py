@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from graph_timing import time_graph_us
+from graph_timing import stream_table, time_graph_us
 from triton.runtime.errors import OutOfResources
 
 from nanoexp.kernels.triton_attention import paged_decode
@@ -96,16 +96,11 @@ def main() -> None:
         configs = [(*c, None) for c in CONFIGS]
         heads = " | ".join(f"{n}k {w}w {st}s us" for n, w, st in CONFIGS)
     rule = "|---|---:|---:|" + "---:|" * (len(configs) + 1)
-    lines = [f"| cache | batch | context | {heads} | floor us |", rule]
-    print("\n".join(lines), flush=True)
-    for name in args.dtypes:
-        for batch, context in SHAPES:
-            lines.append(row_for(name, batch, context, configs, key_major))
-            print(lines[-1], flush=True)
-            torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    header = [f"| cache | batch | context | {heads} | floor us |", rule]
+    rows = (
+        row_for(name, batch, context, configs, key_major) for name in args.dtypes for batch, context in SHAPES
+    )
+    stream_table(header, rows, args.out)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from graph_timing import stream_table
 
 from nanoexp.kernels.base import FP8_DTYPE, key_major_values
 from nanoexp.kernels.triton_fused import qk_norm_rope_store
@@ -67,17 +68,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    lines = ["| kind | sequences x tokens | V row-major us/layer | V key-major us/layer |",
-             "|---|---|---:|---:|"]
-    print("\n".join(lines), flush=True)
-    for kind, seqs, each in CASES:
-        cells = [f"{time_case(seqs, each, key_major):.1f}" for key_major in (False, True)]
-        lines.append(f"| {kind} | {seqs} x {each} | {' | '.join(cells)} |")
-        print(lines[-1], flush=True)
-        torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    header = ["| kind | sequences x tokens | V row-major us/layer | V key-major us/layer |",
+              "|---|---|---:|---:|"]
+    rows = (
+        f"| {kind} | {seqs} x {each} | "
+        + " | ".join(f"{time_case(seqs, each, key_major):.1f}" for key_major in (False, True)) + " |"
+        for kind, seqs, each in CASES
+    )
+    stream_table(header, rows, args.out)
 
 
 if __name__ == "__main__":

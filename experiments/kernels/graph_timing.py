@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -25,3 +25,17 @@ def time_graph_us(fns: list[Callable[[], object]], rounds: int = 6) -> float:
         times.append(start.elapsed_time(end) * 1e3 / len(fns))
     timed = sorted(times[1:])
     return timed[len(timed) // 2]
+
+
+def stream_table(header: list[str], rows: Iterable[str], out: str | None) -> None:
+    """Print a markdown table's header, then each row as it is measured (freeing the GPU memory of
+    the row before the next); with `out`, also write the whole table there."""
+    lines = list(header)
+    print("\n".join(lines), flush=True)
+    for row in rows:
+        lines.append(row)
+        print(row, flush=True)
+        torch.cuda.empty_cache()
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
