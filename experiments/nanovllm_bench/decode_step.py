@@ -2,7 +2,10 @@
 
 For each batch size B and context length C, every sequence holds C cached tokens; one decode step
 reads all weights once plus B*C tokens of K and V. Times the captured CUDA graph (forward), the
-LM head and the sampler separately, with CUDA events, median of repeats.
+LM head and the sampler separately, with CUDA events, median of repeats. The timed forwards cycle
+through ROTATIONS consecutive positions (contexts C .. C + ROTATIONS - 1), so each step stores its
+new K/V at new slots, as decode does: replaying one step rewrites the same slots, which stay in L2
+and hide what the store costs (experiments/kernels/runs/v_store.md).
 
     python experiments/nanovllm_bench/decode_step.py [--bandwidth 4.2e12] [--out table.md]
 """
@@ -10,6 +13,7 @@ LM head and the sampler separately, with CUDA events, median of repeats.
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 
 import torch
@@ -21,16 +25,24 @@ from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
 from nanoexp.runner.step_input import StepInput
 
 BATCHES = [1, 16, 64, 128, 256]
+ROTATIONS = 8  # a step's new K/V over 8 steps at 256 sequences: more than L2 holds
 CONTEXTS = [128, 512, 1024, 2048, 4096]
 
 
-def decode_step(batch: int, context: int, block_size: int, num_blocks: int) -> StepInput:
-    per_seq = -(-context // block_size)
+def decode_steps(
+    batch: int, context: int, block_size: int, num_blocks: int, rotations: int = 1
+) -> list[StepInput]:
+    """`rotations` consecutive decode steps of the same sequences (contexts context, context + 1, ...)."""
+    per_seq = -(-(context + rotations - 1) // block_size)
     blocks = random.sample(range(num_blocks), batch * per_seq)
     tables = [blocks[i * per_seq : (i + 1) * per_seq] for i in range(batch)]
-    return StepInput(False, [random.randrange(10000) for _ in range(batch)], [1] * batch, [context] * batch,
-                     tables, list(range(batch)), temperatures=[0.6] * batch, top_k=[-1] * batch,
-                     top_p=[1.0] * batch, min_p=[0.0] * batch, seeds=[None] * batch)
+    tokens = [random.randrange(10000) for _ in range(batch)]
+    return [
+        StepInput(False, tokens, [1] * batch, [context + r] * batch, tables, list(range(batch)),
+                  temperatures=[0.6] * batch, top_k=[-1] * batch, top_p=[1.0] * batch, min_p=[0.0] * batch,
+                  seeds=[None] * batch)  # fmt: skip
+        for r in range(rotations)
+    ]
 
 
 def fill_random(cache: torch.Tensor) -> None:
@@ -70,14 +82,14 @@ def main() -> None:
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for batch in map(int, args.batches.split(",")):
         for context in map(int, args.contexts.split(",")):
-            if batch * -(-context // args.block_size) > runner.num_blocks:
+            if batch * -(-(context + ROTATIONS - 1) // args.block_size) > runner.num_blocks:
                 continue
-            step = decode_step(batch, context, args.block_size, runner.num_blocks)
-            inputs = prepare_inputs(step, args.block_size, runner.device)
-            sampling = prepare_sampling(step, arch["vocab_size"], runner.device)
-            hidden = runner.graphs.replay(inputs)
+            steps = decode_steps(batch, context, args.block_size, runner.num_blocks, ROTATIONS)
+            rotation = itertools.cycle([prepare_inputs(s, args.block_size, runner.device) for s in steps])
+            sampling = prepare_sampling(steps[0], arch["vocab_size"], runner.device)
+            hidden = runner.graphs.replay(next(rotation))
             logits = runner.model.compute_logits(hidden)
-            fwd = time_ms(lambda inputs=inputs: runner.graphs.replay(inputs))
+            fwd = time_ms(lambda rotation=rotation: runner.graphs.replay(next(rotation)))
             head = time_ms(lambda hidden=hidden: runner.model.compute_logits(hidden))
             samp = time_ms(lambda logits=logits, sampling=sampling: runner.sampler(logits, sampling))
             floor = (weights + batch * context * per_token_kv) / args.bandwidth * 1e3
@@ -98,7 +110,7 @@ def profile(runner, arch: dict, block_size: int) -> None:
     from torch.profiler import profile as torch_profile
 
     for batch, context in ((1, 1024), (128, 1024)):
-        step = decode_step(batch, context, block_size, runner.num_blocks)
+        (step,) = decode_steps(batch, context, block_size, runner.num_blocks)
         inputs = prepare_inputs(step, block_size, runner.device)
         sampling = prepare_sampling(step, arch["vocab_size"], runner.device)
         for _ in range(3):
