@@ -24,7 +24,7 @@ class ExecutionConfig:
     gemm_backend: str = "auto"
     # programmatic dependent launch of the decode graphs' Triton kernels (kernels/pdl.py): each
     # launches as the previous one exits; auto = on for CUDA compute capability 9.0+; prefetch =
-    # early launch with the GEMMs' weights prefetched (a variant under measurement)
+    # early launch with the GEMMs' weights prefetched (measured slower below ~64 rows)
     pdl: str = "auto"
     seed: int = 0  # dummy weights and unseeded sampling
 

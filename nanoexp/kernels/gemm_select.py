@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from nanoexp.kernels.norm_first import NormFirst
-from nanoexp.kernels.select import triton_available, triton_runs_on
+from nanoexp.kernels.select import triton_available, triton_half_precision, triton_runs_on
 
 # Where `auto` takes the Triton kernel, measured on an H200 in bf16 against cuBLAS
 # (experiments/kernels/bench_skinny_gemm.py): up to 16 rows, and only weights up to 12 MiB (all
@@ -50,16 +50,14 @@ class SkinnyGemm:
 def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> SkinnyGemm | None:
     """`engine.gemm_backend`: torch -> None; triton -> always for up to 64 rows; auto -> the
     measured range (rows and weight size) on CUDA in bf16/fp16 when Triton is installed, else None."""
-    has_triton = triton_available()
     if choice == "torch":
         return None
     if choice == "triton":
-        if not has_triton:
+        if not triton_available():
             raise ValueError("engine.gemm_backend='triton' needs the triton package; use 'torch' or 'auto'")
         if not triton_runs_on(device):
             raise ValueError(
                 f"engine.gemm_backend='triton' needs a CUDA device, got {device}; use 'torch' or 'auto'"
             )
         return SkinnyGemm(MAX_ROWS)
-    usable = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and has_triton
-    return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES) if usable else None
+    return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES) if triton_half_precision(device, dtype) else None

@@ -146,6 +146,12 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def triton_half_precision(device: torch.device, dtype: torch.dtype) -> bool:
+    """Where the Triton fast paths that `auto` picks run: CUDA, bf16/fp16, Triton installed
+    (float32 keeps torch's ops, the parity reference)."""
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and triton_available()
+
+
 def triton_runs_on(device: torch.device) -> bool:
     """Triton kernels run on CUDA, or on the CPU in the (slow) interpreter when it is switched on."""
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"

@@ -443,7 +443,8 @@ def paged_decode(
         return out
     group = num_heads // num_kv_heads
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch, is_key_major(v_cache))
+    key_major = is_key_major(v_cache)
+    tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch, key_major)
     block_n, num_stages = block_n or tile_keys, num_stages or tile_stages
     if max_len is None:
         max_len = block_tables.shape[1] * block_size
@@ -490,7 +491,7 @@ def paged_decode(
         BLOCK_N=block_n,
         SINGLE_SPLIT=num_splits == 1,
         KV_FP8=fp8,
-        V_KEY_MAJOR=is_key_major(v_cache),
+        V_KEY_MAJOR=key_major,
         FUSED_REDUCE=fused_reduce,
         SPLITS_PAD=splits_pad,
         num_warps=num_warps,
@@ -770,14 +771,14 @@ def split_counters(device: torch.device, needed: int) -> torch.Tensor:
 
 def is_key_major(v_cache: torch.Tensor) -> bool:
     """Whether a [blocks, block_size, heads, dim] V cache view has adjacent keys adjacent in memory
-    (key-major pages, kernels/base.py)."""
-    return v_cache.stride(1) == 1 and v_cache.shape[1] > 1
+    (key-major pages, kernels/base.py; a row-major page's key stride is heads x dim)."""
+    return v_cache.stride(1) == 1
 
 
 def _check_cache(q, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> None:
     assert q.stride(-1) == 1, "q needs a contiguous last dim"
     assert k_cache.stride(-1) == 1 and k_cache.shape == v_cache.shape
-    assert k_cache.stride() == v_cache.stride() or is_key_major(v_cache) or k_cache.shape[1] == 1
+    assert k_cache.stride() == v_cache.stride() or is_key_major(v_cache)
     assert k_cache.shape[-1] == q.shape[-1] and num_heads % num_kv_heads == 0
     bs = k_cache.shape[1]
     assert bs & (bs - 1) == 0, f"block size {bs} must be a power of two"

@@ -19,7 +19,7 @@ from nanoexp.config.scheduler import check_batch_budget, resolve_model_len
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.gemm_select import SkinnyGemm, make_skinny_gemm
-from nanoexp.kernels.select import make_attention_backend, triton_available
+from nanoexp.kernels.select import make_attention_backend, triton_available, triton_half_precision
 from nanoexp.layers.activation import bind_activation_kernel
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.linear import bind_gemm_backend
@@ -74,8 +74,8 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
 
 
 def swiglu_kernel(device: torch.device, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The Triton SwiGLU on CUDA in bf16/fp16; float32 keeps torch's op, the parity reference."""
-    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or not triton_available():
+    """The Triton SwiGLU where `triton_half_precision` holds, else None (torch's op)."""
+    if not triton_half_precision(device, dtype):
         return None
     from nanoexp.kernels.triton_fused import silu_and_mul
 
