@@ -11,6 +11,8 @@
 #   host    the host's decode step with a stub model, this machine's CPU, inputs through pinned
 #           copies to the GPU (experiments/nanovllm_bench/host_step.py; TP=2 too with 2 GPUs)
 #   profile the kernels of one batch-1 and one batch-128 decode step
+#   trace   the engine's decode steps on the GPU timeline: kernels, gaps, step period
+#           (experiments/nanovllm_bench/step_trace.py) at batch 1 and at 256 per cache dtype
 #   tiles   split-K decode per cache dtype and key-tile size (experiments/kernels/bench_decode_tiles.py)
 #   splits  the same at 1/2/4/8 splits with the default tile (fp8 at 33-128 sequences is latency-bound?)
 #   ncu     Nsight Compute on one bf16 and one fp8 decode call at 256 x 1,024 and 64 x 2,048
@@ -60,6 +62,11 @@ for part in $parts; do
            grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|Stall" "$OUT/ncu_$1x$2.txt" | head -40
          done ;;
     tiles) (cd experiments/kernels && timeout 200 python3 bench_decode_tiles.py --out "$OUT/tiles.md") 2>&1 | tail -10 ;;
+    trace) timeout 120 python3 experiments/nanovllm_bench/step_trace.py --batch 1 --out "$OUT/trace_b1.md" 2>&1 | head -40
+           for dtype in auto fp8_e4m3; do
+             timeout 150 python3 experiments/nanovllm_bench/step_trace.py --batch 256 --input-len 512 \
+               --output-len 24 --kv-cache-dtype $dtype --out "$OUT/trace_b256_$dtype.md" 2>&1 | head -30
+           done ;;
     profile) timeout 120 python3 experiments/nanovllm_bench/decode_step.py --profile > "$OUT/profile.log" 2>&1
              grep -A24 "batch 1 " "$OUT/profile.log" | cut -c1-60,100-150 ;;
     sweep) timeout 560 python3 run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 \
