@@ -20,6 +20,7 @@ from nanoexp.kernels.gemm_select import (  # noqa: E402
 )
 from nanoexp.kernels.norm_first import NormFirst  # noqa: E402
 from nanoexp.kernels.triton_gemm import GemmConfig, default_config, skinny_gemm  # noqa: E402
+from nanoexp.kernels.triton_gemv import GemvConfig, default_gemv_config  # noqa: E402
 from nanoexp.layers.norm import add_rms_norm, rms_norm  # noqa: E402
 from tests.conftest import random_prompts  # noqa: E402
 
@@ -78,8 +79,14 @@ def test_engine_with_triton_gemm_matches_torch_gemm(checkpoints):
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     outs = {}
     for backend in ("torch", "triton"):
-        with LLM(path, device=DEVICE.type, dtype="float32", gemm_backend=backend, kvcache_block_size=16,
-                 max_model_len=256) as llm:
+        with LLM(
+            path,
+            device=DEVICE.type,
+            dtype="float32",
+            gemm_backend=backend,
+            kvcache_block_size=16,
+            max_model_len=256,
+        ) as llm:
             outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
             assert llm.stats()["gemm_backend"] == ("torch" if backend == "torch" else "triton up to 64 rows")
     assert outs["triton"] == outs["torch"]
@@ -174,8 +181,78 @@ def test_tp2_with_triton_gemm_matches_tp1_torch_gemm(checkpoints):
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     outs = {}
     for backend, tp in (("torch", 1), ("triton", 2)):
-        with LLM(path, device="cpu", dtype="float32", gemm_backend=backend, tensor_parallel_size=tp,
-                 kvcache_block_size=16, max_model_len=256) as llm:
+        with LLM(
+            path,
+            device="cpu",
+            dtype="float32",
+            gemm_backend=backend,
+            tensor_parallel_size=tp,
+            kvcache_block_size=16,
+            max_model_len=256,
+        ) as llm:
             outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
             assert llm.stats()["gemm_backend"] == ("torch" if tp == 1 else "triton up to 64 rows")
     assert outs["triton"] == outs["torch"]
+
+
+@pytest.mark.parametrize(
+    "rows, n, k, config",
+    [
+        (1, 64, 256, None),  # the default: one K tile
+        (2, 40, 200, GemvConfig(16, 64)),  # N not a multiple of the tile, K split 4 ways with a ragged end
+        (4, 96, 128, GemvConfig(8, 32)),
+        (3, 24, 96, GemvConfig(4, 128)),  # rows padded to 4, K shorter than its tile
+    ],
+)
+@pytest.mark.parametrize("gated, normed", [(False, False), (True, False), (False, True), (True, True)])
+def test_gemv_matches_torch(rows, n, k, config, gated, normed):
+    """The GEMV path (up to GEMV_MAX_ROWS rows) with bias, SwiGLU, RMSNorm first and split K."""
+    gen = torch.Generator().manual_seed(rows + 10 * gated + 20 * normed)
+    x, r = (torch.randn(rows, k, generator=gen).to(DEVICE) for _ in range(2))
+    g = (1 + 0.1 * torch.randn(k, generator=gen)).to(DEVICE)
+    w = (torch.randn(2 * n if gated else n, k, generator=gen) / k**0.5).to(DEVICE)
+    bias = None if gated else torch.randn(n, generator=gen).to(DEVICE)
+    normed_x, summed = add_rms_norm(x, r, g, 1e-6) if normed else (x, x)
+    ref = F.linear(normed_x, w, bias)
+    if gated:
+        gate, up = ref.chunk(2, dim=-1)
+        ref = F.silu(gate) * up
+    norm = NormFirst(g, 1e-6, r) if normed else None
+    for _ in range(2):  # split-K tickets are reset by the first call
+        got = skinny_gemm(x, w, bias, config, gated, norm)
+        if normed:
+            got, got_sum = got
+            assert torch.equal(got_sum, summed)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_gemv_config_fills_the_gpu_and_splits_long_k():
+    qkv = default_gemv_config(4096, 1024, 132)
+    assert (qkv.k_tile, 4096 // qkv.block_n) == (1024, 512)
+    down = default_gemv_config(1024, 3072, 132)
+    assert down.k_tile == 1024 and -(-1024 // down.block_n) * 3 >= 3 * 132
+    assert default_gemv_config(64, 96, 132) == GemvConfig(2, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    "shape",
+    [(4096, 1024, False), (3072, 1024, True), (1024, 2048, False), (1024, 3072, False)],
+    ids=["qkv", "gate_up", "o", "down"],
+)
+def test_gemv_bf16_on_gpu_matches_tensor_core_kernel(rows, shape):
+    """Qwen3-0.6B's layer shapes with the norm first: the GEMV and the tensor-core kernel agree to
+    bf16 rounding (they sum in different orders)."""
+    n, k, gated = shape
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    x, r = (torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    g = 1 + 0.1 * torch.randn(k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(2 * n if gated else n, k, device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5
+    norm = NormFirst(g, 1e-6, r)
+    ref, ref_sum = skinny_gemm(x, w, None, default_config(n, k, 132), gated, norm)
+    for _ in range(3):
+        got, got_sum = skinny_gemm(x, w, None, None, gated, norm)
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
+        assert torch.equal(got_sum, ref_sum)

@@ -20,6 +20,8 @@ from triton.runtime.errors import OutOfResources
 
 from nanoexp.kernels.norm_first import NormFirst
 from nanoexp.kernels.triton_gemm import GemmConfig, default_config, skinny_gemm
+from nanoexp.kernels.triton_gemv import MAX_ROWS as GEMV_MAX_ROWS
+from nanoexp.kernels.triton_gemv import GemvConfig, default_gemv_config
 from nanoexp.layers.activation import silu_and_mul
 from nanoexp.layers.fusion import fused
 from nanoexp.layers.norm import add_rms_norm
@@ -52,8 +54,24 @@ L2_BYTES = 60 * 2**20
 
 
 def sweep_configs() -> list[GemmConfig]:
-    return [GemmConfig(n, k, s, w, st) for n, k, s, w, st in
-            itertools.product((16, 32, 64), (128, 256), (1, 2, 4, 8), (4,), (3, 4))]
+    return [
+        GemmConfig(n, k, s, w, st)
+        for n, k, s, w, st in itertools.product((16, 32, 64), (128, 256), (1, 2, 4, 8), (4,), (3, 4))
+    ]
+
+
+def gemv_configs() -> list[GemvConfig]:
+    return [GemvConfig(n, k, w) for n, k, w in itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8))]
+
+
+def best_of(configs, run) -> tuple[float, object]:
+    timed = []
+    for c in configs:
+        try:
+            timed.append((run(c), c))
+        except OutOfResources:
+            continue
+    return min(timed, key=lambda t: t[0])
 
 
 def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: bool) -> dict:
@@ -78,19 +96,29 @@ def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: boo
     result["max_err"] = (triton_op(weights[0], default).float() - ref).abs().max().item()
     result["default"] = time_graph_us([lambda w=w: triton_op(w, default) for w in weights])
     result["default_cfg"] = default
+
+    def timed(c):
+        return time_graph_us([lambda w=w, c=c: triton_op(w, c) for w in weights])
+
+    if rows <= GEMV_MAX_ROWS:
+        gemv = default_gemv_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+        result["gemv_err"] = (triton_op(weights[0], gemv).float() - ref).abs().max().item()
+        result["gemv"], result["gemv_cfg"] = timed(gemv), gemv
     if sweep:
-        timed = []
-        for c in sweep_configs():
-            try:
-                timed.append((time_graph_us([lambda w=w, c=c: triton_op(w, c) for w in weights]), c))
-            except OutOfResources:
-                continue
-        result["best"], result["best_cfg"] = min(timed, key=lambda t: t[0])
+        result["best"], result["best_cfg"] = best_of(sweep_configs(), timed)
+        if rows <= GEMV_MAX_ROWS:
+            result["gemv_best"], result["gemv_best_cfg"] = best_of(gemv_configs(), timed)
     return result
 
 
-def describe(c: GemmConfig) -> str:
+def describe(c: GemmConfig | GemvConfig) -> str:
+    if isinstance(c, GemvConfig):
+        return f"{c.block_n}/{c.k_tile}/w{c.num_warps}"
     return f"{c.block_n}/{c.block_k}/{c.split_k}/{c.num_stages}"
+
+
+def timing(r: dict, key: str) -> str:
+    return f"{r[key]:.2f} ({describe(r[key + '_cfg'])})" if key in r else "-"
 
 
 def main() -> None:
@@ -101,8 +129,11 @@ def main() -> None:
     parser.add_argument("--only", default="", help="shapes whose name contains this text")
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     args = parser.parse_args()
-    lines = ["| shape | N x K | rows | cuBLAS us | Triton us (config) | best us (config) | floor us | err |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| shape | N x K | rows | cuBLAS us | Triton us (config) | best us (config) | GEMV us (config) | "
+        "best GEMV us (config) | floor us | err | GEMV err |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, (n, k) in SHAPES.items():
         if args.only not in name:
             continue
@@ -110,15 +141,17 @@ def main() -> None:
             gated = "+silu" in name
             r = bench_shape(n, k, rows, gated, "norm+" in name, args.sweep)
             floor = ((2 if gated else 1) * n * k + rows * (n + k)) * 2 / args.bandwidth * 1e6
-            best = f"{r['best']:.2f} ({describe(r['best_cfg'])})" if "best" in r else "-"
-            default = f"{r['default']:.2f} ({describe(r['default_cfg'])})"
-            lines.append(f"| {name} | {n}x{k} | {rows} | {r['cublas']:.2f} | {default} | {best} | "
-                         f"{floor:.2f} | {r['max_err']:.3g} |")
+            gemv_err = f"{r['gemv_err']:.3g}" if "gemv_err" in r else "-"
+            lines.append(
+                f"| {name} | {n}x{k} | {rows} | {r['cublas']:.2f} | {timing(r, 'default')} | "
+                f"{timing(r, 'best')} | {timing(r, 'gemv')} | {timing(r, 'gemv_best')} | {floor:.2f} | "
+                f"{r['max_err']:.3g} | {gemv_err} |"
+            )
             print(lines[-1], flush=True)
     table = "\n".join(lines)
     if args.out:
         with open(args.out, "w") as f:
-            f.write("config = block_n/block_k/split_k(/stages)\n\n" + table + "\n")
+            f.write("config = block_n/block_k/split_k/stages; GEMV: block_n/k_tile/warps\n\n" + table + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,234 @@
+"""GEMV for decode at a few rows: y[M, N] = x[M, K] @ w[N, K]^T (+ bias), M of 1 to MAX_ROWS.
+
+At one to a few rows a linear layer is a weight read and the matrix units have nothing to do.
+Each program loads its whole weight tile, BLOCK_N output features by K_TILE inputs, with one
+load (all of it in flight at once, straight into registers), and only then reads x: the weight
+bytes are on their way while x is loaded and normed. Products and sums are fp32 FMAs. Tiles are
+small, so several programs share an SM and the read keeps many bytes in flight; the tensor-core
+kernel (triton_gemm.py) streams fixed K steps through shared memory and reached ~1.2 TB/s at one
+row (experiments/nanovllm_bench/runs/run27_step_trace.md).
+
+K longer than K_TILE is split across programs; partials go to an fp32 workspace and the last
+program of a column tile (an atomic ticket) sums them, as in triton_gemm.py. The fused RMSNorm,
+SwiGLU and bias follow triton_gemm.py's rounding, so both kernels give the same results up to
+the order of the fp32 sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from nanoexp.kernels.base import num_sms
+from nanoexp.kernels.norm_first import NormFirst
+from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.triton_pdl import wait_for_previous
+
+MAX_ROWS = 4
+MAX_K_TILE = 1024
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    k_tile: int
+    num_warps: int = 4
+
+
+@triton.jit
+def _row_rstd(x_row, r_row, sum_row, write_sum, K, eps, HAS_RESIDUAL: tl.constexpr, K_TILE: tl.constexpr):
+    """1 / rms of one row of x (+ residual), fp32; writes x + residual to sum_row when write_sum."""
+    squares = tl.full([K_TILE], 0.0, tl.float32)
+    for k0 in range(0, K, K_TILE):
+        kk = k0 + tl.arange(0, K_TILE)
+        x = tl.load(x_row + kk, mask=kk < K, other=0.0)
+        v = x.to(tl.float32)
+        if HAS_RESIDUAL:
+            v += tl.load(r_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+            if write_sum:
+                tl.store(sum_row + kk, v.to(x.dtype), mask=kk < K)
+        squares += v * v
+    return tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+
+
+@triton.jit
+def _input_chunk(
+    x_row,
+    r_row,
+    sum_row,
+    norm_w_ptr,
+    write_sum,
+    kk,
+    k_mask,
+    K,
+    eps,
+    NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    K_TILE: tl.constexpr,
+):
+    """This program's K_TILE inputs of one row, RMS-normed (after adding the residual) when NORM,
+    rounded where the unfused ops round: the normed row, then its product with the norm weight."""
+    x = tl.load(x_row + kk, mask=k_mask, other=0.0)
+    if NORM:
+        rstd = _row_rstd(x_row, r_row, sum_row, write_sum, K, eps, HAS_RESIDUAL, K_TILE)
+        v = x.to(tl.float32)
+        if HAS_RESIDUAL:
+            v += tl.load(r_row + kk, mask=k_mask, other=0.0).to(tl.float32)
+        g = tl.load(norm_w_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+        x = ((v * rstd).to(x.dtype).to(tl.float32) * g).to(x.dtype)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _finish_row(acc, up, y_row, bias_ptr, cols, col_mask, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
+    """Bias, then (GATED) silu(gate) * up, rounded as the unfused ops round; stores the row."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    out = acc.to(y_row.dtype.element_ty)
+    if GATED:
+        gate = out.to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(y_row.dtype.element_ty)
+        out = (silu.to(tl.float32) * up.to(y_row.dtype.element_ty).to(tl.float32)).to(y_row.dtype.element_ty)
+    tl.store(y_row + cols, out, mask=col_mask)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    y_ptr,
+    part_ptr,
+    ticket_ptr,
+    residual_ptr,
+    norm_w_ptr,
+    sum_ptr,
+    eps,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    K_TILE: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
+    NORM: each row of x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0)
+    writes x + residual to sum_ptr (the next residual). ROWS >= M rows are unrolled."""
+    tile = tl.program_id(0)
+    split = tl.program_id(1)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = split * K_TILE + tl.arange(0, K_TILE)
+    col_mask = cols < N
+    k_mask = kk < K
+    w_mask = col_mask[:, None] & k_mask[None, :]
+    # The weights, which no kernel writes, are requested before waiting for the previous kernel.
+    w_tile = w_ptr + cols[:, None].to(tl.int64) * stride_wn + kk[None, :]
+    w = tl.load(w_tile, mask=w_mask, other=0.0, eviction_policy="evict_first")
+    up_w = w
+    if GATED:
+        up_tile = w_tile + N.to(tl.int64) * stride_wn
+        up_w = tl.load(up_tile, mask=w_mask, other=0.0, eviction_policy="evict_first")
+    wait_for_previous(PDL)
+    write_sum = (tile == 0) & (split == 0)
+    width = 2 * N if GATED else N
+    for m in tl.static_range(ROWS):
+        if m < M:
+            row = m * stride_xm
+            x = _input_chunk(
+                x_ptr + row,
+                residual_ptr + row,
+                sum_ptr + row,
+                norm_w_ptr,
+                write_sum,
+                kk,
+                k_mask,
+                K,
+                eps,
+                NORM,
+                HAS_RESIDUAL,
+                K_TILE,
+            )
+            acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            up = acc
+            if GATED:
+                up = tl.sum(up_w.to(tl.float32) * x[None, :], axis=1)
+            if SPLIT_K > 1:
+                part = part_ptr + (split * ROWS + m) * width + cols
+                tl.store(part, acc, mask=col_mask)
+                if GATED:
+                    tl.store(part + N, up, mask=col_mask)
+            else:
+                _finish_row(acc, up, y_ptr + m * stride_ym, bias_ptr, cols, col_mask, HAS_BIAS, GATED)
+    if SPLIT_K > 1:
+        tl.debug_barrier()  # every thread's partials are written before the ticket publishes them
+        done = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
+        if done == SPLIT_K - 1:
+            for m in tl.static_range(ROWS):
+                if m < M:
+                    acc = tl.full([BLOCK_N], 0.0, tl.float32)
+                    up = acc
+                    for s in range(SPLIT_K):
+                        part = part_ptr + (s * ROWS + m) * width + cols
+                        acc += tl.load(part, mask=col_mask, other=0.0, cache_modifier=".cg")
+                        if GATED:
+                            up += tl.load(part + N, mask=col_mask, other=0.0, cache_modifier=".cg")
+                    _finish_row(acc, up, y_ptr + m * stride_ym, bias_ptr, cols, col_mask, HAS_BIAS, GATED)
+            tl.store(ticket_ptr + tile, 0)
+
+
+def default_gemv_config(n: int, k: int, sms: int) -> GemvConfig:
+    """K in one tile up to MAX_K_TILE (longer K is split), and output tiles narrow enough that
+    the programs fill every SM about three times."""
+    k_tile = min(triton.next_power_of_2(k), MAX_K_TILE)
+    splits = triton.cdiv(k, k_tile)
+    block_n = 16
+    while block_n > 2 and triton.cdiv(n, block_n) * splits < 3 * sms:
+        block_n //= 2
+    return GemvConfig(block_n, k_tile)
+
+
+def gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    y: torch.Tensor,
+    bias: torch.Tensor | None,
+    gated: bool,
+    norm: NormFirst | None,
+    summed: torch.Tensor,
+    tickets: torch.Tensor,
+    config: GemvConfig | None = None,
+) -> None:
+    """y = x @ w^T (+ bias) for x [M <= MAX_ROWS, K], into y; gated and norm as in
+    triton_gemm.skinny_gemm, which allocates y and summed (x + norm.residual) and calls this."""
+    m, k = x.shape
+    n = y.shape[1]
+    assert m <= MAX_ROWS
+    config = config or default_gemv_config(n, k, num_sms(x.device))
+    tiles = triton.cdiv(n, config.block_n)
+    split = triton.cdiv(k, config.k_tile)
+    assert split == 1 or tiles <= tickets.numel()
+    rows = triton.next_power_of_2(m)
+    width = 2 * n if gated else n
+    part = torch.empty((split, rows, width), dtype=torch.float32, device=x.device) if split > 1 else y
+    residual = norm.residual if norm is not None else None
+    _gemv_kernel[(tiles, split)](
+        x, w, bias if bias is not None else w, y, part, tickets,
+        residual if residual is not None else x, norm.weight if norm is not None else w, summed,
+        norm.eps if norm is not None else 0.0,
+        m, n, k, x.stride(0), w.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
+        ROWS=rows, BLOCK_N=config.block_n, K_TILE=config.k_tile, SPLIT_K=split,
+        num_warps=config.num_warps, **launch_options(),
+    )  # fmt: skip
