@@ -79,14 +79,8 @@ def test_engine_with_triton_gemm_matches_torch_gemm(checkpoints):
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     outs = {}
     for backend in ("torch", "triton"):
-        with LLM(
-            path,
-            device=DEVICE.type,
-            dtype="float32",
-            gemm_backend=backend,
-            kvcache_block_size=16,
-            max_model_len=256,
-        ) as llm:
+        with LLM(path, device=DEVICE.type, dtype="float32", gemm_backend=backend, kvcache_block_size=16,
+                 max_model_len=256) as llm:
             outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
             assert llm.stats()["gemm_backend"] == ("torch" if backend == "torch" else "triton up to 64 rows")
     assert outs["triton"] == outs["torch"]
@@ -181,15 +175,8 @@ def test_tp2_with_triton_gemm_matches_tp1_torch_gemm(checkpoints):
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     outs = {}
     for backend, tp in (("torch", 1), ("triton", 2)):
-        with LLM(
-            path,
-            device="cpu",
-            dtype="float32",
-            gemm_backend=backend,
-            tensor_parallel_size=tp,
-            kvcache_block_size=16,
-            max_model_len=256,
-        ) as llm:
+        with LLM(path, device="cpu", dtype="float32", gemm_backend=backend, tensor_parallel_size=tp,
+                 kvcache_block_size=16, max_model_len=256) as llm:
             outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
             assert llm.stats()["gemm_backend"] == ("torch" if tp == 1 else "triton up to 64 rows")
     assert outs["triton"] == outs["torch"]
@@ -232,6 +219,7 @@ def test_gemv_config_fills_the_gpu_and_splits_long_k():
     down = default_gemv_config(1024, 3072, 132)
     assert down.k_tile == 1024 and -(-1024 // down.block_n) * 3 >= 3 * 132
     assert default_gemv_config(64, 96, 132) == GemvConfig(2, 128)
+    assert down.num_warps == 8 and qkv.num_warps == 4
 
 
 @pytest.mark.gpu

@@ -19,7 +19,7 @@ import triton.language as tl
 from nanoexp.kernels.base import num_sms
 from nanoexp.kernels.norm_first import NormFirst
 from nanoexp.kernels.pdl import launch_options
-from nanoexp.kernels.triton_gemv import MAX_ROWS as GEMV_MAX_ROWS
+from nanoexp.kernels.triton_gemv import AUTO_ROWS as GEMV_ROWS
 from nanoexp.kernels.triton_gemv import GemvConfig, gemv
 from nanoexp.kernels.triton_pdl import prefetch_l2, wait_for_previous
 
@@ -37,19 +37,8 @@ class GemmConfig:
 
 
 @triton.jit
-def _row_rstd(
-    x_rows,
-    r_rows,
-    sum_rows,
-    write_sum,
-    row_mask,
-    ks,
-    K,
-    eps,
-    HAS_RESIDUAL: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+def _row_rstd(x_rows, r_rows, sum_rows, write_sum, row_mask, ks, K, eps, HAS_RESIDUAL: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """1 / rms of each row of x (+ residual), in fp32; writes x + residual when write_sum."""
     squares = tl.full([BLOCK_M], 0.0, tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -66,23 +55,9 @@ def _row_rstd(
 
 
 @triton.jit
-def _tile_product(
-    x_rows,
-    w_rows,
-    r_rows,
-    norm_w_ptr,
-    rstd,
-    row_mask,
-    col_mask,
-    ks,
-    k_start,
-    k_end,
-    NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+def _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks, k_start, k_end,
+                  NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         kk = k0 + ks
@@ -102,9 +77,8 @@ def _tile_product(
 
 
 @triton.jit
-def _sum_splits(
-    part_ptr, rows, cols, out_mask, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr
-):
+def _sum_splits(part_ptr, rows, cols, out_mask, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                SPLIT_K: tl.constexpr):
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for s in range(SPLIT_K):
         part = part_ptr + (s * BLOCK_M + rows[:, None]) * N + cols[None, :]
@@ -174,55 +148,14 @@ def _skinny_gemm_kernel(
     rstd = tl.full([BLOCK_M], 1.0, tl.float32)
     if NORM:
         write_sum = (tile == 0) & (split == 0)
-        rstd = _row_rstd(
-            x_rows,
-            r_rows,
-            sum_ptr + row_offsets,
-            write_sum,
-            row_mask,
-            ks,
-            K,
-            eps,
-            HAS_RESIDUAL,
-            BLOCK_M,
-            BLOCK_K,
-        )
-    acc = _tile_product(
-        x_rows,
-        w_rows,
-        r_rows,
-        norm_w_ptr,
-        rstd,
-        row_mask,
-        col_mask,
-        ks,
-        k_start,
-        k_end,
-        NORM,
-        HAS_RESIDUAL,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-    )
+        rstd = _row_rstd(x_rows, r_rows, sum_ptr + row_offsets, write_sum, row_mask, ks, K, eps,
+                         HAS_RESIDUAL, BLOCK_M, BLOCK_K)
+    acc = _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks, k_start, k_end,
+                        NORM, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K)
     if GATED:
         up_rows = w_rows + N.to(tl.int64) * stride_wn
-        up = _tile_product(
-            x_rows,
-            up_rows,
-            r_rows,
-            norm_w_ptr,
-            rstd,
-            row_mask,
-            col_mask,
-            ks,
-            k_start,
-            k_end,
-            NORM,
-            HAS_RESIDUAL,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-        )
+        up = _tile_product(x_rows, up_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks, k_start,
+                           k_end, NORM, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K)
     out_mask = row_mask[:, None] & col_mask[None, :]
     if SPLIT_K > 1:
         width = 2 * N if GATED else N
@@ -268,17 +201,13 @@ def default_config(n: int, k: int, num_sms: int) -> GemmConfig:
 
 
 def skinny_gemm(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    config: GemmConfig | GemvConfig | None = None,
-    gated: bool = False,
-    norm: NormFirst | None = None,
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+    config: GemmConfig | GemvConfig | None = None, gated: bool = False, norm: NormFirst | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (M <= 64, contiguous rows) times w [N, K]^T, plus bias [N]; returns [M, N].
     gated: w holds [gate; up] (2N rows, no bias) and the result is silu(x gate^T) * (x up^T).
     norm: x is RMS-normed first (after adding norm.residual); returns (y, the new residual: x +
-    norm.residual, or x itself without one). Up to triton_gemv.MAX_ROWS rows the GEMV kernel runs
+    norm.residual, or x itself without one). Up to triton_gemv.AUTO_ROWS rows the GEMV kernel runs
     (unless a GemmConfig is given), above them the tensor-core kernel."""
     m, k = x.shape
     n = w.shape[0] // 2 if gated else w.shape[0]
@@ -291,7 +220,7 @@ def skinny_gemm(
         return (y, summed) if norm is not None else y
     if residual is not None:
         assert residual.shape == x.shape and residual.stride() == x.stride()
-    if isinstance(config, GemvConfig) or (config is None and m <= GEMV_MAX_ROWS):
+    if isinstance(config, GemvConfig) or (config is None and m <= GEMV_ROWS):
         gemv(x, w, y, bias, gated, norm, summed, _tickets(x.device), config)
         return (y, summed) if norm is not None else y
     config = config or default_config(n, k, num_sms(x.device))

@@ -27,7 +27,12 @@ from nanoexp.kernels.norm_first import NormFirst
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_pdl import wait_for_previous
 
-MAX_ROWS = 4
+MAX_ROWS = 4  # the kernel's limit
+# Up to where skinny_gemm takes this kernel, measured on an H200 against the tensor-core kernel
+# (experiments/kernels/runs/gemv_*.md): at 1-2 rows it wins every Qwen3-0.6B shape (norm + gate/up
+# + SwiGLU 11.1 -> 6.4 us at one row), at 4 rows it loses (12.1 -> 16.4 us): each row is a
+# dependent pass of loads and reductions.
+AUTO_ROWS = 2
 MAX_K_TILE = 1024
 
 
@@ -189,14 +194,15 @@ def _gemv_kernel(
 
 
 def default_gemv_config(n: int, k: int, sms: int) -> GemvConfig:
-    """K in one tile up to MAX_K_TILE (longer K is split), and output tiles narrow enough that
-    the programs fill every SM about three times."""
+    """K in one tile up to MAX_K_TILE (longer K is split), output tiles narrow enough that the
+    programs fill every SM about three times, and 8 warps where K is split (H200, one row: o_proj
+    4.6 -> 4.0 us, down_proj 5.1 -> 4.7)."""
     k_tile = min(triton.next_power_of_2(k), MAX_K_TILE)
     splits = triton.cdiv(k, k_tile)
     block_n = 16
     while block_n > 2 and triton.cdiv(n, block_n) * splits < 3 * sms:
         block_n //= 2
-    return GemvConfig(block_n, k_tile)
+    return GemvConfig(block_n, k_tile, 8 if splits > 1 else 4)
 
 
 def gemv(
