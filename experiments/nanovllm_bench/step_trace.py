@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=48)
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--pdl", default="auto")
+    parser.add_argument("--cpu", action="store_true", help="also the host's ops, by self CPU time per step")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     arch = yaml.safe_load(open(f"conf/model/{args.model}.yaml"))["arch"]
@@ -127,7 +128,8 @@ def main() -> None:
     for _ in range(3):
         llm.generate(prompts, params, use_tqdm=False)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.cpu else [])
+    with profile(activities=activities) as prof:
         llm.generate(prompts, params, use_tqdm=False)
         torch.cuda.synchronize()
     llm.close()
@@ -135,7 +137,12 @@ def main() -> None:
         f"batch {args.batch}, input {args.input_len}, output {args.output_len}, "
         f"kv_cache_dtype {args.kv_cache_dtype}, pdl {args.pdl}"
     )
-    text = "\n".join(report(split_steps(kernel_events(prof)), title))
+    lines = report(split_steps(kernel_events(prof)), title)
+    if args.cpu:
+        averages = prof.key_averages()
+        table = averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=50)
+        lines += ["", f"Host ops over the whole run ({args.output_len} steps), by self CPU time:", "", table]
+    text = "\n".join(lines)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
