@@ -1,9 +1,10 @@
 """Decode-sized GEMMs on one GPU: cuBLAS (torch F.linear) against the Triton skinny GEMM.
 
-For Qwen3 layer shapes (0.6B at TP=1, 8B at TP=1 and TP=2) and 1-64 rows, times each candidate
+For Qwen3 layer shapes (0.6B at TP=1, 8B at TP=1 and TP=2) and 1-256 rows, times each candidate
 inside a CUDA graph of back-to-back calls that cycle through enough weight copies (> 2x L2) that
 every call reads its weight from HBM, as in a decode step. Prints one markdown table: cuBLAS, the
-kernel's default config, the best config found, and the bytes floor at --bandwidth.
+kernel's default config, the best config found, the GEMV up to its row limit, and the floor: the
+larger of the bytes at --bandwidth and the FLOPs at --tflops.
 
     python experiments/kernels/bench_skinny_gemm.py [--out table.md] [--sweep] [--only 8B] [--rows 1,16]
 """
@@ -53,10 +54,16 @@ ROWS = [1, 4, 16, 32, 64]
 L2_BYTES = 60 * 2**20
 
 
-def sweep_configs() -> list[GemmConfig]:
+def sweep_configs(rows: int) -> list[GemmConfig]:
+    """Skinny tiles up to 64 rows; above, row tiles of 32-128 and wider column tiles."""
+    if rows <= 64:
+        return [
+            GemmConfig(n, k, s, w, st)
+            for n, k, s, w, st in itertools.product((16, 32, 64), (128, 256), (1, 2, 4, 8), (4,), (3, 4))
+        ]
     return [
-        GemmConfig(n, k, s, w, st)
-        for n, k, s, w, st in itertools.product((16, 32, 64), (128, 256), (1, 2, 4, 8), (4,), (3, 4))
+        GemmConfig(n, k, s, w, 3, m)
+        for m, n, k, s, w in itertools.product((32, 64, 128), (32, 64, 128), (64, 128), (1, 2), (4, 8))
     ]
 
 
@@ -92,7 +99,7 @@ def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: boo
     with fused(True):
         ref = torch_op(weights[0]).float()
         result = {"cublas": time_graph_us([lambda w=w: torch_op(w) for w in weights])}
-    default = default_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    default = default_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count, rows)
     result["max_err"] = (triton_op(weights[0], default).float() - ref).abs().max().item()
     result["default"] = time_graph_us([lambda w=w: triton_op(w, default) for w in weights])
     result["default_cfg"] = default
@@ -105,7 +112,7 @@ def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: boo
         result["gemv_err"] = (triton_op(weights[0], gemv).float() - ref).abs().max().item()
         result["gemv"], result["gemv_cfg"] = timed(gemv), gemv
     if sweep:
-        result["best"], result["best_cfg"] = best_of(sweep_configs(), timed)
+        result["best"], result["best_cfg"] = best_of(sweep_configs(rows), timed)
         if rows <= GEMV_MAX_ROWS:
             result["gemv_best"], result["gemv_best_cfg"] = best_of(gemv_configs(), timed)
     return result
@@ -114,7 +121,8 @@ def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: boo
 def describe(c: GemmConfig | GemvConfig) -> str:
     if isinstance(c, GemvConfig):
         return f"{c.block_n}/{c.k_tile}/w{c.num_warps}"
-    return f"{c.block_n}/{c.block_k}/{c.split_k}/{c.num_stages}"
+    rows = f"m{c.block_m}/" if c.block_m else ""
+    return f"{rows}{c.block_n}/{c.block_k}/{c.split_k}/{c.num_stages}/w{c.num_warps}"
 
 
 def timing(r: dict, key: str) -> str:
@@ -124,9 +132,10 @@ def timing(r: dict, key: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bandwidth", type=float, default=4.2e12)
+    parser.add_argument("--tflops", type=float, default=780.0, help="dense bf16 ceiling, TFLOP/s")
     parser.add_argument("--sweep", action="store_true", help="also search block and split sizes")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--only", default="", help="shapes whose name contains this text")
+    parser.add_argument("--only", default="", help="shapes whose name contains one of these, comma-separated")
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     args = parser.parse_args()
     lines = [
@@ -135,12 +144,14 @@ def main() -> None:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, (n, k) in SHAPES.items():
-        if args.only not in name:
+        if not any(part in name for part in args.only.split(",")):
             continue
         for rows in map(int, args.rows.split(",")):
             gated = "+silu" in name
             r = bench_shape(n, k, rows, gated, "norm+" in name, args.sweep)
-            floor = ((2 if gated else 1) * n * k + rows * (n + k)) * 2 / args.bandwidth * 1e6
+            width = 2 * n if gated else n
+            bytes_s = (width * k + rows * (n + k)) * 2 / args.bandwidth
+            floor = max(bytes_s, 2 * rows * width * k / (args.tflops * 1e12)) * 1e6
             gemv_err = f"{r['gemv_err']:.3g}" if "gemv_err" in r else "-"
             lines.append(
                 f"| {name} | {n}x{k} | {rows} | {r['cublas']:.2f} | {timing(r, 'default')} | "
@@ -151,7 +162,8 @@ def main() -> None:
     table = "\n".join(lines)
     if args.out:
         with open(args.out, "w") as f:
-            f.write("config = block_n/block_k/split_k/stages; GEMV: block_n/k_tile/warps\n\n" + table + "\n")
+            legend = "config = [m block_m/]block_n/block_k/split_k/stages/warps; GEMV: block_n/k_tile/warps"
+            f.write(legend + "\n\n" + table + "\n")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@
 #   host    the host's decode step with a stub model, this machine's CPU, inputs through pinned
 #           copies to the GPU (experiments/nanovllm_bench/host_step.py; TP=2 too with 2 GPUs)
 #   profile the kernels of one batch-1 and one batch-128 decode step
+#   wide    the Triton GEMM at 128 and 256 rows (row tiles, the norm in the K loop) against cuBLAS per
+#           0.6B shape with a config sweep, then the decode step at 64-256 sequences with
+#           engine.gemm_backend=auto (cuBLAS there) and triton (the Triton kernels up to 256 rows)
 #   trace   the engine's decode steps on the GPU timeline: kernels, gaps, step period
 #           (experiments/nanovllm_bench/step_trace.py) at batch 1 and at 256 per cache dtype
 #   tiles   split-K decode per cache dtype and key-tile size (experiments/kernels/bench_decode_tiles.py)
@@ -62,6 +65,12 @@ for part in $parts; do
            grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|Stall" "$OUT/ncu_$1x$2.txt" | head -40
          done ;;
     tiles) (cd experiments/kernels && timeout 200 python3 bench_decode_tiles.py --out "$OUT/tiles.md") 2>&1 | tail -10 ;;
+    wide) (cd experiments/kernels && timeout 300 python3 bench_skinny_gemm.py --rows 128,256 --sweep \
+            --only "0.6B norm+qkv,0.6B o,0.6B norm+gate_up+silu,0.6B down" --out "$OUT/wide_gemm.md") 2>&1 | tail -10
+          for backend in auto triton auto triton; do
+            timeout 120 python3 experiments/nanovllm_bench/decode_step.py --gemm-backend $backend \
+              --batches 64,128,256 --contexts 1024 --out "$OUT/decode_gemm_$backend.md" 2>&1 | grep "^|" | tail -3
+          done ;;
     trace) timeout 120 python3 experiments/nanovllm_bench/step_trace.py --batch 1 --out "$OUT/trace_b1.md" 2>&1 | head -40
            for dtype in auto fp8_e4m3; do
              timeout 150 python3 experiments/nanovllm_bench/step_trace.py --batch 256 --input-len 512 \

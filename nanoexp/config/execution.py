@@ -19,8 +19,9 @@ class ExecutionConfig:
 
     device: str = "auto"  # auto = CUDA when present
     attention_backend: str = "auto"  # auto: first self-checked of triton, flash_attn on CUDA; torch on CPU
-    # decode-sized linear layers (1-64 rows): auto = the Triton skinny GEMM where it was measured
-    # faster than torch (cuBLAS), on CUDA in bf16/fp16; torch everywhere else
+    # decode-sized linear layers: auto = the Triton GEMV / skinny GEMM where they were measured
+    # faster than torch (cuBLAS: 1-16 rows, weights up to 12 MiB), on CUDA in bf16/fp16, torch
+    # everywhere else; triton = the Triton kernels for every layer up to 256 rows (to A/B); torch
     gemm_backend: str = "auto"
     # programmatic dependent launch of the decode graphs' Triton kernels (kernels/pdl.py): each
     # launches as the previous one exits; auto = on for CUDA compute capability 9.0+; prefetch =

@@ -14,7 +14,7 @@ from nanoexp.kernels.select import triton_available, triton_half_precision, trit
 # (experiments/kernels/runs/skinny_gemm_8b.md; 8B batch-1 TPOT 5.51 ms with the kernel, 4.95 without).
 AUTO_MAX_ROWS = 16
 AUTO_MAX_WEIGHT_BYTES = 12 * 2**20
-MAX_ROWS = 64  # the kernel's limit
+MAX_ROWS = 256  # the kernel's limit (triton_gemm.MAX_ROWS); `triton` takes every size up to it
 
 
 class SkinnyGemm:
@@ -48,7 +48,7 @@ class SkinnyGemm:
 
 
 def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> SkinnyGemm | None:
-    """`engine.gemm_backend`: torch -> None; triton -> always for up to 64 rows; auto -> the
+    """`engine.gemm_backend`: torch -> None; triton -> always for up to 256 rows; auto -> the
     measured range (rows and weight size) on CUDA in bf16/fp16 when Triton is installed, else None."""
     if choice == "torch":
         return None

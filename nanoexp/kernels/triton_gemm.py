@@ -1,10 +1,17 @@
-"""Skinny GEMM for decode: y[M, N] = x[M, K] @ w[N, K]^T (+ bias) with M of 1 to 64 rows.
+"""Skinny GEMM for decode: y[M, N] = x[M, K] @ w[N, K]^T (+ bias) with M of 1 to 256 rows.
 
 At a few rows a linear layer is a weight read: the kernel streams w once, in tiles of BLOCK_N
 output features, and splits K across SPLIT_K programs when N alone gives too few programs to
 keep every SM loading. Split partials go to an fp32 workspace; the last program of a column
 tile to finish (an atomic ticket) sums them, adds the bias, writes y and resets its ticket, so
-one launch does the whole product and CUDA-graph replays start clean.
+one launch does the whole product and CUDA-graph replays start clean. Above MAX_BLOCK_M rows the
+rows are tiled too (a third grid dimension).
+
+The RMSNorm it can apply first is computed one of two ways. Up to NORM_PREPASS_MAX_ROWS rows each
+program first computes its rows' rms in a pass of its own, then normalizes x as the unfused op
+rounds it. Above, the pass would re-read every row once per column tile, so the sums of squares
+are taken in the product's own K loop and 1 / rms scales the product afterwards (x * norm_w is
+what is rounded to 16 bits; the result differs from the unfused op's by that rounding).
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ from nanoexp.kernels.triton_gemv import AUTO_ROWS as GEMV_ROWS
 from nanoexp.kernels.triton_gemv import GemvConfig, gemv
 from nanoexp.kernels.triton_pdl import prefetch_l2, wait_for_previous
 
-MAX_ROWS = 64
-TICKETS = 8192  # column tiles per launch that can split K
+MAX_ROWS = 256
+MAX_BLOCK_M = 64
+NORM_PREPASS_MAX_ROWS = 16
+TICKETS = 8192  # column tiles (times row tiles) per launch that can split K
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,7 @@ class GemmConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
+    block_m: int = 0  # 0: the rows rounded up to a power of two, at least 16, at most MAX_BLOCK_M
 
 
 @triton.jit
@@ -77,11 +87,60 @@ def _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, 
 
 
 @triton.jit
-def _sum_splits(part_ptr, rows, cols, out_mask, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _prepass_product(x_rows, w_rows, r_rows, sum_rows, norm_w_ptr, write_sum, eps, row_mask, col_mask, ks,
+                     k_start, k_end, K, up_offset, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """x @ w^T over [k_start, k_end) (and @ up^T when GATED), x RMS-normed first when NORM, its
+    rows' rms from a pass of their own over all of K."""
+    rstd = tl.full([BLOCK_M], 1.0, tl.float32)
+    if NORM:
+        rstd = _row_rstd(x_rows, r_rows, sum_rows, write_sum, row_mask, ks, K, eps, HAS_RESIDUAL, BLOCK_M,
+                         BLOCK_K)
+    acc = _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks, k_start, k_end,
+                        NORM, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K)
+    up = acc
+    if GATED:
+        up = _tile_product(x_rows, w_rows + up_offset, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks,
+                           k_start, k_end, NORM, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K)
+    return acc, up
+
+
+@triton.jit
+def _normed_tile_product(x_rows, w_rows, up_offset, r_rows, sum_rows, norm_w_ptr, write_sum, row_mask,
+                         col_mask, ks, K, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(x * norm_w) @ w^T over all of K (and @ up^T when GATED), with x = x + residual written to
+    sum_rows when write_sum, and the rows' sums of squares of x, all in one pass over K."""
+    acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    up = acc
+    squares = tl.full([BLOCK_M], 0.0, tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_mask = kk[None, :] < K
+        x = tl.load(x_rows + kk[None, :], mask=row_mask[:, None] & k_mask, other=0.0)
+        v = x.to(tl.float32)
+        if HAS_RESIDUAL:
+            v += tl.load(r_rows + kk[None, :], mask=row_mask[:, None] & k_mask, other=0.0).to(tl.float32)
+            if write_sum:
+                tl.store(sum_rows + kk[None, :], v.to(x.dtype), mask=row_mask[:, None] & k_mask)
+        squares += tl.sum(v * v, axis=1)
+        g = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+        xg = (v * g[None, :]).to(x.dtype)
+        w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
+        acc += tl.dot(xg, tl.trans(w))
+        if GATED:
+            w_up = tl.load(w_rows + up_offset + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
+            up += tl.dot(xg, tl.trans(w_up))
+    return acc, up, squares
+
+
+@triton.jit
+def _sum_splits(part_ptr, rows, cols, out_mask, N, m_pad, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 SPLIT_K: tl.constexpr):
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for s in range(SPLIT_K):
-        part = part_ptr + (s * BLOCK_M + rows[:, None]) * N + cols[None, :]
+        part = part_ptr + (s * m_pad + rows[:, None]) * N + cols[None, :]
         acc += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
     return acc
 
@@ -122,15 +181,18 @@ def _skinny_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    NORM_IN_LOOP: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
-    NORM: x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0) writes x + residual
-    to sum_ptr (the next residual). Every program computes the rows' rms itself: fine at few rows.
+    NORM: x is first replaced by RMSNorm(x + residual) * norm_w; the programs of column tile 0 and
+    split 0 write x + residual to sum_ptr (the next residual). Every program computes its rows' rms
+    itself: in a pass of its own, or with NORM_IN_LOOP (SPLIT_K == 1) in the product's K loop.
     PDL == 2: the weight tile, which no kernel writes, is prefetched into L2 before the wait."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
+    row_tile = tl.program_id(2)
+    rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_mask = rows < M
@@ -145,31 +207,36 @@ def _skinny_gemm_kernel(
     wait_for_previous(PDL)
     row_offsets = rows[:, None].to(tl.int64) * stride_xm
     x_rows, r_rows = x_ptr + row_offsets, residual_ptr + row_offsets
-    rstd = tl.full([BLOCK_M], 1.0, tl.float32)
-    if NORM:
-        write_sum = (tile == 0) & (split == 0)
-        rstd = _row_rstd(x_rows, r_rows, sum_ptr + row_offsets, write_sum, row_mask, ks, K, eps,
-                         HAS_RESIDUAL, BLOCK_M, BLOCK_K)
-    acc = _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks, k_start, k_end,
-                        NORM, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K)
-    if GATED:
-        up_rows = w_rows + N.to(tl.int64) * stride_wn
-        up = _tile_product(x_rows, up_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks, k_start,
-                           k_end, NORM, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K)
+    write_sum = (tile == 0) & (split == 0)
+    if NORM_IN_LOOP:
+        acc, up, squares = _normed_tile_product(
+            x_rows, w_rows, N.to(tl.int64) * stride_wn, r_rows, sum_ptr + row_offsets, norm_w_ptr, write_sum,
+            row_mask, col_mask, ks, K, HAS_RESIDUAL, GATED, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        rstd = tl.rsqrt(squares / K + eps)
+        acc, up = acc * rstd[:, None], up * rstd[:, None]
+    else:
+        acc, up = _prepass_product(
+            x_rows, w_rows, r_rows, sum_ptr + row_offsets, norm_w_ptr, write_sum, eps, row_mask, col_mask, ks,
+            k_start, k_end, K, N.to(tl.int64) * stride_wn, NORM, HAS_RESIDUAL, GATED, BLOCK_M, BLOCK_N,
+            BLOCK_K,
+        )  # fmt: skip
     out_mask = row_mask[:, None] & col_mask[None, :]
+    m_pad = tl.num_programs(2) * BLOCK_M
+    ticket = ticket_ptr + row_tile * tl.num_programs(0) + tile
     if SPLIT_K > 1:
         width = 2 * N if GATED else N
-        part = part_ptr + (split * BLOCK_M + rows[:, None]) * width + cols[None, :]
+        part = part_ptr + (split * m_pad + rows[:, None]) * width + cols[None, :]
         tl.store(part, acc, mask=out_mask)
         if GATED:
             tl.store(part + N, up, mask=out_mask)
-        done = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
+        done = tl.atomic_add(ticket, 1, sem="acq_rel")
         if done != SPLIT_K - 1:
             return
-        acc = _sum_splits(part_ptr, rows, cols, out_mask, width, BLOCK_M, BLOCK_N, SPLIT_K)
+        acc = _sum_splits(part_ptr, rows, cols, out_mask, width, m_pad, BLOCK_M, BLOCK_N, SPLIT_K)
         if GATED:
-            up = _sum_splits(part_ptr + N, rows, cols, out_mask, width, BLOCK_M, BLOCK_N, SPLIT_K)
-        tl.store(ticket_ptr + tile, 0)
+            up = _sum_splits(part_ptr + N, rows, cols, out_mask, width, m_pad, BLOCK_M, BLOCK_N, SPLIT_K)
+        tl.store(ticket, 0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     out = acc.to(y_ptr.dtype.element_ty)
@@ -187,12 +254,13 @@ def _tickets(device: torch.device) -> torch.Tensor:
     return torch.zeros(TICKETS, dtype=torch.int32, device=device)
 
 
-def default_config(n: int, k: int, num_sms: int) -> GemmConfig:
+def default_config(n: int, k: int, num_sms: int, rows: int = 1) -> GemmConfig:
     """Tiles of 32 output features, 256-wide K steps; K is split only when the tiles alone would
-    leave over half the SMs idle (on an H200, splitting 128 tiles 4 ways was slower than not)."""
+    leave over half the SMs idle (on an H200, splitting 128 tiles 4 ways was slower than not).
+    Above MAX_BLOCK_M rows the row tiles count as tiles."""
     block_n = 32
     block_k = 256 if k >= 1024 else 128
-    tiles = triton.cdiv(n, block_n)
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(rows, MAX_BLOCK_M)
     split = 1
     if 2 * tiles < num_sms:
         while 2 * tiles * split < num_sms and k // (block_k * split * 2) >= 1:
@@ -204,7 +272,7 @@ def skinny_gemm(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     config: GemmConfig | GemvConfig | None = None, gated: bool = False, norm: NormFirst | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (M <= 64, contiguous rows) times w [N, K]^T, plus bias [N]; returns [M, N].
+    """x [M, K] (M <= MAX_ROWS, contiguous rows) times w [N, K]^T, plus bias [N]; returns [M, N].
     gated: w holds [gate; up] (2N rows, no bias) and the result is silu(x gate^T) * (x up^T).
     norm: x is RMS-normed first (after adding norm.residual); returns (y, the new residual: x +
     norm.residual, or x itself without one). Up to triton_gemv.AUTO_ROWS rows the GEMV kernel runs
@@ -223,19 +291,22 @@ def skinny_gemm(
     if isinstance(config, GemvConfig) or (config is None and m <= GEMV_ROWS):
         gemv(x, w, y, bias, gated, norm, summed, _tickets(x.device), config)
         return (y, summed) if norm is not None else y
-    config = config or default_config(n, k, num_sms(x.device))
-    block_m = max(16, triton.next_power_of_2(m))
-    tiles = triton.cdiv(n, config.block_n)
-    split = config.split_k if tiles <= TICKETS else 1
+    config = config or default_config(n, k, num_sms(x.device), m)
+    block_m = config.block_m or min(max(16, triton.next_power_of_2(m)), MAX_BLOCK_M)
+    tiles, row_tiles = triton.cdiv(n, config.block_n), triton.cdiv(m, block_m)
+    norm_in_loop = norm is not None and m > NORM_PREPASS_MAX_ROWS
+    split = 1 if norm_in_loop or tiles * row_tiles > TICKETS else config.split_k
     width = 2 * n if gated else n
-    part = torch.empty((split, block_m, width), dtype=torch.float32, device=x.device) if split > 1 else y
-    _skinny_gemm_kernel[(tiles, split)](
+    part_shape = (split, row_tiles * block_m, width)
+    part = torch.empty(part_shape, dtype=torch.float32, device=x.device) if split > 1 else y
+    _skinny_gemm_kernel[(tiles, split, row_tiles)](
         x, w, bias if bias is not None else w, y, part, _tickets(x.device),
         residual if residual is not None else x, norm.weight if norm is not None else w, summed,
         norm.eps if norm is not None else 0.0,
         m, n, k, x.stride(0), w.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
-        num_warps=config.num_warps, num_stages=config.num_stages, **launch_options(),
+        NORM_IN_LOOP=norm_in_loop, num_warps=config.num_warps, num_stages=config.num_stages,
+        **launch_options(),
     )  # fmt: skip
     return (y, summed) if norm is not None else y

@@ -27,9 +27,6 @@ def divide(total: int, parts: int) -> int:
     return total // parts
 
 
-# Each program of the fused norm recomputes its rows' rms: measured slower than a separate norm
-# kernel from 32 rows on (experiments/kernels/runs/skinny_gemm.md).
-NORM_FIRST_MAX_ROWS = 16
 
 
 class LinearBase(nn.Module):
@@ -73,7 +70,7 @@ class LinearBase(nn.Module):
         """(self(RMSNorm(x + residual)), x + residual) in one skinny-GEMM kernel, gated: with
         silu(gate) * up as its epilogue; None where that path does not apply."""
         usable = self.skinny is not None and self.skinny.applies(x, self.weight)
-        if not usable or x.shape[0] > NORM_FIRST_MAX_ROWS or (gated and self.bias is not None):
+        if not usable or (gated and self.bias is not None):
             return None
         if residual is not None and residual.stride() != x.stride():
             return None
