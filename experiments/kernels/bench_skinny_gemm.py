@@ -6,7 +6,7 @@ every call reads its weight from HBM, as in a decode step. Prints one markdown t
 kernel's default config, the best config found, the GEMV up to its row limit, and the floor: the
 larger of the bytes at --bandwidth and the FLOPs at --tflops.
 
-    python experiments/kernels/bench_skinny_gemm.py [--out table.md] [--sweep] [--only 8B] [--rows 1,16]
+    python experiments/kernels/bench_skinny_gemm.py [--out f.md] [--sweep [gemv]] [--only 8B,0.6B] [--rows 1]
 """
 
 from __future__ import annotations
@@ -67,8 +67,11 @@ def sweep_configs(rows: int) -> list[GemmConfig]:
     ]
 
 
-def gemv_configs() -> list[GemvConfig]:
-    return [GemvConfig(n, k, w) for n, k, w in itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8))]
+def gemv_configs(rows: int) -> list[GemvConfig]:
+    """Tiles and warps; from 2 rows also the rows handled together (`joint`) or one by one."""
+    joint = (False, True) if rows > 1 else (False,)
+    shapes = itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8), joint)
+    return [GemvConfig(n, k, w, j) for n, k, w, j in shapes]
 
 
 def best_of(configs, run) -> tuple[float, object]:
@@ -81,7 +84,7 @@ def best_of(configs, run) -> tuple[float, object]:
     return min(timed, key=lambda t: t[0])
 
 
-def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: bool) -> dict:
+def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: str | None) -> dict:
     w_rows = 2 * n if gated else n
     copies = max(4, -(-2 * L2_BYTES // (w_rows * k * 2)))
     weights = [torch.randn(w_rows, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
@@ -111,16 +114,16 @@ def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: boo
         gemv = default_gemv_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
         result["gemv_err"] = (triton_op(weights[0], gemv).float() - ref).abs().max().item()
         result["gemv"], result["gemv_cfg"] = timed(gemv), gemv
-    if sweep:
+    if sweep == "all":
         result["best"], result["best_cfg"] = best_of(sweep_configs(rows), timed)
-        if rows <= GEMV_MAX_ROWS:
-            result["gemv_best"], result["gemv_best_cfg"] = best_of(gemv_configs(), timed)
+    if sweep and rows <= GEMV_MAX_ROWS:
+        result["gemv_best"], result["gemv_best_cfg"] = best_of(gemv_configs(rows), timed)
     return result
 
 
 def describe(c: GemmConfig | GemvConfig) -> str:
     if isinstance(c, GemvConfig):
-        return f"{c.block_n}/{c.k_tile}/w{c.num_warps}"
+        return f"{c.block_n}/{c.k_tile}/w{c.num_warps}" + ("/joint" if c.joint else "")
     rows = f"m{c.block_m}/" if c.block_m else ""
     return f"{rows}{c.block_n}/{c.block_k}/{c.split_k}/{c.num_stages}/w{c.num_warps}"
 
@@ -133,7 +136,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bandwidth", type=float, default=4.2e12)
     parser.add_argument("--tflops", type=float, default=780.0, help="dense bf16 ceiling, TFLOP/s")
-    parser.add_argument("--sweep", action="store_true", help="also search block and split sizes")
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "gemv"], default=None,
+                        help="also search block and split sizes (of the GEMV only: gemv)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", default="", help="shapes whose name contains one of these, comma-separated")
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))

@@ -14,6 +14,8 @@
 #   wide    the Triton GEMM at 128 and 256 rows (row tiles, the norm in the K loop) against cuBLAS per
 #           0.6B shape with a config sweep, then the decode step at 64-256 sequences with
 #           engine.gemm_backend=auto (cuBLAS there) and triton (the Triton kernels up to 256 rows)
+#   gemv    the GEMV at 1-4 rows, rows one by one or together, config sweep, against the tensor-core
+#           kernel and cuBLAS per 0.6B shape (decides triton_gemv.AUTO_ROWS and the joint default)
 #   trace   the engine's decode steps on the GPU timeline: kernels, gaps, step period
 #           (experiments/nanovllm_bench/step_trace.py) at batch 1 and at 256 per cache dtype
 #   tiles   split-K decode per cache dtype and key-tile size (experiments/kernels/bench_decode_tiles.py)
@@ -71,6 +73,8 @@ for part in $parts; do
             timeout 120 python3 experiments/nanovllm_bench/decode_step.py --gemm-backend $backend \
               --batches 64,128,256 --contexts 1024 --out "$OUT/decode_gemm_$backend.md" 2>&1 | grep "^|" | tail -3
           done ;;
+    gemv) (cd experiments/kernels && timeout 300 python3 bench_skinny_gemm.py --rows 1,2,3,4 --sweep gemv \
+            --only "0.6B norm+qkv,0.6B o,0.6B norm+gate_up+silu,0.6B down" --out "$OUT/gemv.md") 2>&1 | tail -16 ;;
     trace) timeout 120 python3 experiments/nanovllm_bench/step_trace.py --batch 1 --out "$OUT/trace_b1.md" 2>&1 | head -40
            for dtype in auto fp8_e4m3; do
              timeout 150 python3 experiments/nanovllm_bench/step_trace.py --batch 256 --input-len 512 \
