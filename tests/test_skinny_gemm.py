@@ -260,7 +260,7 @@ def test_gemv_bf16_on_gpu_matches_tensor_core_kernel(rows, shape):
 def test_row_tiles_and_norm_in_the_k_loop_match_torch(rows, config, gated, normed):
     """Above NORM_PREPASS_MAX_ROWS rows the norm's sums of squares come from the product's own K
     loop and 1 / rms scales the product: it rounds x * norm_w, not the normed x, so it matches the
-    unfused ops to rounding (exactly in float32)."""
+    unfused ops to rounding (float32 here)."""
     gen = torch.Generator().manual_seed(rows + 2 * gated + 4 * normed)
     n, k = 40, 96
     x, r = (torch.randn(rows, k, generator=gen).to(DEVICE) for _ in range(2))
