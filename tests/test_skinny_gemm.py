@@ -149,7 +149,7 @@ def test_norm_first_matches_rms_norm_then_linear(residual, gated):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("rows", [1, 9, 64])
+@pytest.mark.parametrize("rows", [1, 2, 9, 64, 128, 256])  # GEMV, norm pass, norm in the K loop, row tiles
 @pytest.mark.parametrize("gated", [False, True])
 def test_norm_first_bf16_on_gpu(rows, gated):
     gen = torch.Generator(device="cuda").manual_seed(2)
@@ -197,7 +197,13 @@ def test_tp2_with_triton_gemm_matches_tp1_torch_gemm(checkpoints):
 @pytest.mark.parametrize("gated, normed", [(False, False), (True, False), (False, True), (True, True)])
 def test_gemv_matches_torch(rows, n, k, config, gated, normed):
     """The GEMV path (up to GEMV_MAX_ROWS rows) with bias, SwiGLU, RMSNorm first and split K."""
-    gen = torch.Generator().manual_seed(rows + 10 * gated + 20 * normed)
+    check_against_unfused_ops(rows, n, k, config, gated, normed, seed=rows + 10 * gated + 20 * normed)
+
+
+def check_against_unfused_ops(rows, n, k, config, gated, normed, seed):
+    """skinny_gemm (with bias, or SwiGLU when gated; RMSNorm(x + residual) first when normed)
+    against the unfused torch ops, in float32, twice (split-K tickets are reset by the first call)."""
+    gen = torch.Generator().manual_seed(seed)
     x, r = (torch.randn(rows, k, generator=gen).to(DEVICE) for _ in range(2))
     g = (1 + 0.1 * torch.randn(k, generator=gen)).to(DEVICE)
     w = (torch.randn(2 * n if gated else n, k, generator=gen) / k**0.5).to(DEVICE)
@@ -208,7 +214,7 @@ def test_gemv_matches_torch(rows, n, k, config, gated, normed):
         gate, up = ref.chunk(2, dim=-1)
         ref = F.silu(gate) * up
     norm = NormFirst(g, 1e-6, r) if normed else None
-    for _ in range(2):  # split-K tickets are reset by the first call
+    for _ in range(2):
         got = skinny_gemm(x, w, bias, config, gated, norm)
         if normed:
             got, got_sum = got
@@ -261,46 +267,9 @@ def test_row_tiles_and_norm_in_the_k_loop_match_torch(rows, config, gated, norme
     """Above NORM_PREPASS_MAX_ROWS rows the norm's sums of squares come from the product's own K
     loop and 1 / rms scales the product: it rounds x * norm_w, not the normed x, so it matches the
     unfused ops to rounding (float32 here)."""
-    gen = torch.Generator().manual_seed(rows + 2 * gated + 4 * normed)
-    n, k = 40, 96
-    x, r = (torch.randn(rows, k, generator=gen).to(DEVICE) for _ in range(2))
-    g = (1 + 0.1 * torch.randn(k, generator=gen)).to(DEVICE)
-    w = (torch.randn(2 * n if gated else n, k, generator=gen) / k**0.5).to(DEVICE)
-    bias = None if gated else torch.randn(n, generator=gen).to(DEVICE)
-    normed_x, summed = add_rms_norm(x, r, g, 1e-6) if normed else (x, x)
-    ref = F.linear(normed_x, w, bias)
-    if gated:
-        gate, up = ref.chunk(2, dim=-1)
-        ref = F.silu(gate) * up
-    norm = NormFirst(g, 1e-6, r) if normed else None
-    for _ in range(2):
-        got = skinny_gemm(x, w, bias, config, gated, norm)
-        if normed:
-            got, got_sum = got
-            assert torch.equal(got_sum, summed)
-        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    check_against_unfused_ops(rows, 40, 96, config, gated, normed, seed=rows + 2 * gated + 4 * normed)
 
 
 def test_default_config_counts_row_tiles():
     assert default_config(1024, 3072, 132).split_k == 4  # 32 column tiles
     assert default_config(1024, 3072, 132, rows=256).split_k == 1  # x 4 row tiles of 64
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("rows", [17, 128, 256])
-@pytest.mark.parametrize("gated", [False, True])
-def test_norm_in_the_k_loop_bf16_on_gpu(rows, gated):
-    gen = torch.Generator(device="cuda").manual_seed(rows)
-    x, r = (torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
-    g = 1 + 0.1 * torch.randn(1024, device="cuda", dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(6144 if gated else 4096, 1024, device="cuda", dtype=torch.bfloat16, generator=gen) / 32
-    normed, summed = add_rms_norm(x, r, g, 1e-6)
-    ref = F.linear(normed, w)
-    if gated:
-        gate, up = ref.chunk(2, dim=-1)
-        ref = F.silu(gate) * up
-    for _ in range(3):
-        got, got_sum = skinny_gemm(x, w, None, None, gated, NormFirst(g, 1e-6, r))
-        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
-        assert torch.equal(got_sum, summed)
