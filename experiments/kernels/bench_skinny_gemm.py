@@ -55,7 +55,7 @@ L2_BYTES = 60 * 2**20
 
 
 def sweep_configs(rows: int) -> list[GemmConfig]:
-    """Skinny tiles up to 64 rows; above, row tiles of 32-128 and wider column tiles."""
+    """Skinny tiles up to 64 rows; above, row tiles of 64-128 and wider column tiles."""
     if rows <= 64:
         return [
             GemmConfig(n, k, s, w, st)
@@ -63,7 +63,7 @@ def sweep_configs(rows: int) -> list[GemmConfig]:
         ]
     return [
         GemmConfig(n, k, s, w, 3, m)
-        for m, n, k, s, w in itertools.product((32, 64, 128), (32, 64, 128), (64, 128), (1, 2), (4, 8))
+        for m, n, k, s, w in itertools.product((64, 128), (64, 128), (64, 128), (1, 2), (4, 8))
     ]
 
 

@@ -12,8 +12,9 @@
 #           copies to the GPU (experiments/nanovllm_bench/host_step.py; TP=2 too with 2 GPUs)
 #   profile the kernels of one batch-1 and one batch-128 decode step
 #   wide    the Triton GEMM at 128 and 256 rows (row tiles, the norm in the K loop) against cuBLAS per
-#           0.6B shape with a config sweep, then the decode step at 64-256 sequences with
-#           engine.gemm_backend=auto (cuBLAS there) and triton (the Triton kernels up to 256 rows)
+#           0.6B shape, with a config sweep
+#   widestep  the decode step at 64-256 sequences, engine.gemm_backend=auto (cuBLAS there) and triton
+#           (the Triton kernels up to 256 rows), alternated twice
 #   gemv    the GEMV at 1-4 rows, rows one by one or together, config sweep, against the tensor-core
 #           kernel and cuBLAS per 0.6B shape (decides triton_gemv.AUTO_ROWS and the joint default)
 #   trace   the engine's decode steps on the GPU timeline: kernels, gaps, step period
@@ -67,11 +68,11 @@ for part in $parts; do
            grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|Stall" "$OUT/ncu_$1x$2.txt" | head -40
          done ;;
     tiles) (cd experiments/kernels && timeout 200 python3 bench_decode_tiles.py --out "$OUT/tiles.md") 2>&1 | tail -10 ;;
-    wide) (cd experiments/kernels && timeout 300 python3 bench_skinny_gemm.py --rows 128,256 --sweep \
-            --only "0.6B norm+qkv,0.6B o,0.6B norm+gate_up+silu,0.6B down" --out "$OUT/wide_gemm.md") 2>&1 | tail -10
-          for backend in auto triton auto triton; do
-            timeout 120 python3 experiments/nanovllm_bench/decode_step.py --gemm-backend $backend \
-              --batches 64,128,256 --contexts 1024 --out "$OUT/decode_gemm_$backend.md" 2>&1 | grep "^|" | tail -3
+    wide) (cd experiments/kernels && timeout 480 python3 bench_skinny_gemm.py --rows 128,256 --sweep \
+            --only "0.6B norm+qkv,0.6B o,0.6B norm+gate_up+silu,0.6B down" --out "$OUT/wide_gemm.md") 2>&1 | tail -10 ;;
+    widestep) for run in 1_auto 1_triton 2_auto 2_triton; do
+            timeout 120 python3 experiments/nanovllm_bench/decode_step.py --gemm-backend "${run#*_}" \
+              --batches 64,128,256 --contexts 1024 --out "$OUT/decode_gemm_$run.md" 2>&1 | grep "^|" | tail -3
           done ;;
     gemv) (cd experiments/kernels && timeout 300 python3 bench_skinny_gemm.py --rows 1,2,3,4 --sweep gemv \
             --only "0.6B norm+qkv,0.6B o,0.6B norm+gate_up+silu,0.6B down" --out "$OUT/gemv.md") 2>&1 | tail -16 ;;
