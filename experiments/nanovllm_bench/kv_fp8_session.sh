@@ -4,6 +4,9 @@
 # parts: tests fused decode pdl prefetch profile sweep tiny tiles host splits ncu (default: tests fused decode)
 #   tests   GPU tests of the fused norm/RoPE/store kernel, the one-pass decode, the fp8 cache and
 #           the quality probe; GPU_TESTS adds files, TESTS_TIMEOUT (s, default 300) bounds the run
+#   gputests  every GPU test file in a pytest process of its own, each bounded by FILE_TIMEOUT (s,
+#           default 150), one summary line per file in $OUT/gpu_tests.md, so a call's limit cuts
+#           at most one file; GPU_FILES picks the files (default: all with a gpu mark)
 #   fused   experiments/nanovllm_bench/bench_fused.py
 #   decode  decode-step table per cache dtype (auto, fp8_e4m3), each against its own floor
 #   pdl     decode-step table with programmatic dependent launch off, then on (bf16 cache)
@@ -42,6 +45,12 @@ for part in $parts; do
   case "$part" in
     tests) files=$(ls tests/test_triton_fused.py tests/test_kv_fp8.py tests/test_kv_quality.py 2>/dev/null)
            timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -m gpu $files ${GPU_TESTS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+    gputests) for file in ${GPU_FILES:-$(grep -l "pytest.mark.gpu" tests/test_*.py)}; do
+                log="$OUT/gpu_$(basename "$file" .py).log"
+                timeout "${FILE_TIMEOUT:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider "$file" > "$log" 2>&1
+                echo "| $file | exit $? | $(tail -1 "$log") |" | tee -a "$OUT/gpu_tests.md"
+              done
+              (cd "$OUT" && tar czf gpu_test_logs.tgz gpu_test_*.log && rm gpu_test_*.log) ;;
     fused) timeout 120 python3 experiments/nanovllm_bench/bench_fused.py --out "$OUT/fused.md" 2>&1 | tail -25 ;;
     decode) for dtype in auto fp8_e4m3; do
               timeout 150 python3 experiments/nanovllm_bench/decode_step.py --kv-cache-dtype $dtype \
