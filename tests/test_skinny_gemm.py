@@ -229,6 +229,8 @@ def test_gemv_config_fills_the_gpu_and_splits_long_k():
     assert down.k_tile == 1024 and -(-1024 // down.block_n) * 3 >= 3 * 132
     assert default_gemv_config(64, 96, 132) == GemvConfig(2, 128)
     assert down.num_warps == 8 and qkv.num_warps == 4
+    wide = default_gemv_config(200_000, 4096, 132, max_split_tiles=8192)  # split K: a ticket per tile
+    assert -(-200_000 // wide.block_n) <= 8192
 
 
 @pytest.mark.gpu

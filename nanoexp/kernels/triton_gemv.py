@@ -285,15 +285,17 @@ def _gemv_kernel(
             tl.store(ticket_ptr + tile, 0)
 
 
-def default_gemv_config(n: int, k: int, sms: int) -> GemvConfig:
+def default_gemv_config(n: int, k: int, sms: int, max_split_tiles: int = 8192) -> GemvConfig:
     """K in one tile up to MAX_K_TILE (longer K is split), output tiles narrow enough that the
-    programs fill every SM about three times, and 8 warps where K is split (H200, one row: o_proj
-    4.6 -> 4.0 us, down_proj 5.1 -> 4.7)."""
+    programs fill every SM about three times (and, where K is split, few enough for the tickets),
+    and 8 warps where K is split (H200, one row: o_proj 4.6 -> 4.0 us, down_proj 5.1 -> 4.7)."""
     k_tile = min(triton.next_power_of_2(k), MAX_K_TILE)
     splits = triton.cdiv(k, k_tile)
     block_n = 16
     while block_n > 2 and triton.cdiv(n, block_n) * splits < 3 * sms:
         block_n //= 2
+    while splits > 1 and triton.cdiv(n, block_n) > max_split_tiles:
+        block_n *= 2
     return GemvConfig(block_n, k_tile, 8 if splits > 1 else 4)
 
 
@@ -313,7 +315,7 @@ def gemv(
     m, k = x.shape
     n = y.shape[1]
     assert m <= MAX_ROWS
-    config = config or default_gemv_config(n, k, num_sms(x.device))
+    config = config or default_gemv_config(n, k, num_sms(x.device), tickets.numel())
     tiles = triton.cdiv(n, config.block_n)
     split = triton.cdiv(k, config.k_tile)
     assert split == 1 or tiles <= tickets.numel()
