@@ -27,7 +27,7 @@ from nanoexp.kernels.base import num_sms
 from nanoexp.kernels.norm_first import NormFirst
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_gemv import AUTO_ROWS as GEMV_ROWS
-from nanoexp.kernels.triton_gemv import GemvConfig, gemv
+from nanoexp.kernels.triton_gemv import GemvConfig, gemv, rounded_swiglu
 from nanoexp.kernels.triton_pdl import prefetch_l2, wait_for_previous
 
 MAX_ROWS = 256
@@ -239,12 +239,7 @@ def _skinny_gemm_kernel(
         tl.store(ticket, 0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    out = acc.to(y_ptr.dtype.element_ty)
-    if GATED:
-        # rounded where the unfused ops round: each product, then silu, then the product
-        gate = out.to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(y_ptr.dtype.element_ty)
-        out = (silu.to(tl.float32) * up.to(y_ptr.dtype.element_ty).to(tl.float32)).to(y_ptr.dtype.element_ty)
+    out = rounded_swiglu(acc, up, y_ptr.dtype.element_ty, GATED)
     y = y_ptr + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
     tl.store(y, out, mask=out_mask)
 

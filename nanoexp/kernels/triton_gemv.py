@@ -93,7 +93,7 @@ def _finish_row(acc, up, y_row, bias_ptr, cols, col_mask, HAS_BIAS: tl.constexpr
     """Bias, then (GATED) silu(gate) * up, rounded as the unfused ops round; stores the row."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    tl.store(y_row + cols, _swiglu(acc, up, y_row.dtype.element_ty, GATED), mask=col_mask)
+    tl.store(y_row + cols, rounded_swiglu(acc, up, y_row.dtype.element_ty, GATED), mask=col_mask)
 
 
 @triton.jit
@@ -168,11 +168,11 @@ def _finish_tile(acc, up, y_tile, bias_ptr, cols, col_mask, out_mask, HAS_BIAS: 
     """_finish_row for a [ROWS, BLOCK_N] tile."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_tile, _swiglu(acc, up, y_tile.dtype.element_ty, GATED), mask=out_mask)
+    tl.store(y_tile, rounded_swiglu(acc, up, y_tile.dtype.element_ty, GATED), mask=out_mask)
 
 
 @triton.jit
-def _swiglu(acc, up, dtype: tl.constexpr, GATED: tl.constexpr):
+def rounded_swiglu(acc, up, dtype: tl.constexpr, GATED: tl.constexpr):
     """acc in dtype, or (GATED) silu(acc) * up rounded where the unfused ops round: each product,
     then silu, then the product."""
     out = acc.to(dtype)

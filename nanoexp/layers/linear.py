@@ -27,8 +27,6 @@ def divide(total: int, parts: int) -> int:
     return total // parts
 
 
-
-
 class LinearBase(nn.Module):
     """Holds a [out_local, in_local] weight (and bias); `tp_dim` is the sharded weight dim."""
 
