@@ -19,7 +19,7 @@ from nanoexp.kernels.gemm_select import (  # noqa: E402
     make_skinny_gemm,
 )
 from nanoexp.kernels.norm_first import NormFirst  # noqa: E402
-from nanoexp.kernels.triton_gemm import GemmConfig, default_config, skinny_gemm  # noqa: E402
+from nanoexp.kernels.triton_gemm import NORM_PREPASS_MAX_ROWS, GemmConfig, default_config, skinny_gemm  # noqa: E402
 from nanoexp.kernels.triton_gemv import GemvConfig, default_gemv_config  # noqa: E402
 from nanoexp.layers.norm import add_rms_norm, rms_norm  # noqa: E402
 from tests.conftest import random_prompts  # noqa: E402
@@ -161,9 +161,13 @@ def test_norm_first_bf16_on_gpu(rows, gated):
     if gated:
         gate, up = ref.chunk(2, dim=-1)
         ref = F.silu(gate) * up
+    # Above NORM_PREPASS_MAX_ROWS the norm is applied in the K loop: x * g is rounded to bf16 for
+    # the product and 1/rms scales it afterwards, where the reference rounds the normed x. Gate and
+    # up may then differ by one bf16 ulp (0.03 at |4|), which SwiGLU carries to its output.
+    tol = 2e-2 if rows <= NORM_PREPASS_MAX_ROWS else 4e-2
     for _ in range(3):
         got, got_sum = skinny_gemm(x, w, None, None, gated, NormFirst(g, 1e-6, r))
-        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=tol)
         assert torch.equal(got_sum, summed)
 
 

@@ -49,6 +49,10 @@ SHAPES = {  # name: (N, K); "+silu": w is [gate; up] with 2N rows, against cuBLA
     "8B norm+gate_up+silu tp1": (12288, 4096),
     "8B norm+qkv tp2": (3072, 4096),
     "8B norm+gate_up+silu tp2": (6144, 4096),
+    "0.6B norm+qkv tp2": (2048, 1024),
+    "0.6B o tp2": (1024, 1024),
+    "0.6B norm+gate_up+silu tp2": (1536, 1024),
+    "0.6B down tp2": (1024, 1536),
 }
 ROWS = [1, 4, 16, 32, 64]
 L2_BYTES = 60 * 2**20

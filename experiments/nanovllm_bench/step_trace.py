@@ -7,6 +7,11 @@ sampler's last kernel. Prints, for the median step: wall time, busy time (sum of
 durations), idle gaps, kernel count; the kernels per step by name; and the step's timeline.
 
     python experiments/nanovllm_bench/step_trace.py [--batch 1] [--kv-cache-dtype auto] [--out f.md]
+
+With `--tp 2` the profiler runs inside worker rank 0 (started and stopped through the executor),
+steps are split where each step's inputs are copied to the device, and the main process times
+its own side of each step: the `launch` (pickle, ring write), the wait in `collect` for rank 0's
+tokens, and the rest (scheduling, bookkeeping).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 
 import torch
 import yaml
@@ -45,6 +51,84 @@ def split_steps(kernels: list[dict]) -> list[list[dict]]:
             steps.append(current)
             current = []
     return steps
+
+
+def split_at_uploads(kernels: list[dict]) -> list[list[dict]]:
+    """Steps begin with the host-to-device copy of their inputs (the first of a run of copies)."""
+    steps, current, previous_copy = [], [], False
+    for k in kernels:
+        is_copy = k.get("cat") == "gpu_memcpy"
+        if is_copy and not previous_copy and current:
+            steps.append(current)
+            current = []
+        current.append(k)
+        previous_copy = is_copy
+    return steps + ([current] if current else [])
+
+
+_worker_profile: list = []  # the profiler running inside a worker
+
+
+def profiled_activities(cpu: bool) -> list:
+    gpu = torch.cuda.is_available()
+    return ([ProfilerActivity.CUDA] if gpu else []) + ([ProfilerActivity.CPU] if cpu or not gpu else [])
+
+
+def start_worker_profile(runner, cpu: bool) -> None:
+    prof = profile(activities=profiled_activities(cpu))
+    prof.__enter__()
+    _worker_profile.append(prof)
+
+
+def stop_worker_profile(runner, cpu: bool):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    prof = _worker_profile.pop()
+    prof.__exit__(None, None, None)
+    table = host_table(prof) if cpu else ""
+    return kernel_events(prof), table
+
+
+def host_table(prof) -> str:
+    averages = prof.key_averages()
+    return averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=50)
+
+
+class HostClock:
+    """Wraps the executor's launch and collect to time the main process's side of each step."""
+
+    def __init__(self, executor):
+        self.executor, self.launch_s, self.collect_s = executor, [], []
+        self.launch, self.collect = executor.launch, executor.collect
+        executor.launch, executor.collect = self.timed_launch, self.timed_collect
+
+    def timed_launch(self, step):
+        t = time.perf_counter()
+        self.launch(step)
+        self.launch_s.append(time.perf_counter() - t)
+
+    def timed_collect(self):
+        t = time.perf_counter()
+        out = self.collect()
+        self.collect_s.append(time.perf_counter() - t)
+        return out
+
+    def reset(self) -> None:
+        self.launch_s.clear()
+        self.collect_s.clear()
+
+    def summary(self, wall_s: float) -> list[str]:
+        n = max(1, len(self.collect_s))
+        launch, collect = sum(self.launch_s), sum(self.collect_s)
+        rest = wall_s - launch - collect
+        return [
+            "",
+            f"Main process, {n} collects in {wall_s * 1e3:.1f} ms ({wall_s / n * 1e6:.0f} us per step): "
+            f"launch {launch / n * 1e6:.0f} us, waiting in collect {collect / n * 1e6:.0f} us, "
+            f"the rest (scheduling, bookkeeping) {rest / n * 1e6:.0f} us per step; "
+            f"median collect wait {statistics.median(self.collect_s) * 1e6:.0f} us, "
+            f"median launch {statistics.median(self.launch_s or [0]) * 1e6:.0f} us",
+        ]
 
 
 def short(name: str) -> str:
@@ -101,6 +185,12 @@ def report(steps: list[list[dict]], title: str) -> list[str]:
     return lines
 
 
+def timed_generate(llm, prompts, params) -> float:
+    clock_start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    return time.perf_counter() - clock_start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="qwen3_0_6b", help="a conf/model name")
@@ -110,6 +200,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--pdl", default="auto")
     parser.add_argument("--cpu", action="store_true", help="also the host's ops, by self CPU time per step")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (profiles rank 0)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     arch = yaml.safe_load(open(f"conf/model/{args.model}.yaml"))["arch"]
@@ -122,26 +213,36 @@ def main() -> None:
         max_num_seqs=max(8, args.batch),
         kv_cache_dtype=args.kv_cache_dtype,
         pdl=args.pdl,
+        tensor_parallel_size=args.tp,
     )
     prompts = [[(7 * i + j) % 10000 for j in range(args.input_len)] for i in range(args.batch)]
     params = SamplingParams(temperature=1.0, max_tokens=args.output_len, ignore_eos=True)
     for _ in range(3):
         llm.generate(prompts, params, use_tqdm=False)
-    torch.cuda.synchronize()
-    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.cpu else [])
-    with profile(activities=activities) as prof:
-        llm.generate(prompts, params, use_tqdm=False)
-        torch.cuda.synchronize()
+    executor = llm.engine.executor
+    clock = HostClock(executor)
+    table = ""
+    if args.tp == 1:
+        with profile(activities=profiled_activities(args.cpu)) as prof:
+            wall_s = timed_generate(llm, prompts, params)
+            torch.cuda.synchronize()
+        kernels, table = kernel_events(prof), (host_table(prof) if args.cpu else "")
+        steps = split_steps(kernels)
+    else:
+        executor.call(start_worker_profile, args.cpu)
+        wall_s = timed_generate(llm, prompts, params)
+        kernels, table = executor.call(stop_worker_profile, args.cpu)
+        steps = split_at_uploads(kernels)
     llm.close()
     title = (
         f"batch {args.batch}, input {args.input_len}, output {args.output_len}, "
-        f"kv_cache_dtype {args.kv_cache_dtype}, pdl {args.pdl}"
+        f"kv_cache_dtype {args.kv_cache_dtype}, pdl {args.pdl}, tp {args.tp}"
     )
-    lines = report(split_steps(kernel_events(prof)), title)
-    if args.cpu:
-        averages = prof.key_averages()
-        table = averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=50)
-        lines += ["", f"Host ops over the whole run ({args.output_len} steps), by self CPU time:", "", table]
+    lines = report(steps, title) + clock.summary(wall_s)
+    if table:
+        where = "worker rank 0" if args.tp > 1 else "this process"
+        heading = f"Host ops in {where} over the whole run ({args.output_len} steps), by self CPU time:"
+        lines += ["", heading, "", table]
     text = "\n".join(lines)
     print(text)
     if args.out:
