@@ -1,14 +1,15 @@
 """All-reduce latency on N GPUs of one host: NCCL (eager and in a CUDA graph), symmetric-memory
-one-shot and two-shot (in a graph and eager), and `parallel.all_reduce=auto` as the runner sets it
-up, for rows x hidden bf16 messages; each path's result checked against NCCL's sum; times against
-the NVLink bytes floor.
+one-shot and two-shot (in a graph and eager), the push kernel (kernels/triton_push_all_reduce.py, in
+a graph and eager), and `parallel.all_reduce=auto` as the runner sets it up, for rows x hidden bf16
+messages; each path's result checked against NCCL's sum; times against the NVLink bytes floor.
 
     python experiments/tp_scaling/bench_all_reduce.py --world 2 --out runs/all_reduce.md
 
 Graph timings replay a graph of --calls back-to-back all-reduces --replays times and report per call,
 so launch cost is amortized as in a captured decode step. The floor is the bytes each GPU must move
-over NVLink, 2 (N-1)/N x message (one-shot itself reads (N-1) x message from its peers), at the
-bandwidth of a large peer-to-peer copy measured here (or --bw-gbps).
+over NVLink, 2 (N-1)/N x message (one-shot itself reads (N-1) x message from its peers; push writes
+(N-1) x message, in words of twice its bytes with their tags), at the bandwidth of a large
+peer-to-peer copy measured here (or --bw-gbps).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ ROWS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
 HIDDEN = [4096, 1024]  # Qwen3-8B, Qwen3-0.6B
 DTYPE = torch.bfloat16
 PATHS = ["nccl_eager", "nccl_graph", "one_shot_graph", "one_shot_eager", "two_shot_graph", "two_shot_eager",
-         "auto_graph"]
+         "push_graph", "push_eager", "auto_graph"]
 NOMINAL_BW_GBPS = 450.0  # H200 NVLink4, 18 links x 25 GB/s per direction
 
 
@@ -77,9 +78,10 @@ def measure_p2p_gbps(device: torch.device, peer: int, nbytes: int = 1 << 30) -> 
     return gbps
 
 
-def path_fn(path: str, forced: AllReduce, auto: AllReduce):
+def path_fn(path: str, forced: AllReduce, auto: AllReduce, push: AllReduce):
     kind = path.rsplit("_", 1)[0]
-    return {"nccl": forced.nccl, "one_shot": forced.one_shot, "two_shot": forced.two_shot, "auto": auto}[kind]
+    return {"nccl": forced.nccl, "one_shot": forced.one_shot, "two_shot": forced.two_shot, "push": push.push,
+            "auto": auto}[kind]
 
 
 def time_eager(fn, x: torch.Tensor, iters: int) -> float:
@@ -154,11 +156,12 @@ def rank_main(rank: int, args: argparse.Namespace, init: str, out: str) -> None:
         dist.barrier()
         max_bytes = max(args.rows) * max(args.hidden) * DTYPE.itemsize
         forced = setup_all_reduce("symm_mem", None, device, DTYPE, max_bytes)
+        push = setup_all_reduce("push", None, device, DTYPE, max_bytes)  # its buffer takes every message
         results = []
         for hidden in args.hidden:
             auto = setup_all_reduce("auto", None, device, DTYPE, args.auto_rows * hidden * DTYPE.itemsize)
             for rows in args.rows:
-                results.append(bench_size(rows, hidden, forced, auto, args, device))
+                results.append(bench_size(rows, hidden, forced, auto, push, args, device))
         if rank == 0:
             torch.save({"bw": bw, "measured": args.bw_gbps is None, "results": results, "calls": args.calls,
                         "auto_rows": args.auto_rows,
@@ -167,13 +170,15 @@ def rank_main(rank: int, args: argparse.Namespace, init: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def bench_size(rows: int, hidden: int, forced: AllReduce, auto: AllReduce, args, device) -> dict:
+def bench_size(
+    rows: int, hidden: int, forced: AllReduce, auto: AllReduce, push: AllReduce, args, device
+) -> dict:
     zeros = torch.zeros(rows, hidden, dtype=DTYPE, device=device)  # timing input: sums stay finite
     gen = torch.Generator(device).manual_seed(rows * 7919 + hidden + dist.get_rank())
     data = torch.randn(rows, hidden, generator=gen, dtype=DTYPE, device=device)
     times, errors = [], []
     for path in PATHS:
-        fn = path_fn(path, forced, auto)
+        fn = path_fn(path, forced, auto, push)
         if path.endswith("graph"):
             times.append(time_graph(fn, zeros, args.calls, args.replays))
         else:
@@ -192,7 +197,8 @@ def table(report: dict, world: int) -> str:
         f"NVLink bandwidth: {bw:.0f} GB/s per direction "
         + ("(measured: 1 GiB peer-to-peer copy)" if report["measured"] else "(given)")
         + f"; nominal H200 NVLink4 is {NOMINAL_BW_GBPS:.0f} GB/s. Floor = 2 (N-1)/N x message / bandwidth "
-        "(one-shot alone reads (N-1) x message). Each cell: us per call (ratio to the floor). "
+        "(one-shot alone reads (N-1) x message; push writes (N-1) x message in 32-bit words, value and tag). "
+        "Each cell: us per call (ratio to the floor). "
         f"Graphs: replays of {report['calls']} back-to-back calls. `auto`: as the runner sets it up, a "
         f"symmetric buffer of {report['auto_rows']} rows x hidden (max_num_seqs), NCCL above it, "
         f"one-shot up to {report['thresholds']['all_reduce_one_shot_max_bytes'] // 1024} KiB. "

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from nanoexp.config.checks import KnobError, boolean, choice, integer
 
-ALL_REDUCES = ("auto", "nccl", "symm_mem")
+ALL_REDUCES = ("auto", "nccl", "symm_mem", "push")
 
 
 @dataclass
@@ -16,7 +16,9 @@ class ParallelConfig:
     section: ClassVar[str] = "parallel"
 
     tensor_parallel_size: int = 1
-    all_reduce: str = "auto"  # auto: by message size; nccl; symm_mem (symmetric memory, CUDA only)
+    # auto: by message size; nccl; symm_mem (symmetric memory, CUDA only); push: symm_mem with the
+    # push kernel for every bf16/fp16 message up to the decode size
+    all_reduce: str = "auto"
     # greedy and one-pass-kernel steps drawn from each rank's vocabulary shard (one all-gather of
     # the winners) instead of gathering the full logits on rank 0 and broadcasting the tokens
     sharded_sampling: bool = True

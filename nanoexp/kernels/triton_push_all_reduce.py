@@ -50,7 +50,6 @@ CPU_MAX_PROGRAMS = 4
 # Polls before a spin gives up: tens of seconds at ~1 us a poll, longer than ranks drift apart
 # (a first call compiling the kernel on one rank), short enough not to leave a GPU hung.
 MAX_SPINS = 1 << 25
-EPOCH, ARRIVALS, TIMEOUTS = range(3)
 
 
 @triton.jit
@@ -64,7 +63,7 @@ def _push(x_ptr, slot, peers_ptr, n, rank, max_elems, tag, WORLD: tl.constexpr, 
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
         word = (x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | high
         for r in tl.static_range(WORLD):
-            peer = tl.load(peers_ptr + r)  # rank r's buffer, in words from this one
+            peer = tl.multiple_of(tl.load(peers_ptr + r), 16)  # rank r's buffer, in words from this one
             tl.store(slot + peer + row + offs, word, mask=mask)
 
 
@@ -79,7 +78,7 @@ def _arrived(ptrs, mask, tag, max_spins, state_ptr):
         waiting = tl.max(((((word >> 16) & 0xFFFF) != tag) & mask).to(tl.int32), axis=0)
         spins += 1
     if waiting > 0:
-        tl.atomic_add(state_ptr + 2, 1)
+        tl.atomic_add(state_ptr + 2, 1)  # timeouts
     return word
 
 
@@ -100,7 +99,8 @@ def _reduce(out_ptr, slot, state_ptr, n, max_elems, tag, max_spins, WORLD: tl.co
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# One compiled variant for every rank: a rank compiling its own while a peer spins would stall it.
+@triton.jit(do_not_specialize=["rank", "max_spins"])
 def _push_all_reduce_kernel(
     x_ptr,
     out_ptr,
@@ -160,12 +160,11 @@ class PushAllReduce:
         import torch.distributed._symmetric_memory as symm_mem
 
         handle = symm_mem.rendezvous(buffer, group_name)
-        rank, world_size = handle.rank, handle.world_size
         # buffer_ptrs are the allocations' bases; the tensor may start further in, at the same
         # offset on every rank.
         bases = list(handle.buffer_ptrs)
-        addresses = [base + buffer.data_ptr() - bases[rank] for base in bases]
-        return cls.from_addresses(buffer, addresses, rank, max_elems, **options)
+        addresses = [base + buffer.data_ptr() - bases[handle.rank] for base in bases]
+        return cls.from_addresses(buffer, addresses, handle.rank, max_elems, **options)
 
     @classmethod
     def from_addresses(
@@ -175,15 +174,18 @@ class PushAllReduce:
         words = cls.buffer_numel(world_size, max_elems)
         if buffer.dtype != torch.int32 or buffer.numel() < words or words >= 2**31:  # int32 offsets
             raise ValueError(f"push all-reduce needs {words} int32 words (fewer than 2^31)")
-        if addresses[rank] != buffer.data_ptr() or any((a - buffer.data_ptr()) % 4 for a in addresses):
-            raise ValueError("push all-reduce: peer buffers must be int32-aligned, this rank's at its index")
+        # The kernel tells the compiler the distances are whole 64-byte lines (vector stores).
+        if addresses[rank] != buffer.data_ptr() or any((a - buffer.data_ptr()) % 64 for a in addresses):
+            raise ValueError("push all-reduce: buffers must be 64 bytes apart, this rank's at its index")
         peers = torch.tensor([(a - buffer.data_ptr()) // 4 for a in addresses], dtype=torch.int64)
         state = torch.zeros(3, dtype=torch.int32, device=buffer.device)
         options.setdefault("max_programs", default_max_programs(buffer.device))
         return cls(buffer, peers.to(buffer.device), state, rank, world_size, max_elems, **options)
 
     @classmethod
-    def simulated(cls, world_size: int, max_elems: int, device: torch.device, **options) -> list[PushAllReduce]:
+    def simulated(
+        cls, world_size: int, max_elems: int, device: torch.device, **options
+    ) -> list[PushAllReduce]:
         """`world_size` ranks in one process, one buffer each on `device` (tests)."""
         buffers = [torch.zeros(cls.buffer_numel(world_size, max_elems), dtype=torch.int32, device=device)
                    for _ in range(world_size)]
@@ -219,11 +221,11 @@ class PushAllReduce:
         )  # fmt: skip
 
     def epoch(self) -> int:
-        return int(self.state[EPOCH])
+        return int(self.state[0])
 
     def timeouts(self) -> int:
         """Spins that gave up (each a block summed from words that had not all arrived)."""
-        return int(self.state[TIMEOUTS])
+        return int(self.state[2])
 
 
 def default_max_programs(device: torch.device) -> int:
