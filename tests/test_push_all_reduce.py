@@ -10,6 +10,8 @@ each other's pushes, eagerly and in a CUDA graph.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -110,7 +112,7 @@ def test_peer_addresses_from_the_rendezvous_handle(monkeypatch):
 
     pool = torch.zeros(2, 4096, dtype=torch.int32)
     buffer = pool[1, 1024:]  # rank 1's tensor, 4 KiB into its allocation
-    handle = type("Handle", (), {"rank": 1, "world_size": 2, "buffer_ptrs": [pool[0].data_ptr(), pool[1].data_ptr()]})
+    handle = SimpleNamespace(rank=1, world_size=2, buffer_ptrs=[pool[0].data_ptr(), pool[1].data_ptr()])
     monkeypatch.setattr(symm_mem, "rendezvous", lambda tensor, group: handle)
     push = PushAllReduce.from_symmetric(buffer, "g", 512)
     assert push.rank == 1 and push.world_size == 2
