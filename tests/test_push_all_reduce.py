@@ -169,8 +169,8 @@ def test_two_ranks_on_two_streams_of_one_gpu_eager_and_in_a_graph(mode, pdl_off_
     pdl.configure(mode, GPU, has_triton=True)
     world, max_elems, calls, captured, replays = 2, 1 << 19, 200, 16, 4  # 1 MiB of bf16
     # Both ranks' grids share one GPU here: bounded well below its SMs so both are resident at once;
-    # a spin that still found no peer gives up after a few seconds and is counted.
-    ranks = PushAllReduce.simulated(world, max_elems, GPU, max_programs=32, max_spins=1 << 22)
+    # a spin that still found no peer gives up within about a second and is counted.
+    ranks = PushAllReduce.simulated(world, max_elems, GPU, max_programs=32, max_spins=1 << 20)
     streams = [torch.cuda.Stream() for _ in ranks]
     sizes = [1, 1024, 4096, 4097, 65536 + 3, max_elems]
     gen = torch.Generator(GPU).manual_seed(0)
@@ -200,7 +200,10 @@ def test_two_ranks_on_two_streams_of_one_gpu_eager_and_in_a_graph(mode, pdl_off_
     # A graph of `captured` calls per rank, each rank's on its own stream, replayed with new inputs.
     static = cases(captured)
     with pdl.graph_launches():
-        launch_concurrently(ranks, *static[0], streams)  # the PDL variant compiled outside the capture
+        for stream in streams:
+            stream.wait_stream(main)
+        for xs, outs in static:  # PDL variants compiled outside the capture
+            launch_concurrently(ranks, xs, outs, streams)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -221,5 +224,5 @@ def test_two_ranks_on_two_streams_of_one_gpu_eager_and_in_a_graph(mode, pdl_off_
             expected = rank_ordered_sum(xs)
             assert all(torch.equal(out, expected) for out in outs), f"replay {replay}, call {i}"
     assert [r.timeouts() for r in ranks] == [0, 0]
-    assert [r.epoch() for r in ranks] == [calls + 1 + captured * replays] * world
+    assert [r.epoch() for r in ranks] == [calls + captured * (1 + replays)] * world
     assert not any(r.buffer.any() for r in ranks)

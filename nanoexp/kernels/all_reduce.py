@@ -250,7 +250,8 @@ def setup_all_reduce(
         if choice == "symm_mem":  # forced: symmetric memory up to the whole buffer
             limit = max_bytes
         numel = -(-max(limit, 16) // 16) * 16 // dtype.itemsize
-        buffer, group_name = allocate_symmetric(group, device, dtype, numel, choice)
+        knob = PUSH if impl == PUSH else "symm_mem"  # what a multicast error names
+        buffer, group_name = allocate_symmetric(group, device, dtype, numel, knob)
         one_shot = min(limit, ONE_SHOT_MAX_BYTES.get(world_size, DEFAULT_ONE_SHOT_MAX_BYTES))
         ar = AllReduce(group, choice, impl, world_size, dtype, buffer, group_name, one_shot, limit)
     if impl == PUSH:
@@ -270,5 +271,5 @@ def allocate_push(
     buffer, group_name = allocate_symmetric(group, device, torch.int32, numel, PUSH)
     buffer.zero_()
     torch.cuda.synchronize(device)
-    dist.barrier(group=group)
+    agree(True, group, device)  # a barrier on the group's own device
     return PushAllReduce.from_symmetric(buffer, group_name, max_elems)
