@@ -74,10 +74,9 @@ def bench(rows: int, hidden: int, calls: int) -> tuple[float, float]:
 
     with pdl.graph_launches():
         push_us = time_graph(push, streams, calls)
-    copy_us = time_graph(copy, streams, calls)
     expected = (xs[0].float() + xs[1].float()).to(torch.bfloat16)
     assert all(torch.equal(out, expected) for out in outs) and sum(r.timeouts() for r in ranks) == 0
-    return push_us, copy_us
+    return push_us, time_graph(copy, streams, calls)
 
 
 def main() -> None:
