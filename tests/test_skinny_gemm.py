@@ -20,7 +20,7 @@ from nanoexp.kernels.gemm_select import (  # noqa: E402
 )
 from nanoexp.kernels.norm_first import NormFirst  # noqa: E402
 from nanoexp.kernels.triton_gemm import NORM_PREPASS_MAX_ROWS, GemmConfig, default_config, skinny_gemm  # noqa: E402
-from nanoexp.kernels.triton_gemv import GemvConfig, default_gemv_config  # noqa: E402
+from nanoexp.kernels.triton_gemv import MAX_K_TILE, GemvConfig, default_gemv_config  # noqa: E402
 from nanoexp.layers.norm import add_rms_norm, rms_norm  # noqa: E402
 from tests.conftest import random_prompts  # noqa: E402
 
@@ -242,8 +242,9 @@ def test_gemv_config_fills_the_gpu_and_splits_long_k():
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
 @pytest.mark.parametrize(
     "shape",
-    [(4096, 1024, False), (3072, 1024, True), (1024, 2048, False), (1024, 3072, False)],
-    ids=["qkv", "gate_up", "o", "down"],
+    [(4096, 1024, False), (3072, 1024, True), (1024, 2048, False), (1024, 3072, False), (3072, 4096, False),
+     (6144, 4096, True)],
+    ids=["qkv", "gate_up", "o", "down", "qkv_8b_tp2", "gate_up_8b_tp2"],
 )
 def test_gemv_bf16_on_gpu_matches_tensor_core_kernel(rows, shape):
     """Qwen3-0.6B's layer shapes with the norm first: the GEMV and the tensor-core kernel agree to
@@ -255,9 +256,12 @@ def test_gemv_bf16_on_gpu_matches_tensor_core_kernel(rows, shape):
     w = torch.randn(2 * n if gated else n, k, device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5
     norm = NormFirst(g, 1e-6, r)
     ref, ref_sum = skinny_gemm(x, w, None, default_config(n, k, 132), gated, norm)
+    # K split with the norm first: 1 / rms scales the product instead of rounding the normed x
+    # (one bf16 ulp of gate or up, carried by SwiGLU; see test_norm_first_bf16_on_gpu).
+    tol = 2e-2 if k <= MAX_K_TILE else 4e-2
     for _ in range(3):
         got, got_sum = skinny_gemm(x, w, None, None, gated, norm)
-        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=tol)
         assert torch.equal(got_sum, ref_sum)
 
 

@@ -74,7 +74,7 @@ def sweep_configs(rows: int) -> list[GemmConfig]:
 def gemv_configs(rows: int) -> list[GemvConfig]:
     """Tiles and warps; from 2 rows also the rows handled together (`joint`) or one by one."""
     joint = (False, True) if rows > 1 else (False,)
-    shapes = itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8), joint)
+    shapes = itertools.product((2, 4, 8, 16, 32), (256, 512, 1024), (4, 8), joint)
     return [GemvConfig(n, k, w, j) for n, k, w, j in shapes]
 
 

@@ -89,6 +89,21 @@ def _input_chunk(
 
 
 @triton.jit
+def _split_input_chunk(x_row, r_row, sum_row, norm_w_ptr, write_sum, kk, k_mask, HAS_RESIDUAL: tl.constexpr):
+    """For a split K with the norm first: this program's inputs (x + residual) * norm_w, not yet
+    scaled by 1 / rms, and their sum of squares; the ticket's last program applies 1 / rms once the
+    splits' sums are in. Writes this slice of x + residual (the next residual) when write_sum."""
+    x = tl.load(x_row + kk, mask=k_mask, other=0.0)
+    v = x.to(tl.float32)
+    if HAS_RESIDUAL:
+        v += tl.load(r_row + kk, mask=k_mask, other=0.0).to(tl.float32)
+        if write_sum:
+            tl.store(sum_row + kk, v.to(x.dtype), mask=k_mask)
+    g = tl.load(norm_w_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+    return v * g, tl.sum(v * v, axis=0)
+
+
+@triton.jit
 def _finish_row(acc, up, y_row, bias_ptr, cols, col_mask, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
     """Bias, then (GATED) silu(gate) * up, rounded as the unfused ops round; stores the row."""
     if HAS_BIAS:
@@ -210,12 +225,16 @@ def _gemv_kernel(
     K_TILE: tl.constexpr,
     SPLIT_K: tl.constexpr,
     JOINT: tl.constexpr = False,
+    NORM_SPLIT: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
     NORM: each row of x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0)
     writes x + residual to sum_ptr (the next residual). ROWS >= M rows are unrolled, or with
-    JOINT handled together."""
+    JOINT handled together. NORM_SPLIT (NORM with K split, rows one by one): each program sums the
+    squares of its own K slice only, into a workspace after the partials, instead of every
+    program reading the whole row; 1 / rms scales the summed product. It rounds x * norm_w once,
+    not the normed x first, so it matches the unfused ops to rounding."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -232,6 +251,10 @@ def _gemv_kernel(
         up_w = tl.load(up_tile, mask=w_mask, other=0.0, eviction_policy="evict_first")
     wait_for_previous(PDL)
     write_sum = (tile == 0) & (split == 0)
+    if NORM_SPLIT:
+        write_sum = tile == 0  # each split writes its own slice of x + residual
+    squares_ptr = part_ptr + SPLIT_K * ROWS * (2 * N if GATED else N)  # NORM_SPLIT: [SPLIT_K, ROWS, tiles]
+    tiles = tl.num_programs(0)
     if JOINT:
         _joint_rows(
             w, up_w, x_ptr, residual_ptr, sum_ptr, norm_w_ptr, y_ptr, bias_ptr, part_ptr, ticket_ptr,
@@ -243,20 +266,27 @@ def _gemv_kernel(
     for m in tl.static_range(ROWS):
         if m < M:
             row = m * stride_xm
-            x = _input_chunk(
-                x_ptr + row,
-                residual_ptr + row,
-                sum_ptr + row,
-                norm_w_ptr,
-                write_sum,
-                kk,
-                k_mask,
-                K,
-                eps,
-                NORM,
-                HAS_RESIDUAL,
-                K_TILE,
-            )
+            if NORM_SPLIT:
+                x, squares = _split_input_chunk(
+                    x_ptr + row, residual_ptr + row, sum_ptr + row, norm_w_ptr, write_sum, kk, k_mask,
+                    HAS_RESIDUAL,
+                )
+                tl.store(squares_ptr + (split * ROWS + m) * tiles + tile, squares)
+            else:
+                x = _input_chunk(
+                    x_ptr + row,
+                    residual_ptr + row,
+                    sum_ptr + row,
+                    norm_w_ptr,
+                    write_sum,
+                    kk,
+                    k_mask,
+                    K,
+                    eps,
+                    NORM,
+                    HAS_RESIDUAL,
+                    K_TILE,
+                )
             acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
             up = acc
             if GATED:
@@ -281,6 +311,14 @@ def _gemv_kernel(
                         acc += tl.load(part, mask=col_mask, other=0.0, cache_modifier=".cg")
                         if GATED:
                             up += tl.load(part + N, mask=col_mask, other=0.0, cache_modifier=".cg")
+                    if NORM_SPLIT:
+                        squares = 0.0
+                        for s in range(SPLIT_K):
+                            slot = squares_ptr + (s * ROWS + m) * tiles + tile
+                            squares += tl.load(slot, cache_modifier=".cg")
+                        rstd = tl.rsqrt(squares / K + eps)
+                        acc *= rstd
+                        up *= rstd
                     _finish_row(acc, up, y_ptr + m * stride_ym, bias_ptr, cols, col_mask, HAS_BIAS, GATED)
             tl.store(ticket_ptr + tile, 0)
 
@@ -321,7 +359,12 @@ def gemv(
     assert split == 1 or tiles <= tickets.numel()
     rows = triton.next_power_of_2(m)
     width = 2 * n if gated else n
-    part = torch.empty((split, rows, width), dtype=torch.float32, device=x.device) if split > 1 else y
+    joint = config.joint and m > 1
+    norm_split = norm is not None and split > 1 and not joint
+    squares = split * rows * tiles if norm_split else 0
+    part = y
+    if split > 1:
+        part = torch.empty(split * rows * width + squares, dtype=torch.float32, device=x.device)
     residual = norm.residual if norm is not None else None
     _gemv_kernel[(tiles, split)](
         x, w, bias if bias is not None else w, y, part, tickets,
@@ -329,6 +372,6 @@ def gemv(
         norm.eps if norm is not None else 0.0,
         m, n, k, x.stride(0), w.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-        ROWS=rows, BLOCK_N=config.block_n, K_TILE=config.k_tile, SPLIT_K=split, JOINT=config.joint and m > 1,
-        num_warps=config.num_warps, **launch_options(),
+        ROWS=rows, BLOCK_N=config.block_n, K_TILE=config.k_tile, SPLIT_K=split, JOINT=joint,
+        NORM_SPLIT=norm_split, num_warps=config.num_warps, **launch_options(),
     )  # fmt: skip
