@@ -99,7 +99,7 @@ def test_seeded_sampling_through_the_kernel_reproduces_and_ignores_the_batch(che
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
-@pytest.mark.parametrize("all_reduce", ["nccl", "symm_mem"])
+@pytest.mark.parametrize("all_reduce", ["nccl", "symm_mem", "push"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_tp2_with_graphs_matches_transformers_in_float32(checkpoints, reference_outputs,
                                                          async_scheduling, all_reduce):

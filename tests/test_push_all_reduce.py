@@ -67,9 +67,9 @@ def check_call(ranks: list[PushAllReduce], xs: list[torch.Tensor], epoch: int) -
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_simulated_ranks_sum_in_rank_order_call_after_call(world, dtype):
-    ranks = PushAllReduce.simulated(world, 320, DEVICE, **SMALL)
+    ranks = PushAllReduce.simulated(world, 320, DEVICE, dtype, **SMALL)
     gen = torch.Generator().manual_seed(world)
     # Not multiples of the block; both phases; a smaller call between larger ones.
     for epoch, n in enumerate([300, 77, 320, 1, 300], start=1):
@@ -93,7 +93,7 @@ def test_a_spin_without_the_peers_push_gives_up_and_counts():
     assert ranks[0].epoch() == 1
 
 
-def test_fits_only_contiguous_16_bit_messages_up_to_its_buffer():
+def test_fits_only_contiguous_messages_of_its_word_size_up_to_its_buffer():
     push = PushAllReduce.simulated(2, 256, DEVICE)[0]
     assert push.fits(torch.empty(16, 16, dtype=torch.bfloat16, device=DEVICE))
     assert push.fits(torch.empty(3, dtype=torch.float16, device=DEVICE))
@@ -104,6 +104,10 @@ def test_fits_only_contiguous_16_bit_messages_up_to_its_buffer():
     assert push.max_bytes == 512
     with pytest.raises(ValueError, match="does not fit its buffer"):
         push(torch.empty(257, dtype=torch.bfloat16, device=DEVICE))
+    wide = PushAllReduce.simulated(2, 256, DEVICE, torch.float32)[0]  # 64-bit words
+    assert wide.buffer.dtype == torch.int64 and wide.max_bytes == 1024
+    assert wide.fits(torch.empty(256, dtype=torch.float32, device=DEVICE))
+    assert not wide.fits(torch.empty(16, dtype=torch.bfloat16, device=DEVICE))
 
 
 def test_peer_addresses_from_the_rendezvous_handle(monkeypatch):
@@ -162,22 +166,24 @@ def launch_concurrently(ranks, xs, outs, streams) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("mode", ["off", "on"])
-def test_two_ranks_on_two_streams_of_one_gpu_eager_and_in_a_graph(mode, pdl_off_afterwards):
+@pytest.mark.parametrize(
+    "mode, dtype", [("off", torch.bfloat16), ("on", torch.bfloat16), ("on", torch.float32)]
+)
+def test_two_ranks_on_two_streams_of_one_gpu_eager_and_in_a_graph(mode, dtype, pdl_off_afterwards):
     if mode == "on" and not pdl.supported(GPU):
         pytest.skip("PDL needs compute capability 9.0+")
     pdl.configure(mode, GPU, has_triton=True)
     world, max_elems, calls, captured, replays = 2, 1 << 19, 200, 16, 4  # 1 MiB of bf16
     # Both ranks' grids share one GPU here: bounded well below its SMs so both are resident at once;
     # a spin that still found no peer gives up within about a second and is counted.
-    ranks = PushAllReduce.simulated(world, max_elems, GPU, max_programs=32, max_spins=1 << 20)
+    ranks = PushAllReduce.simulated(world, max_elems, GPU, dtype, max_programs=32, max_spins=1 << 20)
     streams = [torch.cuda.Stream() for _ in ranks]
     sizes = [1, 1024, 4096, 4097, 65536 + 3, max_elems]
     gen = torch.Generator(GPU).manual_seed(0)
     main = torch.cuda.current_stream()
 
     def fresh(n):
-        return [torch.randn(n, generator=gen, device=GPU).to(torch.bfloat16) for _ in ranks]
+        return [torch.randn(n, generator=gen, device=GPU).to(dtype) for _ in ranks]
 
     def cases(count):
         inputs = [fresh(sizes[i % len(sizes)]) for i in range(count)]

@@ -17,7 +17,7 @@ class ParallelConfig:
 
     tensor_parallel_size: int = 1
     # auto: by message size; nccl; symm_mem (symmetric memory, CUDA only); push: symm_mem with the
-    # push kernel for every bf16/fp16 message up to the decode size
+    # push kernel for every message up to the decode size
     all_reduce: str = "auto"
     # greedy and one-pass-kernel steps drawn from each rank's vocabulary shard (one all-gather of
     # the winners) instead of gathering the full logits on rank 0 and broadcasting the tokens

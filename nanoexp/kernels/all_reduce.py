@@ -7,8 +7,8 @@ ones, and NCCL above the buffer. Only point-to-point loads and stores are used: 
 (NVLS, `multimem` ops) can take a shared host's GPUs out of service, so it is never called and
 the environment must keep it off.
 
-`parallel.all_reduce=push` sends every message its own symmetric buffer takes (bf16/fp16, up to
-the decode message) through the push kernel of triton_push_all_reduce.py (each rank stores into
+`parallel.all_reduce=push` sends every message its own symmetric buffer takes (the model's dtype,
+up to the decode message) through the push kernel of triton_push_all_reduce.py (each rank stores into
 every peer's buffer, flags inside the data); the others take the symm_mem paths as under `auto`.
 
 The buffers are allocated once, before CUDA-graph capture, so captured kernels see fixed addresses.
@@ -54,7 +54,7 @@ NO_MULTICAST_ENV = {
 
 NCCL, ONE_SHOT, TWO_SHOT, PUSH = "nccl", "one_shot", "two_shot", "push"
 CHOICES = ("auto", "nccl", "symm_mem", PUSH)  # parallel.all_reduce
-PUSH_DTYPES = (torch.bfloat16, torch.float16)  # 16-bit values beside a 16-bit tag in each word
+PUSH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # each value in a word beside its tag
 
 
 def check_no_multicast_env(choice: str = "symm_mem") -> None:
@@ -241,7 +241,7 @@ def setup_all_reduce(
             "parallel.all_reduce", choice, f"auto or nccl for dtype {dtype} (symm_mem: bfloat16, float32)"
         )
     if choice == PUSH and dtype not in PUSH_DTYPES:
-        allowed = f"auto, nccl or symm_mem for dtype {dtype} (push: bfloat16, float16)"
+        allowed = f"auto, nccl or symm_mem for dtype {dtype} (push: bfloat16, float16, float32)"
         raise KnobError("parallel.all_reduce", choice, allowed)
     if impl not in ("symm_mem", PUSH) or dtype not in SYMM_MEM_DTYPES:
         ar = AllReduce(group, choice, "nccl" if impl == "symm_mem" else impl, world_size)
@@ -255,20 +255,20 @@ def setup_all_reduce(
         one_shot = min(limit, ONE_SHOT_MAX_BYTES.get(world_size, DEFAULT_ONE_SHOT_MAX_BYTES))
         ar = AllReduce(group, choice, impl, world_size, dtype, buffer, group_name, one_shot, limit)
     if impl == PUSH:
-        ar.push = allocate_push(group, device, world_size, -(-max(max_bytes, 2) // dtype.itemsize))
+        ar.push = allocate_push(group, device, dtype, world_size, -(-max(max_bytes, 2) // dtype.itemsize))
     return ar
 
 
 def allocate_push(
-    group: dist.ProcessGroup, device: torch.device, world_size: int, max_elems: int
+    group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype, world_size: int, max_elems: int
 ) -> PushAllReduce:
     """The push kernel's symmetric buffer, zeroed on every rank before any rank can push into it
     (a collective call)."""
-    from nanoexp.kernels.triton_push_all_reduce import PushAllReduce
+    from nanoexp.kernels.triton_push_all_reduce import WORD_DTYPES, PushAllReduce
 
     max_elems = -(-max_elems // 16) * 16  # rows of whole 64-byte lines: vector stores
     numel = PushAllReduce.buffer_numel(world_size, max_elems)
-    buffer, group_name = allocate_symmetric(group, device, torch.int32, numel, PUSH)
+    buffer, group_name = allocate_symmetric(group, device, WORD_DTYPES[dtype], numel, PUSH)
     buffer.zero_()
     torch.cuda.synchronize(device)
     agree(True, group, device)  # a barrier on the group's own device

@@ -2,10 +2,10 @@
 every rank's buffer, then sums what has arrived in its own buffer. No barrier, no signal: the
 flag travels inside the data (Lamport style).
 
-Words. Each rank's buffer holds 32-bit words laid out [2 phases][world_size][max_elems]; a word
-is (tag << 16) | the 16 bits of one bf16/fp16 value, so a word that carries the tag of the
-current call is the value itself, whole: a 32-bit store is never seen half done, and no other
-ordering is needed. float32 is not taken (its message goes to the other paths).
+Words. Each rank's buffer holds words laid out [2 phases][world_size][max_elems]: for bf16/fp16
+a 32-bit word, (tag << 16) | the value's 16 bits; for float32 a 64-bit word, (tag << 32) | the
+value's 32 bits. A word that carries the tag of the current call is the value itself, whole: an
+aligned store of one word is never seen half done, and no other ordering is needed.
 
 Calls. Each rank keeps [epoch, arrivals, timeouts] in a device tensor of its own. Call `epoch` uses
 phase epoch % 2 and tag epoch % 65535 + 1 (never 0). Its programs first push all their blocks of
@@ -43,7 +43,8 @@ from nanoexp.kernels.base import num_sms
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_pdl import wait_for_previous
 
-DTYPES = (torch.bfloat16, torch.float16)
+NARROW_DTYPES = (torch.bfloat16, torch.float16)  # in 32-bit words
+WORD_DTYPES = {torch.bfloat16: torch.int32, torch.float16: torch.int32, torch.float32: torch.int64}
 EPOCHS = 2 * 65535  # the epoch wraps here, keeping phase and tag in step and the int32 small
 BLOCK = 1024
 CPU_MAX_PROGRAMS = 4
@@ -53,29 +54,32 @@ MAX_SPINS = 1 << 25
 
 
 @triton.jit
-def _push(x_ptr, slot, peers_ptr, n, rank, max_elems, tag, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def _push(x_ptr, slot, peers_ptr, n, rank, max_elems, tag, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+          WIDE: tl.constexpr):
     """This program's blocks of x, tagged, into row `rank` of the phase in every rank's buffer."""
-    high = tag << 16
     row = rank * max_elems
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-        word = (x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | high
+        if WIDE:
+            word = (x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (tag.to(tl.int64) << 32)
+        else:
+            word = (x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (tag << 16)
         for r in tl.static_range(WORLD):
             peer = tl.multiple_of(tl.load(peers_ptr + r), 16)  # rank r's buffer, in words from this one
             tl.store(slot + peer + row + offs, word, mask=mask)
 
 
 @triton.jit
-def _arrived(ptrs, mask, tag, max_spins, state_ptr):
+def _arrived(ptrs, mask, tag, max_spins, state_ptr, TAG_SHIFT: tl.constexpr):
     """The words at ptrs once every one carries `tag` (volatile loads: peers write them)."""
     word = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    waiting = tl.max(((((word >> 16) & 0xFFFF) != tag) & mask).to(tl.int32), axis=0)
+    waiting = tl.max(((((word >> TAG_SHIFT) & 0xFFFF) != tag) & mask).to(tl.int32), axis=0)
     spins = 0
     while (waiting > 0) & (spins < max_spins):
         word = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        waiting = tl.max(((((word >> 16) & 0xFFFF) != tag) & mask).to(tl.int32), axis=0)
+        waiting = tl.max(((((word >> TAG_SHIFT) & 0xFFFF) != tag) & mask).to(tl.int32), axis=0)
         spins += 1
     if waiting > 0:
         tl.atomic_add(state_ptr + 2, 1)  # timeouts
@@ -83,7 +87,8 @@ def _arrived(ptrs, mask, tag, max_spins, state_ptr):
 
 
 @triton.jit
-def _reduce(out_ptr, slot, state_ptr, n, max_elems, tag, max_spins, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def _reduce(out_ptr, slot, state_ptr, n, max_elems, tag, max_spins, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+            WIDE: tl.constexpr):
     """This program's blocks of the sum, from every rank's row of the phase in this rank's buffer,
     in rank order; the words read are set back to 0."""
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
@@ -92,9 +97,12 @@ def _reduce(out_ptr, slot, state_ptr, n, max_elems, tag, max_spins, WORLD: tl.co
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for r in tl.static_range(WORLD):
             ptrs = slot + r * max_elems + offs
-            word = _arrived(ptrs, mask, tag, max_spins, state_ptr)
+            word = _arrived(ptrs, mask, tag, max_spins, state_ptr, 32 if WIDE else 16)
             tl.store(ptrs, tl.zeros_like(word), mask=mask)
-            bits = (word & 0xFFFF).to(tl.int16)
+            if WIDE:
+                bits = (word & 0xFFFFFFFF).to(tl.int32)
+            else:
+                bits = (word & 0xFFFF).to(tl.int16)
             acc += bits.to(out_ptr.dtype.element_ty, bitcast=True).to(tl.float32)
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -116,6 +124,7 @@ def _push_all_reduce_kernel(
     DO_PUSH: tl.constexpr,
     DO_REDUCE: tl.constexpr,
     EPOCHS: tl.constexpr,
+    WIDE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     wait_for_previous(PDL)
@@ -123,9 +132,9 @@ def _push_all_reduce_kernel(
     tag = epoch % 65535 + 1
     slot = buf_ptr + (epoch % 2) * WORLD * max_elems  # this call's phase
     if DO_PUSH:
-        _push(x_ptr, slot, peers_ptr, n, rank, max_elems, tag, WORLD, BLOCK)
+        _push(x_ptr, slot, peers_ptr, n, rank, max_elems, tag, WORLD, BLOCK, WIDE)
     if DO_REDUCE:
-        _reduce(out_ptr, slot, state_ptr, n, max_elems, tag, max_spins, WORLD, BLOCK)
+        _reduce(out_ptr, slot, state_ptr, n, max_elems, tag, max_spins, WORLD, BLOCK, WIDE)
         # Every program read the epoch before arriving, so the last one may advance it.
         tl.debug_barrier()
         if tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
@@ -137,7 +146,9 @@ def _push_all_reduce_kernel(
 class PushAllReduce:
     """One rank's push all-reduce. `__call__` returns the sum in a new tensor (x is not written)."""
 
-    buffer: torch.Tensor  # int32 [2 * world_size * max_elems], zeroed; its address is fixed (CUDA graphs)
+    # [2 * world_size * max_elems] words, zeroed: int32 for bf16/fp16 values, int64 for float32; its
+    # address is fixed (CUDA graphs)
+    buffer: torch.Tensor
     peers: torch.Tensor  # int64 [world_size]: each rank's buffer address minus this one's, in words
     state: torch.Tensor  # int32 [3]: epoch, arrivals, timeouts; this rank's alone
     rank: int
@@ -155,8 +166,8 @@ class PushAllReduce:
     def from_symmetric(
         cls, buffer: torch.Tensor, group_name: str, max_elems: int, **options
     ) -> PushAllReduce:
-        """From a zeroed int32 symmetric buffer (all_reduce.allocate_symmetric) of buffer_numel
-        words: peers' addresses from the rendezvous handle (a collective call on first use)."""
+        """From a zeroed symmetric buffer of buffer_numel words (all_reduce.allocate_symmetric):
+        peers' addresses from the rendezvous handle (a collective call on first use)."""
         import torch.distributed._symmetric_memory as symm_mem
 
         handle = symm_mem.rendezvous(buffer, group_name)
@@ -172,35 +183,43 @@ class PushAllReduce:
     ) -> PushAllReduce:
         world_size = len(addresses)
         words = cls.buffer_numel(world_size, max_elems)
-        if buffer.dtype != torch.int32 or buffer.numel() < words or words >= 2**31:  # int32 offsets
-            raise ValueError(f"push all-reduce needs {words} int32 words (fewer than 2^31)")
-        # The kernel tells the compiler the distances are whole 64-byte lines (vector stores).
-        if addresses[rank] != buffer.data_ptr() or any((a - buffer.data_ptr()) % 64 for a in addresses):
-            raise ValueError("push all-reduce: buffers must be 64 bytes apart, this rank's at its index")
-        peers = torch.tensor([(a - buffer.data_ptr()) // 4 for a in addresses], dtype=torch.int64)
+        if buffer.dtype not in (torch.int32, torch.int64) or buffer.numel() < words or words >= 2**31:
+            raise ValueError(f"push all-reduce needs {words} int32 or int64 words (fewer than 2^31)")
+        # The kernel tells the compiler the distances are whole multiples of 16 words (vector stores).
+        word_bytes = buffer.element_size()
+        apart = 16 * word_bytes
+        if addresses[rank] != buffer.data_ptr() or any((a - buffer.data_ptr()) % apart for a in addresses):
+            raise ValueError(f"push all-reduce: buffers must be {apart} bytes apart, this rank's at its own")
+        peers = torch.tensor([(a - buffer.data_ptr()) // word_bytes for a in addresses], dtype=torch.int64)
         state = torch.zeros(3, dtype=torch.int32, device=buffer.device)
         options.setdefault("max_programs", default_max_programs(buffer.device))
         return cls(buffer, peers.to(buffer.device), state, rank, world_size, max_elems, **options)
 
     @classmethod
     def simulated(
-        cls, world_size: int, max_elems: int, device: torch.device, **options
+        cls, world_size: int, max_elems: int, device: torch.device, dtype: torch.dtype = torch.bfloat16,
+        **options,
     ) -> list[PushAllReduce]:
-        """`world_size` ranks in one process, one buffer each on `device` (tests)."""
-        buffers = [torch.zeros(cls.buffer_numel(world_size, max_elems), dtype=torch.int32, device=device)
-                   for _ in range(world_size)]
+        """`world_size` ranks in one process, one buffer each on `device`, for `dtype` messages (tests)."""
+        words = -(-cls.buffer_numel(world_size, max_elems) // 16) * 16  # buffers 16 words apart
+        pool = torch.zeros(world_size, words, dtype=WORD_DTYPES[dtype], device=device)
+        buffers = list(pool.unbind())
         addresses = [b.data_ptr() for b in buffers]
         return [cls.from_addresses(b, addresses, r, max_elems, **options) for r, b in enumerate(buffers)]
 
     @property
+    def wide(self) -> bool:
+        """64-bit words: float32 values."""
+        return self.buffer.dtype == torch.int64
+
+    @property
     def max_bytes(self) -> int:
-        return self.max_elems * 2
+        return self.max_elems * (4 if self.wide else 2)
 
     def fits(self, x: torch.Tensor) -> bool:
-        return (
-            x.dtype in DTYPES and x.device == self.buffer.device and x.is_contiguous()
-            and 0 < x.numel() <= self.max_elems
-        )
+        dtype_fits = x.dtype == torch.float32 if self.wide else x.dtype in NARROW_DTYPES
+        fits_buffer = x.device == self.buffer.device and 0 < x.numel() <= self.max_elems
+        return dtype_fits and fits_buffer and x.is_contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
@@ -217,7 +236,7 @@ class PushAllReduce:
         _push_all_reduce_kernel[grid](
             x, out, self.buffer, self.peers, self.state, n, self.rank, self.max_elems, self.max_spins,
             WORLD=self.world_size, BLOCK=self.block, DO_PUSH=push, DO_REDUCE=reduce, EPOCHS=EPOCHS,
-            num_warps=4, **launch_options(),
+            WIDE=self.wide, num_warps=4, **launch_options(),
         )  # fmt: skip
 
     def epoch(self) -> int:
