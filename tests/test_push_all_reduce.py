@@ -131,6 +131,7 @@ def test_all_reduce_takes_the_push_path_for_what_it_fits():
     assert ar.path_for(torch.empty(4, 264, dtype=torch.bfloat16)) == ONE_SHOT  # above the push buffer
     assert ar.path_for(torch.empty(4, 8, dtype=torch.float32)) == NCCL  # neither buffer's dtype
     assert ar.describe()["all_reduce_push_max_bytes"] == 2048
+    assert ar.describe()["all_reduce_push_timeouts"] == 0
     assert AllReduce(None, "nccl", "nccl", 2).describe()["all_reduce_push_max_bytes"] == 0
 
 

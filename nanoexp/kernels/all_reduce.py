@@ -200,6 +200,8 @@ class AllReduce:
             "all_reduce_one_shot_max_bytes": self.one_shot_max_bytes,
             "all_reduce_symm_mem_max_bytes": self.symm_mem_max_bytes,
             "all_reduce_push_max_bytes": self.push.max_bytes if self.push is not None else 0,
+            # spins that gave up waiting for a peer (each left a wrong sum): must stay 0
+            "all_reduce_push_timeouts": self.push.timeouts() if self.push is not None else 0,
             "all_reduce_paths": {str(n): p for n, p in sorted(self.paths.items())},
         }
 
