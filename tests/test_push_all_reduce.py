@@ -21,7 +21,7 @@ from nanoexp.config import KnobError  # noqa: E402
 from nanoexp.config.parallel import ParallelConfig  # noqa: E402
 from nanoexp.kernels import pdl  # noqa: E402
 from nanoexp.kernels.all_reduce import NCCL, ONE_SHOT, PUSH, AllReduce, resolve_choice  # noqa: E402
-from nanoexp.kernels.triton_push_all_reduce import EPOCHS, PushAllReduce  # noqa: E402
+from nanoexp.kernels.triton_push_all_reduce import EPOCHS, PushAllReduce, forked  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -181,7 +181,6 @@ def test_two_ranks_on_two_streams_of_one_gpu_eager_and_in_a_graph(mode, dtype, p
     streams = [torch.cuda.Stream() for _ in ranks]
     sizes = [1, 1024, 4096, 4097, 65536 + 3, max_elems]
     gen = torch.Generator(GPU).manual_seed(0)
-    main = torch.cuda.current_stream()
 
     def fresh(n):
         return [torch.randn(n, generator=gen, device=GPU).to(dtype) for _ in ranks]
@@ -192,12 +191,9 @@ def test_two_ranks_on_two_streams_of_one_gpu_eager_and_in_a_graph(mode, dtype, p
 
     # Eager: calls interleaved across ranks so neither stream's launch queue blocks the other's.
     eager = cases(calls)
-    for stream in streams:
-        stream.wait_stream(main)
-    for xs, outs in eager:
-        launch_concurrently(ranks, xs, outs, streams)
-    for stream in streams:
-        main.wait_stream(stream)
+    with forked(streams):
+        for xs, outs in eager:
+            launch_concurrently(ranks, xs, outs, streams)
     torch.cuda.synchronize()
     for i, (xs, outs) in enumerate(eager):
         expected = rank_ordered_sum(xs)
@@ -207,20 +203,14 @@ def test_two_ranks_on_two_streams_of_one_gpu_eager_and_in_a_graph(mode, dtype, p
     # A graph of `captured` calls per rank, each rank's on its own stream, replayed with new inputs.
     static = cases(captured)
     with pdl.graph_launches():
-        for stream in streams:
-            stream.wait_stream(main)
-        for xs, outs in static:  # PDL variants compiled outside the capture
-            launch_concurrently(ranks, xs, outs, streams)
+        with forked(streams):
+            for xs, outs in static:  # PDL variants compiled outside the capture
+                launch_concurrently(ranks, xs, outs, streams)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            capturing = torch.cuda.current_stream()
-            for stream in streams:
-                stream.wait_stream(capturing)
+        with torch.cuda.graph(graph), forked(streams):
             for xs, outs in static:
                 launch_concurrently(ranks, xs, outs, streams)
-            for stream in streams:
-                capturing.wait_stream(stream)
     for replay in range(replays):
         for xs, _ in static:
             for x, new in zip(xs, fresh(xs[0].numel())):

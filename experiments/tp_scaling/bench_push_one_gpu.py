@@ -18,29 +18,20 @@ import torch
 
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import num_sms
-from nanoexp.kernels.triton_push_all_reduce import PushAllReduce
+from nanoexp.kernels.triton_push_all_reduce import PushAllReduce, forked
 
 
 def time_graph(launch, streams, calls: int, repeats: int = 20) -> float:
     """us per call: `launch(i)` enqueues call i on the current stream, captured per rank stream."""
-    main = torch.cuda.current_stream()
     for _ in range(2):  # compile and warm outside the capture
-        for stream in streams:
-            stream.wait_stream(main)
-        for i in range(calls):
-            launch(i)
-        for stream in streams:
-            main.wait_stream(stream)
+        with forked(streams):
+            for i in range(calls):
+                launch(i)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        capturing = torch.cuda.current_stream()
-        for stream in streams:
-            stream.wait_stream(capturing)
+    with torch.cuda.graph(graph), forked(streams):
         for i in range(calls):
             launch(i)
-        for stream in streams:
-            capturing.wait_stream(stream)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

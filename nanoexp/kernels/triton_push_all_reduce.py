@@ -33,6 +33,8 @@ every rank. On CUDA one launch does both.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -249,3 +251,16 @@ class PushAllReduce:
 
 def default_max_programs(device: torch.device) -> int:
     return num_sms(device) if device.type == "cuda" else CPU_MAX_PROGRAMS
+
+
+@contextmanager
+def forked(streams: list[torch.cuda.Stream]) -> Iterator[None]:
+    """For simulated ranks on one GPU, each on a stream of its own: work enqueued on `streams` in
+    the block starts after the current stream's and is joined back into it (a graph capture takes
+    it in)."""
+    origin = torch.cuda.current_stream()
+    for stream in streams:
+        stream.wait_stream(origin)
+    yield
+    for stream in streams:
+        origin.wait_stream(stream)
