@@ -12,9 +12,11 @@
 #   sampling     batch-1 decode, Qwen3-0.6B, parallel=tp1,tp2 x parallel.sharded_sampling=false,true
 #   sampling8b   Qwen3-8B nanovllm_bench, parallel=tp1,tp2 x parallel.sharded_sampling=false,true
 #   latency8b    batch-1 decode, Qwen3-8B, parallel=tp1,tp2
-#   push         the push all-reduce on 2 GPUs: its GPU tests, bench_all_reduce.py, then batch-1 decode
-#                of Qwen3-0.6B at parallel=tp1,tp2 x parallel.all_reduce=auto,push (the TP=1 pair is
-#                the spread) and of Qwen3-8B at TP=2 x auto,push
+#   push_tests   the push all-reduce's GPU tests on 2 GPUs (kernel against NCCL, TP=2 float32 parity
+#                with push forced, bf16 push against NCCL token for token); one call
+#   push         bench_all_reduce.py with the push columns, then batch-1 decode of Qwen3-0.6B at
+#                parallel=tp1,tp2 x parallel.all_reduce=auto,push (the TP=1 pair is the spread) and of
+#                Qwen3-8B at TP=2 x auto,push; a call of its own
 #   gpu_tests    pytest -m gpu tests/ (both GPUs: the TP=2 parity tests run; ~9 min in all, so
 #                split in two calls: gpu_tests_engine (engine, all-reduce, KV quality files) and
 #                gpu_tests_rest (the others), each one pytest process)
@@ -56,10 +58,10 @@ for part in ${*:-bench8b latency}; do
       esac
       timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -m gpu -rfs $files > "$OUT/$part.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/$part.log" | tail -25 ;;
-    push) timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_all_reduce.py \
+    push_tests) timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_all_reduce.py \
             tests/test_push_all_reduce.py tests/test_gpu_engine.py -k "all_reduce or push" > "$OUT/push_tests.log" 2>&1
-          tail -3 "$OUT/push_tests.log"
-          timeout 120 python3 experiments/tp_scaling/bench_all_reduce.py --world 2 --rows 1 16 64 128 256 \
+          tail -3 "$OUT/push_tests.log" ;;
+    push) timeout 120 python3 experiments/tp_scaling/bench_all_reduce.py --world 2 --rows 1 16 64 128 256 \
             --hidden 1024 4096 --out "$OUT/all_reduce_push.md" > "$OUT/bench_ar.log" 2>&1 || tail -5 "$OUT/bench_ar.log"
           sweep push06b 240 model=qwen3_0_6b "${dummy[@]}" workload=latency workload.batch_size=1 \
             scheduler.max_num_seqs=8 parallel=tp1,tp2 parallel.all_reduce=auto,push
