@@ -98,7 +98,7 @@ class HostClock:
     """Wraps the executor's launch and collect to time the main process's side of each step."""
 
     def __init__(self, executor):
-        self.executor, self.launch_s, self.collect_s = executor, [], []
+        self.launch_s, self.collect_s = [], []
         self.launch, self.collect = executor.launch, executor.collect
         executor.launch, executor.collect = self.timed_launch, self.timed_collect
 
@@ -112,10 +112,6 @@ class HostClock:
         out = self.collect()
         self.collect_s.append(time.perf_counter() - t)
         return out
-
-    def reset(self) -> None:
-        self.launch_s.clear()
-        self.collect_s.clear()
 
     def summary(self, wall_s: float) -> list[str]:
         n = max(1, len(self.collect_s))

@@ -16,7 +16,6 @@ The buffers are allocated once, before CUDA-graph capture, so captured kernels s
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -25,6 +24,8 @@ import torch
 import torch.distributed as dist
 
 from nanoexp.config.checks import KnobError
+from nanoexp.config.parallel import ALL_REDUCES
+from nanoexp.kernels.select import triton_available
 
 if TYPE_CHECKING:
     from nanoexp.kernels.triton_push_all_reduce import PushAllReduce
@@ -53,8 +54,6 @@ NO_MULTICAST_ENV = {
 }
 
 NCCL, ONE_SHOT, TWO_SHOT, PUSH = "nccl", "one_shot", "two_shot", "push"
-CHOICES = ("auto", "nccl", "symm_mem", PUSH)  # parallel.all_reduce
-PUSH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # each value in a word beside its tag
 
 
 def check_no_multicast_env(choice: str = "symm_mem") -> None:
@@ -92,15 +91,11 @@ def symm_mem_usable(device: torch.device, world_size: int) -> bool:
     )
 
 
-def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
 def resolve_choice(choice: str, device: torch.device, world_size: int, usable: bool) -> str:
     """The implementation a rank uses: gloo on CPU whatever the knob says (symm_mem or push forced on
     CPU is an error), symm_mem where it is usable under `auto`, NCCL otherwise; push only when forced."""
-    if choice not in CHOICES:
-        raise KnobError("parallel.all_reduce", choice, f"one of {', '.join(CHOICES)}")
+    if choice not in ALL_REDUCES:
+        raise KnobError("parallel.all_reduce", choice, f"one of {', '.join(ALL_REDUCES)}")
     if device.type != "cuda":
         if choice in ("symm_mem", PUSH):
             raise KnobError("parallel.all_reduce", choice, f"auto or nccl on CPU ({choice} needs CUDA GPUs)")
@@ -111,7 +106,7 @@ def resolve_choice(choice: str, device: torch.device, world_size: int, usable: b
             f"auto or nccl here (symm_mem needs {world_size} peer-accessible GPUs on one host and a torch "
             "build with symmetric memory)",
         )
-    if choice == PUSH and not (usable and triton_installed()):
+    if choice == PUSH and not (usable and triton_available()):
         raise KnobError(
             "parallel.all_reduce", choice,
             f"auto or nccl here (push needs {world_size} peer-accessible GPUs on one host, a torch build "
@@ -242,9 +237,6 @@ def setup_all_reduce(
         raise KnobError(
             "parallel.all_reduce", choice, f"auto or nccl for dtype {dtype} (symm_mem: bfloat16, float32)"
         )
-    if choice == PUSH and dtype not in PUSH_DTYPES:
-        allowed = f"auto, nccl or symm_mem for dtype {dtype} (push: bfloat16, float16, float32)"
-        raise KnobError("parallel.all_reduce", choice, allowed)
     if impl not in ("symm_mem", PUSH) or dtype not in SYMM_MEM_DTYPES:
         ar = AllReduce(group, choice, "nccl" if impl == "symm_mem" else impl, world_size)
     else:
@@ -252,8 +244,7 @@ def setup_all_reduce(
         if choice == "symm_mem":  # forced: symmetric memory up to the whole buffer
             limit = max_bytes
         numel = -(-max(limit, 16) // 16) * 16 // dtype.itemsize
-        knob = PUSH if impl == PUSH else "symm_mem"  # what a multicast error names
-        buffer, group_name = allocate_symmetric(group, device, dtype, numel, knob)
+        buffer, group_name = allocate_symmetric(group, device, dtype, numel, impl)  # impl names the knob
         one_shot = min(limit, ONE_SHOT_MAX_BYTES.get(world_size, DEFAULT_ONE_SHOT_MAX_BYTES))
         ar = AllReduce(group, choice, impl, world_size, dtype, buffer, group_name, one_shot, limit)
     if impl == PUSH:
