@@ -9,6 +9,9 @@ the device either way). A tile a dtype cannot compile (shared memory) prints "-"
     python experiments/kernels/bench_decode_tiles.py [--dtypes bf16 fp8_e4m3] [--out table.md]
     python experiments/kernels/bench_decode_tiles.py --splits 1 2 4 8   # the default tile per split count
     python experiments/kernels/bench_decode_tiles.py --v-layout key_major  # V pages [heads, dims, keys]
+    python experiments/kernels/bench_decode_tiles.py --kernel cuda_cores --dtypes fp8_e4m3
+        # the CUDA-core kernel (kernels/triton_decode_fma.py) per (keys per tile, warps, stages),
+        # first column the tensor-core default, last the largest difference between the two outputs
 """
 
 from __future__ import annotations
@@ -30,22 +33,38 @@ CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8
 KEY_MAJOR_CONFIGS = ((None, None, None), (None, None, None), (64, 4, 3), (64, 4, 4), (128, 4, 3),
                      (128, 4, 4), (256, 4, 2), (128, 8, 3))
 SHAPES = ((64, 1024), (64, 2048), (256, 1024), (128, 4096))  # 28 bf16 caches of 128 x 4096: 60 GB
+# CUDA-core kernel: (keys per tile, warps, stages); the first is the tensor-core kernel's default
+CUDA_CORE_CONFIGS = ((None, None, None), (32, 4, 1), (64, 4, 1), (64, 4, 2), (128, 4, 1), (64, 8, 1),
+                     (128, 8, 1), (128, 8, 2))
 DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 def time_tile(q, caches, tables, lens, context: int, config: tuple, scale: torch.Tensor) -> str:
-    """config: (keys per tile, warps, stages, splits); None keeps paged_decode's own choice."""
-    block_n, warps, stages, splits = config
+    """config: (keys per tile, warps, stages, splits[, cuda cores]); None keeps paged_decode's own
+    choice."""
+    block_n, warps, stages, splits, *cuda_cores = config
+    tile = dict(cuda_cores=True, tile=block_n) if cuda_cores and block_n else dict(block_n=block_n)
 
     def call(cache):
-        return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, block_n=block_n,
-                            k_scale=scale, v_scale=scale, num_warps=warps or 4, num_stages=stages,
-                            num_splits=splits)  # fmt: skip
+        return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale,
+                            v_scale=scale, num_warps=warps or 4, num_stages=stages, num_splits=splits,
+                            **tile)  # fmt: skip
 
     try:
         return f"{time_graph_us([lambda c=c: call(c) for c in caches]):.1f}"
     except OutOfResources:
         return "-"
+
+
+def max_difference(q, cache, tables, lens, context: int, configs: list[tuple], scale) -> float:
+    """Largest |CUDA-core - tensor-core| output element over the CUDA-core configs."""
+    base = paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale, v_scale=scale)
+    worst = 0.0
+    for block_n, warps, stages, *_ in configs[1:]:
+        got = paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale, v_scale=scale,
+                           num_warps=warps, num_stages=stages, cuda_cores=True, tile=block_n)  # fmt: skip
+        worst = max(worst, (got.float() - base.float()).abs().max().item())
+    return worst
 
 
 def layer_cache(blocks: int, dtype: torch.dtype, key_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,6 +89,8 @@ def row_for(name: str, batch: int, context: int, configs: list[tuple], key_major
     for layout_key_major, group in groups:
         caches = [layer_cache(blocks, dtype, layout_key_major) for _ in range(LAYERS)]
         cells += [time_tile(q, caches, tables, lens, context, c, scale) for c in group]
+        if len(configs[0]) > 4:
+            cells.append(f"{max_difference(q, caches[0], tables, lens, context, configs, scale):.1e}")
         del caches
         torch.cuda.empty_cache()
     floor = batch * context * KV_HEADS * DIM * 2 * dtype.itemsize / 4.2e12 * 1e6
@@ -83,9 +104,17 @@ def main() -> None:
     parser.add_argument("--splits", nargs="+", type=int, default=None,
                         help="time the default tile at these split counts instead of the tile configs")
     parser.add_argument("--v-layout", choices=["row_major", "key_major"], default="row_major")
+    parser.add_argument("--shapes", nargs="+", default=[f"{b}x{c}" for b, c in SHAPES],
+                        help="batch x context, e.g. 16x2048")
+    parser.add_argument("--kernel", choices=["tensor_cores", "cuda_cores"], default="tensor_cores")
     args = parser.parse_args()
     key_major = args.v_layout == "key_major"
-    if key_major:
+    if args.kernel == "cuda_cores":
+        configs = [(*c, None, True) for c in CUDA_CORE_CONFIGS]
+        heads = " | ".join(f"{n}k {w}w {st}s us" if n else "tensor cores us"
+                           for n, w, st in CUDA_CORE_CONFIGS)  # fmt: skip
+        heads += " | max diff"
+    elif key_major:
         configs = [(*c, None) for c in KEY_MAJOR_CONFIGS]
         heads = " | ".join(f"{n}k {w}w {st}s us" if n else "default us" for n, w, st in KEY_MAJOR_CONFIGS)
         heads = heads.replace("default us", "row-major default us", 1)
@@ -95,10 +124,12 @@ def main() -> None:
     else:
         configs = [(*c, None) for c in CONFIGS]
         heads = " | ".join(f"{n}k {w}w {st}s us" for n, w, st in CONFIGS)
-    rule = "|---|---:|---:|" + "---:|" * (len(configs) + 1)
+    rule = "|---|---:|---:|" + "---:|" * (len(configs) + 1 + (args.kernel == "cuda_cores"))
     header = [f"| cache | batch | context | {heads} | floor us |", rule]
     rows = (
-        row_for(name, batch, context, configs, key_major) for name in args.dtypes for batch, context in SHAPES
+        row_for(name, batch, context, configs, key_major)
+        for name in args.dtypes
+        for batch, context in (map(int, shape.split("x")) for shape in args.shapes)
     )
     stream_table(header, rows, args.out)
 

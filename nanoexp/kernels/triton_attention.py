@@ -425,6 +425,8 @@ def paged_decode(
     fused_reduce: bool = False,
     num_warps: int = 4,
     num_stages: int | None = None,
+    cuda_cores: bool = False,
+    tile: int = 64,
 ) -> torch.Tensor:
     """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
 
@@ -458,46 +460,61 @@ def paged_decode(
     fused_reduce = fused_reduce and num_splits > 1
     counters = split_counters(q.device, batch * num_kv_heads) if fused_reduce else context_lens
     splits_pad = triton.next_power_of_2(num_splits)
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        out,
-        part_out,
-        part_lse,
-        counters,
-        k_scale if fp8 else context_lens,  # unused unless KV_FP8
-        v_scale if fp8 else context_lens,
-        scale * LOG2E,
-        num_splits,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(2),
-        v_cache.stride(3),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim,
-        DIM_PAD=dim_pad,
-        BLOCK_SIZE=block_size,
-        BLOCK_N=block_n,
-        SINGLE_SPLIT=num_splits == 1,
-        KV_FP8=fp8,
-        V_KEY_MAJOR=key_major,
-        FUSED_REDUCE=fused_reduce,
-        SPLITS_PAD=splits_pad,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        **launch_options(),
-    )
+    if cuda_cores:
+        lanes = 32 // min(32, dim_pad // 16) * num_warps
+        rows = max(1, tile // lanes)
+        from nanoexp.kernels.triton_decode_fma import _decode_fma_split_kernel
+
+        _decode_fma_split_kernel[(batch, num_kv_heads, num_splits)](
+            q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, counters, k_scale, v_scale,
+            scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            k_cache.stride(2), v_cache.stride(0), v_cache.stride(2), block_tables.stride(0),
+            out.stride(0), out.stride(1), GROUP=group, GROUP_P2=max(2, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+            DIM_PAD=dim_pad, BLOCK_SIZE=block_size, ROWS=rows, LANES=lanes, SINGLE_SPLIT=num_splits == 1,
+            FUSED_REDUCE=fused_reduce, SPLITS_PAD=splits_pad, num_warps=num_warps, num_stages=num_stages,
+            **launch_options(),
+        )  # fmt: skip
+    else:
+        _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            out,
+            part_out,
+            part_lse,
+            counters,
+            k_scale if fp8 else context_lens,  # unused unless KV_FP8
+            v_scale if fp8 else context_lens,
+            scale * LOG2E,
+            num_splits,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            v_cache.stride(0),
+            v_cache.stride(2),
+            v_cache.stride(3),
+            block_tables.stride(0),
+            out.stride(0),
+            out.stride(1),
+            GROUP=group,
+            GROUP_PAD=max(16, triton.next_power_of_2(group)),
+            HEAD_DIM=head_dim,
+            DIM_PAD=dim_pad,
+            BLOCK_SIZE=block_size,
+            BLOCK_N=block_n,
+            SINGLE_SPLIT=num_splits == 1,
+            KV_FP8=fp8,
+            V_KEY_MAJOR=key_major,
+            FUSED_REDUCE=fused_reduce,
+            SPLITS_PAD=splits_pad,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            **launch_options(),
+        )
     if num_splits > 1 and not fused_reduce:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out,
