@@ -33,9 +33,10 @@ CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8
 KEY_MAJOR_CONFIGS = ((None, None, None), (None, None, None), (64, 4, 3), (64, 4, 4), (128, 4, 3),
                      (128, 4, 4), (256, 4, 2), (128, 8, 3))
 SHAPES = ((64, 1024), (64, 2048), (256, 1024), (128, 4096))  # 28 bf16 caches of 128 x 4096: 60 GB
-# CUDA-core kernel: (keys per tile, warps, stages); the first is the tensor-core kernel's default
-CUDA_CORE_CONFIGS = ((None, None, None), (32, 4, 1), (64, 4, 1), (64, 4, 2), (128, 4, 1), (64, 8, 1),
-                     (128, 8, 1), (128, 8, 2))
+# CUDA-core kernel: (keys per tile, warps, prefetch, fp16 values, fp16 keys); first: the tensor-core default
+CUDA_CORE_CONFIGS = ((None, 4, False, False, False), (64, 4, False, False, False), (64, 4, False, True, False),
+                     (32, 4, False, True, True), (64, 4, False, True, True), (128, 4, False, True, True),
+                     (128, 8, False, True, True), (64, 4, True, True, True))
 DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
@@ -43,7 +44,10 @@ def time_tile(q, caches, tables, lens, context: int, config: tuple, scale: torch
     """config: (keys per tile, warps, stages, splits[, cuda cores]); None keeps paged_decode's own
     choice."""
     block_n, warps, stages, splits, *cuda_cores = config
-    tile = dict(cuda_cores=True, tile=block_n) if cuda_cores and block_n else dict(block_n=block_n)
+    tile = dict(block_n=block_n)
+    if cuda_cores and block_n:
+        prefetch, fp16_values, fp16_keys = cuda_cores[0]
+        tile = dict(cuda_cores=True, tile=block_n, prefetch=prefetch, fp16_values=fp16_values, fp16_keys=fp16_keys)
 
     def call(cache):
         return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale,
@@ -60,9 +64,10 @@ def max_difference(q, cache, tables, lens, context: int, configs: list[tuple], s
     """Largest |CUDA-core - tensor-core| output element over the CUDA-core configs."""
     base = paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale, v_scale=scale)
     worst = 0.0
-    for block_n, warps, stages, *_ in configs[1:]:
+    for block_n, warps, _, _, (prefetch, fp16_values, fp16_keys) in configs[1:]:
         got = paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale, v_scale=scale,
-                           num_warps=warps, num_stages=stages, cuda_cores=True, tile=block_n)  # fmt: skip
+                           num_warps=warps, cuda_cores=True, tile=block_n, prefetch=prefetch,
+                           fp16_values=fp16_values, fp16_keys=fp16_keys)  # fmt: skip
         worst = max(worst, (got.float() - base.float()).abs().max().item())
     return worst
 
@@ -97,6 +102,13 @@ def row_for(name: str, batch: int, context: int, configs: list[tuple], key_major
     return f"| {name} | {batch} | {context} | {' | '.join(cells)} | {floor:.1f} |"
 
 
+def cuda_core_heading(tile, warps, prefetch, fp16_values, fp16_keys) -> str:
+    if tile is None:
+        return "tensor cores us"
+    flags = " pre" * prefetch + " v16" * fp16_values + " k16" * fp16_keys
+    return f"{tile}k {warps}w{flags} us"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
@@ -110,9 +122,8 @@ def main() -> None:
     args = parser.parse_args()
     key_major = args.v_layout == "key_major"
     if args.kernel == "cuda_cores":
-        configs = [(*c, None, True) for c in CUDA_CORE_CONFIGS]
-        heads = " | ".join(f"{n}k {w}w {st}s us" if n else "tensor cores us"
-                           for n, w, st in CUDA_CORE_CONFIGS)  # fmt: skip
+        configs = [(n, w, 1 if n else None, None, flags) for n, w, *flags in CUDA_CORE_CONFIGS]
+        heads = " | ".join(cuda_core_heading(*c) for c in CUDA_CORE_CONFIGS)
         heads += " | max diff"
     elif key_major:
         configs = [(*c, None) for c in KEY_MAJOR_CONFIGS]

@@ -427,6 +427,9 @@ def paged_decode(
     num_stages: int | None = None,
     cuda_cores: bool = False,
     tile: int = 64,
+    prefetch: bool = False,
+    fp16_values: bool = False,
+    fp16_keys: bool = False,
 ) -> torch.Tensor:
     """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
 
@@ -472,6 +475,7 @@ def paged_decode(
             out.stride(0), out.stride(1), GROUP=group, GROUP_P2=max(2, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
             DIM_PAD=dim_pad, BLOCK_SIZE=block_size, ROWS=rows, LANES=lanes, SINGLE_SPLIT=num_splits == 1,
             FUSED_REDUCE=fused_reduce, SPLITS_PAD=splits_pad, num_warps=num_warps, num_stages=num_stages,
+            PREFETCH=prefetch, FP16_VALUES=fp16_values, FP16_KEYS=fp16_keys,
             **launch_options(),
         )  # fmt: skip
     else:

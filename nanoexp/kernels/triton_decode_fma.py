@@ -21,23 +21,28 @@ from nanoexp.kernels.triton_pdl import wait_for_previous
 
 
 @triton.jit
-def _tile_rows(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
-    """Element offset of each key `pos` (a tile starting at n0) in the paged cache."""
+def _tile_rows(table, pos, n0, end, key_mask, stride_cb, stride_cp, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+    """Element offset of each key `pos` (a tile starting at n0) in the paged cache; keys at or past
+    end (a whole prefetched tile may be) read no page."""
     if BLOCK_SIZE >= TILE:
-        page = tl.load(table + n0 // BLOCK_SIZE).to(tl.int64)
+        page = tl.load(table + n0 // BLOCK_SIZE, mask=n0 < end, other=0).to(tl.int64)
     else:
         page = tl.load(table + pos // BLOCK_SIZE, mask=key_mask, other=0).to(tl.int64)
     return page * stride_cb + (pos % BLOCK_SIZE) * stride_cp
 
 
 @triton.jit
-def _load_tile(ptr, rows, dims, key_mask, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
-    """A [TILE, DIM_PAD] fp32 tile; masked keys and padded dims read as zero."""
-    ptrs = ptr + rows[:, None] + dims[None, :]
+def _load_kv(k_ptr, v_ptr, table, pos, n0, end, dims, stride_cb, stride_cp, HEAD_DIM: tl.constexpr,
+             DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+    """The K and V tiles ([TILE, DIM_PAD], as stored) of keys pos (a tile starting at n0); keys at or
+    past end and padded dims read as zero (a tile wholly past end reads no memory)."""
+    key_mask = pos < end
+    rows = _tile_rows(table, pos, n0, end, key_mask, stride_cb, stride_cp, BLOCK_SIZE, TILE)
+    offsets = rows[:, None] + dims[None, :]
     mask = key_mask[:, None]
     if HEAD_DIM != DIM_PAD:
         mask = mask & (dims[None, :] < HEAD_DIM)
-    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return tl.load(k_ptr + offsets, mask=mask, other=0.0), tl.load(v_ptr + offsets, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -112,9 +117,13 @@ def _decode_fma_split_kernel(
     FUSED_REDUCE: tl.constexpr = False,
     SPLITS_PAD: tl.constexpr = 1,
     PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
+    FP16_VALUES: tl.constexpr = False,
+    FP16_KEYS: tl.constexpr = False,
 ):
     """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
     TILE: tl.constexpr = ROWS * LANES
+    DIMS_PER_THREAD: tl.constexpr = 16 if DIM_PAD >= 16 else DIM_PAD  # one 16-byte load of fp8
     wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -136,12 +145,29 @@ def _decode_fma_split_kernel(
     den = tl.full([LANES, GROUP_P2], 0.0, tl.float32)
     acc = tl.full([LANES, DIM_PAD, GROUP_P2], 0.0, tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_cache_ptr += kv_head * stride_ch
+    v_cache_ptr += kv_head * stride_vh
+    if PREFETCH:
+        k_next, v_next = _load_kv(k_cache_ptr, v_cache_ptr, table, start + keys, start, end, dims, stride_cb,
+                                  stride_cp, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE)
     for n0 in range(start, end, TILE):
         pos = n0 + keys
         key_mask = pos < end
-        rows = _tile_rows(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, TILE)
-        k = _load_tile(k_cache_ptr + kv_head * stride_ch, rows, dims, key_mask, HEAD_DIM, DIM_PAD)
-        s = tl.reduce(_repeat_minor(k, GROUP_P2) * q[None, :, :], 1, _sum_combine)
+        if PREFETCH:
+            k, v = k_next, v_next
+            k_next, v_next = _load_kv(k_cache_ptr, v_cache_ptr, table, pos + TILE, n0 + TILE, end, dims,
+                                      stride_cb, stride_cp, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE)
+        else:
+            k, v = _load_kv(k_cache_ptr, v_cache_ptr, table, pos, n0, end, dims, stride_cb, stride_cp, HEAD_DIM,
+                            DIM_PAD, BLOCK_SIZE, TILE)
+        if FP16_KEYS:
+            # products and each thread's sum of its own dims in fp16, the sum across threads in fp32
+            qk = _repeat_minor(k.to(tl.float16), GROUP_P2) * q.to(tl.float16)[None, :, :]
+            qk = tl.reduce(tl.reshape(qk, [TILE, DIM_PAD // DIMS_PER_THREAD, DIMS_PER_THREAD, GROUP_P2]), 2,
+                           _sum_combine)
+            s = tl.reduce(qk.to(tl.float32), 1, _sum_combine)
+        else:
+            s = tl.reduce(_repeat_minor(k.to(tl.float32), GROUP_P2) * q[None, :, :], 1, _sum_combine)
         s = tl.where(key_mask[:, None], s, float("-inf"))
         s = tl.reshape(s, [ROWS, LANES, GROUP_P2])
         m_new = tl.maximum(m, tl.reduce(s, 0, _max_combine))
@@ -149,9 +175,13 @@ def _decode_fma_split_kernel(
         alpha = tl.exp2(m - m_ref)
         p = tl.exp2(s - m_ref[None, :, :])
         den = den * alpha + tl.reduce(p, 0, _sum_combine)
-        v = _load_tile(v_cache_ptr + kv_head * stride_vh, rows, dims, key_mask, HEAD_DIM, DIM_PAD)
-        pv = tl.reshape(p, [TILE, GROUP_P2])[:, None, :] * _repeat_minor(v, GROUP_P2)
-        pv = tl.reduce(tl.reshape(pv, [ROWS, LANES, DIM_PAD, GROUP_P2]), 0, _sum_combine)
+        if FP16_VALUES:
+            # p <= 1 and |v| <= 448: a thread's ROWS products sum in fp16 before joining fp32
+            pv = tl.reshape(p.to(tl.float16), [TILE, GROUP_P2])[:, None, :] * _repeat_minor(v.to(tl.float16), GROUP_P2)
+            pv = tl.reduce(tl.reshape(pv, [ROWS, LANES, DIM_PAD, GROUP_P2]), 0, _sum_combine).to(tl.float32)
+        else:
+            pv = tl.reshape(p, [TILE, GROUP_P2])[:, None, :] * _repeat_minor(v.to(tl.float32), GROUP_P2)
+            pv = tl.reduce(tl.reshape(pv, [ROWS, LANES, DIM_PAD, GROUP_P2]), 0, _sum_combine)
         acc = acc * alpha[:, None, :] + pv
         m = m_new
 
