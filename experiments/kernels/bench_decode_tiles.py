@@ -34,9 +34,9 @@ KEY_MAJOR_CONFIGS = ((None, None, None), (None, None, None), (64, 4, 3), (64, 4,
                      (128, 4, 4), (256, 4, 2), (128, 8, 3))
 SHAPES = ((64, 1024), (64, 2048), (256, 1024), (128, 4096))  # 28 bf16 caches of 128 x 4096: 60 GB
 # CUDA-core kernel: (keys per tile, warps, prefetch, fp16 values, fp16 keys); first: the tensor-core default
-CUDA_CORE_CONFIGS = ((None, 4, False, False, False), (64, 4, False, False, False), (64, 4, False, True, False),
-                     (32, 4, False, True, True), (64, 4, False, True, True), (128, 4, False, True, True),
-                     (128, 8, False, True, True), (64, 4, True, True, True))
+CUDA_CORE_CONFIGS = ((None, 4, False, False, False), (64, 4, False, True, True), (128, 4, False, False, False),
+                     (128, 4, False, True, False), (128, 4, False, True, True), (256, 4, False, True, True),
+                     (32, 4, False, False, False), (32, 2, False, True, False))
 DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
@@ -80,12 +80,13 @@ def layer_cache(blocks: int, dtype: torch.dtype, key_major: bool) -> tuple[torch
     return k, v.permute(0, 3, 1, 2)
 
 
-def row_for(name: str, batch: int, context: int, configs: list[tuple], key_major: bool = False) -> str:
+def row_for(name: str, batch: int, context: int, configs: list[tuple], key_major: bool = False,
+            heads: int = HEADS) -> str:
     """One table row; with key_major the first config runs on row-major caches (the baseline),
     the others on key-major V pages (each set allocated in turn: 128 x 4,096 bf16 is 60 GB)."""
     dtype = DTYPES[name]
     blocks = batch * context // BLOCK
-    q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(batch, heads, DIM, device="cuda", dtype=torch.bfloat16)
     tables = torch.arange(blocks, device="cuda", dtype=torch.int32).view(batch, -1)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
     scale = torch.ones(1, device="cuda")
@@ -118,6 +119,7 @@ def main() -> None:
     parser.add_argument("--v-layout", choices=["row_major", "key_major"], default="row_major")
     parser.add_argument("--shapes", nargs="+", default=[f"{b}x{c}" for b, c in SHAPES],
                         help="batch x context, e.g. 16x2048")
+    parser.add_argument("--heads", type=int, default=HEADS, help=f"query heads ({KV_HEADS} kv heads)")
     parser.add_argument("--kernel", choices=["tensor_cores", "cuda_cores"], default="tensor_cores")
     args = parser.parse_args()
     key_major = args.v_layout == "key_major"
@@ -138,7 +140,7 @@ def main() -> None:
     rule = "|---|---:|---:|" + "---:|" * (len(configs) + 1 + (args.kernel == "cuda_cores"))
     header = [f"| cache | batch | context | {heads} | floor us |", rule]
     rows = (
-        row_for(name, batch, context, configs, key_major)
+        row_for(name, batch, context, configs, key_major, args.heads)
         for name in args.dtypes
         for batch, context in (map(int, shape.split("x")) for shape in args.shapes)
     )
