@@ -9,9 +9,9 @@ the device either way). A tile a dtype cannot compile (shared memory) prints "-"
     python experiments/kernels/bench_decode_tiles.py [--dtypes bf16 fp8_e4m3] [--out table.md]
     python experiments/kernels/bench_decode_tiles.py --splits 1 2 4 8   # the default tile per split count
     python experiments/kernels/bench_decode_tiles.py --v-layout key_major  # V pages [heads, dims, keys]
-    python experiments/kernels/bench_decode_tiles.py --kernel cuda_cores --dtypes fp8_e4m3
-        # the CUDA-core kernel (kernels/triton_decode_fma.py) per (keys per tile, warps, stages),
-        # first column the tensor-core default, last the largest difference between the two outputs
+    python experiments/kernels/bench_decode_tiles.py --kernel cuda_cores --dtypes fp8_e4m3 [--heads 32]
+        # the CUDA-core kernel (kernels/triton_decode_fma.py) per (keys per tile, warps), first
+        # column the tensor-core default, last the largest difference between the two outputs
 """
 
 from __future__ import annotations
@@ -33,26 +33,20 @@ CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8
 KEY_MAJOR_CONFIGS = ((None, None, None), (None, None, None), (64, 4, 3), (64, 4, 4), (128, 4, 3),
                      (128, 4, 4), (256, 4, 2), (128, 8, 3))
 SHAPES = ((64, 1024), (64, 2048), (256, 1024), (128, 4096))  # 28 bf16 caches of 128 x 4096: 60 GB
-# CUDA-core kernel: (keys per tile, warps, prefetch, fp16 values, fp16 keys); first: the tensor-core default
-CUDA_CORE_CONFIGS = ((None, 4, False, False, False), (64, 4, False, True, True), (128, 4, False, False, False),
-                     (128, 4, False, True, False), (128, 4, False, True, True), (256, 4, False, True, True),
-                     (32, 4, False, False, False), (32, 2, False, True, False))
+# (keys per tile, warps) of the CUDA-core kernel; the first column is the tensor-core default
+CUDA_CORE_CONFIGS = ((64, 4), (128, 4), (256, 4), (128, 8))
 DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 def time_tile(q, caches, tables, lens, context: int, config: tuple, scale: torch.Tensor) -> str:
     """config: (keys per tile, warps, stages, splits[, cuda cores]); None keeps paged_decode's own
-    choice."""
+    choice; without the fifth entry the tensor-core kernel runs."""
     block_n, warps, stages, splits, *cuda_cores = config
-    tile = dict(block_n=block_n)
-    if cuda_cores and block_n:
-        prefetch, fp16_values, fp16_keys = cuda_cores[0]
-        tile = dict(cuda_cores=True, tile=block_n, prefetch=prefetch, fp16_values=fp16_values, fp16_keys=fp16_keys)
 
     def call(cache):
-        return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale,
-                            v_scale=scale, num_warps=warps or 4, num_stages=stages, num_splits=splits,
-                            **tile)  # fmt: skip
+        return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, block_n=block_n,
+                            k_scale=scale, v_scale=scale, num_warps=warps, num_stages=stages,
+                            num_splits=splits, cuda_cores=bool(cuda_cores and cuda_cores[0]))  # fmt: skip
 
     try:
         return f"{time_graph_us([lambda c=c: call(c) for c in caches]):.1f}"
@@ -62,12 +56,12 @@ def time_tile(q, caches, tables, lens, context: int, config: tuple, scale: torch
 
 def max_difference(q, cache, tables, lens, context: int, configs: list[tuple], scale) -> float:
     """Largest |CUDA-core - tensor-core| output element over the CUDA-core configs."""
-    base = paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale, v_scale=scale)
+    base = paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale, v_scale=scale,
+                        cuda_cores=False)  # fmt: skip
     worst = 0.0
-    for block_n, warps, _, _, (prefetch, fp16_values, fp16_keys) in configs[1:]:
+    for block_n, warps, *_ in configs[1:]:
         got = paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale, v_scale=scale,
-                           num_warps=warps, cuda_cores=True, tile=block_n, prefetch=prefetch,
-                           fp16_values=fp16_values, fp16_keys=fp16_keys)  # fmt: skip
+                           num_warps=warps, block_n=block_n, cuda_cores=True)  # fmt: skip
         worst = max(worst, (got.float() - base.float()).abs().max().item())
     return worst
 
@@ -103,13 +97,6 @@ def row_for(name: str, batch: int, context: int, configs: list[tuple], key_major
     return f"| {name} | {batch} | {context} | {' | '.join(cells)} | {floor:.1f} |"
 
 
-def cuda_core_heading(tile, warps, prefetch, fp16_values, fp16_keys) -> str:
-    if tile is None:
-        return "tensor cores us"
-    flags = " pre" * prefetch + " v16" * fp16_values + " k16" * fp16_keys
-    return f"{tile}k {warps}w{flags} us"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
@@ -124,9 +111,9 @@ def main() -> None:
     args = parser.parse_args()
     key_major = args.v_layout == "key_major"
     if args.kernel == "cuda_cores":
-        configs = [(n, w, 1 if n else None, None, flags) for n, w, *flags in CUDA_CORE_CONFIGS]
-        heads = " | ".join(cuda_core_heading(*c) for c in CUDA_CORE_CONFIGS)
-        heads += " | max diff"
+        configs = [(None, None, None, None, False)]
+        configs += [(n, w, None, None, True) for n, w in CUDA_CORE_CONFIGS]
+        heads = " | ".join(["tensor cores us", *(f"{n}k {w}w us" for n, w in CUDA_CORE_CONFIGS), "max diff"])
     elif key_major:
         configs = [(*c, None) for c in KEY_MAJOR_CONFIGS]
         heads = " | ".join(f"{n}k {w}w {st}s us" if n else "default us" for n, w, st in KEY_MAJOR_CONFIGS)

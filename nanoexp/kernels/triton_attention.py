@@ -25,18 +25,23 @@ import triton.language as tl
 
 from nanoexp.kernels.base import check_scales, num_sms
 from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.triton_decode_fma import DIMS_PER_LOAD, cuda_core_split_kernel
 from nanoexp.kernels.triton_pdl import wait_for_previous
+from nanoexp.kernels.triton_splits import (
+    combine_if_last_split,
+    decode_reduce_kernel,
+    max_combine,
+    split_counters,
+    sum_combine,
+)
 
 LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 64
 MAX_SPLITS = 64
 FP8_SMALL_TILE_MAX_BATCH = 64
-
-
-# tl.max / tl.sum via tl.reduce with the same combine functions; the interpreter recognizes
-# these two and reduces with numpy instead of element by element.
-_max_combine = tl.standard._elementwise_max
-_sum_combine = tl.standard._sum_combine
+CUDA_CORE_TILE, CUDA_CORE_WARPS = 128, 4  # keys per tile, warps (decode_cuda_cores.md)
+CUDA_CORE_MAX_GROUP = 2
+CUDA_CORE_MIN_BATCH = 8
 
 
 @triton.jit
@@ -125,10 +130,10 @@ def _load_values_key_major(
 @triton.jit
 def _online_softmax_step(s, m, den, acc, v):
     """Fold one tile of log2-domain scores s [M, N] and values v [N, D] into (m, den, acc)."""
-    m_new = tl.maximum(m, tl.reduce(s, 1, _max_combine))
+    m_new = tl.maximum(m, tl.reduce(s, 1, max_combine))
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new[:, None])
-    den = den * alpha + tl.reduce(p, 1, _sum_combine)
+    den = den * alpha + tl.reduce(p, 1, sum_combine)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     return m_new, den, acc
 
@@ -277,103 +282,10 @@ def _decode_split_kernel(
         lse = tl.where(den > 0.0, m + tl.log2(tl.where(den > 0.0, den, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_mask)
         if FUSED_REDUCE:
-            _combine_if_last_split(
+            combine_if_last_split(
                 part_out_ptr, part_lse_ptr, out_ptr, counters_ptr, seq, kv_head, num_splits,
                 stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD, SPLITS_PAD,
             )  # fmt: skip
-
-
-@triton.jit
-def _combine_if_last_split(
-    part_out_ptr,
-    part_lse_ptr,
-    out_ptr,
-    counters_ptr,
-    seq,
-    kv_head,
-    num_splits,
-    stride_ob,
-    stride_oh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-):
-    """The last split of a (sequence, kv head) to finish combines all splits of its GROUP heads.
-
-    A per-(sequence, kv head) counter counts finished splits; the barrier plus the release half
-    of the atomic publish this program's partials, its acquire half makes the others' visible to
-    the last one, which resets the counter for the next launch (or CUDA-graph replay).
-    """
-    tl.debug_barrier()
-    counter = counters_ptr + seq * tl.num_programs(1) + kv_head
-    done = tl.atomic_add(counter, 1, sem="acq_rel")
-    if done == num_splits - 1:
-        tl.store(counter, 0)
-        num_heads = GROUP * tl.num_programs(1)
-        for g in tl.static_range(GROUP):
-            head = kv_head * GROUP + g
-            _combine_splits(
-                part_out_ptr, part_lse_ptr, out_ptr, seq, head, num_heads, num_splits,
-                stride_ob, stride_oh, HEAD_DIM, DIM_PAD, SPLITS_PAD,
-            )  # fmt: skip
-
-
-@triton.jit
-def _combine_splits(
-    part_out_ptr,
-    part_lse_ptr,
-    out_ptr,
-    seq,
-    head,
-    num_heads,
-    num_splits,
-    stride_ob,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-):
-    """Combine the per-split (normalized out, lse) of one (sequence, head) into out.
-
-    Partials are read through L2 (.cg): another SM wrote them, maybe after this SM cached the
-    same addresses in an earlier launch."""
-    splits = tl.arange(0, SPLITS_PAD)
-    dims = tl.arange(0, DIM_PAD)
-    split_mask = splits < num_splits
-    base = (seq.to(tl.int64) * num_heads + head) * num_splits
-    lse = tl.load(part_lse_ptr + base + splits, mask=split_mask, other=float("-inf"), cache_modifier=".cg")
-    m = tl.reduce(lse, 0, _max_combine)
-    m = tl.where(m == float("-inf"), 0.0, m)  # context of length 0 gives zeros, not NaN
-    w = tl.exp2(lse - m)
-    o_mask = split_mask[:, None] & (dims[None, :] < HEAD_DIM)
-    o_ptrs = part_out_ptr + (base + splits)[:, None] * DIM_PAD + dims[None, :]
-    o = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")
-    total = tl.reduce(w, 0, _sum_combine)
-    out = tl.reduce(w[:, None] * o, 0, _sum_combine) / tl.where(total > 0.0, total, 1.0)
-    out_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + dims
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
-
-
-@triton.jit
-def _decode_reduce_kernel(
-    part_out_ptr,
-    part_lse_ptr,
-    out_ptr,
-    num_splits,
-    stride_ob,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    """Combine the per-split (normalized out, lse) of one (sequence, head)."""
-    wait_for_previous(PDL)
-    _combine_splits(
-        part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), tl.num_programs(1),
-        num_splits, stride_ob, stride_oh, HEAD_DIM, DIM_PAD, SPLITS_PAD,
-    )  # fmt: skip
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
@@ -383,6 +295,19 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int)
     want = triton.cdiv(2 * num_sms, programs)
     useful = max(1, max_len // MIN_KEYS_PER_SPLIT)
     return max(1, min(want, useful, MAX_SPLITS))
+
+
+def supports_cuda_cores(fp8: bool, group: int, key_major: bool) -> bool:
+    return fp8 and group <= CUDA_CORE_MAX_GROUP and not key_major
+
+
+def uses_cuda_cores(fp8: bool, group: int, batch: int, key_major: bool) -> bool:
+    """Whether paged_decode runs the CUDA-core kernel (kernels/triton_decode_fma.py): fp8 caches
+    with 1-2 query heads per kv head, above CUDA_CORE_MIN_BATCH - 1 sequences. On an H200 at
+    Qwen3-0.6B's shapes it takes 256 x 1,024 from 185 to 146 us (1.14x its floor), 64 x 2,048
+    from 101 to 70; at 1-4 sequences the tensor-core kernel is as fast or faster, and with 4 query
+    heads per kv head it wins everywhere (experiments/kernels/runs/decode_cuda_cores.md)."""
+    return supports_cuda_cores(fp8, group, key_major) and batch >= CUDA_CORE_MIN_BATCH
 
 
 def decode_tile(
@@ -423,21 +348,18 @@ def paged_decode(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     fused_reduce: bool = False,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int | None = None,
-    cuda_cores: bool = False,
-    tile: int = 64,
-    prefetch: bool = False,
-    fp16_values: bool = False,
-    fp16_keys: bool = False,
+    cuda_cores: bool | None = None,
 ) -> torch.Tensor:
     """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
 
     max_len bounds context_lens (default: the block table's capacity) and only steers the split
     count; any num_splits >= 1 gives the same result. With several splits, fused_reduce lets the
     last split of each (sequence, kv head) combine them (one launch); otherwise a second kernel
-    does. An fp8 cache needs k_scale and v_scale. block_n, num_warps and num_stages tune the split
-    kernel (benchmarks sweep them).
+    does. An fp8 cache needs k_scale and v_scale. cuda_cores picks the split kernel (None:
+    `uses_cuda_cores`); block_n (keys per tile), num_warps and num_stages tune it (benchmarks sweep
+    them).
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -449,8 +371,19 @@ def paged_decode(
     group = num_heads // num_kv_heads
     dim_pad = max(16, triton.next_power_of_2(head_dim))
     key_major = is_key_major(v_cache)
-    tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch, key_major)
-    block_n, num_stages = block_n or tile_keys, num_stages or tile_stages
+    if cuda_cores is None:
+        cuda_cores = uses_cuda_cores(fp8, group, batch, key_major)
+    elif cuda_cores and not supports_cuda_cores(fp8, group, key_major):
+        raise ValueError(
+            f"paged_decode(cuda_cores=True) needs an fp8 cache with row-major V and at most "
+            f"{CUDA_CORE_MAX_GROUP} query heads per kv head; got {k_cache.dtype}, "
+            f"{'key-major' if key_major else 'row-major'} V, {group} heads per kv head"
+        )
+    if cuda_cores:
+        block_n, num_warps = block_n or CUDA_CORE_TILE, num_warps or CUDA_CORE_WARPS
+    else:
+        tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch, key_major)
+        block_n, num_stages, num_warps = block_n or tile_keys, num_stages or tile_stages, num_warps or 4
     if max_len is None:
         max_len = block_tables.shape[1] * block_size
     if num_splits is None:
@@ -464,19 +397,15 @@ def paged_decode(
     counters = split_counters(q.device, batch * num_kv_heads) if fused_reduce else context_lens
     splits_pad = triton.next_power_of_2(num_splits)
     if cuda_cores:
-        lanes = 32 // min(32, dim_pad // 16) * num_warps
-        rows = max(1, tile // lanes)
-        from nanoexp.kernels.triton_decode_fma import _decode_fma_split_kernel
-
-        _decode_fma_split_kernel[(batch, num_kv_heads, num_splits)](
-            q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, counters, k_scale, v_scale,
-            scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-            k_cache.stride(2), v_cache.stride(0), v_cache.stride(2), block_tables.stride(0),
-            out.stride(0), out.stride(1), GROUP=group, GROUP_P2=max(2, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-            DIM_PAD=dim_pad, BLOCK_SIZE=block_size, ROWS=rows, LANES=lanes, SINGLE_SPLIT=num_splits == 1,
-            FUSED_REDUCE=fused_reduce, SPLITS_PAD=splits_pad, num_warps=num_warps, num_stages=num_stages,
-            PREFETCH=prefetch, FP16_VALUES=fp16_values, FP16_KEYS=fp16_keys,
-            **launch_options(),
+        lanes = 32 // min(32, dim_pad // DIMS_PER_LOAD) * num_warps  # keys one pass of the threads covers
+        cuda_core_split_kernel[(batch, num_kv_heads, num_splits)](
+            q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, counters, k_scale,
+            v_scale, scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_cache.stride(0),
+            k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
+            GROUP=group, HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
+            ROWS=max(1, block_n // lanes), LANES=lanes, SINGLE_SPLIT=num_splits == 1,
+            FUSED_REDUCE=fused_reduce, SPLITS_PAD=splits_pad, num_warps=num_warps,
+            num_stages=num_stages or 1, **launch_options(),
         )  # fmt: skip
     else:
         _decode_split_kernel[(batch, num_kv_heads, num_splits)](
@@ -520,7 +449,7 @@ def paged_decode(
             **launch_options(),
         )
     if num_splits > 1 and not fused_reduce:
-        _decode_reduce_kernel[(batch, num_heads)](
+        decode_reduce_kernel[(batch, num_heads)](
             part_out,
             part_lse,
             out,
@@ -767,27 +696,6 @@ def varlen_prefill(
         num_stages=num_stages,
     )
     return out
-
-
-_counters: dict[torch.device, torch.Tensor] = {}
-MIN_COUNTERS = 1 << 16  # batch 1,024 x 64 kv heads: never regrown in practice
-
-
-def split_counters(device: torch.device, needed: int) -> torch.Tensor:
-    """Zeroed int32 counters of finished splits, one per (sequence, kv head), cached per device.
-
-    Every launch leaves them zero again, so one allocation serves all calls and graph replays.
-    """
-    counters = _counters.get(device)
-    if counters is None or counters.numel() < needed:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"paged_decode needs {needed} split counters during CUDA-graph capture but only "
-                f"{0 if counters is None else counters.numel()} exist; run it once before capture"
-            )
-        counters = torch.zeros(max(needed, MIN_COUNTERS), dtype=torch.int32, device=device)
-        _counters[device] = counters
-    return counters
 
 
 def is_key_major(v_cache: torch.Tensor) -> bool:

@@ -16,8 +16,7 @@ from nanoexp.kernels.base import check_scales
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_kv import quantize_fp8
 from nanoexp.kernels.triton_pdl import wait_for_previous
-
-_sum_combine = tl.standard._sum_combine  # tl.sum breaks the interpreter (see triton_attention.py)
+from nanoexp.kernels.triton_splits import sum_combine
 
 
 @triton.jit
@@ -89,7 +88,7 @@ def _qk_norm_rope_store_kernel(
                      tl.load(k_weight_ptr + dims, mask=dim_mask)[None, :])  # fmt: skip
         wp = tl.where(is_q, tl.load(q_weight_ptr + partner, mask=dim_mask)[None, :],
                       tl.load(k_weight_ptr + partner, mask=dim_mask)[None, :])  # fmt: skip
-        rstd = tl.math.rsqrt(tl.reduce(x * x, 1, _sum_combine) / HEAD_DIM + eps)
+        rstd = tl.math.rsqrt(tl.reduce(x * x, 1, sum_combine) / HEAD_DIM + eps)
         x, xp = _norm_heads(x, w, rstd, DT), _norm_heads(xp, wp, rstd, DT)
 
     pos = tl.load(positions_ptr + token).to(tl.int64)
