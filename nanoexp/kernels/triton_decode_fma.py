@@ -154,8 +154,8 @@ def cuda_core_split_kernel(
     out = tl.trans(out * tl.load(v_scale_ptr))
     lse = tl.where(total > 0.0, top + tl.log2(tl.where(total > 0.0, total, 1.0)), float("-inf"))
     _finish_split(out, lse, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, seq, kv_head, split,
-                  num_splits, dims, stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD, SINGLE_SPLIT, FUSED_REDUCE,
-                  SPLITS_PAD)  # fmt: skip
+                  num_splits, dims, stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD, SINGLE_SPLIT,
+                  FUSED_REDUCE, SPLITS_PAD)  # fmt: skip
 
 
 @triton.jit
