@@ -161,7 +161,8 @@ def cuda_core_split_kernel(
 @triton.jit
 def _finish_split(out, lse, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, seq, kv_head, split,
                   num_splits, dims, stride_ob, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  DIM_PAD: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SPLITS_PAD: tl.constexpr):
+                  DIM_PAD: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+                  SPLITS_PAD: tl.constexpr):
     """Store one split's [2, DIM_PAD] normalized output: the final output with one split, else the
     partials (and, with FUSED_REDUCE, combine them if this split finished last)."""
     group = tl.arange(0, 2)
