@@ -226,6 +226,60 @@ def test_triton_kernels_serve_key_major_v_pages(block_size):
     assert error <= self_check.TOLERANCE[torch.float16], error
 
 
+# Decode batches of many sequences, long and short, some past a 256-key page and a 128-key tile.
+CUDA_CORE_CASES = [([1, 300, 129, 128, 2, 257, 70, 600, 45], [1] * 9, False)]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "heads", "block_size"),
+    [(torch.float32, 16, (4, 2), 1), (torch.float16, 40, (3, 3), 16), (torch.float32, 128, (4, 2), 256)],
+)  # GQA 2 and MHA; head_dim not 2^k; pages smaller and larger than a tile
+def test_triton_cuda_core_decode_matches_the_reference(dtype, head_dim, heads, block_size):
+    """kernels/triton_decode_fma.py through the backend, as paged_decode picks it (from 8 sequences);
+    its products are fp16 whatever the model dtype, hence fp16's tolerance."""
+    from nanoexp.kernels import triton_attention
+    from nanoexp.kernels.triton_backend import TritonAttentionBackend
+
+    assert triton_attention.uses_cuda_cores(True, heads[0] // heads[1], 9, key_major=False)
+    error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size,
+                                 CUDA_CORE_CASES, heads, kv_fp8=True)  # fmt: skip
+    assert error <= self_check.TOLERANCE[torch.float16], error
+
+
+@pytest.mark.parametrize(("num_splits", "fused_reduce"), [(1, False), (3, False), (5, True)])
+def test_cuda_core_decode_gives_the_tensor_core_result_at_any_split_count(num_splits, fused_reduce):
+    from nanoexp.kernels.triton_attention import paged_decode
+
+    gen = torch.Generator().manual_seed(num_splits)
+    lens, block_size, pages_per_seq = [1, 200, 77, 129], 16, 13
+    pages = pages_per_seq * len(lens)
+    shape = (pages, block_size, 2, 32)
+    k_cache, v_cache = (torch.randn(shape, generator=gen).to(DEVICE, FP8_DTYPE) for _ in "kv")
+    tables = torch.randperm(pages, generator=gen).to(DEVICE, torch.int32).view(len(lens), pages_per_seq)
+    q = torch.randn(len(lens), 4, 32, generator=gen).to(DEVICE)
+    scale = torch.full((1,), 0.5, device=DEVICE)
+    args = (q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32, device=DEVICE), 0.2)
+    kw = dict(num_splits=num_splits, fused_reduce=fused_reduce, k_scale=scale, v_scale=scale)
+    tensor_cores = paged_decode(*args, cuda_cores=False, **kw)
+    cuda_cores = paged_decode(*args, cuda_cores=True, **kw)
+    torch.testing.assert_close(cuda_cores, tensor_cores, atol=5e-3, rtol=0)
+
+
+def test_the_cuda_core_decode_serves_only_fp8_caches_and_small_groups():
+    from nanoexp.kernels.triton_attention import paged_decode, uses_cuda_cores
+
+    assert not uses_cuda_cores(True, 2, 7, key_major=False)  # 1-7 sequences: the tensor-core kernel
+    assert not uses_cuda_cores(True, 4, 256, key_major=False)  # 4 query heads per kv head: slower
+    assert not uses_cuda_cores(False, 2, 256, key_major=False)
+    assert not uses_cuda_cores(True, 2, 256, key_major=True)
+    cache = torch.zeros(2, 16, 2, 32, device=DEVICE)
+    args = (torch.zeros(1, 8, 32, device=DEVICE), cache, cache, torch.zeros(1, 2, dtype=torch.int32, device=DEVICE),
+            torch.ones(1, dtype=torch.int32, device=DEVICE), 1.0)  # fmt: skip
+    needs = r"^paged_decode\(cuda_cores=True\) needs an fp8 cache.*4 heads per kv head$"
+    with pytest.raises(ValueError, match=needs):
+        paged_decode(*args, cuda_cores=True)
+
+
 # ---------------------------------------------------------------- calibration
 
 
@@ -379,6 +433,18 @@ def test_gpu_triton_fp8_matches_the_reference(dtype, head_dim, heads, block_size
         error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size, cases,
                                      heads, seed=3, kv_fp8=True, v_key_major=v_key_major)  # fmt: skip
         assert error <= self_check.TOLERANCE[dtype], (v_key_major, error)
+
+
+@pytest.mark.parametrize(("heads", "block_size"), [((16, 8), 16), ((16, 8), 256), ((14, 14), 16)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_cuda_core_decode_matches_the_reference(dtype, heads, block_size):
+    from nanoexp.kernels.triton_backend import TritonAttentionBackend
+
+    error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, 128, block_size, CUDA_CORE_CASES, heads,
+                                 seed=5, kv_fp8=True)  # fmt: skip
+    assert error <= self_check.TOLERANCE[dtype], error
 
 
 @pytest.mark.parametrize("block_size", [16, 256])
