@@ -273,8 +273,8 @@ def test_the_cuda_core_decode_serves_only_fp8_caches_and_small_groups():
     assert not uses_cuda_cores(False, 2, 256, key_major=False)
     assert not uses_cuda_cores(True, 2, 256, key_major=True)
     cache = torch.zeros(2, 16, 2, 32, device=DEVICE)
-    args = (torch.zeros(1, 8, 32, device=DEVICE), cache, cache, torch.zeros(1, 2, dtype=torch.int32, device=DEVICE),
-            torch.ones(1, dtype=torch.int32, device=DEVICE), 1.0)  # fmt: skip
+    table, lens = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE), torch.ones(1, dtype=torch.int32, device=DEVICE)
+    args = (torch.zeros(1, 8, 32, device=DEVICE), cache, cache, table, lens, 1.0)
     needs = r"^paged_decode\(cuda_cores=True\) needs an fp8 cache.*4 heads per kv head$"
     with pytest.raises(ValueError, match=needs):
         paged_decode(*args, cuda_cores=True)
@@ -442,8 +442,8 @@ def test_gpu_triton_fp8_matches_the_reference(dtype, head_dim, heads, block_size
 def test_gpu_cuda_core_decode_matches_the_reference(dtype, heads, block_size):
     from nanoexp.kernels.triton_backend import TritonAttentionBackend
 
-    error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, 128, block_size, CUDA_CORE_CASES, heads,
-                                 seed=5, kv_fp8=True)  # fmt: skip
+    error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, 128, block_size, CUDA_CORE_CASES,
+                                 heads, seed=5, kv_fp8=True)  # fmt: skip
     assert error <= self_check.TOLERANCE[dtype], error
 
 
