@@ -273,8 +273,8 @@ def test_the_cuda_core_decode_serves_only_fp8_caches_and_small_groups():
     assert not uses_cuda_cores(False, 2, 256, key_major=False)
     assert not uses_cuda_cores(True, 2, 256, key_major=True)
     cache = torch.zeros(2, 16, 2, 32, device=DEVICE)
-    table, lens = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE), torch.ones(1, dtype=torch.int32, device=DEVICE)
-    args = (torch.zeros(1, 8, 32, device=DEVICE), cache, cache, table, lens, 1.0)
+    table = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE)
+    args = (torch.zeros(1, 8, 32, device=DEVICE), cache, cache, table, table[:, 0] + 1, 1.0)
     needs = r"^paged_decode\(cuda_cores=True\) needs an fp8 cache.*4 heads per kv head$"
     with pytest.raises(ValueError, match=needs):
         paged_decode(*args, cuda_cores=True)
