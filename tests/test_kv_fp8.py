@@ -9,6 +9,9 @@ The `gpu` tests run the kernels at real shapes in bf16 and the engine with CUDA 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -278,6 +281,38 @@ def test_the_cuda_core_decode_serves_only_fp8_caches_and_small_groups():
     needs = r"^paged_decode\(cuda_cores=True\) needs an fp8 cache.*4 heads per kv head$"
     with pytest.raises(ValueError, match=needs):
         paged_decode(*args, cuda_cores=True)
+
+
+CUDA_CORE_SASS = """
+from nanoexp.kernels.offline_sass import compile_offline, main_loop, opcode, registers, sass
+from nanoexp.kernels.triton_decode_fma import cuda_core_split_kernel, tile_shape
+
+types = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
+         "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32",
+         "counters_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32"}
+rows, lanes, per_load = tile_shape(128, 128, 4)
+constants = dict(GROUP=2, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256, ROWS=rows, LANES=lanes, PER_LOAD=per_load,
+                 SINGLE_SPLIT=True, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False)
+kernel = compile_offline(cuda_core_split_kernel, types, constants, num_warps=4, num_stages=1)
+code = sass(kernel.asm["cubin"])
+spills = sum("STL" in text or "LDL" in text for _, text in code)
+print(registers(kernel.asm["cubin"]), spills, *map(opcode, main_loop(code)))
+"""
+
+
+def test_cuda_core_decode_compiles_for_hopper_with_its_tiles_in_registers():
+    """No GPU needed: compiled for sm_90 at Qwen3-0.6B's shape, the kernel spills nothing, its main
+    loop never goes through shared memory (every tile used in the layout it was loaded in: a layout
+    conversion there would be a shared-memory round trip) and multiplies in packed fp16. In a
+    subprocess: the compiler needs Triton's JIT, which this suite's interpreter replaces."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", CUDA_CORE_SASS], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    regs, spills, *loop = done.stdout.split()
+    assert int(spills) == 0 and int(regs) <= 168, (regs, spills)
+    assert "HFMA2" in loop and "LDG.E.128" in loop
+    assert not [op for op in loop if op.startswith(("LDS", "STS", "BAR"))], loop
 
 
 # ---------------------------------------------------------------- calibration

@@ -11,11 +11,10 @@ instruction count, its main loop's (the one backward branch) and the loop's most
 from __future__ import annotations
 
 import argparse
-import re
 from collections import Counter
 
 from nanoexp.kernels import triton_attention
-from nanoexp.kernels.offline_sass import compile_offline, registers, sass
+from nanoexp.kernels.offline_sass import compile_offline, main_loop, opcode, registers, sass
 
 DIVISIBLE = ("stride_qb", "stride_qh", "stride_cb", "stride_cp", "stride_ch", "stride_vb", "stride_vh",
              "stride_vd", "stride_ob", "stride_oh")
@@ -34,20 +33,6 @@ def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int, key_major: 
     )  # fmt: skip
     kernel = triton_attention._decode_split_kernel
     return compile_offline(kernel, types, constants, DIVISIBLE, num_warps=warps, num_stages=stages)
-
-
-def opcode(instruction: str) -> str:
-    words = instruction.split()
-    return words[1] if words[0].startswith("@") else words[0]  # skip a predicate
-
-
-def main_loop(code: list[tuple[int, str]]) -> list[str]:
-    for address, text in code:
-        target = re.search(r"BRA.*?0x([0-9a-f]+)", text)
-        if target and int(target.group(1), 16) < address:
-            start = int(target.group(1), 16)
-            return [t for a, t in code if start <= a <= address]
-    return []
 
 
 def main() -> None:

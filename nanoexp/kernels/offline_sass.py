@@ -49,6 +49,21 @@ def sass(cubin: bytes) -> list[tuple[int, str]]:
     return [(int(m.group(1), 16), m.group(2)) for m in map(INSTRUCTION.match, text.splitlines()) if m]
 
 
+def opcode(instruction: str) -> str:
+    words = instruction.split()
+    return words[1] if words[0].startswith("@") else words[0]  # skip a predicate
+
+
+def main_loop(code: list[tuple[int, str]]) -> list[str]:
+    """The instructions of the first loop (the first backward branch and what it jumps over)."""
+    for address, text in code:
+        target = re.search(r"BRA.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            start = int(target.group(1), 16)
+            return [t for a, t in code if start <= a <= address]
+    return []
+
+
 def registers(cubin: bytes) -> int:
     """Registers per thread of a compiled kernel (cuobjdump's resource usage)."""
     return int(re.search(r"REG:(\d+)", _cuobjdump(cubin, "-res-usage")).group(1))

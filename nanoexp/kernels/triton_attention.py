@@ -25,7 +25,7 @@ import triton.language as tl
 
 from nanoexp.kernels.base import check_scales, num_sms
 from nanoexp.kernels.pdl import launch_options
-from nanoexp.kernels.triton_decode_fma import DIMS_PER_LOAD, cuda_core_split_kernel
+from nanoexp.kernels.triton_decode_fma import cuda_core_split_kernel, tile_shape
 from nanoexp.kernels.triton_pdl import wait_for_previous
 from nanoexp.kernels.triton_splits import (
     combine_if_last_split,
@@ -397,13 +397,13 @@ def paged_decode(
     counters = split_counters(q.device, batch * num_kv_heads) if fused_reduce else context_lens
     splits_pad = triton.next_power_of_2(num_splits)
     if cuda_cores:
-        lanes = 32 // min(32, dim_pad // DIMS_PER_LOAD) * num_warps  # keys one pass of the threads covers
+        rows, lanes, per_load = tile_shape(block_n, dim_pad, num_warps)
         cuda_core_split_kernel[(batch, num_kv_heads, num_splits)](
             q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, counters, k_scale,
             v_scale, scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_cache.stride(0),
             k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
             GROUP=group, HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
-            ROWS=max(1, block_n // lanes), LANES=lanes, SINGLE_SPLIT=num_splits == 1,
+            ROWS=rows, LANES=lanes, PER_LOAD=per_load, SINGLE_SPLIT=num_splits == 1,
             FUSED_REDUCE=fused_reduce, SPLITS_PAD=splits_pad, num_warps=num_warps,
             num_stages=num_stages or 1, **launch_options(),
         )  # fmt: skip

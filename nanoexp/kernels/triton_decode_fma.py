@@ -26,6 +26,14 @@ from nanoexp.kernels.triton_splits import combine_if_last_split, max_combine, su
 DIMS_PER_LOAD = 16  # fp8 dims in one 16-byte load: Triton's layout gives each thread these
 
 
+def tile_shape(keys: int, dim_pad: int, num_warps: int) -> tuple[int, int, int]:
+    """(ROWS, LANES, PER_LOAD) of a tile of `keys` keys: LANES keys are what one pass of the
+    threads covers, each thread PER_LOAD dims of a key; ROWS are each thread's keys."""
+    per_load = min(DIMS_PER_LOAD, dim_pad)
+    lanes = 32 // min(32, dim_pad // per_load) * num_warps
+    return max(1, keys // lanes), lanes, per_load
+
+
 @triton.jit
 def _tile_rows(table, pos, n0, end, stride_cb, stride_cp, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
     """Element offset of each key `pos` (a tile starting at n0) in the paged cache."""
@@ -97,15 +105,16 @@ def cuda_core_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     ROWS: tl.constexpr,
     LANES: tl.constexpr,
+    PER_LOAD: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr = False,
     SPLITS_PAD: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
     """One (sequence, kv head, split): the GROUP (1 or 2) query heads attend to one slice of the
-    context. K and V caches share their strides (row-major pages)."""
+    context. K and V caches share their strides (row-major pages). A tile is ROWS x LANES keys;
+    each thread holds PER_LOAD consecutive dims of a key."""
     TILE: tl.constexpr = ROWS * LANES
-    PER_LOAD: tl.constexpr = DIMS_PER_LOAD if DIM_PAD >= DIMS_PER_LOAD else DIM_PAD
     wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
