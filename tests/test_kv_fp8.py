@@ -288,11 +288,12 @@ from nanoexp.kernels.offline_sass import compile_offline, main_loop, opcode, reg
 from nanoexp.kernels.triton_decode_fma import cuda_core_split_kernel, tile_shape
 
 types = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
-         "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32",
-         "counters_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32"}
+         "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "part_out_ptr": "*fp32",
+         "part_lse_ptr": "*fp32", "counters_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
+         "qk_scale": "fp32"}
 rows, lanes, per_load = tile_shape(128, 128, 4)
-constants = dict(GROUP=2, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256, ROWS=rows, LANES=lanes, PER_LOAD=per_load,
-                 SINGLE_SPLIT=True, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False)
+constants = dict(GROUP=2, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256, ROWS=rows, LANES=lanes,
+                 PER_LOAD=per_load, SINGLE_SPLIT=True, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False)
 kernel = compile_offline(cuda_core_split_kernel, types, constants, num_warps=4, num_stages=1)
 code = sass(kernel.asm["cubin"])
 spills = sum("STL" in text or "LDL" in text for _, text in code)
