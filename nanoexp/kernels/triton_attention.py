@@ -5,6 +5,9 @@ through its own strides (row-major like K, or key-major pages: kernels/base.py).
 sequence i lives in page block_tables[i, p // block_size] at row p % block_size.
 Softmax runs in fp32 in the log2 domain (scores are pre-multiplied by log2(e)).
 
+fp8 caches read by 1-2 query heads per kv head take the CUDA-core decode of
+kernels/triton_decode_fma.py from 8 sequences (`uses_cuda_cores`).
+
 An fp8 cache (kernels/base.py) is read as is and widened to q's dtype in registers (exact); its
 scales are folded in rather than multiplied into every element: k_scale into the score scale and
 v_scale into the output. The KV_FP8 constexpr removes both for other caches, whose numerics are

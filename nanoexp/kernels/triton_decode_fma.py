@@ -12,7 +12,10 @@ merged once, after the loop, as the splits of a split-K decode are.
 
 Numerics: e4m3 widens to fp16 exactly. Products are fp16; a thread's sums over its 16 dims (q . k)
 and its ROWS keys (p . v, with p <= 1) are fp16, everything after fp32. The rounding that adds is
-2^-11 relative, below the cache's own 2^-4 (measured in experiments/kernels/runs/decode_cuda_cores.md).
+2^-11 relative, below the cache's own 2^-4 (experiments/kernels/runs/decode_cuda_cores.md). The
+ranges hold by construction: q carries the softmax and k scales, so a thread's partial q . k is a
+piece of the log2-domain score (fp16 holds up to 65,504), and p . v sums at most ROWS values of
+|v| <= 448 (e4m3's largest).
 """
 
 from __future__ import annotations
