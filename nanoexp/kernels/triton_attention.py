@@ -31,10 +31,11 @@ from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_decode_fma import cuda_core_split_kernel, tile_shape
 from nanoexp.kernels.triton_pdl import wait_for_previous
 from nanoexp.kernels.triton_splits import (
-    combine_if_last_split,
     decode_reduce_kernel,
     max_combine,
+    split_bounds,
     split_counters,
+    store_split,
     sum_combine,
 )
 
@@ -234,11 +235,7 @@ def _decode_split_kernel(
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    ctx = tl.load(context_lens_ptr + seq)
-    per_split = (ctx + num_splits - 1) // num_splits
-    split_len = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, ctx)
+    start, end = split_bounds(context_lens_ptr, seq, split, num_splits, BLOCK_N)
 
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, DIM_PAD)
@@ -274,21 +271,9 @@ def _decode_split_kernel(
     out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
     if KV_FP8:
         out = out * tl.load(v_scale_ptr)
-    store_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
-    if SINGLE_SPLIT:
-        o_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dims[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=store_mask)
-    else:
-        # Partials are [num_seqs, num_heads, num_splits, (DIM_PAD)] contiguous fp32.
-        part = (seq.to(tl.int64) * (GROUP * tl.num_programs(1)) + heads) * num_splits + split
-        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], out, mask=store_mask)
-        lse = tl.where(den > 0.0, m + tl.log2(tl.where(den > 0.0, den, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + part, lse, mask=row_mask)
-        if FUSED_REDUCE:
-            combine_if_last_split(
-                part_out_ptr, part_lse_ptr, out_ptr, counters_ptr, seq, kv_head, num_splits,
-                stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD, SPLITS_PAD,
-            )  # fmt: skip
+    store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, seq, kv_head, split,
+                num_splits, heads, row_mask, dims, stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD,
+                SINGLE_SPLIT, FUSED_REDUCE, SPLITS_PAD)  # fmt: skip
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:

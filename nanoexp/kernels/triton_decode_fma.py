@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from nanoexp.kernels.triton_pdl import wait_for_previous
-from nanoexp.kernels.triton_splits import combine_if_last_split, max_combine, sum_combine
+from nanoexp.kernels.triton_splits import max_combine, split_bounds, store_split, sum_combine
 
 DIMS_PER_LOAD = 16  # fp8 dims in one 16-byte load: Triton's layout gives each thread these
 
@@ -122,11 +122,7 @@ def cuda_core_split_kernel(
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    ctx = tl.load(context_lens_ptr + seq)
-    per_split = (ctx + num_splits - 1) // num_splits
-    split_len = (per_split + TILE - 1) // TILE * TILE
-    start = split * split_len
-    end = tl.minimum(start + split_len, ctx)
+    start, end = split_bounds(context_lens_ptr, seq, split, num_splits, TILE)
 
     dims = tl.arange(0, DIM_PAD)
     first_head = kv_head * GROUP
@@ -164,32 +160,7 @@ def cuda_core_split_kernel(
     total = tl.reduce(den * weight, 0, sum_combine)
     out = tl.reduce(acc * weight[:, None, :], 0, sum_combine) / tl.where(total > 0.0, total, 1.0)[None, :]
     out = tl.trans(out * tl.load(v_scale_ptr))
-    lse = tl.where(total > 0.0, top + tl.log2(tl.where(total > 0.0, total, 1.0)), float("-inf"))
-    _finish_split(out, lse, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, seq, kv_head, split,
-                  num_splits, dims, stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD, SINGLE_SPLIT,
-                  FUSED_REDUCE, SPLITS_PAD)  # fmt: skip
-
-
-@triton.jit
-def _finish_split(out, lse, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, seq, kv_head, split,
-                  num_splits, dims, stride_ob, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  DIM_PAD: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
-                  SPLITS_PAD: tl.constexpr):
-    """Store one split's [2, DIM_PAD] normalized output: the final output with one split, else the
-    partials (and, with FUSED_REDUCE, combine them if this split finished last)."""
     group = tl.arange(0, 2)
-    heads = kv_head * GROUP + group
-    row_mask = group < GROUP
-    store_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
-    if SINGLE_SPLIT:
-        o_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dims[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=store_mask)
-    else:
-        part = (seq.to(tl.int64) * (GROUP * tl.num_programs(1)) + heads) * num_splits + split
-        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], out, mask=store_mask)
-        tl.store(part_lse_ptr + part, lse, mask=row_mask)
-        if FUSED_REDUCE:
-            combine_if_last_split(
-                part_out_ptr, part_lse_ptr, out_ptr, counters_ptr, seq, kv_head, num_splits,
-                stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD, SPLITS_PAD,
-            )  # fmt: skip
+    store_split(out, top, total, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, seq, kv_head, split,
+                num_splits, first_head + group, group < GROUP, dims, stride_ob, stride_oh, GROUP, HEAD_DIM,
+                DIM_PAD, SINGLE_SPLIT, FUSED_REDUCE, SPLITS_PAD)  # fmt: skip

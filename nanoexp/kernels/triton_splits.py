@@ -22,6 +22,42 @@ sum_combine = tl.standard._sum_combine
 
 
 @triton.jit
+def split_bounds(context_lens_ptr, seq, split, num_splits, TILE: tl.constexpr):
+    """[start, end) of one split's keys: the context cut into num_splits slices whose lengths are
+    multiples of TILE (the last ones may be short or empty)."""
+    ctx = tl.load(context_lens_ptr + seq)
+    per_split = (ctx + num_splits - 1) // num_splits
+    split_len = (per_split + TILE - 1) // TILE * TILE
+    start = split * split_len
+    return start, tl.minimum(start + split_len, ctx)
+
+
+@triton.jit
+def store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, seq, kv_head, split,
+                num_splits, heads, row_mask, dims, stride_ob, stride_oh, GROUP: tl.constexpr,
+                HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+                FUSED_REDUCE: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """Store one split's normalized output rows `out` ([len(heads), DIM_PAD], fp32) of the query
+    heads `heads`, whose softmax had log2-domain max m and denominator den: the final output with
+    one split, else the partials and their lse ([num_seqs, num_heads, num_splits, (DIM_PAD)]
+    contiguous fp32), combined by the split that finishes last with FUSED_REDUCE."""
+    store_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
+    if SINGLE_SPLIT:
+        o_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dims[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=store_mask)
+    else:
+        part = (seq.to(tl.int64) * (GROUP * tl.num_programs(1)) + heads) * num_splits + split
+        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], out, mask=store_mask)
+        lse = tl.where(den > 0.0, m + tl.log2(tl.where(den > 0.0, den, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=row_mask)
+        if FUSED_REDUCE:
+            combine_if_last_split(
+                part_out_ptr, part_lse_ptr, out_ptr, counters_ptr, seq, kv_head, num_splits,
+                stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD, SPLITS_PAD,
+            )  # fmt: skip
+
+
+@triton.jit
 def combine_if_last_split(
     part_out_ptr,
     part_lse_ptr,
