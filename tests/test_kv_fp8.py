@@ -243,7 +243,7 @@ def test_triton_cuda_core_decode_matches_the_reference(dtype, head_dim, heads, b
     from nanoexp.kernels import triton_attention
     from nanoexp.kernels.triton_backend import TritonAttentionBackend
 
-    assert triton_attention.uses_cuda_cores(True, heads[0] // heads[1], 9, key_major=False)
+    assert triton_attention.uses_cuda_cores(True, heads[0] // heads[1], head_dim, 9, key_major=False)
     error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size,
                                  CUDA_CORE_CASES, heads, kv_fp8=True)  # fmt: skip
     assert error <= self_check.TOLERANCE[torch.float16], error
@@ -271,14 +271,16 @@ def test_cuda_core_decode_gives_the_tensor_core_result_at_any_split_count(num_sp
 def test_the_cuda_core_decode_serves_only_fp8_caches_and_small_groups():
     from nanoexp.kernels.triton_attention import paged_decode, uses_cuda_cores
 
-    assert not uses_cuda_cores(True, 2, 7, key_major=False)  # 1-7 sequences: the tensor-core kernel
-    assert not uses_cuda_cores(True, 4, 256, key_major=False)  # 4 query heads per kv head: slower
-    assert not uses_cuda_cores(False, 2, 256, key_major=False)
-    assert not uses_cuda_cores(True, 2, 256, key_major=True)
+    assert uses_cuda_cores(True, 2, 128, 8, key_major=False)
+    assert not uses_cuda_cores(True, 2, 128, 7, key_major=False)  # 1-7 sequences: the tensor-core kernel
+    assert not uses_cuda_cores(True, 4, 128, 256, key_major=False)  # 4 query heads per kv head: slower
+    assert not uses_cuda_cores(True, 2, 256, 256, key_major=False)  # its tiles would spill
+    assert not uses_cuda_cores(False, 2, 128, 256, key_major=False)
+    assert not uses_cuda_cores(True, 2, 128, 256, key_major=True)
     cache = torch.zeros(2, 16, 2, 32, device=DEVICE)
     table = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE)
     args = (torch.zeros(1, 8, 32, device=DEVICE), cache, cache, table, table[:, 0] + 1, 1.0)
-    needs = r"^paged_decode\(cuda_cores=True\) needs an fp8 cache.*4 heads per kv head$"
+    needs = r"^paged_decode\(cuda_cores=True\) needs an fp8 cache.*4 heads per kv head, head_dim 32$"
     with pytest.raises(ValueError, match=needs):
         paged_decode(*args, cuda_cores=True)
 

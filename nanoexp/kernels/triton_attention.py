@@ -44,7 +44,7 @@ MIN_KEYS_PER_SPLIT = 64
 MAX_SPLITS = 64
 FP8_SMALL_TILE_MAX_BATCH = 64
 CUDA_CORE_TILE, CUDA_CORE_WARPS = 128, 4  # keys per tile, warps (decode_cuda_cores.md)
-CUDA_CORE_MAX_GROUP = 2
+CUDA_CORE_MAX_GROUP, CUDA_CORE_MAX_HEAD_DIM = 2, 128
 CUDA_CORE_MIN_BATCH = 8
 
 
@@ -285,17 +285,20 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int)
     return max(1, min(want, useful, MAX_SPLITS))
 
 
-def supports_cuda_cores(fp8: bool, group: int, key_major: bool) -> bool:
-    return fp8 and group <= CUDA_CORE_MAX_GROUP and not key_major
+def supports_cuda_cores(fp8: bool, group: int, head_dim: int, key_major: bool) -> bool:
+    """Whether the CUDA-core kernel can serve a cache: fp8, row-major V, at most
+    CUDA_CORE_MAX_GROUP query heads per kv head, head_dim up to CUDA_CORE_MAX_HEAD_DIM (a thread
+    holds a tile's keys in registers; larger heads would spill)."""
+    return fp8 and group <= CUDA_CORE_MAX_GROUP and head_dim <= CUDA_CORE_MAX_HEAD_DIM and not key_major
 
 
-def uses_cuda_cores(fp8: bool, group: int, batch: int, key_major: bool) -> bool:
-    """Whether paged_decode runs the CUDA-core kernel (kernels/triton_decode_fma.py): fp8 caches
-    with 1-2 query heads per kv head, above CUDA_CORE_MIN_BATCH - 1 sequences. On an H200 at
-    Qwen3-0.6B's shapes it takes 256 x 1,024 from 185 to 146 us (1.14x its floor), 64 x 2,048
-    from 101 to 70; at 1-4 sequences the tensor-core kernel is as fast or faster, and with 4 query
-    heads per kv head it wins everywhere (experiments/kernels/runs/decode_cuda_cores.md)."""
-    return supports_cuda_cores(fp8, group, key_major) and batch >= CUDA_CORE_MIN_BATCH
+def uses_cuda_cores(fp8: bool, group: int, head_dim: int, batch: int, key_major: bool) -> bool:
+    """Whether paged_decode runs the CUDA-core kernel (kernels/triton_decode_fma.py): where it can
+    (supports_cuda_cores), from CUDA_CORE_MIN_BATCH sequences. On an H200 at Qwen3-0.6B's shapes it
+    takes 256 x 1,024 from 185 to 146-151 us (1.14-1.18x its floor), 64 x 2,048 from 102 to 72;
+    at 1-4 sequences the tensor-core kernel is as fast or faster, and with 4 query heads per kv
+    head it wins everywhere (experiments/kernels/runs/decode_cuda_cores.md)."""
+    return supports_cuda_cores(fp8, group, head_dim, key_major) and batch >= CUDA_CORE_MIN_BATCH
 
 
 def decode_tile(
@@ -360,12 +363,13 @@ def paged_decode(
     dim_pad = max(16, triton.next_power_of_2(head_dim))
     key_major = is_key_major(v_cache)
     if cuda_cores is None:
-        cuda_cores = uses_cuda_cores(fp8, group, batch, key_major)
-    elif cuda_cores and not supports_cuda_cores(fp8, group, key_major):
+        cuda_cores = uses_cuda_cores(fp8, group, head_dim, batch, key_major)
+    elif cuda_cores and not supports_cuda_cores(fp8, group, head_dim, key_major):
         raise ValueError(
-            f"paged_decode(cuda_cores=True) needs an fp8 cache with row-major V and at most "
-            f"{CUDA_CORE_MAX_GROUP} query heads per kv head; got {k_cache.dtype}, "
-            f"{'key-major' if key_major else 'row-major'} V, {group} heads per kv head"
+            f"paged_decode(cuda_cores=True) needs an fp8 cache with row-major V, at most "
+            f"{CUDA_CORE_MAX_GROUP} query heads per kv head and head_dim <= {CUDA_CORE_MAX_HEAD_DIM}; "
+            f"got {k_cache.dtype}, {'key-major' if key_major else 'row-major'} V, {group} heads per kv "
+            f"head, head_dim {head_dim}"
         )
     if cuda_cores:
         block_n, num_warps = block_n or CUDA_CORE_TILE, num_warps or CUDA_CORE_WARPS
