@@ -13,9 +13,8 @@ scales are folded in rather than multiplied into every element: k_scale into the
 v_scale into the output. The KV_FP8 constexpr removes both for other caches, whose numerics are
 unchanged.
 
-The kernels avoid calling the @jit helpers of triton.language.standard (tl.max, tl.sum,
-tl.zeros, tl.cdiv): they break the CPU interpreter when triton was imported before
-TRITON_INTERPRET=1 was set.
+The kernels avoid tl.max, tl.sum and the other @jit helpers of triton.language.standard
+(kernels/triton_splits.py says why).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from nanoexp.kernels.triton_decode_fma import cuda_core_split_kernel, tile_shape
 from nanoexp.kernels.triton_pdl import wait_for_previous
 from nanoexp.kernels.triton_splits import (
     decode_reduce_kernel,
+    key_offsets,
     max_combine,
     split_bounds,
     split_counters,
@@ -46,26 +46,6 @@ FP8_SMALL_TILE_MAX_BATCH = 64
 CUDA_CORE_TILE, CUDA_CORE_WARPS = 128, 4  # keys per tile, warps (decode_cuda_cores.md)
 CUDA_CORE_MAX_GROUP, CUDA_CORE_MAX_HEAD_DIM = 2, 128
 CUDA_CORE_MIN_BATCH = 8
-
-
-@triton.jit
-def _key_offsets(
-    table_ptr,
-    pos,
-    n0,
-    key_mask,
-    stride_cb,
-    stride_cp,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Element offset of each key row `pos` (a tile starting at n0) inside the paged cache."""
-    if BLOCK_SIZE >= BLOCK_N:
-        # n0 is a multiple of BLOCK_N, so the whole tile sits in one page.
-        page = tl.load(table_ptr + n0 // BLOCK_SIZE).to(tl.int64)
-    else:
-        page = tl.load(table_ptr + pos // BLOCK_SIZE, mask=key_mask, other=0).to(tl.int64)
-    return page * stride_cb + (pos % BLOCK_SIZE) * stride_cp
 
 
 @triton.jit
@@ -173,7 +153,7 @@ def _attend_tile(
     """Fold the keys n0 .. n0 + BLOCK_N (those below end) of one kv head into (m, den, acc)."""
     pos = n0 + tl.arange(0, BLOCK_N)
     key_mask = pos < end
-    kv_rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
+    kv_rows = key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
     kv_rows += kv_head * stride_ch
     k = _load_rows(k_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
     if V_KEY_MAJOR:
@@ -493,8 +473,8 @@ def _prefill_tiles(
         pos = n0 + tl.arange(0, BLOCK_N)
         key_mask = pos < ctx
         if PAGED:
-            k_rows = _key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
-            v_rows = _key_offsets(table, pos, n0, key_mask, stride_vb, stride_vp, BLOCK_SIZE, BLOCK_N)
+            k_rows = key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
+            v_rows = key_offsets(table, pos, n0, key_mask, stride_vb, stride_vp, BLOCK_SIZE, BLOCK_N)
             k_rows, v_rows = k_rows + k_base, v_rows + v_base
         else:
             k_rows = pos.to(tl.int64) * stride_kt + k_base

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from nanoexp.kernels.triton_pdl import wait_for_previous
-from nanoexp.kernels.triton_splits import max_combine, split_bounds, store_split, sum_combine
+from nanoexp.kernels.triton_splits import key_offsets, max_combine, split_bounds, store_split, sum_combine
 
 DIMS_PER_LOAD = 16  # fp8 dims in one 16-byte load: Triton's layout gives each thread these
 
@@ -38,23 +38,14 @@ def tile_shape(keys: int, dim_pad: int, num_warps: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def _tile_rows(table, pos, n0, end, stride_cb, stride_cp, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
-    """Element offset of each key `pos` (a tile starting at n0) in the paged cache."""
-    if BLOCK_SIZE >= TILE:
-        page = tl.load(table + n0 // BLOCK_SIZE).to(tl.int64)
-    else:
-        page = tl.load(table + pos // BLOCK_SIZE, mask=pos < end, other=0).to(tl.int64)
-    return page * stride_cb + (pos % BLOCK_SIZE) * stride_cp
-
-
-@triton.jit
 def _load_kv(k_ptr, v_ptr, table, pos, n0, end, dims, stride_cb, stride_cp, HEAD_DIM: tl.constexpr,
              DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
     """The K and V tiles ([TILE, DIM_PAD] fp16) of keys pos; keys at or past end and padded dims
     read as zero. Both loads are issued before either is used."""
-    rows = _tile_rows(table, pos, n0, end, stride_cb, stride_cp, BLOCK_SIZE, TILE)
+    key_mask = pos < end
+    rows = key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, TILE)
     offsets = rows[:, None] + dims[None, :]
-    mask = (pos < end)[:, None]
+    mask = key_mask[:, None]
     if HEAD_DIM != DIM_PAD:
         mask = mask & (dims[None, :] < HEAD_DIM)
     k = tl.load(k_ptr + offsets, mask=mask, other=0.0)

@@ -1,5 +1,6 @@
-"""What the split-K decode kernels share: combining the splits of a (sequence, head) (in a
-second kernel, or in the last split to finish, counted per (sequence, kv head)), and the tl.max /
+"""What the paged attention kernels share: a key's place in the paged cache; for the split-K
+decode kernels, each split's keys and output, and combining the splits of a (sequence, head) (in
+a second kernel, or in the last split to finish, counted per (sequence, kv head)); and the tl.max /
 tl.sum equivalents the CPU interpreter runs.
 
 The kernels avoid calling the @jit helpers of triton.language.standard (tl.max, tl.sum,
@@ -19,6 +20,26 @@ from nanoexp.kernels.triton_pdl import wait_for_previous
 # these two and reduces with numpy instead of element by element.
 max_combine = tl.standard._elementwise_max
 sum_combine = tl.standard._sum_combine
+
+
+@triton.jit
+def key_offsets(
+    table_ptr,
+    pos,
+    n0,
+    key_mask,
+    stride_cb,
+    stride_cp,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Element offset of each key row `pos` (a tile starting at n0) inside the paged cache."""
+    if BLOCK_SIZE >= BLOCK_N:
+        # n0 is a multiple of BLOCK_N, so the whole tile sits in one page.
+        page = tl.load(table_ptr + n0 // BLOCK_SIZE).to(tl.int64)
+    else:
+        page = tl.load(table_ptr + pos // BLOCK_SIZE, mask=key_mask, other=0).to(tl.int64)
+    return page * stride_cb + (pos % BLOCK_SIZE) * stride_cp
 
 
 @triton.jit
