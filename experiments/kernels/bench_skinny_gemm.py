@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 
 import torch
 import torch.nn.functional as F
@@ -58,17 +59,29 @@ ROWS = [1, 4, 16, 32, 64]
 L2_BYTES = 60 * 2**20
 
 
-def sweep_configs(rows: int) -> list[GemmConfig]:
-    """Skinny tiles up to 64 rows; above, row tiles of 64-128 and wider column tiles."""
-    if rows <= 64:
+# Row x column tiles and warps above 64 rows that compile for sm_90 without spills
+# (nanoexp.kernels.offline_sass, K steps of 64): plain and gated products, and with the norm in the K loop
+WIDE_TILES = [(64, 64, 4), (64, 64, 8), (64, 128, 4), (64, 128, 8), (64, 256, 8), (128, 64, 4), (128, 64, 8),
+              (128, 128, 8), (128, 256, 8)]
+WIDE_GATED_TILES = [(64, 64, 4), (64, 64, 8), (64, 128, 4), (64, 128, 8), (64, 256, 8), (128, 64, 4),
+                    (128, 64, 8), (128, 128, 8)]
+WIDE_NORM_TILES = [(64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 8)]
+
+
+def sweep_configs(rows: int, n: int = 4096, gated: bool = False, normed: bool = False) -> list[GemmConfig]:
+    """Skinny tiles below 64 rows; from 64, row tiles of 64-128 rows and 64-256 columns in K steps of 64,
+    split 1-2 ways (4 for N <= 1,024; never with the norm in the loop), 3 stages (also 4 for 128 x 128)."""
+    if rows < 64:
         return [
             GemmConfig(n, k, s, w, st)
             for n, k, s, w, st in itertools.product((16, 32, 64), (128, 256), (1, 2, 4, 8), (4,), (3, 4))
         ]
-    return [
-        GemmConfig(n, k, s, w, 3, m)
-        for m, n, k, s, w in itertools.product((64, 128), (64, 128), (64, 128), (1, 2), (4, 8))
-    ]
+    tiles = WIDE_NORM_TILES if normed else WIDE_GATED_TILES if gated else WIDE_TILES
+    splits = (1,) if normed else (1, 2, 4) if n <= 1024 else (1, 2)
+    configs = []
+    for (m, bn, w), s in itertools.product(tiles, splits):
+        configs += [GemmConfig(bn, 64, s, w, st, m) for st in ((3, 4) if (m, bn) == (128, 128) else (3,))]
+    return configs
 
 
 def gemv_configs(rows: int) -> list[GemvConfig]:
@@ -78,17 +91,23 @@ def gemv_configs(rows: int) -> list[GemvConfig]:
     return [GemvConfig(n, k, w, j) for n, k, w, j in shapes]
 
 
-def best_of(configs, run) -> tuple[float, object]:
+ALL_TIMINGS: list[dict] = []  # every config timed, for --all-out
+
+
+def best_of(configs, run, label: str = "") -> tuple[float, object]:
     timed = []
     for c in configs:
         try:
             timed.append((run(c), c))
         except OutOfResources:
             continue
+        ALL_TIMINGS.append({"case": label, "config": describe(c), "us": round(timed[-1][0], 3)})
     return min(timed, key=lambda t: t[0])
 
 
-def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: str | None) -> dict:
+def bench_shape(
+    n: int, k: int, rows: int, gated: bool, normed: bool, sweep: str | None, label: str = ""
+) -> dict:
     w_rows = 2 * n if gated else n
     copies = max(4, -(-2 * L2_BYTES // (w_rows * k * 2)))
     weights = [torch.randn(w_rows, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
@@ -119,9 +138,9 @@ def bench_shape(n: int, k: int, rows: int, gated: bool, normed: bool, sweep: str
         result["gemv_err"] = (triton_op(weights[0], gemv).float() - ref).abs().max().item()
         result["gemv"], result["gemv_cfg"] = timed(gemv), gemv
     if sweep == "all":
-        result["best"], result["best_cfg"] = best_of(sweep_configs(rows), timed)
+        result["best"], result["best_cfg"] = best_of(sweep_configs(rows, n, gated, normed), timed, label)
     if sweep and rows <= GEMV_MAX_ROWS:
-        result["gemv_best"], result["gemv_best_cfg"] = best_of(gemv_configs(rows), timed)
+        result["gemv_best"], result["gemv_best_cfg"] = best_of(gemv_configs(rows), timed, label)
     return result
 
 
@@ -143,6 +162,7 @@ def main() -> None:
     parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "gemv"], default=None,
                         help="also search block and split sizes (of the GEMV only: gemv)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--all-out", default=None, help="every timed config, one JSON per line")
     parser.add_argument("--only", default="", help="shapes whose name contains one of these, comma-separated")
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     args = parser.parse_args()
@@ -156,7 +176,8 @@ def main() -> None:
             continue
         for rows in map(int, args.rows.split(",")):
             gated = "+silu" in name
-            r = bench_shape(n, k, rows, gated, "norm+" in name, args.sweep)
+            r = bench_shape(n, k, rows, gated, "norm+" in name, args.sweep, f"{name}/{rows}")
+            ALL_TIMINGS.append({"case": f"{name}/{rows}", "config": "cublas", "us": round(r["cublas"], 3)})
             width = 2 * n if gated else n
             bytes_s = (width * k + rows * (n + k)) * 2 / args.bandwidth
             floor = max(bytes_s, 2 * rows * width * k / (args.tflops * 1e12)) * 1e6
@@ -167,6 +188,9 @@ def main() -> None:
                 f"{r['max_err']:.3g} | {gemv_err} |"
             )
             print(lines[-1], flush=True)
+            if args.all_out:  # rewritten after every row, so a cut run keeps what it timed
+                with open(args.all_out, "w") as f:
+                    f.writelines(json.dumps(t) + "\n" for t in ALL_TIMINGS)
     table = "\n".join(lines)
     if args.out:
         with open(args.out, "w") as f:

@@ -14,8 +14,8 @@
 #   host    the host's decode step with a stub model, this machine's CPU, inputs through pinned
 #           copies to the GPU (experiments/nanovllm_bench/host_step.py; TP=2 too with 2 GPUs)
 #   profile the kernels of one batch-1 and one batch-128 decode step
-#   wide    the Triton GEMM at 128 and 256 rows (row tiles, the norm in the K loop) against cuBLAS per
-#           0.6B shape, with a config sweep
+#   wide    the Triton GEMM at 64, 128 and 256 rows (row tiles of 64-128, K steps of 64, plain, gated
+#           and with the norm in the K loop) against cuBLAS per 0.6B shape, every config in wide_gemm.jsonl
 #   widestep  the decode step at 64-256 sequences, engine.gemm_backend=auto (cuBLAS there) and triton
 #           (the Triton kernels up to 256 rows), alternated twice
 #   gemv    the GEMV at 1-4 rows, rows one by one or together, config sweep, against the tensor-core
@@ -27,6 +27,8 @@
 #   ncu     Nsight Compute on one bf16 and one fp8 decode call at 256 x 1,024 and 64 x 2,048
 #           (experiments/kernels/ncu_decode.py; hardware counters need a Firecracker machine)
 #   sweep   python run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 (W&B offline)
+#   tinytrace  the tiny checkpoint's fp8 job with each step and each kernel compile on one timeline
+#           (experiments/kv_fp8/trace_compiles.py), its slow decode steps
 #   tiny    the trained tiny checkpoint (experiments/kv_fp8/README.md: train it first and carry
 #           experiments/kv_fp8/checkpoint), both cache dtypes, one sweep
 set -uo pipefail
@@ -77,8 +79,9 @@ for part in $parts; do
            grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|Stall" "$OUT/ncu_$1x$2.txt" | head -40
          done ;;
     tiles) (cd experiments/kernels && timeout 200 python3 bench_decode_tiles.py --out "$OUT/tiles.md") 2>&1 | tail -10 ;;
-    wide) (cd experiments/kernels && timeout 480 python3 bench_skinny_gemm.py --rows 128,256 --sweep \
-            --only "0.6B norm+qkv,0.6B o,0.6B norm+gate_up+silu,0.6B down" --out "$OUT/wide_gemm.md") 2>&1 | tail -10 ;;
+    wide) (cd experiments/kernels && timeout "${WIDE_TIMEOUT:-400}" python3 bench_skinny_gemm.py --rows 64,128,256 \
+            --sweep --only "0.6B qkv,0.6B gate_up+silu,0.6B o,0.6B down,0.6B norm+qkv,0.6B norm+gate_up+silu" \
+            --out "$OUT/wide_gemm.md" --all-out "$OUT/wide_gemm.jsonl") 2>&1 | grep "^|" | tail -30 ;;
     widestep) for run in 1_auto 1_triton 2_auto 2_triton; do
             timeout 120 python3 experiments/nanovllm_bench/decode_step.py --gemm-backend "${run#*_}" \
               --batches 64,128,256 --contexts 1024 --out "$OUT/decode_gemm_$run.md" 2>&1 | grep "^|" | tail -3
@@ -95,6 +98,13 @@ for part in $parts; do
     sweep) timeout 560 python3 run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 \
              hydra.sweep.dir="$OUT/sweep" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/sweep.log" | tail -30
            (cd "$OUT" && tar czf sweep.tgz --exclude=wandb sweep && rm -rf sweep) ;;
+    tinytrace) timeout 150 python3 experiments/kv_fp8/trace_compiles.py model=qwen3_tiny_trained \
+                 workload=prompts_file workload.path=experiments/kv_fp8/checkpoint/prompts.jsonl \
+                 workload.output_len=64 sampler=greedy metrics.kv_quality.num_requests=32 \
+                 cache.kv_cache_dtype=fp8_e4m3 logger=none hydra.run.dir="$OUT/tinytrace" > "$OUT/tiny_trace.log" 2>&1
+               rm -rf "$OUT/tinytrace"
+               grep -E "compile|Recompil" "$OUT/tiny_trace.log" | cut -c1-200 | tail -15
+               awk '/ decode /{ if ($(NF-1) + 0 > 5) print }' "$OUT/tiny_trace.log" | tail -10 ;;
     tiny) timeout 200 python3 run.py -m model=qwen3_tiny_trained workload=prompts_file \
              workload.path=experiments/kv_fp8/checkpoint/prompts.jsonl workload.output_len=64 sampler=greedy \
              metrics.kv_quality.num_requests=32 cache.kv_cache_dtype=auto,fp8_e4m3 logger=none \

@@ -1,0 +1,55 @@
+"""Runs `run.py` with its arguments and prints, in one timeline, each engine step (index, kind,
+sequences, milliseconds) and each Triton kernel compile or torch.compile recompile, so that a
+step that is slow because something compiled inside it shows up beside the compile.
+
+    python experiments/kv_fp8/trace_compiles.py model=qwen3_tiny_trained ... > trace.log
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+
+import torch
+import triton
+
+from nanoexp.engine.llm_engine import LLMEngine
+
+START = time.perf_counter()
+steps = 0
+
+
+def stamp() -> str:
+    return f"[{time.perf_counter() - START:9.3f} s]"
+
+
+def on_triton_compile(*, repr: str, **_) -> None:  # noqa: A002  (Triton's keyword)
+    print(f"{stamp()} triton compile after step {steps}: {repr[:240]}", flush=True)
+
+
+def traced_step(step):
+    def wrapper(self):
+        global steps
+        start = time.perf_counter()
+        outputs, stats = step(self)
+        ms = (time.perf_counter() - start) * 1e3
+        print(f"{stamp()} step {steps} {stats.phase} seqs {stats.num_seqs} {ms:.2f} ms", flush=True)
+        steps += 1
+        return outputs, stats
+
+    return wrapper
+
+
+def main() -> None:
+    triton.knobs.runtime.jit_post_compile_hook = on_triton_compile
+    torch._logging.set_logs(recompiles=True)
+    LLMEngine.step = traced_step(LLMEngine.step)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.argv = [os.path.join(root, "run.py"), *sys.argv[1:]]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
