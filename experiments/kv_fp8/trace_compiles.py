@@ -1,12 +1,13 @@
 """Runs `run.py` with its arguments and prints, in one timeline, each engine step (index, kind,
-sequences, milliseconds) and each Triton kernel compile or torch.compile recompile, so that a
-step that is slow because something compiled inside it shows up beside the compile.
+sequences, milliseconds), each Triton kernel compile or torch.compile recompile and each full
+garbage collection, so that a step made slow by one of them shows up beside it.
 
     python experiments/kv_fp8/trace_compiles.py model=qwen3_tiny_trained ... > trace.log
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import runpy
 import sys
@@ -29,6 +30,16 @@ def on_triton_compile(*, repr: str, **_) -> None:  # noqa: A002  (Triton's keywo
     print(f"{stamp()} triton compile after step {steps}: {repr[:240]}", flush=True)
 
 
+def on_gc(phase: str, info: dict, started: list[float] = []) -> None:  # noqa: B006  (the start time)
+    if info["generation"] != 2:
+        return
+    if phase == "start":
+        started[:] = [time.perf_counter()]
+        return
+    ms = (time.perf_counter() - started[0]) * 1e3
+    print(f"{stamp()} full garbage collection after step {steps}: {ms:.1f} ms", flush=True)
+
+
 def traced_step(step):
     def wrapper(self):
         global steps
@@ -45,6 +56,7 @@ def traced_step(step):
 def main() -> None:
     triton.knobs.runtime.jit_post_compile_hook = on_triton_compile
     torch._logging.set_logs(recompiles=True)
+    gc.callbacks.append(on_gc)
     LLMEngine.step = traced_step(LLMEngine.step)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.argv = [os.path.join(root, "run.py"), *sys.argv[1:]]

@@ -103,7 +103,7 @@ for part in $parts; do
                  workload.output_len=64 sampler=greedy metrics.kv_quality.num_requests=32 \
                  cache.kv_cache_dtype=fp8_e4m3 logger=none hydra.run.dir="$OUT/tinytrace" > "$OUT/tiny_trace.log" 2>&1
                rm -rf "$OUT/tinytrace"
-               grep -E "compile|Recompil" "$OUT/tiny_trace.log" | cut -c1-200 | tail -15
+               grep -E "compile|Recompil|garbage" "$OUT/tiny_trace.log" | cut -c1-200 | tail -15
                awk '/ decode /{ if ($(NF-1) + 0 > 5) print }' "$OUT/tiny_trace.log" | tail -10 ;;
     tiny) timeout 200 python3 run.py -m model=qwen3_tiny_trained workload=prompts_file \
              workload.path=experiments/kv_fp8/checkpoint/prompts.jsonl workload.output_len=64 sampler=greedy \
