@@ -111,7 +111,7 @@ def main() -> None:
             if split:
                 first = prepare_inputs(steps[0], args.block_size, runner.device)
                 diff = (split.replay(first).float() - runner.graphs.replay(first).float()).abs().max().item()
-                print(f"batch {batch}: two halves against one pass, max |diff| of the hidden state {diff:.3g}")
+                print(f"batch {batch}: two halves against one pass, max |diff| of the hidden {diff:.3g}")
                 split_fwd = time_ms(lambda rotation=rotation: split.replay(next(rotation)))
                 split_whole = time_ms(lambda rot=rotation, s=sampling: whole_step(split, runner, rot, s))
                 lines[-1] += f" {split_fwd:.3f} | {split_whole:.3f} |"

@@ -27,6 +27,7 @@
 #   ncu     Nsight Compute on one bf16 and one fp8 decode call at 256 x 1,024 and 64 x 2,048
 #           (experiments/kernels/ncu_decode.py; hardware counters need a Firecracker machine)
 #   sweep   python run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 (W&B offline)
+#   split   the decode step at 64-256 sequences, one pass against two halves on two streams (same process)
 #   tinytrace  the tiny checkpoint's fp8 job with each step and each kernel compile on one timeline
 #           (experiments/kv_fp8/trace_compiles.py), its slow decode steps
 #   tiny    the trained tiny checkpoint (experiments/kv_fp8/README.md: train it first and carry
@@ -98,6 +99,10 @@ for part in $parts; do
     sweep) timeout 560 python3 run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 \
              hydra.sweep.dir="$OUT/sweep" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/sweep.log" | tail -30
            (cd "$OUT" && tar czf sweep.tgz --exclude=wandb sweep && rm -rf sweep) ;;
+    split) for dtype in auto fp8_e4m3; do
+             timeout 200 python3 experiments/nanovllm_bench/decode_step.py --kv-cache-dtype $dtype --split-from 64 \
+               --batches "${SPLIT_BATCHES:-64,128,256}" --contexts 1024 --out "$OUT/split_$dtype.md" 2>&1 | grep -E "^\||diff" | tail -8
+           done ;;
     tinytrace) timeout 150 python3 experiments/kv_fp8/trace_compiles.py model=qwen3_tiny_trained \
                  workload=prompts_file workload.path=experiments/kv_fp8/checkpoint/prompts.jsonl \
                  workload.output_len=64 sampler=greedy metrics.kv_quality.num_requests=32 \
