@@ -2,7 +2,9 @@
 sequences, milliseconds), each Triton kernel compile or torch.compile recompile and each full
 garbage collection, so that a step made slow by one of them shows up beside it.
 
-    python experiments/kv_fp8/trace_compiles.py model=qwen3_tiny_trained ... > trace.log
+    python experiments/kv_fp8/trace_compiles.py [--no-freeze] model=qwen3_tiny_trained ... > trace.log
+
+--no-freeze: the engine does not freeze its start-up objects (gc.freeze becomes a no-op), for an A/B.
 """
 
 from __future__ import annotations
@@ -59,7 +61,11 @@ def main() -> None:
     gc.callbacks.append(on_gc)
     LLMEngine.step = traced_step(LLMEngine.step)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sys.argv = [os.path.join(root, "run.py"), *sys.argv[1:]]
+    args = sys.argv[1:]
+    if "--no-freeze" in args:
+        args.remove("--no-freeze")
+        gc.freeze = lambda: None
+    sys.argv = [os.path.join(root, "run.py"), *args]
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 

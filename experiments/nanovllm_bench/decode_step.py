@@ -8,10 +8,7 @@ ROTATIONS - 1), so each step stores its new K/V at new slots, as decode does: re
 rewrites the same slots, which stay in L2 and hide what the store costs
 (experiments/kernels/runs/v_store.md).
 
-With --split-from N, batches of N or more are also timed through a second set of graphs that run
-the batch as two halves on two streams (nanoexp.runner.cuda_graphs.DecodeGraphs), in the same process.
-
-    python experiments/nanovllm_bench/decode_step.py [--bandwidth 4.2e12] [--out table.md] [--split-from 128]
+    python experiments/nanovllm_bench/decode_step.py [--bandwidth 4.2e12] [--out table.md]
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ import yaml
 from cuda_timing import time_ms
 
 from nanoexp import LLM
-from nanoexp.layers.fusion import fused
-from nanoexp.runner.cuda_graphs import DecodeGraphs
 from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
 from nanoexp.runner.step_input import StepInput
 
@@ -69,7 +64,6 @@ def main() -> None:
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--out", default=None)
-    parser.add_argument("--split-from", type=int, default=0, help="also time 2-stream halves from here")
     parser.add_argument("--profile", action="store_true", help="print the kernels of one step instead")
     args = parser.parse_args()
     arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
@@ -85,13 +79,10 @@ def main() -> None:
     per_token_kv = cache[0, 0, 0, 0].numel() * 2 * cache.shape[0] * cache.element_size()
     if args.profile:
         return profile(runner, arch, args.block_size)
-    batches = list(map(int, args.batches.split(",")))
-    split = split_graphs(runner, arch, batches, args.split_from) if args.split_from else None
-    split_columns = (" split forward ms | split back to back ms |", "---:|---:|") if split else ("", "")
     lines = ["| batch | context | forward ms | LM head ms | sampler ms | step ms | back to back ms | "
-             "floor ms | step / floor | back to back / floor |" + split_columns[0],
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + split_columns[1]]
-    for batch in batches:
+             "floor ms | step / floor | back to back / floor |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for batch in map(int, args.batches.split(",")):
         for context in map(int, args.contexts.split(",")):
             if batch * -(-(context + ROTATIONS - 1) // args.block_size) > runner.num_blocks:
                 continue
@@ -103,18 +94,11 @@ def main() -> None:
             fwd = time_ms(lambda rotation=rotation: runner.graphs.replay(next(rotation)))
             head = time_ms(lambda hidden=hidden: runner.model.compute_logits(hidden))
             samp = time_ms(lambda logits=logits, sampling=sampling: runner.sampler(logits, sampling))
-            whole = time_ms(lambda rot=rotation, s=sampling: whole_step(runner.graphs, runner, rot, s))
+            whole = time_ms(lambda rot=rotation, sampling=sampling: whole_step(runner, rot, sampling))
             floor = (weights + batch * context * per_token_kv) / args.bandwidth * 1e3
             total = fwd + head + samp
             lines.append(f"| {batch} | {context} | {fwd:.3f} | {head:.3f} | {samp:.3f} | {total:.3f} | "
                          f"{whole:.3f} | {floor:.3f} | {total / floor:.2f} | {whole / floor:.2f} |")
-            if split:
-                first = prepare_inputs(steps[0], args.block_size, runner.device)
-                diff = (split.replay(first).float() - runner.graphs.replay(first).float()).abs().max().item()
-                print(f"batch {batch}: two halves against one pass, max |diff| of the hidden {diff:.3g}")
-                split_fwd = time_ms(lambda rotation=rotation: split.replay(next(rotation)))
-                split_whole = time_ms(lambda rot=rotation, s=sampling: whole_step(split, runner, rot, s))
-                lines[-1] += f" {split_fwd:.3f} | {split_whole:.3f} |"
             print(lines[-1], flush=True)
     llm.close()
     table = "\n".join(lines)
@@ -124,21 +108,10 @@ def main() -> None:
             f.write(table + "\n")
 
 
-def whole_step(graphs: DecodeGraphs, runner, rotation, sampling) -> torch.Tensor:
+def whole_step(runner, rotation, sampling) -> torch.Tensor:
     """Forward, LM head and sampler enqueued back to back, as the engine's decode step runs them:
     the eager launches of the head and sampler overlap the graph instead of being timed alone."""
-    return runner.sampler(runner.model.compute_logits(graphs.replay(next(rotation))), sampling)
-
-
-def split_graphs(runner, arch: dict, batches: list[int], split_from: int) -> DecodeGraphs:
-    """Graphs of the timed batches (the smallest size that fits each) that split from split_from."""
-    max_blocks = runner.graphs.md.block_tables.shape[1]
-    graphs = DecodeGraphs(runner.model, arch["hidden_size"], max(batches), max_blocks, runner.dtype,
-                          runner.device, split_from=split_from)
-    graphs.sizes = sorted({next(s for s in graphs.sizes if s >= b) for b in batches})
-    with fused(True):
-        graphs.capture()
-    return graphs
+    return runner.sampler(runner.model.compute_logits(runner.graphs.replay(next(rotation))), sampling)
 
 
 def profile(runner, arch: dict, block_size: int) -> None:

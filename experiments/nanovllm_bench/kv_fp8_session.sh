@@ -26,8 +26,8 @@
 #   splits  the same at 1/2/4/8 splits with the default tile (fp8 at 33-128 sequences is latency-bound?)
 #   ncu     Nsight Compute on one bf16 and one fp8 decode call at 256 x 1,024 and 64 x 2,048
 #           (experiments/kernels/ncu_decode.py; hardware counters need a Firecracker machine)
-#   sweep   python run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 (W&B offline)
-#   split   the decode step at 64-256 sequences, one pass against two halves on two streams (same process)
+#   sweep   python run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 $SWEEP_ARGS (W&B offline)
+#   tinyab  the tiny checkpoint's fp8 job without, then with the engine's gc.freeze (decode step times)
 #   tinytrace  the tiny checkpoint's fp8 job with each step and each kernel compile on one timeline
 #           (experiments/kv_fp8/trace_compiles.py), its slow decode steps
 #   tiny    the trained tiny checkpoint (experiments/kv_fp8/README.md: train it first and carry
@@ -96,13 +96,19 @@ for part in $parts; do
            done ;;
     profile) timeout 120 python3 experiments/nanovllm_bench/decode_step.py --profile > "$OUT/profile.log" 2>&1
              grep -A24 "batch 1 " "$OUT/profile.log" | cut -c1-60,100-150 ;;
-    sweep) timeout 560 python3 run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 \
+    sweep) timeout "${SWEEP_TIMEOUT:-560}" python3 run.py -m experiment=nanovllm_bench cache.kv_cache_dtype=auto,fp8_e4m3 ${SWEEP_ARGS:-} \
              hydra.sweep.dir="$OUT/sweep" 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | tee "$OUT/sweep.log" | tail -30
            (cd "$OUT" && tar czf sweep.tgz --exclude=wandb sweep && rm -rf sweep) ;;
-    split) for dtype in auto fp8_e4m3; do
-             timeout 200 python3 experiments/nanovllm_bench/decode_step.py --kv-cache-dtype $dtype --split-from 64 \
-               --batches "${SPLIT_BATCHES:-64,128,256}" --contexts 1024 --out "$OUT/split_$dtype.md" 2>&1 | grep -E "^\||diff" | tail -8
-           done ;;
+    tinyab) for variant in --no-freeze --freeze; do
+              timeout 150 python3 experiments/kv_fp8/trace_compiles.py ${variant/--freeze/} model=qwen3_tiny_trained \
+                workload=prompts_file workload.path=experiments/kv_fp8/checkpoint/prompts.jsonl workload.output_len=64 \
+                sampler=greedy metrics.kv_quality.num_requests=0 cache.kv_cache_dtype=fp8_e4m3 logger=none \
+                hydra.run.dir="$OUT/tinyab" > "$OUT/tinyab$variant.log" 2>&1
+              rm -rf "$OUT/tinyab"
+              grep "decode seqs 32" "$OUT/tinyab$variant.log" | awk '{print $(NF-1)}' | sort -n | \
+                awk -v v="$variant" '{a[NR]=$1} END {print v, NR, "decode steps: min", a[1], "median", a[int((NR+1)/2)], "max", a[NR]}'
+              grep -E "garbage|TPOT" "$OUT/tinyab$variant.log" | tail -4
+            done ;;
     tinytrace) timeout 150 python3 experiments/kv_fp8/trace_compiles.py model=qwen3_tiny_trained \
                  workload=prompts_file workload.path=experiments/kv_fp8/checkpoint/prompts.jsonl \
                  workload.output_len=64 sampler=greedy metrics.kv_quality.num_requests=32 \

@@ -20,18 +20,11 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     """Captures model(input_ids, positions, md) for decode batches; replays the smallest graph
-    that fits, padding the extra rows (slot -1: nothing stored; context 0: nothing read).
-
-    Graphs of `split_from` sequences or more run the batch as two halves on two streams, so that
-    one half's kernels fill the SMs the other's leave idle (its memory-bound attention beside the
-    other's GEMMs, each kernel's ramp-up and tail). Each half reads the weights once more. Only for
-    a model whose kernels share no workspace between calls (no all-reduce, no split-K tickets)."""
+    that fits, padding the extra rows (slot -1: nothing stored; context 0: nothing read)."""
 
     def __init__(self, model: nn.Module, hidden_size: int, max_num_seqs: int, max_blocks_per_seq: int,
-                 dtype: torch.dtype, device: torch.device, split_from: int | None = None):
+                 dtype: torch.dtype, device: torch.device):
         self.model = model
-        self.split_from = split_from
-        self.side_stream = torch.cuda.Stream(device) if split_from is not None else None
         self.sizes = graph_batch_sizes(max_num_seqs)
         top = self.sizes[-1]
         self.input_ids = torch.zeros(top, dtype=torch.int64, device=device)
@@ -50,27 +43,12 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.sizes[-1]
 
-    def view(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        rows, md = slice(start, end), self.md
+    def view(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         md = AttentionMetadata(
-            is_prefill=False, slot_mapping=md.slot_mapping[rows], context_lens=md.context_lens[rows],
-            block_tables=md.block_tables[rows],
+            is_prefill=False, slot_mapping=self.md.slot_mapping[:bs], context_lens=self.md.context_lens[:bs],
+            block_tables=self.md.block_tables[:bs],
         )
-        return self.input_ids[rows], self.positions[rows], md
-
-    def forward(self, bs: int) -> None:
-        """The first bs rows' forward into self.output: in one pass, or from split_from as two
-        halves, the second on the side stream."""
-        if self.split_from is None or bs < self.split_from:
-            self.output[:bs] = self.model(*self.view(0, bs))
-            return
-        half = bs // 2
-        main = torch.cuda.current_stream()
-        self.side_stream.wait_stream(main)
-        with torch.cuda.stream(self.side_stream):
-            self.output[half:bs] = self.model(*self.view(half, bs))
-        self.output[:half] = self.model(*self.view(0, half))
-        main.wait_stream(self.side_stream)
+        return self.input_ids[:bs], self.positions[:bs], md
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -79,10 +57,11 @@ class DecodeGraphs:
 
     def _capture_all(self) -> None:
         for bs in reversed(self.sizes):
-            self.forward(bs)  # warm-up outside the graph
+            input_ids, positions, md = self.view(bs)
+            self.output[:bs] = self.model(input_ids, positions, md)  # warm-up outside the graph
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, self.pool):
-                self.forward(bs)
+                self.output[:bs] = self.model(input_ids, positions, md)
             self.pool = self.pool or graph.pool()
             self.graphs[bs] = graph
             torch.cuda.synchronize()
