@@ -54,6 +54,8 @@ SHAPES = {  # name: (N, K); "+silu": w is [gate; up] with 2N rows, against cuBLA
     "0.6B o tp2": (1024, 1024),
     "0.6B norm+gate_up+silu tp2": (1536, 1024),
     "0.6B down tp2": (1024, 1536),
+    "0.6B lm_head": (151936, 1024),
+    "8B lm_head": (151936, 4096),
 }
 ROWS = [1, 4, 16, 32, 64]
 L2_BYTES = 60 * 2**20

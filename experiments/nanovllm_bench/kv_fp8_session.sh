@@ -18,6 +18,7 @@
 #           and with the norm in the K loop) against cuBLAS per 0.6B shape, every config in wide_gemm.jsonl
 #   widestep  the decode step at 64-256 sequences, engine.gemm_backend=auto (cuBLAS there) and triton
 #           (the Triton kernels up to 256 rows), alternated twice
+#   lmhead  the LM head (0.6B and 8B shapes, 1-2 rows): cuBLAS against the GEMV and its config sweep
 #   gemv    the GEMV at 1-4 rows, rows one by one or together, config sweep, against the tensor-core
 #           kernel and cuBLAS per 0.6B shape (decides triton_gemv.AUTO_ROWS and the joint default)
 #   trace   the engine's decode steps on the GPU timeline: kernels, gaps, step period
@@ -87,6 +88,8 @@ for part in $parts; do
             timeout 120 python3 experiments/nanovllm_bench/decode_step.py --gemm-backend "${run#*_}" \
               --batches 64,128,256 --contexts 1024 --out "$OUT/decode_gemm_$run.md" 2>&1 | grep "^|" | tail -3
           done ;;
+    lmhead) (cd experiments/kernels && timeout 200 python3 bench_skinny_gemm.py --rows 1,2 --sweep gemv --only lm_head \
+              --out "$OUT/lm_head.md" --all-out "$OUT/lm_head.jsonl") 2>&1 | grep "^|" | tail -5 ;;
     gemv) (cd experiments/kernels && timeout 300 python3 bench_skinny_gemm.py --rows 1,2,3,4 --sweep gemv \
             --only "0.6B norm+qkv,0.6B o,0.6B norm+gate_up+silu,0.6B down" --out "$OUT/gemv.md") 2>&1 | tail -16 ;;
     trace) timeout 120 python3 experiments/nanovllm_bench/step_trace.py --batch 1 --out "$OUT/trace_b1.md" 2>&1 | head -40
