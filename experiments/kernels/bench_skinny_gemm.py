@@ -21,7 +21,7 @@ from graph_timing import time_graph_us
 from triton.runtime.errors import OutOfResources
 
 from nanoexp.kernels.norm_first import NormFirst
-from nanoexp.kernels.triton_gemm import GemmConfig, default_config, skinny_gemm
+from nanoexp.kernels.triton_gemm import TICKETS, GemmConfig, default_config, skinny_gemm
 from nanoexp.kernels.triton_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from nanoexp.kernels.triton_gemv import GemvConfig, default_gemv_config
 from nanoexp.layers.activation import silu_and_mul
@@ -86,11 +86,13 @@ def sweep_configs(rows: int, n: int = 4096, gated: bool = False, normed: bool = 
     return configs
 
 
-def gemv_configs(rows: int) -> list[GemvConfig]:
-    """Tiles and warps; from 2 rows also the rows handled together (`joint`) or one by one."""
+def gemv_configs(rows: int, n: int, k: int) -> list[GemvConfig]:
+    """Tiles and warps; from 2 rows also the rows handled together (`joint`) or one by one. A split
+    K needs a ticket per output tile, so split configs with more tiles than tickets are left out."""
     joint = (False, True) if rows > 1 else (False,)
     shapes = itertools.product((2, 4, 8, 16, 32), (256, 512, 1024), (4, 8), joint)
-    return [GemvConfig(n, k, w, j) for n, k, w, j in shapes]
+    configs = [GemvConfig(bn, kt, w, j) for bn, kt, w, j in shapes]
+    return [c for c in configs if c.k_tile >= k or -(-n // c.block_n) <= TICKETS]
 
 
 ALL_TIMINGS: list[dict] = []  # every config timed, for --all-out
@@ -142,7 +144,7 @@ def bench_shape(
     if sweep == "all":
         result["best"], result["best_cfg"] = best_of(sweep_configs(rows, n, gated, normed), timed, label)
     if sweep and rows <= GEMV_MAX_ROWS:
-        result["gemv_best"], result["gemv_best_cfg"] = best_of(gemv_configs(rows), timed, label)
+        result["gemv_best"], result["gemv_best_cfg"] = best_of(gemv_configs(rows, n, k), timed, label)
     return result
 
 

@@ -89,7 +89,7 @@ for part in $parts; do
               --batches 64,128,256 --contexts 1024 --out "$OUT/decode_gemm_$run.md" 2>&1 | grep "^|" | tail -3
           done ;;
     lmhead) (cd experiments/kernels && timeout 200 python3 bench_skinny_gemm.py --rows 1,2 --sweep gemv --only lm_head \
-              --out "$OUT/lm_head.md" --all-out "$OUT/lm_head.jsonl") 2>&1 | grep "^|" | tail -5 ;;
+              --out "$OUT/lm_head.md" --all-out "$OUT/lm_head.jsonl") 2>&1 | grep -E "^\||Error" | tail -6 ;;
     gemv) (cd experiments/kernels && timeout 300 python3 bench_skinny_gemm.py --rows 1,2,3,4 --sweep gemv \
             --only "0.6B norm+qkv,0.6B o,0.6B norm+gate_up+silu,0.6B down" --out "$OUT/gemv.md") 2>&1 | tail -16 ;;
     trace) timeout 120 python3 experiments/nanovllm_bench/step_trace.py --batch 1 --out "$OUT/trace_b1.md" 2>&1 | head -40
