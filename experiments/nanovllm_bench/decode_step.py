@@ -110,7 +110,7 @@ def main() -> None:
                 print(ab[-1], flush=True)
     llm.close()
     if ab:
-        header = "| batch | LM head GEMV ms | LM head cuBLAS ms | back to back, GEMV ms | back to back, cuBLAS ms |"
+        header = "| batch | head GEMV ms | head cuBLAS ms | back to back GEMV ms | back to back cuBLAS ms |"
         lines += ["", header, "|---:|---:|---:|---:|---:|", *ab]
     table = "\n".join(lines)
     print(table)
