@@ -16,14 +16,11 @@ from nanoexp.kernels.gemm_select import (  # noqa: E402
     AUTO_MAX_ROWS,
     AUTO_MAX_WEIGHT_BYTES,
     SkinnyGemm,
-    lm_head_gemv,
     make_skinny_gemm,
 )
 from nanoexp.kernels.norm_first import NormFirst  # noqa: E402
 from nanoexp.kernels.triton_gemm import NORM_PREPASS_MAX_ROWS, GemmConfig, default_config, skinny_gemm  # noqa: E402
-from nanoexp.kernels.triton_gemv import AUTO_ROWS as GEMV_ROWS  # noqa: E402
 from nanoexp.kernels.triton_gemv import MAX_K_TILE, GemvConfig, default_gemv_config  # noqa: E402
-from nanoexp.layers.embed_head import ParallelLMHead  # noqa: E402
 from nanoexp.layers.norm import add_rms_norm, rms_norm  # noqa: E402
 from tests.conftest import random_prompts  # noqa: E402
 
@@ -74,23 +71,6 @@ def test_auto_leaves_large_weights_to_cublas():
     assert not gemm.applies(torch.zeros(AUTO_MAX_ROWS + 1, 1024, dtype=torch.bfloat16), small)
     assert SkinnyGemm(64).applies(x, large)  # engine.gemm_backend=triton: no size limit
     assert gemm.describe() == "triton up to 16 rows, weights up to 12 MiB"
-
-
-def test_lm_head_takes_the_gemv_for_one_or_two_rows_whatever_its_size():
-    assert lm_head_gemv(None) is None  # no Triton for the layers, none for the head
-    gemv = lm_head_gemv(SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES))
-    vocab = torch.zeros(AUTO_MAX_WEIGHT_BYTES // 2048 + 1, 1024, dtype=torch.bfloat16)  # over the limit
-    assert gemv.applies(torch.zeros(GEMV_ROWS, 1024, dtype=torch.bfloat16), vocab)
-    assert not gemv.applies(torch.zeros(GEMV_ROWS + 1, 1024, dtype=torch.bfloat16), vocab)
-    head = ParallelLMHead(300, 96).to(DEVICE)
-    head.weight.data.normal_(generator=torch.Generator(DEVICE.type).manual_seed(0))
-    head.skinny, kernel, calls = gemv, gemv.kernel, []
-    gemv.kernel = lambda *args, **kwargs: calls.append(args[0].shape[0]) or kernel(*args, **kwargs)
-    for rows in (1, 2, 3):  # 3: torch's product
-        x = torch.randn(rows, 96, device=DEVICE)
-        torch.testing.assert_close(head(x), F.linear(x, head.weight), rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(head.local_logits(x), F.linear(x, head.weight), rtol=1e-4, atol=1e-4)
-    assert calls == [1, 1, 2, 2]
 
 
 def test_engine_with_triton_gemm_matches_torch_gemm(checkpoints):

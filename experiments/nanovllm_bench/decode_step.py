@@ -8,10 +8,7 @@ ROTATIONS - 1), so each step stores its new K/V at new slots, as decode does: re
 rewrites the same slots, which stay in L2 and hide what the store costs
 (experiments/kernels/runs/v_store.md).
 
-With --lm-head-ab the LM head's product is also timed on torch (cuBLAS) where it takes the GEMV
-(1-2 rows), alternated twice with the default, alone and back to back.
-
-    python experiments/nanovllm_bench/decode_step.py [--bandwidth 4.2e12] [--out table.md] [--lm-head-ab]
+    python experiments/nanovllm_bench/decode_step.py [--bandwidth 4.2e12] [--out table.md]
 """
 
 from __future__ import annotations
@@ -67,7 +64,6 @@ def main() -> None:
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--out", default=None)
-    parser.add_argument("--lm-head-ab", action="store_true", help="LM head: GEMV against cuBLAS at 1-2 rows")
     parser.add_argument("--profile", action="store_true", help="print the kernels of one step instead")
     args = parser.parse_args()
     arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
@@ -86,7 +82,6 @@ def main() -> None:
     lines = ["| batch | context | forward ms | LM head ms | sampler ms | step ms | back to back ms | "
              "floor ms | step / floor | back to back / floor |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    ab: list[str] = []
     for batch in map(int, args.batches.split(",")):
         for context in map(int, args.contexts.split(",")):
             if batch * -(-(context + ROTATIONS - 1) // args.block_size) > runner.num_blocks:
@@ -105,13 +100,7 @@ def main() -> None:
             lines.append(f"| {batch} | {context} | {fwd:.3f} | {head:.3f} | {samp:.3f} | {total:.3f} | "
                          f"{whole:.3f} | {floor:.3f} | {total / floor:.2f} | {whole / floor:.2f} |")
             print(lines[-1], flush=True)
-            if args.lm_head_ab and runner.model.lm_head.skinny is not None and batch <= 2:
-                ab.append(lm_head_ab(runner, batch, rotation, hidden, sampling))
-                print(ab[-1], flush=True)
     llm.close()
-    if ab:
-        header = "| batch | head GEMV ms | head cuBLAS ms | back to back GEMV ms | back to back cuBLAS ms |"
-        lines += ["", header, "|---:|---:|---:|---:|---:|", *ab]
     table = "\n".join(lines)
     print(table)
     if args.out:
@@ -123,23 +112,6 @@ def whole_step(runner, rotation, sampling) -> torch.Tensor:
     """Forward, LM head and sampler enqueued back to back, as the engine's decode step runs them:
     the eager launches of the head and sampler overlap the graph instead of being timed alone."""
     return runner.sampler(runner.model.compute_logits(runner.graphs.replay(next(rotation))), sampling)
-
-
-def lm_head_ab(runner, batch: int, rotation, hidden, sampling) -> str:
-    """One table row: the head alone and the whole step back to back, GEMV and cuBLAS alternated
-    twice; each number is the mean of its two medians."""
-    head_module, gemv = runner.model.lm_head, runner.model.lm_head.skinny
-    times: dict[str, list[float]] = {"gemv": [], "torch": []}
-    for _ in range(2):
-        for name, skinny in (("gemv", gemv), ("torch", None)):
-            head_module.skinny = skinny
-            alone = time_ms(lambda: runner.model.compute_logits(hidden))
-            whole = time_ms(lambda: whole_step(runner, rotation, sampling))
-            times[name].append((alone, whole))
-    head_module.skinny = gemv
-    mean = {name: [sum(t[i] for t in ts) / len(ts) for i in range(2)] for name, ts in times.items()}
-    return (f"| {batch} | {mean['gemv'][0]:.3f} | {mean['torch'][0]:.3f} | {mean['gemv'][1]:.3f} | "
-            f"{mean['torch'][1]:.3f} |")
 
 
 def profile(runner, arch: dict, block_size: int) -> None:

@@ -19,7 +19,6 @@
 #   widestep  the decode step at 64-256 sequences, engine.gemm_backend=auto (cuBLAS there) and triton
 #           (the Triton kernels up to 256 rows), alternated twice
 #   lmhead  the LM head (0.6B and 8B shapes, 1-2 rows): cuBLAS against the GEMV and its config sweep
-#   lmheadstep  the decode step at 1, 2 and 16 sequences with the LM head on the GEMV and on cuBLAS
 #   gemv    the GEMV at 1-4 rows, rows one by one or together, config sweep, against the tensor-core
 #           kernel and cuBLAS per 0.6B shape (decides triton_gemv.AUTO_ROWS and the joint default)
 #   trace   the engine's decode steps on the GPU timeline: kernels, gaps, step period
@@ -89,8 +88,6 @@ for part in $parts; do
             timeout 120 python3 experiments/nanovllm_bench/decode_step.py --gemm-backend "${run#*_}" \
               --batches 64,128,256 --contexts 1024 --out "$OUT/decode_gemm_$run.md" 2>&1 | grep "^|" | tail -3
           done ;;
-    lmheadstep) timeout 200 python3 experiments/nanovllm_bench/decode_step.py --lm-head-ab --batches 1,2,16 \
-                  --contexts 1024 --out "$OUT/decode_lm_head.md" 2>&1 | grep -E "^\||Error" | tail -12 ;;
     lmhead) (cd experiments/kernels && timeout 200 python3 bench_skinny_gemm.py --rows 1,2 --sweep gemv --only lm_head \
               --out "$OUT/lm_head.md" --all-out "$OUT/lm_head.jsonl") 2>&1 | grep -E "^\||Error" | tail -6 ;;
     gemv) (cd experiments/kernels && timeout 300 python3 bench_skinny_gemm.py --rows 1,2,3,4 --sweep gemv \

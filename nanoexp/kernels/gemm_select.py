@@ -47,16 +47,6 @@ class SkinnyGemm:
         return f"triton up to {self.max_rows} rows{limit}"
 
 
-def lm_head_gemv(skinny: SkinnyGemm | None) -> SkinnyGemm | None:
-    """The LM head's 1-2-row products go to the GEMV (whatever the weight's size) wherever the
-    layers' products may run Triton at all (`skinny` is not None). H200, bf16: LM_HEAD_MEASURED."""
-    if skinny is None:
-        return None
-    from nanoexp.kernels.triton_gemv import AUTO_ROWS
-
-    return SkinnyGemm(AUTO_ROWS)
-
-
 def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> SkinnyGemm | None:
     """`engine.gemm_backend`: torch -> None; triton -> always for up to 256 rows; auto -> the
     measured range (rows and weight size) on CUDA in bf16/fp16 when Triton is installed, else None."""

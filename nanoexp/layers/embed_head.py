@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoexp.distributed import all_reduce, tp_rank, tp_size
-from nanoexp.kernels.gemm_select import SkinnyGemm
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -40,22 +39,13 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits for the given hidden rows; rank 0 gathers the full vocabulary, others get None."""
 
-    def __init__(self, vocab_size: int, hidden_size: int):
-        super().__init__(vocab_size, hidden_size)
-        self.skinny: SkinnyGemm | None = None  # bound by bind_gemm_backend: the GEMV for 1-2 rows
-
-    def product(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self.skinny is not None and self.skinny.applies(hidden, weight):
-            return self.skinny(hidden, weight, None)
-        return F.linear(hidden, weight)
-
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary columns (from token `vocab_start`), without the padding."""
         valid = min(self.per_rank, self.vocab_size - self.vocab_start)
-        return self.product(hidden, self.weight[:valid])
+        return F.linear(hidden, self.weight[:valid])
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        logits = self.product(hidden, self.weight)
+        logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
             dist.gather(logits, parts, dst=0)

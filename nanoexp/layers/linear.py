@@ -8,7 +8,6 @@ from torch import nn
 
 from nanoexp.distributed import all_reduce, tp_rank, tp_size
 from nanoexp.kernels.gemm_select import NormFirst, SkinnyGemm
-from nanoexp.layers.embed_head import ParallelLMHead
 
 
 def shape_of(loaded) -> list[int]:
@@ -135,11 +134,8 @@ class RowParallelLinear(LinearBase):
         return all_reduce(self.linear(x, bias))
 
 
-def bind_gemm_backend(model: nn.Module, skinny: SkinnyGemm | None, lm_head: SkinnyGemm | None = None) -> None:
-    """Every linear layer of `model` sends decode-sized inputs to `skinny`, the LM head its 1-2-row
-    products to `lm_head` (None: torch only)."""
+def bind_gemm_backend(model: nn.Module, skinny: SkinnyGemm | None) -> None:
+    """Every linear layer of `model` sends decode-sized inputs to `skinny` (None: torch only)."""
     for module in model.modules():
         if isinstance(module, LinearBase):
             module.skinny = skinny
-        elif isinstance(module, ParallelLMHead):
-            module.skinny = lm_head

@@ -18,7 +18,7 @@ from nanoexp.config.parallel import check_split
 from nanoexp.config.scheduler import check_batch_budget, resolve_model_len
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionBackend
-from nanoexp.kernels.gemm_select import SkinnyGemm, lm_head_gemv, make_skinny_gemm
+from nanoexp.kernels.gemm_select import SkinnyGemm, make_skinny_gemm
 from nanoexp.kernels.select import make_attention_backend, triton_available, triton_half_precision
 from nanoexp.layers.activation import bind_activation_kernel
 from nanoexp.layers.attention import attention_layers
@@ -65,7 +65,7 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
         layer.backend = backend
     skinny = make_skinny_gemm(config.execution.gemm_backend, device, dtype)
     pdl.configure(config.execution.pdl, device, triton_available())
-    bind_gemm_backend(model, skinny, lm_head_gemv(skinny))
+    bind_gemm_backend(model, skinny)
     swiglu = swiglu_kernel(device, dtype)
     bind_activation_kernel(model, swiglu)
     return LoadedModel(
