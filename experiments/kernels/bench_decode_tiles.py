@@ -38,15 +38,18 @@ CUDA_CORE_CONFIGS = ((64, 4), (128, 4), (256, 4), (128, 8))
 DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
-def time_tile(q, caches, tables, lens, context: int, config: tuple, scale: torch.Tensor) -> str:
-    """config: (keys per tile, warps, stages, splits[, cuda cores]); None keeps paged_decode's own
-    choice; without the fifth entry the tensor-core kernel runs."""
-    block_n, warps, stages, splits, *cuda_cores = config
+def time_tile(q, caches, tables, lens, max_len: int, config: tuple, scale: torch.Tensor) -> str:
+    """config: (keys per tile, warps, stages, splits[, cuda cores[, fused reduce]]); None keeps
+    paged_decode's own choice; without the fifth entry (or with a falsy one) the tensor-core kernel
+    runs, with "auto" the engine's choice."""
+    block_n, warps, stages, splits, *rest = config
+    cuda_cores = (None if rest[0] == "auto" else bool(rest[0])) if rest else False
+    fused = len(rest) > 1 and rest[1]
 
     def call(cache):
-        return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, block_n=block_n,
+        return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, max_len, block_n=block_n,
                             k_scale=scale, v_scale=scale, num_warps=warps, num_stages=stages,
-                            num_splits=splits, cuda_cores=bool(cuda_cores and cuda_cores[0]))  # fmt: skip
+                            num_splits=splits, cuda_cores=cuda_cores, fused_reduce=fused)  # fmt: skip
 
     try:
         return f"{time_graph_us([lambda c=c: call(c) for c in caches]):.1f}"
@@ -75,7 +78,7 @@ def layer_cache(blocks: int, dtype: torch.dtype, key_major: bool) -> tuple[torch
 
 
 def row_for(name: str, batch: int, context: int, configs: list[tuple], key_major: bool = False,
-            heads: int = HEADS) -> str:
+            heads: int = HEADS, max_len: int | None = None) -> str:
     """One table row; with key_major the first config runs on row-major caches (the baseline),
     the others on key-major V pages (each set allocated in turn: 128 x 4,096 bf16 is 60 GB)."""
     dtype = DTYPES[name]
@@ -88,8 +91,8 @@ def row_for(name: str, batch: int, context: int, configs: list[tuple], key_major
     cells = []
     for layout_key_major, group in groups:
         caches = [layer_cache(blocks, dtype, layout_key_major) for _ in range(LAYERS)]
-        cells += [time_tile(q, caches, tables, lens, context, c, scale) for c in group]
-        if len(configs[0]) > 4:
+        cells += [time_tile(q, caches, tables, lens, max_len or context, c, scale) for c in group]
+        if len(configs[0]) == 5:
             cells.append(f"{max_difference(q, caches[0], tables, lens, context, configs, scale):.1e}")
         del caches
         torch.cuda.empty_cache()
@@ -108,6 +111,10 @@ def main() -> None:
                         help="batch x context, e.g. 16x2048")
     parser.add_argument("--heads", type=int, default=HEADS, help=f"query heads ({KV_HEADS} kv heads)")
     parser.add_argument("--kernel", choices=["tensor_cores", "cuda_cores"], default="tensor_cores")
+    parser.add_argument("--fused-reduce", action="store_true",
+                        help="the engine's kernel, with a separate reduce, then with the last split reducing")
+    parser.add_argument("--max-len", type=int, default=None,
+                        help="the length splits are chosen for (the engine: its block tables' capacity)")
     args = parser.parse_args()
     key_major = args.v_layout == "key_major"
     if args.kernel == "cuda_cores":
@@ -118,6 +125,9 @@ def main() -> None:
         configs = [(*c, None) for c in KEY_MAJOR_CONFIGS]
         heads = " | ".join(f"{n}k {w}w {st}s us" if n else "default us" for n, w, st in KEY_MAJOR_CONFIGS)
         heads = heads.replace("default us", "row-major default us", 1)
+    elif args.fused_reduce:
+        configs = [(None, None, None, None, "auto", False), (None, None, None, None, "auto", True)]
+        heads = "separate reduce us | fused reduce us"
     elif args.splits:
         configs = [(None, None, None, n) for n in args.splits]
         heads = " | ".join(f"{n} splits us" for n in args.splits)
@@ -127,7 +137,7 @@ def main() -> None:
     rule = "|---|---:|---:|" + "---:|" * (len(configs) + 1 + (args.kernel == "cuda_cores"))
     header = [f"| cache | batch | context | {heads} | floor us |", rule]
     rows = (
-        row_for(name, batch, context, configs, key_major, args.heads)
+        row_for(name, batch, context, configs, key_major, args.heads, args.max_len)
         for name in args.dtypes
         for batch, context in (map(int, shape.split("x")) for shape in args.shapes)
     )

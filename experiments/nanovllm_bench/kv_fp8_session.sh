@@ -23,6 +23,7 @@
 #           kernel and cuBLAS per 0.6B shape (decides triton_gemv.AUTO_ROWS and the joint default)
 #   trace   the engine's decode steps on the GPU timeline: kernels, gaps, step period
 #           (experiments/nanovllm_bench/step_trace.py) at batch 1 and at 256 per cache dtype
+#   fusedreduce  split-K decode at 1-64 x 1,024 as the engine's graphs choose it, reduce kernel vs last split
 #   tiles   split-K decode per cache dtype and key-tile size (experiments/kernels/bench_decode_tiles.py)
 #   splits  the same at 1/2/4/8 splits with the default tile (fp8 at 33-128 sequences is latency-bound?)
 #   ncu     Nsight Compute on one bf16 and one fp8 decode call at 256 x 1,024 and 64 x 2,048
@@ -80,6 +81,9 @@ for part in $parts; do
              python3 experiments/kernels/ncu_decode.py --batch $1 --context $2 > "$OUT/ncu_$1x$2.txt" 2>&1
            grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|Stall" "$OUT/ncu_$1x$2.txt" | head -40
          done ;;
+    fusedreduce) (cd experiments/kernels && timeout 200 python3 bench_decode_tiles.py --fused-reduce --max-len 4096 \
+                   --shapes 1x1024 2x1024 4x1024 8x1024 16x1024 32x1024 64x1024 --out "$OUT/fused_reduce.md") 2>&1 | \
+                   grep -E "^\||Error" | tail -16 ;;
     tiles) (cd experiments/kernels && timeout 200 python3 bench_decode_tiles.py --out "$OUT/tiles.md") 2>&1 | tail -10 ;;
     wide) (cd experiments/kernels && timeout "${WIDE_TIMEOUT:-400}" python3 bench_skinny_gemm.py --rows 64,128,256 \
             --sweep --only "0.6B qkv,0.6B gate_up+silu,0.6B o,0.6B down,0.6B norm+qkv,0.6B norm+gate_up+silu" \
