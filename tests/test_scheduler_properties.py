@@ -100,10 +100,10 @@ def check_invariants(engine: LLMEngine) -> None:
     for seq in engine.scheduler.running:
         for block_id in seq.block_table:
             held[block_id] = held.get(block_id, 0) + 1
-    for block in manager.blocks:
-        assert block.ref_count >= 0
-        assert block.ref_count == held.get(block.block_id, 0)
-        assert (block.ref_count == 0) == (block.block_id in manager.free)
+    for block_id, ref_count in enumerate(manager.ref_counts):
+        assert ref_count >= 0
+        assert ref_count == held.get(block_id, 0)
+        assert (ref_count == 0) == (block_id in manager.free)
     for seq in engine.scheduler.waiting:
         assert not seq.block_table
 

@@ -7,32 +7,28 @@ from collections import OrderedDict
 from nanoexp.engine.sequence import Sequence
 
 
-class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
-
-    def __init__(self, block_id: int):
-        self.block_id = block_id
-        self.ref_count = 0
-        self.hash: int | None = None
-        self.token_ids: tuple[int, ...] = ()
-
-
 class BlockManager:
     """Free blocks are evicted lazily: a freed block keeps its hash (and can still be hit)
-    until it is handed out again, least recently freed first."""
+    until it is handed out again, least recently freed first.
+
+    A block's state lives in three lists indexed by block id (ref count, hash, the tokens the
+    hash was taken of), not in an object per block: a large cache has ~1M blocks, and as many
+    objects made start-up's garbage collections walk them all."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.ref_counts = [0] * num_blocks
+        self.hashes: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...]] = [()] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
         self.queries = 0  # prompt tokens looked up
         self.hits = 0  # prompt tokens served from the cache
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return len(self.ref_counts)
 
     @property
     def num_free(self) -> int:
@@ -46,8 +42,8 @@ class BlockManager:
         """Forgets every cached block, so later prompts start cold (the blocks must all be free)."""
         if self.num_used:
             raise RuntimeError(f"cannot reset the prefix cache: {self.num_used} KV blocks are in use")
-        for block in self.blocks:
-            block.hash, block.token_ids = None, ()
+        self.hashes = [None] * self.num_blocks
+        self.block_tokens = [()] * self.num_blocks
         self.hash_to_block.clear()
 
     def blocks_needed(self, num_tokens: int) -> int:
@@ -65,14 +61,14 @@ class BlockManager:
             tokens = tuple(seq.token_ids[start : start + self.block_size])
             prev = self.chain_hash(prev, tokens)
             block_id = self.hash_to_block.get(prev)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
+            if block_id is None or self.block_tokens[block_id] != tokens:
                 break
             hits.append(block_id)
         return hits
 
     def can_allocate(self, seq: Sequence, cached: list[int]) -> bool:
         """Room for all of seq's tokens, given the cached prefix blocks it would reuse."""
-        reused_free = sum(1 for b in cached if self.blocks[b].ref_count == 0)
+        reused_free = sum(1 for b in cached if self.ref_counts[b] == 0)
         return self.blocks_needed(len(seq)) - len(cached) + reused_free <= self.num_free
 
     def allocate(self, seq: Sequence, cached: list[int]) -> None:
@@ -95,17 +91,16 @@ class BlockManager:
     def fresh_block(self) -> int:
         """The least recently freed block, its cached content forgotten."""
         block_id, _ = self.free.popitem(last=False)
-        block = self.blocks[block_id]
-        if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
-            del self.hash_to_block[block.hash]
-        block.hash, block.token_ids, block.ref_count = None, (), 1
+        old = self.hashes[block_id]
+        if old is not None and self.hash_to_block.get(old) == block_id:
+            del self.hash_to_block[old]
+        self.hashes[block_id], self.block_tokens[block_id], self.ref_counts[block_id] = None, (), 1
         return block_id
 
     def take(self, block_id: int) -> int:
-        block = self.blocks[block_id]
-        if block.ref_count == 0:
+        if self.ref_counts[block_id] == 0:
             del self.free[block_id]
-        block.ref_count += 1
+        self.ref_counts[block_id] += 1
         return block_id
 
     def register_full_blocks(self, seq: Sequence) -> None:
@@ -114,19 +109,18 @@ class BlockManager:
             return
         hashes = seq.block_hashes
         for index in range(len(hashes), seq.num_computed_tokens // self.block_size):
-            block = self.blocks[seq.block_table[index]]
+            block_id = seq.block_table[index]
             tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
             hashes.append(self.chain_hash(hashes[-1] if hashes else None, tokens))
-            if block.hash is None:
-                block.hash, block.token_ids = hashes[-1], tokens
-                self.hash_to_block.setdefault(block.hash, block.block_id)
+            if self.hashes[block_id] is None:
+                self.hashes[block_id], self.block_tokens[block_id] = hashes[-1], tokens
+                self.hash_to_block.setdefault(hashes[-1], block_id)
 
     def free_seq(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, "block ref count went negative"
-            if block.ref_count == 0:
+            self.ref_counts[block_id] -= 1
+            assert self.ref_counts[block_id] >= 0, "block ref count went negative"
+            if self.ref_counts[block_id] == 0:
                 self.free[block_id] = None
         seq.block_table = []
         seq.block_hashes = []
