@@ -11,16 +11,16 @@ class BlockManager:
     """Free blocks are evicted lazily: a freed block keeps its hash (and can still be hit)
     until it is handed out again, least recently freed first.
 
-    A block's state lives in three lists indexed by block id (ref count, hash, the tokens the
-    hash was taken of), not in an object per block: a large cache has ~1M blocks, and as many
-    objects made start-up's garbage collections walk them all."""
+    A block's state lives in three lists indexed by block id (its ref count, the hash it is cached
+    under, the tokens that hash was taken of), not in an object per block: a large cache has ~1M
+    blocks, and as many objects made start-up's garbage collections walk them all."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.hashes: list[int | None] = [None] * num_blocks
-        self.block_tokens: list[tuple[int, ...]] = [()] * num_blocks
+        self.cached_hash: list[int | None] = [None] * num_blocks
+        self.cached_tokens: list[tuple[int, ...]] = [()] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
         self.queries = 0  # prompt tokens looked up
@@ -42,8 +42,8 @@ class BlockManager:
         """Forgets every cached block, so later prompts start cold (the blocks must all be free)."""
         if self.num_used:
             raise RuntimeError(f"cannot reset the prefix cache: {self.num_used} KV blocks are in use")
-        self.hashes = [None] * self.num_blocks
-        self.block_tokens = [()] * self.num_blocks
+        self.cached_hash = [None] * self.num_blocks
+        self.cached_tokens = [()] * self.num_blocks
         self.hash_to_block.clear()
 
     def blocks_needed(self, num_tokens: int) -> int:
@@ -61,7 +61,7 @@ class BlockManager:
             tokens = tuple(seq.token_ids[start : start + self.block_size])
             prev = self.chain_hash(prev, tokens)
             block_id = self.hash_to_block.get(prev)
-            if block_id is None or self.block_tokens[block_id] != tokens:
+            if block_id is None or self.cached_tokens[block_id] != tokens:
                 break
             hits.append(block_id)
         return hits
@@ -91,10 +91,10 @@ class BlockManager:
     def fresh_block(self) -> int:
         """The least recently freed block, its cached content forgotten."""
         block_id, _ = self.free.popitem(last=False)
-        old = self.hashes[block_id]
+        old = self.cached_hash[block_id]
         if old is not None and self.hash_to_block.get(old) == block_id:
             del self.hash_to_block[old]
-        self.hashes[block_id], self.block_tokens[block_id], self.ref_counts[block_id] = None, (), 1
+        self.cached_hash[block_id], self.cached_tokens[block_id], self.ref_counts[block_id] = None, (), 1
         return block_id
 
     def take(self, block_id: int) -> int:
@@ -112,8 +112,8 @@ class BlockManager:
             block_id = seq.block_table[index]
             tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
             hashes.append(self.chain_hash(hashes[-1] if hashes else None, tokens))
-            if self.hashes[block_id] is None:
-                self.hashes[block_id], self.block_tokens[block_id] = hashes[-1], tokens
+            if self.cached_hash[block_id] is None:
+                self.cached_hash[block_id], self.cached_tokens[block_id] = hashes[-1], tokens
                 self.hash_to_block.setdefault(hashes[-1], block_id)
 
     def free_seq(self, seq: Sequence) -> None:
