@@ -22,6 +22,7 @@ from nanoexp.engine.llm_engine import LLMEngine
 
 START = time.perf_counter()
 steps = 0
+collection_start = 0.0
 
 
 def stamp() -> str:
@@ -32,13 +33,14 @@ def on_triton_compile(*, repr: str, **_) -> None:  # noqa: A002  (Triton's keywo
     print(f"{stamp()} triton compile after step {steps}: {repr[:240]}", flush=True)
 
 
-def on_gc(phase: str, info: dict, started: list[float] = []) -> None:  # noqa: B006  (the start time)
+def on_gc(phase: str, info: dict) -> None:
+    global collection_start
     if info["generation"] != 2:
         return
     if phase == "start":
-        started[:] = [time.perf_counter()]
+        collection_start = time.perf_counter()
         return
-    ms = (time.perf_counter() - started[0]) * 1e3
+    ms = (time.perf_counter() - collection_start) * 1e3
     print(f"{stamp()} full garbage collection after step {steps}: {ms:.1f} ms", flush=True)
 
 
