@@ -288,8 +288,8 @@ class LLMEngine:
         """Stops the executor; every later add_request or step raises. Closing twice is a no-op."""
         if not self.closed:
             self.closed = True
+            gc.unfreeze()  # first: the executor collects the model's reference cycles as it closes
             self.executor.close()
-            gc.unfreeze()
 
 
 def _token_id(name: str, token) -> int:
