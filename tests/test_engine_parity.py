@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
+import weakref
 
 import pytest
 import torch
@@ -201,15 +202,36 @@ def test_reset_prefix_cache_makes_the_next_pass_cold(checkpoints):
     assert first.token_ids == warm.token_ids == cold.token_ids
 
 
+def collected(obj) -> bool:
+    """Whether obj is in a generation the garbage collector walks (frozen objects are in none)."""
+    return any(o is obj for generation in range(3) for o in gc.get_objects(generation))
+
+
 def test_the_engines_start_up_objects_are_frozen_until_close(checkpoints):
     """A full collection walking a large cache's block state paused a step by ~40 ms on an H200
     host. Frozen, no collection walks what start-up built; close() gives it back."""
-
-    def collected(obj) -> bool:  # in a generation the collector walks (frozen objects are in none)
-        return any(o is obj for generation in range(3) for o in gc.get_objects(generation))
-
     with LLM(checkpoints["qwen3_gqa1"][0], num_kvcache_blocks=4096) as llm:
         manager = llm.engine.block_manager
         assert gc.get_freeze_count() > 0 and manager.num_blocks == 4096
         assert not collected(manager.ref_counts) and not collected(manager.free)
     assert gc.get_freeze_count() == 0 and collected(manager.ref_counts)
+
+
+def test_an_engine_dropped_unclosed_still_lets_its_model_be_collected(checkpoints):
+    llm = LLM(checkpoints["qwen3_gqa1"][0], num_kvcache_blocks=64)
+    weight = weakref.ref(next(llm.engine.executor.runner.model.parameters()))
+    del llm
+    gc.collect()
+    assert weight() is None and gc.get_freeze_count() == 0
+
+
+def test_closing_one_engine_keeps_another_open_engines_objects_frozen(checkpoints):
+    path = checkpoints["qwen3_gqa1"][0]
+    with LLM(path, num_kvcache_blocks=64) as kept:
+        first = LLM(path, num_kvcache_blocks=64)
+        weight = weakref.ref(next(first.engine.executor.runner.model.parameters()))
+        first.close()
+        assert weight() is None  # the closed engine's model is gone, not frozen
+        assert not collected(kept.engine.block_manager.ref_counts)
+        del first
+    assert gc.get_freeze_count() == 0

@@ -6,6 +6,7 @@ import gc
 import itertools
 import operator
 import time
+import weakref
 from dataclasses import dataclass
 
 from nanoexp.config import EngineConfig, SamplingParams
@@ -26,6 +27,9 @@ class InFlight:
     batch: ScheduledBatch
     start: float
     counters: tuple[int, int]  # prefix-cache queries and hits before it was scheduled
+
+
+_open_engines: weakref.WeakSet = weakref.WeakSet()  # their start-up objects stay frozen
 
 
 class LLMEngine:
@@ -49,8 +53,11 @@ class LLMEngine:
         self.closed = False
         # What start-up built (the model, the block lists of a cache of up to ~1M blocks) lives as
         # long as the engine: frozen, no full garbage collection walks it inside a step (one paused
-        # a step of the tiny fp8 job by 41 ms on an H200 host). close() unfreezes.
+        # a step of the tiny fp8 job by 41 ms on an H200 host). Unfrozen by close(), or when the
+        # engine is dropped unclosed, so that the model's reference cycles can still be collected.
+        _open_engines.add(self)
         gc.freeze()
+        self.unfreeze = weakref.finalize(self, gc.unfreeze)
 
     def check_open(self) -> None:
         if self.closed:
@@ -288,8 +295,11 @@ class LLMEngine:
         """Stops the executor; every later add_request or step raises. Closing twice is a no-op."""
         if not self.closed:
             self.closed = True
-            gc.unfreeze()  # first: the executor collects the model's reference cycles as it closes
+            _open_engines.discard(self)
+            self.unfreeze()  # first: the executor collects the model's reference cycles as it closes
             self.executor.close()
+            if _open_engines:  # what the engines still open built, frozen again
+                gc.freeze()
 
 
 def _token_id(name: str, token) -> int:
