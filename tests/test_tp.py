@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import shutil
@@ -192,6 +193,18 @@ def test_killed_worker_raises_quickly_and_leaves_no_processes(models):
         llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
     llm.close()
     llm.close()
+
+
+def frozen_objects(runner) -> int:
+    return gc.get_freeze_count()
+
+
+def test_workers_freeze_their_start_up_heap(models):
+    """A full collection in one rank stalls every rank's step; each worker freezes what it built."""
+    with LLM(models["qwen3_kv4"], tensor_parallel_size=2, **ENGINE) as llm:
+        assert llm.engine.executor.call(frozen_objects) > 0
+        got = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert_same_generation(got, reference(models["qwen3_kv4"])[1])
 
 
 def test_close_is_idempotent_and_reaps_workers(models):

@@ -8,6 +8,7 @@ the step deadline.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -67,6 +68,7 @@ def worker_main(
     ring = ShmRing.attach(ring_handle, rank)
     try:
         runner = ModelRunner(config, rank, dist_init)
+        gc.freeze()  # as the engine does: no full garbage collection in a step walks the start-up heap
         conn.send(("ok", runner.info() if rank == 0 else None))
         serve(runner, rank, conn, parent, ring)
     except Orphaned:
