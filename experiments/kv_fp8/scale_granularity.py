@@ -9,7 +9,7 @@ Each granularity is also measured with its scales x 1.25 (`--jitter`): e4m3's pr
 relative, so that rounds every value differently at the same granularity; the gap between a row
 and its jittered twin is the noise a granularity's difference must beat.
 
-    python experiments/kv_fp8/scale_granularity.py [--num-tokens 32] [--headroom 2.0] [--out f.md]
+    python experiments/kv_fp8/scale_granularity.py [--num-tokens 32] [--jitter 1.25] [--out f.md]
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from pathlib import Path
 import torch
 
 from nanoexp import LLM
-from nanoexp.kernels.base import FP8_MAX
 from nanoexp.layers.attention import Attention, attention_layers
-from nanoexp.runner.kv_scales import HEADROOM, MIN_AMAX
+from nanoexp.runner.kv_scales import scale_for
 
 CHECKPOINT = Path(__file__).resolve().parent / "checkpoint"
 KEYS = ("greedy_agreement", "kl_mean", "kl_p99", "kl_max", "num_positions")
@@ -50,12 +49,13 @@ def per_head_amax(llm: LLM) -> dict[Attention, list[torch.Tensor]]:
     return amax
 
 
-def use_scales(amax: dict[Attention, list[torch.Tensor]], headroom: float, per_head: bool) -> None:
-    """Scales from the per-head amax: one per kv head, or their largest for the whole layer."""
+def use_scales(amax: dict[Attention, list[torch.Tensor]], factor: float, per_head: bool) -> None:
+    """The engine's scale rule (`scale_for`) times `factor`, from the per-head amax: one scale per
+    kv head, or their largest for the whole layer."""
     for layer, (k_amax, v_amax) in amax.items():
         k_amax, v_amax = (k_amax, v_amax) if per_head else (k_amax.max(), v_amax.max())
-        layer.k_scale = (k_amax.clamp(min=MIN_AMAX) / FP8_MAX * headroom).view(-1, 1)
-        layer.v_scale = (v_amax.clamp(min=MIN_AMAX) / FP8_MAX * headroom).view(-1, 1)
+        layer.k_scale = (scale_for(k_amax) * factor).view(-1, 1)
+        layer.v_scale = (scale_for(v_amax) * factor).view(-1, 1)
 
 
 def spread(amax: dict[Attention, list[torch.Tensor]]) -> str:
@@ -69,7 +69,6 @@ def spread(amax: dict[Attention, list[torch.Tensor]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--num-tokens", type=int, default=32)
-    parser.add_argument("--headroom", type=float, default=HEADROOM)
     parser.add_argument("--jitter", type=float, default=1.25, help="the twin rows' factor on every scale")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -80,7 +79,7 @@ def main() -> None:
         rows.append(("one per layer (the engine's)", llm.kv_cache_quality(prompts, args.num_tokens)))
         amax = per_head_amax(llm)
         for per_head, factor in ((False, args.jitter), (True, 1.0), (True, args.jitter)):
-            use_scales(amax, args.headroom * factor, per_head)
+            use_scales(amax, factor, per_head)
             twin = f" x {factor:g}" if factor != 1 else ""
             name = ("one per kv head" if per_head else "one per layer") + twin
             rows.append((name, llm.kv_cache_quality(prompts, args.num_tokens)))

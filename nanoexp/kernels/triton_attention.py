@@ -277,7 +277,7 @@ def uses_cuda_cores(fp8: bool, group: int, head_dim: int, batch: int, key_major:
     (supports_cuda_cores), from CUDA_CORE_MIN_BATCH sequences. On an H200 at Qwen3-0.6B's shapes it
     takes 256 x 1,024 from 185 to 146-151 us (1.14-1.18x its floor), 64 x 2,048 from 102 to 72;
     at 1-4 sequences the tensor-core kernel is as fast or faster, and with 4 query heads per kv
-    head it wins everywhere (experiments/kernels/runs/decode_cuda_cores.md)."""
+    head the tensor-core kernel wins everywhere (experiments/kernels/runs/decode_cuda_cores.md)."""
     return supports_cuda_cores(fp8, group, head_dim, key_major) and batch >= CUDA_CORE_MIN_BATCH
 
 
