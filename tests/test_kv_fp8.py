@@ -292,12 +292,10 @@ from nanoexp.kernels.triton_decode_fma import cuda_core_split_kernel, tile_shape
 types = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
          "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "part_out_ptr": "*fp32",
          "part_lse_ptr": "*fp32", "counters_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
-         "qk_scale": "fp32", "positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "q_norm_ptr": "*bf16",
-         "k_norm_ptr": "*bf16", "slot_ptr": "*i64", "eps": "fp32"}
+         "qk_scale": "fp32"}
 rows, lanes, per_load = tile_shape(128, 128, 4)
 constants = dict(GROUP=2, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256, ROWS=rows, LANES=lanes,
-                 PER_LOAD=per_load, SINGLE_SPLIT=True, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False,
-                 FROM_QKV=FROM_QKV, QK_NORM=FROM_QKV)
+                 PER_LOAD=per_load, SINGLE_SPLIT=True, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False)
 kernel = compile_offline(cuda_core_split_kernel, types, constants, num_warps=4, num_stages=1)
 code = sass(kernel.asm["cubin"])
 spills = sum("STL" in text or "LDL" in text for _, text in code)
@@ -305,17 +303,14 @@ print(registers(kernel.asm["cubin"]), spills, *map(opcode, main_loop(code)))
 """
 
 
-@pytest.mark.parametrize("from_qkv", [False, True], ids=["q", "qkv"])
-def test_cuda_core_decode_compiles_for_hopper_with_its_tiles_in_registers(from_qkv):
+def test_cuda_core_decode_compiles_for_hopper_with_its_tiles_in_registers():
     """No GPU needed: compiled for sm_90 at Qwen3-0.6B's shape, the kernel spills nothing, its main
     loop never goes through shared memory (every tile used in the layout it was loaded in: a layout
-    conversion there would be a shared-memory round trip) and multiplies in packed fp16; also when it
-    prepares its queries from the qkv rows (`engine.fuse_decode`). In a subprocess: the compiler
-    needs Triton's JIT, which this suite's interpreter replaces."""
+    conversion there would be a shared-memory round trip) and multiplies in packed fp16. In a
+    subprocess: the compiler needs Triton's JIT, which this suite's interpreter replaces."""
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = f"FROM_QKV = {from_qkv}\n{CUDA_CORE_SASS}"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    done = subprocess.run([sys.executable, "-c", CUDA_CORE_SASS], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     regs, spills, *loop = done.stdout.split()
     assert int(spills) == 0 and int(regs) <= 168, (regs, spills)

@@ -1,12 +1,11 @@
 """The split-K decode kernel compiled offline for sm_90 (no GPU needed), and what its SASS does.
 
-    python experiments/kernels/decode_sass.py [--configs 128,4,3 64,4,3] [--dtypes fp8 bf16] [--from-qkv]
+    python experiments/kernels/decode_sass.py [--configs 128,4,3 64,4,3] [--dtypes fp8 bf16]
 
 Compiles `_decode_split_kernel` at Qwen3-0.6B's layer shape (GQA 2, head_dim 128, block size 256,
 one split) with the divisibility hints a real launch gets (pointers and strides divisible by 16),
 disassembles it with the cuobjdump that ships with Triton, and prints, per config: the kernel's
 instruction count, its main loop's (the one backward branch) and the loop's most frequent opcodes.
---from-qkv compiles the variant that prepares its queries from the fused qkv rows (FROM_QKV).
 """
 
 from __future__ import annotations
@@ -21,21 +20,16 @@ DIVISIBLE = ("stride_qb", "stride_qh", "stride_cb", "stride_cp", "stride_ch", "s
              "stride_vd", "stride_ob", "stride_oh")
 
 
-def compile_kernel(
-    fp8: bool, block_n: int, warps: int, stages: int, key_major: bool = False, from_qkv: bool = False
-):
+def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int, key_major: bool = False):
     cache = "*fp8e4nv" if fp8 else "*bf16"
     types = {
         "q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
         "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32",
         "counters_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32",
-        "positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16",
-        "slot_ptr": "*i64", "eps": "fp32",
     }  # fmt: skip
     constants = dict(
         GROUP=2, GROUP_PAD=16, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256, BLOCK_N=block_n,
         SINGLE_SPLIT=True, KV_FP8=fp8, V_KEY_MAJOR=key_major, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False,
-        FROM_QKV=from_qkv, QK_NORM=from_qkv,
     )  # fmt: skip
     kernel = triton_attention._decode_split_kernel
     return compile_offline(kernel, types, constants, DIVISIBLE, num_warps=warps, num_stages=stages)
@@ -47,13 +41,12 @@ def main() -> None:
                         help="keys per tile, warps, stages")  # fmt: skip
     parser.add_argument("--dtypes", nargs="+", choices=["fp8", "bf16"], default=["fp8", "bf16"])
     parser.add_argument("--v-layout", choices=["row_major", "key_major"], default="row_major")
-    parser.add_argument("--from-qkv", action="store_true", help="the variant that reads the qkv rows")
     args = parser.parse_args()
     for dtype in args.dtypes:
         for config in args.configs:
             block_n, warps, stages = map(int, config.split(","))
             key_major = args.v_layout == "key_major"
-            kernel = compile_kernel(dtype == "fp8", block_n, warps, stages, key_major, args.from_qkv)
+            kernel = compile_kernel(dtype == "fp8", block_n, warps, stages, key_major)
             code = sass(kernel.asm["cubin"])
             loop = Counter(opcode(t) for t in main_loop(code))
             moves = loop["IMAD.MOV.U32"] + loop["MOV"]

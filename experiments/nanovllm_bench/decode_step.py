@@ -61,7 +61,6 @@ def main() -> None:
     parser.add_argument("--gemm-backend", default="auto", help="auto, torch or triton")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8_e4m3")
     parser.add_argument("--pdl", default="auto", help="PDL: auto, on, prefetch or off")
-    parser.add_argument("--fuse-decode", default="true", choices=["true", "false"], help="engine.fuse_decode")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--out", default=None)
@@ -71,7 +70,7 @@ def main() -> None:
     llm = LLM("Qwen/Qwen3-0.6B", hf_config=arch, load_format="dummy", dtype="bfloat16",
               kvcache_block_size=args.block_size, max_model_len=4096 + 16, max_num_seqs=256,
               attention_backend=args.attention_backend, gemm_backend=args.gemm_backend,
-              kv_cache_dtype=args.kv_cache_dtype, pdl=args.pdl, fuse_decode=args.fuse_decode == "true")
+              kv_cache_dtype=args.kv_cache_dtype, pdl=args.pdl)
     runner = llm.engine.executor.runner
     fill_random(runner.kv_cache)  # never time on zeros
     weights = llm.stats()["weights_bytes"]

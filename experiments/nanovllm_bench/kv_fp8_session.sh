@@ -10,11 +10,6 @@
 #   fused   experiments/nanovllm_bench/bench_fused.py
 #   decode  decode-step table per cache dtype (auto, fp8_e4m3), each against its own floor
 #   pdl     decode-step table with programmatic dependent launch off, then on (bf16 cache)
-#   fusedab decode-step table per cache dtype, engine.fuse_decode false against true (decode prepares
-#           its own queries and stores K/V), alternated twice; FUSED_BATCHES picks the batches
-#   fusedtests  tests/test_fused_decode.py (all of it runs on the GPU), then the GPU tests of the
-#           fused kernels, the fp8 cache and the engine (graphs on/off parity), TESTS_TIMEOUT each
-#   fusedtrace  step_trace.py at batch 1 (bf16) and at 256 (fp8), engine.fuse_decode false and true
 #   prefetch  the same, engine.pdl=on against prefetch (early launch, GEMM weights prefetched), alternated
 #   host    the host's decode step with a stub model, this machine's CPU, inputs through pinned
 #           copies to the GPU (experiments/nanovllm_bench/host_step.py; TP=2 too with 2 GPUs)
@@ -66,24 +61,6 @@ for part in $parts; do
               timeout 150 python3 experiments/nanovllm_bench/decode_step.py --kv-cache-dtype $dtype \
                 --batches 1,16,64,128,256 --contexts 1024 --out "$OUT/decode_$dtype.md" 2>&1 | tail -7
             done ;;
-    fusedtests) timeout "${TESTS_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider tests/test_fused_decode.py \
-                  > "$OUT/gpu_fused_decode.log" 2>&1; tail -3 "$OUT/gpu_fused_decode.log"
-                timeout "${TESTS_TIMEOUT:-200}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_triton_fused.py \
-                  tests/test_kv_fp8.py tests/test_gpu_engine.py > "$OUT/gpu_tests.log" 2>&1; tail -3 "$OUT/gpu_tests.log" ;;
-    fusedab) for dtype in auto fp8_e4m3; do
-               for fuse in false true false true; do
-                 timeout 100 python3 experiments/nanovllm_bench/decode_step.py --kv-cache-dtype $dtype \
-                   --fuse-decode $fuse --batches "${FUSED_BATCHES:-1,16,64,256}" --contexts 1024 \
-                   --out "$OUT/fused_${dtype}_$fuse.md" 2>&1 | grep "^| [0-9]" | sed "s/^/$dtype $fuse /"
-               done
-             done ;;
-    fusedtrace) for fuse in false true; do
-                  timeout 100 python3 experiments/nanovllm_bench/step_trace.py --batch 1 --fuse-decode $fuse \
-                    --out "$OUT/trace_b1_fuse_$fuse.md" 2>&1 | head -12
-                  timeout 120 python3 experiments/nanovllm_bench/step_trace.py --batch 256 --input-len 512 \
-                    --output-len 24 --kv-cache-dtype fp8_e4m3 --fuse-decode $fuse \
-                    --out "$OUT/trace_b256_fp8_fuse_$fuse.md" 2>&1 | head -12
-                done ;;
     pdl) for choice in off on; do
            timeout 150 python3 experiments/nanovllm_bench/decode_step.py --pdl $choice \
              --batches 1,16,64,256 --contexts 1024 --out "$OUT/decode_pdl_$choice.md" 2>&1 | tail -5

@@ -195,7 +195,6 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=48)
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--pdl", default="auto")
-    parser.add_argument("--fuse-decode", default="true", choices=["true", "false"], help="engine.fuse_decode")
     parser.add_argument("--cpu", action="store_true", help="also the host's ops, by self CPU time per step")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (profiles rank 0)")
     parser.add_argument("--out", default=None)
@@ -210,7 +209,6 @@ def main() -> None:
         max_num_seqs=max(8, args.batch),
         kv_cache_dtype=args.kv_cache_dtype,
         pdl=args.pdl,
-        fuse_decode=args.fuse_decode == "true",
         tensor_parallel_size=args.tp,
     )
     prompts = [[(7 * i + j) % 10000 for j in range(args.input_len)] for i in range(args.batch)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nanoexp.config.checks import boolean, choice, integer
+from nanoexp.config.checks import choice, integer
 
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
@@ -27,10 +27,6 @@ class ExecutionConfig:
     # launches as the previous one exits; auto = on for CUDA compute capability 9.0+; prefetch =
     # early launch with the GEMMs' weights prefetched (measured slower below ~64 rows)
     pdl: str = "auto"
-    # decode attention prepares its own queries from the fused qkv projection (q/k norm, RoPE)
-    # and stores the new token's K/V, where the Triton backend fuses those (CUDA): one kernel
-    # fewer per layer and step; false = the separate fused kernel before attention (to A/B)
-    fuse_decode: bool = True
     seed: int = 0  # dummy weights and unseeded sampling
 
     def __post_init__(self) -> None:
@@ -38,5 +34,4 @@ class ExecutionConfig:
         choice("engine.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         choice("engine.gemm_backend", self.gemm_backend, GEMM_BACKENDS)
         choice("engine.pdl", self.pdl, PDL_CHOICES)
-        boolean("engine.fuse_decode", self.fuse_decode)
         integer("engine.seed", self.seed, 0)

@@ -78,7 +78,6 @@ class AttentionBackend:
     For other caches the scales are ignored and may be None."""
 
     name = "base"
-    fuse_decode = True  # whether fused_decode may run (`engine.fuse_decode`)
 
     def store_kv(
         self,
@@ -111,27 +110,6 @@ class AttentionBackend:
 
         Returns (q, k), k only if write_k, or None where this backend (or device) has no such op:
         the caller then runs the torch ops and store_kv."""
-        return None
-
-    def fused_decode(
-        self,
-        qkv: torch.Tensor,  # [num_seqs, (num_heads + 2 * num_kv_heads) * head_dim]
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,
-        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None,
-        num_heads: int,
-        num_kv_heads: int,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        md: AttentionMetadata,
-        scale: float,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor | None:
-        """Optional: fused_qk_norm_rope_store and decode in one op, from the fused qkv projection.
-
-        Returns decode's output, or None where this backend (or device) has no such op or it is
-        switched off (`fuse_decode`): the caller then runs the two steps."""
         return None
 
     def prefill(

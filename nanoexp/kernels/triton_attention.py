@@ -20,7 +20,6 @@ The kernels avoid tl.max, tl.sum and the other @jit helpers of triton.language.s
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -29,7 +28,6 @@ import triton.language as tl
 from nanoexp.kernels.base import check_scales, num_sms
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_decode_fma import cuda_core_split_kernel, tile_shape
-from nanoexp.kernels.triton_fused import decode_queries
 from nanoexp.kernels.triton_pdl import wait_for_previous
 from nanoexp.kernels.triton_splits import (
     decode_reduce_kernel,
@@ -208,20 +206,9 @@ def _decode_split_kernel(
     V_KEY_MAJOR: tl.constexpr = False,
     FUSED_REDUCE: tl.constexpr = False,
     SPLITS_PAD: tl.constexpr = 1,
-    positions_ptr=None,
-    cos_sin_ptr=None,
-    q_norm_ptr=None,
-    k_norm_ptr=None,
-    slot_ptr=None,
-    eps=0.0,
-    stride_cos=0,
-    stride_vp=0,
-    FROM_QKV: tl.constexpr = False,
-    QK_NORM: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
-    """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context.
-    FROM_QKV: q_ptr is the fused qkv projection (kernels/triton_fused.py `decode_queries`)."""
+    """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
     wait_for_previous(PDL)
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
@@ -234,16 +221,8 @@ def _decode_split_kernel(
     dims = tl.arange(0, DIM_PAD)
     heads = kv_head * GROUP + rows
     row_mask = rows < GROUP
-    if FROM_QKV:
-        q = decode_queries(
-            q_ptr + seq.to(tl.int64) * stride_qb, seq, kv_head, start, end, heads, row_mask, dims,
-            positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, slot_ptr, eps, stride_cos, k_cache_ptr,
-            v_cache_ptr, stride_cb, stride_cp, stride_ch, stride_vb, stride_vp, stride_vh, stride_vd,
-            k_scale_ptr, v_scale_ptr, GROUP, QK_NORM, HEAD_DIM, BLOCK_SIZE, KV_FP8,
-        )  # fmt: skip
-    else:
-        q_rows = seq.to(tl.int64) * stride_qb + heads * stride_qh
-        q = _load_rows(q_ptr, q_rows, dims, row_mask, HEAD_DIM, DIM_PAD)
+    q_rows = seq.to(tl.int64) * stride_qb + heads * stride_qh
+    q = _load_rows(q_ptr, q_rows, dims, row_mask, HEAD_DIM, DIM_PAD)
     if KV_FP8:
         # e4m3 widens to fp16 in one instruction per pair, to bf16 only through fp32; the products
         # are fp16 x fp16 with fp32 sums (q and the probabilities sit well inside fp16's range)
@@ -327,44 +306,6 @@ def _is_hopper_or_newer(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-@dataclass(frozen=True)
-class FromQkv:
-    """What paged_decode reads to prepare its queries from the fused qkv projection: the kernel
-    RMS-norms (qk_norm: q weight, k weight, eps) and ropes them (cos_sin [max_pos, D] fp32, cos
-    halves then sin halves, at positions), and stores each sequence's new K (normed and roped)
-    and V from the rest of its row at slot_mapping, as `qk_norm_rope_store` does; so nothing
-    runs between the projection and attention. Decode only: one new token per sequence, at
-    position context_lens - 1."""
-
-    positions: torch.Tensor  # int64 [B]
-    cos_sin: torch.Tensor
-    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None
-    slot_mapping: torch.Tensor  # int64 [B]; -1: not stored
-
-    def kernel_args(self, q: torch.Tensor, v_cache: torch.Tensor, num_kv_heads: int) -> dict:
-        """The decode kernels' arguments for this, q being `qkv_queries` of the qkv rows."""
-        batch, num_heads, head_dim = q.shape
-        row = (num_heads + 2 * num_kv_heads) * head_dim
-        assert q.stride(1) == head_dim and (batch == 1 or q.stride(0) >= row), "q must view the qkv rows"
-        assert self.cos_sin.dtype == torch.float32 and self.cos_sin.stride(1) == 1 and head_dim % 2 == 0
-        assert self.positions.shape == self.slot_mapping.shape == (batch,)
-        assert self.positions.is_contiguous() and self.slot_mapping.is_contiguous()
-        norm = self.qk_norm is not None
-        q_weight, k_weight, eps = self.qk_norm if norm else (self.cos_sin, self.cos_sin, 0.0)
-        if norm:
-            assert q_weight.dtype == k_weight.dtype == q.dtype and q_weight.shape == (head_dim,)
-        return dict(
-            positions_ptr=self.positions, cos_sin_ptr=self.cos_sin, q_norm_ptr=q_weight,
-            k_norm_ptr=k_weight, slot_ptr=self.slot_mapping, eps=eps, stride_cos=self.cos_sin.stride(0),
-            stride_vp=v_cache.stride(1), FROM_QKV=True, QK_NORM=norm,
-        )  # fmt: skip
-
-
-def qkv_queries(qkv: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
-    """The query section of fused qkv rows [T, (H + 2 Hkv) D] as a [T, H, D] view."""
-    return qkv[:, : num_heads * head_dim].unflatten(1, (num_heads, head_dim))
-
-
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -381,11 +322,8 @@ def paged_decode(
     num_warps: int | None = None,
     num_stages: int | None = None,
     cuda_cores: bool | None = None,
-    from_qkv: FromQkv | None = None,
 ) -> torch.Tensor:
     """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
-    With from_qkv, q is the query section of the fused qkv rows (`qkv_queries`) and the kernel
-    prepares it and stores the new tokens' K/V itself (`FromQkv`).
 
     max_len bounds context_lens (default: the block table's capacity) and only steers the split
     count; any num_splits >= 1 gives the same result. With several splits, fused_reduce lets the
@@ -430,9 +368,7 @@ def paged_decode(
     fused_reduce = fused_reduce and num_splits > 1
     counters = split_counters(q.device, batch * num_kv_heads) if fused_reduce else context_lens
     splits_pad = triton.next_power_of_2(num_splits)
-    prepare = from_qkv.kernel_args(q, v_cache, num_kv_heads) if from_qkv is not None else {}
     if cuda_cores:
-        prepare.pop("stride_vp", None)  # V shares K's row-major strides
         rows, lanes, per_load = tile_shape(block_n, dim_pad, num_warps)
         cuda_core_split_kernel[(batch, num_kv_heads, num_splits)](
             q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, counters, k_scale,
@@ -441,7 +377,7 @@ def paged_decode(
             GROUP=group, HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
             ROWS=rows, LANES=lanes, PER_LOAD=per_load, SINGLE_SPLIT=num_splits == 1,
             FUSED_REDUCE=fused_reduce, SPLITS_PAD=splits_pad, num_warps=num_warps,
-            num_stages=num_stages or 1, **prepare, **launch_options(),
+            num_stages=num_stages or 1, **launch_options(),
         )  # fmt: skip
     else:
         _decode_split_kernel[(batch, num_kv_heads, num_splits)](
@@ -482,7 +418,6 @@ def paged_decode(
             SPLITS_PAD=splits_pad,
             num_warps=num_warps,
             num_stages=num_stages,
-            **prepare,
             **launch_options(),
         )
     if num_splits > 1 and not fused_reduce:

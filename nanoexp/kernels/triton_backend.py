@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
-from nanoexp.kernels.triton_attention import FromQkv, paged_decode, qkv_queries, varlen_prefill
+from nanoexp.kernels.triton_attention import paged_decode, varlen_prefill
 from nanoexp.kernels.triton_fused import qk_norm_rope_store
 from nanoexp.kernels.triton_kv import store_kv
 
@@ -13,15 +13,10 @@ from nanoexp.kernels.triton_kv import store_kv
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
 
-    def __init__(self, fuse_qk_norm_rope: bool | None = None, fuse_decode: bool = True):
+    def __init__(self, fuse_qk_norm_rope: bool | None = None):
         """fuse_qk_norm_rope: use the one-kernel q/k norm + RoPE + KV store; None = on CUDA only
-        (the CPU interpreter is slower than the torch ops it replaces). fuse_decode: where that
-        fusion runs, let decode do it inside the attention kernel instead (`engine.fuse_decode`)."""
+        (the CPU interpreter is slower than the torch ops it replaces)."""
         self.fuse_qk_norm_rope = fuse_qk_norm_rope
-        self.fuse_decode = fuse_decode
-
-    def _fuses(self, qkv: torch.Tensor) -> bool:
-        return qkv.is_cuda if self.fuse_qk_norm_rope is None else self.fuse_qk_norm_rope
 
     def store_kv(
         self,
@@ -39,26 +34,13 @@ class TritonAttentionBackend(AttentionBackend):
         self, qkv, positions, cos_sin, qk_norm, num_heads, num_kv_heads, k_cache, v_cache,
         slot_mapping, write_k, k_scale=None, v_scale=None,
     ):  # fmt: skip
-        if not self._fuses(qkv):
+        fuse = self.fuse_qk_norm_rope
+        if not (qkv.is_cuda if fuse is None else fuse):
             return None
         q_weight, k_weight, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
         return qk_norm_rope_store(
             qkv, positions, cos_sin, q_weight, k_weight, eps, num_heads, num_kv_heads,
             k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale, write_k=write_k,
-        )  # fmt: skip
-
-    def fused_decode(
-        self, qkv, positions, cos_sin, qk_norm, num_heads, num_kv_heads, k_cache, v_cache, md, scale,
-        k_scale=None, v_scale=None,
-    ):  # fmt: skip
-        if not (self.fuse_decode and self._fuses(qkv)):
-            return None
-        q = qkv_queries(qkv, num_heads, cos_sin.shape[1])
-        from_qkv = FromQkv(positions, cos_sin, qk_norm, md.slot_mapping)
-        max_len = md.block_tables.shape[1] * k_cache.shape[1]
-        return paged_decode(
-            q, k_cache, v_cache, md.block_tables, md.context_lens, scale, max_len,
-            k_scale=k_scale, v_scale=v_scale, from_qkv=from_qkv,
         )  # fmt: skip
 
     def prefill(

@@ -23,7 +23,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nanoexp.kernels.triton_fused import decode_queries
 from nanoexp.kernels.triton_pdl import wait_for_previous
 from nanoexp.kernels.triton_splits import key_offsets, max_combine, split_bounds, store_split, sum_combine
 
@@ -104,21 +103,11 @@ def cuda_core_split_kernel(
     SINGLE_SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr = False,
     SPLITS_PAD: tl.constexpr = 1,
-    positions_ptr=None,
-    cos_sin_ptr=None,
-    q_norm_ptr=None,
-    k_norm_ptr=None,
-    slot_ptr=None,
-    eps=0.0,
-    stride_cos=0,
-    FROM_QKV: tl.constexpr = False,
-    QK_NORM: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """One (sequence, kv head, split): the GROUP (1 or 2) query heads attend to one slice of the
     context. K and V caches share their strides (row-major pages). A tile is ROWS x LANES keys;
-    each thread holds PER_LOAD consecutive dims of a key. FROM_QKV: q_ptr is the fused qkv
-    projection (kernels/triton_fused.py `decode_queries`)."""
+    each thread holds PER_LOAD consecutive dims of a key."""
     TILE: tl.constexpr = ROWS * LANES
     wait_for_previous(PDL)
     seq = tl.program_id(0)
@@ -129,17 +118,7 @@ def cuda_core_split_kernel(
     dims = tl.arange(0, DIM_PAD)
     first_head = kv_head * GROUP
     q_row = q_ptr + seq.to(tl.int64) * stride_qb + first_head * stride_qh
-    if FROM_QKV:
-        group = tl.arange(0, 2)
-        q = decode_queries(
-            q_ptr + seq.to(tl.int64) * stride_qb, seq, kv_head, start, end, first_head + group, group < GROUP,
-            dims, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, slot_ptr, eps, stride_cos, k_cache_ptr,
-            v_cache_ptr, stride_cb, stride_cp, stride_ch, stride_cb, stride_cp, stride_ch, 1, k_scale_ptr,
-            v_scale_ptr, GROUP, QK_NORM, HEAD_DIM, BLOCK_SIZE, True,
-        )  # fmt: skip
-        q = tl.trans(q).to(tl.float32)
-    else:
-        q = _load_queries(q_row, stride_qh, dims, HEAD_DIM, GROUP)
+    q = _load_queries(q_row, stride_qh, dims, HEAD_DIM, GROUP)
     q = (q * (qk_scale * tl.load(k_scale_ptr))).to(tl.float16)
 
     keys = tl.arange(0, TILE)

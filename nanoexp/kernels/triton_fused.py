@@ -33,98 +33,6 @@ def _store_cache(cache_ptr, offsets, x, scale_ptr, mask, FP8: tl.constexpr):
 
 
 @triton.jit
-def rope_partner(dims, HEAD_DIM: tl.constexpr):
-    """The dim each one rotates with under NeoX RoPE (the other half of the head)."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    return tl.where(dims < HALF, dims + HALF, dims - HALF)
-
-
-@triton.jit
-def rope_heads(row, heads, mask, dims, w, wp, pos, cos_sin_ptr, stride_cos, eps, NORM: tl.constexpr,
-               HEAD_DIM: tl.constexpr):
-    """Heads `heads` of one qkv row (head h at row + h * HEAD_DIM) as a [len(heads), DIM_PAD] tile
-    in the row's dtype: RMS-normed per head with weights w / wp at dims / rope_partner(dims) (NORM),
-    then NeoX-roped at position pos; elements outside mask are zero."""
-    DT = row.dtype.element_ty
-    HALF: tl.constexpr = HEAD_DIM // 2
-    first_half = dims < HALF
-    partner = rope_partner(dims, HEAD_DIM)
-    base = row + heads[:, None] * HEAD_DIM
-    x = tl.load(base + dims[None, :], mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(base + partner[None, :], mask=mask, other=0.0).to(tl.float32)
-    if NORM:
-        rstd = tl.math.rsqrt(tl.reduce(x * x, 1, sum_combine) / HEAD_DIM + eps)
-        x, xp = _norm_heads(x, w, rstd, DT), _norm_heads(xp, wp, rstd, DT)
-    freq = tl.where(first_half, dims, dims - HALF)
-    dim_mask = dims < HEAD_DIM
-    cos = tl.load(cos_sin_ptr + pos * stride_cos + freq, mask=dim_mask, other=0.0)[None, :]
-    sin = tl.load(cos_sin_ptr + pos * stride_cos + HALF + freq, mask=dim_mask, other=0.0)[None, :]
-    return tl.where(first_half[None, :], x * cos - xp * sin, x * cos + xp * sin).to(DT)
-
-
-@triton.jit
-def norm_weights(weight_ptr, dims, NORM: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """A per-head norm weight at dims and at their RoPE partners, [1, DIM_PAD] each (NORM)."""
-    if NORM:
-        dim_mask = dims < HEAD_DIM
-        w = tl.load(weight_ptr + dims, mask=dim_mask)[None, :]
-        wp = tl.load(weight_ptr + rope_partner(dims, HEAD_DIM), mask=dim_mask)[None, :]
-    else:
-        w = dims[None, :]  # unused
-        wp = w
-    return w, wp
-
-
-@triton.jit
-def store_new_token(qkv_row, kv_head, num_heads, num_kv_heads, dims, k_norm_ptr, pos, cos_sin_ptr,
-                    stride_cos, eps, slot, k_cache_ptr, v_cache_ptr, stride_cb, stride_cp, stride_ch,
-                    stride_vb, stride_vp, stride_vh, stride_vd, k_scale_ptr, v_scale_ptr,
-                    NORM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                    FP8: tl.constexpr):
-    """One token's K (normed and roped, as rope_heads) and V of one kv head, from its qkv row into
-    the paged caches at slot (nothing below 0), as the fused kernel stores them."""
-    head = num_heads + kv_head + tl.arange(0, 1)
-    mask = (dims < HEAD_DIM)[None, :] & (slot >= 0)
-    w, wp = norm_weights(k_norm_ptr, dims, NORM, HEAD_DIM)
-    k = rope_heads(qkv_row, head, mask, dims, w, wp, pos, cos_sin_ptr, stride_cos, eps, NORM, HEAD_DIM)
-    slot = tl.maximum(slot, 0)
-    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-    k_dst = block * stride_cb + offset * stride_cp + kv_head * stride_ch + dims[None, :]
-    _store_cache(k_cache_ptr, k_dst, k, k_scale_ptr, mask, FP8)
-    v = tl.load(qkv_row + (head[:, None] + num_kv_heads) * HEAD_DIM + dims[None, :], mask=mask, other=0.0)
-    v_dst = block * stride_vb + offset * stride_vp + kv_head * stride_vh + dims[None, :] * stride_vd
-    _store_cache(v_cache_ptr, v_dst, v, v_scale_ptr, mask, FP8)
-
-
-@triton.jit
-def decode_queries(qkv_row, seq, kv_head, start, end, heads, head_mask, dims, positions_ptr, cos_sin_ptr,
-                   q_norm_ptr, k_norm_ptr, slot_ptr, eps, stride_cos, k_cache_ptr, v_cache_ptr, stride_cb,
-                   stride_cp, stride_ch, stride_vb, stride_vp, stride_vh, stride_vd, k_scale_ptr, v_scale_ptr,
-                   GROUP: tl.constexpr, NORM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   FP8: tl.constexpr):
-    """For a split-K decode program (grid: sequences, kv heads, splits) that reads the fused qkv
-    projection instead of prepared queries: the query heads `heads` of its sequence's qkv row,
-    normed and roped as the fused kernel does it ([len(heads), DIM_PAD]). The program whose keys
-    [start, end) hold the new token's position first stores that token's K and V of kv_head in the
-    cache, visible to all its threads before they read the cache; so no kernel runs between the
-    projection and attention."""
-    pos = tl.load(positions_ptr + seq).to(tl.int64)
-    w, wp = norm_weights(q_norm_ptr, dims, NORM, HEAD_DIM)
-    mask = head_mask[:, None] & (dims < HEAD_DIM)[None, :]
-    q = rope_heads(qkv_row, heads, mask, dims, w, wp, pos, cos_sin_ptr, stride_cos, eps, NORM, HEAD_DIM)
-    if (pos >= start) & (pos < end):
-        num_kv_heads = tl.num_programs(1)
-        slot = tl.load(slot_ptr + seq).to(tl.int64)
-        store_new_token(
-            qkv_row, kv_head, GROUP * num_kv_heads, num_kv_heads, dims, k_norm_ptr, pos, cos_sin_ptr,
-            stride_cos, eps, slot, k_cache_ptr, v_cache_ptr, stride_cb, stride_cp, stride_ch, stride_vb,
-            stride_vp, stride_vh, stride_vd, k_scale_ptr, v_scale_ptr, NORM, HEAD_DIM, BLOCK_SIZE, FP8,
-        )  # fmt: skip
-        tl.debug_barrier()
-    return q
-
-
-@triton.jit
 def _qk_norm_rope_store_kernel(
     qkv_ptr,
     positions_ptr,
@@ -164,17 +72,34 @@ def _qk_norm_rope_store_kernel(
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HEADS_BLOCK + tl.arange(0, HEADS_BLOCK)
     dims = tl.arange(0, DIM_PAD)
-    mask = (heads[:, None] < NUM_HEADS + NUM_KV_HEADS) & (dims < HEAD_DIM)[None, :]
-    is_q = (heads < NUM_HEADS)[:, None]
-    q_w, q_wp = norm_weights(q_weight_ptr, dims, NORM, HEAD_DIM)
-    k_w, k_wp = norm_weights(k_weight_ptr, dims, NORM, HEAD_DIM)
-    w, wp = tl.where(is_q, q_w, k_w), tl.where(is_q, q_wp, k_wp)
-    row = qkv_ptr + token * stride_qkv
-    pos = tl.load(positions_ptr + token).to(tl.int64)
-    roped = rope_heads(row, heads, mask, dims, w, wp, pos, cos_sin_ptr, stride_cos, eps, NORM, HEAD_DIM)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    first_half = dims < HALF
+    partner = tl.where(first_half, dims + HALF, dims - HALF)  # the element each one rotates with
+    dim_mask = dims < HEAD_DIM
+    mask = (heads[:, None] < NUM_HEADS + NUM_KV_HEADS) & dim_mask[None, :]
+    DT = q_out_ptr.dtype.element_ty
 
+    row = qkv_ptr + token * stride_qkv + heads[:, None] * HEAD_DIM
+    x = tl.load(row + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(row + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        is_q = (heads < NUM_HEADS)[:, None]
+        w = tl.where(is_q, tl.load(q_weight_ptr + dims, mask=dim_mask)[None, :],
+                     tl.load(k_weight_ptr + dims, mask=dim_mask)[None, :])  # fmt: skip
+        wp = tl.where(is_q, tl.load(q_weight_ptr + partner, mask=dim_mask)[None, :],
+                      tl.load(k_weight_ptr + partner, mask=dim_mask)[None, :])  # fmt: skip
+        rstd = tl.math.rsqrt(tl.reduce(x * x, 1, sum_combine) / HEAD_DIM + eps)
+        x, xp = _norm_heads(x, w, rstd, DT), _norm_heads(xp, wp, rstd, DT)
+
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    freq = tl.where(first_half, dims, dims - HALF)
+    cos = tl.load(cos_sin_ptr + pos * stride_cos + freq, mask=dim_mask, other=0.0)[None, :]
+    sin = tl.load(cos_sin_ptr + pos * stride_cos + HALF + freq, mask=dim_mask, other=0.0)[None, :]
+    roped = tl.where(first_half[None, :], x * cos - xp * sin, x * cos + xp * sin).to(DT)
+
+    q_mask = mask & (heads < NUM_HEADS)[:, None]
     q_dst = q_out_ptr + token * NUM_HEADS * HEAD_DIM + heads[:, None] * HEAD_DIM + dims[None, :]
-    tl.store(q_dst, roped, mask=mask & is_q)
+    tl.store(q_dst, roped, mask=q_mask)
 
     kv_heads = heads - NUM_HEADS
     k_mask = mask & (kv_heads >= 0)[:, None]
@@ -187,7 +112,7 @@ def _qk_norm_rope_store_kernel(
     block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
     k_dst = block * stride_cb + offset * stride_cp + kv_heads[:, None] * stride_ch + dims[None, :]
     _store_cache(k_cache_ptr, k_dst, roped, k_scale_ptr, store_mask, FP8)
-    v = tl.load(row + (heads[:, None] + NUM_KV_HEADS) * HEAD_DIM + dims[None, :], mask=store_mask, other=0.0)
+    v = tl.load(row + (NUM_KV_HEADS * HEAD_DIM) + dims[None, :], mask=store_mask, other=0.0)
     v_dst = block * stride_vb + offset * stride_vp + kv_heads[:, None] * stride_vh + dims[None, :] * stride_vd
     _store_cache(v_cache_ptr, v_dst, v, v_scale_ptr, store_mask, FP8)
 

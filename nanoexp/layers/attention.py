@@ -40,18 +40,10 @@ class Attention(nn.Module):
         qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None,
         md: AttentionMetadata,
     ) -> torch.Tensor | None:
-        """From the fused qkv projection: at decode, one backend op where it has one (the decode
-        kernel prepares q and stores K/V); else q/k norm + RoPE + K/V store in one backend op, then
-        attention; None when the backend has neither (the caller runs the unfused path)."""
+        """From the fused qkv projection: q/k norm + RoPE + K/V store in one backend op, then
+        attention; None when the backend has no such op (the caller runs the unfused path)."""
         if not self.k_cache.numel():  # memory profiling and fp8 calibration take the unfused path
             return None
-        if not md.is_prefill:
-            out = self.backend.fused_decode(
-                qkv, positions, cos_sin, qk_norm, self.num_heads, self.num_kv_heads, self.k_cache,
-                self.v_cache, md, self.scale, self.k_scale, self.v_scale,
-            )  # fmt: skip
-            if out is not None:
-                return out
         # Prefill without a cached prefix attends over this step's packed k, not the cache.
         write_k = md.is_prefill and not md.has_cached_prefix
         qk = self.backend.fused_qk_norm_rope_store(

@@ -61,7 +61,6 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
         config.execution.attention_backend, device, config.cache.block_size, dtype, layers[0].head_dim,
         config.cache.kv_cache_dtype,
     )
-    backend.fuse_decode = config.execution.fuse_decode
     for layer in layers:
         layer.backend = backend
     skinny = make_skinny_gemm(config.execution.gemm_backend, device, dtype)
