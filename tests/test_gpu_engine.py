@@ -98,6 +98,20 @@ def test_seeded_sampling_through_the_kernel_reproduces_and_ignores_the_batch(che
     assert all(len(o.token_ids) == 24 for o in unseeded)
 
 
+def test_read_back_reuses_a_few_pinned_buffers(checkpoints, reference_outputs):
+    """Each launched step's ids come back through pinned buffers and events taken from a pool and
+    returned when read: a whole generation needs as many as are in flight at once, not one per step."""
+    prompts = random_prompts([17, 3, 40], seed=22)
+    with LLM(checkpoints["qwen3_gqa1"][0], device="cuda", attention_backend="triton", kvcache_block_size=16,
+             max_num_seqs=16, num_kvcache_blocks=256, async_scheduling=True) as llm:
+        greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+        outs = llm.generate(prompts, greedy, use_tqdm=False)
+        pool = llm.engine.executor.runner.readback
+        assert 1 <= len(pool.free) <= 3
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == reference_outputs("qwen3_gqa1", prompt, 20)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 @pytest.mark.parametrize("all_reduce", ["nccl", "symm_mem", "push"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])

@@ -42,7 +42,12 @@ def test_prepared_inputs_match_the_per_token_reference():
         positions, slots, cu_q = reference(step, block_size)
         assert got.positions.tolist() == positions
         assert got.md.slot_mapping.tolist() == slots
-        assert got.md.cu_seqlens_q.tolist() == cu_q
+        if step.is_prefill:
+            assert got.md.cu_seqlens_q.tolist() == cu_q
+            cu_k = np.concatenate([[0], np.cumsum(step.context_lens)])
+            assert got.md.cu_seqlens_k.tolist() == cu_k.tolist()
+        else:  # decode reads neither
+            assert got.md.cu_seqlens_q is None and got.md.cu_seqlens_k is None
         assert got.logits_indices.tolist() == [cu_q[i + 1] - 1 for i in step.sample_seq_indices]
         assert got.input_ids.tolist() == step.token_ids
         width = max(len(t) for t in step.block_tables)
@@ -67,6 +72,7 @@ def test_greedy_unfiltered_columns_skip_seeds_and_filters():
                      top_k=[-1, -1], top_p=[1.0, 1.0], min_p=[0.0, 0.0], seeds=[None, None])
     got = prepare_sampling(step, vocab_size=100, device=torch.device("cpu"))
     assert got.all_greedy and not got.needs_filter and got.row_seeds is None
+    assert got.top_k is None and got.top_p is None and got.min_p is None  # nothing reads them
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 64, 300])
@@ -110,3 +116,14 @@ def test_upload_packs_columns_into_one_buffer_with_aligned_views():
     base = got[0].untyped_storage().data_ptr()
     assert all(t.untyped_storage().data_ptr() == base for t in got)  # one buffer, so one copy
     assert all((t.data_ptr() - base) % UPLOAD_ALIGN == 0 for t in got)
+
+
+def test_substituting_every_row_is_one_gather_with_the_general_result():
+    from nanoexp.runner.model_runner import substitute_tokens
+
+    prev = torch.tensor([11, 12, 13, 14])
+    rows = torch.tensor([2, 0, 3])
+    ids = torch.tensor([-5, -5, -5])
+    assert substitute_tokens(ids, rows, prev, every_row=True).tolist() == [13, 11, 14]
+    assert substitute_tokens(ids, rows, prev).tolist() == [13, 11, 14]
+    assert substitute_tokens(ids, torch.tensor([2, -1, 0]), prev).tolist() == [13, -5, 11]

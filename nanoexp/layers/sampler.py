@@ -15,9 +15,10 @@ class SamplingTensors:
     """One row per sequence that samples this step."""
 
     temperatures: torch.Tensor  # float32 [n]; 0 = greedy
-    top_k: torch.Tensor  # int64 [n]; vocab size when off
-    top_p: torch.Tensor  # float32 [n]
-    min_p: torch.Tensor  # float32 [n]
+    # the filters, None unless some row uses one (needs_filter)
+    top_k: torch.Tensor | None  # int64 [n]; vocab size when off
+    top_p: torch.Tensor | None  # float32 [n]
+    min_p: torch.Tensor | None  # float32 [n]
     seeds: list[int | None]  # per-row seed mixed with the row's output position, or None
     all_greedy: bool
     needs_filter: bool  # some row uses top-k, top-p or min-p

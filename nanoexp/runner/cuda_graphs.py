@@ -72,9 +72,10 @@ class DecodeGraphs:
         self.input_ids[:n] = inputs.input_ids
         self.positions[:n] = inputs.positions
         self.md.slot_mapping[:n] = inputs.md.slot_mapping
-        self.md.slot_mapping[n:bs] = -1
         self.md.context_lens[:n] = inputs.md.context_lens
-        self.md.context_lens[n:bs] = 0
+        if n < bs:  # each op costs the host microseconds; a full graph has no padding rows
+            self.md.slot_mapping[n:bs] = -1
+            self.md.context_lens[n:bs] = 0
         width = inputs.md.block_tables.shape[1]
         self.md.block_tables[:n, :width] = inputs.md.block_tables
         self.graphs[bs].replay()

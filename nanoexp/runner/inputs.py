@@ -21,6 +21,7 @@ class ModelInputs:
     md: AttentionMetadata
     logits_indices: torch.Tensor  # rows of the hidden states whose logits are needed
     prev_sample_rows: torch.Tensor | None = None  # step.prev_sample_rows on the device
+    all_rows: bool = False  # every row's logits are needed (logits_indices is 0..n-1)
 
 
 NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
@@ -32,22 +33,27 @@ UPLOAD_ALIGN = 64
 def upload(columns: list[tuple[Any, torch.dtype]], device: torch.device) -> list[torch.Tensor]:
     """Each (list or array, dtype) as a tensor on `device`, all through one host-to-device copy:
     packed at aligned offsets into one host buffer (pinned on CUDA), copied once, returned as views
-    of the copy. A step's dozen small inputs then cost one copy's fixed cost instead of a dozen."""
+    of the copy. A step's dozen small inputs then cost one copy's fixed cost instead of a dozen,
+    and each view one slice of the copy viewed once per dtype (every tensor op costs the host
+    microseconds, which a batch-1 decode step cannot spare)."""
     arrays = [np.ascontiguousarray(data, dtype=NUMPY_DTYPES[dtype]) for data, dtype in columns]
     offsets, end = [], 0
     for array in arrays:
         start = -(-end // UPLOAD_ALIGN) * UPLOAD_ALIGN
         offsets.append(start)
-        end = start + array.nbytes
-    staging = torch.empty(max(end, 1), dtype=torch.uint8, pin_memory=device.type == "cuda")
+        end = -(-(start + array.nbytes) // UPLOAD_ALIGN) * UPLOAD_ALIGN
+    staging = torch.empty(max(end, UPLOAD_ALIGN), dtype=torch.uint8, pin_memory=device.type == "cuda")
     flat = staging.numpy()
     for array, start in zip(arrays, offsets):
         flat[start : start + array.nbytes] = array.reshape(-1).view(np.uint8)
     packed = staging if device.type == "cpu" else staging.to(device, non_blocking=True)
-    return [
-        packed[start : start + array.nbytes].view(dtype).view(array.shape)
-        for array, start, (_, dtype) in zip(arrays, offsets, columns)
-    ]
+    typed = {dtype: packed.view(dtype) for dtype in {dtype for _, dtype in columns}}
+    views = []
+    for array, start, (_, dtype) in zip(arrays, offsets, columns):
+        size = array.dtype.itemsize
+        view = typed[dtype][start // size : (start + array.nbytes) // size]
+        views.append(view if array.ndim == 1 else view.view(array.shape))
+    return views
 
 
 def padded_tables(tables: list[list[int]]) -> np.ndarray:
@@ -71,6 +77,27 @@ def slot_mapping(
 
 
 def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> ModelInputs:
+    columns, assemble = input_columns(step, block_size)
+    return assemble(upload(columns, device))
+
+
+def prepare_step(
+    step: StepInput, block_size: int, vocab_size: int, device: torch.device,
+    fresh: Callable[[int], np.ndarray] | None = None,
+) -> tuple[ModelInputs, SamplingTensors | None]:
+    """prepare_inputs and (when the step samples) prepare_sampling through one upload."""
+    columns, assemble = input_columns(step, block_size)
+    if not step.sample_seq_indices:
+        return assemble(upload(columns, device)), None
+    sampling_cols, assemble_sampling = sampling_columns(step, vocab_size, fresh)
+    tensors = upload(columns + sampling_cols, device)
+    return assemble(tensors[: len(columns)]), assemble_sampling(tensors[len(columns) :])
+
+
+def input_columns(
+    step: StepInput, block_size: int
+) -> tuple[list[tuple[Any, torch.dtype]], Callable[[list[torch.Tensor]], ModelInputs]]:
+    """The step's model inputs as host columns, and how their uploaded tensors make ModelInputs."""
     query_lens = np.asarray(step.query_lens, dtype=np.int64)
     context_lens = np.asarray(step.context_lens, dtype=np.int64)
     cu_q = np.concatenate([[0], np.cumsum(query_lens)])
@@ -83,25 +110,31 @@ def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> Mo
     columns = [
         (step.token_ids, torch.int64), (positions, torch.int64), (last_rows, torch.int64),
         (slots, torch.int64), (context_lens, torch.int32), (tables, torch.int32),
-        (cu_q, torch.int32), (cu_k, torch.int32),
     ]  # fmt: skip
+    if step.is_prefill:  # sequence boundaries: prefill only (AttentionMetadata)
+        columns += [(cu_q, torch.int32), (cu_k, torch.int32)]
     if step.prev_sample_rows is not None:
         columns.append((step.prev_sample_rows, torch.int64))
-    input_ids, positions_t, logits_indices, slots_t, context_t, tables_t, cu_q_t, cu_k_t, *rows = upload(
-        columns, device
-    )
-    md = AttentionMetadata(
-        is_prefill=step.is_prefill,
-        slot_mapping=slots_t,
-        context_lens=context_t,
-        block_tables=tables_t,
-        cu_seqlens_q=cu_q_t,
-        cu_seqlens_k=cu_k_t,
-        max_seqlen_q=int(query_lens.max()),
-        max_seqlen_k=int(context_lens.max()),
-        has_cached_prefix=step.is_prefill and step.query_lens != step.context_lens,
-    )
-    return ModelInputs(input_ids, positions_t, md, logits_indices, rows[0] if rows else None)
+
+    def assemble(tensors: list[torch.Tensor]) -> ModelInputs:
+        input_ids, positions_t, logits_indices, slots_t, context_t, tables_t, *rest = tensors
+        cu_q_t, cu_k_t = rest[:2] if step.is_prefill else (None, None)
+        rows = rest[2:] if step.is_prefill else rest
+        md = AttentionMetadata(
+            is_prefill=step.is_prefill,
+            slot_mapping=slots_t,
+            context_lens=context_t,
+            block_tables=tables_t,
+            cu_seqlens_q=cu_q_t,
+            cu_seqlens_k=cu_k_t,
+            max_seqlen_q=int(query_lens.max()),
+            max_seqlen_k=int(context_lens.max()),
+            has_cached_prefix=step.is_prefill and step.query_lens != step.context_lens,
+        )
+        all_rows = step.sample_seq_indices == list(range(len(step.token_ids)))  # row i samples (decode)
+        return ModelInputs(input_ids, positions_t, md, logits_indices, rows[0] if rows else None, all_rows)
+
+    return columns, assemble
 
 
 def row_seeds(seeds: list[int | None], fresh: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
@@ -131,24 +164,41 @@ def prepare_sampling(
 ) -> SamplingTensors:
     """The step's sampling parameters on the device; `fresh` draws the seeds of unseeded rows
     (default: torch's host generator)."""
+    columns, assemble = sampling_columns(step, vocab_size, fresh)
+    return assemble(upload(columns, device))
+
+
+def sampling_columns(
+    step: StepInput, vocab_size: int, fresh: Callable[[int], np.ndarray] | None = None
+) -> tuple[list[tuple[Any, torch.dtype]], Callable[[list[torch.Tensor]], SamplingTensors]]:
+    """prepare_sampling's host columns, and how their uploaded tensors make SamplingTensors."""
     all_greedy = all(t == 0 for t in step.temperatures)
-    columns = [
-        (step.temperatures, torch.float32),
-        ([k if k > 0 else vocab_size for k in step.top_k], torch.int64),
-        (step.top_p, torch.float32),
-        (step.min_p, torch.float32),
-    ]
+    needs_filter = (
+        any(k > 0 for k in step.top_k) or any(p < 1 for p in step.top_p) or any(p > 0 for p in step.min_p)
+    )
+    columns = [(step.temperatures, torch.float32)]
+    if needs_filter:
+        columns += [
+            ([k if k > 0 else vocab_size for k in step.top_k], torch.int64),
+            (step.top_p, torch.float32),
+            (step.min_p, torch.float32),
+        ]
     if not all_greedy:
         columns.append((row_seeds(step.seeds, fresh), torch.int64))
-    temperatures, top_k, top_p, min_p, *seeds = upload(columns, device)
-    return SamplingTensors(
-        temperatures=temperatures,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seeds=list(step.seeds),
-        all_greedy=all_greedy,
-        needs_filter=any(k > 0 for k in step.top_k) or any(p < 1 for p in step.top_p)
-        or any(p > 0 for p in step.min_p),
-        row_seeds=seeds[0] if seeds else None,
-    )
+
+    def assemble(tensors: list[torch.Tensor]) -> SamplingTensors:
+        temperatures, *rest = tensors
+        top_k, top_p, min_p = rest[:3] if needs_filter else (None, None, None)
+        seeds = rest[3:] if needs_filter else rest
+        return SamplingTensors(
+            temperatures=temperatures,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seeds=list(step.seeds),
+            all_greedy=all_greedy,
+            needs_filter=needs_filter,
+            row_seeds=seeds[0] if seeds else None,
+        )
+
+    return columns, assemble

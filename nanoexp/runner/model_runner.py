@@ -6,7 +6,9 @@ from __future__ import annotations
 import resource
 import time
 from collections import deque
+from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -17,11 +19,11 @@ from nanoexp.kernels.select import triton_available
 from nanoexp.layers.fusion import fused
 from nanoexp.layers.sampler import Sampler, SamplingTensors, pick_shard_winner
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, DecodeGraphs
-from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_sampling
+from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_sampling, prepare_step
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import leave_process_group, runner_info, set_up_model
-from nanoexp.runner.pending import PendingStep
+from nanoexp.runner.pending import PendingStep, ReadbackPool
 from nanoexp.runner.step_input import StepInput, blockless_prefill
 
 
@@ -32,8 +34,13 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def substitute_tokens(input_ids: torch.Tensor, rows: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
-    """input_ids with each row r >= 0 of `rows` taken from prev_tokens[r], on the device."""
+def substitute_tokens(
+    input_ids: torch.Tensor, rows: torch.Tensor, prev_tokens: torch.Tensor, every_row: bool = False
+) -> torch.Tensor:
+    """input_ids with each row r >= 0 of `rows` taken from prev_tokens[r], on the device;
+    every_row: the host knows every r is >= 0 (one gather instead of four ops)."""
+    if every_row:
+        return prev_tokens[rows]
     return torch.where(rows >= 0, prev_tokens[rows.clamp(min=0)], input_ids)
 
 
@@ -67,6 +74,7 @@ class ModelRunner:
             self.hf_config.vocab_size < 2**24
         )
         self.pending: deque[PendingStep] = deque()  # launched, not collected (rank 0)
+        self.readback = ReadbackPool()
         if config.cache.kv_cache_dtype != "auto":
             self.calibrate_kv_scales()
         reserve = 2**30 if self.uses_graphs() else 2**28  # graph pool, logits and sampler buffers
@@ -182,28 +190,33 @@ class ModelRunner:
         waited for) on rank 0, and on every rank when the step was drawn shard by shard (the
         second value). `prev_tokens` are the previous step's samples, for inputs not known on the
         host yet."""
-        inputs = prepare_inputs(step, self.block_size, self.device)
+        inputs, sampling = prepare_step(
+            step, self.block_size, self.hf_config.vocab_size, self.device,
+            self.fresh_seeds() if step.sample_seq_indices else None,
+        )  # fmt: skip
         if step.prev_sample_rows is not None:
-            inputs.input_ids = substitute_tokens(inputs.input_ids, inputs.prev_sample_rows, prev_tokens)
-        hidden = self.forward_hidden(step, inputs)[inputs.logits_indices]
-        if not step.sample_seq_indices:
+            every_row = all(row >= 0 for row in step.prev_sample_rows)
+            rows = inputs.prev_sample_rows
+            inputs.input_ids = substitute_tokens(inputs.input_ids, rows, prev_tokens, every_row)
+        hidden = self.forward_hidden(step, inputs)
+        if not inputs.all_rows:
+            hidden = hidden[inputs.logits_indices]
+        if sampling is None:
             return torch.empty(0, dtype=torch.int64, device=self.device), True
-        sampling = self.sampling_tensors(step)
         with fused(self.graphs is not None):
             if self.shards_sampling and self.sampler.can_shard(sampling):
                 return self.sample_shards(hidden, sampling), True
             logits = self.model.compute_logits(hidden)
             return (None if logits is None else self.sampler(logits, sampling)), False
 
-    def sampling_tensors(self, step: StepInput) -> SamplingTensors:
-        """Under TP every rank prepares them, with fresh seeds keyed by the step count (the same on
-        every rank, so shard-by-shard draws agree)."""
-        fresh = None
-        if self.tp > 1:
-            serial = self.steps_sampled
-            self.steps_sampled += 1
-            fresh = lambda n: counter_seeds(self.config.execution.seed, serial, n)  # noqa: E731
-        return prepare_sampling(step, self.hf_config.vocab_size, self.device, fresh)
+    def fresh_seeds(self) -> Callable[[int], np.ndarray] | None:
+        """The seeds of a step's unseeded rows: under TP keyed by the step count (the same on every
+        rank, so shard-by-shard draws agree), else None (torch's host generator)."""
+        if self.tp == 1:
+            return None
+        serial = self.steps_sampled
+        self.steps_sampled += 1
+        return lambda n: counter_seeds(self.config.execution.seed, serial, n)
 
     def sample_shards(self, hidden: torch.Tensor, sampling: SamplingTensors) -> torch.Tensor:
         """Each rank draws from its vocabulary shard; one all-gather of (score, token) per row
@@ -232,7 +245,7 @@ class ModelRunner:
             tokens = self.share_sampled(tokens, len(step.sample_seq_indices))
         self.last_sampled = tokens
         if self.rank == 0:
-            self.pending.append(PendingStep(tokens))
+            self.pending.append(PendingStep(tokens, self.readback))
 
     def collect(self) -> list[int] | None:
         """Rank 0: the sampled ids of the oldest launched step not collected yet."""

@@ -4,21 +4,49 @@ from __future__ import annotations
 
 import torch
 
+MIN_CAPACITY = 256  # ids per pinned buffer; a larger step gets a buffer of its own size
+
+
+class ReadbackPool:
+    """Pinned host buffers and CUDA events for the read-back of launched steps, reused from step to
+    step: allocating a pinned buffer and an event every step costs the host tens of microseconds,
+    which a batch-1 decode step, whose host work must hide under ~0.9 ms of device work, cannot
+    spare (experiments/nanovllm_bench/runs/run33_host_phases.md)."""
+
+    def __init__(self) -> None:
+        self.free: list[tuple[torch.Tensor, torch.cuda.Event]] = []
+
+    def take(self, count: int) -> tuple[torch.Tensor, torch.cuda.Event]:
+        for i, slot in enumerate(self.free):
+            if slot[0].numel() >= count:
+                return self.free.pop(i)
+        host = torch.empty(max(count, MIN_CAPACITY), dtype=torch.int64, pin_memory=True)
+        return host, torch.cuda.Event()
+
+    def give(self, slot: tuple[torch.Tensor, torch.cuda.Event]) -> None:
+        self.free.append(slot)
+
 
 class PendingStep:
-    """Starts a non-blocking copy of `tokens` to pinned host memory; `result()` waits for it."""
+    """Starts a non-blocking copy of `tokens` (int64) to pinned host memory; `result()` waits for it
+    and hands the buffer back to `pool`."""
 
-    def __init__(self, tokens: torch.Tensor):
+    def __init__(self, tokens: torch.Tensor, pool: ReadbackPool | None = None):
         self.tokens = tokens
-        self.event = None
+        self.slot = None
         if tokens.is_cuda:
-            self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self.pool = pool or ReadbackPool()
+            self.slot = self.pool.take(tokens.numel())
+            host, event = self.slot
+            self.host = host[: tokens.numel()]
             self.host.copy_(tokens, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
+            event.record()
 
     def result(self) -> list[int]:
-        if self.event is None:
+        if self.slot is None:
             return self.tokens.tolist()
-        self.event.synchronize()
-        return self.host.tolist()
+        self.slot[1].synchronize()
+        ids = self.host.tolist()
+        self.pool.give(self.slot)
+        self.slot = None
+        return ids
