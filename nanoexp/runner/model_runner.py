@@ -199,10 +199,10 @@ class ModelRunner:
             rows = inputs.prev_sample_rows
             inputs.input_ids = substitute_tokens(inputs.input_ids, rows, prev_tokens, every_row)
         hidden = self.forward_hidden(step, inputs)
-        if not inputs.all_rows:
-            hidden = hidden[inputs.logits_indices]
         if sampling is None:
             return torch.empty(0, dtype=torch.int64, device=self.device), True
+        if not inputs.all_rows:
+            hidden = hidden[inputs.logits_indices]
         with fused(self.graphs is not None):
             if self.shards_sampling and self.sampler.can_shard(sampling):
                 return self.sample_shards(hidden, sampling), True
