@@ -34,7 +34,6 @@ from nanoexp.experiment.loggers import FanoutLogger
 from nanoexp.experiment.metrics import step_row
 from nanoexp.experiment.schema import LoggerConfig
 from nanoexp.experiment.wandb_logger import WandbLogger
-from nanoexp.runner.inputs import prepare_step
 from nanoexp.runner.model_runner import ModelRunner, exchange_winners
 
 CONTEXT = 1024
@@ -44,8 +43,7 @@ STEPS = 200
 def stub_forward_step(runner, step, prev_tokens=None):
     """forward_step without the model: inputs and sampling tensors built, token 7 sampled; under TP
     the ranks exchange their winners as the sharded sampler does (one all-gather)."""
-    fresh = runner.fresh_seeds() if step.sample_seq_indices else None
-    prepare_step(step, runner.block_size, runner.hf_config.vocab_size, runner.device, fresh)
+    runner.prepare(step)
     if not step.sample_seq_indices:
         return torch.empty(0, dtype=torch.int64, device=runner.device), True
     tokens = torch.full((len(step.sample_seq_indices),), 7, dtype=torch.int64, device=runner.device)

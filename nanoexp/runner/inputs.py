@@ -115,6 +115,9 @@ def input_columns(
         columns += [(cu_q, torch.int32), (cu_k, torch.int32)]
     if step.prev_sample_rows is not None:
         columns.append((step.prev_sample_rows, torch.int64))
+    samples, num_rows = step.sample_seq_indices, len(step.token_ids)
+    # row i samples (decode); the length test first keeps a long prefill from building the range
+    all_rows = len(samples) == num_rows and samples == list(range(num_rows))
 
     def assemble(tensors: list[torch.Tensor]) -> ModelInputs:
         input_ids, positions_t, logits_indices, slots_t, context_t, tables_t, *rest = tensors
@@ -131,7 +134,6 @@ def input_columns(
             max_seqlen_k=int(context_lens.max()),
             has_cached_prefix=step.is_prefill and step.query_lens != step.context_lens,
         )
-        all_rows = step.sample_seq_indices == list(range(len(step.token_ids)))  # row i samples (decode)
         return ModelInputs(input_ids, positions_t, md, logits_indices, rows[0] if rows else None, all_rows)
 
     return columns, assemble

@@ -190,10 +190,7 @@ class ModelRunner:
         waited for) on rank 0, and on every rank when the step was drawn shard by shard (the
         second value). `prev_tokens` are the previous step's samples, for inputs not known on the
         host yet."""
-        inputs, sampling = prepare_step(
-            step, self.block_size, self.hf_config.vocab_size, self.device,
-            self.fresh_seeds() if step.sample_seq_indices else None,
-        )  # fmt: skip
+        inputs, sampling = self.prepare(step)
         if step.prev_sample_rows is not None:
             every_row = all(row >= 0 for row in step.prev_sample_rows)
             rows = inputs.prev_sample_rows
@@ -208,6 +205,11 @@ class ModelRunner:
                 return self.sample_shards(hidden, sampling), True
             logits = self.model.compute_logits(hidden)
             return (None if logits is None else self.sampler(logits, sampling)), False
+
+    def prepare(self, step: StepInput) -> tuple[ModelInputs, SamplingTensors | None]:
+        """The step's model inputs and, when it samples, its sampling tensors, in one upload."""
+        fresh = self.fresh_seeds() if step.sample_seq_indices else None
+        return prepare_step(step, self.block_size, self.hf_config.vocab_size, self.device, fresh)
 
     def fresh_seeds(self) -> Callable[[int], np.ndarray] | None:
         """The seeds of a step's unseeded rows: under TP keyed by the step count (the same on every
