@@ -235,3 +235,46 @@ def test_closing_one_engine_keeps_another_open_engines_objects_frozen(checkpoint
         assert not collected(kept.engine.block_manager.ref_counts)
         del first
     assert gc.get_freeze_count() == 0
+
+
+def staggered_run(llm, prompts, max_tokens: int, every: int = 2) -> tuple[list[list[int]], set[str]]:
+    """Adds one request every `every` steps, so prefills arrive while others decode; returns each
+    prompt's tokens and the step phases seen."""
+    engine, params = llm.engine, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    pending, ids, outputs, phases, step = list(enumerate(prompts)), {}, {}, set(), 0
+    while pending or engine.has_unfinished():
+        if pending and step % every == 0:
+            index, prompt = pending.pop(0)
+            ids[engine.add_request(prompt, params)] = index
+        finished, stats = engine.step()
+        phases.add(stats.phase)
+        outputs.update({ids[out.request_id]: out.token_ids for out in finished})
+        step += 1
+    assert engine.block_manager.num_used == 0
+    return [outputs[i] for i in range(len(prompts))], phases
+
+
+STAGGERED_PATHS = {
+    "plain": dict(),
+    "chunked": dict(max_num_batched_tokens=24),
+    "preemption": dict(num_kvcache_blocks=14),
+    "prefix": dict(enable_prefix_caching=True),
+    "block1": dict(kvcache_block_size=1, max_num_batched_tokens=48),
+    "sync": dict(async_scheduling=False, max_num_batched_tokens=40),
+}
+
+
+@pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
+@pytest.mark.parametrize("path", list(STAGGERED_PATHS))
+def test_staggered_arrivals_match_transformers_under_both_batching_policies(
+    path, batching, checkpoints, reference_outputs
+):
+    name = "qwen3_gqa2_tied"
+    shared = random_prompts([40], seed=30)[0]
+    prompts = random_prompts([60, 7, 80, 1, 50], seed=31) + [shared + [1], shared + [2, 3]]
+    args = {"kvcache_block_size": 16, "batching": batching, **STAGGERED_PATHS[path]}
+    with LLM(checkpoints[name][0], **args) as llm:
+        outputs, phases = staggered_run(llm, prompts, max_tokens=16)
+    for prompt, tokens in zip(prompts, outputs, strict=True):
+        assert tokens == reference_outputs(name, prompt, 16), f"prompt length {len(prompt)}"
+    assert ("mixed" in phases) == (batching == "mixed")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,10 +44,9 @@ class RecordingExecutor:
         """Overlapped mode: inputs still unknown on the host come from the previous launch's samples;
         results are collected first in, first out."""
         if step.prev_sample_rows is not None:
-            ends = [sum(step.query_lens[: i + 1]) - 1 for i in range(len(step.query_lens))]
-            for end, row in zip(ends, step.prev_sample_rows, strict=True):
+            for index, row in enumerate(step.prev_sample_rows):
                 if row >= 0:
-                    step.token_ids[end] = self.last_sampled[row]
+                    step.token_ids[index] = self.last_sampled[row]
         self.last_sampled = self.run(step)
         self.pending.append(self.last_sampled)
 
@@ -72,11 +72,11 @@ class RecordingExecutor:
 
 
 def make_engine(num_blocks, block_size, max_num_seqs, budget, chunked, prefix, max_model_len=512,
-                overlap=False):
+                overlap=False, batching="mixed"):
     config = EngineConfig.from_kwargs(
         "fake", kvcache_block_size=block_size, num_kvcache_blocks=num_blocks, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget, enable_chunked_prefill=chunked, enable_prefix_caching=prefix,
-        max_model_len=max_model_len, async_scheduling=overlap,
+        max_model_len=max_model_len, async_scheduling=overlap, batching=batching,
     )
     return LLMEngine(config, RecordingExecutor(num_blocks, block_size, max_model_len))
 
@@ -108,6 +108,15 @@ def check_invariants(engine: LLMEngine) -> None:
         assert not seq.block_table
 
 
+def check_step_shape(step: StepInput | None, stats, engine: LLMEngine) -> None:
+    """Decodes come first and carry one token each; prefill_first never mixes the two."""
+    if step is None or stats.num_tokens == 0:
+        return
+    assert all(n == 1 for n in step.query_lens[: step.num_decodes])
+    if not engine.scheduler.mixed:
+        assert stats.phase != "mixed"
+
+
 def run(engine: LLMEngine, requests) -> dict[int, list[int]]:
     pending = sorted(enumerate(requests), key=lambda item: item[1][2])
     outputs, step_no, ids = {}, 0, {}
@@ -120,6 +129,8 @@ def run(engine: LLMEngine, requests) -> dict[int, list[int]]:
         assert step_no < 10_000, "no progress"
         assert stats.num_seqs <= engine.config.scheduler.max_num_seqs
         assert stats.num_tokens <= engine.config.scheduler.max_num_batched_tokens
+        assert stats.num_decode_tokens + stats.num_prefill_tokens == stats.num_tokens
+        check_step_shape(engine.executor.steps[-1] if engine.executor.steps else None, stats, engine)
         check_invariants(engine)
         for out in finished:
             outputs[ids[out.request_id]] = out.token_ids
@@ -137,9 +148,10 @@ def run(engine: LLMEngine, requests) -> dict[int, list[int]]:
     chunked=st.booleans(),
     prefix=st.booleans(),
     overlap=st.booleans(),
+    batching=st.sampled_from(["mixed", "prefill_first"]),
 )
 def test_random_workloads_finish_without_leaks_and_match_a_roomy_engine(
-    seed, block_size, spare_blocks, max_num_seqs, budget, chunked, prefix, overlap
+    seed, block_size, spare_blocks, max_num_seqs, budget, chunked, prefix, overlap, batching
 ):
     requests = workload(seed, n=10, max_prompt=48, max_out=24)
     longest = max(len(p) + sp.max_tokens for p, sp, _ in requests)
@@ -148,10 +160,10 @@ def test_random_workloads_finish_without_leaks_and_match_a_roomy_engine(
     num_blocks = -(-longest // block_size) + spare_blocks
     max_model_len = 512 if chunked else budget
     engine = make_engine(
-        num_blocks, block_size, max_num_seqs, budget, chunked, prefix, max_model_len, overlap
+        num_blocks, block_size, max_num_seqs, budget, chunked, prefix, max_model_len, overlap, batching
     )
     got = run(engine, requests)
-    reference = run(make_engine(4096, 16, 64, 4096, True, False), requests)
+    reference = run(make_engine(4096, 16, 64, 4096, True, False, batching="prefill_first"), requests)
     assert got == reference
     assert len(got) == len(requests)
 
@@ -172,13 +184,35 @@ def test_preemption_and_prefix_hits_happen_in_a_tight_cache():
     assert engine.block_manager.num_used == 0
 
 
-def test_overlapped_steps_match_synchronous_ones_under_pressure():
+@pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
+def test_overlapped_steps_match_synchronous_ones_under_pressure(batching):
     requests = workload(2, n=16, max_prompt=40, max_out=40)
     outputs, engines = {}, {}
     for overlap in (False, True):
         engines[overlap] = make_engine(
-            num_blocks=24, block_size=4, max_num_seqs=6, budget=24, chunked=True, prefix=True, overlap=overlap
+            num_blocks=24, block_size=4, max_num_seqs=6, budget=24, chunked=True, prefix=True,
+            overlap=overlap, batching=batching,
         )
         outputs[overlap] = run(engines[overlap], requests)
     assert outputs[True] == outputs[False]
     assert sum(s.prev_sample_rows is not None for s in engines[True].executor.steps) >= 10
+
+
+def test_mixed_steps_carry_every_running_decode_beside_prefill_chunks():
+    requests = workload(3, n=16, max_prompt=40, max_out=30)
+    engine = make_engine(num_blocks=400, block_size=4, max_num_seqs=8, budget=24, chunked=True, prefix=False)
+    scheduler, schedule = engine.scheduler, engine.scheduler.schedule
+
+    def checked_schedule(skip=frozenset()):
+        batch = schedule(skip)
+        scheduled = {seq.seq_id for seq in batch.seqs}
+        for seq in scheduler.running:  # no running decode waits for a prefill
+            assert seq.seq_id in scheduled or seq.in_prefill or seq.seq_id in skip
+        assert all(n == 1 for n in batch.num_new_tokens[: batch.num_decodes])
+        assert all(not seq.in_prefill for seq in batch.seqs[: batch.num_decodes])
+        return batch
+
+    scheduler.schedule = checked_schedule
+    run(engine, requests)
+    mixed = [s for s in engine.executor.steps if s.is_prefill and s.num_decodes]
+    assert len(mixed) >= 5

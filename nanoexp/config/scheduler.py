@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nanoexp.config.checks import KnobError, boolean, integer
+from nanoexp.config.checks import KnobError, boolean, choice, integer
+
+BATCHING = ("mixed", "prefill_first")
 
 
 @dataclass
@@ -16,9 +18,13 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 16384  # tokens per step
     max_model_len: int | None = None  # prompt + output tokens of one request; None = the model's limit
     enable_chunked_prefill: bool = True  # split long prompts across steps
+    # mixed: every step runs each running decode's token, then prefill chunks up to the token budget
+    # (stall-free, as vLLM V1 and Sarathi-Serve); prefill_first: a step is all prefill or all decode
+    # (nano-vLLM's rule), so each arrival stalls the running requests for one prefill step
+    batching: str = "mixed"
     enforce_eager: bool = False  # no CUDA graphs
     # Schedule step n+1 while step n runs, at every TP size (Qwen3-8B on two H200s: +11% at TP=1,
-    # +28% at TP=2). None means the default, on.
+    # +28% at TP=2).
     async_scheduling: bool = True
 
     def __post_init__(self) -> None:
@@ -27,6 +33,7 @@ class SchedulerConfig:
         if self.max_model_len is not None:
             integer("scheduler.max_model_len", self.max_model_len, 1)
         boolean("scheduler.enable_chunked_prefill", self.enable_chunked_prefill)
+        choice("scheduler.batching", self.batching, BATCHING)
         boolean("scheduler.enforce_eager", self.enforce_eager)
         boolean("scheduler.async_scheduling", self.async_scheduling)
 
@@ -37,7 +44,8 @@ def resolve_model_len(max_model_len: int | None, max_position_embeddings: int) -
         return max_position_embeddings
     if max_model_len > max_position_embeddings:
         raise KnobError(
-            "scheduler.max_model_len", max_model_len,
+            "scheduler.max_model_len",
+            max_model_len,
             f"<= {max_position_embeddings} (the model's max_position_embeddings)",
         )
     return max_model_len
@@ -47,7 +55,8 @@ def check_batch_budget(scheduler: SchedulerConfig, max_model_len: int) -> None:
     """Without chunked prefill, one step must fit a whole prompt of the longest request."""
     if not scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < max_model_len:
         raise KnobError(
-            "scheduler.max_num_batched_tokens", scheduler.max_num_batched_tokens,
+            "scheduler.max_num_batched_tokens",
+            scheduler.max_num_batched_tokens,
             f">= max_model_len={max_model_len} without chunked prefill "
             "(or set scheduler.enable_chunked_prefill=true)",
         )

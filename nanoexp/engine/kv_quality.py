@@ -29,8 +29,12 @@ def probe_groups(
     tokens = blocks = 0
     for i, n in enumerate(lengths):
         need = -(-(n + num_tokens - 1) // block_size)
-        if not groups or tokens + n + num_tokens > budget or blocks + need > num_blocks \
-                or len(groups[-1]) >= max_seqs:
+        if (
+            not groups
+            or tokens + n + num_tokens > budget
+            or blocks + need > num_blocks
+            or len(groups[-1]) >= max_seqs
+        ):
             groups.append([])
             tokens = blocks = 0
         groups[-1].append(i)

@@ -149,8 +149,9 @@ def as_prompt_list(prompts) -> list:
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, Mapping | set | frozenset | bytes) or not isinstance(prompts, Iterable):
-        raise TypeError(f"prompts: got {type(prompts).__name__}; pass a str or a list of prompts "
-                        f"({PROMPT_KINDS})")
+        raise TypeError(
+            f"prompts: got {type(prompts).__name__}; pass a str or a list of prompts ({PROMPT_KINDS})"
+        )
     return list(prompts)
 
 

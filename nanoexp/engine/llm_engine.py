@@ -54,8 +54,11 @@ class LLMEngine:
             info["num_kv_blocks"], config.cache.block_size, config.cache.enable_prefix_caching
         )
         self.scheduler = Scheduler(
-            self.block_manager, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
+            self.block_manager,
+            config.scheduler.max_num_seqs,
+            config.scheduler.max_num_batched_tokens,
             config.scheduler.enable_chunked_prefill,
+            config.scheduler.batching,
         )
         self.ids = itertools.count()
         self.in_flight: InFlight | None = None
@@ -122,12 +125,13 @@ class LLMEngine:
         return self.complete(batch, samplers, sampled, start, counters)
 
     def overlapped_step(self) -> tuple[list[RequestOutput], StepStats]:
-        """Decode step n+1 is scheduled and enqueued before step n's tokens are read back, so the
-        host's bookkeeping overlaps the device's work; prefill steps run synchronously."""
+        """Step n+1 is scheduled and enqueued before step n's tokens are read back, so the host's
+        bookkeeping overlaps the device's work. Under prefill_first batching only decode steps
+        overlap (prefill steps run synchronously); under mixed batching every step does."""
         if self.in_flight is None:
             start, counters = time.perf_counter(), self.prefix_counters()
             batch = self.scheduler.schedule()
-            if batch.is_prefill or not batch.seqs:
+            if not batch.seqs or (batch.is_prefill and not self.scheduler.mixed):
                 return self.run_synchronously(batch, start, counters)
             self.executor.launch(step_input_from(batch))
             self.in_flight = InFlight(batch, start, counters)
@@ -144,11 +148,13 @@ class LLMEngine:
         return self.complete(current.batch, samplers, sampled, current.start, current.counters)
 
     def schedule_following(self, batch: ScheduledBatch) -> ScheduledBatch:
-        """The next decode step, or an empty batch when a prefill must come first."""
+        """The next step; under prefill_first, an empty batch when a prefill must come first."""
+        running = [s for s in batch.seqs if s.status is Status.RUNNING]
+        done = frozenset(s.seq_id for s in running if self.length_reached(s))
+        if self.scheduler.mixed:
+            return self.scheduler.schedule(skip=done)
         if self.scheduler.waiting or any(seq.in_prefill for seq in self.scheduler.running):
             return ScheduledBatch(is_prefill=False)
-        running = (s for s in batch.seqs if s.status is Status.RUNNING)
-        done = frozenset(s.seq_id for s in running if self.length_reached(s))
         return self.scheduler.schedule_decode(skip=done)
 
     def advance(self, batch: ScheduledBatch, scheduled_at: float) -> list[Sequence | None]:
@@ -167,7 +173,11 @@ class LLMEngine:
         return samplers
 
     def complete(
-        self, batch: ScheduledBatch, samplers: list[Sequence | None], sampled: list[int], start: float,
+        self,
+        batch: ScheduledBatch,
+        samplers: list[Sequence | None],
+        sampled: list[int],
+        start: float,
         counters: tuple[int, int],
     ) -> tuple[list[RequestOutput], StepStats]:
         """Fills the placeholders with the sampled tokens and finishes what ended."""
@@ -216,9 +226,11 @@ class LLMEngine:
 
     def step_stats(self, batch, finished, elapsed, queries, hits, num_sampled) -> StepStats:
         return StepStats(
-            phase="prefill" if batch.is_prefill else "decode",
+            phase=step_phase(batch),
             num_seqs=len(batch.seqs),
             num_tokens=batch.num_tokens,
+            num_decode_tokens=batch.num_decodes,
+            num_prefill_tokens=batch.num_tokens - batch.num_decodes,
             num_output_tokens=num_sampled,
             step_time_s=elapsed,
             kv_blocks_used=self.block_manager.num_used,
@@ -255,9 +267,12 @@ class LLMEngine:
         if not prompts:
             raise ValueError("kv_cache_quality: no prompts given")
         groups = kv_quality.probe_groups(
-            [len(p) for p in prompts], num_tokens, self.config.scheduler.max_num_batched_tokens,
+            [len(p) for p in prompts],
+            num_tokens,
+            self.config.scheduler.max_num_batched_tokens,
             kv_quality.max_group_seqs(self.config.scheduler.max_num_seqs, num_tokens),
-            self.block_manager.block_size, self.block_manager.num_blocks,
+            self.block_manager.block_size,
+            self.block_manager.num_blocks,
         )
         self.block_manager.reset_prefix_cache()
         try:
@@ -304,6 +319,13 @@ class LLMEngine:
             self.executor.close()
             if _open_engines:  # what the engines still open built, frozen again
                 gc.freeze()
+
+
+def step_phase(batch: ScheduledBatch) -> str:
+    """prefill, decode or mixed (a step with both decodes and prefill chunks)."""
+    if not batch.is_prefill:
+        return "decode"
+    return "mixed" if batch.num_decodes else "prefill"
 
 
 def _token_id(name: str, token) -> int:

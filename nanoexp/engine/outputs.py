@@ -48,7 +48,7 @@ class RequestOutput:
 class StepStats:
     """What one `LLMEngine.step()` did."""
 
-    phase: str  # "prefill" or "decode"
+    phase: str  # "prefill", "decode" or "mixed" (decodes and prefill chunks in one step)
     num_seqs: int
     num_tokens: int  # tokens run through the model
     num_output_tokens: int  # tokens sampled
@@ -61,6 +61,8 @@ class StepStats:
     num_running: int
     num_waiting: int
     num_finished: int = 0
+    num_decode_tokens: int = 0  # of num_tokens: one-token decodes
+    num_prefill_tokens: int = 0  # of num_tokens: prompt (or recompute) chunks
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -1,5 +1,7 @@
-"""Continuous batching: prefill-first steps (chunked when over budget), decode steps with
-preemption by recompute when the KV cache runs out of blocks."""
+"""Continuous batching under one token budget per step, with preemption by recompute when the KV
+cache runs out of blocks. Two policies: `mixed` (each step runs every running decode's token
+first, then prefill chunks in the budget left) and `prefill_first` (a step is all prefill, chunked
+when over budget, or all decode)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,14 @@ from nanoexp.engine.sequence import Sequence, Status
 
 @dataclass
 class ScheduledBatch:
+    """The sequences of one step: `num_decodes` one-token decodes first, then prefill chunks.
+    is_prefill: the step has prefill chunks (a mixed step when it also has decodes)."""
+
     is_prefill: bool
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    num_decodes: int = 0
 
     def add(self, seq: Sequence, num_tokens: int) -> None:
         self.seqs.append(seq)
@@ -33,8 +39,10 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool,
+        batching: str = "mixed",
     ):
         self.block_manager = block_manager
+        self.mixed = batching == "mixed"
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -47,14 +55,30 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, skip: frozenset[int] = frozenset()) -> ScheduledBatch:
+        """The next step; sequences in `skip` (ended by a token not read yet) get no decode."""
+        if self.mixed:
+            return self.schedule_mixed(skip)
         batch = self.schedule_prefill()
-        return batch if batch.seqs else self.schedule_decode()
+        return batch if batch.seqs else self.schedule_decode(skip)
+
+    def schedule_mixed(self, skip: frozenset[int]) -> ScheduledBatch:
+        """Every running decode's token first (vLLM V1's rule), then prefill chunks in the rest of
+        the budget, so an arrival never stalls the running requests."""
+        batch = self.schedule_decode(skip)
+        self.fill_prefill(batch, self.max_num_batched_tokens - batch.num_tokens)
+        batch.is_prefill = len(batch.seqs) > batch.num_decodes
+        return batch
 
     def schedule_prefill(self) -> ScheduledBatch:
-        batch, budget = ScheduledBatch(is_prefill=True), self.max_num_batched_tokens
+        batch = ScheduledBatch(is_prefill=True)
+        self.fill_prefill(batch, self.max_num_batched_tokens)
+        return batch
+
+    def fill_prefill(self, batch: ScheduledBatch, budget: int) -> None:
+        """Adds chunks of the running prefills, then admits waiting requests, within `budget`."""
         for seq in self.running:
-            if seq.in_prefill and budget > 0:
+            if seq.in_prefill and seq.status is Status.RUNNING and budget > 0:
                 n = min(seq.num_uncomputed_tokens, budget)
                 batch.add(seq, n)
                 budget -= n
@@ -64,7 +88,6 @@ class Scheduler:
                 break
             batch.add(self.waiting.popleft(), n)
             budget -= n
-        return batch
 
     def admit(self, seq: Sequence, budget: int) -> int:
         """Gives seq its blocks and returns how many of its tokens run now (0 = cannot admit)."""
@@ -91,8 +114,9 @@ class Scheduler:
                 break
             if seq.seq_id in skip:
                 continue
-            if seq.status is Status.RUNNING and self.make_room(seq, batch):
+            if seq.status is Status.RUNNING and not seq.in_prefill and self.make_room(seq, batch):
                 batch.add(seq, 1)
+        batch.num_decodes = len(batch.seqs)
         return batch
 
     def make_room(self, seq: Sequence, batch: ScheduledBatch) -> bool:

@@ -9,13 +9,16 @@ from nanoexp.runner.step_input import StepInput
 
 
 def step_input_from(batch: ScheduledBatch, prev_rows: dict[int, int] | None = None) -> StepInput:
-    """The step's plain-data description. A placeholder input token (decode after an unread step)
-    is taken on the device from row prev_rows[seq_id] of that step's samples."""
-    step = StepInput(batch.is_prefill, [], [], [], [], [])
-    from_prev = []
+    """The step's plain-data description. A placeholder input token (the last token of a sequence
+    whose sample is not read yet) is taken on the device from row prev_rows[seq_id] of the
+    previous step's samples."""
+    num_decodes = batch.num_decodes if batch.is_prefill else 0
+    step = StepInput(batch.is_prefill, [], [], [], [], [], num_decodes=num_decodes)
+    from_prev: list[int] = []
     for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         tokens = seq.token_ids[start:end]
+        from_prev += [-1] * (n - 1)
         from_prev.append(prev_rows[seq.seq_id] if tokens[-1] == PLACEHOLDER else -1)
         step.token_ids.extend(tokens[:-1] + [max(tokens[-1], 0)])
         step.query_lens.append(n)

@@ -55,6 +55,10 @@ class AttentionMetadata:
     A new token at position p of sequence i lives at slot
     block_tables[i][p // block_size] * block_size + p % block_size; slot -1 means "do not store"
     (padding rows, e.g. CUDA-graph padding).
+
+    A mixed step (a prefill step with num_decodes > 0) packs num_decodes one-token decodes first,
+    then the prefill sequences; cu_seqlens_q/cu_seqlens_k, max_seqlen_q and has_cached_prefix
+    then describe the prefill sequences only (cu_seqlens_q[0] = 0 at row num_decodes).
     """
 
     is_prefill: bool
@@ -66,6 +70,22 @@ class AttentionMetadata:
     max_seqlen_q: int = 1
     max_seqlen_k: int = 0
     has_cached_prefix: bool = False  # some prefill sequence attends to tokens from earlier steps
+    num_decodes: int = 0  # leading one-token decode sequences of a prefill step (a mixed step)
+
+    @functools.cached_property
+    def decode_part(self) -> AttentionMetadata:
+        """A mixed step's leading decodes, as a decode step."""
+        d = self.num_decodes
+        return AttentionMetadata(False, self.slot_mapping[:d], self.context_lens[:d], self.block_tables[:d])
+
+    @functools.cached_property
+    def prefill_part(self) -> AttentionMetadata:
+        """A mixed step's prefill sequences, as a prefill step of their rows."""
+        d = self.num_decodes
+        return AttentionMetadata(
+            True, self.slot_mapping[d:], self.context_lens[d:], self.block_tables[d:], self.cu_seqlens_q,
+            self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k, self.has_cached_prefix,
+        )  # fmt: skip
 
 
 class AttentionBackend:
@@ -126,6 +146,26 @@ class AttentionBackend:
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Causal attention of each sequence's new tokens over its whole context."""
         raise NotImplementedError
+
+    def mixed(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        md: AttentionMetadata,
+        scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """A mixed step: the leading md.num_decodes rows through decode, the rest through prefill."""
+        d = md.num_decodes
+        decoded = self.decode(q[:d], k_cache, v_cache, md.decode_part, scale, k_scale, v_scale)
+        prefilled = self.prefill(
+            q[d:], k[d:], v[d:], k_cache, v_cache, md.prefill_part, scale, k_scale, v_scale
+        )
+        return torch.cat([decoded, prefilled])
 
     def decode(
         self,

@@ -58,6 +58,8 @@ class Attention(nn.Module):
 
     def _attend(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
         backend, k_scale, v_scale = self.backend, self.k_scale, self.v_scale
+        if md.is_prefill and md.num_decodes:
+            return backend.mixed(q, k, v, self.k_cache, self.v_cache, md, self.scale, k_scale, v_scale)
         if md.is_prefill:
             return backend.prefill(q, k, v, self.k_cache, self.v_cache, md, self.scale, k_scale, v_scale)
         return backend.decode(q, self.k_cache, self.v_cache, md, self.scale, k_scale, v_scale)

@@ -82,7 +82,10 @@ def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> Mo
 
 
 def prepare_step(
-    step: StepInput, block_size: int, vocab_size: int, device: torch.device,
+    step: StepInput,
+    block_size: int,
+    vocab_size: int,
+    device: torch.device,
     fresh: Callable[[int], np.ndarray] | None = None,
 ) -> tuple[ModelInputs, SamplingTensors | None]:
     """prepare_inputs and (when the step samples) prepare_sampling through one upload."""
@@ -111,8 +114,9 @@ def input_columns(
         (step.token_ids, torch.int64), (positions, torch.int64), (last_rows, torch.int64),
         (slots, torch.int64), (context_lens, torch.int32), (tables, torch.int32),
     ]  # fmt: skip
-    if step.is_prefill:  # sequence boundaries: prefill only (AttentionMetadata)
-        columns += [(cu_q, torch.int32), (cu_k, torch.int32)]
+    d = step.num_decodes
+    if step.is_prefill:  # prefill sequences' boundaries, after a mixed step's decodes (AttentionMetadata)
+        columns += [(cu_q[d:] - cu_q[d], torch.int32), (cu_k[d:] - cu_k[d], torch.int32)]
     if step.prev_sample_rows is not None:
         columns.append((step.prev_sample_rows, torch.int64))
     samples, num_rows = step.sample_seq_indices, len(step.token_ids)
@@ -130,9 +134,10 @@ def input_columns(
             block_tables=tables_t,
             cu_seqlens_q=cu_q_t,
             cu_seqlens_k=cu_k_t,
-            max_seqlen_q=int(query_lens.max()),
-            max_seqlen_k=int(context_lens.max()),
-            has_cached_prefix=step.is_prefill and step.query_lens != step.context_lens,
+            max_seqlen_q=int(query_lens[d:].max()) if step.is_prefill else 1,
+            max_seqlen_k=int(context_lens[d:].max()),
+            has_cached_prefix=step.is_prefill and step.query_lens[d:] != step.context_lens[d:],
+            num_decodes=d,
         )
         return ModelInputs(input_ids, positions_t, md, logits_indices, rows[0] if rows else None, all_rows)
 

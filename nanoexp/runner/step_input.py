@@ -19,9 +19,12 @@ class StepInput:
     top_p: list[float] = field(default_factory=list)
     min_p: list[float] = field(default_factory=list)
     seeds: list[int | None] = field(default_factory=list)  # already mixed with the output position
-    # per sequence: the row of the previous step's samples that is its (not yet known) input token,
+    # per token: the row of the previous step's samples that is this (not yet known) input token,
     # or -1 when token_ids holds it; None when every token is known
     prev_sample_rows: list[int] | None = None
+    # a prefill step's leading sequences that are one-token decodes (a mixed step: they attend
+    # through the decode kernel, the rest through the prefill kernel)
+    num_decodes: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -32,5 +35,11 @@ def blockless_prefill(sequences: list[list[int]]) -> StepInput:
     """A prefill of whole sequences without cache blocks: attention over the step's fresh K/V only,
     nothing stored, the last token of every sequence sampled (or its logits read)."""
     lens = [len(s) for s in sequences]
-    return StepInput(True, [t for s in sequences for t in s], lens, lens, [[] for _ in sequences],
-                     list(range(len(sequences))))
+    return StepInput(
+        True,
+        [t for s in sequences for t in s],
+        lens,
+        lens,
+        [[] for _ in sequences],
+        list(range(len(sequences))),
+    )
