@@ -139,3 +139,27 @@ def test_tp2_push_all_reduce_matches_nccl_token_for_token_in_bf16(checkpoints, a
         for choice in ("nccl", "push")
     }
     assert [o.token_ids for o in outs["push"]] == [o.token_ids for o in outs["nccl"]]
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
+@pytest.mark.parametrize("kwargs", [dict(), dict(max_num_batched_tokens=40), dict(num_kvcache_blocks=40)],
+                         ids=["plain", "chunked", "preemption"])
+def test_staggered_arrivals_in_float32_match_transformers(checkpoints, reference_outputs, batching, eager,
+                                                          kwargs):
+    """Requests arrive while others decode, so mixed steps (in step graphs unless eager) occur."""
+    from tests.test_engine_parity import staggered_run
+
+    name = "qwen3_gqa4"
+    prompts = random_prompts(LENGTHS, seed=14)
+    args = dict(kvcache_block_size=16, attention_backend="triton", max_model_len=1024, max_num_seqs=16,
+                num_kvcache_blocks=512, max_num_batched_tokens=2048, dtype="float32", device="cuda",
+                enforce_eager=eager, batching=batching)
+    args.update(kwargs)
+    with LLM(checkpoints[name][0], **args) as llm:
+        outputs, phases = staggered_run(llm, prompts, max_tokens=16)
+        if not eager:
+            assert llm.engine.executor.runner.step_graphs is not None
+    for prompt, tokens in zip(prompts, outputs, strict=True):
+        assert tokens == reference_outputs(name, prompt, 16), f"prompt length {len(prompt)}"
+    assert ("mixed" in phases) == (batching == "mixed")

@@ -16,6 +16,7 @@ triton = pytest.importorskip("triton")
 # Without CUDA, conftest has turned the Triton interpreter on before anything imported triton.
 from nanoexp.kernels import triton_attention  # noqa: E402
 from nanoexp.kernels.base import AttentionMetadata  # noqa: E402
+from nanoexp.kernels.prefill_tiles import prefill_tiles  # noqa: E402
 from nanoexp.kernels.select import make_attention_backend  # noqa: E402
 from nanoexp.kernels.torch_ref import TorchAttentionBackend  # noqa: E402
 from nanoexp.kernels.triton_backend import TritonAttentionBackend  # noqa: E402
@@ -285,6 +286,55 @@ def test_prefill_head_dims(head_dim):
 def test_prefill_large_block():
     out, ref = run_prefill([300, 40], [100, 40], 4, 2, 32, 256, torch.float16)
     assert_close(out, ref, torch.float16)
+
+
+def mixed_step(ctx_lens, q_lens, num_decodes, block_size, dtype, seed=0):
+    """Caches holding a mixed step's contexts (its new K/V stored), its queries, and the eager
+    mixed metadata (decodes first, then prefill sequences)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(cdiv(n, block_size) for n in ctx_lens) + 3
+    k_cache, v_cache = make_cache(num_blocks, block_size, 2, 32, dtype, gen)
+    table = make_block_tables(ctx_lens, block_size, num_blocks, gen)
+    md = prefill_metadata(ctx_lens[num_decodes:], q_lens[num_decodes:], table[num_decodes:], block_size)
+    md.slot_mapping = slots_for(table, ctx_lens, q_lens, block_size)
+    md.context_lens = torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE)
+    md.block_tables, md.num_decodes, md.has_cached_prefix = table, num_decodes, True
+    q = torch.randn(sum(q_lens), 4, 32, generator=gen).to(DEVICE, dtype)
+    return q, k_cache, v_cache, md
+
+
+def test_step_graph_mixed_attention_matches_the_eager_one_with_padding():
+    """The fixed-grid form a step graph captures (decode slots and tile table padded beyond the
+    step's sequences and rows) gives the eager mixed step's rows."""
+    ctx_lens, q_lens, d = [20, 45, 7, 40, 70], [1, 1, 1, 40, 30], 3
+    q, k_cache, v_cache, md = mixed_step(ctx_lens, q_lens, d, 16, torch.float32)
+    ref = TorchAttentionBackend().mixed(q, q, q, k_cache, v_cache, md, 0.3)
+    tokens, padded, block_m = sum(q_lens), 96, 16
+    tiles = prefill_tiles(q_lens, d, block_m)
+    fixed = AttentionMetadata(
+        is_prefill=True,
+        slot_mapping=md.slot_mapping,
+        context_lens=torch.tensor(ctx_lens + [0], dtype=torch.int32, device=DEVICE),
+        block_tables=torch.cat([md.block_tables, torch.zeros_like(md.block_tables[:1])]),
+        cu_seqlens_q=md.cu_seqlens_q,
+        max_seqlen_q=padded,
+        has_cached_prefix=True,
+        num_decodes=5,
+        prefill_tiles=torch.cat([torch.tensor(tiles), torch.full((4, 4), -1, dtype=torch.int32)]).to(DEVICE),
+        decode_context_lens=torch.tensor(ctx_lens[:d] + [0, 0], dtype=torch.int32, device=DEVICE),
+    )
+    q_padded = torch.cat([q, torch.randn(padded - tokens, 4, 32).to(DEVICE, q.dtype)])
+    with pytest.MonkeyPatch.context() as patch:  # the tiles were built for this tile height
+        patch.setattr(triton_attention, "_prefill_config", lambda dim_pad, max_q: (block_m, 16, 4, 1))
+        out = TritonAttentionBackend().mixed(q_padded, q_padded, q_padded, k_cache, v_cache, fixed, 0.3)
+    assert_close(out[:tokens], ref, torch.float32)
+
+
+def test_prefill_tiles_cover_each_prefill_row_once():
+    tiles = prefill_tiles([1, 1, 70, 5, 129], 2, 64)
+    assert tiles.tolist() == [
+        [2, 2, 70, 0], [2, 2, 70, 1], [3, 72, 5, 0], [4, 77, 129, 0], [4, 77, 129, 1], [4, 77, 129, 2],
+    ]  # fmt: skip
 
 
 def test_prefill_rejects_too_small_max_seqlen_q():

@@ -71,6 +71,11 @@ class AttentionMetadata:
     max_seqlen_k: int = 0
     has_cached_prefix: bool = False  # some prefill sequence attends to tokens from earlier steps
     num_decodes: int = 0  # leading one-token decode sequences of a prefill step (a mixed step)
+    # A step graph's fixed-shape mixed step: the prefill kernel's tile table (int32 [n, 4], see
+    # triton_attention.varlen_prefill), and the context of each of the num_decodes leading decode
+    # slots (0: the slot holds no decode)
+    prefill_tiles: torch.Tensor | None = None
+    decode_context_lens: torch.Tensor | None = None
 
     @functools.cached_property
     def decode_part(self) -> AttentionMetadata:
@@ -98,6 +103,7 @@ class AttentionBackend:
     For other caches the scales are ignored and may be None."""
 
     name = "base"
+    captures_mixed_steps = False  # mixed() honours AttentionMetadata.prefill_tiles (step graphs)
 
     def store_kv(
         self,

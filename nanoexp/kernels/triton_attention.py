@@ -27,6 +27,7 @@ import triton.language as tl
 
 from nanoexp.kernels.base import check_scales, num_sms
 from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.prefill_tiles import prefill_config as _prefill_config
 from nanoexp.kernels.triton_decode_fma import cuda_core_split_kernel, tile_shape
 from nanoexp.kernels.triton_pdl import wait_for_previous
 from nanoexp.kernels.triton_splits import (
@@ -500,6 +501,7 @@ def _prefill_kernel(
     block_tables_ptr,
     k_scale_ptr,
     v_scale_ptr,
+    tiles_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -523,22 +525,36 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr,
     KV_FP8: tl.constexpr,
+    TILED: tl.constexpr,
 ):
     """One (query tile, sequence, head). Query j sits at position ctx - q_len + j (causal).
 
     PAGED reads K/V through the block table (k_ptr/v_ptr are the caches, fp8 when KV_FP8);
     otherwise K/V are this step's packed rows (each with its own strides: v is usually a view
     into the fused qkv projection) and the context is exactly the new tokens.
+    TILED: program (t, head) runs the query tile of row t of the tile table, int32
+    (sequence, first row, query length, tile index) with sequence -1 for no work: a fixed grid
+    whatever the step's sequences, as a CUDA graph needs.
     """
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
-    m_block = tl.program_id(0)
-    seq = tl.program_id(1)
-    head = tl.program_id(2)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    if m_block * BLOCK_M >= q_len:
-        return
+    if TILED:
+        tile = tiles_ptr + tl.program_id(0) * 4
+        seq = tl.load(tile)
+        if seq < 0:
+            return
+        q_start = tl.load(tile + 1)
+        q_len = tl.load(tile + 2)
+        m_block = tl.load(tile + 3)
+        head = tl.program_id(1)
+    else:
+        m_block = tl.program_id(0)
+        seq = tl.program_id(1)
+        head = tl.program_id(2)
+        q_start = tl.load(cu_seqlens_q_ptr + seq)
+        q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+        if m_block * BLOCK_M >= q_len:
+            return
     if PAGED:
         ctx = tl.load(context_lens_ptr + seq)
         k_base = (head // GROUP) * stride_kh
@@ -583,15 +599,6 @@ def _prefill_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
-def _prefill_config(dim_pad: int, max_seqlen_q: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) sized to fit shared memory."""
-    if dim_pad > 128:
-        return 64, 32, 4, 2
-    block_m = 64 if max_seqlen_q <= 64 else 128
-    num_warps = 8 if dim_pad == 128 and block_m == 128 else 4
-    return block_m, 64, num_warps, 3
-
-
 def varlen_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -605,6 +612,8 @@ def varlen_prefill(
     block_n: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    tiles: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries q [T, H, D].
 
@@ -612,6 +621,11 @@ def varlen_prefill(
     context_lens[i] cached positions (an fp8 cache needs k_scale and v_scale). Without, k/v
     [T, kv_heads, D] are packed like q and each sequence attends to its own new tokens only.
     max_seqlen_q must bound every q length.
+
+    tiles (paged only; int32 [n, 4], `prefill_tiles` builds it for BLOCK_M =
+    `prefill_block_m(head_dim, max_seqlen_q)`) lists the query tiles to run instead of
+    cu_seqlens_q: a grid of n x heads whatever the sequences. Rows of `out` (default: a new
+    tensor) that no tile covers are left as they were.
     """
     num_tokens, num_heads, head_dim = q.shape
     paged = block_tables is not None
@@ -622,7 +636,8 @@ def varlen_prefill(
     else:
         k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
         assert q.stride(-1) == 1 and num_heads % num_kv_heads == 0
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     num_seqs = cu_seqlens_q.shape[0] - 1
     if num_tokens == 0 or num_seqs == 0:
         return out
@@ -631,6 +646,9 @@ def varlen_prefill(
     cfg_m, cfg_n, num_warps, num_stages = _prefill_config(dim_pad, max_seqlen_q)
     block_m, block_n = block_m or cfg_m, block_n or cfg_n
     grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
+    if tiles is not None:
+        assert paged and tiles.dtype == torch.int32 and tiles.shape[1] == 4
+        grid = (tiles.shape[0], num_heads)
     _prefill_kernel[grid](
         q,
         k,
@@ -641,6 +659,7 @@ def varlen_prefill(
         block_tables if paged else cu_seqlens_q,
         k_scale if fp8 else cu_seqlens_q,  # unused unless KV_FP8
         v_scale if fp8 else cu_seqlens_q,
+        cu_seqlens_q if tiles is None else tiles,  # unused unless TILED
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -664,6 +683,7 @@ def varlen_prefill(
         BLOCK_N=block_n,
         PAGED=paged,
         KV_FP8=fp8,
+        TILED=tiles is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -12,6 +12,7 @@ from nanoexp.kernels.triton_kv import store_kv
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    captures_mixed_steps = True
 
     def __init__(self, fuse_qk_norm_rope: bool | None = None):
         """fuse_qk_norm_rope: use the one-kernel q/k norm + RoPE + KV store; None = on CUDA only
@@ -67,6 +68,23 @@ class TritonAttentionBackend(AttentionBackend):
                 md.context_lens, md.block_tables, scale, k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
         return varlen_prefill(q, k, v, md.cu_seqlens_q, md.max_seqlen_q, None, None, scale)
+
+    def mixed(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None):
+        """With md.prefill_tiles (a step graph): the decode kernel over the leading decode slots,
+        then the prefill kernel over the tile table, each on a fixed grid, into one output."""
+        if md.prefill_tiles is None:
+            return super().mixed(q, k, v, k_cache, v_cache, md, scale, k_scale, v_scale)
+        slots = md.decode_context_lens.shape[0]
+        max_len = md.block_tables.shape[1] * k_cache.shape[1]
+        decoded = paged_decode(
+            q[:slots], k_cache, v_cache, md.block_tables[:slots], md.decode_context_lens, scale, max_len,
+            k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+        out = torch.cat([decoded, torch.empty_like(q[slots:])])
+        return varlen_prefill(
+            q, k_cache, v_cache, md.cu_seqlens_q, md.max_seqlen_q, md.context_lens, md.block_tables,
+            scale, k_scale=k_scale, v_scale=v_scale, tiles=md.prefill_tiles, out=out,
+        )  # fmt: skip
 
     def decode(
         self,

@@ -1,4 +1,5 @@
-"""CUDA graphs of the decode forward pass at a ladder of batch sizes."""
+"""CUDA graphs of the forward pass: decode steps at a ladder of batch sizes, and steps with prefill
+tokens (mixed or prefill-only) at a ladder of token counts."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from torch import nn
 
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionMetadata
+from nanoexp.kernels.prefill_tiles import prefill_block_m
 from nanoexp.runner.inputs import ModelInputs
 
 MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly
+MAX_STEP_GRAPH_TOKENS = 4096  # steps with prefill tokens up to this many run in step graphs
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -22,8 +25,15 @@ class DecodeGraphs:
     """Captures model(input_ids, positions, md) for decode batches; replays the smallest graph
     that fits, padding the extra rows (slot -1: nothing stored; context 0: nothing read)."""
 
-    def __init__(self, model: nn.Module, hidden_size: int, max_num_seqs: int, max_blocks_per_seq: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        model: nn.Module,
+        hidden_size: int,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.model = model
         self.sizes = graph_batch_sizes(max_num_seqs)
         top = self.sizes[-1]
@@ -45,7 +55,9 @@ class DecodeGraphs:
 
     def view(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         md = AttentionMetadata(
-            is_prefill=False, slot_mapping=self.md.slot_mapping[:bs], context_lens=self.md.context_lens[:bs],
+            is_prefill=False,
+            slot_mapping=self.md.slot_mapping[:bs],
+            context_lens=self.md.context_lens[:bs],
             block_tables=self.md.block_tables[:bs],
         )
         return self.input_ids[:bs], self.positions[:bs], md
@@ -79,4 +91,95 @@ class DecodeGraphs:
         width = inputs.md.block_tables.shape[1]
         self.md.block_tables[:n, :width] = inputs.md.block_tables
         self.graphs[bs].replay()
+        return self.output[:n]
+
+
+def step_graph_sizes(max_num_batched_tokens: int) -> list[int]:
+    top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
+    return sorted({size for size in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if size < top} | {top})
+
+
+class StepGraphs:
+    """Captures model(input_ids, positions, md) for steps with prefill tokens, keyed by padded
+    token count: attention runs the decode kernel over a fixed number of leading decode slots and
+    the prefill kernel over a fixed-size tile table (AttentionMetadata.prefill_tiles), so the
+    graph serves any mix of decodes and prefill chunks up to its size. Padding tokens store
+    nothing (slot -1), padding sequences read nothing (context 0), padding tiles run nothing."""
+
+    def __init__(self, model: nn.Module, hidden_size: int, head_dim: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_blocks_per_seq: int, dtype: torch.dtype,
+                 device: torch.device):  # fmt: skip
+        self.model, self.head_dim, self.max_num_seqs = model, head_dim, max_num_seqs
+        self.sizes = step_graph_sizes(max_num_batched_tokens)
+        top, seqs = self.sizes[-1], self.seq_slots(self.sizes[-1])
+        int32 = {"dtype": torch.int32, "device": device}
+        self.input_ids = torch.zeros(top, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(top, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((top,), -1, dtype=torch.int64, device=device)
+        self.context_lens = torch.zeros(seqs, **int32)
+        self.decode_context_lens = torch.zeros(seqs, **int32)
+        self.block_tables = torch.zeros(seqs, max_blocks_per_seq, **int32)
+        self.cu_seqlens_q = torch.zeros(seqs + 1, **int32)  # unread by the tiled kernel
+        self.tiles = torch.full((max(self.tile_slots(size) for size in self.sizes), 4), -1, **int32)
+        self.output = torch.zeros(top, hidden_size, dtype=dtype, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sizes[-1]
+
+    def seq_slots(self, tokens: int) -> int:
+        return min(tokens, self.max_num_seqs)
+
+    def tile_slots(self, tokens: int) -> int:
+        """Tiles of at most `tokens` rows in at most seq_slots sequences: one partial tile each."""
+        return -(-tokens // prefill_block_m(self.head_dim, tokens)) + self.seq_slots(tokens)
+
+    def size_for(self, num_tokens: int) -> int:
+        return next(size for size in self.sizes if size >= num_tokens)
+
+    def tile_block_m(self, num_tokens: int) -> int:
+        """The tile height of the graph that runs a step of num_tokens tokens."""
+        return prefill_block_m(self.head_dim, self.size_for(num_tokens))
+
+    def view(self, size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        seqs = self.seq_slots(size)
+        md = AttentionMetadata(
+            is_prefill=True, slot_mapping=self.slot_mapping[:size], context_lens=self.context_lens[:seqs],
+            block_tables=self.block_tables[:seqs], cu_seqlens_q=self.cu_seqlens_q[: seqs + 1],
+            max_seqlen_q=size, has_cached_prefix=True, num_decodes=seqs,
+            prefill_tiles=self.tiles[: self.tile_slots(size)],
+            decode_context_lens=self.decode_context_lens[:seqs],
+        )  # fmt: skip
+        return self.input_ids[:size], self.positions[:size], md
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        for size in reversed(self.sizes):
+            input_ids, positions, md = self.view(size)
+            self.output[:size] = self.model(input_ids, positions, md)  # warm-up outside the graph
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, self.pool):
+                self.output[:size] = self.model(input_ids, positions, md)
+            self.pool = self.pool or graph.pool()
+            self.graphs[size] = graph
+            torch.cuda.synchronize()
+
+    def replay(self, inputs: ModelInputs) -> torch.Tensor:
+        n, md = inputs.input_ids.shape[0], inputs.md
+        size = self.size_for(n)
+        seqs, decodes, tiles = md.context_lens.shape[0], md.num_decodes, inputs.prefill_tiles.shape[0]
+        self.input_ids[:n] = inputs.input_ids
+        self.positions[:n] = inputs.positions
+        self.slot_mapping[:n] = md.slot_mapping
+        self.slot_mapping[n:size] = -1
+        self.context_lens[:seqs] = md.context_lens
+        self.context_lens[seqs : self.seq_slots(size)] = 0
+        self.decode_context_lens[:decodes] = md.context_lens[:decodes]
+        self.decode_context_lens[decodes : self.seq_slots(size)] = 0
+        self.block_tables[:seqs, : md.block_tables.shape[1]] = md.block_tables
+        self.tiles[:tiles] = inputs.prefill_tiles
+        self.tiles[tiles : self.tile_slots(size)] = -1
+        self.graphs[size].replay()
         return self.output[:n]

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from nanoexp.kernels.base import AttentionMetadata
+from nanoexp.kernels.prefill_tiles import prefill_tiles
 from nanoexp.layers.sampler import SamplingTensors
 from nanoexp.runner.step_input import StepInput
 
@@ -22,6 +23,7 @@ class ModelInputs:
     logits_indices: torch.Tensor  # rows of the hidden states whose logits are needed
     prev_sample_rows: torch.Tensor | None = None  # step.prev_sample_rows on the device
     all_rows: bool = False  # every row's logits are needed (logits_indices is 0..n-1)
+    prefill_tiles: torch.Tensor | None = None  # the prefill kernel's tile table, for a step graph
 
 
 NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
@@ -98,9 +100,10 @@ def prepare_step(
 
 
 def input_columns(
-    step: StepInput, block_size: int
+    step: StepInput, block_size: int, tile_block_m: int | None = None
 ) -> tuple[list[tuple[Any, torch.dtype]], Callable[[list[torch.Tensor]], ModelInputs]]:
-    """The step's model inputs as host columns, and how their uploaded tensors make ModelInputs."""
+    """The step's model inputs as host columns, and how their uploaded tensors make ModelInputs;
+    tile_block_m: a prefill step that runs in a step graph, whose tile table has these rows a tile."""
     query_lens = np.asarray(step.query_lens, dtype=np.int64)
     context_lens = np.asarray(step.context_lens, dtype=np.int64)
     cu_q = np.concatenate([[0], np.cumsum(query_lens)])
@@ -119,6 +122,8 @@ def input_columns(
         columns += [(cu_q[d:] - cu_q[d], torch.int32), (cu_k[d:] - cu_k[d], torch.int32)]
     if step.prev_sample_rows is not None:
         columns.append((step.prev_sample_rows, torch.int64))
+    if tile_block_m is not None:
+        columns.append((prefill_tiles(query_lens, d, tile_block_m), torch.int32))
     samples, num_rows = step.sample_seq_indices, len(step.token_ids)
     # row i samples (decode); the length test first keeps a long prefill from building the range
     all_rows = len(samples) == num_rows and samples == list(range(num_rows))
@@ -127,6 +132,7 @@ def input_columns(
         input_ids, positions_t, logits_indices, slots_t, context_t, tables_t, *rest = tensors
         cu_q_t, cu_k_t = rest[:2] if step.is_prefill else (None, None)
         rows = rest[2:] if step.is_prefill else rest
+        tiles = rows.pop() if tile_block_m is not None else None
         md = AttentionMetadata(
             is_prefill=step.is_prefill,
             slot_mapping=slots_t,
@@ -139,7 +145,8 @@ def input_columns(
             has_cached_prefix=step.is_prefill and step.query_lens[d:] != step.context_lens[d:],
             num_decodes=d,
         )
-        return ModelInputs(input_ids, positions_t, md, logits_indices, rows[0] if rows else None, all_rows)
+        prev_rows = rows[0] if rows else None
+        return ModelInputs(input_ids, positions_t, md, logits_indices, prev_rows, all_rows, tiles)
 
     return columns, assemble
 

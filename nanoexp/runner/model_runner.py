@@ -16,9 +16,10 @@ from nanoexp.config import EngineConfig
 from nanoexp.distributed import all_gather_stacked, init_all_reduce, reset_all_reduce
 from nanoexp.kernels import pdl
 from nanoexp.kernels.select import triton_available
+from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.fusion import fused
 from nanoexp.layers.sampler import Sampler, SamplingTensors, pick_shard_winner
-from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, DecodeGraphs
+from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, DecodeGraphs, StepGraphs
 from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_sampling, prepare_step
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
@@ -70,8 +71,8 @@ class ModelRunner:
         self.tp = config.parallel.tensor_parallel_size
         self.steps_sampled = 0  # every rank counts the same steps: the key of TP's fresh seeds
         # the ranks exchange token ids as float32, exact below 2^24
-        self.shards_sampling = self.tp > 1 and config.parallel.sharded_sampling and (
-            self.hf_config.vocab_size < 2**24
+        self.shards_sampling = (
+            self.tp > 1 and config.parallel.sharded_sampling and (self.hf_config.vocab_size < 2**24)
         )
         self.pending: deque[PendingStep] = deque()  # launched, not collected (rank 0)
         self.readback = ReadbackPool()
@@ -82,12 +83,20 @@ class ModelRunner:
         self.kv_cache, self.num_blocks, self.kv_cache_bytes = cache.tensor, cache.num_blocks, cache.num_bytes
         if self.device.type == "cuda":
             self.warm_up_prefill_kernels()
+        self.step_graphs: StepGraphs | None = None
         self.graphs = self.capture_graphs() if self.uses_graphs() else None
 
     def decode_message_bytes(self) -> int:
         """The largest all-reduce of a captured decode step: one hidden row per sequence."""
         rows = min(self.config.scheduler.max_num_seqs, MAX_GRAPH_BATCH)
         return rows * self.hf_config.hidden_size * self.dtype.itemsize
+
+    def model_head_dim(self) -> int:
+        return attention_layers(self.model)[0].head_dim
+
+    def uses_step_graph(self, step: StepInput) -> bool:
+        graphs = self.step_graphs
+        return graphs is not None and step.is_prefill and step.num_tokens <= graphs.max_tokens
 
     def uses_graphs(self) -> bool:
         return self.device.type == "cuda" and not self.config.scheduler.enforce_eager
@@ -98,13 +107,27 @@ class ModelRunner:
     # ---- start-up runs ------------------------------------------------------------------------
 
     def capture_graphs(self) -> DecodeGraphs:
+        """Decode graphs, and step graphs for steps with prefill tokens where the attention
+        backend runs them on a fixed grid."""
         start = time.perf_counter()
         max_blocks = -(-self.max_model_len // self.block_size)
+        scheduler = self.config.scheduler
         graphs = DecodeGraphs(
-            self.model, self.hf_config.hidden_size, self.config.scheduler.max_num_seqs, max_blocks,
-            self.dtype, self.device,
+            self.model,
+            self.hf_config.hidden_size,
+            scheduler.max_num_seqs,
+            max_blocks,
+            self.dtype,
+            self.device,
         )
+        if self.backend.captures_mixed_steps:
+            self.step_graphs = StepGraphs(
+                self.model, self.hf_config.hidden_size, self.model_head_dim(), scheduler.max_num_seqs,
+                scheduler.max_num_batched_tokens, max_blocks, self.dtype, self.device,
+            )  # fmt: skip
         with fused(True):
+            if self.step_graphs is not None:
+                self.step_graphs.capture()
             graphs.capture()
             self.warm_up_sampler()
         self.timings["graph_capture_s"] = time.perf_counter() - start
@@ -209,7 +232,10 @@ class ModelRunner:
     def prepare(self, step: StepInput) -> tuple[ModelInputs, SamplingTensors | None]:
         """The step's model inputs and, when it samples, its sampling tensors, in one upload."""
         fresh = self.fresh_seeds() if step.sample_seq_indices else None
-        return prepare_step(step, self.block_size, self.hf_config.vocab_size, self.device, fresh)
+        tile_block_m = self.step_graphs.tile_block_m(step.num_tokens) if self.uses_step_graph(step) else None
+        return prepare_step(
+            step, self.block_size, self.hf_config.vocab_size, self.device, fresh, tile_block_m
+        )
 
     def fresh_seeds(self) -> Callable[[int], np.ndarray] | None:
         """The seeds of a step's unseeded rows: under TP keyed by the step count (the same on every
@@ -227,9 +253,11 @@ class ModelRunner:
         return exchange_winners(*self.sampler.shard_winners(logits, sampling, vocab_offset))
 
     def forward_hidden(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor:
-        """The last layer's hidden states, through the captured graph for a decode step that fits."""
+        """The last layer's hidden states, through a captured graph where the step fits one."""
         if self.graphs and not step.is_prefill and step.num_tokens <= self.graphs.max_batch:
             return self.graphs.replay(inputs)
+        if inputs.prefill_tiles is not None:
+            return self.step_graphs.replay(inputs)
         with fused(self.uses_graphs()):
             return self.model(inputs.input_ids, inputs.positions, inputs.md)
 
@@ -283,7 +311,10 @@ class ModelRunner:
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,
             "sharded_sampling": self.shards_sampling,
-            "load_s": 0.0, "warmup_s": 0.0, "graph_capture_s": 0.0, "kv_calibration_s": 0.0,
+            "load_s": 0.0,
+            "warmup_s": 0.0,
+            "graph_capture_s": 0.0,
+            "kv_calibration_s": 0.0,
             **(self.all_reduce.describe() if self.all_reduce else {}),
             **self.timings,
         }

@@ -1,0 +1,37 @@
+"""The prefill kernel's tile shape and its tile table: plain host code (no Triton), shared by the
+kernel's launcher and the runner, which builds a step graph's table on the host."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def dim_pad(head_dim: int) -> int:
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def prefill_config(dim_pad: int, max_seqlen_q: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) sized to fit shared memory."""
+    if dim_pad > 128:
+        return 64, 32, 4, 2
+    block_m = 64 if max_seqlen_q <= 64 else 128
+    num_warps = 8 if dim_pad == 128 and block_m == 128 else 4
+    return block_m, 64, num_warps, 3
+
+
+def prefill_block_m(head_dim: int, max_seqlen_q: int) -> int:
+    """The query rows per tile that varlen_prefill runs at this head size and longest query."""
+    return prefill_config(dim_pad(head_dim), max_seqlen_q)[0]
+
+
+def prefill_tiles(query_lens: np.ndarray, first_seq: int, block_m: int) -> np.ndarray:
+    """varlen_prefill's tile table for sequences first_seq.. of a packed step (those before are
+    skipped, e.g. a mixed step's decodes): int32 rows (sequence, first row, query length, tile)."""
+    lens = np.asarray(query_lens, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lens)])[:-1]
+    counts = -(-lens // block_m)
+    counts[:first_seq] = 0
+    seqs = np.repeat(np.arange(len(lens)), counts)
+    first_tile = np.concatenate([[0], np.cumsum(counts)])[:-1]
+    index = np.arange(len(seqs)) - np.repeat(first_tile, counts)
+    return np.stack([seqs, starts[seqs], lens[seqs], index], axis=1).astype(np.int32)
