@@ -73,13 +73,16 @@ def build_engine(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoi
 
         e = config.execution
         dtype, max_batch = config.model.dtype, config.scheduler.max_num_seqs
+        max_batch = min(max_batch, spec.workload.max_concurrency or max_batch)
         return HFBaseline(arch_dict(spec.model), checkpoint.path, dtype, e.device, e.seed, max_batch)
     return factory.build_engine(config)
 
 
 def build_driver(spec: NanoexpConfig, engine) -> Driver:
     """What submits the workload: the baseline drives itself, our engine goes step by step."""
-    return engine if spec.engine.kind is EngineKind.hf else EngineDriver(engine.engine)
+    if spec.engine.kind is EngineKind.hf:
+        return engine  # its batches are capped at workload.max_concurrency (build_engine)
+    return EngineDriver(engine.engine, spec.workload.max_concurrency)
 
 
 def build_tokenizer(checkpoint: Checkpoint):

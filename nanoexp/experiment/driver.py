@@ -25,18 +25,21 @@ class Driver(Protocol):
 
 
 class EngineDriver:
-    """Our engine: submit each request at its arrival time, call `engine.step()` until done."""
+    """Our engine: submit each request when it is due (and, with `max_concurrency`, a slot is free),
+    stamped with its scheduled arrival time; call `engine.step()` until done."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, max_concurrency: int | None = None):
         self.engine = engine
+        self.max_concurrency = max_concurrency or math.inf
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
-        pending, outputs = list(requests), []
+        pending, outputs, submitted = list(requests), [], 0
         while pending or self.engine.has_unfinished():
-            pending = self._submit_arrived(pending, t0)
+            due = self._submit_due(pending, t0, self.max_concurrency - (submitted - len(outputs)))
+            pending, submitted = pending[due:], submitted + due
             if not self.engine.has_unfinished():
                 _sleep_until(t0 + pending[0].arrival_offset_s)
                 continue
@@ -45,12 +48,16 @@ class EngineDriver:
             on_step(stats)
         return outputs
 
-    def _submit_arrived(self, pending: list[Request], t0: float) -> list[Request]:
-        now = time.perf_counter() - t0
-        while pending and pending[0].arrival_offset_s <= now:
-            r = pending.pop(0)
-            self.engine.add_request(list(r.prompt_token_ids), r.sampling_params)
-        return pending
+    def _submit_due(self, pending: list[Request], t0: float, free: float) -> int:
+        """Submits the requests whose arrival time has come, at most `free`; returns how many. A
+        request's arrival is its scheduled time, so the step in progress when it fell due (and a wait
+        for a slot) counts in its TTFT."""
+        now, count = time.perf_counter() - t0, 0
+        while count < min(free, len(pending)) and pending[count].arrival_offset_s <= now:
+            r = pending[count]
+            self.engine.add_request(list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s)
+            count += 1
+        return count
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """The transformers baseline: the same requests through `model.generate` (sdpa, left padding).
 
-Requests run in batches of up to `max_batch` in arrival order; each batch decodes to its longest
-request (rows stop counting at their own max_tokens or eos). Per-token times come from a stopping
-criterion that fires once per generated token, so TTFT/TPOT/ITL mean the same as for our engine.
+Requests run in batches of up to `max_batch` (scheduler.max_num_seqs, capped at
+workload.max_concurrency) in arrival order, each timed from its scheduled arrival; each batch
+decodes to its longest request (rows stop counting at their own max_tokens or eos). Per-token times
+come from a stopping criterion that fires once per generated token, so TTFT/TPOT/ITL mean the same
+as for our engine.
 """
 
 from __future__ import annotations

@@ -142,6 +142,8 @@ def experiment(
         "engine_kind": spec.engine.kind.value,
         "model": spec.model.name,
         "workload": spec.workload.name,
+        "offered_request_rate": spec.workload.request_rate,  # achieved: request_throughput
+        "max_concurrency": spec.workload.max_concurrency,
         "load_format_requested": checkpoint.requested,
         "load_format": checkpoint.load_format,
         "checkpoint_path": checkpoint.path or "",

@@ -12,8 +12,9 @@ ROWS = [  # label, summary keys, number format, unit
     ("duration", ("duration_s",), "{:.2f}", "s"),
     ("output throughput", ("output_throughput",), "{:.1f}", "tok/s"),
     ("total throughput", ("total_token_throughput",), "{:.1f}", "tok/s"),
-    ("request throughput", ("request_throughput",), "{:.2f}", "req/s"),
+    ("offered / achieved rate", ("offered_request_rate", "request_throughput"), "{:.2f}", "req/s"),
     ("request goodput", ("request_goodput",), "{:.2f}", "req/s"),
+    ("SLO attainment", ("slo_attainment",), "{:.1%}", ""),
     ("TTFT mean / p99", ("mean_ttft_ms", "p99_ttft_ms"), "{:.1f}", "ms"),
     ("TPOT mean / p99", ("mean_tpot_ms", "p99_tpot_ms"), "{:.2f}", "ms"),
     ("ITL mean / p99", ("mean_itl_ms", "p99_itl_ms"), "{:.2f}", "ms"),
@@ -25,8 +26,12 @@ ROWS = [  # label, summary keys, number format, unit
     ("peak memory", ("peak_memory_bytes",), "{:.3g}", "GB"),
     ("load / warmup / graphs", ("load_s", "warmup_s", "graph_capture_s"), "{:.2f}", "s"),
     ("KV cache greedy agreement", ("kv_quality/greedy_agreement",), "{:.2%}", ""),
-    ("KV cache KL mean / p99 / max", ("kv_quality/kl_mean", "kv_quality/kl_p99", "kv_quality/kl_max"),
-     "{:.3g}", "nats"),
+    (
+        "KV cache KL mean / p99 / max",
+        ("kv_quality/kl_mean", "kv_quality/kl_p99", "kv_quality/kl_max"),
+        "{:.3g}",
+        "nats",
+    ),
 ]
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
 SHOWN = {  # always in the header, whether or not they differ from the defaults

@@ -153,7 +153,7 @@ def _json_object(line: str, where: str) -> dict:
     except json.JSONDecodeError as err:
         raise WorkloadError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
     if not isinstance(item, dict):
-        raise WorkloadError(f"{where}: must be a JSON object like {{\"prompt\": \"...\"}}, got {line[:80]}")
+        raise WorkloadError(f'{where}: must be a JSON object like {{"prompt": "..."}}, got {line[:80]}')
     return item
 
 
@@ -229,6 +229,7 @@ ARRIVALS: dict[str, Check] = {
     "seed": COUNT_INT,
     "request_rate": (lambda v: _is_real(v) and v > 0 and not math.isnan(v), "a number > 0 (.inf = offline)"),
     "burstiness": (lambda v: _is_real(v) and 0 < v < math.inf, "a finite number > 0 (1 = Poisson)"),
+    "max_concurrency": (lambda v: v is None or POSITIVE_INT[0](v), "null (unlimited) or an integer >= 1"),
 }
 RANDOM: dict[str, Check] = {
     "num_requests": POSITIVE_INT,
