@@ -78,8 +78,10 @@ def slot_mapping(
     return np.where(has_blocks[seq_of_token], slots, -1)
 
 
-def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> ModelInputs:
-    columns, assemble = input_columns(step, block_size)
+def prepare_inputs(
+    step: StepInput, block_size: int, device: torch.device, tile_block_m: int | None = None
+) -> ModelInputs:
+    columns, assemble = input_columns(step, block_size, tile_block_m)
     return assemble(upload(columns, device))
 
 
@@ -89,9 +91,10 @@ def prepare_step(
     vocab_size: int,
     device: torch.device,
     fresh: Callable[[int], np.ndarray] | None = None,
+    tile_block_m: int | None = None,
 ) -> tuple[ModelInputs, SamplingTensors | None]:
     """prepare_inputs and (when the step samples) prepare_sampling through one upload."""
-    columns, assemble = input_columns(step, block_size)
+    columns, assemble = input_columns(step, block_size, tile_block_m)
     if not step.sample_seq_indices:
         return assemble(upload(columns, device)), None
     sampling_cols, assemble_sampling = sampling_columns(step, vocab_size, fresh)
