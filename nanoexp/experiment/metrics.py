@@ -18,6 +18,7 @@ HEADLINE = (
     "total_token_throughput",
     "request_throughput",
     "request_goodput",
+    "slo_attainment",
     "duration_s",
     *(f"{s}_{m}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms") for s in ("mean", "median", "p99")),
     "mean_latency_ms",
@@ -33,7 +34,8 @@ def summarize(
     slo: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Throughput, latency distributions and step aggregates of one benchmark pass; with SLOs
-    (ms, keys ttft_ms/tpot_ms/e2el_ms) also `request_goodput` and `good_requests`."""
+    (ms, keys ttft_ms/tpot_ms/e2el_ms) also `request_goodput`, `good_requests` and `slo_attainment`
+    (the fraction of requests that met them)."""
     inputs = sum(len(o.prompt_token_ids) for o in outputs)
     generated = sum(len(o.token_ids) for o in outputs)
     summary: dict[str, float] = {
@@ -55,6 +57,7 @@ def summarize(
     if slo:
         good = sum(meets_slo(o, slo) for o in outputs)
         summary |= {"good_requests": good, "request_goodput": _rate(good, duration_s)}
+        summary["slo_attainment"] = _rate(good, len(outputs))
     return summary | step_aggregates(steps)
 
 

@@ -4,8 +4,10 @@ repeats), and one latency CDF per sweep (TTFT and TPOT across requests, one curv
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 UNITS = {
@@ -14,7 +16,10 @@ UNITS = {
     "request_throughput": ("req/s", 1.0),
     "request_goodput": ("req/s", 1.0),
     "peak_memory_bytes": ("GB", 1e9),
+    "offered_request_rate": ("req/s", 1.0),
+    "slo_attainment": ("fraction of requests", 1.0),
 }
+INF_LABELS = {"workload.request_rate": "all at t0"}  # what an infinite value of a parameter means
 
 
 def unit(metric: str) -> tuple[str, float]:
@@ -26,7 +31,7 @@ def plot_param(
     table: pd.DataFrame, metrics: list[str], key: str, others: list[str], title: str, path: Path
 ) -> None:
     """One panel per metric against `key`; one line (or bar series) per combination of `others`."""
-    plt = _pyplot()
+    plt = pyplot()
     ok = table[table["status"] == "ok"]
     metrics = [m for m in metrics if m in ok.columns and ok[m].notna().any()]
     if not metrics or ok.empty:
@@ -50,35 +55,70 @@ def plot_param(
         axes.flat[0].legend(
             fontsize=6, title=", ".join(o.removeprefix("param:") for o in others), title_fontsize=6
         )
-    _finish(fig, title, path)
+    save_figure(fig, title, path)
 
 
 def _lines(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> None:
-    x_all = pd.to_numeric(ok[key])
-    for label, part in _groups(ok, others):
-        part = part.assign(_x=pd.to_numeric(part[key])).sort_values("_x")
-        y, err = _values(part, metric)
+    axis = NumericAxis(ok[key], key)
+    for label, part in groups(ok, others):
+        part = part.assign(_x=axis.place(part[key])).sort_values("_x")
+        y, err = metric_values(part, metric)
         ax.errorbar(part["_x"], y, yerr=err, marker="o", capsize=3, label=label)
-    if (x_all > 0).all() and x_all.max() >= 8 * x_all.min():  # block or batch sizes: powers of two
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(x_all.unique()))
-    ax.set_xticklabels([f"{v:g}" for v in sorted(x_all.unique())])
+    axis.apply(ax)
+
+
+class NumericAxis:
+    """An x axis for a numeric parameter: log2 for spans of powers of two, and inf (a request rate
+    of all at t0) one step past the largest finite value, with its own tick label."""
+
+    def __init__(self, values: pd.Series, key: str):
+        x = pd.to_numeric(values)
+        self.finite = sorted(set(x[np.isfinite(x)]))
+        self.log = bool(self.finite) and self.finite[0] > 0 and self.finite[-1] >= 8 * self.finite[0]
+        self.ticks = sorted(set(x))
+        self.inf_label = INF_LABELS.get(key.removeprefix("param:"), "inf")
+
+    def place(self, values: pd.Series) -> pd.Series:
+        return pd.to_numeric(values).replace({math.inf: self._past_edge(), -math.inf: self._past_edge(-1)})
+
+    def apply(self, ax) -> None:
+        if self.log:
+            ax.set_xscale("log", base=2)
+            ax.minorticks_off()
+        ax.set_xticks(list(self.place(pd.Series(self.ticks, dtype=float))))
+        ax.set_xticklabels([self._label(v) for v in self.ticks])
+
+    def _past_edge(self, side: int = 1) -> float:
+        """One step beyond the finite values on `side` (+1 right, -1 left): the gap between the two
+        outermost values (their ratio on a log axis); a lone value steps by its own size."""
+        values = self.finite if side > 0 else self.finite[::-1]
+        if not values:
+            return float(side)
+        edge = values[-1]
+        if len(values) == 1:
+            return edge + (abs(edge) or 1.0) * side
+        return edge * (edge / values[-2]) if self.log else edge + (edge - values[-2])
+
+    def _label(self, v: float) -> str:
+        if math.isinf(v):
+            return self.inf_label if v > 0 else "-inf"
+        return f"{v:g}"
 
 
 def _bars(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> None:
     categories = list(dict.fromkeys(ok[key].astype(str)))
-    groups = _groups(ok, others)
-    width = 0.8 / len(groups)
-    for i, (label, part) in enumerate(groups):
+    series = groups(ok, others)
+    width = 0.8 / len(series)
+    for i, (label, part) in enumerate(series):
         part = part.assign(_c=part[key].astype(str)).set_index("_c").reindex(categories)
-        y, err = _values(part, metric)
-        positions = [c + (i - (len(groups) - 1) / 2) * width for c in range(len(categories))]
+        y, err = metric_values(part, metric)
+        positions = [c + (i - (len(series) - 1) / 2) * width for c in range(len(categories))]
         ax.bar(positions, y, width=width, yerr=err, capsize=3, label=label)
     ax.set_xticks(range(len(categories)))
     ax.set_xticklabels(categories)
 
 
-def _values(part: pd.DataFrame, metric: str):
+def metric_values(part: pd.DataFrame, metric: str):
     """Values in the metric's unit and the CI as asymmetric error bars (None without repeats)."""
     _, scale = unit(metric)
     y = pd.to_numeric(part[metric]) / scale
@@ -88,23 +128,21 @@ def _values(part: pd.DataFrame, metric: str):
     return y, [y - pd.to_numeric(part[low]) / scale, pd.to_numeric(part[high]) / scale - y]
 
 
-def _groups(ok: pd.DataFrame, others: list[str]) -> list[tuple[str, pd.DataFrame]]:
+def groups(ok: pd.DataFrame, others: list[str]) -> list[tuple[str, pd.DataFrame]]:
     """Sub-tables per combination of the other swept parameters, in numeric order where numeric."""
     if not others:
         return [("", ok)]
-    groups = list(ok.groupby(others, dropna=False, sort=False))
-    groups.sort(key=lambda g: tuple(sort_key(v) for v in _tuple(g[0])))
-    return [
-        (", ".join(f"{k.removeprefix('param:')}={v}" for k, v in zip(others, _tuple(g))), p)
-        for g, p in groups
-    ]
+    parts = list(ok.groupby(others, dropna=False, sort=False))
+    parts.sort(key=lambda g: tuple(sort_key(v) for v in _tuple(g[0])))
+    name = lambda g: ", ".join(f"{k.removeprefix('param:')}={v}" for k, v in zip(others, _tuple(g)))
+    return [(name(g), p) for g, p in parts]
 
 
 def plot_latency_cdf(ok_jobs: list[tuple[str, pd.DataFrame]], title: str, path: Path) -> None:
     """TTFT and TPOT across requests, one empirical CDF per job (`(label, requests.csv rows)`)."""
     if not ok_jobs:
         return
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     for label, requests in ok_jobs:
         tpot = requests[requests["output_len"] > 1]["tpot_ms"]
@@ -121,7 +159,7 @@ def plot_latency_cdf(ok_jobs: list[tuple[str, pd.DataFrame]], title: str, path: 
         ax.set_xlim(left=0)
         ax.tick_params(labelsize=7)
     axes[0].legend(fontsize=6)
-    _finish(fig, title, path)
+    save_figure(fig, title, path)
 
 
 def is_numeric(values: pd.Series) -> bool:
@@ -138,7 +176,7 @@ def _tuple(value) -> tuple:
     return value if isinstance(value, tuple) else (value,)
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,7 +185,7 @@ def _pyplot():
     return plt
 
 
-def _finish(fig, title: str, path: Path) -> None:
+def save_figure(fig, title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig.suptitle(title, fontsize=9)

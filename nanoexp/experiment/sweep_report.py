@@ -27,6 +27,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.sweep_serving import METRICS as SERVING_METRICS
 
 METRICS = [
     "output_throughput",
@@ -40,11 +41,24 @@ METRICS = [
     "peak_memory_bytes",
 ]
 KV_QUALITY = ["kv_quality/greedy_agreement", "kv_quality/kl_mean", "kv_quality/kl_max"]
-TABLE_METRICS = METRICS + ["mean_latency_ms", "duration_s", "num_preemptions", "prefix_cache_hit_rate",
-                           *KV_QUALITY]
+RATES = ["offered_request_rate", "request_throughput", "slo_attainment"]  # slo_attainment only with SLOs
+TABLE_METRICS = [
+    *RATES,
+    *METRICS,
+    "mean_latency_ms",
+    "duration_s",
+    "num_preemptions",
+    "prefix_cache_hit_rate",
+]
+TABLE_METRICS += KV_QUALITY
 HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
 LOWER_IS_BETTER = (
-    "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "mean_latency_ms"
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+    "mean_latency_ms",
 )
 CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
 CI = ("_ci95_low", "_ci95_high")
@@ -120,12 +134,14 @@ def write_report(sweep_dir: Path, expected: list[list[str]] | None = None) -> pd
     if table.empty:
         return None
     from nanoexp.experiment.sweep_plots import plot_latency_cdf, plot_param
+    from nanoexp.experiment.sweep_serving import serving_report
 
     swept = swept_keys(table)
     table = mark_noise(table)
     table.to_csv(sweep_dir / "sweep_summary.csv", index=False)
     title = plot_title(table, swept)
-    (sweep_dir / "sweep_summary.md").write_text(markdown(table, swept, str(sweep_dir), title))
+    serving = serving_report(table, swept, title, sweep_dir)
+    (sweep_dir / "sweep_summary.md").write_text(markdown(table, swept, str(sweep_dir), title, serving))
     for key in swept:
         others = [k for k in swept if k != key]
         plot_param(table, METRICS, key, others, title, sweep_dir / f"sweep_{_slug(key)}.png")
@@ -174,7 +190,7 @@ def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
 
 def collect(sweep_dir: Path, expected: list[list[str]] | None = None) -> pd.DataFrame:
     # at any depth: an override value with a slash (workload.path=a/b.jsonl) nests Hydra's job dir
-    rows = [_row(p) for p in sorted(sweep_dir.rglob(RESULTS_FILE))]
+    rows = [_row(p, sweep_dir) for p in sorted(sweep_dir.rglob(RESULTS_FILE))]
     rows += vanished_rows(sweep_dir, expected, {r["job_num"] for r in rows}, {r["job_dir"] for r in rows})
     table = pd.DataFrame(rows)
     return table.sort_values("job_num", kind="stable") if not table.empty else table
@@ -243,21 +259,30 @@ def _running_child(pid: int) -> bool:
         return False
 
 
-def _row(path: Path) -> dict:
+def _row(path: Path, sweep_dir: Path) -> dict:
+    job_dir = path.parent.relative_to(sweep_dir)  # more than one level when a value has a slash
     try:
         results = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        match = JOB_DIR.match(path.parent.name)
+        match = JOB_DIR.match(job_dir.parts[0]) if job_dir.parts else None
         num = int(match.group(1)) if match else -1
         overrides = _overrides_of(path.parent, None, num)
-        return _vanished(num, path.parent.name, overrides, f"unreadable {RESULTS_FILE}: {err}")
+        return _vanished(num, str(job_dir), overrides, f"unreadable {RESULTS_FILE}: {err}")
     job = results.get("job", {})
-    row = {"job_num": job.get("job_num", -1), "job_dir": path.parent.name}
+    row = {"job_num": job.get("job_num", -1), "job_dir": str(job_dir)}
     row |= _parse_overrides(job.get("overrides", []))
     row |= {"status": results.get("status", "?"), "error": results.get("summary", {}).get("error", "")}
     summary = results.get("summary", {})
-    keys = [*CONTEXT, *TABLE_METRICS, *(m + s for m in TABLE_METRICS for s in CI)]
-    return row | {k: summary.get(k) for k in keys if k in summary}
+    metrics = [*dict.fromkeys(TABLE_METRICS + SERVING_METRICS)]
+    keys = [*CONTEXT, *metrics, *(m + s for m in metrics for s in CI)]
+    row |= {k: _infinite(summary[k]) for k in keys if k in summary}
+    slo = results.get("config", {}).get("metrics", {}).get("slo") or {}
+    return row | {f"slo:{k}": v for k, v in slo.items() if v is not None}
+
+
+def _infinite(value):
+    """results.json spells inf as "inf" (strict JSON); the table holds it as a number."""
+    return float(value) if value in ("inf", "-inf") else value
 
 
 def _parse_overrides(overrides: list[str]) -> dict:
@@ -271,9 +296,12 @@ def swept_keys(table: pd.DataFrame) -> list[str]:
     return [c for c in params if table[c].astype(str).nunique() > 1]
 
 
-def markdown(table: pd.DataFrame, swept: list[str], title: str, context: str = "") -> str:
+def markdown(
+    table: pd.DataFrame, swept: list[str], title: str, context: str = "", findings: list[str] | None = None
+) -> str:
     """The table with `mean ± CI half-width` cells; **bold** = the best row of a metric, `≈` = its
-    CI overlaps the best row's (the difference is within noise)."""
+    CI overlaps the best row's (the difference is within noise); `findings` (lines such as the max
+    rate meeting the SLOs) go above it."""
     metrics = [m for m in TABLE_METRICS if m in table.columns]
     errors = ["error"] if (table["status"] != "ok").any() else []
     columns = ["job_num", *swept, "status", *metrics, *errors]
@@ -282,9 +310,12 @@ def markdown(table: pd.DataFrame, swept: list[str], title: str, context: str = "
     body = ["| " + " | ".join(_metric_cell(row, c) for c in columns) + " |" for _, row in table.iterrows()]
     notes = [context] if context else []
     if any(c.startswith("noise:") for c in table.columns):
-        notes.append("mean ± 95% CI half-width over repeats; **bold**: best row, ≈: CI overlaps the best "
-                     "row's (within noise)")
-    return "\n".join([f"# Sweep {title}", "", *notes, "", header, rule, *body, ""])
+        notes.append(
+            "mean ± 95% CI half-width over repeats; **bold**: best row, ≈: CI overlaps the best "
+            "row's (within noise)"
+        )
+    findings = [*(f"- {line}" for line in findings), ""] if findings else []
+    return "\n".join([f"# Sweep {title}", "", *notes, "", *findings, header, rule, *body, ""])
 
 
 def _metric_cell(row: pd.Series, column: str) -> str:
