@@ -308,7 +308,7 @@ def test_step_graph_mixed_attention_matches_the_eager_one_with_padding():
     step's sequences and rows) gives the eager mixed step's rows."""
     ctx_lens, q_lens, d = [20, 45, 7, 40, 70], [1, 1, 1, 40, 30], 3
     q, k_cache, v_cache, md = mixed_step(ctx_lens, q_lens, d, 16, torch.float32)
-    ref = TorchAttentionBackend().mixed(q, q, q, k_cache, v_cache, md, 0.3)
+    ref = TorchAttentionBackend().mixed(q, None, None, k_cache, v_cache, md, 0.3)  # k/v read from the cache
     tokens, padded, block_m = sum(q_lens), 96, 16
     tiles = prefill_tiles(q_lens, d, block_m)
     fixed = AttentionMetadata(

@@ -168,9 +168,8 @@ class AttentionBackend:
         """A mixed step: the leading md.num_decodes rows through decode, the rest through prefill."""
         d = md.num_decodes
         decoded = self.decode(q[:d], k_cache, v_cache, md.decode_part, scale, k_scale, v_scale)
-        prefilled = self.prefill(
-            q[d:], k[d:], v[d:], k_cache, v_cache, md.prefill_part, scale, k_scale, v_scale
-        )
+        k, v = (None if t is None else t[d:] for t in (k, v))  # None: read from the cache
+        prefilled = self.prefill(q[d:], k, v, k_cache, v_cache, md.prefill_part, scale, k_scale, v_scale)
         return torch.cat([decoded, prefilled])
 
     def decode(
