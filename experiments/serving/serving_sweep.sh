@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call for the serving study: GPU tests of the mixed-step paths, the prefill-step
+# profile, and the rate sweep under both batching policies; everything under $OUT.
+# Usage (repo root on the GPU machine, wheels from ../shared/tools/device-wheels.sh in .whl):
+#   bash experiments/serving/serving_sweep.sh [parts]   parts: tests profile sweep base bench (default: tests profile sweep)
+# `base DIR`-style parts run the same sweep from another checkout: BASE=dir.
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+here="$PWD"
+if [ -d "${WHEELS:-.whl}" ]; then
+  [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl
+fi
+export PYTHONPATH="/tmp/site:$here" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+SWEEP=(workload=random workload.num_requests=256 workload.input_len=512 workload.output_len=128
+       workload.request_rate=32,128,inf model.load_format=dummy model.dtype=bfloat16 logger=none)
+parts="${*:-tests profile sweep}"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
+for part in $parts; do
+  case "$part" in
+    tests) timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "staggered or float32_greedy" -x 2>&1 | tail -15 | tee "$OUT/gpu_tests.log" ;;
+    profile) timeout 200 python3 experiments/serving/prefill_profile.py --out /tmp/prof 2>&1 | grep -v "^-" | head -120 > "$OUT/profile.log"; head -12 "$OUT/profile.log" ;;
+    sweep) timeout 420 python3 run.py -m "${SWEEP[@]}" scheduler.batching=prefill_first,mixed \
+             hydra.sweep.dir=/tmp/sweep 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/sweep.log" 2>&1
+           tail -5 "$OUT/sweep.log"; cat /tmp/sweep/sweep_summary.md 2>/dev/null | head -30
+           tar czf "$OUT/sweep.tgz" -C /tmp sweep ;;
+    base) (cd "$BASE" && PYTHONPATH="/tmp/site:$BASE" timeout 300 python3 run.py -m "${SWEEP[@]}" \
+             hydra.sweep.dir=/tmp/base 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/base.log" 2>&1)
+           tail -3 "$OUT/base.log"; tar czf "$OUT/base.tgz" -C /tmp base ;;
+    bench) for tree in "$BASE" "$here"; do
+             (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 240 python3 run.py experiment=nanovllm_bench logger=none \
+               hydra.run.dir=/tmp/bench_$(basename "$tree") 2>&1 | tail -12)
+           done | tee "$OUT/bench.log" ;;
+  esac
+done
