@@ -17,7 +17,7 @@ parts="${*:-tests profile sweep}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
 for part in $parts; do
   case "$part" in
-    tests) timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "staggered or float32_greedy" -x 2>&1 | tail -15 | tee "$OUT/gpu_tests.log" ;;
+    tests) timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "${TESTS:-staggered or float32_greedy}" 2>&1 | tail -15 | tee "$OUT/gpu_tests.log" ;;
     profile) timeout 200 python3 experiments/serving/prefill_profile.py --out /tmp/prof 2>&1 | grep -v "^-" | head -120 > "$OUT/profile.log"; head -12 "$OUT/profile.log" ;;
     sweep) timeout 420 python3 run.py -m "${SWEEP[@]}" scheduler.batching=prefill_first,mixed \
              hydra.sweep.dir=/tmp/sweep 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/sweep.log" 2>&1
