@@ -216,3 +216,14 @@ def test_mixed_steps_carry_every_running_decode_beside_prefill_chunks():
     run(engine, requests)
     mixed = [s for s in engine.executor.steps if s.is_prefill and s.num_decodes]
     assert len(mixed) >= 5
+
+
+def test_steps_with_decodes_stay_within_the_runners_graph_size():
+    requests = workload(4, n=16, max_prompt=40, max_out=20)
+    engine = make_engine(num_blocks=400, block_size=4, max_num_seqs=8, budget=48, chunked=True, prefix=False)
+    engine.executor.info["max_mixed_step_tokens"] = 12
+    capped = LLMEngine(engine.config, engine.executor)
+    run(capped, requests)
+    steps = capped.executor.steps
+    assert all(sum(s.query_lens) <= 12 for s in steps if s.num_decodes or not s.is_prefill)
+    assert any(sum(s.query_lens) > 12 for s in steps if s.is_prefill and not s.num_decodes)

@@ -12,14 +12,14 @@ if [ -d "${WHEELS:-.whl}" ]; then
 fi
 export PYTHONPATH="/tmp/site:$here" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 SWEEP=(workload=random workload.num_requests=256 workload.input_len=512 workload.output_len=128
-       workload.request_rate=32,128,inf model.load_format=dummy model.dtype=bfloat16 logger=none)
+       workload.request_rate=${RATES:-32,128,inf} model.load_format=dummy model.dtype=bfloat16 logger=none)
 parts="${*:-tests profile sweep}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
 for part in $parts; do
   case "$part" in
     tests) timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "${TESTS:-staggered or float32_greedy}" 2>&1 | tail -15 | tee "$OUT/gpu_tests.log" ;;
     profile) timeout 200 python3 experiments/serving/prefill_profile.py --out /tmp/prof 2>&1 | grep -v "^-" | head -120 > "$OUT/profile.log"; head -12 "$OUT/profile.log" ;;
-    sweep) timeout 420 python3 run.py -m "${SWEEP[@]}" scheduler.batching=prefill_first,mixed \
+    sweep) timeout 420 python3 run.py -m "${SWEEP[@]}" scheduler.batching=${BATCHING:-prefill_first,mixed} \
              hydra.sweep.dir=/tmp/sweep 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/sweep.log" 2>&1
            tail -5 "$OUT/sweep.log"; cat /tmp/sweep/sweep_summary.md 2>/dev/null | head -30
            tar czf "$OUT/sweep.tgz" -C /tmp sweep ;;

@@ -59,6 +59,7 @@ class LLMEngine:
             config.scheduler.max_num_batched_tokens,
             config.scheduler.enable_chunked_prefill,
             config.scheduler.batching,
+            info.get("max_mixed_step_tokens"),
         )
         self.ids = itertools.count()
         self.in_flight: InFlight | None = None

@@ -40,9 +40,16 @@ class Scheduler:
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool,
         batching: str = "mixed",
+        max_mixed_step_tokens: int | None = None,
     ):
+        """max_mixed_step_tokens caps a step that carries decodes (the largest step the runner runs
+        in a CUDA graph): a larger one would run eagerly, each new shape compiling kernels while
+        the running requests wait."""
         self.block_manager = block_manager
         self.mixed = batching == "mixed"
+        self.max_mixed_step_tokens = min(
+            max_num_batched_tokens, max_mixed_step_tokens or max_num_batched_tokens
+        )
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -66,7 +73,8 @@ class Scheduler:
         """Every running decode's token first (vLLM V1's rule), then prefill chunks in the rest of
         the budget, so an arrival never stalls the running requests."""
         batch = self.schedule_decode(skip)
-        self.fill_prefill(batch, self.max_num_batched_tokens - batch.num_tokens)
+        budget = self.max_mixed_step_tokens if batch.seqs else self.max_num_batched_tokens
+        self.fill_prefill(batch, max(0, budget - batch.num_tokens))
         batch.is_prefill = len(batch.seqs) > batch.num_decodes
         return batch
 

@@ -102,7 +102,10 @@ class ModelRunner:
         return self.device.type == "cuda" and not self.config.scheduler.enforce_eager
 
     def info(self) -> dict:
-        return runner_info(self.config, self.hf_config, self.max_model_len, self.num_blocks)
+        info = runner_info(self.config, self.hf_config, self.max_model_len, self.num_blocks)
+        if self.step_graphs is not None:  # mixed steps beyond them would run eagerly
+            info["max_mixed_step_tokens"] = self.step_graphs.max_tokens
+        return info
 
     # ---- start-up runs ------------------------------------------------------------------------
 
