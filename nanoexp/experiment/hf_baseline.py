@@ -136,6 +136,8 @@ def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[floa
                 phase="prefill" if i == 0 else "decode",
                 num_seqs=len(batch),
                 num_tokens=prefill_tokens if i == 0 else len(batch),
+                num_prefill_tokens=prefill_tokens if i == 0 else 0,
+                num_decode_tokens=0 if i == 0 else len(batch),
                 num_output_tokens=active,
                 step_time_s=t - prev,
                 kv_blocks_used=0,
