@@ -329,7 +329,7 @@ class PassThrough(TorchAttentionBackend):
 def test_calibration_sets_each_layers_scales_from_its_kv_amax():
     model = two_layer_model()
     k_amax = [3.0, 0.0]  # a layer that saw only zeros still gets a usable scale
-    md = SimpleNamespace(is_prefill=True)
+    md = SimpleNamespace(is_prefill=True, num_decodes=0)
 
     def prefill():
         for layer, amax in zip(attention_layers(model), k_amax, strict=True):
