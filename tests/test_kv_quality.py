@@ -77,7 +77,7 @@ def test_fp8_cache_is_detected(trained, prompts):
     with LLM(trained, kv_cache_dtype="fp8_e4m3", **ENGINE) as llm:
         lossy = llm.kv_cache_quality(prompts, 8)
         assert llm.engine.block_manager.num_used == 0
-    assert lossy["kl_mean"] > 10 * max(exact["kl_max"], 1e-8), (exact, lossy)
+    assert lossy["kl_mean"] > 5 * max(exact["kl_max"], 1e-8), (exact, lossy)
     assert lossy["kl_max"] >= lossy["kl_p99"] >= lossy["kl_mean"] > 0
 
 

@@ -163,7 +163,9 @@ def test_overlapped_tp_matches_sync_tp1(models, name, tp):
             outputs[size] = llm.generate(prompts, params, use_tqdm=False)
             assert llm.engine.block_manager.num_used == 0
     assert_no_workers()
-    assert_same_generation(outputs[tp], outputs[1])
+    # mixed steps are scheduled before the previous step's tokens are read, so preemption can pick
+    # other victims than in the synchronous run: the tokens must still match
+    assert [o.token_ids for o in outputs[tp]] == [o.token_ids for o in outputs[1]]
     assert sum(o.num_preemptions for o in outputs[tp]) > 0
     assert sum(o.num_cached_tokens for o in outputs[tp]) > 0
     assert len(LONG_PROMPT) > engine["max_num_batched_tokens"]
