@@ -15,6 +15,24 @@ MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly
 MAX_STEP_GRAPH_TOKENS = 4096  # steps with prefill tokens up to this many run in step graphs
 
 
+def capture_ladder(
+    model: nn.Module, sizes: list[int], view, output: torch.Tensor
+) -> dict[int, torch.cuda.CUDAGraph]:
+    """model(*view(size)) into output[:size] captured at each size, largest first, in one memory
+    pool; each is run once outside its graph first (compiles, warms up)."""
+    graphs, pool = {}, None
+    for size in reversed(sizes):
+        input_ids, positions, md = view(size)
+        output[:size] = model(input_ids, positions, md)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool):
+            output[:size] = model(input_ids, positions, md)
+        pool = pool or graph.pool()
+        graphs[size] = graph
+        torch.cuda.synchronize()
+    return graphs
+
+
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     top = min(max_num_seqs, MAX_GRAPH_BATCH)
     sizes = [bs for bs in (1, 2, 4, 8) if bs < top] + list(range(16, top, 16)) + [top]
@@ -47,7 +65,6 @@ class DecodeGraphs:
         )
         self.output = torch.zeros(top, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool = None
 
     @property
     def max_batch(self) -> int:
@@ -65,18 +82,7 @@ class DecodeGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         with pdl.graph_launches():
-            self._capture_all()
-
-    def _capture_all(self) -> None:
-        for bs in reversed(self.sizes):
-            input_ids, positions, md = self.view(bs)
-            self.output[:bs] = self.model(input_ids, positions, md)  # warm-up outside the graph
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, self.pool):
-                self.output[:bs] = self.model(input_ids, positions, md)
-            self.pool = self.pool or graph.pool()
-            self.graphs[bs] = graph
-            torch.cuda.synchronize()
+            self.graphs = capture_ladder(self.model, self.sizes, self.view, self.output)
 
     def replay(self, inputs: ModelInputs) -> torch.Tensor:
         n = inputs.input_ids.shape[0]
@@ -123,7 +129,6 @@ class StepGraphs:
         self.tiles = torch.full((max(self.tile_slots(size) for size in self.sizes), 4), -1, **int32)
         self.output = torch.zeros(top, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool = None
 
     @property
     def max_tokens(self) -> int:
@@ -156,15 +161,7 @@ class StepGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        for size in reversed(self.sizes):
-            input_ids, positions, md = self.view(size)
-            self.output[:size] = self.model(input_ids, positions, md)  # warm-up outside the graph
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, self.pool):
-                self.output[:size] = self.model(input_ids, positions, md)
-            self.pool = self.pool or graph.pool()
-            self.graphs[size] = graph
-            torch.cuda.synchronize()
+        self.graphs = capture_ladder(self.model, self.sizes, self.view, self.output)
 
     def replay(self, inputs: ModelInputs) -> torch.Tensor:
         n, md = inputs.input_ids.shape[0], inputs.md
