@@ -86,7 +86,7 @@ class Scheduler:
     def fill_prefill(self, batch: ScheduledBatch, budget: int) -> None:
         """Adds chunks of the running prefills, then admits waiting requests, within `budget`."""
         for seq in self.running:
-            if seq.in_prefill and seq.status is Status.RUNNING and budget > 0:
+            if seq.in_prefill and budget > 0:
                 n = min(seq.num_uncomputed_tokens, budget)
                 batch.add(seq, n)
                 budget -= n
