@@ -307,9 +307,17 @@ class LLMEngine:
                 self.block_manager.free_seq(seq)
 
     def abort_all(self) -> None:
-        """Drops every queued, running or in-flight request, returning their blocks."""
+        """Drops every queued, running or in-flight request, returning their blocks. A step
+        launched but not read back is waited for and its tokens dropped, so the next step's
+        tokens are its own. If the executor cannot do that (a dead worker), the engine closes."""
         self.in_flight = None
         self.scheduler.abort_all()
+        if self.closed or not self.config.scheduler.async_scheduling:
+            return
+        try:
+            self.executor.call("discard_launched")
+        except Exception:  # noqa: BLE001 - the caller's own error is the one to see; later calls say closed
+            self.close()
 
     def close(self) -> None:
         """Stops the executor; every later add_request or step raises. Closing twice is a no-op."""

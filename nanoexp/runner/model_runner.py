@@ -284,6 +284,15 @@ class ModelRunner:
         """Rank 0: the sampled ids of the oldest launched step not collected yet."""
         return self.pending.popleft().result() if self.rank == 0 else None
 
+    def discard_launched(self) -> int:
+        """Waits for every launched step not collected yet and drops its ids, so that the next
+        launch starts from a clean queue (an abort mid-step); returns how many were dropped."""
+        dropped = len(self.pending)
+        while self.pending:
+            self.pending.popleft().result()
+        self.last_sampled = None
+        return dropped
+
     def share_sampled(self, tokens: torch.Tensor | None, count: int) -> torch.Tensor:
         if self.rank != 0:
             tokens = torch.empty(count, dtype=torch.int64, device=self.device)
