@@ -1,12 +1,13 @@
-"""Where a small prefill step's time goes (GPU): step times by size, host phases, a profile.
+"""Where a prefill step's time goes (GPU): step times by size, host phases, a profile.
 
-Builds the engine as `python run.py model=qwen3_0_6b` does (dummy bf16 weights, defaults), then
-times prefill steps of --sizes tokens, alone and beside --decodes running requests, from the
-engine's own StepStats; times the host's phases of those steps; and profiles one step of each size
-with the torch profiler (CPU and CUDA): the host ops by self time, the kernels' busy time, the
-number of launches. Chrome traces go to --out.
+Builds the engine as `python run.py model=qwen3_0_6b` does (dummy bf16 weights, defaults; the time
+of each captured graph size is printed), then times prefill steps of --sizes (`512` one prompt,
+`8x512` eight in one step), alone and beside --decodes running requests, from the engine's own
+StepStats; times the host's phases of those steps; and profiles one step of each size with the
+torch profiler (CPU and CUDA): the kernels' busy time and launches, the kernels by GPU time, the
+host ops by self time. Chrome traces go to --out.
 
-    python experiments/serving/prefill_profile.py [--sizes 16,512,4096] [--decodes 64] [--out DIR]
+    python experiments/serving/prefill_profile.py [--sizes 16,512,4096,8x512] [--decodes 64] [--out DIR]
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import yaml
 from torch.profiler import ProfilerActivity, profile
 
 from nanoexp import LLM, SamplingParams
+from nanoexp.engine import llm_engine
 from nanoexp.layers.sampler import Sampler
-from nanoexp.runner import model_runner
+from nanoexp.runner import cuda_graphs, model_runner
 
 PHASES: dict[str, float] = defaultdict(float)
 
@@ -44,13 +46,37 @@ def timed(owner, name: str, key: str) -> None:
     setattr(owner, name, wrapper)
 
 
+CAPTURES: list[tuple[int, float]] = []
+
+
+def timed_capture_ladder(model, sizes, view, output):
+    """cuda_graphs.capture_ladder, one size at a time, timing each (warm-up run and capture)."""
+    graphs = {}
+    for size in reversed(sizes):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        graphs.update(ORIGINAL_CAPTURE(model, [size], view, output))
+        CAPTURES.append((size, time.perf_counter() - start))
+    return graphs
+
+
+ORIGINAL_CAPTURE = cuda_graphs.capture_ladder
+cuda_graphs.capture_ladder = timed_capture_ladder
+
+
 def prompt(n: int, salt: int) -> list[int]:
     return [(salt * 7919 + 31 * j) % 1000 for j in range(n)]
 
 
-def prefill_step_times(llm: LLM, size: int, repeats: int, decodes: int, salt: int) -> list[float]:
-    """StepStats.step_time_s of the prefill steps that admit one `size`-token request, with
-    `decodes` long requests running beside it."""
+def prompt_sizes(size: str) -> list[int]:
+    """`512` -> [512]; `8x512` -> eight prompts of 512 tokens, admitted in one step."""
+    count, _, length = size.rpartition("x")
+    return [int(length)] * int(count or 1)
+
+
+def prefill_step_times(llm: LLM, size: str, repeats: int, decodes: int, salt: int) -> list[float]:
+    """StepStats.step_time_s of the prefill steps that admit the `size` requests, with `decodes`
+    long requests running beside them."""
     engine, times = llm.engine, []
     background = SamplingParams(max_tokens=3000, ignore_eos=True)
     for i in range(decodes):
@@ -60,7 +86,9 @@ def prefill_step_times(llm: LLM, size: int, repeats: int, decodes: int, salt: in
     for _ in range(3):
         engine.step()
     for r in range(repeats):
-        engine.add_request(prompt(size, salt + r), SamplingParams(max_tokens=1, ignore_eos=True))
+        for i, length in enumerate(prompt_sizes(size)):
+            one_token = SamplingParams(max_tokens=1, ignore_eos=True)
+            engine.add_request(prompt(length, salt + 100 * r + i), one_token)
         for _ in range(8):
             _, stats = engine.step()
             if stats.phase == "prefill" or getattr(stats, "num_prefill_tokens", 0):
@@ -85,9 +113,22 @@ def kernel_summary(prof) -> dict:
     return {"kernels": len(kernels), "busy_us": round(busy), "span_us": round(span)}
 
 
+def kernels_by_time(prof, limit: int = 14) -> str:
+    """The kernels of a profile grouped by name: launches, total and mean GPU time."""
+    path = "/tmp/_trace.json"
+    prof.export_chrome_trace(path)
+    groups: dict[str, list[float]] = defaultdict(list)
+    for e in json.load(open(path))["traceEvents"]:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            groups[e["name"][:90]].append(e.get("dur", 0))
+    rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:limit]
+    lines = [f"  {sum(d):9.0f} us  {len(d):4d} x {sum(d) / len(d):7.1f} us  {name}" for name, d in rows]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="16,512,4096")
+    parser.add_argument("--sizes", default="16,512,4096,8x512")
     parser.add_argument("--decodes", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
@@ -103,17 +144,23 @@ def main() -> None:
         max_model_len=8192,
         **json.loads(args.kwargs),
     )
-    print(f"start-up {time.perf_counter() - start:.1f} s", flush=True)
+    print(
+        f"start-up {time.perf_counter() - start:.1f} s; stats: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in llm.stats().items() if k.endswith("_s")),
+        flush=True,
+    )
+    print("graph capture by size (s): " + ", ".join(f"{n}: {t:.2f}" for n, t in CAPTURES), flush=True)
     llm.generate([prompt(600, 1), prompt(40, 2)], SamplingParams(max_tokens=8), use_tqdm=False)
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = args.sizes.split(",")
     rows = []
     for decodes in (0, args.decodes):
         for size in sizes:
-            times = prefill_step_times(llm, size, args.repeats, decodes, salt=size + decodes)
+            salt = sum(prompt_sizes(size)) + decodes
+            times = prefill_step_times(llm, size, args.repeats, decodes, salt)
             med = statistics.median(times) * 1e3
             rows.append((decodes, size, med, min(times) * 1e3, max(times) * 1e3))
             print(
-                f"prefill {size:5d} tokens beside {decodes:3d} decodes: median {med:.2f} ms "
+                f"prefill {size:>6} tokens beside {decodes:3d} decodes: median {med:.2f} ms "
                 f"(min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}; n={len(times)})",
                 flush=True,
             )
@@ -123,13 +170,16 @@ def main() -> None:
         (model_runner.ModelRunner, "forward_hidden", "forward_hidden (model)"),
         (llm.engine.executor.runner.model, "compute_logits", "LM head"),
         (Sampler, "forward", "sampler"),
-        (model_runner.ModelRunner, "run", "runner.run (all, incl. the wait)"),
+        (model_runner.ModelRunner, "launch", "runner.launch (all of the enqueue)"),
+        (model_runner.ModelRunner, "collect", "runner.collect (the wait)"),
+        (llm_engine.Scheduler, "schedule", "schedule"),
+        (llm_engine.LLMEngine, "complete", "complete"),
     ]:
         timed(owner, name, key)
     for size in sizes:
         PHASES.clear()
         n = args.repeats
-        prefill_step_times(llm, size, n, 0, salt=size + 77)
+        prefill_step_times(llm, size, n, 0, salt=sum(prompt_sizes(size)) + 77)
         print(
             f"host phases, prefill {size} alone (mean per step, ms): "
             + ", ".join(f"{k} {v / n * 1e3:.2f}" for k, v in PHASES.items()),
@@ -138,7 +188,8 @@ def main() -> None:
 
     for size in sizes:
         engine = llm.engine
-        engine.add_request(prompt(size, 999 + size), SamplingParams(max_tokens=1, ignore_eos=True))
+        for i, length in enumerate(prompt_sizes(size)):
+            engine.add_request(prompt(length, 999 + i), SamplingParams(max_tokens=1, ignore_eos=True))
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             engine.step()
             torch.cuda.synchronize()
@@ -146,8 +197,9 @@ def main() -> None:
             engine.step()
         prof.export_chrome_trace(os.path.join(args.out, f"prefill_{size}.json"))
         print(f"\n=== profile: prefill {size} alone: {kernel_summary(prof)}")
+        print(kernels_by_time(prof))
         table = prof.key_averages().table(
-            sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60
+            sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60
         )
         print(table)
     llm.close()
