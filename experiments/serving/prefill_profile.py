@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import glob
 import json
 import os
 import statistics
@@ -46,7 +47,20 @@ def timed(owner, name: str, key: str) -> None:
     setattr(owner, name, wrapper)
 
 
-CAPTURES: list[tuple[int, float]] = []
+CAPTURES: list[tuple[int, float, str]] = []
+TRITON_CACHE = os.path.expanduser(os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"))
+
+
+def compiled_kernels() -> set[str]:
+    """The Triton kernels compiled so far (Triton's cache: one folder per variant)."""
+    return set(glob.glob(os.path.join(TRITON_CACHE, "*", "*.json"))) - set(
+        glob.glob(os.path.join(TRITON_CACHE, "*", "__grp__*.json"))
+    )
+
+
+def new_kernel_names(before: set[str]) -> str:
+    names = sorted(os.path.basename(p).removesuffix(".json") for p in compiled_kernels() - before)
+    return ",".join(f"{n}x{names.count(n)}" if names.count(n) > 1 else n for n in dict.fromkeys(names))
 
 
 def timed_capture_ladder(model, sizes, view, output):
@@ -54,14 +68,34 @@ def timed_capture_ladder(model, sizes, view, output):
     graphs = {}
     for size in reversed(sizes):
         torch.cuda.synchronize()
-        start = time.perf_counter()
+        start, before = time.perf_counter(), compiled_kernels()
         graphs.update(ORIGINAL_CAPTURE(model, [size], view, output))
-        CAPTURES.append((size, time.perf_counter() - start))
+        CAPTURES.append((size, time.perf_counter() - start, new_kernel_names(before)))
     return graphs
 
 
 ORIGINAL_CAPTURE = cuda_graphs.capture_ladder
 cuda_graphs.capture_ladder = timed_capture_ladder
+
+
+def traced_start_up(name: str) -> None:
+    """Prints the time of a start-up method of the runner and the Triton kernels it compiled."""
+    inner = getattr(model_runner.ModelRunner, name)
+
+    @functools.wraps(inner)
+    def wrapper(*args, **kwargs):
+        start, before = time.perf_counter(), compiled_kernels()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            compiled = new_kernel_names(before)
+            print(f"{name}: {time.perf_counter() - start:.2f} s, compiled: {compiled}", flush=True)
+
+    setattr(model_runner.ModelRunner, name, wrapper)
+
+
+for _name in ("profile_memory", "warm_up_prefill_kernels", "warm_up_sampler"):
+    traced_start_up(_name)
 
 
 def prompt(n: int, salt: int) -> list[int]:
@@ -101,11 +135,12 @@ def prefill_step_times(llm: LLM, size: str, repeats: int, decodes: int, salt: in
     return times
 
 
-def kernel_summary(prof) -> dict:
-    path = "/tmp/_trace.json"
-    prof.export_chrome_trace(path)
-    events = json.load(open(path))["traceEvents"]
-    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+def gpu_events(trace_path: str) -> list[dict]:
+    events = json.load(open(trace_path))["traceEvents"]
+    return [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+
+
+def kernel_summary(kernels: list[dict]) -> dict:
     if not kernels:
         return {"kernels": 0}
     busy = sum(e.get("dur", 0) for e in kernels)
@@ -113,14 +148,11 @@ def kernel_summary(prof) -> dict:
     return {"kernels": len(kernels), "busy_us": round(busy), "span_us": round(span)}
 
 
-def kernels_by_time(prof, limit: int = 14) -> str:
+def kernels_by_time(kernels: list[dict], limit: int = 16) -> str:
     """The kernels of a profile grouped by name: launches, total and mean GPU time."""
-    path = "/tmp/_trace.json"
-    prof.export_chrome_trace(path)
     groups: dict[str, list[float]] = defaultdict(list)
-    for e in json.load(open(path))["traceEvents"]:
-        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            groups[e["name"][:90]].append(e.get("dur", 0))
+    for e in kernels:
+        groups[e["name"][:90]].append(e.get("dur", 0))
     rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:limit]
     lines = [f"  {sum(d):9.0f} us  {len(d):4d} x {sum(d) / len(d):7.1f} us  {name}" for name, d in rows]
     return "\n".join(lines)
@@ -134,6 +166,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--kwargs", default="{}", help="extra LLM kwargs as JSON")
     args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
     start = time.perf_counter()
     llm = LLM(
@@ -149,7 +182,8 @@ def main() -> None:
         + ", ".join(f"{k} {v:.1f}" for k, v in llm.stats().items() if k.endswith("_s")),
         flush=True,
     )
-    print("graph capture by size (s): " + ", ".join(f"{n}: {t:.2f}" for n, t in CAPTURES), flush=True)
+    for size, seconds, compiled in CAPTURES:
+        print(f"graph capture {size:5d}: {seconds:.2f} s, compiled: {compiled}", flush=True)
     llm.generate([prompt(600, 1), prompt(40, 2)], SamplingParams(max_tokens=8), use_tqdm=False)
     sizes = args.sizes.split(",")
     rows = []
@@ -195,9 +229,11 @@ def main() -> None:
             torch.cuda.synchronize()
         while engine.has_unfinished():
             engine.step()
-        prof.export_chrome_trace(os.path.join(args.out, f"prefill_{size}.json"))
-        print(f"\n=== profile: prefill {size} alone: {kernel_summary(prof)}")
-        print(kernels_by_time(prof))
+        path = os.path.join(args.out, f"prefill_{size}.json")
+        prof.export_chrome_trace(path)
+        kernels = gpu_events(path)
+        print(f"\n=== profile: prefill {size} alone: {kernel_summary(kernels)}")
+        print(kernels_by_time(kernels))
         table = prof.key_averages().table(
             sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60
         )

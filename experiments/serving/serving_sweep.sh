@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$O
 for part in $parts; do
   case "$part" in
     tests) timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "${TESTS:-staggered or float32_greedy}" 2>&1 | tail -15 | tee "$OUT/gpu_tests.log" ;;
-    profile) timeout 200 python3 experiments/serving/prefill_profile.py --out /tmp/prof 2>&1 | grep -v "^-" | head -120 > "$OUT/profile.log"; head -12 "$OUT/profile.log" ;;
+    profile) TORCH_LOGS=recompiles timeout 240 python3 experiments/serving/prefill_profile.py --out /tmp/prof ${PROFILE_ARGS:-} 2>&1 | grep -v "^-" | head -400 > "$OUT/profile.log"; head -12 "$OUT/profile.log" ;;
     sweep) timeout 420 python3 run.py -m "${SWEEP[@]}" scheduler.batching=${BATCHING:-prefill_first,mixed} \
              hydra.sweep.dir=/tmp/sweep 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/sweep.log" 2>&1
            tail -5 "$OUT/sweep.log"; cat /tmp/sweep/sweep_summary.md 2>/dev/null | head -30
