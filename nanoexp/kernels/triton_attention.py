@@ -614,6 +614,8 @@ def varlen_prefill(
     v_scale: torch.Tensor | None = None,
     tiles: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries q [T, H, D].
 
@@ -625,7 +627,8 @@ def varlen_prefill(
     tiles (paged only; int32 [n, 4], `prefill_tiles` builds it for BLOCK_M =
     `prefill_block_m(head_dim, max_seqlen_q)`) lists the query tiles to run instead of
     cu_seqlens_q: a grid of n x heads whatever the sequences. Rows of `out` (default: a new
-    tensor) that no tile covers are left as they were.
+    tensor) that no tile covers are left as they were. block_m, block_n, num_warps and
+    num_stages override the tile shape (benchmarks sweep them).
     """
     num_tokens, num_heads, head_dim = q.shape
     paged = block_tables is not None
@@ -643,8 +646,9 @@ def varlen_prefill(
         return out
     max_seqlen_q = min(max_seqlen_q, num_tokens)
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(dim_pad, max_seqlen_q)
+    cfg_m, cfg_n, cfg_warps, cfg_stages = _prefill_config(dim_pad, max_seqlen_q)
     block_m, block_n = block_m or cfg_m, block_n or cfg_n
+    num_warps, num_stages = num_warps or cfg_warps, num_stages or cfg_stages
     grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
     if tiles is not None:
         assert paged and tiles.dtype == torch.int32 and tiles.shape[1] == 4

@@ -80,7 +80,8 @@ class TritonAttentionBackend(AttentionBackend):
             q[:slots], k_cache, v_cache, md.block_tables[:slots], md.decode_context_lens, scale, max_len,
             k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
-        out = torch.cat([decoded, torch.empty_like(q[slots:])])
+        out = torch.empty_like(q)
+        out[:slots] = decoded  # a copy of the decode rows, not of the whole step (as torch.cat did)
         return varlen_prefill(
             q, k_cache, v_cache, md.cu_seqlens_q, md.max_seqlen_q, md.context_lens, md.block_tables,
             scale, k_scale=k_scale, v_scale=v_scale, tiles=md.prefill_tiles, out=out,
