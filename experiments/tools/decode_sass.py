@@ -1,6 +1,6 @@
 """The split-K decode kernel compiled offline for sm_90 (no GPU needed), and what its SASS does.
 
-    python experiments/kernels/decode_sass.py [--configs 128,4,3 64,4,3] [--dtypes fp8 bf16]
+    python experiments/tools/decode_sass.py [--configs 128,4,3 64,4,3] [--dtypes fp8 bf16]
 
 Compiles `_decode_split_kernel` at Qwen3-0.6B's layer shape (GQA 2, head_dim 128, block size 256,
 one split) with the divisibility hints a real launch gets (pointers and strides divisible by 16),
@@ -16,8 +16,18 @@ from collections import Counter
 from nanoexp.kernels import triton_attention
 from nanoexp.kernels.offline_sass import compile_offline, main_loop, opcode, registers, sass
 
-DIVISIBLE = ("stride_qb", "stride_qh", "stride_cb", "stride_cp", "stride_ch", "stride_vb", "stride_vh",
-             "stride_vd", "stride_ob", "stride_oh")
+DIVISIBLE = (
+    "stride_qb",
+    "stride_qh",
+    "stride_cb",
+    "stride_cp",
+    "stride_ch",
+    "stride_vb",
+    "stride_vh",
+    "stride_vd",
+    "stride_ob",
+    "stride_oh",
+)
 
 
 def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int, key_major: bool = False):

@@ -11,7 +11,7 @@ pass, what the experiment does now), one column each. With `--tp 2` the steps go
 worker processes (gloo on CPU): the step ring, each rank's input preparation, the all-gather of
 the sampled winners and rank 0's reply; the stub is installed at import, so the spawned workers run it too.
 
-    python experiments/nanovllm_bench/host_step.py [--batches 1,8,64,256] [--tp 1] [--device cpu]
+    python experiments/tools/host_step.py [--batches 1,8,64,256] [--tp 1] [--device cpu]
 """
 
 from __future__ import annotations
@@ -89,10 +89,20 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda: inputs then go through pinned copies")
     args = parser.parse_args()
     arch = yaml.safe_load(open("conf/model/qwen3_tiny.yaml"))["arch"] | {"vocab_size": 10240}
-    llm = LLM("qwen3_tiny", hf_config=arch, load_format="dummy", device=args.device, dtype="float32",
-              max_num_seqs=256, max_model_len=CONTEXT + STEPS + 16, num_kvcache_blocks=2048,
-              kvcache_block_size=256, async_scheduling=True, max_num_batched_tokens=16384,
-              tensor_parallel_size=args.tp)
+    llm = LLM(
+        "qwen3_tiny",
+        hf_config=arch,
+        load_format="dummy",
+        device=args.device,
+        dtype="float32",
+        max_num_seqs=256,
+        max_model_len=CONTEXT + STEPS + 16,
+        num_kvcache_blocks=2048,
+        kvcache_block_size=256,
+        async_scheduling=True,
+        max_num_batched_tokens=16384,
+        tensor_parallel_size=args.tp,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         logger = per_step_logger(Path(tmp))
         log = StepLog(lambda i, s, t, r: logger.log_step(i, step_row(i, s, t, r)))

@@ -1,10 +1,27 @@
-"""Per-call time of GPU callables replayed back to back from one CUDA graph (no launch gaps)."""
+"""GPU timing for the studies' scripts: a callable's median time with CUDA events, the per-call
+time of callables replayed back to back from one CUDA graph (no launch gaps), and a table printer."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterable
 
 import torch
+
+
+def time_ms(fn: Callable[[], object], repeats: int = 30, warmup: int = 3) -> float:
+    """Median of `repeats` timed calls (after `warmup` untimed ones), in ms."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def time_graph_us(fns: list[Callable[[], object]], rounds: int = 6) -> float:

@@ -1,7 +1,7 @@
 """One eager split-K decode call per cache dtype at Qwen3-0.6B layer shapes, for a profiler.
 
     ncu --clock-control none --set full -k regex:_decode_split_kernel \\
-        python experiments/kernels/ncu_decode.py --batch 256 --context 1024
+        python experiments/tools/ncu_decode.py --batch 256 --context 1024
 
 Each dtype's call runs twice (the first compiles); profile the last launch of each.
 """
