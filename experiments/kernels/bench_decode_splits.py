@@ -8,10 +8,15 @@ timing is one CUDA graph replaying 28 calls over 28 distinct caches (one per lay
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
-from graph_timing import time_graph_us
 
 from nanoexp.kernels.triton_attention import choose_num_splits, paged_decode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from timing import time_graph_us  # noqa: E402
 
 LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 28, 16, 8, 128, 256
 SPLITS = (1, 2, 4, 8, 16, 32)
@@ -19,8 +24,10 @@ SPLITS = (1, 2, 4, 8, 16, 32)
 
 def row_for(batch: int, context: int) -> str:
     blocks = batch * context // BLOCK
-    caches = [torch.randn(2, blocks, BLOCK, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
-              for _ in range(LAYERS)]
+    caches = [
+        torch.randn(2, blocks, BLOCK, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+        for _ in range(LAYERS)
+    ]
     q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
     tables = torch.arange(blocks, device="cuda", dtype=torch.int32).view(batch, -1)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)

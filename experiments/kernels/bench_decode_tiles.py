@@ -17,21 +17,41 @@ the device either way). A tile a dtype cannot compile (shared memory) prints "-"
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
-from graph_timing import stream_table, time_graph_us
 from triton.runtime.errors import OutOfResources
 
 from nanoexp.kernels.triton_attention import paged_decode
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from timing import stream_table, time_graph_us  # noqa: E402
+
 LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 28, 16, 8, 128, 256
 # (keys per tile, warps, stages); the first is the bf16 default
-CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8, 2), (128, 8, 3),
-           (256, 8, 2))
+CONFIGS = (
+    (64, 4, 2),
+    (32, 4, 2),
+    (128, 4, 2),
+    (64, 4, 3),
+    (128, 4, 3),
+    (128, 8, 2),
+    (128, 8, 3),
+    (256, 8, 2),
+)
 # key-major V pages stage fp8 as loaded (no fp16 copy), so deeper pipelines fit; the first column
 # is the row-major layout's default, the rest key-major
-KEY_MAJOR_CONFIGS = ((None, None, None), (None, None, None), (64, 4, 3), (64, 4, 4), (128, 4, 3),
-                     (128, 4, 4), (256, 4, 2), (128, 8, 3))
+KEY_MAJOR_CONFIGS = (
+    (None, None, None),
+    (None, None, None),
+    (64, 4, 3),
+    (64, 4, 4),
+    (128, 4, 3),
+    (128, 4, 4),
+    (256, 4, 2),
+    (128, 8, 3),
+)
 SHAPES = ((64, 1024), (64, 2048), (256, 1024), (128, 4096))  # 28 bf16 caches of 128 x 4096: 60 GB
 # (keys per tile, warps) of the CUDA-core kernel; the first column is the tensor-core default
 CUDA_CORE_CONFIGS = ((64, 4), (128, 4), (256, 4), (128, 8))
@@ -77,8 +97,15 @@ def layer_cache(blocks: int, dtype: torch.dtype, key_major: bool) -> tuple[torch
     return k, v.permute(0, 3, 1, 2)
 
 
-def row_for(name: str, batch: int, context: int, configs: list[tuple], key_major: bool = False,
-            heads: int = HEADS, max_len: int | None = None) -> str:
+def row_for(
+    name: str,
+    batch: int,
+    context: int,
+    configs: list[tuple],
+    key_major: bool = False,
+    heads: int = HEADS,
+    max_len: int | None = None,
+) -> str:
     """One table row; with key_major the first config runs on row-major caches (the baseline),
     the others on key-major V pages (each set allocated in turn: 128 x 4,096 bf16 is 60 GB)."""
     dtype = DTYPES[name]
@@ -104,17 +131,30 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
-    parser.add_argument("--splits", nargs="+", type=int, default=None,
-                        help="time the default tile at these split counts instead of the tile configs")
+    parser.add_argument(
+        "--splits",
+        nargs="+",
+        type=int,
+        default=None,
+        help="time the default tile at these split counts instead of the tile configs",
+    )
     parser.add_argument("--v-layout", choices=["row_major", "key_major"], default="row_major")
-    parser.add_argument("--shapes", nargs="+", default=[f"{b}x{c}" for b, c in SHAPES],
-                        help="batch x context, e.g. 16x2048")
+    parser.add_argument(
+        "--shapes", nargs="+", default=[f"{b}x{c}" for b, c in SHAPES], help="batch x context, e.g. 16x2048"
+    )
     parser.add_argument("--heads", type=int, default=HEADS, help=f"query heads ({KV_HEADS} kv heads)")
     parser.add_argument("--kernel", choices=["tensor_cores", "cuda_cores"], default="tensor_cores")
-    parser.add_argument("--fused-reduce", action="store_true",
-                        help="the engine's kernel, with a separate reduce, then with the last split reducing")
-    parser.add_argument("--max-len", type=int, default=None,
-                        help="the length splits are chosen for (the engine: its block tables' capacity)")
+    parser.add_argument(
+        "--fused-reduce",
+        action="store_true",
+        help="the engine's kernel, with a separate reduce, then with the last split reducing",
+    )
+    parser.add_argument(
+        "--max-len",
+        type=int,
+        default=None,
+        help="the length splits are chosen for (the engine: its block tables' capacity)",
+    )
     args = parser.parse_args()
     key_major = args.v_layout == "key_major"
     if args.kernel == "cuda_cores":

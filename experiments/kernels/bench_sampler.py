@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nanovllm_bench"))
-from cuda_timing import time_ms  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from timing import time_ms  # noqa: E402
 
 from nanoexp.kernels import triton_sampler  # noqa: E402
 from nanoexp.layers.fusion import fused  # noqa: E402

@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from graph_timing import time_graph_us
 from triton.runtime.errors import OutOfResources
 
 from nanoexp.kernels.norm_first import NormFirst
@@ -27,6 +28,9 @@ from nanoexp.kernels.triton_gemv import GemvConfig, default_gemv_config
 from nanoexp.layers.activation import silu_and_mul
 from nanoexp.layers.fusion import fused
 from nanoexp.layers.norm import add_rms_norm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from timing import time_graph_us  # noqa: E402
 
 SHAPES = {  # name: (N, K); "+silu": w is [gate; up] with 2N rows, against cuBLAS + compiled SwiGLU;
     # "norm+": RMSNorm(x + residual) first, against the compiled add + RMSNorm and cuBLAS
@@ -63,10 +67,27 @@ L2_BYTES = 60 * 2**20
 
 # Row x column tiles and warps above 64 rows that compile for sm_90 without spills
 # (nanoexp.kernels.offline_sass, K steps of 64): plain and gated products, and with the norm in the K loop
-WIDE_TILES = [(64, 64, 4), (64, 64, 8), (64, 128, 4), (64, 128, 8), (64, 256, 8), (128, 64, 4), (128, 64, 8),
-              (128, 128, 8), (128, 256, 8)]
-WIDE_GATED_TILES = [(64, 64, 4), (64, 64, 8), (64, 128, 4), (64, 128, 8), (64, 256, 8), (128, 64, 4),
-                    (128, 64, 8), (128, 128, 8)]
+WIDE_TILES = [
+    (64, 64, 4),
+    (64, 64, 8),
+    (64, 128, 4),
+    (64, 128, 8),
+    (64, 256, 8),
+    (128, 64, 4),
+    (128, 64, 8),
+    (128, 128, 8),
+    (128, 256, 8),
+]
+WIDE_GATED_TILES = [
+    (64, 64, 4),
+    (64, 64, 8),
+    (64, 128, 4),
+    (64, 128, 8),
+    (64, 256, 8),
+    (128, 64, 4),
+    (128, 64, 8),
+    (128, 128, 8),
+]
 WIDE_NORM_TILES = [(64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 8)]
 
 
@@ -163,8 +184,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bandwidth", type=float, default=4.2e12)
     parser.add_argument("--tflops", type=float, default=780.0, help="dense bf16 ceiling, TFLOP/s")
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "gemv"], default=None,
-                        help="also search block and split sizes (of the GEMV only: gemv)")
+    parser.add_argument(
+        "--sweep",
+        nargs="?",
+        const="all",
+        choices=["all", "gemv"],
+        default=None,
+        help="also search block and split sizes (of the GEMV only: gemv)",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--all-out", default=None, help="every timed config, one JSON per line")
     parser.add_argument("--only", default="", help="shapes whose name contains one of these, comma-separated")

@@ -5,8 +5,8 @@ reads all weights once plus B*C tokens of K and V. Times the captured CUDA graph
 LM head and the sampler separately, and the three back to back, with CUDA events, median of
 repeats. The timed forwards cycle through ROTATIONS consecutive positions (contexts C .. C +
 ROTATIONS - 1), so each step stores its new K/V at new slots, as decode does: replaying one step
-rewrites the same slots, which stay in L2 and hide what the store costs
-(experiments/kernels/runs/v_store.md).
+rewrites the same slots, which stay in L2 and hide what the store costs (experiments/kernels/README.md,
+key-major V pages).
 
     python experiments/nanovllm_bench/decode_step.py [--bandwidth 4.2e12] [--out table.md]
 """
@@ -16,14 +16,18 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import sys
+from pathlib import Path
 
 import torch
 import yaml
-from cuda_timing import time_ms
 
 from nanoexp import LLM
 from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
 from nanoexp.runner.step_input import StepInput
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from timing import time_ms  # noqa: E402
 
 BATCHES = [1, 16, 64, 128, 256]
 ROTATIONS = 8  # a step's new K/V over 8 steps at 256 sequences: more than L2 holds
@@ -39,9 +43,19 @@ def decode_steps(
     tables = [blocks[i * per_seq : (i + 1) * per_seq] for i in range(batch)]
     tokens = [random.randrange(10000) for _ in range(batch)]
     return [
-        StepInput(False, tokens, [1] * batch, [context + r] * batch, tables, list(range(batch)),
-                  temperatures=[0.6] * batch, top_k=[-1] * batch, top_p=[1.0] * batch, min_p=[0.0] * batch,
-                  seeds=[None] * batch)  # fmt: skip
+        StepInput(
+            False,
+            tokens,
+            [1] * batch,
+            [context + r] * batch,
+            tables,
+            list(range(batch)),
+            temperatures=[0.6] * batch,
+            top_k=[-1] * batch,
+            top_p=[1.0] * batch,
+            min_p=[0.0] * batch,
+            seeds=[None] * batch,
+        )  # fmt: skip
         for r in range(rotations)
     ]
 
@@ -67,10 +81,19 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print the kernels of one step instead")
     args = parser.parse_args()
     arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
-    llm = LLM("Qwen/Qwen3-0.6B", hf_config=arch, load_format="dummy", dtype="bfloat16",
-              kvcache_block_size=args.block_size, max_model_len=4096 + 16, max_num_seqs=256,
-              attention_backend=args.attention_backend, gemm_backend=args.gemm_backend,
-              kv_cache_dtype=args.kv_cache_dtype, pdl=args.pdl)
+    llm = LLM(
+        "Qwen/Qwen3-0.6B",
+        hf_config=arch,
+        load_format="dummy",
+        dtype="bfloat16",
+        kvcache_block_size=args.block_size,
+        max_model_len=4096 + 16,
+        max_num_seqs=256,
+        attention_backend=args.attention_backend,
+        gemm_backend=args.gemm_backend,
+        kv_cache_dtype=args.kv_cache_dtype,
+        pdl=args.pdl,
+    )
     runner = llm.engine.executor.runner
     fill_random(runner.kv_cache)  # never time on zeros
     weights = llm.stats()["weights_bytes"]
@@ -79,9 +102,11 @@ def main() -> None:
     per_token_kv = cache[0, 0, 0, 0].numel() * 2 * cache.shape[0] * cache.element_size()
     if args.profile:
         return profile(runner, arch, args.block_size)
-    lines = ["| batch | context | forward ms | LM head ms | sampler ms | step ms | back to back ms | "
-             "floor ms | step / floor | back to back / floor |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| batch | context | forward ms | LM head ms | sampler ms | step ms | back to back ms | "
+        "floor ms | step / floor | back to back / floor |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for batch in map(int, args.batches.split(",")):
         for context in map(int, args.contexts.split(",")):
             if batch * -(-(context + ROTATIONS - 1) // args.block_size) > runner.num_blocks:
@@ -97,8 +122,10 @@ def main() -> None:
             whole = time_ms(lambda rot=rotation, sampling=sampling: whole_step(runner, rot, sampling))
             floor = (weights + batch * context * per_token_kv) / args.bandwidth * 1e3
             total = fwd + head + samp
-            lines.append(f"| {batch} | {context} | {fwd:.3f} | {head:.3f} | {samp:.3f} | {total:.3f} | "
-                         f"{whole:.3f} | {floor:.3f} | {total / floor:.2f} | {whole / floor:.2f} |")
+            lines.append(
+                f"| {batch} | {context} | {fwd:.3f} | {head:.3f} | {samp:.3f} | {total:.3f} | "
+                f"{whole:.3f} | {floor:.3f} | {total / floor:.2f} | {whole / floor:.2f} |"
+            )
             print(lines[-1], flush=True)
     llm.close()
     table = "\n".join(lines)

@@ -4,7 +4,7 @@
 
 At one sequence the host's work per step (bookkeeping, input tensors, the graph launch, the eager
 LM head and sampler launches) hides under the device's ~0.9 ms only while the host keeps up; on a
-slower host the step becomes host-bound (runs/run32_batch1_tpot.md). This runs the engine's own
+slower host the step becomes host-bound (runs/batch1_tpot_06a3084.md). This runs the engine's own
 decode loop with a timer around each host phase and prints each phase's mean per step, the wait
 for the device (`collect`), and the step period, so host and device time can be told apart on the
 machine at hand. Timers add ~1 us per phase.

@@ -8,10 +8,11 @@ default for prefill).
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import yaml
-from cuda_timing import time_ms
 from torch.profiler import ProfilerActivity, profile
 
 from nanoexp import LLM
@@ -21,6 +22,9 @@ from nanoexp.layers.fusion import fused
 from nanoexp.runner.inputs import prepare_inputs
 from nanoexp.runner.step_input import StepInput
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from timing import time_ms  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -29,8 +33,15 @@ def main() -> None:
     args = parser.parse_args()
     arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
     block = 256
-    llm = LLM("Qwen/Qwen3-0.6B", hf_config=arch, load_format="dummy", dtype="bfloat16", enforce_eager=True,
-              kvcache_block_size=block, num_kvcache_blocks=args.seqs * args.len // block + 8)
+    llm = LLM(
+        "Qwen/Qwen3-0.6B",
+        hf_config=arch,
+        load_format="dummy",
+        dtype="bfloat16",
+        enforce_eager=True,
+        kvcache_block_size=block,
+        num_kvcache_blocks=args.seqs * args.len // block + 8,
+    )
     runner = llm.engine.executor.runner
     per_seq = args.len // block
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(args.seqs)]
@@ -48,8 +59,10 @@ def main() -> None:
         with fused(True):
             fused_ms = time_ms(forward, repeats=10)
         floor = 2 * total * sum(p.numel() for p in runner.model.model.layers.parameters()) / 780e12 * 1e3
-        print(f"prefill {args.seqs} x {args.len} = {total} tokens: inputs {inputs_ms:.2f} ms, "
-              f"plain {plain:.2f} ms, fused {fused_ms:.2f} ms, GEMM floor {floor:.2f} ms")
+        print(
+            f"prefill {args.seqs} x {args.len} = {total} tokens: inputs {inputs_ms:.2f} ms, "
+            f"plain {plain:.2f} ms, fused {fused_ms:.2f} ms, GEMM floor {floor:.2f} ms"
+        )
         print_swiglu(total, arch["intermediate_size"])
         with fused(True), profile(activities=[ProfilerActivity.CUDA]) as prof:
             forward()
@@ -66,8 +79,10 @@ def print_swiglu(tokens: int, inter: int) -> None:
         compiled = time_ms(lambda: silu_and_mul(x), repeats=20)
     kernel = time_ms(lambda: swiglu_kernel(x), repeats=20)
     floor = 3 * x.numel() // 2 * x.element_size() / 4.2e12 * 1e3
-    print(f"SwiGLU [{tokens}, {2 * inter}]: compiled {compiled * 1e3:.0f} us, Triton kernel "
-          f"{kernel * 1e3:.0f} us, floor {floor * 1e3:.0f} us")
+    print(
+        f"SwiGLU [{tokens}, {2 * inter}]: compiled {compiled * 1e3:.0f} us, Triton kernel "
+        f"{kernel * 1e3:.0f} us, floor {floor * 1e3:.0f} us"
+    )
 
 
 if __name__ == "__main__":
