@@ -37,6 +37,7 @@ def engine_outputs(path, prompts, max_tokens, **kwargs):
         return llm.generate(prompts, params, use_tqdm=False)
 
 
+@pytest.mark.gpu_quick
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
 @pytest.mark.parametrize("path_name", list(PATHS))
 def test_float32_greedy_matches_transformers(checkpoints, reference_outputs, path_name, eager):
@@ -51,6 +52,7 @@ def test_float32_greedy_matches_transformers(checkpoints, reference_outputs, pat
         assert sum(o.num_preemptions for o in outs) > 0
 
 
+@pytest.mark.gpu_quick
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
 def test_bfloat16_greedy_follows_transformers_within_policy(checkpoints, eager):
     """bf16 policy: where our greedy tokens first differ from transformers (float32, teacher-forced
@@ -141,6 +143,7 @@ def test_tp2_push_all_reduce_matches_nccl_token_for_token_in_bf16(checkpoints, a
     assert [o.token_ids for o in outs["push"]] == [o.token_ids for o in outs["nccl"]]
 
 
+@pytest.mark.gpu_quick
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
 @pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
 @pytest.mark.parametrize("kwargs", [dict(), dict(max_num_batched_tokens=40), dict(num_kvcache_blocks=40)],

@@ -458,6 +458,7 @@ def test_tp2_fp8_follows_tp1(peaked_checkpoint):
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.gpu
+@pytest.mark.gpu_quick
 @needs_cuda
 def test_gpu_triton_fp8_matches_the_reference(dtype, head_dim, heads, block_size):
     from nanoexp.kernels.triton_backend import TritonAttentionBackend
