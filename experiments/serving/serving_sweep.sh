@@ -3,6 +3,7 @@
 # profile, and the rate sweep under both batching policies; everything under $OUT.
 # Usage (repo root on the GPU machine, wheels from ../shared/tools/device-wheels.sh in .whl):
 #   bash experiments/serving/serving_sweep.sh [parts]   parts: tests profile sweep base bench (default: tests profile sweep)
+# tests runs TESTS (a pytest -m expression, default gpu_quick); bench starts each checkout with cold caches.
 # `base DIR`-style parts run the same sweep from another checkout: BASE=dir.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -17,7 +18,7 @@ parts="${*:-tests profile sweep}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
 for part in $parts; do
   case "$part" in
-    tests) timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "${TESTS:-staggered or float32_greedy}" 2>&1 | tail -15 | tee "$OUT/gpu_tests.log" ;;
+    tests) timeout 240 python3 -m pytest -q -m "${TESTS:-gpu_quick}" tests/ 2>&1 | tail -15 | tee "$OUT/gpu_tests.log" ;;
     profile) TORCH_LOGS=recompiles timeout 240 python3 experiments/serving/prefill_profile.py --out /tmp/prof ${PROFILE_ARGS:-} 2>&1 | grep -v "^-" | head -400 > "$OUT/profile.log"; head -12 "$OUT/profile.log" ;;
     sweep) timeout 420 python3 run.py -m "${SWEEP[@]}" scheduler.batching=${BATCHING:-prefill_first,mixed} \
              hydra.sweep.dir=/tmp/sweep 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/sweep.log" 2>&1
@@ -26,9 +27,12 @@ for part in $parts; do
     base) (cd "$BASE" && PYTHONPATH="/tmp/site:$BASE" timeout 300 python3 run.py -m "${SWEEP[@]}" \
              hydra.sweep.dir=/tmp/base 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/base.log" 2>&1)
            tail -3 "$OUT/base.log"; tar czf "$OUT/base.tgz" -C /tmp base ;;
-    bench) for tree in "$BASE" "$here"; do
-             (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 240 python3 run.py experiment=nanovllm_bench logger=none \
+    bench) for tree in "$BASE" "$here"; do  # each with empty Triton and inductor caches: a cold start-up
+             cold="/tmp/cold_$(basename "$tree")"; start=$(date +%s)
+             (cd "$tree" && TRITON_CACHE_DIR="$cold/triton" TORCHINDUCTOR_CACHE_DIR="$cold/inductor" \
+               PYTHONPATH="/tmp/site:$tree" timeout 240 python3 run.py experiment=nanovllm_bench logger=none \
                hydra.run.dir=/tmp/bench_$(basename "$tree") 2>&1 | tail -12)
+             echo "$(basename "$tree"): job wall $(( $(date +%s) - start )) s"
            done | tee "$OUT/bench.log" ;;
   esac
 done

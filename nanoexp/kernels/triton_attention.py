@@ -625,7 +625,7 @@ def varlen_prefill(
     max_seqlen_q must bound every q length.
 
     tiles (paged only; int32 [n, 4], `prefill_tiles` builds it for BLOCK_M =
-    `prefill_block_m(head_dim, max_seqlen_q)`) lists the query tiles to run instead of
+    `prefill_block_m(head_dim)`) lists the query tiles to run instead of
     cu_seqlens_q: a grid of n x heads whatever the sequences. Rows of `out` (default: a new
     tensor) that no tile covers are left as they were. block_m, block_n, num_warps and
     num_stages override the tile shape (benchmarks sweep them).
@@ -646,7 +646,7 @@ def varlen_prefill(
         return out
     max_seqlen_q = min(max_seqlen_q, num_tokens)
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    cfg_m, cfg_n, cfg_warps, cfg_stages = _prefill_config(dim_pad, max_seqlen_q)
+    cfg_m, cfg_n, cfg_warps, cfg_stages = _prefill_config(dim_pad)
     block_m, block_n = block_m or cfg_m, block_n or cfg_n
     num_warps, num_stages = num_warps or cfg_warps, num_stages or cfg_stages
     grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)

@@ -139,14 +139,15 @@ class StepGraphs:
 
     def tile_slots(self, tokens: int) -> int:
         """Tiles of at most `tokens` rows in at most seq_slots sequences: one partial tile each."""
-        return -(-tokens // prefill_block_m(self.head_dim, tokens)) + self.seq_slots(tokens)
+        return -(-tokens // self.tile_block_m) + self.seq_slots(tokens)
 
     def size_for(self, num_tokens: int) -> int:
         return next(size for size in self.sizes if size >= num_tokens)
 
-    def tile_block_m(self, num_tokens: int) -> int:
-        """The tile height of the graph that runs a step of num_tokens tokens."""
-        return prefill_block_m(self.head_dim, self.size_for(num_tokens))
+    @property
+    def tile_block_m(self) -> int:
+        """The tile height of every step graph's tile table."""
+        return prefill_block_m(self.head_dim)
 
     def view(self, size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         seqs = self.seq_slots(size)

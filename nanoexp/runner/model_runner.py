@@ -19,7 +19,7 @@ from nanoexp.kernels.select import triton_available
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.fusion import fused
 from nanoexp.layers.sampler import Sampler, SamplingTensors, pick_shard_winner
-from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, DecodeGraphs, StepGraphs
+from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, DecodeGraphs, StepGraphs
 from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_sampling, prepare_step
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
@@ -177,8 +177,10 @@ class ModelRunner:
         compiles one; nothing is stored."""
         start = time.perf_counter()
         budget = self.config.scheduler.max_num_batched_tokens
+        captured = MAX_STEP_GRAPH_TOKENS if self.uses_graphs() and self.backend.captures_mixed_steps else 0
         for tokens in sorted({min(16, budget), min(64, budget), budget}):
-            self.run_blockless_prefill(tokens)
+            if tokens > captured:  # smaller steps run in step graphs, whose capture compiles their kernels
+                self.run_blockless_prefill(tokens)
         self.timings["warmup_s"] = self.timings.get("warmup_s", 0.0) + time.perf_counter() - start
 
     @torch.inference_mode()
@@ -235,7 +237,7 @@ class ModelRunner:
     def prepare(self, step: StepInput) -> tuple[ModelInputs, SamplingTensors | None]:
         """The step's model inputs and, when it samples, its sampling tensors, in one upload."""
         fresh = self.fresh_seeds() if step.sample_seq_indices else None
-        tile_block_m = self.step_graphs.tile_block_m(step.num_tokens) if self.uses_step_graph(step) else None
+        tile_block_m = self.step_graphs.tile_block_m if self.uses_step_graph(step) else None
         return prepare_step(
             step, self.block_size, self.hf_config.vocab_size, self.device, fresh, tile_block_m
         )
