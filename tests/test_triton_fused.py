@@ -13,12 +13,11 @@ import torch
 triton = pytest.importorskip("triton")
 
 from nanoexp import LLM, SamplingParams  # noqa: E402
-from nanoexp.kernels import triton_attention  # noqa: E402
 from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8  # noqa: E402
 from nanoexp.kernels.triton_fused import qk_norm_rope_store as fused_op  # noqa: E402
 from nanoexp.layers.rope import RotaryEmbedding, apply_rope_unfused, qk_norm_rope  # noqa: E402
 from tests.conftest import random_prompts  # noqa: E402
-from tests.test_triton_kernels import DEVICE, assert_close, run_decode  # noqa: E402
+from tests.test_triton_kernels import DEVICE  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -188,33 +187,6 @@ def test_backend_fuses_on_cuda_only_by_default():
     assert TorchAttentionBackend().fused_qk_norm_rope_store(*args) is None
 
 
-# ---------------------------------------------------------------- one-pass split-K decode
-
-
-@pytest.mark.parametrize(
-    ("ctx_lens", "heads", "kv_heads", "num_splits"),
-    [([1, 77, 150], 4, 2, 3), ([0, 200, 5, 0], 8, 2, 5), ([64, 65], 3, 1, 16), ([40], 1, 1, 64)],
-)
-def test_one_pass_decode_matches_two_kernels_and_reference(ctx_lens, heads, kv_heads, num_splits):
-    dtype = torch.float16
-    out, ref = run_decode(ctx_lens, heads, kv_heads, 32, 16, dtype, num_splits=num_splits, fused_reduce=True)
-    two, _ = run_decode(ctx_lens, heads, kv_heads, 32, 16, dtype, num_splits=num_splits, fused_reduce=False)
-    assert torch.equal(out, two)
-    assert_close(out, ref, dtype)
-    for i, n in enumerate(ctx_lens):
-        if n == 0:
-            assert (out[i] == 0).all()
-    assert not triton_attention.split_counters(DEVICE, 1).any()  # every launch resets its counters
-
-
-def test_one_pass_decode_repeated_calls_reset_counters():
-    for seed in range(3):  # the counters left by each call must serve the next one
-        one_pass = dict(num_splits=4, fused_reduce=True)
-        out, ref = run_decode([40, 130], 4, 2, 32, 16, torch.float32, seed=seed, **one_pass)
-        assert_close(out, ref, torch.float32)
-    assert not triton_attention.split_counters(DEVICE, 1).any()
-
-
 # ---------------------------------------------------------------- GPU
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -230,22 +202,6 @@ def test_gpu_fused_matches_compiled_torch_ops_bf16(tokens):
     got = run_fused(*inputs, 16, 8, True, torch.bfloat16)
     for g, w in zip(got, want):
         assert_same(g, w, torch.bfloat16, exact=False)
-
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize(("batch", "context"), [(1, 1024), (16, 1024), (64, 700), (256, 1024)])
-def test_gpu_one_pass_decode_matches_two_kernels(batch, context):
-    gen = torch.Generator().manual_seed(batch)
-    ctx_lens = torch.randint(0, context + 1, (batch,), generator=gen).tolist()
-    ctx_lens[0] = context
-    for _ in range(3):
-        one, ref = run_decode(ctx_lens, 16, 8, 128, 16, torch.bfloat16, seed=batch, fused_reduce=True)
-        two, _ = run_decode(ctx_lens, 16, 8, 128, 16, torch.bfloat16, seed=batch, fused_reduce=False,
-                            num_splits=None)  # fmt: skip
-        torch.testing.assert_close(one, two, atol=1e-2, rtol=1e-2)  # combine order may differ
-        assert float((one.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
-    assert not triton_attention.split_counters(DEVICE, 1).any()
 
 
 # ---------------------------------------------------------------- SwiGLU

@@ -10,7 +10,7 @@ from nanoexp.config.checks import choice, integer
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 GEMM_BACKENDS = ("auto", "torch", "triton")
-PDL_CHOICES = ("auto", "on", "off", "prefetch")
+PDL_CHOICES = ("auto", "on", "off")
 
 
 @dataclass
@@ -24,8 +24,7 @@ class ExecutionConfig:
     # everywhere else; triton = the Triton kernels for every layer up to 256 rows (to A/B); torch
     gemm_backend: str = "auto"
     # programmatic dependent launch of the decode graphs' Triton kernels (kernels/pdl.py): each
-    # launches as the previous one exits; auto = on for CUDA compute capability 9.0+; prefetch =
-    # early launch with the GEMMs' weights prefetched (measured slower below ~64 rows)
+    # launches as the previous one exits; auto = on for CUDA compute capability 9.0+
     pdl: str = "auto"
     seed: int = 0  # dummy weights and unseeded sampling
 

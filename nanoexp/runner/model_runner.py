@@ -319,7 +319,6 @@ class ModelRunner:
             "gemm_backend": self.skinny_gemm.describe() if self.skinny_gemm else "torch",
             "swiglu_kernel": self.swiglu_kernel,
             "pdl": pdl.enabled(),
-            "pdl_mode": pdl.mode(),
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,
             "sharded_sampling": self.shards_sampling,
