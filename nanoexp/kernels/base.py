@@ -105,7 +105,7 @@ class AttentionBackend:
     ) -> None:
         raise NotImplementedError
 
-    def fused_qk_norm_rope_store(
+    def qk_norm_rope_store(
         self,
         qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]
         positions: torch.Tensor,
