@@ -1,4 +1,6 @@
-"""Where and how the model runs: device, attention and GEMM kernels, random seed."""
+"""Where and how the model runs: device, the kernel choices (attention backend, GEMM backend, PDL)
+and the random seed. Its knobs are spelled `engine.<field>`, the Hydra `engine` group, whose
+schema (experiment/schema.py EngineSpec) adds which engine runs the job and how it is driven."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ class ExecutionConfig:
     section: ClassVar[str] = "engine"
 
     device: str = "auto"  # auto = CUDA when present
+    # kernel choices, to compare in a sweep (with parallel.all_reduce, parallel.sharded_sampling and
+    # cache.kv_cache_dtype); auto = what measured fastest on the machine
     attention_backend: str = "auto"  # auto: first self-checked of triton, flash_attn on CUDA; torch on CPU
     # decode-sized linear layers: auto = the Triton GEMV / skinny GEMM where they were measured
     # faster than torch (cuBLAS: 1-16 rows, weights up to 12 MiB), on CUDA in bf16/fp16, torch
