@@ -7,7 +7,7 @@ Every Triton kernel of the decode step follows one rule when launched this way: 
 visible). Waiting first in every kernel keeps dependencies transitive: a kernel cannot finish
 before the one it follows. No kernel calls `griddepcontrol.launch_dependents` early: letting the
 next kernel launch right after the wait made the batch-1 step 20% slower on an H200, launching
-at exit 4% faster (experiments/nanovllm_bench/notes.md, run 15). Only launches inside a CUDA
+at exit 4% faster (experiments/nanovllm_bench/README.md, "Tried and lost"). Only launches inside a CUDA
 graph capture use PDL; eager ones (the sampler, prefill) do not, where it measured slower.
 Kernels launched without PDL (torch's own, cuBLAS) serialize as usual.
 """

@@ -6,7 +6,7 @@ load (all of it in flight at once, straight into registers), and only then reads
 bytes are on their way while x is loaded and normed. Products and sums are fp32 FMAs. Tiles are
 small, so several programs share an SM and the read keeps many bytes in flight; the tensor-core
 kernel (triton_gemm.py) streams fixed K steps through shared memory and reached ~1.2 TB/s at one
-row (experiments/nanovllm_bench/runs/run27_step_trace_c50a433.md).
+row (experiments/kernels/README.md, "The GEMV for 1-2 rows").
 
 K longer than K_TILE is split across programs; partials go to an fp32 workspace and the last
 program of a column tile (an atomic ticket) sums them, as in triton_gemm.py. The fused RMSNorm,
