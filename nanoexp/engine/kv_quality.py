@@ -29,7 +29,6 @@ MAX_REFERENCE_ROWS = 512
 class ProbeResult:
     """Per request, per continuation position: KL(reference || decode) and whether the argmax agrees."""
 
-    continuations: list[list[int]]  # the decode path's greedy continuation, scored by both paths
     kl: list[list[float]]
     agree: list[list[bool]]
 
@@ -162,7 +161,7 @@ def probe_group(
         return None
     kl = [kl_divergence(reference[:, t], d) for t, d in enumerate(decoded)]
     agree = [reference[:, t].argmax(-1) == d.argmax(-1) for t, d in enumerate(decoded)]
-    return ProbeResult(continuations, torch.stack(kl, 1).tolist(), torch.stack(agree, 1).tolist())
+    return ProbeResult(torch.stack(kl, 1).tolist(), torch.stack(agree, 1).tolist())
 
 
 def greedy_tokens(runner, log_probs: torch.Tensor | None, count: int) -> list[int]:
