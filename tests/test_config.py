@@ -269,14 +269,19 @@ def test_check_names_the_key(overrides: list[str], key: str) -> None:
 
 
 def test_checkpoint_resolution(tmp_path: Path) -> None:
-    spec = to_spec(compose_cfg("model.load_format=safetensors", f"model.path={tmp_path}"))
-    with pytest.raises(ConfigError, match="model.path"):
-        resolve_checkpoint(spec.model)
-    auto = to_spec(compose_cfg("model.load_format=auto", f"model.path={tmp_path}"))
-    assert resolve_checkpoint(auto.model).load_format == "dummy"
+    """auto and safetensors mean what they mean in the engine (no checkpoint: an error); only the
+    default, dummy_if_missing, falls back to dummy weights."""
+    for never in ("safetensors", "auto"):
+        spec = to_spec(compose_cfg(f"model.load_format={never}", f"model.path={tmp_path}"))
+        with pytest.raises(ConfigError, match=f"model.path.*model.load_format={never} never falls back"):
+            resolve_checkpoint(spec.model)
+    fallback = to_spec(compose_cfg(f"model.path={tmp_path}"))
+    assert fallback.model.load_format == "dummy_if_missing"
+    assert resolve_checkpoint(fallback.model).load_format == "dummy"
     (tmp_path / "model.safetensors").write_bytes(b"")
-    found = resolve_checkpoint(auto.model)
-    assert (found.load_format, found.path, found.source) == ("safetensors", str(tmp_path), "path")
+    for spec in (fallback, to_spec(compose_cfg("model.load_format=auto", f"model.path={tmp_path}"))):
+        found = resolve_checkpoint(spec.model)
+        assert (found.load_format, found.path, found.source) == ("safetensors", str(tmp_path), "path")
 
 
 def test_engine_knobs_reach_the_engine_config() -> None:

@@ -1,10 +1,9 @@
-"""The KV-cache quality probe on a briefly trained tiny Qwen3 (experiments/kv_fp8/train_tiny.py):
-an exact cache agrees with the plain prefill everywhere, a lossy one is caught, at TP=1 and TP=2."""
+"""The KV-cache quality probe on a tiny random Qwen3: an exact cache agrees with the plain prefill
+everywhere, a lossy one is caught, at TP=1 and TP=2; a job probes only a lossy cache by default."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,50 +15,39 @@ import torch
 import torch.nn.functional as F
 
 from nanoexp.config import SamplingParams
-from nanoexp.engine.kv_quality import max_group_seqs, probe_groups
+from nanoexp.engine.kv_quality import kl_divergence, max_group_seqs, probe_groups
 from nanoexp.engine.llm import LLM
+from nanoexp.experiment import kv_quality
 from nanoexp.experiment.kv_quality import measure_kv_quality
-from nanoexp.experiment.schema import ConfigError, KvQualityConfig
+from nanoexp.experiment.schema import ConfigError, KvQualityConfig, to_spec
 from nanoexp.experiment.sweep_report import write_report
 from nanoexp.experiment.workloads import Request, Workload
+from tests.conftest import build_checkpoint, random_prompts
+from tests.test_config import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN_SCRIPT = ROOT / "experiments" / "kv_fp8" / "train_tiny.py"
 ENGINE = dict(
     device="cpu", dtype="float32", attention_backend="torch", kvcache_block_size=4,
     num_kvcache_blocks=48, max_num_seqs=4, max_num_batched_tokens=96, max_model_len=96,
 )
-TEXTS = ["def main():\n    ", "import os\nimport sys\n\n", "class ", "    return self."]
-
-
-def train_tiny():
-    spec = importlib.util.spec_from_file_location("train_tiny", TRAIN_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_tiny"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> str:
-    tt = train_tiny()
+def tiny(tmp_path_factory) -> str:
+    """A tiny random checkpoint (the name: what the probe runs on; random weights serve it too)."""
     out = tmp_path_factory.mktemp("kv_tiny")
-    shape = tt.Shape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32)
-    loss = tt.train(out, shape, tt.Schedule(steps=8, batch=4, seq_len=32, corpus_bytes=50_000), log_every=0)
-    assert loss < 5.4  # below uniform (ln 259 = 5.56) after a few steps
-    assert len((out / "prompts.jsonl").read_text().splitlines()) == 32  # held-out prompts for a sweep
+    build_checkpoint(out, "qwen3", 4, 2, 32, 64, True, vocab=260, seed=3)
     return str(out)
 
 
 @pytest.fixture(scope="module")
-def prompts(trained) -> list[list[int]]:
-    with LLM(trained, **ENGINE) as llm:
-        encoded = [llm.tokenizer.encode(t) for t in TEXTS]
+def prompts() -> list[list[int]]:
+    encoded = random_prompts([6, 9, 3, 8], vocab=256, seed=5)
     return [*encoded, [encoded[0][0]]]  # a one-token prompt too: nothing to prefill into the cache
 
 
-def test_exact_cache_agrees_with_the_plain_prefill(trained, prompts):
-    with LLM(trained, **ENGINE) as llm:
+def test_exact_cache_agrees_with_the_plain_prefill(tiny, prompts):
+    with LLM(tiny, **ENGINE) as llm:
         before = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
         result = llm.kv_cache_quality(prompts, 8)
         manager = llm.engine.block_manager
@@ -71,20 +59,20 @@ def test_exact_cache_agrees_with_the_plain_prefill(trained, prompts):
     assert abs(result["kl_mean"]) < 1e-6 and result["kl_max"] < 1e-5
 
 
-def test_fp8_cache_is_detected(trained, prompts):
-    with LLM(trained, **ENGINE) as llm:
+def test_fp8_cache_is_detected(tiny, prompts):
+    with LLM(tiny, **ENGINE) as llm:
         exact = llm.kv_cache_quality(prompts, 8)
-    with LLM(trained, kv_cache_dtype="fp8_e4m3", **ENGINE) as llm:
+    with LLM(tiny, kv_cache_dtype="fp8_e4m3", **ENGINE) as llm:
         lossy = llm.kv_cache_quality(prompts, 8)
         assert llm.engine.block_manager.num_used == 0
     assert lossy["kl_mean"] > 5 * max(exact["kl_max"], 1e-8), (exact, lossy)
     assert lossy["kl_max"] >= lossy["kl_p99"] >= lossy["kl_mean"] > 0
 
 
-def test_tp2_matches_tp1(trained, prompts):
-    with LLM(trained, **ENGINE) as llm:
+def test_tp2_matches_tp1(tiny, prompts):
+    with LLM(tiny, **ENGINE) as llm:
         tp1 = llm.kv_cache_quality(prompts, 6)
-    with LLM(trained, tensor_parallel_size=2, **ENGINE) as llm:
+    with LLM(tiny, tensor_parallel_size=2, **ENGINE) as llm:
         tp2 = llm.kv_cache_quality(prompts, 6)
         assert llm.engine.block_manager.num_used == 0
     assert tp2["greedy_agreement"] == tp1["greedy_agreement"] == 1.0
@@ -101,10 +89,10 @@ def test_groups_fit_the_step_budget_and_the_cache():
     assert max_group_seqs(256, 32) == 16 and max_group_seqs(4, 32) == 4 and max_group_seqs(8, 1000) == 1
 
 
-def test_requests_split_into_groups_give_the_same_result(trained, prompts):
-    with LLM(trained, **ENGINE) as llm:
+def test_requests_split_into_groups_give_the_same_result(tiny, prompts):
+    with LLM(tiny, **ENGINE) as llm:
         together = llm.kv_cache_quality(prompts, 4)
-    with LLM(trained, **{**ENGINE, "max_num_seqs": 1}) as llm:
+    with LLM(tiny, **{**ENGINE, "max_num_seqs": 1}) as llm:
         one_by_one = llm.kv_cache_quality(prompts, 4)
     assert one_by_one["num_positions"] == together["num_positions"]
     assert one_by_one["greedy_agreement"] == together["greedy_agreement"]
@@ -120,43 +108,56 @@ def test_requests_split_into_groups_give_the_same_result(trained, prompts):
                         "max_model_len=96"),
     ],
 )
-def test_bad_probe_input_is_one_clear_error(trained, prompts, num_tokens, message):
-    with LLM(trained, **ENGINE) as llm:
+def test_bad_probe_input_is_one_clear_error(tiny, prompts, num_tokens, message):
+    with LLM(tiny, **ENGINE) as llm:
         with pytest.raises((ValueError, TypeError)) as err:
             llm.kv_cache_quality(prompts, num_tokens)
         assert str(err.value) == message
         assert llm.engine.block_manager.num_used == 0
 
 
-def test_prompt_beyond_the_step_budget_is_named(trained):
-    with LLM(trained, **{**ENGINE, "max_num_batched_tokens": 48, "enable_chunked_prefill": True}) as llm:
+def test_prompt_beyond_the_step_budget_is_named(tiny):
+    with LLM(tiny, **{**ENGINE, "max_num_batched_tokens": 48, "enable_chunked_prefill": True}) as llm:
         with pytest.raises(ValueError, match=r"prompt 0: prompt \(44 tokens\) \+ num_tokens \(8\) exceeds "
                                              r"max_num_batched_tokens=48"):
             llm.kv_cache_quality([[3] * 44], 8)
 
 
-def test_probe_needs_an_idle_engine(trained, prompts):
-    with LLM(trained, **ENGINE) as llm:
+def test_probe_needs_an_idle_engine(tiny, prompts):
+    with LLM(tiny, **ENGINE) as llm:
         llm.engine.add_request(prompts[0], SamplingParams(max_tokens=4))
         with pytest.raises(RuntimeError, match="needs an idle engine"):
             llm.kv_cache_quality(prompts, 4)
 
 
-def test_job_records_kv_quality(trained, tmp_path):
+def run_job(tmp_path, *overrides: str) -> tuple[dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
     env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'job'}", "model=qwen3_tiny_trained",
-           f"model.path={trained}", "logger=none", "cache.cpu_kv_cache_gb=0.05", "workload=smoke",
-           "workload.num_requests=4", "workload.input_len=24", "workload.output_len=4",
-           "scheduler.max_model_len=64", "metrics.kv_quality.num_requests=3",
-           "metrics.kv_quality.num_tokens=6"]
+    cmd = [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'job'}", "model=qwen3_tiny", "logger=none",
+           "cache.cpu_kv_cache_gb=0.05", "workload.num_requests=4", "workload.input_len=24",
+           "workload.output_len=4", "scheduler.max_model_len=64", "metrics.kv_quality.num_requests=3",
+           "metrics.kv_quality.num_tokens=6", *overrides]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "job" / "results.json").read_text())["summary"]
-    assert summary["kv_quality/greedy_agreement"] == 1.0 and abs(summary["kv_quality/kl_mean"]) < 1e-6
+    return json.loads((tmp_path / "job" / "results.json").read_text())["summary"], proc.stdout
+
+
+def test_job_probes_a_lossy_cache(tmp_path):
+    summary, stdout = run_job(tmp_path, "cache.kv_cache_dtype=fp8_e4m3")
+    assert 0 <= summary["kv_quality/greedy_agreement"] <= 1 and summary["kv_quality/kl_mean"] > 0
     assert summary["kv_quality/num_positions"] == 18 and summary["kv_quality/num_cut_prompts"] == 0
-    assert summary["kv_quality_s"] > 0 and summary["kv_cache_dtype"] == "auto"
-    assert "KV cache greedy agreement     100.00%" in proc.stdout
+    assert summary["kv_quality_s"] > 0 and summary["kv_cache_dtype"] == "fp8_e4m3"
+    assert "KV cache greedy agreement" in stdout
+
+
+def test_job_probes_an_exact_cache_only_when_asked(tmp_path):
+    assert not kv_quality.wanted(to_spec(compose_cfg("model=qwen3_tiny")))
+    assert kv_quality.wanted(to_spec(compose_cfg("model=qwen3_tiny", "cache.kv_cache_dtype=fp8")))
+    assert not kv_quality.wanted(to_spec(compose_cfg("cache.kv_cache_dtype=fp8", "engine=hf")))
+    summary, stdout = run_job(tmp_path, "metrics.kv_quality.lossless=true")
+    assert summary["kv_quality/greedy_agreement"] == 1.0 and abs(summary["kv_quality/kl_mean"]) < 1e-6
+    assert summary["kv_cache_dtype"] == "auto"
+    assert "KV cache greedy agreement     100.00%" in stdout
 
 
 def test_sweep_report_lists_kv_quality(tmp_path):
@@ -175,11 +176,10 @@ def test_sweep_report_lists_kv_quality(tmp_path):
     assert "| kv_quality/greedy_agreement | kv_quality/kl_mean |" in markdown
 
 
-def test_long_prompts_are_cut_to_the_probe_limit(trained):
-    with LLM(trained, **ENGINE) as llm:
+def test_long_prompts_are_cut_to_the_probe_limit(tiny):
+    with LLM(tiny, **ENGINE) as llm:
         workload = Workload("w", [Request([7] * 95, SamplingParams()), Request([3, 4], SamplingParams())])
         metrics = measure_kv_quality(llm, workload, KvQualityConfig(num_requests=8, num_tokens=6))
-        assert measure_kv_quality(llm, workload, KvQualityConfig(num_requests=0)) == {}
         assert metrics["kv_quality/num_cut_prompts"] == 1 and metrics["kv_quality/num_requests"] == 2
         with pytest.raises(ConfigError, match=r"metrics.kv_quality.num_tokens=96 is invalid: must leave"):
             measure_kv_quality(llm, workload, KvQualityConfig(num_requests=8, num_tokens=96))
@@ -188,21 +188,19 @@ def test_long_prompts_are_cut_to_the_probe_limit(trained):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
-def test_gpu_kernels_float32_agree_and_bfloat16_stays_close(trained, prompts, eager):
+def test_gpu_kernels_float32_agree_and_bfloat16_stays_close(tiny, prompts, eager):
     """The GPU path: the decode kernel (replayed in a CUDA graph or eager) against the prefill kernel."""
     gpu = {**ENGINE, "device": "cuda", "attention_backend": "auto", "enforce_eager": eager}
-    with LLM(trained, **gpu) as llm:
+    with LLM(tiny, **gpu) as llm:
         exact = llm.kv_cache_quality(prompts, 8)
         assert llm.engine.block_manager.num_used == 0
-    with LLM(trained, **{**gpu, "dtype": "bfloat16"}) as llm:
+    with LLM(tiny, **{**gpu, "dtype": "bfloat16"}) as llm:
         bf16 = llm.kv_cache_quality(prompts, 8)
     assert exact["greedy_agreement"] == 1.0 and abs(exact["kl_mean"]) < 1e-5, exact
     assert bf16["greedy_agreement"] >= 0.9 and bf16["kl_mean"] < 1e-2, bf16
 
 
 def test_kl_is_never_negative_and_zero_for_equal_distributions():
-    from nanoexp.runner.probe import kl_divergence
-
     gen = torch.Generator().manual_seed(0)
     ref = torch.randn(64, 1000, generator=gen).log_softmax(-1)
     noisy = (ref + 1e-7 * torch.randn(64, 1000, generator=gen)).log_softmax(-1)  # rounding-level change

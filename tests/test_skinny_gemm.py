@@ -193,9 +193,6 @@ def test_tp2_with_triton_gemm_matches_tp1_torch_gemm(checkpoints):
         (2, 40, 200, GemvConfig(16, 64)),  # N not a multiple of the tile, K split 4 ways with a ragged end
         (4, 96, 128, GemvConfig(8, 32)),
         (3, 24, 96, GemvConfig(4, 128)),  # rows padded to 4, K shorter than its tile
-        (2, 40, 200, GemvConfig(16, 64, joint=True)),  # rows together, K split 4 ways
-        (3, 24, 96, GemvConfig(4, 128, joint=True)),
-        (4, 96, 128, GemvConfig(8, 32, 8, joint=True)),
     ],
 )
 @pytest.mark.parametrize("gated, normed", [(False, False), (True, False), (False, True), (True, True)])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from nanoexp.experiment.build import build_engine, build_workload, engine_config
+from nanoexp.experiment.build import build_llm, build_workload, engine_config
 from nanoexp.experiment.checkpoint import resolve_checkpoint
 from nanoexp.experiment.driver import EngineDriver
 from nanoexp.experiment.loggers import NoneLogger
@@ -34,7 +34,7 @@ def engine_and_workload():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         spec = to_spec(compose(config_name="config", overrides=TINY))
     checkpoint = resolve_checkpoint(spec.model)
-    llm = build_engine(spec, engine_config(spec, checkpoint), checkpoint)
+    llm = build_llm(spec, engine_config(spec, checkpoint), checkpoint)
     yield llm, build_workload(spec)
     llm.close()
 

@@ -1,4 +1,6 @@
-"""Where and how the model runs: device, attention and GEMM kernels, random seed."""
+"""Where and how the model runs: device, the kernel choices (attention backend, GEMM backend, PDL)
+and the random seed. Its knobs are spelled `engine.<field>`, the Hydra `engine` group, whose
+schema (experiment/schema.py EngineSpec) adds which engine runs the job and how it is driven."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from nanoexp.config.checks import choice, integer
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 GEMM_BACKENDS = ("auto", "torch", "triton")
-PDL_CHOICES = ("auto", "on", "off", "prefetch")
+PDL_CHOICES = ("auto", "on", "off")
 
 
 @dataclass
@@ -18,14 +20,15 @@ class ExecutionConfig:
     section: ClassVar[str] = "engine"
 
     device: str = "auto"  # auto = CUDA when present
+    # kernel choices, to compare in a sweep (with parallel.all_reduce, parallel.sharded_sampling and
+    # cache.kv_cache_dtype); auto = what measured fastest on the machine
     attention_backend: str = "auto"  # auto: first self-checked of triton, flash_attn on CUDA; torch on CPU
     # decode-sized linear layers: auto = the Triton GEMV / skinny GEMM where they were measured
     # faster than torch (cuBLAS: 1-16 rows, weights up to 12 MiB), on CUDA in bf16/fp16, torch
     # everywhere else; triton = the Triton kernels for every layer up to 256 rows (to A/B); torch
     gemm_backend: str = "auto"
     # programmatic dependent launch of the decode graphs' Triton kernels (kernels/pdl.py): each
-    # launches as the previous one exits; auto = on for CUDA compute capability 9.0+; prefetch =
-    # early launch with the GEMMs' weights prefetched (measured slower below ~64 rows)
+    # launches as the previous one exits; auto = on for CUDA compute capability 9.0+
     pdl: str = "auto"
     seed: int = 0  # dummy weights and unseeded sampling
 

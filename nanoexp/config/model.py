@@ -14,14 +14,16 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 @dataclass
 class ModelConfig:
     section: ClassVar[str] = "model"
+    load_formats: ClassVar[tuple[str, ...]] = LOAD_FORMATS
 
     path: str | None = None  # a checkpoint directory (or a hub id); None with dummy weights and `arch`
     dtype: str = "auto"  # auto = the checkpoint's dtype on GPUs, float32 on CPU
-    load_format: str = "auto"  # auto: the checkpoint at `path`; safetensors: the same, named; dummy: random
+    # auto = safetensors: the checkpoint at `path`, an error when it has none; dummy: random weights
+    load_format: str = "auto"
     arch: dict[str, Any] | None = None  # config.json fields; replace the checkpoint's config when set
 
     def __post_init__(self) -> None:
         choice("model.dtype", self.dtype, DTYPES)
-        choice("model.load_format", self.load_format, LOAD_FORMATS)
+        choice("model.load_format", self.load_format, self.load_formats)
         if self.path is None and self.arch is None:
             raise KnobError("model.path", None, "a checkpoint directory or hub id (or give model.arch)")

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from nanoexp.config.checks import KnobError, boolean, choice, integer
 
-ALL_REDUCES = ("auto", "nccl", "symm_mem", "push")
+ALL_REDUCES = ("auto", "nccl", "symm_mem")
 
 
 @dataclass
@@ -16,8 +16,8 @@ class ParallelConfig:
     section: ClassVar[str] = "parallel"
 
     tensor_parallel_size: int = 1
-    # auto: by message size; nccl; symm_mem (symmetric memory, CUDA only); push: symm_mem with the
-    # push kernel for every message up to the decode size
+    # auto: symmetric memory for the message sizes where it beats NCCL (CUDA), NCCL above (gloo on
+    # CPU); nccl; symm_mem: symmetric memory for every message its buffer takes (CUDA only)
     all_reduce: str = "auto"
     # greedy and one-pass-kernel steps drawn from each rank's vocabulary shard (one all-gather of
     # the winners) instead of gathering the full logits on rank 0 and broadcasting the tokens

@@ -1,23 +1,86 @@
-"""The KV-cache quality probe's checks, request grouping and summary (pure host code)."""
+"""The KV-cache quality probe: what the cache's storage costs in accuracy.
+
+Each prompt is continued greedily for `num_tokens` decode steps that read the paged cache; at
+every continuation position that next-token distribution is scored against one plain prefill of
+prompt + continuation over fresh K/V in the model dtype (what an `auto` cache holds, exactly).
+The engine side (`measure`) checks the request, packs the prompts into groups that fit one step
+and the cache, and takes their blocks from the block manager; the rank side (`probe_group`, run
+on every rank through the executor: tensor parallelism needs all of them) runs the passes, and
+rank 0 reduces the logits on the device to per-position numbers.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
 
-from nanoexp.runner.probe import ProbeResult
+import numpy as np
+import torch
+
+from nanoexp.config import SamplingParams
+from nanoexp.engine.sequence import Sequence
+from nanoexp.runner.inputs import prepare_inputs
+from nanoexp.runner.step_input import StepInput, blockless_prefill
 
 # Reference log-probs a group holds at once: rows x vocab float32 (512 x 152k ~ 0.3 GB), twice
 MAX_REFERENCE_ROWS = 512
 
 
-def max_group_seqs(max_num_seqs: int, num_tokens: int) -> int:
-    return max(1, min(max_num_seqs, MAX_REFERENCE_ROWS // num_tokens))
+@dataclass
+class ProbeResult:
+    """Per request, per continuation position: KL(reference || decode) and whether the argmax agrees."""
+
+    kl: list[list[float]]
+    agree: list[list[bool]]
+
+
+def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
+    """LLMEngine.kv_cache_quality: greedy_agreement, kl_mean, kl_p99, kl_max, num_positions and
+    num_requests over these prompts. Only on an idle engine; the prefix cache is emptied before
+    and after, and every block is returned."""
+    engine.check_open()
+    if engine.has_unfinished():
+        raise RuntimeError("kv_cache_quality needs an idle engine: requests are still running")
+    num_tokens = check_num_tokens(num_tokens)
+    prompts = [check_prompt(engine, i, p, num_tokens) for i, p in enumerate(prompt_token_ids)]
+    if not prompts:
+        raise ValueError("kv_cache_quality: no prompts given")
+    scheduler, manager = engine.config.scheduler, engine.block_manager
+    groups = probe_groups(
+        [len(p) for p in prompts],
+        num_tokens,
+        scheduler.max_num_batched_tokens,
+        max_group_seqs(scheduler.max_num_seqs, num_tokens),
+        manager.block_size,
+        manager.num_blocks,
+    )
+    manager.reset_prefix_cache()
+    try:
+        results = [run_group(engine, [prompts[i] for i in group], num_tokens) for group in groups]
+    finally:
+        manager.reset_prefix_cache()
+    return summarize(results)
 
 
 def check_num_tokens(num_tokens) -> int:
     if type(num_tokens) is not int or num_tokens < 1:
         raise ValueError(f"kv_cache_quality: num_tokens={num_tokens!r} is invalid: must be an int >= 1")
     return num_tokens
+
+
+def check_prompt(engine, index: int, prompt, num_tokens: int) -> list[int]:
+    name = f"kv_cache_quality prompt {index}"
+    prompt = engine.check_request(name, prompt, SamplingParams(max_tokens=num_tokens))
+    budget = engine.config.scheduler.max_num_batched_tokens
+    if len(prompt) + num_tokens > budget:  # its reference is one prefill of the whole sequence
+        raise ValueError(
+            f"{name}: prompt ({len(prompt)} tokens) + num_tokens ({num_tokens}) exceeds "
+            f"max_num_batched_tokens={budget}: the reference is one prefill of both"
+        )
+    return prompt
+
+
+def max_group_seqs(max_num_seqs: int, num_tokens: int) -> int:
+    return max(1, min(max_num_seqs, MAX_REFERENCE_ROWS // num_tokens))
 
 
 def probe_groups(
@@ -42,6 +105,21 @@ def probe_groups(
     return groups
 
 
+def run_group(engine, prompts: list[list[int]], num_tokens: int) -> ProbeResult:
+    """Probes requests that fit one step, on blocks taken from the block manager."""
+    manager = engine.block_manager
+    seqs = [Sequence(-1 - i, p, SamplingParams()) for i, p in enumerate(prompts)]
+    try:
+        for seq in seqs:
+            if not manager.grow(seq, len(seq) + num_tokens - 1):
+                raise RuntimeError("kv_cache_quality: the KV cache has no room for one step's requests")
+        tables = [seq.block_table for seq in seqs]
+        return engine.executor.call(probe_group, prompts, num_tokens, tables)
+    finally:
+        for seq in seqs:
+            manager.free_seq(seq)
+
+
 def summarize(results: list[ProbeResult]) -> dict:
     """Aggregates over every probed position: the fraction where the decode path's argmax agrees
     with the reference's, and KL(reference || decode) mean / p99 / max (nats)."""
@@ -55,3 +133,92 @@ def summarize(results: list[ProbeResult]) -> dict:
         "num_positions": int(kl.size),
         "num_requests": sum(len(r.kl) for r in results),
     }
+
+
+# ---------------------------------------------------------------- on every rank
+
+
+@torch.inference_mode()
+def probe_group(
+    runner, prompts: list[list[int]], num_tokens: int, block_tables: list[list[int]]
+) -> ProbeResult | None:
+    """One group of requests whose blocks (room for prompt + num_tokens - 1 tokens each) the
+    engine allocated; every pass fits one step's token budget. Rank 0's result, None elsewhere.
+
+    The decode path generates each continuation greedily, one step at a time, reading the cache;
+    then one plain prefill of prompt + continuation gives the reference at the same positions. So
+    a position counts as agreeing when the reference would have picked the same next token."""
+    fill_cache(runner, prompts, block_tables)
+    continuations: list[list[int]] = [[] for _ in prompts]
+    decoded = []
+    for t in range(num_tokens):
+        log_probs = decode_log_probs(runner, prompts, continuations, block_tables, t)
+        for c, token in zip(continuations, greedy_tokens(runner, log_probs, len(prompts))):
+            c.append(token)
+        decoded.append(log_probs)
+    reference = reference_log_probs(runner, prompts, continuations)
+    if runner.rank != 0:
+        return None
+    kl = [kl_divergence(reference[:, t], d) for t, d in enumerate(decoded)]
+    agree = [reference[:, t].argmax(-1) == d.argmax(-1) for t, d in enumerate(decoded)]
+    return ProbeResult(torch.stack(kl, 1).tolist(), torch.stack(agree, 1).tolist())
+
+
+def greedy_tokens(runner, log_probs: torch.Tensor | None, count: int) -> list[int]:
+    """Rank 0's argmax per row, shared so every rank feeds the same next inputs."""
+    tokens = log_probs.argmax(-1) if log_probs is not None else None
+    if runner.config.parallel.tensor_parallel_size > 1:
+        tokens = runner.share_sampled(tokens, count)
+    return tokens.tolist()
+
+
+def logits_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.Tensor | None:
+    """The step's logits (float32) at `rows` of its packed tokens (default: each sequence's last
+    token), through the runner's own forward path; None on ranks other than 0."""
+    inputs = prepare_inputs(step, runner.block_size, runner.device)
+    if rows is not None:
+        inputs.logits_indices = torch.tensor(rows, dtype=torch.int64, device=runner.device)
+    logits = runner.forward_logits(step, inputs)
+    return None if logits is None else logits.float()
+
+
+def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
+    """[requests, positions, vocab] log-probs of ONE plain prefill of prompt + continuation, at the
+    positions that predict each continuation token."""
+    rows, start = [], 0
+    for p, c in zip(prompts, continuations):
+        rows += range(start + len(p) - 1, start + len(p) - 1 + len(c))
+        start += len(p) + len(c)
+    logits = logits_of(runner, blockless_prefill([p + c for p, c in zip(prompts, continuations)]), rows)
+    if logits is None:
+        return None
+    return logits.log_softmax(-1).view(len(prompts), len(continuations[0]), -1)
+
+
+def fill_cache(runner, prompts, block_tables) -> None:
+    """Prefills every prompt but its last token into the cache (a prompt of one token has nothing
+    to store), so that every probed position is computed by a decode step."""
+    ready = [i for i, p in enumerate(prompts) if len(p) > 1]
+    if not ready:
+        return
+    lens = [len(prompts[i]) - 1 for i in ready]
+    step = StepInput(True, [t for i in ready for t in prompts[i][:-1]], lens, lens,
+                     [block_tables[i] for i in ready], [])  # fmt: skip
+    runner.forward_logits(step, prepare_inputs(step, runner.block_size, runner.device))
+
+
+def decode_log_probs(runner, prompts, continuations, block_tables, t: int) -> torch.Tensor | None:
+    """[requests, vocab] log-probs of the decode step that feeds token t - 1 of the continuation
+    (the prompt's last token for t = 0) and reads everything before it from the cache."""
+    tokens = [p[-1] if t == 0 else c[t - 1] for p, c in zip(prompts, continuations)]
+    context = [len(p) + t for p in prompts]
+    step = StepInput(False, tokens, [1] * len(prompts), context, block_tables, list(range(len(prompts))))
+    logits = logits_of(runner, step)
+    return None if logits is None else logits.log_softmax(-1)
+
+
+def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """KL(reference || other) per row, from log-probs, summed in float64 and floored at 0 (a KL is
+    never negative; rounding of two near-equal distributions can make the sum slightly so)."""
+    reference, other = reference.double(), other.double()
+    return (reference.exp() * (reference - other)).sum(-1).clamp_min(0.0)

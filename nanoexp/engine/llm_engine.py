@@ -17,7 +17,6 @@ from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
 from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
 from nanoexp.engine.step_builder import step_input_from
 from nanoexp.runner.executor import make_executor
-from nanoexp.runner.probe import ProbeResult, probe_kv_cache
 
 
 @dataclass
@@ -254,57 +253,10 @@ class LLMEngine:
         self.block_manager.reset_prefix_cache()
 
     def kv_cache_quality(self, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
-        """What the KV cache's storage costs in accuracy: each prompt is continued greedily for
-        `num_tokens` decode steps that read the paged cache, and at every continuation position
-        that next-token distribution is scored against one plain prefill of prompt + continuation
-        (fresh K/V in the model dtype). Returns greedy_agreement, kl_mean,
-        kl_p99, kl_max, num_positions, num_requests (see engine/kv_quality.py). Only on an idle
-        engine; the prefix cache is emptied before and after, and every block is returned."""
-        self.check_open()
-        if self.has_unfinished():
-            raise RuntimeError("kv_cache_quality needs an idle engine: requests are still running")
-        num_tokens = kv_quality.check_num_tokens(num_tokens)
-        prompts = [self.check_probe_prompt(i, p, num_tokens) for i, p in enumerate(prompt_token_ids)]
-        if not prompts:
-            raise ValueError("kv_cache_quality: no prompts given")
-        groups = kv_quality.probe_groups(
-            [len(p) for p in prompts],
-            num_tokens,
-            self.config.scheduler.max_num_batched_tokens,
-            kv_quality.max_group_seqs(self.config.scheduler.max_num_seqs, num_tokens),
-            self.block_manager.block_size,
-            self.block_manager.num_blocks,
-        )
-        self.block_manager.reset_prefix_cache()
-        try:
-            results = [self.probe_group([prompts[i] for i in group], num_tokens) for group in groups]
-        finally:
-            self.block_manager.reset_prefix_cache()
-        return kv_quality.summarize(results)
-
-    def check_probe_prompt(self, index: int, prompt, num_tokens: int) -> list[int]:
-        name = f"kv_cache_quality prompt {index}"
-        prompt = self.check_request(name, prompt, SamplingParams(max_tokens=num_tokens))
-        budget = self.config.scheduler.max_num_batched_tokens
-        if len(prompt) + num_tokens > budget:  # its reference is one prefill of the whole sequence
-            raise ValueError(
-                f"{name}: prompt ({len(prompt)} tokens) + num_tokens ({num_tokens}) exceeds "
-                f"max_num_batched_tokens={budget}: the reference is one prefill of both"
-            )
-        return prompt
-
-    def probe_group(self, prompts: list[list[int]], num_tokens: int) -> ProbeResult:
-        """Runs the probe for requests that fit one step, on blocks taken from the block manager."""
-        seqs = [Sequence(-1 - i, p, SamplingParams()) for i, p in enumerate(prompts)]
-        try:
-            for seq in seqs:
-                if not self.block_manager.grow(seq, len(seq) + num_tokens - 1):
-                    raise RuntimeError("kv_cache_quality: the KV cache has no room for one step's requests")
-            tables = [seq.block_table for seq in seqs]
-            return self.executor.call(probe_kv_cache, prompts, num_tokens, tables)
-        finally:
-            for seq in seqs:
-                self.block_manager.free_seq(seq)
+        """What the KV cache's storage costs in accuracy on these prompts: greedy agreement and
+        KL of `num_tokens` decode steps reading the cache against one plain prefill over fresh
+        K/V (engine/kv_quality.py). Only on an idle engine; every block is returned."""
+        return kv_quality.measure(self, prompt_token_ids, num_tokens)
 
     def abort_all(self) -> None:
         """Drops every queued, running or in-flight request, returning their blocks. A step

@@ -66,8 +66,9 @@ def _narrow(section: Any, engine_class: type, **changes: Any) -> Any:
     return engine_class(**(values | changes))
 
 
-def build_engine(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint):
-    """Our LLM (through the engine factory), or the transformers baseline for engine=hf."""
+def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint):
+    """Our LLM (through the engine factory), or the transformers baseline standing in for it
+    (engine=hf)."""
     if spec.engine.kind is EngineKind.hf:
         from nanoexp.experiment.hf_baseline import HFBaseline
 
@@ -78,11 +79,11 @@ def build_engine(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoi
     return factory.build_engine(config)
 
 
-def build_driver(spec: NanoexpConfig, engine) -> Driver:
+def build_driver(spec: NanoexpConfig, llm) -> Driver:
     """What submits the workload: the baseline drives itself, our engine goes step by step."""
     if spec.engine.kind is EngineKind.hf:
-        return engine  # its batches are capped at workload.max_concurrency (build_engine)
-    return EngineDriver(engine.engine, spec.workload.max_concurrency)
+        return llm  # its batches are capped at workload.max_concurrency (build_llm)
+    return EngineDriver(llm.engine, spec.workload.max_concurrency)
 
 
 def build_tokenizer(checkpoint: Checkpoint):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from nanoexp.experiment.schema import ConfigError, ModelSpec
+from nanoexp.experiment.schema import DUMMY_IF_MISSING, ConfigError, ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def arch_dict(model: ModelSpec) -> dict:
 
 
 def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
-    """Decide real vs dummy weights: auto falls back to dummy loudly, safetensors never does."""
+    """Decide real vs dummy weights: only dummy_if_missing falls back to dummy weights, loudly."""
     requested = model.load_format
     if requested == "dummy":
         return Checkpoint("dummy", None, requested, "none")
@@ -40,10 +40,10 @@ def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
     if path is not None:
         return Checkpoint("safetensors", path, requested, source)
     where = f"model.path={model.path!r}" if model.path else f"model.hub_id={model.hub_id!r} (local HF cache)"
-    if requested == "safetensors":
+    if requested != DUMMY_IF_MISSING:
         raise ConfigError(
-            f"{where}: no *.safetensors checkpoint found; model.load_format=safetensors never "
-            "falls back (set model.path, download the model, or use model.load_format=auto|dummy)"
+            f"{where}: no *.safetensors checkpoint found; model.load_format={requested} never falls back "
+            f"(set model.path, download the model, or use model.load_format={DUMMY_IF_MISSING}|dummy)"
         )
     _warn_dummy(model.name, where)
     return Checkpoint("dummy", None, requested, "none")
@@ -92,8 +92,9 @@ def _warn_dummy(name: str, where: str) -> None:
     bar = "!" * 78
     msg = (
         f"{bar}\n!! {name}: no checkpoint at {where}.\n"
-        "!! model.load_format=auto -> using DUMMY (random) weights: throughput and latency are\n"
-        "!! meaningful, generated text is not. Set model.path or model.load_format=dummy to silence.\n"
+        f"!! model.load_format={DUMMY_IF_MISSING} -> using DUMMY (random) weights: throughput and\n"
+        "!! latency are meaningful, generated text is not. Set model.path, or model.load_format=dummy\n"
+        "!! to silence this.\n"
         f"{bar}"
     )
     print(msg, file=sys.stderr)

@@ -79,7 +79,7 @@ class StepLog:
     """Collects StepStats of the current repeat (only while recording), numbers the steps across
     repeats and feeds the progress line. Steps reach `emit` (the loggers: W&B, the local sink) only
     at `flush()`, after the timed pass: logging a step costs the host 0.2-2 ms (W&B offline on
-    2 CPU cores, experiments/nanovllm_bench/host_step.py), and inside the loop it would delay the
+    2 CPU cores, experiments/tools/host_step.py), and inside the loop it would delay the
     next step's launch and show up in the measured step times."""
 
     def __init__(self, emit: Emit, progress: Progress | None = None):

@@ -1,23 +1,30 @@
-"""A job's KV-cache quality metrics: the engine's probe on a sample of the workload's prompts, run
-after the timed repeats (never inside them) and timed on its own."""
+"""A job's KV-cache quality metrics: the engine's probe (engine/kv_quality.py) on a sample of the
+workload's prompts, run after the timed repeats (never inside them) and timed on its own; by
+default only for a lossy cache (`cache.kv_cache_dtype` other than auto)."""
 
 from __future__ import annotations
 
 import time
 
-from nanoexp.experiment.schema import ConfigError, KvQualityConfig
+from nanoexp.experiment.schema import ConfigError, EngineKind, KvQualityConfig, NanoexpConfig
 from nanoexp.experiment.workloads import Workload
 
 PREFIX = "kv_quality/"
 SHOWN = ("greedy_agreement", "kl_mean", "kl_p99", "kl_max", "num_positions", "num_requests")
 
 
+def wanted(spec: NanoexpConfig) -> bool:
+    """Our engine probes its KV cache when it is lossy, or with metrics.kv_quality.lossless (the
+    transformers baseline has no paged cache); metrics.kv_quality.num_requests=0 turns it off."""
+    cfg = spec.metrics.kv_quality
+    lossy = spec.cache.kv_cache_dtype != "auto"
+    return spec.engine.kind is not EngineKind.hf and cfg.num_requests > 0 and (lossy or cfg.lossless)
+
+
 def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
-    """`kv_quality/*` metrics, the cache dtype they were measured with and `kv_quality_s`; {} when
-    the probe is off. Prompts longer than the probe's limit are cut to their first tokens (counted
-    in `kv_quality/num_cut_prompts`); any prompt length from one token up is probed as it is."""
-    if cfg.num_requests == 0:
-        return {}
+    """`kv_quality/*` metrics, the cache dtype they were measured with and `kv_quality_s`. Prompts
+    longer than the probe's limit are cut to their first tokens (counted in
+    `kv_quality/num_cut_prompts`); any prompt length from one token up is probed as it is."""
     start = time.perf_counter()
     limit = prompt_limit(llm.engine, cfg.num_tokens)
     prompts = [list(r.prompt_token_ids) for r in workload.requests[: cfg.num_requests]]
@@ -36,8 +43,11 @@ def prompt_limit(engine, num_tokens: int) -> int:
     """The longest prompt the probe takes with `num_tokens` more: prompt + continuation must fit
     max_model_len, one step's token budget (the reference is one prefill) and the KV cache."""
     manager = engine.block_manager
-    room = min(engine.max_model_len, engine.config.scheduler.max_num_batched_tokens,
-               manager.num_blocks * manager.block_size)
+    room = min(
+        engine.max_model_len,
+        engine.config.scheduler.max_num_batched_tokens,
+        manager.num_blocks * manager.block_size,
+    )
     if room - num_tokens < 1:
         raise ConfigError(
             f"metrics.kv_quality.num_tokens={num_tokens} is invalid: must leave room for a prompt "

@@ -22,9 +22,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.config import EngineConfig
+from nanoexp.experiment import kv_quality
 from nanoexp.experiment.build import (
     build_driver,
-    build_engine,
+    build_llm,
     build_logger,
     build_tokenizer,
     build_workload,
@@ -34,7 +35,6 @@ from nanoexp.experiment.build import (
 from nanoexp.experiment.checkpoint import Checkpoint, check_arch, resolve_checkpoint
 from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
-from nanoexp.experiment.kv_quality import measure_kv_quality, prompt_limit
 from nanoexp.experiment.local_sink import RESULTS_FILE
 from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.outputs_file import OUTPUTS_FILE, wants_outputs, write_outputs
@@ -43,7 +43,6 @@ from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, su
 from nanoexp.experiment.run_log import append_run_log
 from nanoexp.experiment.schema import (
     ConfigError,
-    EngineKind,
     LoggerConfig,
     LoggerKind,
     NanoexpConfig,
@@ -115,21 +114,21 @@ def experiment(
     workloads = [build_workload(s, tokenizer) for s in repeat_specs(spec)]
     arch_diffs = check_arch(spec.model, checkpoint)
     start = time.perf_counter()
-    engine = build_engine(spec, config, checkpoint)
+    llm = build_llm(spec, config, checkpoint)
     try:
         build_s = time.perf_counter() - start
-        driver = build_driver(spec, engine)
-        probe = _probes_kv_quality(spec)
+        driver = build_driver(spec, llm)
+        probe = kv_quality.wanted(spec)
         if probe:  # a num_tokens without room fails before the timed runs
-            prompt_limit(engine.engine, spec.metrics.kv_quality.num_tokens)
+            kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
         records = measure(driver, workloads, logger, progress)
-        stats = engine.stats()
-        quality = measure_kv_quality(engine, workloads[0], spec.metrics.kv_quality) if probe else {}
+        stats = llm.stats()
+        quality = kv_quality.measure_kv_quality(llm, workloads[0], spec.metrics.kv_quality) if probe else {}
     finally:
-        engine.close()
-        engine = driver = None  # drop the model and KV cache before releasing their memory
+        llm.close()
+        llm = driver = None  # drop the model and KV cache before releasing their memory
         _release_cuda_memory()
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
     if wants_outputs(spec):
@@ -150,11 +149,6 @@ def experiment(
         "arch_mismatches": len(arch_diffs),
     }
     return summary
-
-
-def _probes_kv_quality(spec: NanoexpConfig) -> bool:
-    """Our engine probes its KV cache after the timed runs (the transformers baseline has no paged cache)."""
-    return spec.engine.kind is not EngineKind.hf and spec.metrics.kv_quality.num_requests > 0
 
 
 def _release_cuda_memory() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -26,6 +26,9 @@ from nanoexp.config import (
     SchedulerConfig,
 )
 from nanoexp.config.checks import boolean, integer, number
+from nanoexp.config.model import LOAD_FORMATS
+
+DUMMY_IF_MISSING = "dummy_if_missing"
 
 
 class ConfigError(ValueError):
@@ -77,13 +80,18 @@ class ArchConfig:
 class ModelSpec(ModelConfig):
     """The engine's ModelConfig plus a name, a hub id to look up locally, and a typed `arch`.
 
-    `path` (a local checkpoint directory) wins over `hub_id`; `load_format=auto` falls back to
-    dummy weights with a loud warning when neither has a checkpoint (see experiment/checkpoint.py).
+    `path` (a local checkpoint directory) wins over `hub_id`. `load_format` takes one more value
+    than the engine's, the default: `dummy_if_missing` uses the checkpoint when one is found and
+    falls back to dummy weights with a loud warning otherwise; `auto` and `safetensors` fail when
+    there is none, as in the engine (see experiment/checkpoint.py).
     """
+
+    load_formats: ClassVar[tuple[str, ...]] = (*LOAD_FORMATS, DUMMY_IF_MISSING)
 
     name: str = MISSING
     hub_id: str | None = None  # Hugging Face repo id, looked up in the local hub cache only
     arch: ArchConfig = field(default_factory=ArchConfig)
+    load_format: str = DUMMY_IF_MISSING
 
 
 @dataclass
@@ -184,18 +192,22 @@ class SloConfig:
 
 @dataclass
 class KvQualityConfig:
-    """The KV-cache quality probe after the timed repeats (see LLMEngine.kv_cache_quality): the
-    first `num_requests` prompts of the workload (0 = off), each with a greedy continuation of
-    `num_tokens` tokens decoded through the cache and compared with one plain prefill. It costs
-    two prefills and `num_tokens` decode steps of those requests: seconds on a CPU, so the default
-    is short; the benchmark presets probe longer."""
+    """The KV-cache quality probe after the timed repeats (see LLMEngine.kv_cache_quality), for a
+    lossy cache (`cache.kv_cache_dtype` other than auto): the first `num_requests` prompts of the
+    workload (0 = off), each with a greedy continuation of `num_tokens` tokens decoded through the
+    cache and compared with one plain prefill. It costs two prefills and `num_tokens` decode steps
+    of those requests: seconds on a CPU, so the default is short; the benchmark presets probe
+    longer. `lossless` probes an exact (`auto`) cache too, where it measures only the rounding
+    differences between the decode and prefill kernels."""
 
     num_requests: int = 4
     num_tokens: int = 8
+    lossless: bool = False
 
     def __post_init__(self) -> None:
         integer("metrics.kv_quality.num_requests", self.num_requests, 0, " (0 = off)")
         integer("metrics.kv_quality.num_tokens", self.num_tokens, 1)
+        boolean("metrics.kv_quality.lossless", self.lossless)
 
 
 @dataclass

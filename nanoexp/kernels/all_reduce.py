@@ -7,10 +7,6 @@ ones, and NCCL above the buffer. Only point-to-point loads and stores are used: 
 (NVLS, `multimem` ops) can take a shared host's GPUs out of service, so it is never called and
 the environment must keep it off.
 
-`parallel.all_reduce=push` sends every message its own symmetric buffer takes (the model's dtype,
-up to the decode message) through the push kernel of triton_push_all_reduce.py (each rank stores into
-every peer's buffer, flags inside the data); the others take the symm_mem paths as under `auto`.
-
 The buffers are allocated once, before CUDA-graph capture, so captured kernels see fixed addresses.
 """
 
@@ -18,17 +14,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from nanoexp.config.checks import KnobError
 from nanoexp.config.parallel import ALL_REDUCES
-from nanoexp.kernels.select import triton_available
-
-if TYPE_CHECKING:
-    from nanoexp.kernels.triton_push_all_reduce import PushAllReduce
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -53,15 +44,15 @@ NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
 }
 
-NCCL, ONE_SHOT, TWO_SHOT, PUSH = "nccl", "one_shot", "two_shot", "push"
+NCCL, ONE_SHOT, TWO_SHOT = "nccl", "one_shot", "two_shot"
 
 
-def check_no_multicast_env(choice: str = "symm_mem") -> None:
+def check_no_multicast_env() -> None:
     wrong = [f"{k}={os.environ.get(k)}" for k, v in NO_MULTICAST_ENV.items() if os.environ.get(k) != v]
     if wrong:
         need = " ".join(f"{k}={v}" for k, v in NO_MULTICAST_ENV.items())
         raise RuntimeError(
-            f"parallel.all_reduce={choice} needs NVLink multicast off ({need}); got {' '.join(wrong)}"
+            f"parallel.all_reduce=symm_mem needs NVLink multicast off ({need}); got {' '.join(wrong)}"
         )
 
 
@@ -92,25 +83,19 @@ def symm_mem_usable(device: torch.device, world_size: int) -> bool:
 
 
 def resolve_choice(choice: str, device: torch.device, world_size: int, usable: bool) -> str:
-    """The implementation a rank uses: gloo on CPU whatever the knob says (symm_mem or push forced on
-    CPU is an error), symm_mem where it is usable under `auto`, NCCL otherwise; push only when forced."""
+    """The implementation a rank uses: gloo on CPU whatever the knob says (symm_mem forced on CPU is
+    an error), symm_mem where it is usable under `auto`, NCCL otherwise."""
     if choice not in ALL_REDUCES:
         raise KnobError("parallel.all_reduce", choice, f"one of {', '.join(ALL_REDUCES)}")
     if device.type != "cuda":
-        if choice in ("symm_mem", PUSH):
-            raise KnobError("parallel.all_reduce", choice, f"auto or nccl on CPU ({choice} needs CUDA GPUs)")
+        if choice == "symm_mem":
+            raise KnobError("parallel.all_reduce", choice, "auto or nccl on CPU (symm_mem needs CUDA GPUs)")
         return "gloo"
     if choice == "symm_mem" and not usable:
         raise KnobError(
             "parallel.all_reduce", choice,
             f"auto or nccl here (symm_mem needs {world_size} peer-accessible GPUs on one host and a torch "
             "build with symmetric memory)",
-        )
-    if choice == PUSH and not (usable and triton_available()):
-        raise KnobError(
-            "parallel.all_reduce", choice,
-            f"auto or nccl here (push needs {world_size} peer-accessible GPUs on one host, a torch build "
-            "with symmetric memory and Triton)",
         )
     if choice == "auto":
         return "symm_mem" if usable and world_size > 1 else "nccl"
@@ -123,7 +108,7 @@ class AllReduce:
 
     group: dist.ProcessGroup | None
     choice: str  # the knob
-    impl: str  # what it resolved to: gloo, nccl, symm_mem or push (symm_mem with the push kernel)
+    impl: str  # what it resolved to: gloo, nccl or symm_mem
     world_size: int
     dtype: torch.dtype | None = None  # the symmetric buffer's dtype
     buffer: torch.Tensor | None = None  # flat symmetric buffer, fixed address for CUDA graphs
@@ -131,13 +116,10 @@ class AllReduce:
     one_shot_max_bytes: int = 0
     symm_mem_max_bytes: int = 0  # min(the buffer, the per-world-size limit)
     paths: dict[int, str] = field(default_factory=dict)  # message bytes -> path taken (eager or capture)
-    push: PushAllReduce | None = None  # parallel.all_reduce=push: every message it fits
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         path = self.path_for(x)
         self.paths.setdefault(x.numel() * x.element_size(), "gloo" if self.impl == "gloo" else path)
-        if path == PUSH:
-            return self.push(x)
         if path == ONE_SHOT:
             return self.one_shot(x)
         if path == TWO_SHOT:
@@ -145,8 +127,6 @@ class AllReduce:
         return self.nccl(x)
 
     def path_for(self, x: torch.Tensor) -> str:
-        if self.push is not None and self.push.fits(x):
-            return PUSH
         nbytes = x.numel() * x.element_size()
         aligned = nbytes % 16 == 0 and x.storage_offset() * x.element_size() % 16 == 0
         if self.buffer is None or x.dtype != self.dtype or not x.is_contiguous() or not aligned:
@@ -194,18 +174,13 @@ class AllReduce:
             "all_reduce_impl": self.impl,
             "all_reduce_one_shot_max_bytes": self.one_shot_max_bytes,
             "all_reduce_symm_mem_max_bytes": self.symm_mem_max_bytes,
-            "all_reduce_push_max_bytes": self.push.max_bytes if self.push is not None else 0,
-            # spins that gave up waiting for a peer (each left a wrong sum): must stay 0
-            "all_reduce_push_timeouts": self.push.timeouts() if self.push is not None else 0,
             "all_reduce_paths": {str(n): p for n, p in sorted(self.paths.items())},
         }
 
 
-def allocate_symmetric(
-    group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype, numel: int, choice: str = "symm_mem"
-):
+def allocate_symmetric(group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype, numel: int):
     """A flat symmetric buffer shared with the group's ranks (a collective call)."""
-    check_no_multicast_env(choice)
+    check_no_multicast_env()
     symm_mem = symm_mem_module()
     group_name = group.group_name
     enable = symm_mem.enable_symm_mem_for_group
@@ -237,32 +212,12 @@ def setup_all_reduce(
         raise KnobError(
             "parallel.all_reduce", choice, f"auto or nccl for dtype {dtype} (symm_mem: bfloat16, float32)"
         )
-    if impl not in ("symm_mem", PUSH) or dtype not in SYMM_MEM_DTYPES:
-        ar = AllReduce(group, choice, "nccl" if impl == "symm_mem" else impl, world_size)
-    else:
-        limit = min(max_bytes, SYMM_MEM_MAX_BYTES.get(world_size, DEFAULT_SYMM_MEM_MAX_BYTES))
-        if choice == "symm_mem":  # forced: symmetric memory up to the whole buffer
-            limit = max_bytes
-        numel = -(-max(limit, 16) // 16) * 16 // dtype.itemsize
-        buffer, group_name = allocate_symmetric(group, device, dtype, numel, impl)  # impl names the knob
-        one_shot = min(limit, ONE_SHOT_MAX_BYTES.get(world_size, DEFAULT_ONE_SHOT_MAX_BYTES))
-        ar = AllReduce(group, choice, impl, world_size, dtype, buffer, group_name, one_shot, limit)
-    if impl == PUSH:
-        ar.push = allocate_push(group, device, dtype, world_size, -(-max(max_bytes, 2) // dtype.itemsize))
-    return ar
-
-
-def allocate_push(
-    group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype, world_size: int, max_elems: int
-) -> PushAllReduce:
-    """The push kernel's symmetric buffer, zeroed on every rank before any rank can push into it
-    (a collective call)."""
-    from nanoexp.kernels.triton_push_all_reduce import WORD_DTYPES, PushAllReduce
-
-    max_elems = -(-max_elems // 16) * 16  # rows of whole 64-byte lines: vector stores
-    numel = PushAllReduce.buffer_numel(world_size, max_elems)
-    buffer, group_name = allocate_symmetric(group, device, WORD_DTYPES[dtype], numel, PUSH)
-    buffer.zero_()
-    torch.cuda.synchronize(device)
-    agree(True, group, device)  # a barrier on the group's own device
-    return PushAllReduce.from_symmetric(buffer, group_name, max_elems)
+    if impl != "symm_mem" or dtype not in SYMM_MEM_DTYPES:
+        return AllReduce(group, choice, "nccl" if impl == "symm_mem" else impl, world_size)
+    limit = min(max_bytes, SYMM_MEM_MAX_BYTES.get(world_size, DEFAULT_SYMM_MEM_MAX_BYTES))
+    if choice == "symm_mem":  # forced: symmetric memory up to the whole buffer
+        limit = max_bytes
+    numel = -(-max(limit, 16) // 16) * 16 // dtype.itemsize
+    buffer, group_name = allocate_symmetric(group, device, dtype, numel)
+    one_shot = min(limit, ONE_SHOT_MAX_BYTES.get(world_size, DEFAULT_ONE_SHOT_MAX_BYTES))
+    return AllReduce(group, choice, impl, world_size, dtype, buffer, group_name, one_shot, limit)

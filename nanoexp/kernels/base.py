@@ -14,13 +14,8 @@ Readers may fold the scales instead of dequantizing each element (mathematically
 scores = (q . k_fp8) * (softmax_scale * k_scale), output = (p @ v_fp8) * v_scale.
 A cache in the model's dtype stores and reads K/V unchanged (no scale is applied).
 
-Layout: every cache is indexed [num_blocks, block_size, kv_heads, head_dim] and the engine stores
-it in that order. Writers and readers take V through its own strides, so they also serve V pages
-stored key-major, [num_blocks, kv_heads, head_dim, block_size] in memory (`key_major_values`):
-adjacent keys of one dim adjacent, the order P @ V reads V in. That makes the fp8 decode kernel
-12-21% faster, but a token's store then writes one byte per 32-byte sector, which costs more than
-the kernel gains (experiments/nanovllm_bench/README.md, "Key-major fp8 V pages"), so the engine
-does not use it.
+Layout: every cache is indexed [num_blocks, block_size, kv_heads, head_dim] and stored in that
+order.
 """
 
 from __future__ import annotations
@@ -36,13 +31,6 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 def is_fp8(cache: torch.Tensor) -> bool:
     return cache.dtype == FP8_DTYPE
-
-
-def key_major_values(pages: torch.Tensor) -> torch.Tensor:
-    """Contiguous V pages [blocks, block_size, kv_heads, head_dim] reinterpreted as key-major
-    (memory [blocks, kv_heads, head_dim, block_size]) and indexed as before."""
-    blocks, block_size, kv_heads, head_dim = pages.shape
-    return pages.view(blocks, kv_heads, head_dim, block_size).permute(0, 3, 1, 2)
 
 
 @dataclass
@@ -117,7 +105,7 @@ class AttentionBackend:
     ) -> None:
         raise NotImplementedError
 
-    def fused_qk_norm_rope_store(
+    def qk_norm_rope_store(
         self,
         qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]
         positions: torch.Tensor,

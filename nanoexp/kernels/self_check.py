@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoexp.kernels.base import FP8_DTYPE, AttentionBackend, AttentionMetadata, is_fp8, key_major_values
+from nanoexp.kernels.base import FP8_DTYPE, AttentionBackend, AttentionMetadata, is_fp8
 from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8
 
 # Max abs error allowed on outputs of magnitude ~1 (random q/k/v, softmax-weighted sums of N(0,1)).
@@ -70,18 +70,11 @@ def describe(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {first_line}"
 
 
-def key_major_copy(v_cache: torch.Tensor) -> torch.Tensor:
-    """The same V pages stored key-major (kernels/base.py)."""
-    return key_major_values(torch.empty_like(v_cache, memory_format=torch.contiguous_format)).copy_(v_cache)
-
-
 class PagedCase:
     """Random paged K/V caches and block tables for sequences with the given context lengths;
     with `kv_fp8` the caches are fp8 and `k_scale`/`v_scale` their scales (else None)."""
 
-    def __init__(
-        self, ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8=False, v_key_major=False
-    ):
+    def __init__(self, ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8=False):
         self.block_size, self.device = block_size, device
         need = [-(-n // block_size) for n in ctx_lens]
         num_blocks = sum(need) + 2
@@ -94,8 +87,6 @@ class PagedCase:
             self.v_scale = torch.tensor([FP8_V_SCALE], device=device)
             self.k_cache = quantize_fp8(self.k_cache, self.k_scale)
             self.v_cache = quantize_fp8(self.v_cache, self.v_scale)
-        if v_key_major:
-            self.v_cache = key_major_copy(self.v_cache)
         pages = torch.randperm(num_blocks, generator=gen).tolist()
         table = torch.zeros(len(ctx_lens), max(need), dtype=torch.int32)
         for i, n in enumerate(need):
@@ -143,16 +134,15 @@ def default_cases(block_size: int) -> list[tuple[list[int], list[int], bool]]:
 
 def max_error(
     backend, device, dtype, head_dim, block_size, cases=None, heads=(NUM_HEADS, NUM_KV_HEADS), seed=1234,
-    kv_fp8=False, v_key_major=False,
+    kv_fp8=False,
 ) -> float:
-    """Largest abs difference from the reference over store_kv, decode and both prefill kinds
-    (v_key_major: V pages stored key-major, kernels/base.py)."""
+    """Largest abs difference from the reference over store_kv, decode and both prefill kinds."""
     gen = torch.Generator().manual_seed(seed)
     scale = head_dim**-0.5
     num_heads, kv_heads = heads
     errors = []
     for ctx_lens, q_lens, is_prefill in cases or default_cases(block_size):
-        case = PagedCase(ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8, v_key_major)
+        case = PagedCase(ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8)
         md = case.metadata(q_lens, is_prefill)
         n = sum(q_lens)
         q = torch.randn(n, num_heads, head_dim, generator=gen).to(device, dtype)

@@ -32,7 +32,7 @@ class TorchAttentionBackend(AttentionBackend):
         slots = slot_mapping[keep]
         blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]
         k_cache[blocks, offsets] = k[keep]
-        v_cache[blocks, offsets] = v[keep]  # by index: V pages may be key-major
+        v_cache[blocks, offsets] = v[keep]
 
     def prefill(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
                 k_scale=None, v_scale=None):

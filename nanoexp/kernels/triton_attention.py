@@ -1,8 +1,8 @@
 """Triton paged attention: split-K decode (flash-decoding) and varlen causal prefill.
 
-K/V caches are [num_blocks, block_size, kv_heads, head_dim], K with a contiguous last dim, V
-through its own strides (row-major like K, or key-major pages: kernels/base.py). Key position p of
-sequence i lives in page block_tables[i, p // block_size] at row p % block_size.
+K/V caches are [num_blocks, block_size, kv_heads, head_dim] with a contiguous last dim and the same
+strides. Key position p of sequence i lives in page block_tables[i, p // block_size] at row
+p % block_size.
 Softmax runs in fp32 in the log2 domain (scores are pre-multiplied by log2(e)).
 
 fp8 caches read by 1-2 query heads per kv head take the CUDA-core decode of
@@ -35,7 +35,6 @@ from nanoexp.kernels.triton_splits import (
     key_offsets,
     max_combine,
     split_bounds,
-    split_counters,
     store_split,
     sum_combine,
 )
@@ -72,47 +71,6 @@ def _widen_fp8_values(v, key_mask):
 
 
 @triton.jit
-def _load_values_key_major(
-    v_ptr,
-    table_ptr,
-    pos,
-    n0,
-    key_mask,
-    dims,
-    kv_head,
-    stride_vb,
-    stride_vh,
-    stride_vd,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-):
-    """A [keys, dims] tile of a V cache whose pages are key-major ([blocks, heads, dims, keys]).
-
-    Adjacent keys are adjacent in memory, the order P @ V reads V in, so an fp8 tile is staged as
-    loaded and widened after the dot's operand load (no byte gathers, no fp16 staging). Unmasked
-    (MASKED false), every key of the tile must be below the context length: its page is real and
-    its bytes were written by the store.
-    """
-    if BLOCK_SIZE >= BLOCK_N:
-        page = tl.load(table_ptr + n0 // BLOCK_SIZE).to(tl.int64)
-        first = tl.multiple_of(n0 % BLOCK_SIZE, BLOCK_N)
-        keys = page * stride_vb + first + tl.arange(0, BLOCK_N)
-    else:
-        page = tl.load(table_ptr + pos // BLOCK_SIZE, mask=key_mask, other=0).to(tl.int64)
-        keys = page * stride_vb + pos % BLOCK_SIZE
-    ptrs = v_ptr + kv_head * stride_vh + keys[:, None] + dims[None, :] * stride_vd
-    if MASKED:
-        return tl.load(ptrs, mask=key_mask[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
-    elif HEAD_DIM == DIM_PAD:
-        return tl.load(ptrs)
-    else:
-        return tl.load(ptrs, mask=dims[None, :] < HEAD_DIM, other=0.0)
-
-
-@triton.jit
 def _online_softmax_step(s, m, den, acc, v):
     """Fold one tile of log2-domain scores s [M, N] and values v [N, D] into (m, den, acc)."""
     m_new = tl.maximum(m, tl.reduce(s, 1, max_combine))
@@ -140,16 +98,11 @@ def _attend_tile(
     stride_cb,
     stride_cp,
     stride_ch,
-    stride_vb,
-    stride_vh,
-    stride_vd,
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     KV_FP8: tl.constexpr,
-    V_KEY_MAJOR: tl.constexpr,
-    V_MASKED: tl.constexpr,
 ):
     """Fold the keys n0 .. n0 + BLOCK_N (those below end) of one kv head into (m, den, acc)."""
     pos = n0 + tl.arange(0, BLOCK_N)
@@ -157,14 +110,8 @@ def _attend_tile(
     kv_rows = key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, BLOCK_N)
     kv_rows += kv_head * stride_ch
     k = _load_rows(k_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD).to(q.dtype)
-    if V_KEY_MAJOR:
-        v = _load_values_key_major(
-            v_cache_ptr, table, pos, n0, key_mask, dims, kv_head, stride_vb, stride_vh, stride_vd,
-            HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, V_MASKED,
-        ).to(q.dtype)  # fmt: skip
-    else:
-        v = _load_rows(v_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD)
-        v = _widen_fp8_values(v, key_mask) if KV_FP8 else v.to(q.dtype)
+    v = _load_rows(v_cache_ptr, kv_rows, dims, key_mask, HEAD_DIM, DIM_PAD)
+    v = _widen_fp8_values(v, key_mask) if KV_FP8 else v.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
     s = tl.where(key_mask[None, :], s, float("-inf"))
     return _online_softmax_step(s, m, den, acc, v)
@@ -180,7 +127,6 @@ def _decode_split_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
-    counters_ptr,
     k_scale_ptr,
     v_scale_ptr,
     qk_scale,
@@ -190,9 +136,6 @@ def _decode_split_kernel(
     stride_cb,
     stride_cp,
     stride_ch,
-    stride_vb,
-    stride_vh,
-    stride_vd,
     stride_bt,
     stride_ob,
     stride_oh,
@@ -204,9 +147,6 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
     KV_FP8: tl.constexpr,
-    V_KEY_MAJOR: tl.constexpr = False,
-    FUSED_REDUCE: tl.constexpr = False,
-    SPLITS_PAD: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
     """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
@@ -233,28 +173,17 @@ def _decode_split_kernel(
     den = tl.full([GROUP_PAD], 0.0, tl.float32)
     acc = tl.full([GROUP_PAD, DIM_PAD], 0.0, tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    # Key-major V tiles load unmasked (a mask that varies along keys would split the loads into
-    # bytes) except the split's last, partial one.
-    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N if V_KEY_MAJOR else end
-    for n0 in range(start, full_end, BLOCK_N):
+    for n0 in range(start, end, BLOCK_N):
         m, den, acc = _attend_tile(
             q, m, den, acc, k_cache_ptr, v_cache_ptr, table, n0, end, dims, kv_head, qk_scale, stride_cb,
-            stride_cp, stride_ch, stride_vb, stride_vh, stride_vd, HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N,
-            KV_FP8, V_KEY_MAJOR, False,
-        )  # fmt: skip
-    if full_end < end:
-        m, den, acc = _attend_tile(
-            q, m, den, acc, k_cache_ptr, v_cache_ptr, table, full_end, end, dims, kv_head, qk_scale,
-            stride_cb, stride_cp, stride_ch, stride_vb, stride_vh, stride_vd, HEAD_DIM, DIM_PAD, BLOCK_SIZE,
-            BLOCK_N, KV_FP8, V_KEY_MAJOR, True,
+            stride_cp, stride_ch, HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, KV_FP8,
         )  # fmt: skip
 
     out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
     if KV_FP8:
         out = out * tl.load(v_scale_ptr)
-    store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, seq, kv_head, split,
-                num_splits, heads, row_mask, dims, stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD,
-                SINGLE_SPLIT, FUSED_REDUCE, SPLITS_PAD)  # fmt: skip
+    store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, seq, split, num_splits, heads,
+                row_mask, dims, stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD, SINGLE_SPLIT)  # fmt: skip
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
@@ -266,37 +195,31 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int)
     return max(1, min(want, useful, MAX_SPLITS))
 
 
-def supports_cuda_cores(fp8: bool, group: int, head_dim: int, key_major: bool) -> bool:
-    """Whether the CUDA-core kernel can serve a cache: fp8, row-major V, at most
-    CUDA_CORE_MAX_GROUP query heads per kv head, head_dim up to CUDA_CORE_MAX_HEAD_DIM (a thread
-    holds a tile's keys in registers; larger heads would spill)."""
-    return fp8 and group <= CUDA_CORE_MAX_GROUP and head_dim <= CUDA_CORE_MAX_HEAD_DIM and not key_major
+def supports_cuda_cores(fp8: bool, group: int, head_dim: int) -> bool:
+    """Whether the CUDA-core kernel can serve a cache: fp8, at most CUDA_CORE_MAX_GROUP query heads
+    per kv head, head_dim up to CUDA_CORE_MAX_HEAD_DIM (a thread holds a tile's keys in registers;
+    larger heads would spill)."""
+    return fp8 and group <= CUDA_CORE_MAX_GROUP and head_dim <= CUDA_CORE_MAX_HEAD_DIM
 
 
-def uses_cuda_cores(fp8: bool, group: int, head_dim: int, batch: int, key_major: bool) -> bool:
+def uses_cuda_cores(fp8: bool, group: int, head_dim: int, batch: int) -> bool:
     """Whether paged_decode runs the CUDA-core kernel (kernels/triton_decode_fma.py): where it can
     (supports_cuda_cores), from CUDA_CORE_MIN_BATCH sequences. On an H200 at Qwen3-0.6B's shapes it
     takes 256 x 1,024 from 185 to 146-151 us (1.14-1.18x its floor), 64 x 2,048 from 102 to 72;
     at 1-4 sequences the tensor-core kernel is as fast or faster, and with 4 query heads per kv
     head the tensor-core kernel wins everywhere (experiments/kernels/runs/decode_cuda_cores.md)."""
-    return supports_cuda_cores(fp8, group, head_dim, key_major) and batch >= CUDA_CORE_MIN_BATCH
+    return supports_cuda_cores(fp8, group, head_dim) and batch >= CUDA_CORE_MIN_BATCH
 
 
-def decode_tile(
-    dim_pad: int, fp8: bool, device: torch.device, batch: int, key_major: bool = False
-) -> tuple[int, int]:
+def decode_tile(dim_pad: int, fp8: bool, device: torch.device, batch: int) -> tuple[int, int]:
     """(keys per tile, pipeline stages) of the split kernel, measured on an H200 for head_dim 128
     (experiments/kernels/runs/decode_tiles.md). 16-bit tiles gain a third stage where shared
     memory allows (Hopper: 252 -> 243 us at 256 x 1,024). fp8 tiles, whose V is widened before
     staging, take 3 stages on Hopper, and 128 keys above batch 64 (198 -> 185 us at 256 x 1,024),
-    64 keys up to it (62 -> 54 us at 64 x 1,024). fp8 with key-major V pages (kernels/base.py) stages
-    the bytes as loaded: 128 keys and 3 stages at every batch (54 -> 44 us at 64 x 1,024, 185 -> 163
-    us at 256 x 1,024; experiments/kernels/runs/decode_key_major.md)."""
+    64 keys up to it (62 -> 54 us at 64 x 1,024)."""
     if dim_pad > 128:
         return 32, 2
     hopper = _is_hopper_or_newer(device)
-    if fp8 and key_major:
-        return 128, 3 if hopper else 2
     if fp8:
         return (128 if batch > FP8_SMALL_TILE_MAX_BATCH else 64), (3 if hopper else 2)
     return 64, 3 if hopper else 2
@@ -319,7 +242,6 @@ def paged_decode(
     block_n: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-    fused_reduce: bool = False,
     num_warps: int | None = None,
     num_stages: int | None = None,
     cuda_cores: bool | None = None,
@@ -327,9 +249,8 @@ def paged_decode(
     """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
 
     max_len bounds context_lens (default: the block table's capacity) and only steers the split
-    count; any num_splits >= 1 gives the same result. With several splits, fused_reduce lets the
-    last split of each (sequence, kv head) combine them (one launch); otherwise a second kernel
-    does. An fp8 cache needs k_scale and v_scale. cuda_cores picks the split kernel (None:
+    count; any num_splits >= 1 gives the same result (several are combined by a second kernel).
+    An fp8 cache needs k_scale and v_scale. cuda_cores picks the split kernel (None:
     `uses_cuda_cores`); block_n (keys per tile), num_warps and num_stages tune it (benchmarks sweep
     them).
     """
@@ -342,20 +263,18 @@ def paged_decode(
         return out
     group = num_heads // num_kv_heads
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    key_major = is_key_major(v_cache)
     if cuda_cores is None:
-        cuda_cores = uses_cuda_cores(fp8, group, head_dim, batch, key_major)
-    elif cuda_cores and not supports_cuda_cores(fp8, group, head_dim, key_major):
+        cuda_cores = uses_cuda_cores(fp8, group, head_dim, batch)
+    elif cuda_cores and not supports_cuda_cores(fp8, group, head_dim):
         raise ValueError(
-            f"paged_decode(cuda_cores=True) needs an fp8 cache with row-major V, at most "
-            f"{CUDA_CORE_MAX_GROUP} query heads per kv head and head_dim <= {CUDA_CORE_MAX_HEAD_DIM}; "
-            f"got {k_cache.dtype}, {'key-major' if key_major else 'row-major'} V, {group} heads per kv "
-            f"head, head_dim {head_dim}"
+            f"paged_decode(cuda_cores=True) needs an fp8 cache, at most {CUDA_CORE_MAX_GROUP} query heads "
+            f"per kv head and head_dim <= {CUDA_CORE_MAX_HEAD_DIM}; got {k_cache.dtype}, {group} heads "
+            f"per kv head, head_dim {head_dim}"
         )
     if cuda_cores:
         block_n, num_warps = block_n or CUDA_CORE_TILE, num_warps or CUDA_CORE_WARPS
     else:
-        tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch, key_major)
+        tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch)
         block_n, num_stages, num_warps = block_n or tile_keys, num_stages or tile_stages, num_warps or 4
     if max_len is None:
         max_len = block_tables.shape[1] * block_size
@@ -366,18 +285,14 @@ def paged_decode(
         part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out
-    fused_reduce = fused_reduce and num_splits > 1
-    counters = split_counters(q.device, batch * num_kv_heads) if fused_reduce else context_lens
-    splits_pad = triton.next_power_of_2(num_splits)
     if cuda_cores:
         rows, lanes, per_load = tile_shape(block_n, dim_pad, num_warps)
         cuda_core_split_kernel[(batch, num_kv_heads, num_splits)](
-            q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, counters, k_scale,
-            v_scale, scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_cache.stride(0),
-            k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-            GROUP=group, HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
-            ROWS=rows, LANES=lanes, PER_LOAD=per_load, SINGLE_SPLIT=num_splits == 1,
-            FUSED_REDUCE=fused_reduce, SPLITS_PAD=splits_pad, num_warps=num_warps,
+            q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, k_scale, v_scale,
+            scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), GROUP=group,
+            HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size, ROWS=rows, LANES=lanes,
+            PER_LOAD=per_load, SINGLE_SPLIT=num_splits == 1, num_warps=num_warps,
             num_stages=num_stages or 1, **launch_options(),
         )  # fmt: skip
     else:
@@ -390,7 +305,6 @@ def paged_decode(
             out,
             part_out,
             part_lse,
-            counters,
             k_scale if fp8 else context_lens,  # unused unless KV_FP8
             v_scale if fp8 else context_lens,
             scale * LOG2E,
@@ -400,9 +314,6 @@ def paged_decode(
             k_cache.stride(0),
             k_cache.stride(1),
             k_cache.stride(2),
-            v_cache.stride(0),
-            v_cache.stride(2),
-            v_cache.stride(3),
             block_tables.stride(0),
             out.stride(0),
             out.stride(1),
@@ -414,14 +325,11 @@ def paged_decode(
             BLOCK_N=block_n,
             SINGLE_SPLIT=num_splits == 1,
             KV_FP8=fp8,
-            V_KEY_MAJOR=key_major,
-            FUSED_REDUCE=fused_reduce,
-            SPLITS_PAD=splits_pad,
             num_warps=num_warps,
             num_stages=num_stages,
             **launch_options(),
         )
-    if num_splits > 1 and not fused_reduce:
+    if num_splits > 1:
         decode_reduce_kernel[(batch, num_heads)](
             part_out,
             part_lse,
@@ -431,7 +339,7 @@ def paged_decode(
             out.stride(1),
             HEAD_DIM=head_dim,
             DIM_PAD=dim_pad,
-            SPLITS_PAD=splits_pad,
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
             num_warps=4,
             **launch_options(),
         )
@@ -694,16 +602,10 @@ def varlen_prefill(
     return out
 
 
-def is_key_major(v_cache: torch.Tensor) -> bool:
-    """Whether a [blocks, block_size, heads, dim] V cache view has adjacent keys adjacent in memory
-    (key-major pages, kernels/base.py; a row-major page's key stride is heads x dim)."""
-    return v_cache.stride(1) == 1
-
-
 def _check_cache(q, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> None:
     assert q.stride(-1) == 1, "q needs a contiguous last dim"
     assert k_cache.stride(-1) == 1 and k_cache.shape == v_cache.shape
-    assert k_cache.stride() == v_cache.stride() or is_key_major(v_cache)
+    assert k_cache.stride() == v_cache.stride()
     assert k_cache.shape[-1] == q.shape[-1] and num_heads % num_kv_heads == 0
     bs = k_cache.shape[1]
     assert bs & (bs - 1) == 0, f"block size {bs} must be a power of two"

@@ -6,8 +6,8 @@ import torch
 
 from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
 from nanoexp.kernels.triton_attention import paged_decode, varlen_prefill
-from nanoexp.kernels.triton_fused import qk_norm_rope_store
 from nanoexp.kernels.triton_kv import store_kv
+from nanoexp.kernels.triton_qk_norm_rope import qk_norm_rope_store
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -31,7 +31,7 @@ class TritonAttentionBackend(AttentionBackend):
     ) -> None:
         store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
-    def fused_qk_norm_rope_store(
+    def qk_norm_rope_store(
         self, qkv, positions, cos_sin, qk_norm, num_heads, num_kv_heads, k_cache, v_cache,
         slot_mapping, write_k, k_scale=None, v_scale=None,
     ):  # fmt: skip

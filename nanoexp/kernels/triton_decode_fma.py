@@ -80,7 +80,6 @@ def cuda_core_split_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
-    counters_ptr,
     k_scale_ptr,
     v_scale_ptr,
     qk_scale,
@@ -101,8 +100,6 @@ def cuda_core_split_kernel(
     LANES: tl.constexpr,
     PER_LOAD: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr = False,
-    SPLITS_PAD: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
     """One (sequence, kv head, split): the GROUP (1 or 2) query heads attend to one slice of the
@@ -152,6 +149,6 @@ def cuda_core_split_kernel(
     out = tl.reduce(acc * weight[:, None, :], 0, sum_combine) / tl.where(total > 0.0, total, 1.0)[None, :]
     out = tl.trans(out * tl.load(v_scale_ptr))
     group = tl.arange(0, 2)
-    store_split(out, top, total, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, seq, kv_head, split,
-                num_splits, first_head + group, group < GROUP, dims, stride_ob, stride_oh, GROUP, HEAD_DIM,
-                DIM_PAD, SINGLE_SPLIT, FUSED_REDUCE, SPLITS_PAD)  # fmt: skip
+    store_split(out, top, total, out_ptr, part_out_ptr, part_lse_ptr, seq, split, num_splits,
+                first_head + group, group < GROUP, dims, stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD,
+                SINGLE_SPLIT)  # fmt: skip

@@ -28,7 +28,7 @@ from nanoexp.kernels.norm_first import NormFirst
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_gemv import AUTO_ROWS as GEMV_ROWS
 from nanoexp.kernels.triton_gemv import GemvConfig, gemv, rounded_swiglu
-from nanoexp.kernels.triton_pdl import prefetch_l2, wait_for_previous
+from nanoexp.kernels.triton_pdl import wait_for_previous
 
 MAX_ROWS = 256
 MAX_BLOCK_M = 64
@@ -146,16 +146,6 @@ def _sum_splits(part_ptr, rows, cols, out_mask, N, m_pad, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _prefetch_weights(w_rows, up_offset, col_mask, k_start, k_end, GATED: tl.constexpr):
-    """This program's weight rows [k_start, k_end) (and the up half's when GATED) into L2."""
-    starts = tl.reshape(w_rows, [w_rows.shape[0]]) + k_start
-    nbytes = (k_end - k_start) * w_rows.dtype.element_ty.primitive_bitwidth // 8
-    prefetch_l2(starts, nbytes, col_mask)
-    if GATED:
-        prefetch_l2(starts + up_offset, nbytes, col_mask)
-
-
-@triton.jit
 def _skinny_gemm_kernel(
     x_ptr,
     w_ptr,
@@ -187,8 +177,7 @@ def _skinny_gemm_kernel(
     """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
     NORM: x is first replaced by RMSNorm(x + residual) * norm_w; the programs of column tile 0 and
     split 0 write x + residual to sum_ptr (the next residual). Every program computes its rows' rms
-    itself: in a pass of its own, or with NORM_IN_LOOP (SPLIT_K == 1) in the product's K loop.
-    PDL == 2: the weight tile, which no kernel writes, is prefetched into L2 before the wait."""
+    itself: in a pass of its own, or with NORM_IN_LOOP (SPLIT_K == 1) in the product's K loop."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     row_tile = tl.program_id(2)
@@ -202,8 +191,6 @@ def _skinny_gemm_kernel(
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_wn
-    if PDL == 2:
-        _prefetch_weights(w_rows, N.to(tl.int64) * stride_wn, col_mask, k_start, k_end, GATED)
     wait_for_previous(PDL)
     row_offsets = rows[:, None].to(tl.int64) * stride_xm
     x_rows, r_rows = x_ptr + row_offsets, residual_ptr + row_offsets

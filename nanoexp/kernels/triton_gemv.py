@@ -6,7 +6,7 @@ load (all of it in flight at once, straight into registers), and only then reads
 bytes are on their way while x is loaded and normed. Products and sums are fp32 FMAs. Tiles are
 small, so several programs share an SM and the read keeps many bytes in flight; the tensor-core
 kernel (triton_gemm.py) streams fixed K steps through shared memory and reached ~1.2 TB/s at one
-row (experiments/nanovllm_bench/runs/run27_step_trace_c50a433.md).
+row (experiments/kernels/README.md, "The GEMV for 1-2 rows").
 
 K longer than K_TILE is split across programs; partials go to an fp32 workspace and the last
 program of a column tile (an atomic ticket) sums them, as in triton_gemm.py. The fused RMSNorm,
@@ -41,7 +41,6 @@ class GemvConfig:
     block_n: int
     k_tile: int
     num_warps: int = 4
-    joint: bool = False  # rows together (one load of x, one reduction) rather than one by one
 
 
 @triton.jit
@@ -112,81 +111,6 @@ def _finish_row(acc, up, y_row, bias_ptr, cols, col_mask, HAS_BIAS: tl.constexpr
 
 
 @triton.jit
-def _joint_inputs(x_ptr, residual_ptr, sum_ptr, norm_w_ptr, write_sum, rows, row_mask, stride_xm, kk, k_mask,
-                  K, eps, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr,
-                  K_TILE: tl.constexpr):
-    """_input_chunk for all rows at once: [ROWS, K_TILE] inputs, fp32."""
-    offsets = rows[:, None].to(tl.int64) * stride_xm
-    mask = row_mask[:, None] & k_mask[None, :]
-    x = tl.load(x_ptr + offsets + kk[None, :], mask=mask, other=0.0)
-    if NORM:
-        squares = tl.full([ROWS], 0.0, tl.float32)
-        for k0 in range(0, K, K_TILE):
-            k_all = k0 + tl.arange(0, K_TILE)
-            mask_all = row_mask[:, None] & (k_all < K)[None, :]
-            v = tl.load(x_ptr + offsets + k_all[None, :], mask=mask_all, other=0.0).to(tl.float32)
-            if HAS_RESIDUAL:
-                v += tl.load(residual_ptr + offsets + k_all[None, :], mask=mask_all, other=0.0).to(tl.float32)
-                if write_sum:
-                    tl.store(sum_ptr + offsets + k_all[None, :], v.to(x.dtype), mask=mask_all)
-            squares += tl.sum(v * v, axis=1)
-        rstd = tl.rsqrt(squares / K + eps)
-        v = x.to(tl.float32)
-        if HAS_RESIDUAL:
-            v += tl.load(residual_ptr + offsets + kk[None, :], mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(norm_w_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-        x = ((v * rstd[:, None]).to(x.dtype).to(tl.float32) * g[None, :]).to(x.dtype)
-    return x.to(tl.float32)
-
-
-@triton.jit
-def _joint_rows(w, up_w, x_ptr, residual_ptr, sum_ptr, norm_w_ptr, y_ptr, bias_ptr, part_ptr, ticket_ptr,
-                write_sum, tile, split, cols, col_mask, kk, k_mask, M, N, K, eps, stride_xm, stride_ym,
-                HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                ROWS: tl.constexpr, BLOCK_N: tl.constexpr, K_TILE: tl.constexpr, SPLIT_K: tl.constexpr):
-    """Every row's product with the weight tile in one broadcast multiply and one reduction."""
-    rows = tl.arange(0, ROWS)
-    row_mask = rows < M
-    x = _joint_inputs(x_ptr, residual_ptr, sum_ptr, norm_w_ptr, write_sum, rows, row_mask, stride_xm, kk,
-                      k_mask, K, eps, NORM, HAS_RESIDUAL, ROWS, K_TILE)
-    acc = tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)
-    up = acc
-    if GATED:
-        up = tl.sum(up_w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)
-    out_mask = row_mask[:, None] & col_mask[None, :]
-    y_tile = y_ptr + rows[:, None] * stride_ym + cols[None, :]
-    if SPLIT_K == 1:
-        _finish_tile(acc, up, y_tile, bias_ptr, cols, col_mask, out_mask, HAS_BIAS, GATED)
-    else:
-        width = 2 * N if GATED else N
-        part = part_ptr + (split * ROWS + rows[:, None]) * width + cols[None, :]
-        tl.store(part, acc, mask=out_mask)
-        if GATED:
-            tl.store(part + N, up, mask=out_mask)
-        tl.debug_barrier()  # every thread's partials are written before the ticket publishes them
-        done = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
-        if done == SPLIT_K - 1:
-            acc = tl.full([ROWS, BLOCK_N], 0.0, tl.float32)
-            up = acc
-            for s in range(SPLIT_K):
-                part = part_ptr + (s * ROWS + rows[:, None]) * width + cols[None, :]
-                acc += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
-                if GATED:
-                    up += tl.load(part + N, mask=out_mask, other=0.0, cache_modifier=".cg")
-            _finish_tile(acc, up, y_tile, bias_ptr, cols, col_mask, out_mask, HAS_BIAS, GATED)
-            tl.store(ticket_ptr + tile, 0)
-
-
-@triton.jit
-def _finish_tile(acc, up, y_tile, bias_ptr, cols, col_mask, out_mask, HAS_BIAS: tl.constexpr,
-                 GATED: tl.constexpr):
-    """_finish_row for a [ROWS, BLOCK_N] tile."""
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_tile, rounded_swiglu(acc, up, y_tile.dtype.element_ty, GATED), mask=out_mask)
-
-
-@triton.jit
 def rounded_swiglu(acc, up, dtype: tl.constexpr, GATED: tl.constexpr):
     """acc in dtype, or (GATED) silu(acc) * up rounded where the unfused ops round: each product,
     then silu, then the product."""
@@ -224,14 +148,13 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     K_TILE: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    JOINT: tl.constexpr = False,
     NORM_SPLIT: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
     NORM: each row of x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0)
-    writes x + residual to sum_ptr (the next residual). ROWS >= M rows are unrolled, or with
-    JOINT handled together. NORM_SPLIT (NORM with K split, rows one by one): each program sums the
+    writes x + residual to sum_ptr (the next residual). ROWS >= M rows are unrolled. NORM_SPLIT
+    (NORM with K split): each program sums the
     squares of its own K slice only, into a workspace after the partials, instead of every
     program reading the whole row; 1 / rms scales the summed product. It rounds x * norm_w once,
     not the normed x first, so it matches the unfused ops to rounding."""
@@ -255,13 +178,6 @@ def _gemv_kernel(
         write_sum = tile == 0  # each split writes its own slice of x + residual
     squares_ptr = part_ptr + SPLIT_K * ROWS * (2 * N if GATED else N)  # NORM_SPLIT: [SPLIT_K, ROWS, tiles]
     tiles = tl.num_programs(0)
-    if JOINT:
-        _joint_rows(
-            w, up_w, x_ptr, residual_ptr, sum_ptr, norm_w_ptr, y_ptr, bias_ptr, part_ptr, ticket_ptr,
-            write_sum, tile, split, cols, col_mask, kk, k_mask, M, N, K, eps, stride_xm, stride_ym, HAS_BIAS,
-            GATED, NORM, HAS_RESIDUAL, ROWS, BLOCK_N, K_TILE, SPLIT_K,
-        )  # fmt: skip
-        return
     width = 2 * N if GATED else N
     for m in tl.static_range(ROWS):
         if m < M:
@@ -359,8 +275,7 @@ def gemv(
     assert split == 1 or tiles <= tickets.numel()
     rows = triton.next_power_of_2(m)
     width = 2 * n if gated else n
-    joint = config.joint and m > 1
-    norm_split = norm is not None and split > 1 and not joint
+    norm_split = norm is not None and split > 1
     squares = split * rows * tiles if norm_split else 0
     part = y
     if split > 1:
@@ -372,6 +287,6 @@ def gemv(
         norm.eps if norm is not None else 0.0,
         m, n, k, x.stride(0), w.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-        ROWS=rows, BLOCK_N=config.block_n, K_TILE=config.k_tile, SPLIT_K=split, JOINT=joint,
-        NORM_SPLIT=norm_split, num_warps=config.num_warps, **launch_options(),
+        ROWS=rows, BLOCK_N=config.block_n, K_TILE=config.k_tile, SPLIT_K=split, NORM_SPLIT=norm_split,
+        num_warps=config.num_warps, **launch_options(),
     )  # fmt: skip

@@ -30,10 +30,6 @@ def _store_kv_kernel(
     stride_cb,
     stride_cp,
     stride_ch,
-    stride_cvb,
-    stride_cvp,
-    stride_cvh,
-    stride_cvd,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEADS_PAD: tl.constexpr,
@@ -58,11 +54,9 @@ def _store_kv_kernel(
     if KV_FP8:
         k = quantize_fp8(k, tl.load(k_scale_ptr), k_cache_ptr.dtype.element_ty)
         v = quantize_fp8(v, tl.load(v_scale_ptr), v_cache_ptr.dtype.element_ty)
-    k_dst = block * stride_cb + offset * stride_cp + heads[:, None] * stride_ch + dims[None, :]
-    v_dst = block * stride_cvb + offset * stride_cvp
-    v_dst += heads[:, None] * stride_cvh + dims[None, :] * stride_cvd
-    tl.store(k_cache_ptr + k_dst, k, mask=mask)
-    tl.store(v_cache_ptr + v_dst, v, mask=mask)
+    dst = block * stride_cb + offset * stride_cp + heads[:, None] * stride_ch + dims[None, :]
+    tl.store(k_cache_ptr + dst, k, mask=mask)
+    tl.store(v_cache_ptr + dst, v, mask=mask)
 
 
 @triton.jit
@@ -91,14 +85,13 @@ def store_kv(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Copy k/v [tokens, kv_heads, head_dim] to caches [blocks, block_size, kv_heads, head_dim]
-    (v_cache through its own strides, so key-major V pages too: kernels/base.py); an fp8 cache gets
-    clamp(k / k_scale, +-448) and clamp(v / v_scale, +-448)."""
+    """Copy k/v [tokens, kv_heads, head_dim] to caches [blocks, block_size, kv_heads, head_dim] (of
+    the same strides); an fp8 cache gets clamp(k / k_scale, +-448) and clamp(v / v_scale, +-448)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
     assert k.stride(-1) == 1 and v.stride(-1) == 1, "k/v need a contiguous last dim"
-    assert k_cache.stride(-1) == 1 and k_cache.shape == v_cache.shape
+    assert k_cache.stride(-1) == 1 and k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
     assert slot_mapping.is_contiguous()
     fp8 = check_scales(k_cache, k_scale, v_scale)
     _store_kv_kernel[(num_tokens,)](
@@ -116,7 +109,6 @@ def store_kv(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
-        *v_cache.stride(),
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),

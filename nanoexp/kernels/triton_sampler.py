@@ -6,7 +6,7 @@ the vocabulary index (one Philox call gives the four uniforms of four consecutiv
 nothing is materialized and a seeded row's draw does not depend on the rest of the batch. On the
 GPU the two logs are the hardware's approximate log2 (relative error ~1e-7, far below what
 sampling can tell): the accurate log's polynomial and Philox bounded the kernel by its arithmetic
-(experiments/nanovllm_bench/notes.md, run 22).
+(experiments/nanovllm_bench/README.md, "Tried and lost").
 
 Each program scans one slice of one row and keeps, per lane, the best sampled and the best raw
 logit; a second kernel picks each row's winner across slices (ties go to the

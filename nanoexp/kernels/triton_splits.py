@@ -1,7 +1,6 @@
 """What the paged attention kernels share: a key's place in the paged cache; for the split-K
-decode kernels, each split's keys and output, and combining the splits of a (sequence, head) (in
-a second kernel, or in the last split to finish, counted per (sequence, kv head)); and the tl.max /
-tl.sum equivalents the CPU interpreter runs.
+decode kernels, each split's keys and output, and the kernel that combines the splits of a
+(sequence, head); and the tl.max / tl.sum equivalents the CPU interpreter runs.
 
 The kernels avoid calling the @jit helpers of triton.language.standard (tl.max, tl.sum,
 tl.zeros, tl.cdiv): they break the CPU interpreter when triton was imported before
@@ -10,7 +9,6 @@ TRITON_INTERPRET=1 was set.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -54,14 +52,13 @@ def split_bounds(context_lens_ptr, seq, split, num_splits, TILE: tl.constexpr):
 
 
 @triton.jit
-def store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, seq, kv_head, split,
-                num_splits, heads, row_mask, dims, stride_ob, stride_oh, GROUP: tl.constexpr,
-                HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-                FUSED_REDUCE: tl.constexpr, SPLITS_PAD: tl.constexpr):
+def store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, seq, split, num_splits, heads, row_mask,
+                dims, stride_ob, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                DIM_PAD: tl.constexpr, SINGLE_SPLIT: tl.constexpr):  # fmt: skip
     """Store one split's normalized output rows `out` ([len(heads), DIM_PAD], fp32) of the query
     heads `heads`, whose softmax had log2-domain max m and denominator den: the final output with
     one split, else the partials and their lse ([num_seqs, num_heads, num_splits, (DIM_PAD)]
-    contiguous fp32), combined by the split that finishes last with FUSED_REDUCE."""
+    contiguous fp32) for decode_reduce_kernel."""
     store_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
     if SINGLE_SPLIT:
         o_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dims[None, :]
@@ -71,83 +68,6 @@ def store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, 
         tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], out, mask=store_mask)
         lse = tl.where(den > 0.0, m + tl.log2(tl.where(den > 0.0, den, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_mask)
-        if FUSED_REDUCE:
-            combine_if_last_split(
-                part_out_ptr, part_lse_ptr, out_ptr, counters_ptr, seq, kv_head, num_splits,
-                stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD, SPLITS_PAD,
-            )  # fmt: skip
-
-
-@triton.jit
-def combine_if_last_split(
-    part_out_ptr,
-    part_lse_ptr,
-    out_ptr,
-    counters_ptr,
-    seq,
-    kv_head,
-    num_splits,
-    stride_ob,
-    stride_oh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-):
-    """The last split of a (sequence, kv head) to finish combines all splits of its GROUP heads.
-
-    A per-(sequence, kv head) counter counts finished splits; the barrier plus the release half
-    of the atomic publish this program's partials, its acquire half makes the others' visible to
-    the last one, which resets the counter for the next launch (or CUDA-graph replay).
-    """
-    tl.debug_barrier()
-    counter = counters_ptr + seq * tl.num_programs(1) + kv_head
-    done = tl.atomic_add(counter, 1, sem="acq_rel")
-    if done == num_splits - 1:
-        tl.store(counter, 0)
-        num_heads = GROUP * tl.num_programs(1)
-        for g in tl.static_range(GROUP):
-            head = kv_head * GROUP + g
-            combine_splits(
-                part_out_ptr, part_lse_ptr, out_ptr, seq, head, num_heads, num_splits,
-                stride_ob, stride_oh, HEAD_DIM, DIM_PAD, SPLITS_PAD,
-            )  # fmt: skip
-
-
-@triton.jit
-def combine_splits(
-    part_out_ptr,
-    part_lse_ptr,
-    out_ptr,
-    seq,
-    head,
-    num_heads,
-    num_splits,
-    stride_ob,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-):
-    """Combine the per-split (normalized out, lse) of one (sequence, head) into out.
-
-    Partials are read through L2 (.cg): another SM wrote them, maybe after this SM cached the
-    same addresses in an earlier launch."""
-    splits = tl.arange(0, SPLITS_PAD)
-    dims = tl.arange(0, DIM_PAD)
-    split_mask = splits < num_splits
-    base = (seq.to(tl.int64) * num_heads + head) * num_splits
-    lse = tl.load(part_lse_ptr + base + splits, mask=split_mask, other=float("-inf"), cache_modifier=".cg")
-    m = tl.reduce(lse, 0, max_combine)
-    m = tl.where(m == float("-inf"), 0.0, m)  # context of length 0 gives zeros, not NaN
-    w = tl.exp2(lse - m)
-    o_mask = split_mask[:, None] & (dims[None, :] < HEAD_DIM)
-    o_ptrs = part_out_ptr + (base + splits)[:, None] * DIM_PAD + dims[None, :]
-    o = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")
-    total = tl.reduce(w, 0, sum_combine)
-    out = tl.reduce(w[:, None] * o, 0, sum_combine) / tl.where(total > 0.0, total, 1.0)
-    out_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + dims
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
 @triton.jit
@@ -163,30 +83,24 @@ def decode_reduce_kernel(
     SPLITS_PAD: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """Combine the per-split (normalized out, lse) of one (sequence, head)."""
+    """Combine the per-split (normalized out, lse) of one (sequence, head) into out.
+
+    Partials are read through L2 (.cg): another SM wrote them, maybe after this SM cached the
+    same addresses in an earlier launch."""
     wait_for_previous(PDL)
-    combine_splits(
-        part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), tl.num_programs(1),
-        num_splits, stride_ob, stride_oh, HEAD_DIM, DIM_PAD, SPLITS_PAD,
-    )  # fmt: skip
-
-
-_counters: dict[torch.device, torch.Tensor] = {}
-MIN_COUNTERS = 1 << 16  # batch 1,024 x 64 kv heads: never regrown in practice
-
-
-def split_counters(device: torch.device, needed: int) -> torch.Tensor:
-    """Zeroed int32 counters of finished splits, one per (sequence, kv head), cached per device.
-
-    Every launch leaves them zero again, so one allocation serves all calls and graph replays.
-    """
-    counters = _counters.get(device)
-    if counters is None or counters.numel() < needed:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"paged_decode needs {needed} split counters during CUDA-graph capture but only "
-                f"{0 if counters is None else counters.numel()} exist; run it once before capture"
-            )
-        counters = torch.zeros(max(needed, MIN_COUNTERS), dtype=torch.int32, device=device)
-        _counters[device] = counters
-    return counters
+    seq, head, num_heads = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    split_mask = splits < num_splits
+    base = (seq.to(tl.int64) * num_heads + head) * num_splits
+    lse = tl.load(part_lse_ptr + base + splits, mask=split_mask, other=float("-inf"), cache_modifier=".cg")
+    m = tl.reduce(lse, 0, max_combine)
+    m = tl.where(m == float("-inf"), 0.0, m)  # context of length 0 gives zeros, not NaN
+    w = tl.exp2(lse - m)
+    o_mask = split_mask[:, None] & (dims[None, :] < HEAD_DIM)
+    o_ptrs = part_out_ptr + (base + splits)[:, None] * DIM_PAD + dims[None, :]
+    o = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")
+    total = tl.reduce(w, 0, sum_combine)
+    out = tl.reduce(w[:, None] * o, 0, sum_combine) / tl.where(total > 0.0, total, 1.0)
+    out_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + dims
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)

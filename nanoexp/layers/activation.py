@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoexp.layers.fusion import fusable
+from nanoexp.layers.compiled import compilable
 
 
-@fusable
+@compilable
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up

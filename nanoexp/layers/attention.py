@@ -32,7 +32,7 @@ class Attention(nn.Module):
             self.backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping, *scales)
         return self._attend(q, k, v, md)
 
-    def forward_fused(
+    def forward_qkv(
         self,
         qkv: torch.Tensor,
         positions: torch.Tensor,
@@ -46,7 +46,7 @@ class Attention(nn.Module):
             return None
         # Prefill without a cached prefix attends over this step's packed k, not the cache.
         write_k = md.is_prefill and not md.has_cached_prefix
-        qk = self.backend.fused_qk_norm_rope_store(
+        qk = self.backend.qk_norm_rope_store(
             qkv, positions, cos_sin, qk_norm, self.num_heads, self.num_kv_heads,
             self.k_cache, self.v_cache, md.slot_mapping, write_k, self.k_scale, self.v_scale,
         )  # fmt: skip

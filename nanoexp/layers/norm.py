@@ -5,19 +5,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nanoexp.layers.fusion import fusable
+from nanoexp.layers.compiled import compilable
 
 
-def rms_norm_unfused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_uncompiled(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
 
 
-rms_norm = fusable(rms_norm_unfused)
+rms_norm = compilable(rms_norm_uncompiled)
 
 
-@fusable
+@compilable
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nanoexp.layers.fusion import fusable
-from nanoexp.layers.norm import rms_norm_unfused
+from nanoexp.layers.compiled import compilable
+from nanoexp.layers.norm import rms_norm_uncompiled
 
 
 class RotaryEmbedding(nn.Module):
@@ -23,24 +23,24 @@ class RotaryEmbedding(nn.Module):
         return apply_rope(positions, q, k, self.cos_sin)
 
 
-def apply_rope_unfused(
+def apply_rope_uncompiled(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
     return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
-apply_rope = fusable(apply_rope_unfused)
+apply_rope = compilable(apply_rope_uncompiled)
 
 
-@fusable
+@compilable
 def qk_norm_rope(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     k_weight: torch.Tensor, eps: float, cos_sin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head RMSNorm of q and k, then RoPE (Qwen3), as one op."""
-    q, k = rms_norm_unfused(q, q_weight, eps), rms_norm_unfused(k, k_weight, eps)
-    return apply_rope_unfused(positions, q, k, cos_sin)
+    q, k = rms_norm_uncompiled(q, q_weight, eps), rms_norm_uncompiled(k, k_weight, eps)
+    return apply_rope_uncompiled(positions, q, k, cos_sin)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

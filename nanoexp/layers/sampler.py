@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nanoexp.layers.fusion import fusable
+from nanoexp.layers.compiled import compilable
 
 
 @dataclass
@@ -77,7 +77,7 @@ def pick_shard_winner(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tenso
     return tokens.gather(0, best).squeeze(0)
 
 
-@fusable
+@compilable
 def sample_with_temperature(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     """One categorical draw per row from softmax(logits / temperature): argmax(probs / Exp(1))."""
     probs = torch.softmax(logits.float() / temperatures.clamp_min(1e-6).unsqueeze(1), dim=-1)

@@ -55,7 +55,7 @@ class Qwen3Attention(nn.Module):
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor, md: AttentionMetadata):
         """Attention output (after o_proj) of the fused q/k/v projection `qkv`."""
         norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else None
-        out = self.attn.forward_fused(qkv, positions, self.rotary_emb.cos_sin, norm, md)
+        out = self.attn.forward_qkv(qkv, positions, self.rotary_emb.cos_sin, norm, md)
         if out is None:
             out = self.attn(*self.norm_rope(positions, qkv), md)
         return self.o_proj(out.flatten(1))

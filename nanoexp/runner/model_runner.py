@@ -17,7 +17,7 @@ from nanoexp.distributed import all_gather_stacked, init_all_reduce, reset_all_r
 from nanoexp.kernels import pdl
 from nanoexp.kernels.select import triton_available
 from nanoexp.layers.attention import attention_layers
-from nanoexp.layers.fusion import fused
+from nanoexp.layers.compiled import use_compiled
 from nanoexp.layers.sampler import Sampler, SamplingTensors, pick_shard_winner
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, DecodeGraphs, StepGraphs
 from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_sampling, prepare_step
@@ -128,7 +128,7 @@ class ModelRunner:
                 self.model, self.hf_config.hidden_size, self.model_head_dim(), scheduler.max_num_seqs,
                 scheduler.max_num_batched_tokens, max_blocks, self.dtype, self.device,
             )  # fmt: skip
-        with fused(True):
+        with use_compiled(True):
             if self.step_graphs is not None:
                 self.step_graphs.capture()
             graphs.capture()
@@ -143,7 +143,7 @@ class ModelRunner:
         budget = min(self.max_model_len, self.config.scheduler.max_num_batched_tokens)
         step = blockless_prefill([calibration_tokens(self.hf_config.vocab_size, budget)])
         inputs = prepare_inputs(step, self.block_size, self.device)
-        with fused(False):
+        with use_compiled(False):
             calibrate_kv_scales(self.model, lambda: self.model(inputs.input_ids, inputs.positions, inputs.md))
         self.timings["kv_calibration_s"] = time.perf_counter() - start
 
@@ -158,7 +158,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run_blockless_prefill(self, tokens: int) -> None:
         inputs = prepare_inputs(self.blockless_prefill(tokens), self.block_size, self.device)
-        with fused(self.uses_graphs()):
+        with use_compiled(self.uses_graphs()):
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
         self.model.compute_logits(hidden[inputs.logits_indices])
         torch.cuda.synchronize(self.device)
@@ -228,7 +228,7 @@ class ModelRunner:
             return torch.empty(0, dtype=torch.int64, device=self.device), True
         if not inputs.all_rows:
             hidden = hidden[inputs.logits_indices]
-        with fused(self.graphs is not None):
+        with use_compiled(self.graphs is not None):
             if self.shards_sampling and self.sampler.can_shard(sampling):
                 return self.sample_shards(hidden, sampling), True
             logits = self.model.compute_logits(hidden)
@@ -263,7 +263,7 @@ class ModelRunner:
             return self.graphs.replay(inputs)
         if inputs.prefill_tiles is not None:
             return self.step_graphs.replay(inputs)
-        with fused(self.uses_graphs()):
+        with use_compiled(self.uses_graphs()):
             return self.model(inputs.input_ids, inputs.positions, inputs.md)
 
     def forward_logits(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor | None:
@@ -321,7 +321,6 @@ class ModelRunner:
             "gemm_backend": self.skinny_gemm.describe() if self.skinny_gemm else "torch",
             "swiglu_kernel": self.swiglu_kernel,
             "pdl": pdl.enabled(),
-            "pdl_mode": pdl.mode(),
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,
             "sharded_sampling": self.shards_sampling,

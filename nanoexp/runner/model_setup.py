@@ -77,7 +77,7 @@ def swiglu_kernel(device: torch.device, dtype: torch.dtype) -> Callable[[torch.T
     """The Triton SwiGLU where `triton_half_precision` holds, else None (torch's op)."""
     if not triton_half_precision(device, dtype):
         return None
-    from nanoexp.kernels.triton_fused import silu_and_mul
+    from nanoexp.kernels.triton_swiglu import silu_and_mul
 
     return silu_and_mul
 

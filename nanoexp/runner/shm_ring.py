@@ -109,7 +109,8 @@ class ShmRing:
     # ---- lifetime -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Detaches; the writer (or `unlink=True` by a reader cleaning up) also removes the segment."""
+        """Detaches; the writer, which owns the segment, also removes it (`unlink` removes the
+        segment of a writer that died)."""
         self.slot_seq = self.slot_len = self.reader_done = self.counters = None
         try:
             self.shm.close()

@@ -1,8 +1,7 @@
 """Compile a Triton kernel for a GPU that is not here, and read its SASS.
 
-Used to check kernels whose variants only run on a given architecture (e.g. Hopper's bulk L2
-prefetch) from a CPU-only machine, and to count what their loops execute
-(experiments/kernels/decode_sass.py).
+Used to check from a CPU-only machine what a kernel compiles to on a given architecture (spills,
+shared-memory round trips, the instructions its loops execute: experiments/kernels/decode_sass.py).
 """
 
 from __future__ import annotations

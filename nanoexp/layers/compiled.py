@@ -1,8 +1,8 @@
-"""Small elementwise ops (norms, RoPE, SwiGLU, sampling) compiled into fused kernels on GPUs.
+"""Small elementwise ops (norms, RoPE, SwiGLU, sampling) run as `torch.compile`d kernels on GPUs.
 
-Each op is a plain function; `fusable` routes calls to a `torch.compile`d copy while `fused(True)`
-is active (the runner turns it on for CUDA-graph capture and sampling), and to the plain
-function otherwise (CPU, eager mode, prefill)."""
+Each op is a plain function; `compilable` routes calls to a `torch.compile`d copy while
+`use_compiled(True)` is active (the runner turns it on for CUDA-graph capture and sampling), and
+to the plain function otherwise (CPU, eager mode, prefill)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ _enabled = False
 
 
 @contextlib.contextmanager
-def fused(on: bool) -> Iterator[None]:
+def use_compiled(on: bool) -> Iterator[None]:
     global _enabled
     previous, _enabled = _enabled, on
     try:
@@ -25,7 +25,7 @@ def fused(on: bool) -> Iterator[None]:
         _enabled = previous
 
 
-def fusable(fn: Callable) -> Callable:
+def compilable(fn: Callable) -> Callable:
     compiled = None
 
     @functools.wraps(fn)

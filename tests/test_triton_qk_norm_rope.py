@@ -1,4 +1,4 @@
-"""The fused q/k norm + RoPE + KV-store kernel and the one-pass split-K decode, against the torch
+"""The q/k norm + RoPE + KV-store kernel and the SwiGLU kernel, against the torch
 ops they replace. Without CUDA they run in the Triton CPU interpreter (see test_triton_kernels.py).
 
 The interpreter casts fp32 -> bf16 by truncation (the GPU rounds to nearest even), so bf16 is
@@ -13,12 +13,11 @@ import torch
 triton = pytest.importorskip("triton")
 
 from nanoexp import LLM, SamplingParams  # noqa: E402
-from nanoexp.kernels import triton_attention  # noqa: E402
 from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8  # noqa: E402
-from nanoexp.kernels.triton_fused import qk_norm_rope_store as fused_op  # noqa: E402
-from nanoexp.layers.rope import RotaryEmbedding, apply_rope_unfused, qk_norm_rope  # noqa: E402
+from nanoexp.kernels.triton_qk_norm_rope import qk_norm_rope_store as fused_op  # noqa: E402
+from nanoexp.layers.rope import RotaryEmbedding, apply_rope_uncompiled, qk_norm_rope  # noqa: E402
 from tests.conftest import random_prompts  # noqa: E402
-from tests.test_triton_kernels import DEVICE, assert_close, run_decode  # noqa: E402
+from tests.test_triton_kernels import DEVICE  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -46,7 +45,7 @@ def reference(qkv, positions, cos_sin, weights, slots, heads, kv_heads, norm, ca
     if norm:
         q, k = qk_norm_rope(positions, q, k, *weights, 1e-6, cos_sin)
     else:
-        q, k = apply_rope_unfused(positions, q, k, cos_sin)
+        q, k = apply_rope_uncompiled(positions, q, k, cos_sin)
     k_cache, v_cache = poisoned_caches(kv_heads, head_dim, cache_dtype)
     TorchAttentionBackend().store_kv(k.to(cache_dtype), v.to(cache_dtype), k_cache, v_cache, slots)
     return q, k, k_cache, v_cache
@@ -163,7 +162,7 @@ def test_fused_path_in_the_engine_matches_transformers(checkpoints, reference_ou
 
 def count_calls(backend) -> dict[str, int]:
     calls = {"fused": 0, "store_kv": 0}
-    fused, store = backend.fused_qk_norm_rope_store, backend.store_kv
+    fused, store = backend.qk_norm_rope_store, backend.store_kv
 
     def counted_fused(*args):
         calls["fused"] += 1
@@ -173,7 +172,7 @@ def count_calls(backend) -> dict[str, int]:
         calls["store_kv"] += 1
         return store(*args)
 
-    backend.fused_qk_norm_rope_store, backend.store_kv = counted_fused, counted_store
+    backend.qk_norm_rope_store, backend.store_kv = counted_fused, counted_store
     return calls
 
 
@@ -183,36 +182,9 @@ def test_backend_fuses_on_cuda_only_by_default():
     inputs = make_inputs(2, 4, 2, 32, torch.float32)
     k_cache, v_cache = poisoned_caches(2, 32, torch.float32)
     args = (*inputs[:3], None, 4, 2, k_cache, v_cache, inputs[4], False)
-    result = TritonAttentionBackend().fused_qk_norm_rope_store(*args)
+    result = TritonAttentionBackend().qk_norm_rope_store(*args)
     assert (result is None) == (DEVICE.type == "cpu")
-    assert TorchAttentionBackend().fused_qk_norm_rope_store(*args) is None
-
-
-# ---------------------------------------------------------------- one-pass split-K decode
-
-
-@pytest.mark.parametrize(
-    ("ctx_lens", "heads", "kv_heads", "num_splits"),
-    [([1, 77, 150], 4, 2, 3), ([0, 200, 5, 0], 8, 2, 5), ([64, 65], 3, 1, 16), ([40], 1, 1, 64)],
-)
-def test_one_pass_decode_matches_two_kernels_and_reference(ctx_lens, heads, kv_heads, num_splits):
-    dtype = torch.float16
-    out, ref = run_decode(ctx_lens, heads, kv_heads, 32, 16, dtype, num_splits=num_splits, fused_reduce=True)
-    two, _ = run_decode(ctx_lens, heads, kv_heads, 32, 16, dtype, num_splits=num_splits, fused_reduce=False)
-    assert torch.equal(out, two)
-    assert_close(out, ref, dtype)
-    for i, n in enumerate(ctx_lens):
-        if n == 0:
-            assert (out[i] == 0).all()
-    assert not triton_attention.split_counters(DEVICE, 1).any()  # every launch resets its counters
-
-
-def test_one_pass_decode_repeated_calls_reset_counters():
-    for seed in range(3):  # the counters left by each call must serve the next one
-        one_pass = dict(num_splits=4, fused_reduce=True)
-        out, ref = run_decode([40, 130], 4, 2, 32, 16, torch.float32, seed=seed, **one_pass)
-        assert_close(out, ref, torch.float32)
-    assert not triton_attention.split_counters(DEVICE, 1).any()
+    assert TorchAttentionBackend().qk_norm_rope_store(*args) is None
 
 
 # ---------------------------------------------------------------- GPU
@@ -232,22 +204,6 @@ def test_gpu_fused_matches_compiled_torch_ops_bf16(tokens):
         assert_same(g, w, torch.bfloat16, exact=False)
 
 
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize(("batch", "context"), [(1, 1024), (16, 1024), (64, 700), (256, 1024)])
-def test_gpu_one_pass_decode_matches_two_kernels(batch, context):
-    gen = torch.Generator().manual_seed(batch)
-    ctx_lens = torch.randint(0, context + 1, (batch,), generator=gen).tolist()
-    ctx_lens[0] = context
-    for _ in range(3):
-        one, ref = run_decode(ctx_lens, 16, 8, 128, 16, torch.bfloat16, seed=batch, fused_reduce=True)
-        two, _ = run_decode(ctx_lens, 16, 8, 128, 16, torch.bfloat16, seed=batch, fused_reduce=False,
-                            num_splits=None)  # fmt: skip
-        torch.testing.assert_close(one, two, atol=1e-2, rtol=1e-2)  # combine order may differ
-        assert float((one.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
-    assert not triton_attention.split_counters(DEVICE, 1).any()
-
-
 # ---------------------------------------------------------------- SwiGLU
 
 
@@ -255,7 +211,7 @@ def test_gpu_one_pass_decode_matches_two_kernels(batch, context):
 @pytest.mark.parametrize(("rows", "width"), [(1, 64), (5, 1500), (3, 2100)])
 def test_swiglu_kernel_matches_torch_op(rows, width, dtype):
     """Widths that are not a multiple of the kernel's block (masked tail) and a second block."""
-    from nanoexp.kernels.triton_fused import silu_and_mul as kernel
+    from nanoexp.kernels.triton_swiglu import silu_and_mul as kernel
     from nanoexp.layers.activation import silu_and_mul
 
     x = 3 * torch.randn(rows, 2 * width, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
@@ -277,7 +233,7 @@ def test_swiglu_kernel_is_bound_on_cuda_in_16_bit_only():
 @pytest.mark.gpu
 @needs_cuda
 def test_gpu_swiglu_kernel_matches_eager_torch_at_qwen3_width():
-    from nanoexp.kernels.triton_fused import silu_and_mul as kernel
+    from nanoexp.kernels.triton_swiglu import silu_and_mul as kernel
     from nanoexp.layers.activation import silu_and_mul
 
     x = 3 * torch.randn(4096, 2 * 3072, device="cuda", dtype=torch.bfloat16)

@@ -1,4 +1,4 @@
-"""One Triton kernel from the fused qkv projection to attention inputs: per-head RMSNorm of q and k
+"""One Triton kernel from the qkv projection to attention inputs: per-head RMSNorm of q and k
 (Qwen3; skipped for Qwen2), NeoX RoPE, q written out, roped k and raw v stored in the paged cache.
 
 Numerics follow the torch ops it replaces (`qk_norm_rope` / `apply_rope` then `store_kv`): fp32
@@ -21,7 +21,7 @@ from nanoexp.kernels.triton_splits import sum_combine
 
 @triton.jit
 def _norm_heads(x, w, rstd, DT: tl.constexpr):
-    """rms_norm_unfused: (x * rstd) cast to the model dtype, times the weight, in the model dtype."""
+    """rms_norm_uncompiled: (x * rstd) cast to the model dtype, times the weight, in the model dtype."""
     return ((x * rstd[:, None]).to(DT).to(tl.float32) * w.to(tl.float32)).to(DT).to(tl.float32)
 
 
@@ -178,39 +178,3 @@ def qk_norm_rope_store(
         num_warps=1 if heads_block <= 2 else 4, **launch_options(),
     )  # fmt: skip
     return q, k
-
-
-@triton.jit
-def _silu_and_mul_kernel(
-    x_ptr, out_ptr, stride_x, stride_out, width, BLOCK: tl.constexpr, PDL: tl.constexpr = False
-):
-    """One row, BLOCK columns: out = silu(gate) * up for x's row = [gate | up]."""
-    wait_for_previous(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < width
-    DT = out_ptr.dtype.element_ty
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + width + cols, mask=mask, other=0.0).to(tl.float32)
-    act = (gate * tl.sigmoid(gate)).to(DT).to(tl.float32)  # F.silu's output dtype, as eager torch
-    tl.store(out_ptr + row * stride_out + cols, (act * up).to(DT), mask=mask)
-
-
-SWIGLU_BLOCK = 1024
-
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """[rows, 2 * width] = [gate | up] -> silu(gate) * up, [rows, width], one read and one write.
-
-    Replaces the torch.compile'd op, whose dynamic-shape kernel ran at ~40% of copy bandwidth on a
-    16k-token prefill (experiments/nanovllm_bench/README.md, prefill step)."""
-    rows, double = x.shape
-    assert double % 2 == 0 and x.stride(1) == 1
-    width = double // 2
-    out = x.new_empty((rows, width))
-    if rows == 0:
-        return out
-    _silu_and_mul_kernel[(rows, triton.cdiv(width, SWIGLU_BLOCK))](
-        x, out, x.stride(0), out.stride(0), width, BLOCK=SWIGLU_BLOCK, num_warps=4, **launch_options(),
-    )  # fmt: skip
-    return out
