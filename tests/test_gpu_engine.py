@@ -28,6 +28,9 @@ PATHS = {
 }
 
 
+GRAPHS_QUICK = pytest.param(False, marks=pytest.mark.gpu_quick)  # graphs on, in the quick subset
+
+
 def engine_outputs(path, prompts, max_tokens, **kwargs):
     args = dict(kvcache_block_size=16, attention_backend="triton", max_model_len=1024, max_num_seqs=16,
                 num_kvcache_blocks=512, max_num_batched_tokens=2048)
@@ -52,7 +55,7 @@ def test_float32_greedy_matches_transformers(checkpoints, reference_outputs, pat
         assert sum(o.num_preemptions for o in outs) > 0
 
 
-@pytest.mark.parametrize("eager", [pytest.param(False, marks=pytest.mark.gpu_quick), True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("eager", [GRAPHS_QUICK, True], ids=["graphs", "eager"])
 def test_bfloat16_greedy_follows_transformers_within_policy(checkpoints, eager):
     """bf16 policy: where our greedy tokens first differ from transformers (float32, teacher-forced
     on our tokens), our token must be among transformers' top 3 there, and at least half of the
@@ -127,7 +130,7 @@ def test_tp2_with_graphs_matches_transformers_in_float32(checkpoints, reference_
     assert sum(o.num_preemptions for o in outs) > 0
 
 
-@pytest.mark.parametrize("eager", [pytest.param(False, marks=pytest.mark.gpu_quick), True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("eager", [GRAPHS_QUICK, True], ids=["graphs", "eager"])
 @pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
 @pytest.mark.parametrize("kwargs", [dict(), dict(max_num_batched_tokens=40), dict(num_kvcache_blocks=40)],
                          ids=["plain", "chunked", "preemption"])
