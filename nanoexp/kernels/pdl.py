@@ -1,5 +1,5 @@
 """Programmatic dependent launch (PDL, `engine.pdl`): on Hopper and newer, a kernel captured in a
-decode CUDA graph is launched as its predecessor exits instead of after the graph's usual
+CUDA graph (decode and step graphs) is launched as its predecessor exits instead of after the graph's usual
 kernel-to-kernel gap, so its launch overlaps the predecessor's last memory flush.
 
 Every Triton kernel of the decode step follows one rule when launched this way: its first act is
@@ -50,7 +50,7 @@ def enabled() -> bool:
 
 @contextmanager
 def graph_launches() -> Iterator[None]:
-    """Launches in this block are the decode graphs' (their capture and its warm-up run, which
+    """Launches in this block are the CUDA graphs' (their capture and its warm-up run, which
     compiles the PDL variants outside the capture): they use PDL when it is on."""
     global _graph_launches
     _graph_launches = True
@@ -62,7 +62,7 @@ def graph_launches() -> Iterator[None]:
 
 def launch_options() -> dict:
     """Keyword arguments for a Triton launch: the PDL constexpr, plus the launch attribute for the
-    decode graphs' launches with PDL on."""
+    graphs' launches with PDL on."""
     if _enabled and _graph_launches:
         return {"PDL": True, "launch_pdl": True}
     return {"PDL": False}

@@ -162,7 +162,8 @@ class StepGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        self.graphs = capture_ladder(self.model, self.sizes, self.view, self.output)
+        with pdl.graph_launches():  # as the decode graphs: their Triton kernels' variants are shared
+            self.graphs = capture_ladder(self.model, self.sizes, self.view, self.output)
 
     def replay(self, inputs: ModelInputs) -> torch.Tensor:
         n, md = inputs.input_ids.shape[0], inputs.md
