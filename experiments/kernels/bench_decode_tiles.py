@@ -8,7 +8,6 @@ the device either way). A tile a dtype cannot compile (shared memory) prints "-"
 
     python experiments/kernels/bench_decode_tiles.py [--dtypes bf16 fp8_e4m3] [--out table.md]
     python experiments/kernels/bench_decode_tiles.py --splits 1 2 4 8   # the default tile per split count
-    python experiments/kernels/bench_decode_tiles.py --v-layout key_major  # V pages [heads, dims, keys]
     python experiments/kernels/bench_decode_tiles.py --kernel cuda_cores --dtypes fp8_e4m3 [--heads 32]
         # the CUDA-core kernel (kernels/triton_decode_fma.py) per (keys per tile, warps), first
         # column the tensor-core default, last the largest difference between the two outputs
@@ -40,18 +39,6 @@ CONFIGS = (
     (128, 8, 3),
     (256, 8, 2),
 )
-# key-major V pages stage fp8 as loaded (no fp16 copy), so deeper pipelines fit; the first column
-# is the row-major layout's default, the rest key-major
-KEY_MAJOR_CONFIGS = (
-    (None, None, None),
-    (None, None, None),
-    (64, 4, 3),
-    (64, 4, 4),
-    (128, 4, 3),
-    (128, 4, 4),
-    (256, 4, 2),
-    (128, 8, 3),
-)
 SHAPES = ((64, 1024), (64, 2048), (256, 1024), (128, 4096))  # 28 bf16 caches of 128 x 4096: 60 GB
 # (keys per tile, warps) of the CUDA-core kernel; the first column is the tensor-core default
 CUDA_CORE_CONFIGS = ((64, 4), (128, 4), (256, 4), (128, 8))
@@ -59,17 +46,15 @@ DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 def time_tile(q, caches, tables, lens, max_len: int, config: tuple, scale: torch.Tensor) -> str:
-    """config: (keys per tile, warps, stages, splits[, cuda cores[, fused reduce]]); None keeps
-    paged_decode's own choice; without the fifth entry (or with a falsy one) the tensor-core kernel
-    runs, with "auto" the engine's choice."""
+    """config: (keys per tile, warps, stages, splits[, cuda cores]); None keeps paged_decode's own
+    choice; without the fifth entry (or with a falsy one) the tensor-core kernel runs."""
     block_n, warps, stages, splits, *rest = config
-    cuda_cores = (None if rest[0] == "auto" else bool(rest[0])) if rest else False
-    fused = len(rest) > 1 and rest[1]
+    cuda_cores = bool(rest[0]) if rest else False
 
     def call(cache):
         return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, max_len, block_n=block_n,
                             k_scale=scale, v_scale=scale, num_warps=warps, num_stages=stages,
-                            num_splits=splits, cuda_cores=cuda_cores, fused_reduce=fused)  # fmt: skip
+                            num_splits=splits, cuda_cores=cuda_cores)  # fmt: skip
 
     try:
         return f"{time_graph_us([lambda c=c: call(c) for c in caches]):.1f}"
@@ -89,12 +74,9 @@ def max_difference(q, cache, tables, lens, context: int, configs: list[tuple], s
     return worst
 
 
-def layer_cache(blocks: int, dtype: torch.dtype, key_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_cache(blocks: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     k = torch.randn(blocks, BLOCK, KV_HEADS, DIM, device="cuda").to(dtype)
-    if not key_major:
-        return k, torch.randn(blocks, BLOCK, KV_HEADS, DIM, device="cuda").to(dtype)
-    v = torch.randn(blocks, KV_HEADS, DIM, BLOCK, device="cuda").to(dtype)
-    return k, v.permute(0, 3, 1, 2)
+    return k, torch.randn(blocks, BLOCK, KV_HEADS, DIM, device="cuda").to(dtype)
 
 
 def row_for(
@@ -102,27 +84,22 @@ def row_for(
     batch: int,
     context: int,
     configs: list[tuple],
-    key_major: bool = False,
     heads: int = HEADS,
     max_len: int | None = None,
 ) -> str:
-    """One table row; with key_major the first config runs on row-major caches (the baseline),
-    the others on key-major V pages (each set allocated in turn: 128 x 4,096 bf16 is 60 GB)."""
+    """One table row: every config on one set of 28 layer caches (128 x 4,096 bf16 is 60 GB)."""
     dtype = DTYPES[name]
     blocks = batch * context // BLOCK
     q = torch.randn(batch, heads, DIM, device="cuda", dtype=torch.bfloat16)
     tables = torch.arange(blocks, device="cuda", dtype=torch.int32).view(batch, -1)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
     scale = torch.ones(1, device="cuda")
-    groups = [(False, configs[:1]), (True, configs[1:])] if key_major else [(False, configs)]
-    cells = []
-    for layout_key_major, group in groups:
-        caches = [layer_cache(blocks, dtype, layout_key_major) for _ in range(LAYERS)]
-        cells += [time_tile(q, caches, tables, lens, max_len or context, c, scale) for c in group]
-        if len(configs[0]) == 5:
-            cells.append(f"{max_difference(q, caches[0], tables, lens, context, configs, scale):.1e}")
-        del caches
-        torch.cuda.empty_cache()
+    caches = [layer_cache(blocks, dtype) for _ in range(LAYERS)]
+    cells = [time_tile(q, caches, tables, lens, max_len or context, c, scale) for c in configs]
+    if len(configs[0]) == 5:
+        cells.append(f"{max_difference(q, caches[0], tables, lens, context, configs, scale):.1e}")
+    del caches
+    torch.cuda.empty_cache()
     floor = batch * context * KV_HEADS * DIM * 2 * dtype.itemsize / 4.2e12 * 1e6
     return f"| {name} | {batch} | {context} | {' | '.join(cells)} | {floor:.1f} |"
 
@@ -138,17 +115,11 @@ def main() -> None:
         default=None,
         help="time the default tile at these split counts instead of the tile configs",
     )
-    parser.add_argument("--v-layout", choices=["row_major", "key_major"], default="row_major")
     parser.add_argument(
         "--shapes", nargs="+", default=[f"{b}x{c}" for b, c in SHAPES], help="batch x context, e.g. 16x2048"
     )
     parser.add_argument("--heads", type=int, default=HEADS, help=f"query heads ({KV_HEADS} kv heads)")
     parser.add_argument("--kernel", choices=["tensor_cores", "cuda_cores"], default="tensor_cores")
-    parser.add_argument(
-        "--fused-reduce",
-        action="store_true",
-        help="the engine's kernel, with a separate reduce, then with the last split reducing",
-    )
     parser.add_argument(
         "--max-len",
         type=int,
@@ -156,18 +127,10 @@ def main() -> None:
         help="the length splits are chosen for (the engine: its block tables' capacity)",
     )
     args = parser.parse_args()
-    key_major = args.v_layout == "key_major"
     if args.kernel == "cuda_cores":
         configs = [(None, None, None, None, False)]
         configs += [(n, w, None, None, True) for n, w in CUDA_CORE_CONFIGS]
         heads = " | ".join(["tensor cores us", *(f"{n}k {w}w us" for n, w in CUDA_CORE_CONFIGS), "max diff"])
-    elif key_major:
-        configs = [(*c, None) for c in KEY_MAJOR_CONFIGS]
-        heads = " | ".join(f"{n}k {w}w {st}s us" if n else "default us" for n, w, st in KEY_MAJOR_CONFIGS)
-        heads = heads.replace("default us", "row-major default us", 1)
-    elif args.fused_reduce:
-        configs = [(None, None, None, None, "auto", False), (None, None, None, None, "auto", True)]
-        heads = "separate reduce us | fused reduce us"
     elif args.splits:
         configs = [(None, None, None, n) for n in args.splits]
         heads = " | ".join(f"{n} splits us" for n in args.splits)
@@ -177,7 +140,7 @@ def main() -> None:
     rule = "|---|---:|---:|" + "---:|" * (len(configs) + 1 + (args.kernel == "cuda_cores"))
     header = [f"| cache | batch | context | {heads} | floor us |", rule]
     rows = (
-        row_for(name, batch, context, configs, key_major, args.heads, args.max_len)
+        row_for(name, batch, context, configs, args.heads, args.max_len)
         for name in args.dtypes
         for batch, context in (map(int, shape.split("x")) for shape in args.shapes)
     )

@@ -7,6 +7,7 @@ The floor is one read of the bf16 logits at copy bandwidth.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from timing import time_ms  # noqa: E402
 
 from nanoexp.kernels import triton_sampler  # noqa: E402
-from nanoexp.layers.fusion import fused  # noqa: E402
+from nanoexp.layers.compiled import use_compiled  # noqa: E402
 from nanoexp.layers.sampler import sample_with_temperature  # noqa: E402
 
 VOCAB = 151_936
@@ -24,6 +25,9 @@ HBM_BYTES_PER_S = 4.2e12
 
 
 def main() -> None:
+    help_format = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=help_format)
+    parser.parse_args()  # no options: --help prints what the script measures
     print("| rows | torch path ms | kernel ms | floor ms | kernel / floor |")
     print("|---:|---:|---:|---:|---:|")
     for rows in (1, 16, 64, 128, 256):
@@ -31,7 +35,7 @@ def main() -> None:
         temperatures = torch.full((rows,), 0.6, device="cuda")
         seeds = torch.randint(0, 2**62, (rows,), device="cuda")
         args = (logits, temperatures)
-        with fused(True):
+        with use_compiled(True):
             torch_ms = time_ms(lambda args=args: sample_with_temperature(*args))
         kernel_ms = time_ms(lambda args=(*args, seeds): triton_sampler.sample(*args))
         floor_ms = logits.numel() * logits.element_size() / HBM_BYTES_PER_S * 1e3

@@ -26,7 +26,7 @@ from nanoexp.kernels.triton_gemm import TICKETS, GemmConfig, default_config, ski
 from nanoexp.kernels.triton_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from nanoexp.kernels.triton_gemv import GemvConfig, default_gemv_config
 from nanoexp.layers.activation import silu_and_mul
-from nanoexp.layers.fusion import fused
+from nanoexp.layers.compiled import use_compiled
 from nanoexp.layers.norm import add_rms_norm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -65,8 +65,8 @@ ROWS = [1, 4, 16, 32, 64]
 L2_BYTES = 60 * 2**20
 
 
-# Row x column tiles and warps above 64 rows that compile for sm_90 without spills
-# (nanoexp.kernels.offline_sass, K steps of 64): plain and gated products, and with the norm in the K loop
+# Row x column tiles and warps above 64 rows that compile for sm_90 without spills (compiled with
+# experiments/tools/offline_sass.py, K steps of 64): plain and gated products, and with the norm in the K loop
 WIDE_TILES = [
     (64, 64, 4),
     (64, 64, 8),
@@ -107,12 +107,11 @@ def sweep_configs(rows: int, n: int = 4096, gated: bool = False, normed: bool = 
     return configs
 
 
-def gemv_configs(rows: int, n: int, k: int) -> list[GemvConfig]:
-    """Tiles and warps; from 2 rows also the rows handled together (`joint`) or one by one. A split
-    K needs a ticket per output tile, so split configs with more tiles than tickets are left out."""
-    joint = (False, True) if rows > 1 else (False,)
-    shapes = itertools.product((2, 4, 8, 16, 32), (256, 512, 1024), (4, 8), joint)
-    configs = [GemvConfig(bn, kt, w, j) for bn, kt, w, j in shapes]
+def gemv_configs(n: int, k: int) -> list[GemvConfig]:
+    """Tiles and warps. A split K needs a ticket per output tile, so split configs with more tiles
+    than tickets are left out."""
+    shapes = itertools.product((2, 4, 8, 16, 32), (256, 512, 1024), (4, 8))
+    configs = [GemvConfig(bn, kt, w) for bn, kt, w in shapes]
     return [c for c in configs if c.k_tile >= k or -(-n // c.block_n) <= TICKETS]
 
 
@@ -147,7 +146,7 @@ def bench_shape(
         out = skinny_gemm(x, w, None, config, gated=gated, norm=norm)
         return out[0] if normed else out
 
-    with fused(True):
+    with use_compiled(True):
         ref = torch_op(weights[0]).float()
         result = {"cublas": time_graph_us([lambda w=w: torch_op(w) for w in weights])}
     default = default_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count, rows)
@@ -165,13 +164,13 @@ def bench_shape(
     if sweep == "all":
         result["best"], result["best_cfg"] = best_of(sweep_configs(rows, n, gated, normed), timed, label)
     if sweep and rows <= GEMV_MAX_ROWS:
-        result["gemv_best"], result["gemv_best_cfg"] = best_of(gemv_configs(rows, n, k), timed, label)
+        result["gemv_best"], result["gemv_best_cfg"] = best_of(gemv_configs(n, k), timed, label)
     return result
 
 
 def describe(c: GemmConfig | GemvConfig) -> str:
     if isinstance(c, GemvConfig):
-        return f"{c.block_n}/{c.k_tile}/w{c.num_warps}" + ("/joint" if c.joint else "")
+        return f"{c.block_n}/{c.k_tile}/w{c.num_warps}"
     rows = f"m{c.block_m}/" if c.block_m else ""
     return f"{rows}{c.block_n}/{c.block_k}/{c.split_k}/{c.num_stages}/w{c.num_warps}"
 

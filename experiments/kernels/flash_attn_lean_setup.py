@@ -20,6 +20,7 @@ together they cut the template instantiations per kernel file from 64-128 to 4-8
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -110,7 +111,10 @@ def defines() -> list[str]:
     return [f"-DFLASHATTENTION_DISABLE_{name}" for name in DISABLED]
 
 
-if __name__ == "__main__":
+def main() -> None:
+    if {"-h", "--help"} & set(sys.argv[1:]):  # before anything reads or patches the sources
+        print(__doc__)
+        return
     if not (SRC / "csrc/cutlass/include/cutlass/cutlass.h").exists():
         raise SystemExit("csrc/cutlass is missing: run from the unpacked flash-attn sdist (it ships cutlass)")
     patch_sources()
@@ -124,9 +128,15 @@ if __name__ == "__main__":
                 sources=kernel_sources(),
                 extra_compile_args={"cxx": ["-O3", "-std=c++17", *defines()], "nvcc": nvcc_flags()},
                 include_dirs=[
-                    SRC / "csrc/flash_attn", SRC / "csrc/flash_attn/src", SRC / "csrc/cutlass/include",
+                    SRC / "csrc/flash_attn",
+                    SRC / "csrc/flash_attn/src",
+                    SRC / "csrc/cutlass/include",
                 ],
             )
         ],
         cmdclass={"build_ext": BuildExtension},
     )
+
+
+if __name__ == "__main__":
+    main()

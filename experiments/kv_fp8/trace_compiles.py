@@ -64,6 +64,8 @@ def main() -> None:
     LLMEngine.step = traced_step(LLMEngine.step)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = sys.argv[1:]
+    if {"-h", "--help"} & set(args):
+        print(__doc__)  # then run.py's own help
     if "--no-freeze" in args:
         args.remove("--no-freeze")
         gc.freeze = lambda: None

@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--attention-backend", default="auto", help="auto, triton, flash_attn or torch")
     parser.add_argument("--gemm-backend", default="auto", help="auto, torch or triton")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8_e4m3")
-    parser.add_argument("--pdl", default="auto", help="PDL: auto, on, prefetch or off")
+    parser.add_argument("--pdl", default="auto", help="PDL: auto, on or off")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--out", default=None)

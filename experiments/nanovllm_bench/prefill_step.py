@@ -1,6 +1,6 @@
 """One 16k-token prefill step of Qwen3-0.6B (dummy bf16 weights): plain ops against the
-torch.compile'd (fused) norms, RoPE and SwiGLU, then the kernels of the fused step (the engine's
-default for prefill).
+torch.compile'd norms, RoPE and SwiGLU (layers/compiled.py), then the kernels of the compiled step,
+by GPU time.
 
     python experiments/nanovllm_bench/prefill_step.py [--seqs 16] [--len 1024]
 """
@@ -16,9 +16,9 @@ import yaml
 from torch.profiler import ProfilerActivity, profile
 
 from nanoexp import LLM
-from nanoexp.kernels.triton_fused import silu_and_mul as swiglu_kernel
+from nanoexp.kernels.triton_swiglu import silu_and_mul as swiglu_kernel
 from nanoexp.layers.activation import silu_and_mul
-from nanoexp.layers.fusion import fused
+from nanoexp.layers.compiled import use_compiled
 from nanoexp.runner.inputs import prepare_inputs
 from nanoexp.runner.step_input import StepInput
 
@@ -56,15 +56,15 @@ def main() -> None:
     with torch.inference_mode():
         inputs_ms = time_ms(lambda: prepare_inputs(step, block, runner.device), repeats=10)
         plain = time_ms(forward, repeats=10)
-        with fused(True):
-            fused_ms = time_ms(forward, repeats=10)
+        with use_compiled(True):
+            compiled_ms = time_ms(forward, repeats=10)
         floor = 2 * total * sum(p.numel() for p in runner.model.model.layers.parameters()) / 780e12 * 1e3
         print(
             f"prefill {args.seqs} x {args.len} = {total} tokens: inputs {inputs_ms:.2f} ms, "
-            f"plain {plain:.2f} ms, fused {fused_ms:.2f} ms, GEMM floor {floor:.2f} ms"
+            f"plain {plain:.2f} ms, compiled {compiled_ms:.2f} ms, GEMM floor {floor:.2f} ms"
         )
         print_swiglu(total, arch["intermediate_size"])
-        with fused(True), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with use_compiled(True), profile(activities=[ProfilerActivity.CUDA]) as prof:
             forward()
             torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=50))
@@ -75,7 +75,7 @@ def print_swiglu(tokens: int, inter: int) -> None:
     """The step's SwiGLU alone: the torch.compile'd op against the Triton kernel, and the floor
     (read [gate | up], write the product, at 4.2 TB/s)."""
     x = torch.randn(tokens, 2 * inter, device="cuda", dtype=torch.bfloat16)
-    with fused(True):
+    with use_compiled(True):
         compiled = time_ms(lambda: silu_and_mul(x), repeats=20)
     kernel = time_ms(lambda: swiglu_kernel(x), repeats=20)
     floor = 3 * x.numel() // 2 * x.element_size() / 4.2e12 * 1e3

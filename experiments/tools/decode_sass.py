@@ -11,10 +11,14 @@ instruction count, its main loop's (the one backward branch) and the loop's most
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
+from pathlib import Path
 
 from nanoexp.kernels import triton_attention
-from nanoexp.kernels.offline_sass import compile_offline, main_loop, opcode, registers, sass
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from offline_sass import compile_offline, main_loop, opcode, registers, sass  # noqa: E402
 
 DIVISIBLE = (
     "stride_qb",
@@ -22,24 +26,21 @@ DIVISIBLE = (
     "stride_cb",
     "stride_cp",
     "stride_ch",
-    "stride_vb",
-    "stride_vh",
-    "stride_vd",
     "stride_ob",
     "stride_oh",
 )
 
 
-def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int, key_major: bool = False):
+def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int):
     cache = "*fp8e4nv" if fp8 else "*bf16"
     types = {
         "q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
         "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32",
-        "counters_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32",
+        "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32",
     }  # fmt: skip
     constants = dict(
         GROUP=2, GROUP_PAD=16, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256, BLOCK_N=block_n,
-        SINGLE_SPLIT=True, KV_FP8=fp8, V_KEY_MAJOR=key_major, FUSED_REDUCE=False, SPLITS_PAD=1, PDL=False,
+        SINGLE_SPLIT=True, KV_FP8=fp8, PDL=False,
     )  # fmt: skip
     kernel = triton_attention._decode_split_kernel
     return compile_offline(kernel, types, constants, DIVISIBLE, num_warps=warps, num_stages=stages)
@@ -50,13 +51,11 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=["128,4,3", "128,4,2", "64,4,3"],
                         help="keys per tile, warps, stages")  # fmt: skip
     parser.add_argument("--dtypes", nargs="+", choices=["fp8", "bf16"], default=["fp8", "bf16"])
-    parser.add_argument("--v-layout", choices=["row_major", "key_major"], default="row_major")
     args = parser.parse_args()
     for dtype in args.dtypes:
         for config in args.configs:
             block_n, warps, stages = map(int, config.split(","))
-            key_major = args.v_layout == "key_major"
-            kernel = compile_kernel(dtype == "fp8", block_n, warps, stages, key_major)
+            kernel = compile_kernel(dtype == "fp8", block_n, warps, stages)
             code = sass(kernel.asm["cubin"])
             loop = Counter(opcode(t) for t in main_loop(code))
             moves = loop["IMAD.MOV.U32"] + loop["MOV"]

@@ -1,7 +1,7 @@
 """Compile a Triton kernel for a GPU that is not here, and read its SASS.
 
 Used to check from a CPU-only machine what a kernel compiles to on a given architecture (spills,
-shared-memory round trips, the instructions its loops execute: experiments/kernels/decode_sass.py).
+shared-memory round trips, the instructions its loops execute: experiments/tools/decode_sass.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,13 @@ INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4})\*/\s+(.*?);")
 
 
 def compile_offline(
-    kernel, types: dict[str, str], constants: dict, aligned: tuple[str, ...] | None = None, arch: int = 90,
-    num_warps: int = 4, num_stages: int = 3,
+    kernel,
+    types: dict[str, str],
+    constants: dict,
+    aligned: tuple[str, ...] | None = None,
+    arch: int = 90,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ):
     """`kernel` compiled for sm_`arch`. `types` gives the Triton type of pointers and floats by
     parameter name (others are i32). Pointers and the integers named in `aligned` (default: every

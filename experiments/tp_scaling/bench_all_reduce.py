@@ -1,15 +1,14 @@
 """All-reduce latency on N GPUs of one host: NCCL (eager and in a CUDA graph), symmetric-memory
-one-shot and two-shot (in a graph and eager), the push kernel (kernels/triton_push_all_reduce.py, in
-a graph and eager), and `parallel.all_reduce=auto` as the runner sets it up, for rows x hidden bf16
-messages; each path's result checked against NCCL's sum; times against the NVLink bytes floor.
+one-shot and two-shot (in a graph and eager), and `parallel.all_reduce=auto` as the runner sets it
+up, for rows x hidden bf16 messages; each path's result checked against NCCL's sum; times against
+the NVLink bytes floor.
 
     python experiments/tp_scaling/bench_all_reduce.py --world 2 --out runs/all_reduce.md
 
 Graph timings replay a graph of --calls back-to-back all-reduces --replays times and report per call,
 so launch cost is amortized as in a captured decode step. The floor is the bytes each GPU must move
-over NVLink, 2 (N-1)/N x message (one-shot itself reads (N-1) x message from its peers; push writes
-(N-1) x message, in words of twice its bytes with their tags), at the bandwidth of a large
-peer-to-peer copy measured here (or --bw-gbps).
+over NVLink, 2 (N-1)/N x message (one-shot itself reads (N-1) x message from its peers), at the
+bandwidth of a large peer-to-peer copy measured here (or --bw-gbps).
 """
 
 from __future__ import annotations
@@ -18,7 +17,9 @@ import os
 
 # NVLink multicast stays off in every process (set before torch.distributed is imported).
 NO_MULTICAST_ENV = {
-    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
 }
 os.environ.update(NO_MULTICAST_ENV)
 
@@ -39,8 +40,15 @@ assert all(os.environ.get(k) == v for k, v in NO_MULTICAST_ENV.items()), "NVLink
 ROWS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
 HIDDEN = [4096, 1024]  # Qwen3-8B, Qwen3-0.6B
 DTYPE = torch.bfloat16
-PATHS = ["nccl_eager", "nccl_graph", "one_shot_graph", "one_shot_eager", "two_shot_graph", "two_shot_eager",
-         "push_graph", "push_eager", "auto_graph"]
+PATHS = [
+    "nccl_eager",
+    "nccl_graph",
+    "one_shot_graph",
+    "one_shot_eager",
+    "two_shot_graph",
+    "two_shot_eager",
+    "auto_graph",
+]
 NOMINAL_BW_GBPS = 450.0  # H200 NVLink4, 18 links x 25 GB/s per direction
 
 
@@ -52,8 +60,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=100, help="all-reduces per captured graph")
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--eager-iters", type=int, default=200)
-    p.add_argument("--auto-rows", type=int, default=256,
-                   help="rows the runner's symmetric buffer holds for `auto` (max_num_seqs; default 256)")
+    p.add_argument(
+        "--auto-rows",
+        type=int,
+        default=256,
+        help="rows the runner's symmetric buffer holds for `auto` (max_num_seqs; default 256)",
+    )
     p.add_argument("--bw-gbps", type=float, default=None, help="NVLink GB/s per direction; default: measured")
     p.add_argument("--out", type=Path, required=True, help="markdown file to write")
     return p.parse_args()
@@ -78,10 +90,9 @@ def measure_p2p_gbps(device: torch.device, peer: int, nbytes: int = 1 << 30) -> 
     return gbps
 
 
-def path_fn(path: str, forced: AllReduce, auto: AllReduce, push: AllReduce):
+def path_fn(path: str, forced: AllReduce, auto: AllReduce):
     kind = path.rsplit("_", 1)[0]
-    return {"nccl": forced.nccl, "one_shot": forced.one_shot, "two_shot": forced.two_shot, "push": push.push,
-            "auto": auto}[kind]
+    return {"nccl": forced.nccl, "one_shot": forced.one_shot, "two_shot": forced.two_shot, "auto": auto}[kind]
 
 
 def time_eager(fn, x: torch.Tensor, iters: int) -> float:
@@ -156,37 +167,48 @@ def rank_main(rank: int, args: argparse.Namespace, init: str, out: str) -> None:
         dist.barrier()
         max_bytes = max(args.rows) * max(args.hidden) * DTYPE.itemsize
         forced = setup_all_reduce("symm_mem", None, device, DTYPE, max_bytes)
-        push = setup_all_reduce("push", None, device, DTYPE, max_bytes)  # its buffer takes every message
         results = []
         for hidden in args.hidden:
             auto = setup_all_reduce("auto", None, device, DTYPE, args.auto_rows * hidden * DTYPE.itemsize)
             for rows in args.rows:
-                results.append(bench_size(rows, hidden, forced, auto, push, args, device))
+                results.append(bench_size(rows, hidden, forced, auto, args, device))
         if rank == 0:
-            torch.save({"bw": bw, "measured": args.bw_gbps is None, "results": results, "calls": args.calls,
-                        "auto_rows": args.auto_rows,
-                        "thresholds": auto.describe(), "device": torch.cuda.get_device_name(device)}, out)
+            torch.save(
+                {
+                    "bw": bw,
+                    "measured": args.bw_gbps is None,
+                    "results": results,
+                    "calls": args.calls,
+                    "auto_rows": args.auto_rows,
+                    "thresholds": auto.describe(),
+                    "device": torch.cuda.get_device_name(device),
+                },
+                out,
+            )
     finally:
         dist.destroy_process_group()
 
 
-def bench_size(
-    rows: int, hidden: int, forced: AllReduce, auto: AllReduce, push: AllReduce, args, device
-) -> dict:
+def bench_size(rows: int, hidden: int, forced: AllReduce, auto: AllReduce, args, device) -> dict:
     zeros = torch.zeros(rows, hidden, dtype=DTYPE, device=device)  # timing input: sums stay finite
     gen = torch.Generator(device).manual_seed(rows * 7919 + hidden + dist.get_rank())
     data = torch.randn(rows, hidden, generator=gen, dtype=DTYPE, device=device)
     times, errors = [], []
     for path in PATHS:
-        fn = path_fn(path, forced, auto, push)
+        fn = path_fn(path, forced, auto)
         if path.endswith("graph"):
             times.append(time_graph(fn, zeros, args.calls, args.replays))
         else:
             times.append(time_eager(fn, zeros, args.eager_iters))
         errors.append(max_error(fn, data))
     times, errors = across_ranks_max(times, device), across_ranks_max(errors, device)
-    return {"rows": rows, "hidden": hidden, "times_us": dict(zip(PATHS, times)), "max_abs_error": max(errors),
-            "auto_path": auto.path_for(zeros)}
+    return {
+        "rows": rows,
+        "hidden": hidden,
+        "times_us": dict(zip(PATHS, times)),
+        "max_abs_error": max(errors),
+        "auto_path": auto.path_for(zeros),
+    }
 
 
 def table(report: dict, world: int) -> str:
@@ -197,14 +219,15 @@ def table(report: dict, world: int) -> str:
         f"NVLink bandwidth: {bw:.0f} GB/s per direction "
         + ("(measured: 1 GiB peer-to-peer copy)" if report["measured"] else "(given)")
         + f"; nominal H200 NVLink4 is {NOMINAL_BW_GBPS:.0f} GB/s. Floor = 2 (N-1)/N x message / bandwidth "
-        "(one-shot alone reads (N-1) x message; push writes (N-1) x message in 32-bit words, value and tag). "
+        "(one-shot alone reads (N-1) x message). "
         "Each cell: us per call (ratio to the floor). "
         f"Graphs: replays of {report['calls']} back-to-back calls. `auto`: as the runner sets it up, a "
         f"symmetric buffer of {report['auto_rows']} rows x hidden (max_num_seqs), NCCL above it, "
         f"one-shot up to {report['thresholds']['all_reduce_one_shot_max_bytes'] // 1024} KiB. "
         f"Multicast off: {', '.join(f'{k}={v}' for k, v in NO_MULTICAST_ENV.items())}.",
         "",
-        "| rows | hidden | KiB | floor us | " + " | ".join(p.replace("_", " ") for p in PATHS)
+        "| rows | hidden | KiB | floor us | "
+        + " | ".join(p.replace("_", " ") for p in PATHS)
         + " | auto took | max abs err vs NCCL |",
         "|" + "---:|" * (4 + len(PATHS)) + "---|---:|",
     ]
@@ -212,8 +235,11 @@ def table(report: dict, world: int) -> str:
         nbytes = r["rows"] * r["hidden"] * DTYPE.itemsize
         floor = 2 * (world - 1) / world * nbytes / (bw * 1e9) * 1e6
         cells = [f"{t:.1f} ({t / floor:.0f}x)" for t in r["times_us"].values()]
-        lines.append(f"| {r['rows']} | {r['hidden']} | {nbytes / 1024:g} | {floor:.2f} | " + " | ".join(cells)
-                     + f" | {r['auto_path']} | {r['max_abs_error']:.3g} |")
+        lines.append(
+            f"| {r['rows']} | {r['hidden']} | {nbytes / 1024:g} | {floor:.2f} | "
+            + " | ".join(cells)
+            + f" | {r['auto_path']} | {r['max_abs_error']:.3g} |"
+        )
     return "\n".join(lines) + "\n"
 
 
