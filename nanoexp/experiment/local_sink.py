@@ -33,7 +33,7 @@ class LocalSink:
     def finish(self, summary: dict, exit_code: int = 0) -> None:
         write_csv(self.out_dir / "steps.csv", self.steps)
         results = {
-            "status": "ok" if exit_code == 0 else "failed",
+            "status": status(exit_code, summary),
             "exit_code": exit_code,
             "finished_at": time.time(),
             "job": self.job.as_dict() if self.job else {},
@@ -46,6 +46,13 @@ class LocalSink:
     def out_dir(self) -> Path:
         assert self.job is not None, "LocalSink.start() was not called"
         return self.job.out_dir
+
+
+def status(exit_code: int, summary: dict) -> str:
+    """ok, failed, or terminated (stopped by the signal the summary names)."""
+    if exit_code == 0:
+        return "ok"
+    return "terminated" if summary.get("signal") else "failed"
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -13,6 +13,7 @@ that are still running have ended.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from nanoexp.experiment import interrupts
 from nanoexp.experiment.local_sink import RESULTS_FILE
 from nanoexp.experiment.sweep_serving import METRICS as SERVING_METRICS
 
@@ -63,6 +65,7 @@ LOWER_IS_BETTER = (
 CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
 CI = ("_ci95_low", "_ci95_high")
 LATENCY_CDF = "sweep_latency_cdf.png"
+STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselves
 
 
 VANISHED = "vanished"
@@ -93,7 +96,10 @@ class SweepReport(Callback):
         """The launcher raised, so on_multirun_end never ran: report what the jobs left."""
         if self.reported or self.sweep_dir is None:
             return
-        wait_for_local_jobs(self.sweep_dir, wait_s)
+        if interrupts.received() is not None:  # the sweep was signalled: its jobs stop too
+            stop_local_jobs(self.sweep_dir, STOP_GRACE_S)
+        else:
+            wait_for_local_jobs(self.sweep_dir, wait_s)
         report(self.sweep_dir, self.expected, self.wandb)
 
 
@@ -239,17 +245,47 @@ def expected_jobs(config: DictConfig) -> list[list[str]] | None:
         return None
 
 
-def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> None:
+def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> list[int]:
     """Waits (at most `wait_s`, then terminates them) for this process's submitit jobs still
-    running, so none outlives the sweep; submitit names a local job's folder after its pid."""
+    running, so none outlives the sweep; submitit names a local job's folder after its pid.
+    Returns the jobs still running then."""
     deadline = time.monotonic() + wait_s
-    pids = [int(p.name) for p in (sweep_dir / ".submitit").glob("*") if p.name.isdigit()]
+    pids = _local_jobs(sweep_dir)
     while pids and time.monotonic() < deadline:
         pids = [pid for pid in pids if _running_child(pid)]
         time.sleep(0.2 if pids else 0)
+    pids = [pid for pid in pids if _running_child(pid)]
     for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    return pids
+
+
+def stop_local_jobs(sweep_dir: Path, grace_s: float) -> None:
+    """Sends this process's running submitit jobs SIGTERM (their controllers pass it on to the
+    job processes, which record themselves as terminated), waits `grace_s` for them, then kills
+    what is left of each job's process tree."""
+    for pid in _local_jobs(sweep_dir):
         if _running_child(pid):
             os.kill(pid, signal.SIGTERM)
+    for pid in wait_for_local_jobs(sweep_dir, grace_s):
+        for member in _process_tree(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _local_jobs(sweep_dir: Path) -> list[int]:
+    return [int(p.name) for p in (sweep_dir / ".submitit").glob("*") if p.name.isdigit()]
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants, children first (from /proc; just `pid` where there is none)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    return [member for child in children for member in _process_tree(child)] + [pid]
 
 
 def _running_child(pid: int) -> bool:
