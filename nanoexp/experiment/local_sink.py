@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from nanoexp.experiment.job import JobInfo
 
@@ -55,17 +58,32 @@ def status(exit_code: int, summary: dict) -> str:
     return "terminated" if summary.get("signal") else "failed"
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """A job killed while writing leaves the old file or none, never half a file."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
+def write_atomically(path: Path, text: str, partial_suffix: str = ".partial") -> None:
+    """A job killed while writing, or a write that fails (a full disk), leaves the old file or
+    none, never half a file or an empty one."""
+    with atomic_open(path, partial_suffix=partial_suffix) as f:
+        f.write(text)
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path, newline: str | None = None, partial_suffix: str = ".partial") -> Iterator[TextIO]:
+    """A text file written under a temporary name (`path` + `partial_suffix`) and renamed into
+    place once whole; on any error the temporary file is removed and the error raised."""
+    partial = path.with_name(path.name + partial_suffix)
+    try:
+        with partial.open("w", newline=newline) as f:
+            yield f
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
     if not rows:
         return
-    with path.open("w", newline="") as f:
+    with atomic_open(path, newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)

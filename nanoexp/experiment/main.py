@@ -257,7 +257,7 @@ def _write_error_file(job: JobInfo, line: str, trace: str) -> Path | None:
     path = job.out_dir / ERROR_FILE
     try:
         job.out_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{line}\n\n{trace}")
+        write_atomically(path, f"{line}\n\n{trace}")
     except OSError:
         return None
     return path
@@ -266,23 +266,25 @@ def _write_error_file(job: JobInfo, line: str, trace: str) -> Path | None:
 def _record_failure(
     job: JobInfo, code: int, error: str, signalled: dict | None = None, replace: bool = False
 ) -> None:
-    """A results.json for jobs whose loggers did not write one, so sweeps list them. A signal
-    that came after the loggers wrote `ok` (while the summary printed) marks that file too, so
-    its status and exit code agree with the process's."""
+    """A results.json whose status and exit code agree with the process's: written for jobs whose
+    loggers did not write one (so sweeps list them), and rewritten, keeping its config and
+    summary, when the job failed after its loggers wrote it (a full disk while appending to
+    run.log, a signal while the summary printed)."""
     path = job.out_dir / RESULTS_FILE
     results = {"status": "failed", "exit_code": code, "job": job.as_dict(), "summary": {"error": error}}
     try:
         written = _read_results(path) if path.exists() and not replace else None
-        if written is not None and not (signalled and written.get("exit_code") != code):
+        if written is not None and written.get("exit_code", code) == code:
             return
         if written is not None:
-            results = written | {"exit_code": code}
+            results = written | {"status": "failed", "exit_code": code}
             results["summary"] = written.get("summary", {}) | {"error": error}
         if signalled:
             results["status"] = "terminated"
             results["summary"] |= signalled
         job.out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, json.dumps(results, indent=2) + "\n")
+        # its own temporary name: the loggers' may be what could not be written
+        write_atomically(path, json.dumps(results, indent=2) + "\n", ".failure.partial")
     except OSError:
         pass  # the error line on stderr is all that is left to report
 
@@ -357,6 +359,14 @@ def cli(app: Callable[[], object]) -> None:
     except HydraException as e:
         print(f"nanoexp: error: {_hydra_line(e)}", file=sys.stderr)
         sys.exit(CONFIG_EXIT)
+    except OSError as e:  # Hydra creating the job's dir or its .hydra files (ours are caught in main)
+        where = f"'{e.filename}'" if e.filename else "the output dir"
+        print(
+            f"nanoexp: error: cannot write {where}: {e.strerror or e} "
+            "(set hydra.run.dir or hydra.sweep.dir to a writable directory)",
+            file=sys.stderr,
+        )
+        sys.exit(RUNTIME_EXIT)
     except KeyboardInterrupt as e:  # a sweep stopped by a signal; its jobs reported themselves
         interrupt = interrupts.as_interrupted(e)
         if not getattr(interrupt, "reported", False):

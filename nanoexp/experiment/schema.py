@@ -26,6 +26,7 @@ from nanoexp.config import (
     SchedulerConfig,
 )
 from nanoexp.config.checks import boolean, integer, number
+from nanoexp.experiment.dir_name import safe_dir_name
 
 
 class ConfigError(ValueError):
@@ -279,8 +280,10 @@ def _dataclass_type(schema: type, key: str) -> type | None:
 
 
 def register_configs() -> None:
-    """Register the root schema; conf/config.yaml lists it first so every group merges into it."""
+    """Register the root schema (conf/config.yaml lists it first so every group merges into it)
+    and the `nanoexp_dir_name` resolver that conf/config.yaml's hydra.sweep.subdir uses."""
     ConfigStore.instance().store(name="nanoexp_schema", node=NanoexpConfig)
+    OmegaConf.register_new_resolver("nanoexp_dir_name", safe_dir_name, replace=True)
 
 
 register_configs()

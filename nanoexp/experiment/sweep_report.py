@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -65,6 +66,7 @@ LOWER_IS_BETTER = (
 CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
 CI = ("_ci95_low", "_ci95_high")
 LATENCY_CDF = "sweep_latency_cdf.png"
+SWEEP_LOCK = ".sweep.lock"
 STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselves
 
 
@@ -80,6 +82,7 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.sweep_dir = Path(config.hydra.sweep.dir)
+        self.lock = lock_sweep_dir(self.sweep_dir)
         self.expected = expected_jobs(config)
         wait_s = 60.0 * float(config.hydra.launcher.get("timeout_min", 0) or 0) + 60.0
         atexit.register(self._report_after_abort, wait_s)
@@ -101,6 +104,37 @@ class SweepReport(Callback):
         else:
             wait_for_local_jobs(self.sweep_dir, wait_s)
         report(self.sweep_dir, self.expected, self.wandb)
+
+
+def lock_sweep_dir(sweep_dir: Path):
+    """Holds SWEEP_LOCK in the sweep dir for this sweep's lifetime (the lock ends with the
+    process, however it ends). A second sweep into the same dir while this one runs would mix
+    both sweeps' jobs in one dir: it gets one line and exit code 2 instead (a Hydra callback's
+    exceptions are only warnings, so this exits)."""
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        lock = (sweep_dir / SWEEP_LOCK).open("a+")
+    except OSError as err:
+        _refuse(f"hydra.sweep.dir={sweep_dir}: cannot write there ({err.strerror or err})")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        _refuse(
+            f"hydra.sweep.dir={sweep_dir}: another sweep ({holder}) is writing there; "
+            "wait for it or choose another hydra.sweep.dir"
+        )
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def _refuse(line: str) -> None:
+    print(f"nanoexp: error: {line}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def wandb_target(config: DictConfig):
