@@ -69,4 +69,3 @@ def sweep_group(sweep_dir: str | None) -> str | None:
         return None
     path = Path(sweep_dir)
     return f"{path.parent.name}_{path.name}" if path.parent.name else path.name
-
