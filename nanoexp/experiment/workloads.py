@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from nanoexp.config import SamplingParams
-from nanoexp.config.checks import KnobError
-from nanoexp.experiment.schema import SamplerConfig, WorkloadConfig, WorkloadKind
+from nanoexp.config.checks import is_int
+from nanoexp.experiment.schema import SamplerConfig, WorkloadConfig, WorkloadKind, length_range
 
 Tokenize = Callable[[str], list[int]]
 TOKEN_ID_HIGH = 10000  # random prompts use ids below this (ordinary tokens), as nano-vLLM's bench
@@ -55,7 +54,6 @@ def build_workload(
     w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int, tokenize: Tokenize | None = None
 ) -> Workload:
     """Build the requests of workload `w`; random token ids are drawn inside [0, vocab_size)."""
-    validate(w)
     prompts, max_tokens = _prompts(w, vocab_size, tokenize)
     params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
     offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed)
@@ -136,7 +134,7 @@ def _file_request(
     item = _json_object(line, where)
     prompt = item.get("prompt_token_ids", item.get("prompt"))
     max_tokens = item.get("max_tokens", default_max)
-    if not _is_int(max_tokens) or max_tokens < 1:
+    if not is_int(max_tokens) or max_tokens < 1:
         raise WorkloadError(f"{where}: max_tokens={max_tokens!r} is invalid: must be an integer >= 1")
     if isinstance(prompt, str):
         return _tokenized(prompt, tokenize, where), int(max_tokens)
@@ -161,7 +159,7 @@ def _checked_ids(ids: list, vocab: int, where: str) -> list[int]:
     if not ids:
         raise WorkloadError(f"{where}: prompt_token_ids is empty: a prompt needs at least one token")
     for pos, t in enumerate(ids):
-        if not _is_int(t) or not 0 <= t < vocab:
+        if not is_int(t) or not 0 <= t < vocab:
             raise WorkloadError(
                 f"{where}: prompt_token_ids[{pos}]={t!r} is invalid: must be an integer in [0, {vocab})"
             )
@@ -185,10 +183,6 @@ def _lengths(rng: np.random.Generator, length: int, ratio: float, num: int) -> l
     return rng.integers(low, high + 1, size=num).tolist()
 
 
-def length_range(length: int, ratio: float) -> tuple[int, int]:
-    return int(length * (1 - ratio)), int(length * (1 + ratio))
-
-
 def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> list[float]:
     """All zero when offline (rate=inf); else gamma inter-arrival times (burstiness 1 = Poisson)."""
     if math.isinf(rate):
@@ -209,73 +203,3 @@ def _sampling_params(w: WorkloadConfig, s: SamplerConfig, max_tokens: int, i: in
         ignore_eos=w.ignore_eos,
         seed=None if s.seed is None else s.seed + i,
     )
-
-
-def _is_int(value: object) -> bool:
-    """Python or numpy integers; not bools, not floats such as 2.5 or 2.0."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-Check = tuple[Callable[[object], bool], str]  # (accepts the value?, what is allowed)
-POSITIVE_INT: Check = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
-COUNT_INT: Check = (lambda v: _is_int(v) and v >= 0, "an integer >= 0")
-RATIO: Check = (lambda v: _is_real(v) and 0 <= v < 1, "a number in [0, 1)")
-BENCH_LEN: Check = (lambda v: _is_int(v) and v >= 100, "an integer >= 100 (bench.py draws in [100, it])")
-ARRIVALS: dict[str, Check] = {
-    "seed": COUNT_INT,
-    "request_rate": (lambda v: _is_real(v) and v > 0 and not math.isnan(v), "a number > 0 (.inf = offline)"),
-    "burstiness": (lambda v: _is_real(v) and 0 < v < math.inf, "a finite number > 0 (1 = Poisson)"),
-    "max_concurrency": (lambda v: v is None or POSITIVE_INT[0](v), "null (unlimited) or an integer >= 1"),
-}
-RANDOM: dict[str, Check] = {
-    "num_requests": POSITIVE_INT,
-    "input_len": POSITIVE_INT,
-    "output_len": POSITIVE_INT,
-    "range_ratio": RATIO,
-    "output_range_ratio": (lambda v: v is None or RATIO[0](v), "null or a number in [0, 1)"),
-}
-FIELDS_BY_KIND: dict[WorkloadKind, dict[str, Check]] = {  # the fields each kind uses
-    WorkloadKind.random: RANDOM,
-    WorkloadKind.shared_prefix: RANDOM | {"prefix_len": POSITIVE_INT, "num_prefixes": POSITIVE_INT},
-    WorkloadKind.latency: {
-        "batch_size": POSITIVE_INT,
-        "input_len": POSITIVE_INT,
-        "output_len": POSITIVE_INT,
-        "num_iters": POSITIVE_INT,
-        "num_iters_warmup": COUNT_INT,
-    },
-    WorkloadKind.nanovllm_bench: {
-        "num_requests": POSITIVE_INT,
-        "input_len": BENCH_LEN,
-        "output_len": BENCH_LEN,
-    },
-    WorkloadKind.prompts_file: {
-        "num_requests": (lambda v: _is_int(v) and (v == -1 or v >= 1), "-1 (all prompts) or an integer >= 1"),
-        "output_len": POSITIVE_INT,
-    },
-}
-
-
-def validate(w: WorkloadConfig) -> None:
-    """Every field the workload's kind uses, checked as it enters; the first bad one is reported."""
-    for name, (ok, allowed) in (ARRIVALS | FIELDS_BY_KIND[w.kind]).items():
-        value = getattr(w, name)
-        if not ok(value):
-            raise KnobError(f"workload.{name}", value, allowed)
-    _check_length_range(w)
-
-
-def _check_length_range(w: WorkloadConfig) -> None:
-    """A range so wide that a prompt or output could have 0 tokens is an error, not a clamp to 1."""
-    if w.kind not in (WorkloadKind.random, WorkloadKind.shared_prefix):
-        return
-    out_ratio = "range_ratio" if w.output_range_ratio is None else "output_range_ratio"
-    for name, ratio_name in (("input_len", "range_ratio"), ("output_len", out_ratio)):
-        length, ratio = getattr(w, name), getattr(w, ratio_name)
-        if length_range(length, ratio)[0] < 1:
-            allowed = f"small enough that {name}={length} * (1 - {ratio_name}) >= 1"
-            raise KnobError(f"workload.{ratio_name}", ratio, allowed)

@@ -15,7 +15,6 @@ from transformers import PretrainedConfig
 
 from nanoexp.config import EngineConfig, ModelConfig
 from nanoexp.config.parallel import check_split
-from nanoexp.config.scheduler import check_batch_budget, resolve_model_len
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.gemm_select import SkinnyGemm, make_skinny_gemm
@@ -92,9 +91,7 @@ def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
 
 def model_len(config: EngineConfig, hf_config: PretrainedConfig) -> int:
     """The longest request this engine serves (checked against the model and the step budget)."""
-    max_model_len = resolve_model_len(config.scheduler.max_model_len, hf_config.max_position_embeddings)
-    check_batch_budget(config.scheduler, max_model_len)
-    return max_model_len
+    return config.scheduler.model_len(hf_config.max_position_embeddings)
 
 
 def pick_device(choice: str, rank: int) -> torch.device:
