@@ -116,13 +116,32 @@ def file_prompts(
     path = Path(w.path or "")
     if not path.is_file():
         raise WorkloadError(f"workload.path={w.path!r}: no such file")
-    numbered = [(i, ln) for i, ln in enumerate(path.read_text().splitlines(), 1) if ln.strip()]
+    numbered = [(i, ln) for i, ln in _text_lines(path) if ln.strip()]
     if w.num_requests > 0:
         numbered = numbered[: w.num_requests]
     if not numbered:
         raise WorkloadError(f"workload.path={w.path!r}: no prompts in the file")
     items = [_file_request(path, i, ln, w.output_len, tokenize, vocab) for i, ln in numbered]
     return [p for p, _ in items], [m for _, m in items]
+
+
+def _text_lines(path: Path) -> list[tuple[int, str]]:
+    """The file's lines, numbered from 1; bytes that are not UTF-8 (a binary file) are an error
+    naming the line and column."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise WorkloadError(f"workload.path={str(path)!r}: cannot read it ({err.strerror or err})") from None
+    lines = []
+    for number, raw in enumerate(data.splitlines(), 1):
+        try:
+            lines.append((number, raw.decode("utf-8")))
+        except UnicodeDecodeError as err:
+            raise WorkloadError(
+                f"{path}:{number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+                "a prompts file is JSONL or text, one prompt a line"
+            ) from None
+    return lines
 
 
 def _file_request(
@@ -136,10 +155,16 @@ def _file_request(
     max_tokens = item.get("max_tokens", default_max)
     if not is_int(max_tokens) or max_tokens < 1:
         raise WorkloadError(f"{where}: max_tokens={max_tokens!r} is invalid: must be an integer >= 1")
+    if "prompt_token_ids" in item and "prompt" in item:
+        raise WorkloadError(f"{where}: has both 'prompt' and 'prompt_token_ids'; give one")
+    if "prompt_token_ids" in item:
+        ids = item["prompt_token_ids"]
+        if not isinstance(ids, list):
+            raise WorkloadError(f"{where}: prompt_token_ids must be a list of ints, got {ids!r:.80}")
+        return _checked_ids(ids, vocab, where), int(max_tokens)
+    prompt = item.get("prompt")
     if isinstance(prompt, str):
-        return _tokenized(prompt, tokenize, where), int(max_tokens)
-    if isinstance(prompt, list):
-        return _checked_ids(prompt, vocab, where), int(max_tokens)
+        return _tokenized(_unicode(prompt, where), tokenize, where), int(max_tokens)
     raise WorkloadError(
         f"{where}: needs 'prompt' (a string) or 'prompt_token_ids' (a list of ints), got {prompt!r:.80}"
     )
@@ -150,6 +175,8 @@ def _json_object(line: str, where: str) -> dict:
         item = json.loads(line)
     except json.JSONDecodeError as err:
         raise WorkloadError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:
+        raise WorkloadError(f"{where}: JSON nested too deeply; a line is one flat object") from None
     if not isinstance(item, dict):
         raise WorkloadError(f'{where}: must be a JSON object like {{"prompt": "..."}}, got {line[:80]}')
     return item
@@ -164,6 +191,18 @@ def _checked_ids(ids: list, vocab: int, where: str) -> list[int]:
                 f"{where}: prompt_token_ids[{pos}]={t!r} is invalid: must be an integer in [0, {vocab})"
             )
     return [int(t) for t in ids]
+
+
+def _unicode(text: str, where: str) -> str:
+    """A prompt's text; a lone surrogate (JSON "\\ud800" without its pair) is not text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise WorkloadError(
+            f"{where}: the prompt holds a lone surrogate ({text[err.start]!r} at character "
+            f"{err.start}), which is not valid Unicode text"
+        ) from None
+    return text
 
 
 def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
