@@ -9,6 +9,7 @@ from collections.abc import Sequence as Seq
 
 from tqdm.auto import tqdm
 
+from nanoexp import loader
 from nanoexp.config import EngineConfig, SamplingParams
 from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.engine.outputs import RequestOutput
@@ -179,6 +180,10 @@ class LLM:
 
 
 def load_tokenizer(model: str):
+    """A local checkpoint's tokenizer (None when it has none; an error when its files are broken),
+    or a hub model's when one can be had."""
+    if os.path.isdir(model):
+        return loader.load_tokenizer(model)
     try:
         from transformers import AutoTokenizer
 

@@ -74,9 +74,9 @@ def build_tokenizer(checkpoint: Checkpoint):
     """The checkpoint's tokenizer (for text prompts); None with dummy weights."""
     if checkpoint.path is None:
         return None
-    from transformers import AutoTokenizer
+    from nanoexp.loader import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(checkpoint.path)
+    return load_tokenizer(checkpoint.path)
 
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
