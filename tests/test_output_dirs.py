@@ -133,3 +133,20 @@ def test_swept_values_with_dots_and_slashes_stay_inside_the_sweep_dir(tmp_path: 
     assert len(found) == 2 and all(p.parent.parent == Path("a/b/sweep") for p in found), found
     with (sweep / "sweep_summary.csv").open() as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["ok", "ok"]
+
+
+def test_a_sweep_dir_holding_earlier_results_is_refused_unless_appending(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    earlier = sweep / "0_workload.seed=5"
+    earlier.mkdir(parents=True)
+    (earlier / "results.json").write_text('{"status": "ok", "job": {"job_num": 0}, "summary": {}}')
+    proc = run_py(tmp_path, "-m", f"hydra.sweep.dir={sweep}", *QUICK, "workload.seed=0")
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "already holds an earlier sweep's results (0_workload.seed=5/results.json)" in lines[0]
+    assert "append_to_sweep=true" in lines[0]
+    proc = run_py(
+        tmp_path, "-m", f"hydra.sweep.dir={sweep}", *QUICK, "workload.seed=0", "append_to_sweep=true"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(list(sweep.glob("*/results.json"))) == 2

@@ -333,12 +333,14 @@ class NanoexpConfig:
     reseed_repeats: bool = True
     save_outputs: bool | None = None  # outputs.jsonl; null = only for workload=prompts_file
     notes: str = ""
+    append_to_sweep: bool = False  # a sweep may write into a hydra.sweep.dir holding earlier results
 
     def __post_init__(self) -> None:
         integer("repeats", self.repeats, 1)
         boolean("reseed_repeats", self.reseed_repeats)
         if self.save_outputs is not None:
             boolean("save_outputs", self.save_outputs)
+        boolean("append_to_sweep", self.append_to_sweep)
         if self.engine.kind is EngineKind.hf:
             self._check_baseline_settings()
 

@@ -82,7 +82,7 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.sweep_dir = Path(config.hydra.sweep.dir)
-        self.lock = lock_sweep_dir(self.sweep_dir)
+        self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))
         self.expected = expected_jobs(config)
         wait_s = 60.0 * float(config.hydra.launcher.get("timeout_min", 0) or 0) + 60.0
         atexit.register(self._report_after_abort, wait_s)
@@ -106,11 +106,12 @@ class SweepReport(Callback):
         report(self.sweep_dir, self.expected, self.wandb)
 
 
-def lock_sweep_dir(sweep_dir: Path):
+def lock_sweep_dir(sweep_dir: Path, append: bool = False):
     """Holds SWEEP_LOCK in the sweep dir for this sweep's lifetime (the lock ends with the
-    process, however it ends). A second sweep into the same dir while this one runs would mix
-    both sweeps' jobs in one dir: it gets one line and exit code 2 instead (a Hydra callback's
-    exceptions are only warnings, so this exits)."""
+    process, however it ends). A second sweep into the same dir while this one runs, or one into a
+    dir holding an earlier sweep's results (unless `append`), would mix both sweeps' jobs in one
+    report: it gets one line and exit code 2 instead (a Hydra callback's exceptions are only
+    warnings, so this exits)."""
     try:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         lock = (sweep_dir / SWEEP_LOCK).open("a+")
@@ -124,6 +125,13 @@ def lock_sweep_dir(sweep_dir: Path):
         _refuse(
             f"hydra.sweep.dir={sweep_dir}: another sweep ({holder}) is writing there; "
             "wait for it or choose another hydra.sweep.dir"
+        )
+    earlier = None if append else next(sweep_dir.rglob(RESULTS_FILE), None)
+    if earlier is not None:
+        _refuse(
+            f"hydra.sweep.dir={sweep_dir} already holds an earlier sweep's results "
+            f"({earlier.relative_to(sweep_dir)}); choose another hydra.sweep.dir, or add this "
+            "sweep's jobs to it with append_to_sweep=true"
         )
     lock.seek(0)
     lock.truncate()
