@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 
 import torch
@@ -11,12 +9,15 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
+from nanoexp.checkpoint_files import CheckpointError, json_object, regular_file, safetensors_files
+from nanoexp.config.checks import is_number
 from nanoexp.layers.embed_head import VocabParallelEmbedding
 from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, shape_of
 
-
-class CheckpointError(ValueError):
-    """A checkpoint file that cannot be read, or a tensor whose shape config.json contradicts."""
+__all__ = ["CheckpointError", "load_hf_config", "load_safetensors", "load_tokenizer", "resolve_model_dir"]
+WEIGHT_DTYPES = ("F32", "F16", "BF16")  # safetensors' names; weights are copied into the model dtype
+ACTIVATIONS = ("silu",)  # the MLP's fused gate (layers/activation.py)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model")
 
 
 def resolve_model_dir(model: str) -> str:
@@ -37,20 +38,58 @@ def resolve_model_dir(model: str) -> str:
 def load_hf_config(model: str, overrides: dict | None) -> PretrainedConfig:
     if overrides:
         fields = dict(overrides)
-        return AutoConfig.for_model(fields.pop("model_type"), **fields)
+        return check_hf_config(AutoConfig.for_model(fields.pop("model_type"), **fields), "model.arch")
     path = resolve_model_dir(model)
-    if not os.path.isfile(os.path.join(path, "config.json")):
+    config_file = os.path.join(path, "config.json")
+    if not os.path.lexists(config_file):
         raise FileNotFoundError(f"model={model!r} has no config.json")
-    return AutoConfig.from_pretrained(path)
+    json_object(config_file, path)  # a regular file of valid JSON: errors that name it
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as err:  # noqa: BLE001 - transformers' own checks (several lines), named
+        raise CheckpointError(f"{config_file}: {' '.join(str(err).split())}") from None
+    return check_hf_config(config, config_file)
+
+
+def check_hf_config(config: PretrainedConfig, source: str) -> PretrainedConfig:
+    """The config values the model is built from, checked: one line naming `source` and the key."""
+    act = getattr(config, "hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        allowed = ", ".join(ACTIVATIONS)
+        raise CheckpointError(f"{source}: hidden_act={act!r} is not supported (allowed: {allowed})")
+    rope = getattr(config, "rope_parameters", None) or {}
+    for key in ("rope_theta", "rms_norm_eps"):
+        value = rope.get(key, getattr(config, key, None))
+        if value is not None and not (is_number(value) and value > 0):
+            raise CheckpointError(f"{source}: {key}={value!r} is invalid: must be a finite number > 0")
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "max_position_embeddings"):  # fmt: skip
+        value = getattr(config, key, None)
+        if not (type(value) is int and value >= 1):
+            raise CheckpointError(f"{source}: {key}={value!r} is invalid: must be an integer >= 1")
+    return config
 
 
 def checkpoint_files(path: str) -> list[str]:
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            names = sorted(set(json.load(f)["weight_map"].values()))
-        return [os.path.join(path, name) for name in names]
-    return sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    return safetensors_files(path)
+
+
+def load_tokenizer(path: str):
+    """The checkpoint's tokenizer; None only when it has no tokenizer files. A tokenizer file that
+    cannot be loaded is an error naming the directory, not a checkpoint "without a tokenizer"."""
+    present = [os.path.join(path, n) for n in TOKENIZER_FILES if os.path.lexists(os.path.join(path, n))]
+    if not present:
+        return None
+    for file in present:
+        regular_file(file, path)
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as err:  # noqa: BLE001 - any failure of the tokenizer's files, named
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        what = f"{type(err).__name__}: {reason}"
+        raise CheckpointError(f"{path}: the tokenizer cannot be loaded ({what})") from None
 
 
 def load_safetensors(model: nn.Module, path: str) -> None:
@@ -61,31 +100,60 @@ def load_safetensors(model: nn.Module, path: str) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     packed = getattr(model, "packed_modules_mapping", {})
     loaded: set[str] = set()
+    seen: dict[str, str] = {}  # tensor name -> the file it came from
     for file in files:
-        loaded |= load_file(model, params, packed, file)
+        loaded |= load_file(model, params, packed, file, seen)
     check_all_loaded(model, params, loaded)
 
 
-def load_file(model: nn.Module, params: dict, packed: dict, file: str) -> set[str]:
-    loaded = set()
+def load_file(model: nn.Module, params: dict, packed: dict, file: str, seen: dict[str, str]) -> set[str]:
+    loaded, unused = set(), []
     try:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
-                target = load_one(model, params, packed, name, f.get_slice(name), file)
+                tensor = check_tensor(name, f.get_slice(name), file, seen)
+                target = load_one(model, params, packed, name, tensor, file)
                 if target:
                     loaded.add(target)
+                elif not ignorable(model, name):
+                    unused.append(name)
     except (SafetensorError, OSError) as err:
         reason = " ".join(str(err).split())
         raise CheckpointError(
             f"checkpoint file {file} is unreadable (truncated or corrupt?): {reason}"
         ) from None
+    if unused:
+        raise CheckpointError(
+            f"checkpoint file {file} has {len(unused)} tensor(s) the model built from config.json "
+            f"does not have, e.g. {sorted(unused)[:3]}"
+        )
     return loaded
+
+
+def check_tensor(name: str, tensor, file: str, seen: dict[str, str]):
+    """A tensor is in one file only, and holds floating-point weights."""
+    if name in seen:
+        raise CheckpointError(f"checkpoint tensor {name} is in both {seen[name]} and {file}")
+    seen[name] = file
+    dtype = tensor.get_dtype()
+    if dtype not in WEIGHT_DTYPES:
+        raise CheckpointError(
+            f"checkpoint tensor {name} in {file} has dtype {dtype}; "
+            f"weights are one of {', '.join(WEIGHT_DTYPES)}"
+        )
+    return tensor
+
+
+def ignorable(model: nn.Module, name: str) -> bool:
+    """Tensors a checkpoint may hold that the model computes or shares instead."""
+    tied = getattr(model, "tie_word_embeddings", False)
+    return name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight")
 
 
 def load_one(model: nn.Module, params: dict, packed: dict, name: str, tensor, file: str) -> str | None:
     target, shard_id = packed_target(packed, name)
     if target not in params:
-        return None  # e.g. rotary inv_freq buffers, or lm_head.weight of a tied model
+        return None  # the caller decides whether the model may ignore it
     param = params[target]
     check_shape(model.get_submodule(target.rpartition(".")[0]), param, shard_id, shape_of(tensor), name, file)
     loader = getattr(param, "weight_loader", None)
@@ -133,8 +201,11 @@ def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id) -> list[i
 def check_all_loaded(model: nn.Module, params: dict, loaded: set[str]) -> None:
     missing = set(params) - loaded
     if getattr(model, "tie_word_embeddings", False):
-        missing -= {"lm_head.weight", "model.embed_tokens.weight"} if loaded & {
-            "lm_head.weight", "model.embed_tokens.weight"} else set()
+        missing -= (
+            {"lm_head.weight", "model.embed_tokens.weight"}
+            if loaded & {"lm_head.weight", "model.embed_tokens.weight"}
+            else set()
+        )
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {sorted(missing)[:3]}")
 

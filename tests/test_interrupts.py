@@ -3,9 +3,12 @@ was in flight is dropped with its tokens, and every later output is the one an i
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from nanoexp import LLM, SamplingParams
+from nanoexp.engine.llm import EngineBusyError
 
 SEEDED = SamplingParams(temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
@@ -56,3 +59,41 @@ def test_abort_all_between_steps_drops_the_step_in_flight(llm) -> None:
     engine.abort_all()
     assert not engine.has_unfinished() and engine.block_manager.num_used == 0
     assert [o.token_ids for o in llm.generate(PROMPTS, SEEDED, use_tqdm=False)] == reference
+
+
+def test_a_second_caller_during_generate_gets_a_clear_error_and_the_first_loses_nothing(
+    llm, monkeypatch
+) -> None:
+    reference = [o.token_ids for o in llm.generate(PROMPTS, SEEDED, use_tqdm=False)]
+    entered, release, results = threading.Event(), threading.Event(), []
+    step = llm.engine.step
+
+    def first_step_waits():
+        entered.set()
+        release.wait(timeout=60)
+        return step()
+
+    monkeypatch.setattr(llm.engine, "step", first_step_waits)
+    first = threading.Thread(target=lambda: results.append(llm.generate(PROMPTS, SEEDED, use_tqdm=False)))
+    first.start()
+    try:
+        assert entered.wait(timeout=60)
+        with pytest.raises(EngineBusyError, match="one caller at a time"):
+            llm.generate(PROMPTS, SEEDED, use_tqdm=False)
+    finally:
+        release.set()
+        first.join(timeout=120)
+    assert [o.token_ids for o in results[0]] == reference
+
+
+def test_generate_refuses_requests_queued_with_add_request(llm) -> None:
+    reference = [o.token_ids for o in llm.generate(PROMPTS, SEEDED, use_tqdm=False)]
+    engine = llm.engine
+    queued = engine.add_request(PROMPTS[0], SEEDED)
+    with pytest.raises(EngineBusyError, match="1 request.*engine.add_request"):
+        llm.generate(PROMPTS[1:], SEEDED, use_tqdm=False)
+    finished = []
+    while engine.has_unfinished():
+        finished += engine.step()[0]
+    assert [o.request_id for o in finished] == [queued]
+    assert finished[0].token_ids == reference[0]

@@ -134,3 +134,33 @@ def test_user_token_ids_are_kept_exactly(tmp_path):
     workload = build(kind=WorkloadKind.prompts_file, path=str(path), num_requests=-1)
     assert workload.requests[0].prompt_token_ids == ids
     assert workload.requests[0].sampling_params.max_tokens == 3
+
+
+def test_binary_or_non_utf8_bytes_name_the_file_line_and_column(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(GOOD.encode() + b"\n" + b'{"prompt": "caf\xe9"}\n')
+    message = error(kind=WorkloadKind.prompts_file, path=str(path), num_requests=-1)
+    assert f"{path}:2: not UTF-8 text (byte 0xe9 at column 16)" in message
+    (tmp_path / "blob.txt").write_bytes(bytes(range(256)))
+    message = error(kind=WorkloadKind.prompts_file, path=str(tmp_path / "blob.txt"), num_requests=-1)
+    assert "blob.txt:3: not UTF-8 text (byte 0x80" in message  # after its newline and return bytes
+
+
+def test_deeply_nested_json_names_the_line(tmp_path):
+    deep = '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    assert ":2: JSON nested too deeply" in file_error(tmp_path, [GOOD, deep])
+
+
+def test_a_lone_surrogate_names_the_line(tmp_path):
+    message = file_error(tmp_path, [GOOD, GOOD, '{"prompt": "ab\\ud800c"}'])
+    assert ":3: the prompt holds a lone surrogate" in message
+
+
+@pytest.mark.parametrize("ids", ['"123"', "123", '{"0": 1}', "null"])
+def test_token_ids_that_are_not_a_list_are_an_error_not_text(tmp_path, ids):
+    message = file_error(tmp_path, [f'{{"prompt_token_ids": {ids}}}'])
+    assert ":1: prompt_token_ids must be a list of ints" in message
+
+
+def test_prompt_and_token_ids_together_are_an_error(tmp_path):
+    assert ":1: has both" in file_error(tmp_path, ['{"prompt": "a", "prompt_token_ids": [1]}'])

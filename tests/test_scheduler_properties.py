@@ -20,6 +20,8 @@ VOCAB = 50
 class RecordingExecutor:
     """Stores (token, position) at each slot; samples a hash of the context read back."""
 
+    closed = False
+
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int):
         self.block_size = block_size
         self.slots: dict[int, tuple[int, int]] = {}

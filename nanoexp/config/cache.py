@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nanoexp.config.checks import KnobError, boolean, choice, integer, is_int, number
+from nanoexp.config.checks import KnobError, boolean, choice, integer, is_int, machine_memory_gb, number
 
 # vLLM's names: `auto` stores the model's dtype; `fp8` is an alias of `fp8_e4m3` (float8 e4m3fn
 # with one scale per layer for K and one for V, calibrated at start-up).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+MAX_BLOCKS = 2**31 - 1  # block tables hold int32 block ids
 
 
 @dataclass
@@ -30,7 +31,13 @@ class CacheConfig:
         utilization = self.gpu_memory_utilization
         number("cache.gpu_memory_utilization", utilization, lambda x: 0 < x <= 1, "a number in (0, 1]")
         if self.num_blocks != -1:
-            integer("cache.num_blocks", self.num_blocks, 1, " (or -1 = from memory)")
+            integer("cache.num_blocks", self.num_blocks, 1, " (or -1 = from memory)", high=MAX_BLOCKS)
         boolean("cache.enable_prefix_caching", self.enable_prefix_caching)
-        number("cache.cpu_kv_cache_gb", self.cpu_kv_cache_gb, lambda x: x > 0, "a finite number > 0")
+        memory = machine_memory_gb()
+        number(
+            "cache.cpu_kv_cache_gb",
+            self.cpu_kv_cache_gb,
+            lambda x: 0 < x <= memory,
+            f"a number in (0, {memory:.4g}] (this machine's memory in GiB)",
+        )
         choice("cache.kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)

@@ -18,13 +18,22 @@ class KnobError(ValueError):
         return KnobError(knob, self.value, self.allowed)
 
 
+MAX_INT64 = 2**63 - 1  # seeds and other integers that reach torch or numpy as int64
+
+
 def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """Python or numpy integers; not bools, not floats such as 2.5 or 2.0."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value: object) -> bool:
+    """Python or numpy ints and floats (inf and nan too); not bools or strings."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def is_number(value: object) -> bool:
     """A finite real number: Python or numpy ints and floats, not bools, strings or nan/inf."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    return is_real(value) and math.isfinite(value)
 
 
 def choice(knob: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -32,9 +41,11 @@ def choice(knob: str, value: object, allowed: tuple[str, ...]) -> None:
         raise KnobError(knob, value, f"one of {', '.join(allowed)}")
 
 
-def integer(knob: str, value: object, low: int, note: str = "") -> None:
-    if not is_int(value) or value < low:
-        raise KnobError(knob, value, f"an integer >= {low}{note}")
+def integer(knob: str, value: object, low: int, note: str = "", high: int | None = None) -> None:
+    """An integer in [low, high] (no upper bound when `high` is None)."""
+    if not is_int(value) or value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise KnobError(knob, value, f"an integer {bounds}{note}")
 
 
 def boolean(knob: str, value: object) -> None:
@@ -46,3 +57,13 @@ def number(knob: str, value: object, ok: Callable[[float], bool], allowed: str) 
     """A finite int or float for which `ok` holds."""
     if not (is_number(value) and ok(value)):
         raise KnobError(knob, value, allowed)
+
+
+def machine_memory_gb() -> float:
+    """This machine's physical memory in GiB (inf where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return math.inf

@@ -10,7 +10,7 @@ from nanoexp.config.checks import KnobError
 from nanoexp.config.execution import ExecutionConfig
 from nanoexp.config.model import ModelConfig
 from nanoexp.config.parallel import ParallelConfig
-from nanoexp.config.scheduler import SchedulerConfig, check_batch_budget
+from nanoexp.config.scheduler import SchedulerConfig
 
 SECTIONS = {
     "model": ModelConfig,
@@ -48,10 +48,6 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
-
-    def __post_init__(self) -> None:
-        if self.scheduler.max_model_len is not None:
-            check_batch_budget(self.scheduler, self.scheduler.max_model_len)
 
     @classmethod
     def from_kwargs(cls, model: str | None, **kwargs: Any) -> EngineConfig:

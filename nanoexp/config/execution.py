@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nanoexp.config.checks import choice, integer
+from nanoexp.config.checks import MAX_INT64, choice, integer
 
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
@@ -37,4 +37,4 @@ class ExecutionConfig:
         choice("engine.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         choice("engine.gemm_backend", self.gemm_backend, GEMM_BACKENDS)
         choice("engine.pdl", self.pdl, PDL_CHOICES)
-        integer("engine.seed", self.seed, 0)
+        integer("engine.seed", self.seed, 0, high=MAX_INT64)

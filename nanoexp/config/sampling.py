@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
-from nanoexp.config.checks import KnobError, is_number
-
-
-def _integral(value: object) -> bool:
-    """Python and numpy integers; not bools, not floats such as 2.5 (or 3.0)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+from nanoexp.config.checks import MAX_INT64, KnobError, is_int, is_number
 
 
 @dataclass(frozen=True)
@@ -35,7 +29,7 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise KnobError("SamplingParams.ignore_eos", self.ignore_eos, "True or False")
         if self.seed is not None:
-            self._integer("seed", lambda s: 0 <= s < 2**63, "None or an integer in [0, 2**63)")
+            self._integer("seed", lambda s: 0 <= s <= MAX_INT64, f"None or an integer in [0, {MAX_INT64}]")
         self._stop_tokens()
 
     def _number(self, name: str, ok, allowed: str) -> None:
@@ -46,7 +40,7 @@ class SamplingParams:
 
     def _integer(self, name: str, ok, allowed: str) -> None:
         value = getattr(self, name)
-        if not (_integral(value) and ok(value)):
+        if not (is_int(value) and ok(value)):
             raise KnobError(f"SamplingParams.{name}", value, allowed)
         object.__setattr__(self, name, int(value))
 
@@ -55,7 +49,7 @@ class SamplingParams:
         if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
             raise KnobError("SamplingParams.stop_token_ids", ids, "a sequence of token ids >= 0")
         ids = tuple(ids)
-        if not all(_integral(t) and t >= 0 for t in ids):
+        if not all(is_int(t) and t >= 0 for t in ids):
             raise KnobError("SamplingParams.stop_token_ids", ids, "a sequence of token ids >= 0")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
 

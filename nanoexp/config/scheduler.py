@@ -37,26 +37,21 @@ class SchedulerConfig:
         boolean("scheduler.enforce_eager", self.enforce_eager)
         boolean("scheduler.async_scheduling", self.async_scheduling)
 
-
-def resolve_model_len(max_model_len: int | None, max_position_embeddings: int) -> int:
-    """The longest request: the model's limit unless set lower; longer is an error."""
-    if max_model_len is None:
-        return max_position_embeddings
-    if max_model_len > max_position_embeddings:
-        raise KnobError(
-            "scheduler.max_model_len",
-            max_model_len,
-            f"<= {max_position_embeddings} (the model's max_position_embeddings)",
-        )
-    return max_model_len
-
-
-def check_batch_budget(scheduler: SchedulerConfig, max_model_len: int) -> None:
-    """Without chunked prefill, one step must fit a whole prompt of the longest request."""
-    if not scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < max_model_len:
-        raise KnobError(
-            "scheduler.max_num_batched_tokens",
-            scheduler.max_num_batched_tokens,
-            f">= max_model_len={max_model_len} without chunked prefill "
-            "(or set scheduler.enable_chunked_prefill=true)",
-        )
+    def model_len(self, max_position_embeddings: int) -> int:
+        """The longest request: the model's limit unless set lower (longer is an error); without
+        chunked prefill one step must fit a whole prompt of that length."""
+        limit = max_position_embeddings if self.max_model_len is None else self.max_model_len
+        if limit > max_position_embeddings:
+            raise KnobError(
+                "scheduler.max_model_len",
+                limit,
+                f"<= {max_position_embeddings} (the model's max_position_embeddings)",
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < limit:
+            raise KnobError(
+                "scheduler.max_num_batched_tokens",
+                self.max_num_batched_tokens,
+                f">= max_model_len={limit} without chunked prefill "
+                "(or set scheduler.enable_chunked_prefill=true)",
+            )
+        return limit

@@ -3,16 +3,44 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
 
 from tqdm.auto import tqdm
 
+from nanoexp import loader
 from nanoexp.config import EngineConfig, SamplingParams
 from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.engine.outputs import RequestOutput
 
 PROMPT_KINDS = "a prompt is a str or a sequence of int token ids"
+
+
+class EngineBusyError(RuntimeError):
+    """A call that needs the engine to itself while another caller is using it."""
+
+
+class SingleCaller:
+    """One engine serves one caller at a time (as vLLM's LLM): a second thread calling in while
+    `generate` runs gets EngineBusyError at once instead of corrupting the first call's batch."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __call__(self, what: str):
+        if not self.lock.acquire(blocking=False):
+            raise EngineBusyError(
+                f"{what}: the engine is busy with another call (LLM serves one caller at a time; "
+                "use one LLM per thread, or wait for the other call to return)"
+            )
+        return self
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
 
 
 class LLM:
@@ -31,6 +59,7 @@ class LLM:
         model = config.model.path
         if config.model.arch is None and not os.path.isdir(model) and "/" not in model:
             raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
+        self.caller = SingleCaller()
         self.engine = LLMEngine(config)
         self.tokenizer = load_tokenizer(model) if config.model.arch is None else None
 
@@ -46,8 +75,15 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Runs all prompts to completion; outputs come back in prompt order."""
+        """Runs all prompts to completion; outputs come back in prompt order. The engine must be
+        idle: requests queued with `engine.add_request` and not stepped to completion are an error
+        (their outputs would have nowhere to go), and so is a call from a second thread meanwhile."""
+        with self.caller("generate"):
+            return self.generate_alone(prompts, sampling_params, use_tqdm)
+
+    def generate_alone(self, prompts, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         self.engine.check_open()
+        self.check_idle("generate")
         prompts = as_prompt_list(prompts)
         params = self.params_per_prompt(sampling_params or SamplingParams(), len(prompts))
         token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(prompts)]
@@ -62,6 +98,14 @@ class LLM:
             self.engine.abort_all()
             raise
         return [self.with_text(outputs[i]) for i in ids]
+
+    def check_idle(self, what: str) -> None:
+        pending = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
+        if pending or self.engine.has_unfinished():
+            raise EngineBusyError(
+                f"{what}: {pending} request(s) queued with engine.add_request are still unfinished; "
+                "step them to completion (engine.step()) or drop them (engine.abort_all()) first"
+            )
 
     def params_per_prompt(self, params, n: int) -> list[SamplingParams]:
         if isinstance(params, SamplingParams):
@@ -117,9 +161,10 @@ class LLM:
 
     def kv_cache_quality(self, prompts: Seq[str] | Seq[list[int]], num_tokens: int = 32) -> dict:
         """The KV cache's accuracy cost on these prompts (see LLMEngine.kv_cache_quality)."""
-        self.engine.check_open()
-        token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(as_prompt_list(prompts))]
-        return self.engine.kv_cache_quality(token_lists, num_tokens)
+        with self.caller("kv_cache_quality"):
+            self.engine.check_open()
+            token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(as_prompt_list(prompts))]
+            return self.engine.kv_cache_quality(token_lists, num_tokens)
 
     def stats(self) -> dict:
         return self.engine.stats()
@@ -135,6 +180,10 @@ class LLM:
 
 
 def load_tokenizer(model: str):
+    """A local checkpoint's tokenizer (None when it has none; an error when its files are broken),
+    or a hub model's when one can be had."""
+    if os.path.isdir(model):
+        return loader.load_tokenizer(model)
     try:
         from transformers import AutoTokenizer
 

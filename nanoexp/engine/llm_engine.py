@@ -63,8 +63,13 @@ class LLMEngine:
         self.ids = itertools.count()
         self.in_flight: InFlight | None = None
         self.last_step_end = 0.0  # overlapped steps are timed from the later of this and their start
-        self.closed = False
+        self._closed = False
         self.unfreeze = freeze_start_up(self)
+
+    @property
+    def closed(self) -> bool:
+        """Closed by close(), or because its executor stopped itself (a worker died)."""
+        return self._closed or self.executor.closed
 
     def check_open(self) -> None:
         if self.closed:
@@ -273,8 +278,8 @@ class LLMEngine:
 
     def close(self) -> None:
         """Stops the executor; every later add_request or step raises. Closing twice is a no-op."""
-        if not self.closed:
-            self.closed = True
+        if not self._closed:
+            self._closed = True
             _open_engines.discard(self)
             self.unfreeze()  # first: the executor collects the model's reference cycles as it closes
             self.executor.close()

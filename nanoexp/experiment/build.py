@@ -8,43 +8,28 @@ with a one-line message naming the key, before any weights are touched.
 from __future__ import annotations
 
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from nanoexp import factory
 from nanoexp.config import EngineConfig, ExecutionConfig, KnobError, ModelConfig
 from nanoexp.config.parallel import check_split
-from nanoexp.config.scheduler import check_batch_budget, resolve_model_len
 from nanoexp.experiment.checkpoint import Checkpoint, arch_dict
 from nanoexp.experiment.driver import Driver, EngineDriver
-from nanoexp.experiment.schema import ConfigError, EngineKind, LoggerKind, NanoexpConfig, WorkloadKind
+from nanoexp.experiment.schema import ConfigError, EngineKind, LoggerKind, NanoexpConfig
 
 
 def check(spec: NanoexpConfig) -> None:
-    """Rules across groups that need the model's architecture, and the workload's inputs."""
+    """Rules across groups that need the model's architecture."""
     try:
         check_split(arch_dict(spec.model), spec.parallel.tensor_parallel_size)
         max_model_len(spec)
     except KnobError as e:
         raise ConfigError(f"{e} (model={spec.model.name})") from None
-    _check_workload(spec)
 
 
 def max_model_len(spec: NanoexpConfig) -> int:
     """scheduler.max_model_len, or the model's limit when unset (checked against both)."""
-    limit = resolve_model_len(spec.scheduler.max_model_len, spec.model.arch.max_position_embeddings)
-    check_batch_budget(spec.scheduler, limit)
-    return limit
-
-
-def _check_workload(spec: NanoexpConfig) -> None:
-    w = spec.workload
-    if w.kind is WorkloadKind.prompts_file and not (w.path and Path(w.path).is_file()):
-        raise ConfigError(f"workload.path={w.path!r}: no such file (a JSONL or text file of prompts)")
-    if w.kind is WorkloadKind.shared_prefix and w.num_prefixes < 1:
-        raise ConfigError(f"workload.num_prefixes={w.num_prefixes}: must be >= 1")
-    if w.kind is WorkloadKind.latency and w.num_iters < 1:
-        raise ConfigError(f"workload.num_iters={w.num_iters}: must be >= 1")
+    return spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
 
 
 def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
@@ -90,9 +75,9 @@ def build_tokenizer(checkpoint: Checkpoint):
     """The checkpoint's tokenizer (for text prompts); None with dummy weights."""
     if checkpoint.path is None:
         return None
-    from transformers import AutoTokenizer
+    from nanoexp.loader import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(checkpoint.path)
+    return load_tokenizer(checkpoint.path)
 
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from dataclasses import asdict, dataclass
@@ -10,6 +9,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from nanoexp.checkpoint_files import json_object
 from nanoexp.experiment.schema import DUMMY_IF_MISSING, ConfigError, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def check_arch(model: ModelSpec, checkpoint: Checkpoint) -> list[str]:
     config_file = Path(checkpoint.path) / "config.json"
     if not config_file.is_file():
         return []
-    disk = json.loads(config_file.read_text())
+    disk = json_object(str(config_file), checkpoint.path)  # a malformed file, named
     diffs = [
         f"{k}: config.json={disk[k]!r} model.arch={v!r}"
         for k, v in arch_dict(model).items()

@@ -17,9 +17,9 @@ import torch
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.experiment.workloads import Request
+from nanoexp.runner.model_setup import DTYPES
 
 OnStep = Callable[[StepStats], None]
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 class HFBaseline:
@@ -205,7 +205,7 @@ def _device(name: str) -> torch.device:
 def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
+    return DTYPES[name]
 
 
 def _wait_for(t: float) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from nanoexp.experiment.job import JobInfo
 
@@ -33,7 +36,7 @@ class LocalSink:
     def finish(self, summary: dict, exit_code: int = 0) -> None:
         write_csv(self.out_dir / "steps.csv", self.steps)
         results = {
-            "status": "ok" if exit_code == 0 else "failed",
+            "status": status(exit_code, summary),
             "exit_code": exit_code,
             "finished_at": time.time(),
             "job": self.job.as_dict() if self.job else {},
@@ -48,17 +51,39 @@ class LocalSink:
         return self.job.out_dir
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """A job killed while writing leaves the old file or none, never half a file."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
+def status(exit_code: int, summary: dict) -> str:
+    """ok, failed, or terminated (stopped by the signal the summary names)."""
+    if exit_code == 0:
+        return "ok"
+    return "terminated" if summary.get("signal") else "failed"
+
+
+def write_atomically(path: Path, text: str, partial_suffix: str = ".partial") -> None:
+    """A job killed while writing, or a write that fails (a full disk), leaves the old file or
+    none, never half a file or an empty one."""
+    with atomic_open(path, partial_suffix=partial_suffix) as f:
+        f.write(text)
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path, newline: str | None = None, partial_suffix: str = ".partial") -> Iterator[TextIO]:
+    """A text file written under a temporary name (`path` + `partial_suffix`) and renamed into
+    place once whole; on any error the temporary file is removed and the error raised."""
+    partial = path.with_name(path.name + partial_suffix)
+    try:
+        with partial.open("w", newline=newline) as f:
+            yield f
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
     if not rows:
         return
-    with path.open("w", newline="") as f:
+    with atomic_open(path, newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)

@@ -22,7 +22,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.config import EngineConfig
-from nanoexp.experiment import kv_quality
+from nanoexp.experiment import interrupts, kv_quality
 from nanoexp.experiment.build import (
     build_driver,
     build_llm,
@@ -35,7 +35,7 @@ from nanoexp.experiment.build import (
 from nanoexp.experiment.checkpoint import Checkpoint, check_arch, resolve_checkpoint
 from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
-from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.local_sink import RESULTS_FILE, write_atomically
 from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.outputs_file import OUTPUTS_FILE, wants_outputs, write_outputs
 from nanoexp.experiment.progress import Progress
@@ -56,18 +56,34 @@ CONFIG_EXIT, RUNTIME_EXIT = 2, 1
 ERROR_FILE = "error.txt"
 FULL_ERROR = "HYDRA_FULL_ERROR"
 CLI_FULL_ERROR = "NANOEXP_CLI_SET_HYDRA_FULL_ERROR"  # marks FULL_ERROR as set by `cli`, not the user
+SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"  # set in the jobs submitit starts (local or slurm)
 
 
 def main(cfg: DictConfig) -> int:
     """Run the experiment described by `cfg`; returns 0, or exits non-zero with one line."""
     job, code = None, 0
+    interrupts.install()
+    if os.environ.get(SUBMITIT_EXECUTOR) == "local":
+        interrupts.die_with_sweep()
     try:
         job = current_job(cfg.logger)  # before the typed config, so a sweep lists its config errors
         code = _run_job(cfg, job)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line and an exit code
         code = _report_error(e, job)
+    except KeyboardInterrupt as e:
+        code = _stop(interrupts.as_interrupted(e), job)
     if code and not (job and job.multirun):
         sys.exit(code)
+    return code
+
+
+def _stop(interrupt: interrupts.Interrupted, job: JobInfo | None) -> int:
+    """Records a signalled job like a failed one. A job in a sweep's own process stops the sweep
+    (the sweep report lists what finished); a job in a process of its own (submitit) returns."""
+    code = _report_error(interrupt, job)
+    if job is not None and job.multirun and SUBMITIT_EXECUTOR not in os.environ:
+        interrupt.reported = True
+        raise interrupt
     return code
 
 
@@ -78,7 +94,7 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> int:
         checkpoint = resolve_checkpoint(spec.model)
         config = engine_config(spec, checkpoint)
         plain["resolved"] = {"checkpoint": checkpoint.as_dict(), **_claim_gpus(spec, job)}
-    except Exception as e:
+    except (Exception, KeyboardInterrupt) as e:
         _log_early_failure(cfg, job, e)
         raise
     logger = build_logger(spec)
@@ -88,7 +104,7 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> int:
         summary = experiment(spec, config, checkpoint, logger, job)
     except BaseException as e:
         code = _exit_code(e)
-        summary |= {"error": _one_line(e)}
+        summary |= {"error": _one_line(e), **_signal_of(e)}
         _finish_after_failure(logger, summary, code, e)
         raise
     logger.finish(summary, code)
@@ -185,17 +201,17 @@ def _finish_after_failure(logger, summary: dict, code: int, error: BaseException
         error.add_note(f"finishing the loggers failed too: {_one_line(err)}")
 
 
-def _log_early_failure(cfg: DictConfig, job: JobInfo, error: Exception) -> None:
+def _log_early_failure(cfg: DictConfig, job: JobInfo, error: BaseException) -> None:
     """Starts and finishes the loggers of a job that failed before they started (a config error,
     a missing checkpoint), so it too leaves results.json and, with logger=wandb, a W&B run."""
     code, line = _exit_code(error), _one_line(error)
     logger = build_logger(NanoexpConfig(logger=_logger_config(cfg)))
     try:
         logger.start(_config_as_data(cfg), job)
-        logger.finish({"error": line}, code)
+        logger.finish({"error": line, **_signal_of(error)}, code)
     except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
         error.add_note(f"recording the failure failed too: {_one_line(err)}")
-        _record_failure(job, code, line, replace=True)
+        _record_failure(job, code, line, _signal_of(error), replace=True)
 
 
 def _logger_config(cfg: DictConfig) -> LoggerConfig:
@@ -224,7 +240,7 @@ def _report_error(e: BaseException, job: JobInfo | None) -> int:
     if job is not None:
         saved = _write_error_file(job, line, traceback.format_exc())
         where = f" (traceback: {saved})" if saved and code == RUNTIME_EXIT else ""
-        _record_failure(job, code, line)
+        _record_failure(job, code, line, _signal_of(e))
     _log_to_files(f"nanoexp: error: {line}")
     print(f"nanoexp: error: {line}{where}", file=sys.stderr)
     return code
@@ -234,22 +250,51 @@ def _write_error_file(job: JobInfo, line: str, trace: str) -> Path | None:
     path = job.out_dir / ERROR_FILE
     try:
         job.out_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{line}\n\n{trace}")
+        write_atomically(path, f"{line}\n\n{trace}")
     except OSError:
         return None
     return path
 
 
-def _record_failure(job: JobInfo, code: int, error: str, replace: bool = False) -> None:
-    """A results.json for jobs whose loggers did not write one, so sweeps list them."""
+def _record_failure(
+    job: JobInfo, code: int, error: str, signalled: dict | None = None, replace: bool = False
+) -> None:
+    """A results.json whose status and exit code agree with the process's: written for jobs whose
+    loggers did not write one (so sweeps list them), and rewritten, keeping its config and
+    summary, when the job failed after its loggers wrote it (a full disk while appending to
+    run.log, a signal while the summary printed)."""
     path = job.out_dir / RESULTS_FILE
-    failed = {"status": "failed", "exit_code": code, "job": job.as_dict(), "summary": {"error": error}}
+    results = {"status": "failed", "exit_code": code, "job": job.as_dict(), "summary": {"error": error}}
     try:
-        if replace or not path.exists():
-            job.out_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(failed, indent=2) + "\n")
+        written = _read_results(path) if path.exists() and not replace else None
+        if written is not None and written.get("exit_code", code) == code:
+            return
+        if written is not None:
+            results = written | {"status": "failed", "exit_code": code}
+            results["summary"] = written.get("summary", {}) | {"error": error}
+        if signalled:
+            results["status"] = "terminated"
+            results["summary"] |= signalled
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        # its own temporary name: the loggers' may be what could not be written
+        write_atomically(path, json.dumps(results, indent=2) + "\n", ".failure.partial")
     except OSError:
         pass  # the error line on stderr is all that is left to report
+
+
+def _read_results(path: Path) -> dict | None:
+    """The results.json a logger wrote; an unreadable one counts as written (it is not replaced)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _signal_of(error: BaseException) -> dict:
+    """{"signal": "SIGTERM"} for a job stopped by a signal, {} otherwise."""
+    if isinstance(error, KeyboardInterrupt):
+        return {"signal": interrupts.as_interrupted(error).signal_name}
+    return {}
 
 
 def _log_to_files(message: str) -> None:
@@ -262,6 +307,8 @@ def _log_to_files(message: str) -> None:
 
 
 def _exit_code(e: BaseException) -> int:
+    if isinstance(e, KeyboardInterrupt):
+        return interrupts.as_interrupted(e).exit_code
     return CONFIG_EXIT if _is_config_error(e) else RUNTIME_EXIT
 
 
@@ -295,6 +342,7 @@ def cli(app: Callable[[], object]) -> None:
     like the config errors found in a job; HYDRA_FULL_ERROR=1 keeps Hydra's own report."""
     from hydra.errors import HydraException
 
+    interrupts.install()
     if _user_wants_full_error():
         app()
         return
@@ -304,6 +352,19 @@ def cli(app: Callable[[], object]) -> None:
     except HydraException as e:
         print(f"nanoexp: error: {_hydra_line(e)}", file=sys.stderr)
         sys.exit(CONFIG_EXIT)
+    except OSError as e:  # Hydra creating the job's dir or its .hydra files (ours are caught in main)
+        where = f"'{e.filename}'" if e.filename else "the output dir"
+        print(
+            f"nanoexp: error: cannot write {where}: {e.strerror or e} "
+            "(set hydra.run.dir or hydra.sweep.dir to a writable directory)",
+            file=sys.stderr,
+        )
+        sys.exit(RUNTIME_EXIT)
+    except KeyboardInterrupt as e:  # a sweep stopped by a signal; its jobs reported themselves
+        interrupt = interrupts.as_interrupted(e)
+        if not getattr(interrupt, "reported", False):
+            print(f"nanoexp: error: {interrupt}", file=sys.stderr)
+        sys.exit(interrupt.exit_code)
     finally:
         os.environ.pop(FULL_ERROR, None)
         os.environ.pop(CLI_FULL_ERROR, None)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as scipy_stats
 
+from nanoexp.config.checks import is_real
 from nanoexp.engine.outputs import RequestOutput, StepStats
 
 PERCENTILES = (90, 99)
@@ -74,7 +75,7 @@ def aggregate_repeats(summaries: Sequence[dict]) -> dict:
     out: dict = {"repeats": n}
     for key in first:
         values = [s.get(key) for s in summaries]
-        if not all(_is_number(v) for v in values):
+        if not all(is_real(v) for v in values):
             out[key] = first[key]
             continue
         out[key] = first[key] if len(set(values)) == 1 else float(np.mean(values))
@@ -95,10 +96,6 @@ def spread(key: str, values: Sequence[float]) -> dict[str, float]:
         low, high = scipy_stats.t.interval(CONFIDENCE, arr.size - 1, loc=mean, scale=sem)
     std = float(arr.std(ddof=1))
     return {f"{key}_std": std, f"{key}_ci95_low": float(low), f"{key}_ci95_high": float(high)}
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def distribution(name: str, values: Sequence[float]) -> dict[str, float]:

@@ -5,11 +5,11 @@ above `search.max_p99_ttft_ms`."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from nanoexp.config.checks import is_number
 from nanoexp.experiment.local_sink import RESULTS_FILE
 
 
@@ -27,13 +27,9 @@ def objective_of(results: dict, search: dict) -> float:
     infeasible = float(search.get("infeasible_value", 0.0))
     summary = results.get("summary", {})
     value = summary.get(search.get("objective", "output_throughput"))
-    if results.get("status") != "ok" or not _finite(value):
+    if results.get("status") != "ok" or not is_number(value):
         return infeasible
     limit, p99 = search.get("max_p99_ttft_ms"), summary.get("p99_ttft_ms")
-    if limit is not None and not (_finite(p99) and p99 <= limit):
+    if limit is not None and not (is_number(p99) and p99 <= limit):
         return infeasible
     return float(value)
-
-
-def _finite(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from nanoexp.experiment.driver import RunRecord
+from nanoexp.experiment.local_sink import atomic_open
 from nanoexp.experiment.schema import NanoexpConfig, WorkloadKind
 
 OUTPUTS_FILE = "outputs.jsonl"
@@ -20,7 +21,7 @@ def wants_outputs(spec: NanoexpConfig) -> bool:
 
 def write_outputs(path: Path, records: list[RunRecord], tokenizer=None) -> None:
     """request_id, repeat, prompt_len, output_token_ids, finish_reason, and text with a tokenizer."""
-    with path.open("w") as f:
+    with atomic_open(path) as f:
         for record in records:
             for o in record.outputs:
                 row = {

@@ -9,8 +9,10 @@ in `to_spec`, one line naming the key.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
@@ -25,8 +27,9 @@ from nanoexp.config import (
     SamplingParams,
     SchedulerConfig,
 )
-from nanoexp.config.checks import boolean, integer, number
+from nanoexp.config.checks import MAX_INT64, boolean, choice, integer, is_int, is_number, is_real, number
 from nanoexp.config.model import LOAD_FORMATS
+from nanoexp.experiment.dir_name import safe_dir_name
 
 DUMMY_IF_MISSING = "dummy_if_missing"
 
@@ -129,6 +132,55 @@ class SamplerConfig:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
 
 
+Check = tuple[Callable[[object], bool], str]  # (accepts the value?, what is allowed)
+POSITIVE_INT: Check = (lambda v: is_int(v) and v >= 1, "an integer >= 1")
+COUNT_INT: Check = (lambda v: is_int(v) and v >= 0, "an integer >= 0")
+RATIO: Check = (lambda v: is_real(v) and 0 <= v < 1, "a number in [0, 1)")
+BENCH_LEN: Check = (lambda v: is_int(v) and v >= 100, "an integer >= 100 (bench.py draws in [100, it])")
+MIN_REQUEST_RATE = 1e-3  # requests/s; slower schedules overflow the clock (1e-300: arrivals at 1e300 s)
+ARRIVALS: dict[str, Check] = {
+    "seed": (lambda v: is_int(v) and 0 <= v <= MAX_INT64, f"an integer in [0, {MAX_INT64}]"),
+    "request_rate": (
+        lambda v: is_real(v) and v >= MIN_REQUEST_RATE,
+        f"a number >= {MIN_REQUEST_RATE} requests/s (.inf = offline)",
+    ),
+    "burstiness": (lambda v: is_number(v) and 1e-3 <= v <= 1e3, "a number in [0.001, 1000] (1 = Poisson)"),
+    "max_concurrency": (lambda v: v is None or POSITIVE_INT[0](v), "null (unlimited) or an integer >= 1"),
+}
+RANDOM: dict[str, Check] = {
+    "num_requests": POSITIVE_INT,
+    "input_len": POSITIVE_INT,
+    "output_len": POSITIVE_INT,
+    "range_ratio": RATIO,
+    "output_range_ratio": (lambda v: v is None or RATIO[0](v), "null or a number in [0, 1)"),
+}
+FIELDS_BY_KIND: dict[WorkloadKind, dict[str, Check]] = {  # the fields each kind uses
+    WorkloadKind.random: RANDOM,
+    WorkloadKind.shared_prefix: RANDOM | {"prefix_len": POSITIVE_INT, "num_prefixes": POSITIVE_INT},
+    WorkloadKind.latency: {
+        "batch_size": POSITIVE_INT,
+        "input_len": POSITIVE_INT,
+        "output_len": POSITIVE_INT,
+        "num_iters": POSITIVE_INT,
+        "num_iters_warmup": COUNT_INT,
+    },
+    WorkloadKind.nanovllm_bench: {
+        "num_requests": POSITIVE_INT,
+        "input_len": BENCH_LEN,
+        "output_len": BENCH_LEN,
+    },
+    WorkloadKind.prompts_file: {
+        "num_requests": (lambda v: is_int(v) and (v == -1 or v >= 1), "-1 (all prompts) or an integer >= 1"),
+        "output_len": POSITIVE_INT,
+    },
+}
+
+
+def length_range(length: int, ratio: float) -> tuple[int, int]:
+    """Lengths uniform in [len * (1 - r), len * (1 + r)] (vLLM's random dataset)."""
+    return int(length * (1 - ratio)), int(length * (1 + ratio))
+
+
 @dataclass
 class WorkloadConfig:
     """One schema for all workloads; `kind` says which fields apply (see conf/workload/*.yaml)."""
@@ -153,6 +205,27 @@ class WorkloadConfig:
     num_iters: int = 3  # latency: timed iterations
     num_iters_warmup: int = 1  # latency: untimed iterations
 
+    def __post_init__(self) -> None:
+        """Every field the workload's kind uses; the first bad one is reported."""
+        for name, (ok, allowed) in (ARRIVALS | FIELDS_BY_KIND[WorkloadKind(self.kind)]).items():
+            value = getattr(self, name)
+            if not ok(value):
+                raise KnobError(f"workload.{name}", value, allowed)
+        self._check_length_range()
+        if self.kind is WorkloadKind.prompts_file and not (self.path and Path(self.path).is_file()):
+            raise KnobError("workload.path", self.path, "an existing file (JSONL or text, one prompt a line)")
+
+    def _check_length_range(self) -> None:
+        """A range so wide that a prompt or output could have 0 tokens is an error, not a clamp to 1."""
+        if self.kind not in (WorkloadKind.random, WorkloadKind.shared_prefix):
+            return
+        out_ratio = "range_ratio" if self.output_range_ratio is None else "output_range_ratio"
+        for name, ratio_name in (("input_len", "range_ratio"), ("output_len", out_ratio)):
+            length, ratio = getattr(self, name), getattr(self, ratio_name)
+            if length_range(length, ratio)[0] < 1:
+                allowed = f"small enough that {name}={length} * (1 - {ratio_name}) >= 1"
+                raise KnobError(f"workload.{ratio_name}", ratio, allowed)
+
 
 @dataclass
 class LoggerConfig:
@@ -164,6 +237,10 @@ class LoggerConfig:
     tags: list[str] = field(default_factory=list)
     log_every_n_steps: int = 1
     upload_results: bool = True  # results.json as a W&B artifact
+
+    def __post_init__(self) -> None:
+        integer("logger.log_every_n_steps", self.log_every_n_steps, 1)
+        boolean("logger.upload_results", self.upload_results)
 
 
 @dataclass
@@ -216,6 +293,22 @@ class MetricsConfig:
     kv_quality: KvQualityConfig = field(default_factory=KvQualityConfig)
 
 
+# the job summary's metrics a search can optimize (metrics.summarize, kv_quality, latency mode)
+LATENCY_SERIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+SEARCH_OBJECTIVES = (
+    "output_throughput",
+    "total_token_throughput",
+    "request_throughput",
+    "request_goodput",
+    "slo_attainment",
+    "duration_s",
+    *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "std", "p90", "p99")),
+    "mean_latency_ms",
+    *(f"p{p}_latency_ms" for p in (10, 25, 50, 75, 90, 99)),
+    *(f"kv_quality/{k}" for k in ("greedy_agreement", "kl_mean", "kl_p99", "kl_max")),
+)
+
+
 @dataclass
 class SearchConfig:
     """What run.py returns to a search sweeper (conf/hparams_search/): `objective` from the job's
@@ -227,6 +320,8 @@ class SearchConfig:
     infeasible_value: float = 0.0
 
     def __post_init__(self) -> None:
+        choice("search.objective", self.objective, SEARCH_OBJECTIVES)
+        number("search.infeasible_value", self.infeasible_value, lambda v: True, "a finite number")
         if self.max_p99_ttft_ms is not None:
             number("search.max_p99_ttft_ms", self.max_p99_ttft_ms, lambda v: v > 0, "null or a number > 0")
 
@@ -250,12 +345,26 @@ class NanoexpConfig:
     reseed_repeats: bool = True
     save_outputs: bool | None = None  # outputs.jsonl; null = only for workload=prompts_file
     notes: str = ""
+    append_to_sweep: bool = False  # a sweep may write into a hydra.sweep.dir holding earlier results
 
     def __post_init__(self) -> None:
         integer("repeats", self.repeats, 1)
         boolean("reseed_repeats", self.reseed_repeats)
         if self.save_outputs is not None:
             boolean("save_outputs", self.save_outputs)
+        boolean("append_to_sweep", self.append_to_sweep)
+        if self.engine.kind is EngineKind.hf:
+            self._check_baseline_settings()
+
+    def _check_baseline_settings(self) -> None:
+        """Settings the transformers baseline cannot apply are errors, not labels on its results."""
+        for knob, value, default in (
+            ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size, 1),
+            ("cache.kv_cache_dtype", self.cache.kv_cache_dtype, "auto"),
+            ("cache.num_blocks", self.cache.num_blocks, -1),
+        ):
+            if value != default:
+                raise KnobError(knob, value, f"{default!r} with engine=hf (transformers cannot apply it)")
 
 
 def to_spec(cfg: DictConfig) -> NanoexpConfig:
@@ -291,8 +400,10 @@ def _dataclass_type(schema: type, key: str) -> type | None:
 
 
 def register_configs() -> None:
-    """Register the root schema; conf/config.yaml lists it first so every group merges into it."""
+    """Register the root schema (conf/config.yaml lists it first so every group merges into it)
+    and the `nanoexp_dir_name` resolver that conf/config.yaml's hydra.sweep.subdir uses."""
     ConfigStore.instance().store(name="nanoexp_schema", node=NanoexpConfig)
+    OmegaConf.register_new_resolver("nanoexp_dir_name", safe_dir_name, replace=True)
 
 
 register_configs()

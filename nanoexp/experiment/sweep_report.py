@@ -13,6 +13,8 @@ that are still running have ended.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -26,6 +28,7 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from nanoexp.experiment import interrupts
 from nanoexp.experiment.local_sink import RESULTS_FILE
 from nanoexp.experiment.sweep_serving import METRICS as SERVING_METRICS
 
@@ -63,6 +66,8 @@ LOWER_IS_BETTER = (
 CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
 CI = ("_ci95_low", "_ci95_high")
 LATENCY_CDF = "sweep_latency_cdf.png"
+SWEEP_LOCK = ".sweep.lock"
+STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselves
 
 
 VANISHED = "vanished"
@@ -77,6 +82,7 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.sweep_dir = Path(config.hydra.sweep.dir)
+        self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))
         self.expected = expected_jobs(config)
         wait_s = 60.0 * float(config.hydra.launcher.get("timeout_min", 0) or 0) + 60.0
         atexit.register(self._report_after_abort, wait_s)
@@ -93,8 +99,50 @@ class SweepReport(Callback):
         """The launcher raised, so on_multirun_end never ran: report what the jobs left."""
         if self.reported or self.sweep_dir is None:
             return
-        wait_for_local_jobs(self.sweep_dir, wait_s)
+        if interrupts.received() is not None:  # the sweep was signalled: its jobs stop too
+            stop_local_jobs(self.sweep_dir, STOP_GRACE_S)
+        else:
+            wait_for_local_jobs(self.sweep_dir, wait_s)
         report(self.sweep_dir, self.expected, self.wandb)
+
+
+def lock_sweep_dir(sweep_dir: Path, append: bool = False):
+    """Holds SWEEP_LOCK in the sweep dir for this sweep's lifetime (the lock ends with the
+    process, however it ends). A second sweep into the same dir while this one runs, or one into a
+    dir holding an earlier sweep's results (unless `append`), would mix both sweeps' jobs in one
+    report: it gets one line and exit code 2 instead (a Hydra callback's exceptions are only
+    warnings, so this exits)."""
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        lock = (sweep_dir / SWEEP_LOCK).open("a+")
+    except OSError as err:
+        _refuse(f"hydra.sweep.dir={sweep_dir}: cannot write there ({err.strerror or err})")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        _refuse(
+            f"hydra.sweep.dir={sweep_dir}: another sweep ({holder}) is writing there; "
+            "wait for it or choose another hydra.sweep.dir"
+        )
+    earlier = None if append else next(sweep_dir.rglob(RESULTS_FILE), None)
+    if earlier is not None:
+        _refuse(
+            f"hydra.sweep.dir={sweep_dir} already holds an earlier sweep's results "
+            f"({earlier.relative_to(sweep_dir)}); choose another hydra.sweep.dir, or add this "
+            "sweep's jobs to it with append_to_sweep=true"
+        )
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def _refuse(line: str) -> None:
+    print(f"nanoexp: error: {line}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def wandb_target(config: DictConfig):
@@ -239,17 +287,47 @@ def expected_jobs(config: DictConfig) -> list[list[str]] | None:
         return None
 
 
-def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> None:
+def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> list[int]:
     """Waits (at most `wait_s`, then terminates them) for this process's submitit jobs still
-    running, so none outlives the sweep; submitit names a local job's folder after its pid."""
+    running, so none outlives the sweep; submitit names a local job's folder after its pid.
+    Returns the jobs still running then."""
     deadline = time.monotonic() + wait_s
-    pids = [int(p.name) for p in (sweep_dir / ".submitit").glob("*") if p.name.isdigit()]
+    pids = _local_jobs(sweep_dir)
     while pids and time.monotonic() < deadline:
         pids = [pid for pid in pids if _running_child(pid)]
         time.sleep(0.2 if pids else 0)
+    pids = [pid for pid in pids if _running_child(pid)]
     for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    return pids
+
+
+def stop_local_jobs(sweep_dir: Path, grace_s: float) -> None:
+    """Sends this process's running submitit jobs SIGTERM (their controllers pass it on to the
+    job processes, which record themselves as terminated), waits `grace_s` for them, then kills
+    what is left of each job's process tree."""
+    for pid in _local_jobs(sweep_dir):
         if _running_child(pid):
             os.kill(pid, signal.SIGTERM)
+    for pid in wait_for_local_jobs(sweep_dir, grace_s):
+        for member in _process_tree(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _local_jobs(sweep_dir: Path) -> list[int]:
+    return [int(p.name) for p in (sweep_dir / ".submitit").glob("*") if p.name.isdigit()]
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants, children first (from /proc; just `pid` where there is none)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    return [member for child in children for member in _process_tree(child)] + [pid]
 
 
 def _running_child(pid: int) -> bool:

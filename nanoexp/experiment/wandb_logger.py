@@ -110,8 +110,8 @@ def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None,
         raise
     where = run_dir(run)
     if fallback:
-        print(f"wandb: warning: no online run ({fallback}); logging offline instead, "
-              f"upload later with `wandb sync {where}`", file=sys.stderr)
+        print(f"wandb: warning: no online run within {init_timeout_s():g} s ({fallback}); logging "
+              f"offline instead, upload later with `wandb sync {where}`", file=sys.stderr)  # fmt: skip
     elif run.settings.mode == "offline":
         print(f"wandb: offline run; upload it with `wandb sync {where}`", file=sys.stderr)
     return run, env_set
@@ -167,6 +167,14 @@ def has_api_key() -> bool:
         return netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
     except (FileNotFoundError, netrc.NetrcParseError):
         return False
+
+
+def init_timeout_s() -> float:
+    """How long the online attempt may take: WANDB_INIT_TIMEOUT when the user set it."""
+    try:
+        return float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
+    except ValueError:
+        return INIT_TIMEOUT_S
 
 
 def bounded_timeouts() -> dict:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from nanoexp.config import SamplingParams
-from nanoexp.config.checks import KnobError
-from nanoexp.experiment.schema import SamplerConfig, WorkloadConfig, WorkloadKind
+from nanoexp.config.checks import is_int
+from nanoexp.experiment.schema import SamplerConfig, WorkloadConfig, WorkloadKind, length_range
 
 Tokenize = Callable[[str], list[int]]
 TOKEN_ID_HIGH = 10000  # random prompts use ids below this (ordinary tokens), as nano-vLLM's bench
@@ -55,7 +54,6 @@ def build_workload(
     w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int, tokenize: Tokenize | None = None
 ) -> Workload:
     """Build the requests of workload `w`; random token ids are drawn inside [0, vocab_size)."""
-    validate(w)
     prompts, max_tokens = _prompts(w, vocab_size, tokenize)
     params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
     offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed)
@@ -118,13 +116,32 @@ def file_prompts(
     path = Path(w.path or "")
     if not path.is_file():
         raise WorkloadError(f"workload.path={w.path!r}: no such file")
-    numbered = [(i, ln) for i, ln in enumerate(path.read_text().splitlines(), 1) if ln.strip()]
+    numbered = [(i, ln) for i, ln in _text_lines(path) if ln.strip()]
     if w.num_requests > 0:
         numbered = numbered[: w.num_requests]
     if not numbered:
         raise WorkloadError(f"workload.path={w.path!r}: no prompts in the file")
     items = [_file_request(path, i, ln, w.output_len, tokenize, vocab) for i, ln in numbered]
     return [p for p, _ in items], [m for _, m in items]
+
+
+def _text_lines(path: Path) -> list[tuple[int, str]]:
+    """The file's lines, numbered from 1; bytes that are not UTF-8 (a binary file) are an error
+    naming the line and column."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise WorkloadError(f"workload.path={str(path)!r}: cannot read it ({err.strerror or err})") from None
+    lines = []
+    for number, raw in enumerate(data.splitlines(), 1):
+        try:
+            lines.append((number, raw.decode("utf-8")))
+        except UnicodeDecodeError as err:
+            raise WorkloadError(
+                f"{path}:{number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+                "a prompts file is JSONL or text, one prompt a line"
+            ) from None
+    return lines
 
 
 def _file_request(
@@ -136,12 +153,18 @@ def _file_request(
     item = _json_object(line, where)
     prompt = item.get("prompt_token_ids", item.get("prompt"))
     max_tokens = item.get("max_tokens", default_max)
-    if not _is_int(max_tokens) or max_tokens < 1:
+    if not is_int(max_tokens) or max_tokens < 1:
         raise WorkloadError(f"{where}: max_tokens={max_tokens!r} is invalid: must be an integer >= 1")
+    if "prompt_token_ids" in item and "prompt" in item:
+        raise WorkloadError(f"{where}: has both 'prompt' and 'prompt_token_ids'; give one")
+    if "prompt_token_ids" in item:
+        ids = item["prompt_token_ids"]
+        if not isinstance(ids, list):
+            raise WorkloadError(f"{where}: prompt_token_ids must be a list of ints, got {ids!r:.80}")
+        return _checked_ids(ids, vocab, where), int(max_tokens)
+    prompt = item.get("prompt")
     if isinstance(prompt, str):
-        return _tokenized(prompt, tokenize, where), int(max_tokens)
-    if isinstance(prompt, list):
-        return _checked_ids(prompt, vocab, where), int(max_tokens)
+        return _tokenized(_unicode(prompt, where), tokenize, where), int(max_tokens)
     raise WorkloadError(
         f"{where}: needs 'prompt' (a string) or 'prompt_token_ids' (a list of ints), got {prompt!r:.80}"
     )
@@ -152,6 +175,8 @@ def _json_object(line: str, where: str) -> dict:
         item = json.loads(line)
     except json.JSONDecodeError as err:
         raise WorkloadError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:
+        raise WorkloadError(f"{where}: JSON nested too deeply; a line is one flat object") from None
     if not isinstance(item, dict):
         raise WorkloadError(f'{where}: must be a JSON object like {{"prompt": "..."}}, got {line[:80]}')
     return item
@@ -161,11 +186,23 @@ def _checked_ids(ids: list, vocab: int, where: str) -> list[int]:
     if not ids:
         raise WorkloadError(f"{where}: prompt_token_ids is empty: a prompt needs at least one token")
     for pos, t in enumerate(ids):
-        if not _is_int(t) or not 0 <= t < vocab:
+        if not is_int(t) or not 0 <= t < vocab:
             raise WorkloadError(
                 f"{where}: prompt_token_ids[{pos}]={t!r} is invalid: must be an integer in [0, {vocab})"
             )
     return [int(t) for t in ids]
+
+
+def _unicode(text: str, where: str) -> str:
+    """A prompt's text; a lone surrogate (JSON "\\ud800" without its pair) is not text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise WorkloadError(
+            f"{where}: the prompt holds a lone surrogate ({text[err.start]!r} at character "
+            f"{err.start}), which is not valid Unicode text"
+        ) from None
+    return text
 
 
 def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
@@ -183,10 +220,6 @@ def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
 def _lengths(rng: np.random.Generator, length: int, ratio: float, num: int) -> list[int]:
     low, high = length_range(length, ratio)
     return rng.integers(low, high + 1, size=num).tolist()
-
-
-def length_range(length: int, ratio: float) -> tuple[int, int]:
-    return int(length * (1 - ratio)), int(length * (1 + ratio))
 
 
 def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> list[float]:
@@ -209,73 +242,3 @@ def _sampling_params(w: WorkloadConfig, s: SamplerConfig, max_tokens: int, i: in
         ignore_eos=w.ignore_eos,
         seed=None if s.seed is None else s.seed + i,
     )
-
-
-def _is_int(value: object) -> bool:
-    """Python or numpy integers; not bools, not floats such as 2.5 or 2.0."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-Check = tuple[Callable[[object], bool], str]  # (accepts the value?, what is allowed)
-POSITIVE_INT: Check = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
-COUNT_INT: Check = (lambda v: _is_int(v) and v >= 0, "an integer >= 0")
-RATIO: Check = (lambda v: _is_real(v) and 0 <= v < 1, "a number in [0, 1)")
-BENCH_LEN: Check = (lambda v: _is_int(v) and v >= 100, "an integer >= 100 (bench.py draws in [100, it])")
-ARRIVALS: dict[str, Check] = {
-    "seed": COUNT_INT,
-    "request_rate": (lambda v: _is_real(v) and v > 0 and not math.isnan(v), "a number > 0 (.inf = offline)"),
-    "burstiness": (lambda v: _is_real(v) and 0 < v < math.inf, "a finite number > 0 (1 = Poisson)"),
-    "max_concurrency": (lambda v: v is None or POSITIVE_INT[0](v), "null (unlimited) or an integer >= 1"),
-}
-RANDOM: dict[str, Check] = {
-    "num_requests": POSITIVE_INT,
-    "input_len": POSITIVE_INT,
-    "output_len": POSITIVE_INT,
-    "range_ratio": RATIO,
-    "output_range_ratio": (lambda v: v is None or RATIO[0](v), "null or a number in [0, 1)"),
-}
-FIELDS_BY_KIND: dict[WorkloadKind, dict[str, Check]] = {  # the fields each kind uses
-    WorkloadKind.random: RANDOM,
-    WorkloadKind.shared_prefix: RANDOM | {"prefix_len": POSITIVE_INT, "num_prefixes": POSITIVE_INT},
-    WorkloadKind.latency: {
-        "batch_size": POSITIVE_INT,
-        "input_len": POSITIVE_INT,
-        "output_len": POSITIVE_INT,
-        "num_iters": POSITIVE_INT,
-        "num_iters_warmup": COUNT_INT,
-    },
-    WorkloadKind.nanovllm_bench: {
-        "num_requests": POSITIVE_INT,
-        "input_len": BENCH_LEN,
-        "output_len": BENCH_LEN,
-    },
-    WorkloadKind.prompts_file: {
-        "num_requests": (lambda v: _is_int(v) and (v == -1 or v >= 1), "-1 (all prompts) or an integer >= 1"),
-        "output_len": POSITIVE_INT,
-    },
-}
-
-
-def validate(w: WorkloadConfig) -> None:
-    """Every field the workload's kind uses, checked as it enters; the first bad one is reported."""
-    for name, (ok, allowed) in (ARRIVALS | FIELDS_BY_KIND[w.kind]).items():
-        value = getattr(w, name)
-        if not ok(value):
-            raise KnobError(f"workload.{name}", value, allowed)
-    _check_length_range(w)
-
-
-def _check_length_range(w: WorkloadConfig) -> None:
-    """A range so wide that a prompt or output could have 0 tokens is an error, not a clamp to 1."""
-    if w.kind not in (WorkloadKind.random, WorkloadKind.shared_prefix):
-        return
-    out_ratio = "range_ratio" if w.output_range_ratio is None else "output_range_ratio"
-    for name, ratio_name in (("input_len", "range_ratio"), ("output_len", out_ratio)):
-        length, ratio = getattr(w, name), getattr(w, ratio_name)
-        if length_range(length, ratio)[0] < 1:
-            allowed = f"small enough that {name}={length} * (1 - {ratio_name}) >= 1"
-            raise KnobError(f"workload.{ratio_name}", ratio, allowed)

@@ -46,6 +46,10 @@ class InProcessExecutor:
         """The runner's facts; after close, those it had when it closed."""
         return self.runner.stats() if self.runner else self.final_stats
 
+    @property
+    def closed(self) -> bool:
+        return self.runner is None
+
     def close(self) -> None:
         """Releases the runner's weights, KV cache and graphs now, not whenever the garbage
         collector or the caller lets go of the engine: a later engine in this process (a test
@@ -152,6 +156,11 @@ class MultiprocExecutor:
 
     def stats(self) -> dict:
         return {**self.call("stats"), "tensor_parallel_size": self.size}
+
+    @property
+    def closed(self) -> bool:
+        """Closed by the caller, or by itself when a worker died or hung."""
+        return not self.finalizer.alive
 
     def close(self) -> None:
         self.finalizer()

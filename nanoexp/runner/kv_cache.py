@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nanoexp.config import EngineConfig
+from nanoexp.config import EngineConfig, KnobError
+from nanoexp.config.checks import machine_memory_gb
 from nanoexp.kernels.base import FP8_DTYPE
 from nanoexp.layers.attention import attention_layers
 
@@ -38,6 +39,8 @@ def create_kv_cache(
     num_blocks = config.cache.num_blocks
     if num_blocks == -1:
         num_blocks = blocks_from_memory(config, bytes_per_block, device, profile, reserve_bytes)
+    else:
+        check_blocks_fit(num_blocks, bytes_per_block, device)
     num_blocks = agree_on(num_blocks, device, config.parallel.tensor_parallel_size)
     if num_blocks < 1:
         raise ValueError(
@@ -46,6 +49,22 @@ def create_kv_cache(
         )
     tensor = allocate_kv_cache(model, num_blocks, config.cache.block_size, dtype, device)
     return KVCache(tensor, num_blocks, num_blocks * bytes_per_block)
+
+
+def check_blocks_fit(num_blocks: int, bytes_per_block: int, device: torch.device) -> None:
+    """cache.num_blocks set by hand must fit in the device's whole memory (before allocating it)."""
+    if device.type == "cuda":
+        capacity = torch.cuda.mem_get_info(device)[1]
+    else:
+        capacity = machine_memory_gb() * 2**30
+    if num_blocks * bytes_per_block > capacity:
+        raise KnobError(
+            "cache.num_blocks",
+            num_blocks,
+            f"<= {int(capacity // bytes_per_block)} (or -1 = from memory): a block takes "
+            f"{bytes_per_block} bytes on this rank and the {device.type} device has "
+            f"{capacity / 2**30:.1f} GiB",
+        )
 
 
 def block_bytes(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:

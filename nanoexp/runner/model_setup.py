@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -13,9 +12,10 @@ import torch.distributed as dist
 from torch import nn
 from transformers import PretrainedConfig
 
+from nanoexp.checkpoint_files import CheckpointError, json_object
 from nanoexp.config import EngineConfig, ModelConfig
+from nanoexp.config.checks import is_int
 from nanoexp.config.parallel import check_split
-from nanoexp.config.scheduler import check_batch_budget, resolve_model_len
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.gemm_select import SkinnyGemm, make_skinny_gemm
@@ -92,9 +92,7 @@ def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
 
 def model_len(config: EngineConfig, hf_config: PretrainedConfig) -> int:
     """The longest request this engine serves (checked against the model and the step budget)."""
-    max_model_len = resolve_model_len(config.scheduler.max_model_len, hf_config.max_position_embeddings)
-    check_batch_budget(config.scheduler, max_model_len)
-    return max_model_len
+    return config.scheduler.model_len(hf_config.max_position_embeddings)
 
 
 def pick_device(choice: str, rank: int) -> torch.device:
@@ -151,9 +149,12 @@ def eos_token_ids(hf_config: PretrainedConfig, model: ModelConfig) -> list[int]:
     """The config's EOS ids plus those of generation_config.json, when the checkpoint has one."""
     ids = as_list(hf_config.eos_token_id)
     gen_path = os.path.join(model.path or "", "generation_config.json")
-    if model.arch is None and os.path.isfile(gen_path):
-        with open(gen_path) as f:
-            ids += as_list(json.load(f).get("eos_token_id"))
+    if model.arch is None and os.path.lexists(gen_path):
+        extra = json_object(gen_path, model.path).get("eos_token_id")
+        if not (extra is None or is_int(extra) or (isinstance(extra, list) and all(map(is_int, extra)))):
+            allowed = "must be an int or a list of ints"
+            raise CheckpointError(f"{gen_path}: eos_token_id={extra!r} is invalid: {allowed}")
+        ids += as_list(extra)
     return sorted(set(ids))
 
 

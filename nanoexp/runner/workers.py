@@ -41,6 +41,7 @@ STEP_TIMEOUT_ENV, STARTUP_TIMEOUT_ENV = "NANOEXP_TP_STEP_TIMEOUT_S", "NANOEXP_TP
 STEP_TIMEOUT_FLOOR_S = 60.0
 STARTUP_TIMEOUT_S = 1800.0
 SLOWEST_STEP_FACTOR = 10.0
+PARENT_POLL_S = 0.5  # how often a starting worker checks that the main process is alive
 UNANSWERED = frozenset({"launch"})  # enqueued without a reply; its result comes with "collect"
 STARTUP_HINT = (
     " (its traceback is above; a script that builds the engine at import time must guard that"
@@ -66,20 +67,41 @@ def worker_main(
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.parallel.tensor_parallel_size))
     use_thread_lock_for_tqdm()
     ring = ShmRing.attach(ring_handle, rank)
+    started = threading.Event()
+    watch_parent_during_start_up(parent, started, dist_init, ring_handle)
     try:
         runner = ModelRunner(config, rank, dist_init)
         gc.freeze()  # as the engine does: no full garbage collection in a step walks the start-up heap
         conn.send(("ok", runner.info() if rank == 0 else None))
+        started.set()
         serve(runner, rank, conn, parent, ring)
     except Orphaned:
         clean_up_after(dist_init, ring_handle)
     except BaseException as err:  # noqa: BLE001 - every failure goes back to the control plane
         send_error(conn, err)
+        if os.getppid() != parent:
+            clean_up_after(dist_init, ring_handle)
     ring.close()
     # Skip interpreter teardown (seconds with torch loaded); only stdio needs flushing.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def watch_parent_during_start_up(
+    parent: int, started: threading.Event, dist_init: str, ring_handle: RingHandle
+) -> None:
+    """Start-up (loading, profiling, compiling) can take minutes; a main process killed meanwhile
+    (SIGKILL) cleans nothing up, so the workers remove what it left and exit. Once serving, the
+    command loop watches the parent instead."""
+
+    def watch() -> None:
+        while not started.wait(PARENT_POLL_S):
+            if os.getppid() != parent:
+                clean_up_after(dist_init, ring_handle)
+                os._exit(0)
+
+    threading.Thread(target=watch, name="nanoexp-tp-parent-watch", daemon=True).start()
 
 
 def use_thread_lock_for_tqdm() -> None:
@@ -137,11 +159,20 @@ class WorkerGroup:
         self.step_floor_s = timeout_from(STEP_TIMEOUT_ENV, step_timeout_s, STEP_TIMEOUT_FLOOR_S)
         self.startup_timeout_s = timeout_from(STARTUP_TIMEOUT_ENV, startup_timeout_s, STARTUP_TIMEOUT_S)
         self.slowest_step_s = 0.0
-        ctx = mp.get_context("spawn")
         self.tmpdir = tempfile.mkdtemp(prefix="nanoexp-tp-")
         self.conns: list[Connection] = []
         self.procs = []
-        self.ring = ShmRing.create(config.parallel.tensor_parallel_size, RING_SLOTS, RING_SLOT_BYTES)
+        self.ring = None
+        try:
+            self.ring = ShmRing.create(config.parallel.tensor_parallel_size, RING_SLOTS, RING_SLOT_BYTES)
+            self.start_workers(config)
+        except BaseException:  # e.g. spawning from a module without a __main__ guard, or a signal
+            self.kill()
+            self.release()
+            raise
+
+    def start_workers(self, config: EngineConfig) -> None:
+        ctx = mp.get_context("spawn")
         dist_init = "file://" + os.path.join(self.tmpdir, "rendezvous")
         for rank in range(config.parallel.tensor_parallel_size):
             parent_end, child_end = ctx.Pipe()
@@ -149,9 +180,9 @@ class WorkerGroup:
                 target=worker_main, name=f"nanoexp-tp-rank{rank}",
                 args=(config, rank, dist_init, child_end, os.getpid(), self.ring.handle),
             )
+            self.conns.append(parent_end)
             proc.start()
             child_end.close()
-            self.conns.append(parent_end)
             self.procs.append(proc)
 
     def step_deadline_s(self) -> float:
@@ -269,7 +300,8 @@ class WorkerGroup:
     def release(self) -> None:
         for conn in self.conns:
             conn.close()
-        self.ring.close()
+        if self.ring is not None:
+            self.ring.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 

@@ -1,0 +1,89 @@
+"""SIGTERM and SIGINT (what `timeout`, Slurm, submitit and Ctrl-C send) end a job as a failure like
+any other: the signal becomes an `Interrupted` exception in the main thread, so the job unwinds
+through its usual cleanup (the engine closes, the loggers finish with the exit code, results.json
+says `terminated`) and the process exits 128 + the signal's number, as a shell reports it.
+
+A repeated signal while the first one unwinds is ignored, so cleanup is not cut short; the third
+one exits at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+EXIT_NOW_AFTER = 3  # signals received before the process exits without cleaning up
+
+
+class Interrupted(KeyboardInterrupt):
+    """The job was stopped by a signal; `exit_code` is 128 + its number."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        self.signum = signum
+        super().__init__(f"interrupted by {self.signal_name}")
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+_received: list[int] = []
+
+
+def install() -> None:
+    """Turns SIGTERM and SIGINT into `Interrupted`; only the main thread can install handlers."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, _on_signal)
+
+
+def _on_signal(signum: int, frame) -> None:
+    _received.append(signum)
+    if len(_received) >= EXIT_NOW_AFTER:
+        os._exit(128 + _received[0])
+    if len(_received) == 1:
+        raise Interrupted(signum)
+
+
+def received() -> int | None:
+    """The first signal this process received, or None."""
+    return _received[0] if _received else None
+
+
+def as_interrupted(error: KeyboardInterrupt) -> Interrupted:
+    """A plain KeyboardInterrupt (no handler installed, e.g. in a notebook) is a SIGINT."""
+    return error if isinstance(error, Interrupted) else Interrupted(signal.SIGINT)
+
+
+def die_with_sweep(poll_s: float = 1.0) -> None:
+    """In a job of a local sweep (submitit: sweep process -> job controller -> this job), sends
+    this process SIGTERM once the controller or the sweep process is gone, so no job outlives
+    the sweep that started it, even one killed with SIGKILL."""
+    controller = os.getppid()
+    sweep = _parent_of(controller)
+    if sweep is None:
+        return
+
+    def watch() -> None:
+        while os.getppid() == controller and _parent_of(controller) == sweep:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="nanoexp-sweep-watch", daemon=True).start()
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of `pid` from /proc (None where there is no /proc or no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])  # after the name, which may hold spaces
