@@ -153,7 +153,7 @@ def test_job_probes_a_lossy_cache(tmp_path):
 def test_job_probes_an_exact_cache_only_when_asked(tmp_path):
     assert not kv_quality.wanted(to_spec(compose_cfg("model=qwen3_tiny")))
     assert kv_quality.wanted(to_spec(compose_cfg("model=qwen3_tiny", "cache.kv_cache_dtype=fp8")))
-    assert not kv_quality.wanted(to_spec(compose_cfg("cache.kv_cache_dtype=fp8", "engine=hf")))
+    assert not kv_quality.wanted(to_spec(compose_cfg("metrics.kv_quality.lossless=true", "engine=hf")))
     summary, stdout = run_job(tmp_path, "metrics.kv_quality.lossless=true")
     assert summary["kv_quality/greedy_agreement"] == 1.0 and abs(summary["kv_quality/kl_mean"]) < 1e-6
     assert summary["kv_cache_dtype"] == "auto"
