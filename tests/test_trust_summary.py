@@ -49,7 +49,8 @@ def test_engine_summary_agrees_with_results(tmp_path: Path) -> None:
     assert rows["weights / KV cache"] == f"{gb(weights)} / {gb(kv)} GB"
     assert summary["peak_memory_kind"] == "resident"
     assert rows["peak memory (resident)"] == f"{gb(summary['peak_memory_bytes'])} GB"
-    assert summary["peak_memory_bytes"] >= weights + kv  # the CPU cache is resident from the start
+    # resident: the weights are, KV blocks never written are not (a CPU cache is reserved, not touched)
+    assert summary["peak_memory_bytes"] >= weights
     # on a CPU the engine neither warms up nor captures graphs; the job's warm-up request ran
     assert summary["warmup_s"] == 0 and not summary["cuda_graphs"]
     assert rows["load"] == seconds(summary["load_s"])

@@ -91,13 +91,10 @@ def agree_on(num_blocks: int, device: torch.device, tp_size: int) -> int:
 def allocate_kv_cache(
     model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """One tensor [layers, 2, blocks, block_size, kv_heads, head_dim]; each layer gets views. On
-    the CPU it is written once (zeros), so that its pages are resident from the start and the
-    process's resident peak counts the whole cache, as torch's peak allocation does on a GPU."""
+    """One tensor [layers, 2, blocks, block_size, kv_heads, head_dim]; each layer gets views."""
     layers = attention_layers(model)
     first = layers[0]
-    allocate = torch.zeros if device.type == "cpu" else torch.empty
-    cache = allocate(
+    cache = torch.empty(
         len(layers), 2, num_blocks, block_size, first.num_kv_heads, first.head_dim,
         dtype=dtype, device=device,
     )
