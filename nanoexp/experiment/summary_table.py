@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from nanoexp.experiment.job import JobInfo
 
@@ -62,7 +63,8 @@ def format_summary(
             lines.append(f"{label:<30}{' / '.join(cells)}{' ' + unit if unit else ''}")
     repeats = summary.get("repeats", 1)
     if isinstance(repeats, int) and repeats > 1:
-        lines.append(f"{'':<30}(mean ± 95% CI half-width over {repeats} repeats)")
+        note = f"(mean ± 95% CI half-width over {repeats} repeats; [low, high] where it stops at 0)"
+        lines.append(f"{'':<30}{note}")
     if job is not None:
         lines.append(f"{'results':<30}{job.out_dir / 'results.json'}")
     return "\n".join(lines)
@@ -120,7 +122,15 @@ def _cell(summary: dict, key: str, fmt: str) -> str | None:
     low, high = _value(summary, f"{key}_ci95_low"), _value(summary, f"{key}_ci95_high")
     if low is None or high is None:
         return fmt.format(value)
-    return f"{fmt.format(value)} ± {fmt.format((high - low) / 2)}"
+    return fmt.format(value) + interval_suffix(value, low, high, fmt.format)
+
+
+def interval_suffix(value: float, low: float, high: float, fmt: Callable[[float], str]) -> str:
+    """` ± half-width` for an interval centred on the value, else ` [low, high]` (an interval cut at
+    a bound, see metrics.spread)."""
+    if math.isclose(value - low, high - value, rel_tol=1e-6, abs_tol=1e-12):
+        return f" ± {fmt((high - low) / 2)}"
+    return f" [{fmt(low)}, {fmt(high)}]"
 
 
 def _value(summary: dict, key: str) -> float | None:
