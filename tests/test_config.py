@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from nanoexp.config import (
@@ -295,3 +298,21 @@ def test_async_scheduling_defaults_on_at_every_tp_size_and_can_be_turned_off():
     assert EngineConfig.from_kwargs("m", tensor_parallel_size=2).scheduler.async_scheduling is True
     chosen = EngineConfig.from_kwargs("m", tensor_parallel_size=2, async_scheduling=False)
     assert chosen.scheduler.async_scheduling is False
+
+
+def help_config() -> dict:
+    """The config `python run.py --help` lists."""
+    cmd = [sys.executable, "run.py", "--help"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    listing = proc.stdout.split("== Config ==", 1)[1].split("Powered by Hydra", 1)[0]
+    return yaml.safe_load(listing.split("\n", 2)[2])  # after the "Override anything" line
+
+
+def test_help_lists_the_defaults_the_presets_run_with() -> None:
+    """`--help` shows the default job's config; knobs that only the latency workload reads show the
+    values its preset runs with (vllm bench latency's), not others the preset would replace."""
+    listed = help_config()
+    assert listed == yaml.safe_load(OmegaConf.to_yaml(compose_cfg()))
+    latency = to_spec(compose_cfg("workload=latency")).workload
+    for knob, value in {"batch_size": 8, "num_iters": 30, "num_iters_warmup": 10}.items():
+        assert listed["workload"][knob] == getattr(latency, knob) == value, knob

@@ -141,3 +141,18 @@ def test_close_releases_the_kv_cache_and_weights_while_the_engine_is_still_refer
         assert llm.stats() == stats
     finally:
         gc.enable()
+
+
+def test_progress_bar_is_set_at_construction_and_per_call(checkpoints, capsys) -> None:
+    path = checkpoints["qwen3_gqa1"][0]
+    with LLM(path, use_tqdm=False, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128) as quiet:
+        quiet.generate([[1, 2, 3]], GREEDY)
+        assert "Generating" not in capsys.readouterr().err
+        quiet.generate([[1, 2, 3]], GREEDY, use_tqdm=True)
+        assert "Generating" in capsys.readouterr().err
+        with pytest.raises(TypeError) as err:
+            quiet.generate([[1, 2, 3]], GREEDY, use_tqdm="no")
+        assert one_line(err) == "use_tqdm='no': must be True or False"
+    with pytest.raises(TypeError) as err:
+        LLM(path, use_tqdm=1)
+    assert one_line(err) == "use_tqdm=1: must be True or False"

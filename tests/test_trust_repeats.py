@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -26,14 +27,31 @@ def run_py(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 
 def test_aggregate_gives_mean_std_and_student_t_interval() -> None:
-    summaries = [{"output_throughput": v, "completed": 8, "model": "m"} for v in (1.0, 2.0, 3.0)]
+    summaries = [{"output_throughput": v, "completed": 8, "model": "m"} for v in (11.0, 12.0, 13.0)]
     out = aggregate_repeats(summaries)
     half = 4.302652729911275 / math.sqrt(3)  # t(0.975, df=2) * s / sqrt(n), s = 1
     assert out["repeats"] == 3 and out["completed"] == 8 and out["model"] == "m"
-    assert out["output_throughput"] == 2.0 and out["output_throughput_std"] == pytest.approx(1.0)
-    assert out["output_throughput_ci95_low"] == pytest.approx(2.0 - half)
-    assert out["output_throughput_ci95_high"] == pytest.approx(2.0 + half)
+    assert out["output_throughput"] == 12.0 and out["output_throughput_std"] == pytest.approx(1.0)
+    assert out["output_throughput_ci95_low"] == pytest.approx(12.0 - half)
+    assert out["output_throughput_ci95_high"] == pytest.approx(12.0 + half)
     assert "completed_std" not in out  # counts are not headline metrics
+
+
+def test_intervals_stay_inside_what_the_metric_can_be() -> None:
+    """A t-interval of three noisy TTFTs reaches below zero; the interval stops at 0 (and a
+    fraction's at 1) and keeps the mean inside; the table then prints the bounds."""
+    from nanoexp.experiment.summary_table import format_summary
+
+    ttft, attained = [1.0, 1.0, 30.0], [0.8, 1.0, 1.0]
+    out = aggregate_repeats([{"mean_ttft_ms": t, "slo_attainment": a} for t, a in zip(ttft, attained)])
+    half = 4.302652729911275 * statistics.stdev(ttft) / math.sqrt(3)
+    low, high = out["mean_ttft_ms_ci95_low"], out["mean_ttft_ms_ci95_high"]
+    assert out["mean_ttft_ms"] - half < 0 and low == 0.0 and high == pytest.approx(out["mean_ttft_ms"] + half)
+    assert out["slo_attainment_ci95_high"] == 1.0
+    assert 0 < out["slo_attainment_ci95_low"] < out["slo_attainment"]
+    p99 = {"p99_ttft_ms": 30.0, "p99_ttft_ms_ci95_low": 20.0, "p99_ttft_ms_ci95_high": 40.0}
+    row = f"TTFT mean / p99               10.7 [0.0, {high:.1f}] / 30.0 ± 10.0 ms"
+    assert row in format_summary(out | p99).splitlines()
 
 
 def test_one_repeat_has_no_spread() -> None:
@@ -82,8 +100,14 @@ def test_each_repeat_starts_with_an_empty_prefix_cache(tmp_path: Path) -> None:
     """Identical prompts in every repeat: without emptying the cache between repeats, the second
     would be served from what the first cached and its TTFT would not be comparable."""
     proc = run_py(
-        tmp_path, "repeats=2", "reseed_repeats=false", "cache.block_size=16", "workload.input_len=64",
-        "workload.output_len=4", "workload.range_ratio=0", "workload.output_range_ratio=0",
+        tmp_path,
+        "repeats=2",
+        "reseed_repeats=false",
+        "cache.block_size=16",
+        "workload.input_len=64",
+        "workload.output_len=4",
+        "workload.range_ratio=0",
+        "workload.output_range_ratio=0",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with (tmp_path / "job" / "requests.csv").open() as f:

@@ -153,17 +153,52 @@ def test_numeric_parameter_is_a_sorted_line_with_error_bars(tmp_path: Path, monk
 def test_categorical_parameter_is_grouped_bars_in_numeric_legend_order(tmp_path: Path, monkeypatch) -> None:
     from matplotlib.axes import Axes
 
-    bars, ylims = [], []
-    original_bar, original_ylim = Axes.bar, Axes.set_ylim
+    bars = []
+    original_bar = Axes.bar
     monkeypatch.setattr(
         Axes, "bar", lambda ax, x, h, **kw: bars.append(kw["label"]) or original_bar(ax, x, h, **kw)
     )
-    monkeypatch.setattr(
-        Axes, "set_ylim", lambda ax, *a, **kw: ylims.append(kw) or original_ylim(ax, *a, **kw)
-    )
+    figure = saved_figure(monkeypatch)
     table = synthetic(["hf", "nanoexp"], ["128", "16", "32"])
     metrics = ["output_throughput", "peak_memory_bytes"]
     plot_param(table, metrics, "param:engine", ["param:cache.block_size"], "t", tmp_path / "p.png")
     expected = [f"cache.block_size={b}" for b in ("16", "32", "128")]
     assert bars == expected * 2  # one bar series per block size, per panel, sorted as numbers
-    assert ylims.count({"bottom": 0}) == 2  # both panels start at zero
+    throughput, memory = figure[0].axes
+    assert throughput.get_ylim()[0] == 0 and memory.get_ylim()[0] == 0  # both panels start at zero
+
+
+def saved_figure(monkeypatch) -> list:
+    """Collects the figure the next plot saves (still open when the test reads it)."""
+    from nanoexp.experiment import sweep_plots
+
+    figures = []
+    original = sweep_plots.save_figure
+
+    def keep(fig, *args, **kwargs):
+        figures.append(fig)
+        fig.savefig = lambda *a, **kw: None
+        original(fig, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_plots, "save_figure", keep)
+    monkeypatch.setattr("matplotlib.pyplot.close", lambda fig=None: None)
+    return figures
+
+
+def test_panels_are_titled_in_words_hold_every_point_and_keep_the_legend_off_the_data(
+    tmp_path: Path, monkeypatch
+) -> None:
+    figure = saved_figure(monkeypatch)
+    table = synthetic(["nanoexp"], ["16", "32", "64"]).assign(p99_ttft_ms=[5.0, 7.0, 9.0])
+    table.loc[2, "output_throughput_ci95_high"] = 40.0  # the highest point is an error bar's end
+    metrics = ["output_throughput", "p99_ttft_ms", "peak_memory_bytes"]
+    plot_param(table, metrics, "param:cache.block_size", ["param:engine"], "t", tmp_path / "p.png")
+    (fig,) = figure
+    assert [ax.get_title() for ax in fig.axes] == [
+        "output throughput (tok/s)",
+        "p99 TTFT (ms)",
+        "peak memory (GB)",
+    ]
+    tops = [ax.get_ylim()[1] for ax in fig.axes]
+    assert tops[0] > 40.0 and tops[1] > 9.0 and tops[2] > 2.0  # 2e9 bytes: flat at 2 GB, not cut
+    assert all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1  # below the panels

@@ -86,7 +86,7 @@ def build_model(shape: Shape, tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCau
         num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
         max_position_embeddings=shape.max_positions, tie_word_embeddings=True, rms_norm_eps=1e-6,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
+    )  # fmt: skip
     return Qwen3ForCausalLM(config)
 
 
@@ -132,7 +132,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "checkpoint"))
     parser.add_argument("--steps", type=int, default=Schedule.steps)
-    parser.add_argument("--threads", type=int, default=2)
+    # one thread: the model is so small that a second thread mostly waits at each op's barrier, and
+    # on a busy 2-core machine it waits for a core (40 steps: 17.6-21.3 s with 1 thread, 42-140 s
+    # with 2, at load 4.3-4.6)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     train(args.out, Shape(), Schedule(steps=args.steps))

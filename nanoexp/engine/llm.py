@@ -43,19 +43,27 @@ class SingleCaller:
         self.lock.release()
 
 
+def check_use_tqdm(value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"use_tqdm={value!r}: must be True or False")
+    return value
+
+
 class LLM:
-    def __init__(self, model: str, **kwargs):
-        """vLLM's edge: a checkpoint and flat keywords (`kvcache_block_size=16`, ...)."""
-        self._start(EngineConfig.from_kwargs(model, **kwargs))
+    def __init__(self, model: str, use_tqdm: bool = True, **kwargs):
+        """vLLM's edge: a checkpoint and flat keywords (`kvcache_block_size=16`, ...); `use_tqdm`
+        is generate's default for its progress bar."""
+        self._start(EngineConfig.from_kwargs(model, **kwargs), use_tqdm)
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> LLM:
+    def from_config(cls, config: EngineConfig, use_tqdm: bool = True) -> LLM:
         """An engine from a config already built (and checked), e.g. by the experiment layer."""
         llm = cls.__new__(cls)
-        llm._start(config)
+        llm._start(config, use_tqdm)
         return llm
 
-    def _start(self, config: EngineConfig) -> None:
+    def _start(self, config: EngineConfig, use_tqdm: bool) -> None:
+        self.use_tqdm = check_use_tqdm(use_tqdm)
         model = config.model.path
         if config.model.arch is None and not os.path.isdir(model) and "/" not in model:
             raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
@@ -73,17 +81,19 @@ class LLM:
         self,
         prompts: Seq[str] | Seq[list[int]] | str,
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
         """Runs all prompts to completion; outputs come back in prompt order. The engine must be
         idle: requests queued with `engine.add_request` and not stepped to completion are an error
-        (their outputs would have nowhere to go), and so is a call from a second thread meanwhile."""
+        (their outputs would have nowhere to go), and so is a call from a second thread meanwhile.
+        `use_tqdm`: the progress bar (None: as given to the constructor)."""
         with self.caller("generate"):
             return self.generate_alone(prompts, sampling_params, use_tqdm)
 
-    def generate_alone(self, prompts, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+    def generate_alone(self, prompts, sampling_params, use_tqdm: bool | None) -> list[RequestOutput]:
         self.engine.check_open()
         self.check_idle("generate")
+        use_tqdm = self.use_tqdm if use_tqdm is None else check_use_tqdm(use_tqdm)
         prompts = as_prompt_list(prompts)
         params = self.params_per_prompt(sampling_params or SamplingParams(), len(prompts))
         token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(prompts)]

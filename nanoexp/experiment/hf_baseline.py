@@ -9,7 +9,6 @@ as for our engine.
 
 from __future__ import annotations
 
-import resource
 import time
 from collections.abc import Callable, Sequence
 
@@ -18,6 +17,7 @@ import torch
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.experiment.workloads import Request
 from nanoexp.runner.model_setup import DTYPES
+from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 
 OnStep = Callable[[StepStats], None]
 
@@ -37,7 +37,7 @@ class HFBaseline:
         self.max_batch = max_batch
         self.eos = int(arch["eos_token_id"])
         self.load_format = "safetensors" if checkpoint else "dummy"
-        self._rss0 = _peak_rss()
+        self.peak_memory_kind = reset_peak_memory(self.device)
         torch.manual_seed(seed)
         start = time.perf_counter()
         self.model = _load(arch, checkpoint, self.dtype).to(self.device).eval()
@@ -102,7 +102,8 @@ class HFBaseline:
             "kv_cache_bytes": 0,  # transformers grows its cache per batch; not preallocated
             "num_kv_blocks": 0,
             "kv_block_size": 0,
-            "peak_memory_bytes": _peak_memory(self.device, self._rss0),
+            "peak_memory_bytes": peak_memory_bytes(self.device),
+            "peak_memory_kind": self.peak_memory_kind,
             "load_s": self.load_s,
             "warmup_s": 0.0,
             "graph_capture_s": 0.0,
@@ -212,13 +213,3 @@ def _wait_for(t: float) -> None:
     delay = t - time.perf_counter()
     if delay > 0:
         time.sleep(delay)
-
-
-def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
-def _peak_memory(device: torch.device, rss0: int) -> int:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return _peak_rss() - rss0

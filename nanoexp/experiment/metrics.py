@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,6 +27,7 @@ HEADLINE = (
     "p50_latency_ms",
     "p99_latency_ms",
 )
+FRACTIONS = {"slo_attainment": 1.0}  # HEADLINE metrics bounded above (all are >= 0)
 
 
 def summarize(
@@ -85,7 +87,10 @@ def aggregate_repeats(summaries: Sequence[dict]) -> dict:
 
 
 def spread(key: str, values: Sequence[float]) -> dict[str, float]:
-    """`<key>_std` (ddof=1) and `<key>_ci95_low/high`, the t-interval of the mean."""
+    """`<key>_std` (ddof=1) and `<key>_ci95_low/high`: the t-interval of the mean, cut to the values
+    the metric can take (every HEADLINE metric is >= 0, a fraction <= 1). Cutting keeps its coverage
+    (the true mean lies inside the range) and its centre, the mean; with few, noisy repeats a plain
+    t-interval of a latency would reach below zero."""
     arr = np.asarray(values, dtype=float)
     mean, sem = float(arr.mean()), float(scipy_stats.sem(arr))
     if not np.isfinite(sem):
@@ -94,6 +99,7 @@ def spread(key: str, values: Sequence[float]) -> dict[str, float]:
         low = high = mean
     else:
         low, high = scipy_stats.t.interval(CONFIDENCE, arr.size - 1, loc=mean, scale=sem)
+        low, high = max(float(low), 0.0), min(float(high), FRACTIONS.get(key, math.inf))
     std = float(arr.std(ddof=1))
     return {f"{key}_std": std, f"{key}_ci95_low": float(low), f"{key}_ci95_high": float(high)}
 

@@ -201,9 +201,9 @@ class WorkloadConfig:
     request_rate: float = float("inf")  # requests/s; inf = all at t0 (offline)
     burstiness: float = 1.0  # gamma shape of inter-arrival times; 1 = Poisson
     max_concurrency: int | None = None  # most requests in the engine at once; null = unlimited
-    batch_size: int = 8  # latency: requests per iteration
-    num_iters: int = 3  # latency: timed iterations
-    num_iters_warmup: int = 1  # latency: untimed iterations
+    batch_size: int = 8  # latency: requests per iteration (vllm bench latency's defaults, as the next two)
+    num_iters: int = 30  # latency: timed iterations
+    num_iters_warmup: int = 10  # latency: untimed iterations
 
     def __post_init__(self) -> None:
         """Every field the workload's kind uses; the first bad one is reported."""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from nanoexp.experiment.job import JobInfo
 
+# built per summary (see _row)
+MEMORY_ROW, PEAK_MEMORY_ROW, START_UP_ROW, WARM_UP_ROW = "memory", "peak memory", "start-up", "warm-up"
 ROWS = [  # label, summary keys, number format, unit
     ("requests", ("completed",), "{:.0f}", ""),
     ("input / output tokens", ("total_input_tokens", "total_output_tokens"), "{:.0f}", ""),
@@ -22,9 +25,10 @@ ROWS = [  # label, summary keys, number format, unit
     ("iteration latency mean / p99", ("mean_latency_ms", "p99_latency_ms"), "{:.1f}", "ms"),
     ("prefix cache hit rate", ("prefix_cache_hit_rate",), "{:.1%}", ""),
     ("preemptions", ("num_preemptions",), "{:.0f}", ""),
-    ("weights / KV cache", ("weights_bytes", "kv_cache_bytes"), "{:.3g}", "GB"),
-    ("peak memory", ("peak_memory_bytes",), "{:.3g}", "GB"),
-    ("load / warmup / graphs", ("load_s", "warmup_s", "graph_capture_s"), "{:.2f}", "s"),
+    MEMORY_ROW,
+    PEAK_MEMORY_ROW,
+    START_UP_ROW,
+    WARM_UP_ROW,
     ("KV cache greedy agreement", ("kv_quality/greedy_agreement",), "{:.2%}", ""),
     (
         "KV cache KL mean / p99 / max",
@@ -34,11 +38,17 @@ ROWS = [  # label, summary keys, number format, unit
     ),
 ]
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
+PEAK_MEMORY_LABELS = {  # summary["peak_memory_kind"] -> its row's label
+    "allocated": "peak memory (allocated)",
+    "resident": "peak memory (resident)",
+    "resident_lifetime": "peak memory (process, resident)",
+}
 SHOWN = {  # always in the header, whether or not they differ from the defaults
     "parallel.tensor_parallel_size": "TP",
     "cache.block_size": "block size",
     "workload.request_rate": "rate",
 }
+BASELINE_UNUSED = ("parallel.tensor_parallel_size", "cache.block_size")  # transformers runs neither
 
 
 def format_summary(
@@ -47,22 +57,48 @@ def format_summary(
     """The table; the header names `shown` (see SHOWN) and every `changed` setting (key -> value)."""
     lines = header(summary, shown or {}, changed or {})
     lines.append("-" * max(len(line) for line in lines))
-    for label, keys, fmt, unit in ROWS:
+    for label, keys, fmt, unit in filter(None, (_row(summary, row) for row in ROWS)):
         cells = [_cell(summary, k, fmt) for k in keys]
         if all(c is not None for c in cells):
             lines.append(f"{label:<30}{' / '.join(cells)}{' ' + unit if unit else ''}")
     repeats = summary.get("repeats", 1)
     if isinstance(repeats, int) and repeats > 1:
-        lines.append(f"{'':<30}(mean ± 95% CI half-width over {repeats} repeats)")
+        note = f"(mean ± 95% CI half-width over {repeats} repeats; [low, high] where it stops at 0)"
+        lines.append(f"{'':<30}{note}")
     if job is not None:
         lines.append(f"{'results':<30}{job.out_dir / 'results.json'}")
     return "\n".join(lines)
 
 
+def _row(summary: dict, row) -> tuple[str, tuple[str, ...], str, str] | None:
+    """A row as ROWS has it, or a row built from what this job did: the KV cache only where there is
+    one (not for the transformers baseline), the kind of peak measured, the engine's warm-up and
+    graph capture and the job's warm-up request only where they ran (None: no row)."""
+    if row == MEMORY_ROW:
+        has_cache = summary.get("kv_cache_bytes", 0) > 0
+        keys = ("weights_bytes", "kv_cache_bytes") if has_cache else ("weights_bytes",)
+        return ("weights / KV cache" if has_cache else "weights"), keys, "{:.3g}", "GB"
+    if row == PEAK_MEMORY_ROW:
+        label = PEAK_MEMORY_LABELS.get(summary.get("peak_memory_kind"), "peak memory")
+        return label, ("peak_memory_bytes",), "{:.3g}", "GB"
+    if row == START_UP_ROW:
+        parts = [("load", "load_s")]
+        if summary.get("warmup_s", 0) > 0:
+            parts.append(("warm-up", "warmup_s"))
+        if summary.get("cuda_graphs"):
+            parts.append(("graphs", "graph_capture_s"))
+        return " / ".join(name for name, _ in parts), tuple(key for _, key in parts), "{:.2f}", "s"
+    if row == WARM_UP_ROW:
+        ran = summary.get("bench_warmup_s", 0) > 0
+        return ("warm-up request", ("bench_warmup_s",), "{:.2f}", "s") if ran else None
+    return row
+
+
 def header(summary: dict, shown: dict, changed: dict) -> list[str]:
     get = lambda k: summary.get(k, "?")
     head = f"{get('engine_kind')} | {get('model')} ({get('load_format')} weights) | {get('workload')}"
-    facts = [f"{SHOWN[k]} {v}" for k, v in shown.items() if k in SHOWN]
+    unused = BASELINE_UNUSED if summary.get("engine_kind") == "hf" else ()
+    facts = [f"{SHOWN[k]} {v}" for k, v in shown.items() if k in SHOWN and k not in unused]
     facts.append(f"attention {get('attention_backend')}")
     lines = [head, ", ".join(facts)]
     changes = " ".join(f"{k}={v}" for k, v in changed.items()) or "nothing"
@@ -86,7 +122,15 @@ def _cell(summary: dict, key: str, fmt: str) -> str | None:
     low, high = _value(summary, f"{key}_ci95_low"), _value(summary, f"{key}_ci95_high")
     if low is None or high is None:
         return fmt.format(value)
-    return f"{fmt.format(value)} ± {fmt.format((high - low) / 2)}"
+    return fmt.format(value) + interval_suffix(value, low, high, fmt.format)
+
+
+def interval_suffix(value: float, low: float, high: float, fmt: Callable[[float], str]) -> str:
+    """` ± half-width` for an interval centred on the value, else ` [low, high]` (an interval cut at
+    a bound, see metrics.spread)."""
+    if math.isclose(value - low, high - value, rel_tol=1e-6, abs_tol=1e-12):
+        return f" ± {fmt((high - low) / 2)}"
+    return f" [{fmt(low)}, {fmt(high)}]"
 
 
 def _value(summary: dict, key: str) -> float | None:

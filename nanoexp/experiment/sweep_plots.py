@@ -18,8 +18,44 @@ UNITS = {
     "peak_memory_bytes": ("GB", 1e9),
     "offered_request_rate": ("req/s", 1.0),
     "slo_attainment": ("fraction of requests", 1.0),
+    "duration_s": ("s", 1.0),
 }
 INF_LABELS = {"workload.request_rate": "all at t0"}  # what an infinite value of a parameter means
+NAMES = {  # metric -> its name in a panel title; latency statistics are named by metric_name
+    "output_throughput": "output throughput",
+    "total_token_throughput": "total token throughput",
+    "request_throughput": "achieved request rate",
+    "request_goodput": "request goodput",
+    "peak_memory_bytes": "peak memory",
+    "offered_request_rate": "offered request rate",
+    "slo_attainment": "SLO attainment",
+    "duration_s": "duration",
+}
+LATENCIES = {
+    "ttft": "TTFT",
+    "tpot": "TPOT",
+    "itl": "ITL",
+    "e2el": "end-to-end latency",
+    "latency": "iteration latency",
+}
+HEADROOM = 1.08  # the y axis ends this far above the highest point (error bars included)
+
+
+def metric_name(metric: str) -> str:
+    """A metric key in words: `p99_ttft_ms` -> `p99 TTFT`, `peak_memory_bytes` -> `peak memory`."""
+    if metric in NAMES:
+        return NAMES[metric]
+    stat, _, rest = metric.partition("_")
+    latency = rest.removesuffix("_ms")
+    if metric.endswith("_ms") and latency in LATENCIES:
+        return f"{stat} {LATENCIES[latency]}"
+    return metric.replace("_", " ")
+
+
+def metric_title(metric: str) -> str:
+    """The panel title: the metric in words and its unit, `p99 TTFT (ms)`."""
+    label, _ = unit(metric)
+    return f"{metric_name(metric)} ({label})" if label else metric_name(metric)
 
 
 def unit(metric: str) -> tuple[str, float]:
@@ -44,18 +80,22 @@ def plot_param(
         draw = _lines if numeric else _bars
         draw(ax, ok, key, others, metric)
         label, _ = unit(metric)
-        ax.set_title(metric, fontsize=9)
+        ax.set_title(metric_title(metric), fontsize=9)
         ax.set_xlabel(key.removeprefix("param:"), fontsize=8)
         ax.set_ylabel(label, fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.set_ylim(bottom=0)  # every metric is an amount (throughput, memory, time): 0 is the floor
+        from_zero(ax)
     for ax in list(axes.flat)[len(metrics) :]:
         ax.set_visible(False)
-    if others:
-        axes.flat[0].legend(
-            fontsize=6, title=", ".join(o.removeprefix("param:") for o in others), title_fontsize=6
-        )
-    save_figure(fig, title, path)
+    legend = ", ".join(o.removeprefix("param:") for o in others) if others else None
+    save_figure(fig, title, path, legend_title=legend)
+
+
+def from_zero(ax, top: float | None = None) -> None:
+    """The y axis from 0 (every metric is an amount: throughput, memory, time) to `top`, or to a
+    little above the highest point drawn, so no marker or error bar is cut at the top."""
+    high = ax.dataLim.y1 if np.isfinite(ax.dataLim.y1) else 0.0
+    ax.set_ylim(0, top if top is not None else (high * HEADROOM if high > 0 else 1.0))
 
 
 def _lines(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> None:
@@ -158,8 +198,7 @@ def plot_latency_cdf(ok_jobs: list[tuple[str, pd.DataFrame]], title: str, path: 
         ax.set_ylim(0, 1.02)
         ax.set_xlim(left=0)
         ax.tick_params(labelsize=7)
-    axes[0].legend(fontsize=6)
-    save_figure(fig, title, path)
+    save_figure(fig, title, path, legend_title="job")
 
 
 def is_numeric(values: pd.Series) -> bool:
@@ -185,10 +224,18 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, title: str, path: Path) -> None:
+def save_figure(fig, title: str, path: Path, legend_title: str | None = None) -> None:
+    """Saves with the title on top and, when `legend_title` is given, the first panel's legend
+    below the panels (a legend inside a panel hides data)."""
     import matplotlib.pyplot as plt
 
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
+    if legend_title is not None and handles:
+        fig.legend(
+            handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(labels), 4),
+            fontsize=7, title=legend_title, title_fontsize=7, frameon=False,
+        )  # fmt: skip
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # grown to hold the legend below
     plt.close(fig)

@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 
 from nanoexp.experiment import interrupts
 from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.summary_table import interval_suffix
 from nanoexp.experiment.sweep_serving import METRICS as SERVING_METRICS
 
 METRICS = [
@@ -389,8 +390,8 @@ def markdown(
     notes = [context] if context else []
     if any(c.startswith("noise:") for c in table.columns):
         notes.append(
-            "mean ± 95% CI half-width over repeats; **bold**: best row, ≈: CI overlaps the best "
-            "row's (within noise)"
+            "mean ± 95% CI half-width over repeats ([low, high] where the CI stops at 0); **bold**: "
+            "best row, ≈: CI overlaps the best row's (within noise)"
         )
     findings = [*(f"- {line}" for line in findings), ""] if findings else []
     return "\n".join([f"# Sweep {title}", "", *notes, "", *findings, header, rule, *body, ""])
@@ -400,7 +401,7 @@ def _metric_cell(row: pd.Series, column: str) -> str:
     text = _cell(row.get(column))
     low, high = row.get(f"{column}{CI[0]}"), row.get(f"{column}{CI[1]}")
     if text and isinstance(low, float) and isinstance(high, float) and low == low and high == high:
-        text += f" ± {(high - low) / 2:.3g}"
+        text += interval_suffix(float(row[column]), low, high, lambda v: f"{v:.3g}")
     mark = row.get(f"noise:{column}", "")
     return f"**{text}**" if mark == "best" else f"≈{text}" if mark == "within noise" else text
 

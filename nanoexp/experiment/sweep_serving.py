@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from nanoexp.experiment.sweep_plots import NumericAxis, groups, metric_values, pyplot, save_figure, unit
+from nanoexp.experiment.sweep_plots import (
+    HEADROOM,
+    NumericAxis,
+    from_zero,
+    groups,
+    metric_values,
+    pyplot,
+    save_figure,
+    unit,
+)
 
 RATE = "param:workload.request_rate"
 MIN_ATTAINMENT = 0.9
@@ -133,7 +142,7 @@ def plot_serving(
         _decorate(ax, axis, f"{name} (ms)", slo.get(metric), f"SLO {slo.get(metric, 0):g} ms")
     _decorate(axes[3], axis, "requests/s")
     _decorate(axes[4], axis, "SLO attainment", MIN_ATTAINMENT if slo else None, f"{MIN_ATTAINMENT:.0%}")
-    axes[4].set_ylim(0, 1.05)
+    from_zero(axes[4], top=HEADROOM)  # a fraction: up to 1, with room for the markers at 1
     save_figure(fig, title, path)
 
 
@@ -149,7 +158,7 @@ def _decorate(ax, axis: NumericAxis, ylabel: str, limit: float | None = None, li
     axis.apply(ax)
     ax.set_xlabel(f"offered rate ({unit('request_throughput')[0]})", fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
-    ax.set_ylim(bottom=0)
+    from_zero(ax)
     ax.tick_params(labelsize=7)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=6)
+    if ax.get_legend_handles_labels()[0]:  # below the panel: inside, it would hide data
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)

@@ -45,8 +45,9 @@ class AttentionMetadata:
     (padding rows, e.g. CUDA-graph padding).
 
     A mixed step (a prefill step with num_decodes > 0) packs num_decodes one-token decodes first,
-    then the prefill sequences; cu_seqlens_q/cu_seqlens_k, max_seqlen_q and has_cached_prefix
-    then describe the prefill sequences only (cu_seqlens_q[0] = 0 at row num_decodes).
+    then the prefill sequences; cu_seqlens_q/cu_seqlens_k, max_seqlen_q/max_seqlen_k and has_cached_prefix
+    then describe the prefill sequences only (cu_seqlens_q[0] = 0 at row num_decodes), and
+    max_decode_seqlen_k the decodes'.
     """
 
     is_prefill: bool
@@ -56,9 +57,10 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor | None = None  # int32 [num_seqs + 1], prefill only
     cu_seqlens_k: torch.Tensor | None = None  # int32 [num_seqs + 1], prefill only
     max_seqlen_q: int = 1
-    max_seqlen_k: int = 0
+    max_seqlen_k: int = 0  # bounds every context_lens entry it describes; 0: unknown (a captured graph's)
     has_cached_prefix: bool = False  # some prefill sequence attends to tokens from earlier steps
     num_decodes: int = 0  # leading one-token decode sequences of a prefill step (a mixed step)
+    max_decode_seqlen_k: int = 0  # a mixed step's longest decode context; 0: unknown
     # A step graph's fixed-shape mixed step: the prefill kernel's tile table (int32 [n, 4], see
     # triton_attention.varlen_prefill), and the context of each of the num_decodes leading decode
     # slots (0: the slot holds no decode)
@@ -69,7 +71,13 @@ class AttentionMetadata:
     def decode_part(self) -> AttentionMetadata:
         """A mixed step's leading decodes, as a decode step."""
         d = self.num_decodes
-        return AttentionMetadata(False, self.slot_mapping[:d], self.context_lens[:d], self.block_tables[:d])
+        return AttentionMetadata(
+            False,
+            self.slot_mapping[:d],
+            self.context_lens[:d],
+            self.block_tables[:d],
+            max_seqlen_k=self.max_decode_seqlen_k,
+        )
 
     @functools.cached_property
     def prefill_part(self) -> AttentionMetadata:

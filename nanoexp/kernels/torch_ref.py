@@ -34,8 +34,9 @@ class TorchAttentionBackend(AttentionBackend):
         k_cache[blocks, offsets] = k[keep]
         v_cache[blocks, offsets] = v[keep]
 
-    def prefill(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
-                k_scale=None, v_scale=None):
+    def prefill(
+        self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, k_scale=None, v_scale=None
+    ):
         fp8 = check_scales(k_cache, k_scale, v_scale)
         out = torch.empty_like(q)
         cu_q = md.cu_seqlens_q.tolist()
@@ -53,20 +54,39 @@ class TorchAttentionBackend(AttentionBackend):
     def decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float, k_scale=None, v_scale=None):
         fp8 = check_scales(k_cache, k_scale, v_scale)
         num_seqs, _, head_dim = q.shape
-        block_size = k_cache.shape[1]
-        max_len = md.block_tables.shape[1] * block_size
-        positions = torch.arange(max_len, device=q.device)
-        mask = positions[None, :] < md.context_lens[:, None].to(positions.dtype)  # [B, L]
-        valid = mask[:, :, None, None]  # slots past the context may hold stale bytes, even NaN
-        k = readable(k_cache[md.block_tables], k_scale, fp8).to(q.dtype)
-        v = readable(v_cache[md.block_tables], v_scale, fp8).to(q.dtype)
-        k = k.reshape(num_seqs, max_len, -1, head_dim).where(valid, 0)
-        v = v.reshape(num_seqs, max_len, -1, head_dim).where(valid, 0)
+        width = md.max_seqlen_k or md.block_tables.shape[1] * k_cache.shape[1]
+        slots, mask = context_slots(md.block_tables, md.context_lens, k_cache.shape[1], width)
+        k = readable(rows_at(k_cache, slots), k_scale, fp8).to(q.dtype).view(num_seqs, width, -1, head_dim)
+        v = readable(rows_at(v_cache, slots), v_scale, fp8).to(q.dtype).view(num_seqs, width, -1, head_dim)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None, None, :],
-            scale=scale, enable_gqa=True,
+            q.unsqueeze(2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=mask[:, None, None, :],
+            scale=scale,
+            enable_gqa=True,
         )
         return out.squeeze(2)
+
+
+def context_slots(block_tables, context_lens, block_size: int, width: int):
+    """The cache slots of each sequence's first `width` positions, flattened, and which of them lie
+    inside its context ([num_seqs, width]). Positions past a context read the sequence's last
+    token instead (masked out): a slot never written may hold any bytes, even NaN, which the
+    mask alone would not keep out of the softmax or of P @ V."""
+    positions = torch.arange(width, device=context_lens.device)[None, :]
+    lens = context_lens.long()[:, None]
+    read = torch.minimum(positions, (lens - 1).clamp(min=0))
+    blocks = block_tables.long().gather(1, read // block_size)
+    return (blocks * block_size + read % block_size).flatten(), positions < lens
+
+
+def rows_at(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The cache's rows [len(slots), kv_heads, head_dim] at flat slot indices (block * block_size +
+    offset); one index_select where the pages are contiguous, as advanced indexing costs ~5x more."""
+    if cache.is_contiguous():
+        return cache.flatten(0, 1).index_select(0, slots)
+    return cache[slots // cache.shape[1], slots % cache.shape[1]]  # e.g. key-major V pages
 
 
 def gather_context(k_cache, v_cache, block_table, length: int):

@@ -147,6 +147,7 @@ def input_columns(
             max_seqlen_k=int(context_lens[d:].max()),
             has_cached_prefix=step.is_prefill and step.query_lens[d:] != step.context_lens[d:],
             num_decodes=d,
+            max_decode_seqlen_k=int(context_lens[:d].max()) if d else 0,
         )
         prev_rows = rows[0] if rows else None
         return ModelInputs(input_ids, positions_t, md, logits_indices, prev_rows, all_rows, tiles)

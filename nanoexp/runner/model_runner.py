@@ -3,7 +3,6 @@ the queue of enqueued steps, and sharing the sampled ids with the other ranks.""
 
 from __future__ import annotations
 
-import resource
 import time
 from collections import deque
 from collections.abc import Callable
@@ -24,15 +23,9 @@ from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, pr
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import leave_process_group, runner_info, set_up_model
+from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 from nanoexp.runner.pending import PendingStep, ReadbackPool
 from nanoexp.runner.step_input import StepInput, blockless_prefill
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak bytes allocated by torch on a GPU; the process's peak resident set on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def substitute_tokens(
@@ -56,9 +49,12 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, rank: int = 0, dist_init: str | None = None):
         self.config, self.rank = config, rank
         self.block_size = config.cache.block_size
+        self.peak_memory_kind = reset_peak_memory(torch.device("cpu"))  # the resident peak counts loading
         loaded = set_up_model(config, rank, dist_init)
         self.model, self.hf_config, self.backend = loaded.model, loaded.hf_config, loaded.backend
         self.device, self.dtype = loaded.device, loaded.dtype
+        if self.device.type == "cuda":
+            self.peak_memory_kind = reset_peak_memory(self.device)
         self.skinny_gemm = loaded.skinny_gemm
         self.swiglu_kernel = loaded.swiglu_kernel
         self.max_model_len = loaded.max_model_len
@@ -314,6 +310,7 @@ class ModelRunner:
             "num_kv_blocks": self.num_blocks,
             "kv_block_size": self.block_size,
             "peak_memory_bytes": peak_memory_bytes(self.device),
+            "peak_memory_kind": self.peak_memory_kind,
             "device": self.device.type,
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention_backend": self.backend.name,

@@ -1,0 +1,50 @@
+"""A process's peak memory since a reset: torch's peak allocation on a GPU, the peak resident set
+on the CPU. Linux resets the resident peak (VmHWM) through /proc/self/clear_refs; where that does
+not work, the CPU figure is the process's lifetime peak, and reset_peak_memory says so."""
+
+from __future__ import annotations
+
+import re
+import resource
+import sys
+
+import torch
+
+CLEAR_REFS, STATUS = "/proc/self/clear_refs", "/proc/self/status"
+RESET_RESIDENT_PEAK = "5"  # proc(5): reset the peak resident set size to the current one
+
+
+def reset_peak_memory(device: torch.device) -> str:
+    """Starts counting the peak anew (at an engine's start); returns what peak_memory_bytes then
+    measures: `allocated` (torch's allocations, since now), `resident` (the process's resident set,
+    since now) or `resident_lifetime` (since the process started: the reset is not available)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return "allocated"
+    try:
+        with open(CLEAR_REFS, "w") as f:
+            f.write(RESET_RESIDENT_PEAK)
+    except OSError:
+        return "resident_lifetime"  # not Linux, or not allowed
+    return "resident" if _resident_peak() is not None else "resident_lifetime"
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    resident = _resident_peak()
+    return resident if resident is not None else _lifetime_resident_peak()
+
+
+def _resident_peak() -> int | None:
+    try:
+        with open(STATUS) as f:
+            match = re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
+
+
+def _lifetime_resident_peak() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
