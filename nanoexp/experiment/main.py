@@ -39,6 +39,7 @@ from nanoexp.experiment.local_sink import RESULTS_FILE
 from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.outputs_file import OUTPUTS_FILE, wants_outputs, write_outputs
 from nanoexp.experiment.progress import Progress
+from nanoexp.experiment.provenance import collect_provenance
 from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
 from nanoexp.experiment.run_log import append_run_log
 from nanoexp.experiment.schema import (
@@ -77,7 +78,8 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> int:
         check(spec)
         checkpoint = resolve_checkpoint(spec.model)
         config = engine_config(spec, checkpoint)
-        plain["resolved"] = {"checkpoint": checkpoint.as_dict(), **_claim_gpus(spec, job)}
+        gpus = _claim_gpus(spec, job)  # first: provenance names the GPUs this job sees
+        plain["resolved"] = {"checkpoint": checkpoint.as_dict(), **gpus, "provenance": collect_provenance()}
     except Exception as e:
         _log_early_failure(cfg, job, e)
         raise
