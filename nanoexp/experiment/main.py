@@ -125,7 +125,7 @@ def experiment(
             kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
-        records = measure(driver, workloads, logger, progress)
+        records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
         stats = llm.stats()
         quality = kv_quality.measure_kv_quality(llm, workloads[0], spec.metrics.kv_quality) if probe else {}
     finally:

@@ -232,6 +232,29 @@ class SearchConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """What to profile in the timed passes (experiment/profiling.py); everything off by default,
+    and off it costs nothing: the engine runs unwrapped."""
+
+    trace_steps: int = 0  # a torch profiler Chrome trace of this many timed steps (0 = none)
+    trace_first_step: int = 0  # the first traced step, counted from the start of the pass
+    trace_repeat: int = 0  # the pass (repeat) traced
+    host_phases: bool = False  # the host's time per step phase, as host_*_ms columns of steps.csv
+    events: bool = False  # Triton compiles, torch.compile graphs, garbage collections per timed step
+
+    def __post_init__(self) -> None:
+        integer("profile.trace_steps", self.trace_steps, 0, " (0 = no trace)")
+        integer("profile.trace_first_step", self.trace_first_step, 0)
+        integer("profile.trace_repeat", self.trace_repeat, 0)
+        boolean("profile.host_phases", self.host_phases)
+        boolean("profile.events", self.events)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.trace_steps or self.host_phases or self.events)
+
+
+@dataclass
 class NanoexpConfig:
     model: ModelSpec = field(default_factory=ModelSpec)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -244,6 +267,7 @@ class NanoexpConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     repeats: int = 1  # timed passes of the workload on one engine, after the warm-up
     # repeat r draws its prompts with workload.seed + r (and samples with sampler.seed + r): identical
     # prompts would hit the prefix cache the earlier repeats filled
@@ -253,6 +277,9 @@ class NanoexpConfig:
 
     def __post_init__(self) -> None:
         integer("repeats", self.repeats, 1)
+        if self.profile.trace_steps and self.profile.trace_repeat >= self.repeats:
+            allowed = f"a repeat of this job: 0..{self.repeats - 1} (repeats={self.repeats})"
+            raise KnobError("profile.trace_repeat", self.profile.trace_repeat, allowed)
         boolean("reseed_repeats", self.reseed_repeats)
         if self.save_outputs is not None:
             boolean("save_outputs", self.save_outputs)

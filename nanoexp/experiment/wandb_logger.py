@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from nanoexp.experiment.job import JobInfo
 from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.profiling import PROFILE_DIR
 from nanoexp.experiment.schema import LoggerConfig
 
 REQUEST_TABLE = "requests"
@@ -96,6 +97,12 @@ class WandbLogger:
             artifact = wandb.Artifact(f"results-{self.run.id}", type="results")
             artifact.add_file(str(path))
             self.run.log_artifact(artifact)
+        traces = sorted((self.job.out_dir / PROFILE_DIR).glob("*.json")) if self.job else []
+        if traces:  # the profile.trace_steps Chrome traces
+            artifact = wandb.Artifact(f"profile-{self.run.id}", type="profile")
+            for trace in traces:
+                artifact.add_file(str(trace))
+            self.run.log_artifact(artifact)
 
 
 def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None, name: str, job_type: str):
@@ -110,8 +117,11 @@ def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None,
         raise
     where = run_dir(run)
     if fallback:
-        print(f"wandb: warning: no online run ({fallback}); logging offline instead, "
-              f"upload later with `wandb sync {where}`", file=sys.stderr)
+        print(
+            f"wandb: warning: no online run ({fallback}); logging offline instead, "
+            f"upload later with `wandb sync {where}`",
+            file=sys.stderr,
+        )
     elif run.settings.mode == "offline":
         print(f"wandb: offline run; upload it with `wandb sync {where}`", file=sys.stderr)
     return run, env_set
