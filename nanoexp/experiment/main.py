@@ -35,6 +35,7 @@ from nanoexp.experiment.build import (
 from nanoexp.experiment.checkpoint import Checkpoint, check_arch, resolve_checkpoint
 from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
+from nanoexp.experiment.job_memory import JobMemory
 from nanoexp.experiment.local_sink import RESULTS_FILE
 from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.outputs_file import OUTPUTS_FILE, wants_outputs, write_outputs
@@ -115,7 +116,7 @@ def experiment(
     tokenizer = build_tokenizer(checkpoint)
     workloads = [build_workload(s, tokenizer) for s in repeat_specs(spec)]
     arch_diffs = check_arch(spec.model, checkpoint)
-    start = time.perf_counter()
+    memory, start = JobMemory(), time.perf_counter()
     llm = build_llm(spec, config, checkpoint)
     try:
         build_s = time.perf_counter() - start
@@ -135,8 +136,9 @@ def experiment(
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
     if wants_outputs(spec):
         write_outputs(job.out_dir / OUTPUTS_FILE, records, tokenizer)
-    summary = summarize_repeats(records, spec.metrics.slo.as_dict())
+    summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
+    summary |= memory.summary(stats)
     summary |= {
         "build_s": build_s,
         "bench_warmup_s": warmup_s,

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from nanoexp.experiment.driver import Driver, RunRecord, StepLog, run
 from nanoexp.experiment.metrics import HEADLINE, aggregate_repeats, latency_summary, step_row, summarize
+from nanoexp.experiment.noise import LOAD_KEYS, LoadMeter, noise_flags
 from nanoexp.experiment.profiling import StepProfiler
 from nanoexp.experiment.progress import Progress
-from nanoexp.experiment.schema import NanoexpConfig, ProfileConfig
+from nanoexp.experiment.schema import NanoexpConfig, NoiseConfig, ProfileConfig
 from nanoexp.experiment.workloads import Workload
 
 
@@ -50,7 +51,9 @@ def measure(
         for r, w in enumerate(workloads):
             try:
                 with profiler.repeat(r, log) if profiler else nullcontext():
+                    load = LoadMeter()
                     records.append(_run_cold(driver, w, log, r))
+                records[-1].facts |= load.read()
                 if profiler:
                     records[-1].facts |= profiler.summary(since=log.index - len(records[-1].steps))
             finally:
@@ -84,12 +87,15 @@ def progress_total(workloads: list[Workload]) -> int:
     return sum(len(w.requests) * (w.num_iters if w.latency_mode else 1) for w in workloads)
 
 
-def summarize_repeats(records: list[RunRecord], slo: dict[str, float]) -> dict:
-    """The job's summary over its repeats, plus `per_repeat`: each repeat's headline metrics."""
+def summarize_repeats(
+    records: list[RunRecord], slo: dict[str, float], noise: NoiseConfig | None = None
+) -> dict:
+    """The job's summary over its repeats, plus `per_repeat`: each repeat's headline metrics and
+    the machine's load during it, and the noise flags (experiment/noise.py)."""
     summaries = [_summarize(r, slo) for r in records]
     summary = aggregate_repeats(summaries)
-    summary["per_repeat"] = [{k: s[k] for k in HEADLINE if k in s} for s in summaries]
-    return summary
+    summary["per_repeat"] = [{k: s[k] for k in (*HEADLINE, *LOAD_KEYS) if k in s} for s in summaries]
+    return summary | noise_flags(summary, summary["per_repeat"], noise or NoiseConfig())
 
 
 def _summarize(record: RunRecord, slo: dict[str, float]) -> dict:

@@ -211,9 +211,24 @@ class KvQualityConfig:
 
 
 @dataclass
+class NoiseConfig:
+    """When a job's measurement is flagged as noisy (experiment/noise.py): the rest of the machine
+    used more than `busy_cores` cores during a timed pass, or a headline metric's 95% CI
+    half-width exceeds `max_ci_share` of its mean."""
+
+    busy_cores: float = 0.5
+    max_ci_share: float = 0.1
+
+    def __post_init__(self) -> None:
+        number("metrics.noise.busy_cores", self.busy_cores, lambda v: v >= 0, "a number >= 0 (cores)")
+        number("metrics.noise.max_ci_share", self.max_ci_share, lambda v: v > 0, "a number > 0 (0.1 = 10%)")
+
+
+@dataclass
 class MetricsConfig:
     slo: SloConfig = field(default_factory=SloConfig)
     kv_quality: KvQualityConfig = field(default_factory=KvQualityConfig)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
 
 
 @dataclass
@@ -254,6 +269,24 @@ class ProfileConfig:
         return bool(self.trace_steps or self.host_phases or self.events)
 
 
+STEP_AGGREGATES = [
+    "prefill_time_s",
+    "decode_time_s",
+    "prefix_cache_hit_rate",
+    "peak_kv_blocks_used",
+    "num_preemptions",
+]
+
+
+@dataclass
+class ReportConfig:
+    """The sweep report (experiment/sweep_report.py): `metrics` are summary keys of results.json
+    that its table and plots show beside the main ones (default: the step aggregates that explain
+    a throughput or latency result)."""
+
+    metrics: list[str] = field(default_factory=lambda: list(STEP_AGGREGATES))
+
+
 @dataclass
 class NanoexpConfig:
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -268,6 +301,7 @@ class NanoexpConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     repeats: int = 1  # timed passes of the workload on one engine, after the warm-up
     # repeat r draws its prompts with workload.seed + r (and samples with sampler.seed + r): identical
     # prompts would hit the prefix cache the earlier repeats filled
