@@ -112,3 +112,31 @@ def test_a_busy_machine_is_flagged_in_the_job(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "job" / "results.json").read_text())["summary"]
     assert summary["noise_busy_repeats"] >= 1, summary["per_repeat"]
     assert "noisy measurement: machine busy" in (tmp_path / "job" / "run.log").read_text()
+
+
+def _fake_job(sweep: Path, num: int, overrides: list[str], throughputs: list[float]) -> None:
+    job = sweep / f"{num}_job"
+    job.mkdir(parents=True)
+    per_repeat = [{"output_throughput": t} for t in throughputs]
+    summary = {"output_throughput": sum(throughputs) / len(throughputs), "repeats": len(throughputs)}
+    summary |= {"per_repeat": per_repeat, "prefill_time_s": float(num), "noise_warning": ""}
+    results = {"status": "ok", "job": {"job_num": num, "overrides": overrides}, "summary": summary}
+    (job / "results.json").write_text(json.dumps(results))
+
+
+def test_interleaved_trials_pool_into_one_row_per_configuration(tmp_path: Path) -> None:
+    from nanoexp.experiment.compare import compare
+    from nanoexp.experiment.sweep_report import collect, pool_trials
+
+    sweep = tmp_path / "sweep"
+    for num, (trial, size) in enumerate([(0, 16), (0, 64), (1, 16), (1, 64)]):
+        values = [100.0 + trial, 102.0 + trial] if size == 16 else [200.0 + trial, 198.0 + trial]
+        _fake_job(sweep, num, [f"trial={trial}", f"cache.block_size={size}"], values)
+    table = pool_trials(collect(sweep, metrics=["prefill_time_s"]), sweep)
+    rows = {r["param:cache.block_size"]: r for _, r in table.iterrows()}
+    assert sorted(rows) == ["16", "64"] and list(table["param:trial"]) == ["0,1", "0,1"]
+    assert rows["16"]["repeats"] == 4 and rows["16"]["output_throughput"] == pytest.approx(101.5)
+    assert rows["16"]["output_throughput_ci95_low"] < 101.5 < rows["16"]["output_throughput_ci95_high"]
+    assert rows["16"]["prefill_time_s"] == pytest.approx(1.0)  # mean of jobs 0 and 2
+    compared, header = compare(sweep, sweep, ["output_throughput"])
+    assert set(compared["repeats"]) == {"4/4"} and "matched on cache.block_size" in header[2]

@@ -24,7 +24,7 @@ from scipy import stats as scipy_stats
 
 from nanoexp.experiment.local_sink import RESULTS_FILE
 from nanoexp.experiment.metrics import CONFIDENCE
-from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, _parse_overrides
+from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL, _parse_overrides
 
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
 LATER_IS = {**{m: "higher" for m in HIGHER_IS_BETTER}, **{m: "lower" for m in LOWER_IS_BETTER}}
@@ -47,8 +47,22 @@ def load_jobs(sweep_dir: Path) -> list[dict]:
     return jobs
 
 
+def merge_trials(jobs: list[dict]) -> list[dict]:
+    """Jobs that differ only in `trial` (interleaved passes of one configuration) as one job
+    whose per_repeat holds every trial's repeats."""
+    merged: dict[tuple, dict] = {}
+    for job in jobs:
+        key = tuple(sorted((k, v) for k, v in job["params"].items() if k != TRIAL))
+        if key not in merged:
+            params = {k: v for k, v in job["params"].items() if k != TRIAL}
+            merged[key] = job | {"params": params, "summary": dict(job["summary"], per_repeat=[])}
+        merged[key]["summary"]["per_repeat"] += job["summary"].get("per_repeat") or []
+    return list(merged.values())
+
+
 def match(jobs_a: list[dict], jobs_b: list[dict]) -> tuple[list[str], list[tuple[dict, dict]]]:
     """The keys either sweep varies, and the (A, B) job pairs that agree on them."""
+    jobs_a, jobs_b = merge_trials(jobs_a), merge_trials(jobs_b)
     keys = sorted(_varied(jobs_a) | _varied(jobs_b))
     by_values = {tuple(j["params"].get(k) for k in keys): j for j in jobs_a}
     pairs = []
@@ -83,7 +97,7 @@ def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
 
 def compare(sweep_a: Path, sweep_b: Path, metrics: list[str] = METRICS) -> tuple[pd.DataFrame, list[str]]:
     """One row per matched job and metric; and the header lines (sweeps, commits, unmatched jobs)."""
-    jobs_a, jobs_b = load_jobs(sweep_a), load_jobs(sweep_b)
+    jobs_a, jobs_b = merge_trials(load_jobs(sweep_a)), merge_trials(load_jobs(sweep_b))
     keys, pairs = match(jobs_a, jobs_b)
     rows = []
     for a, b in pairs:

@@ -19,10 +19,13 @@ from nanoexp.experiment.workloads import Workload
 
 
 def repeat_specs(spec: NanoexpConfig) -> list[NanoexpConfig]:
-    """One config per repeat: the same one, or with `reseed_repeats` the seeds shifted by the repeat."""
+    """One config per repeat: the same one, or with `reseed_repeats` the seeds shifted by the repeat
+    (and by the repeats of the earlier trials, so that no two passes of a configuration share
+    their prompts)."""
     if not spec.reseed_repeats:
         return [spec] * spec.repeats
-    return [_reseeded(spec, r) for r in range(spec.repeats)]
+    first = spec.trial * spec.repeats
+    return [_reseeded(spec, first + r) for r in range(spec.repeats)]
 
 
 def _reseeded(spec: NanoexpConfig, r: int) -> NanoexpConfig:

@@ -307,10 +307,14 @@ class NanoexpConfig:
     # prompts would hit the prefix cache the earlier repeats filled
     reseed_repeats: bool = True
     save_outputs: bool | None = None  # outputs.jsonl; null = only for workload=prompts_file
+    # the interleaved pass this job is: `-m trial=0,1,2 <swept keys>` (trial first) runs every
+    # configuration once per trial, round-robin, and the report pools a configuration's trials
+    trial: int = 0
     notes: str = ""
 
     def __post_init__(self) -> None:
         integer("repeats", self.repeats, 1)
+        integer("trial", self.trial, 0)
         if self.profile.trace_steps and self.profile.trace_repeat >= self.repeats:
             allowed = f"a repeat of this job: 0..{self.repeats - 1} (repeats={self.repeats})"
             raise KnobError("profile.trace_repeat", self.profile.trace_repeat, allowed)

@@ -65,6 +65,7 @@ CI = ("_ci95_low", "_ci95_high")
 LATENCY_CDF = "sweep_latency_cdf.png"
 
 
+TRIAL = "param:trial"  # the interleaved pass of a configuration (see pool_trials)
 VANISHED = "vanished"
 JOB_DIR = re.compile(r"^(\d+)(_|$)")
 
@@ -144,12 +145,13 @@ def write_report(
     """Collect <job>/results.json under `sweep_dir`; write CSV, Markdown and plots, with the
     summary keys `metrics` (report.metrics) beside the main ones."""
     extra = [m for m in metrics if m not in METRICS]
-    table = collect(sweep_dir, expected, extra)
-    if table.empty:
+    jobs = collect(sweep_dir, expected, extra)
+    if jobs.empty:
         return None
     from nanoexp.experiment.sweep_plots import plot_latency_cdf, plot_param
     from nanoexp.experiment.sweep_serving import serving_report
 
+    table = pool_trials(jobs, sweep_dir)
     swept = swept_keys(table)
     table = mark_noise(table)
     table.to_csv(sweep_dir / "sweep_summary.csv", index=False)
@@ -160,8 +162,48 @@ def write_report(
     for key in swept:
         others = [k for k in swept if k != key]
         plot_param(table, [*METRICS, *extra], key, others, title, sweep_dir / f"sweep_{_slug(key)}.png")
-    plot_latency_cdf(job_requests(sweep_dir, table, swept), title, sweep_dir / LATENCY_CDF)
+    plot_latency_cdf(job_requests(sweep_dir, jobs, swept_keys(jobs)), title, sweep_dir / LATENCY_CDF)
     return table
+
+
+def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
+    """With `trial` swept, one row per configuration: the finished trials' repeats pooled (each
+    headline metric's mean and CI over every repeat of every trial, from results.json's
+    per_repeat; other metrics the mean over the trials), `trial` listing the trials pooled.
+    Failed and vanished jobs keep their own rows."""
+    if TRIAL not in swept_keys(table):
+        return table
+    ok = table[table["status"] == "ok"]
+    keys = [k for k in swept_keys(table) if k != TRIAL]
+    groups = ok.groupby(keys, dropna=False, sort=False) if keys else [((), ok)]
+    pooled = [_pooled_row(part, sweep_dir) for _, part in groups]
+    rest = table[table["status"] != "ok"]
+    return pd.concat([pd.DataFrame(pooled), rest], ignore_index=True).sort_values("job_num", kind="stable")
+
+
+def _pooled_row(part: pd.DataFrame, sweep_dir: Path) -> dict:
+    from nanoexp.experiment.metrics import HEADLINE, spread
+
+    row = part.iloc[0].to_dict() | {TRIAL: ",".join(map(str, part[TRIAL]))}
+    numeric = [c for c in part.columns if c != "job_num" and pd.api.types.is_numeric_dtype(part[c])]
+    row |= {c: part[c].mean() for c in numeric if not c.endswith(CI)}
+    if "noise" in part.columns:
+        row["noise"] = "; ".join(dict.fromkeys(w for w in part["noise"].fillna("") if w))
+    repeats = [r for d in part["job_dir"] for r in _per_repeat(sweep_dir / str(d))]
+    row["repeats"] = len(repeats)
+    for key in HEADLINE:
+        values = [r[key] for r in repeats if isinstance(r.get(key), int | float)]
+        if len(values) == len(repeats) and values:
+            row[key] = sum(values) / len(values)
+            row |= spread(key, values) if len(values) > 1 else {}
+    return row
+
+
+def _per_repeat(job_dir: Path) -> list[dict]:
+    try:
+        return json.loads((job_dir / RESULTS_FILE).read_text())["summary"].get("per_repeat") or []
+    except (OSError, ValueError, KeyError):
+        return []
 
 
 def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
