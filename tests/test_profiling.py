@@ -83,8 +83,11 @@ def test_events_count_on_the_step_they_hit_and_the_engine_is_unwrapped(tmp_path:
     assert [cols[i]["torch_compiles"] for i in range(5)] == [0, 1, 0, 0, 0]
     assert cols[2]["gc_full_collections"] >= 1 and cols[2]["gc_ms"] > 0
     assert [cols[i]["triton_compiles"] for i in range(5)] == [0, 0, 0, 1, 0]
-    summary = profiler.summary()
-    assert summary["profile_compiled_steps"] == "1 3" and summary["profile_torch_compiles"] == 1
+    assert profiler.job_summary()["profile_compiled_steps"] == "1 3"
+    assert (
+        profiler.summary()["profile_torch_compiles"] == 1
+        and profiler.summary(since=2)["profile_torch_compiles"] == 0
+    )
     for c in cols.values():
         parts = (
             "host_schedule_ms",
@@ -120,7 +123,7 @@ def test_trace_covers_the_chosen_steps(tmp_path: Path) -> None:
     trace = json.loads((tmp_path / "profile" / "trace_repeat0.json").read_text())
     steps = {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep")}
     assert steps == {"ProfilerStep#1", "ProfilerStep#2"}
-    assert profiler.summary()["profile_traces"].endswith("trace_repeat0.json")
+    assert profiler.job_summary()["profile_traces"].endswith("trace_repeat0.json")
 
 
 def test_no_profiler_when_every_knob_is_off(tmp_path: Path) -> None:

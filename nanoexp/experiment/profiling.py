@@ -75,15 +75,18 @@ class StepProfiler:
                 trace.profiler.stop()
 
     def summary(self, since: int = 0) -> dict:
-        """The totals of the timed steps from index `since` on: events, the steps that compiled,
-        the traces written."""
-        out = {"profile_traces": " ".join(str(p) for p in self.traces if p.is_file())}
+        """The event totals of the timed steps from index `since` on (one pass)."""
         if not self.cfg.events:
-            return out
+            return {}
         steps = [c for i, c in self.columns.items() if i >= since]
-        out |= {f"profile_{k}": sum(c[k] for c in steps) for k in EVENTS}
-        out["profile_gc_ms"] = sum(c["gc_ms"] for c in steps)
-        out["profile_compiled_steps"] = " ".join(str(i) for i in self.compiled_steps if i >= since)
+        out = {f"profile_{k}": sum(c[k] for c in steps) for k in EVENTS}
+        return out | {"profile_gc_ms": sum(c["gc_ms"] for c in steps)}
+
+    def job_summary(self) -> dict:
+        """What the whole job's passes left: the traces written and the timed steps that compiled."""
+        out = {"profile_traces": " ".join(str(p) for p in self.traces if p.is_file())}
+        if self.cfg.events:
+            out["profile_compiled_steps"] = " ".join(map(str, self.compiled_steps))
         return out
 
     def warn(self) -> None:

@@ -63,6 +63,8 @@ def measure(
                 log.flush()
         if profiler:
             profiler.warn()
+            for record in records:  # the same in each, so the job's summary has them whole
+                record.facts |= profiler.job_summary()
         return records
     finally:
         progress.close()
