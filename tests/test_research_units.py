@@ -140,3 +140,17 @@ def test_interleaved_trials_pool_into_one_row_per_configuration(tmp_path: Path) 
     assert rows["16"]["prefill_time_s"] == pytest.approx(1.0)  # mean of jobs 0 and 2
     compared, header = compare(sweep, sweep, ["output_throughput"])
     assert set(compared["repeats"]) == {"4/4"} and "matched on cache.block_size" in header[2]
+
+
+def test_sweep_table_shows_a_noisy_jobs_warning(tmp_path: Path) -> None:
+    from nanoexp.experiment.sweep_report import collect, markdown, swept_keys
+
+    _fake_job(tmp_path, 0, ["cache.block_size=16"], [100.0, 101.0])
+    _fake_job(tmp_path, 1, ["cache.block_size=64"], [100.0, 180.0])
+    noisy = json.loads((tmp_path / "1_job" / "results.json").read_text())
+    noisy["summary"]["noise_warning"] = "machine busy in 1 of 2 repeats (up to 1.0 other cores)"
+    (tmp_path / "1_job" / "results.json").write_text(json.dumps(noisy))
+    table = collect(tmp_path)
+    text = markdown(table, swept_keys(table), "t")
+    header = next(line for line in text.splitlines() if line.startswith("| job_num"))
+    assert header.endswith("| noise_warning |") and "machine busy in 1 of 2 repeats" in text

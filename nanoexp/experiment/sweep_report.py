@@ -65,6 +65,7 @@ CI = ("_ci95_low", "_ci95_high")
 LATENCY_CDF = "sweep_latency_cdf.png"
 
 
+NOISE = "noise_warning"  # experiment/noise.py's flags of a job
 TRIAL = "param:trial"  # the interleaved pass of a configuration (see pool_trials)
 VANISHED = "vanished"
 JOB_DIR = re.compile(r"^(\d+)(_|$)")
@@ -187,8 +188,8 @@ def _pooled_row(part: pd.DataFrame, sweep_dir: Path) -> dict:
     row = part.iloc[0].to_dict() | {TRIAL: ",".join(map(str, part[TRIAL]))}
     numeric = [c for c in part.columns if c != "job_num" and pd.api.types.is_numeric_dtype(part[c])]
     row |= {c: part[c].mean() for c in numeric if not c.endswith(CI)}
-    if "noise" in part.columns:
-        row["noise"] = "; ".join(dict.fromkeys(w for w in part["noise"].fillna("") if w))
+    if NOISE in part.columns:
+        row[NOISE] = "; ".join(dict.fromkeys(w for w in part[NOISE].fillna("") if w))
     repeats = [r for d in part["job_dir"] for r in _per_repeat(sweep_dir / str(d))]
     row["repeats"] = len(repeats)
     for key in HEADLINE:
@@ -342,7 +343,7 @@ def _row(path: Path, sweep_dir: Path, extra: list[str] = ()) -> dict:
     metrics = [*dict.fromkeys([*TABLE_METRICS, *SERVING_METRICS, *extra])]
     keys = [*CONTEXT, *metrics, *(m + s for m in metrics for s in CI)]
     row |= {k: _infinite(summary[k]) for k in keys if k in summary}
-    row["noise"] = summary.get("noise_warning", "")
+    row[NOISE] = summary.get(NOISE, "")
     slo = results.get("config", {}).get("metrics", {}).get("slo") or {}
     return row | {f"slo:{k}": v for k, v in slo.items() if v is not None}
 
@@ -376,7 +377,7 @@ def markdown(
     rate meeting the SLOs) go above it; `extra` metrics (report.metrics) follow the main ones."""
     metrics = [m for m in dict.fromkeys([*TABLE_METRICS, *extra]) if m in table.columns]
     errors = ["error"] if (table["status"] != "ok").any() else []
-    noisy = ["noise"] if "noise" in table.columns and table["noise"].fillna("").astype(bool).any() else []
+    noisy = [NOISE] if NOISE in table.columns and table[NOISE].fillna("").astype(bool).any() else []
     columns = ["job_num", *swept, "status", *metrics, *errors, *noisy]
     header = "| " + " | ".join(c.removeprefix("param:") for c in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
@@ -388,7 +389,7 @@ def markdown(
             "row's (within noise)"
         )
     if noisy:
-        notes.append("noise: the job's machine was busy or its CIs are wide (metrics.noise)")
+        notes.append(f"{NOISE}: the job's machine was busy or its CIs are wide (metrics.noise)")
     findings = [*(f"- {line}" for line in findings), ""] if findings else []
     return "\n".join([f"# Sweep {title}", "", *notes, "", *findings, header, rule, *body, ""])
 
