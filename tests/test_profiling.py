@@ -133,3 +133,24 @@ def test_no_profiler_when_every_knob_is_off(tmp_path: Path) -> None:
     assert _profiler(ProfileConfig(), Driver(), tmp_path) is None
     assert _profiler(None, Driver(), tmp_path) is None
     assert _profiler(ProfileConfig(events=True), object(), tmp_path) is None  # the hf baseline
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["profile.trace_steps=4", "profile.trace_repeat=2", "repeats=2"],
+            "profile.trace_repeat=2 is invalid",
+        ),
+        (["profile.trace_steps=-1"], "profile.trace_steps=-1 is invalid: must be an integer >= 0"),
+        (["trial=-1"], "trial=-1 is invalid"),
+        (["metrics.noise.max_ci_share=0"], "metrics.noise.max_ci_share=0.0 is invalid: must be a number > 0"),
+    ],
+)
+def test_bad_profile_and_noise_knobs_are_one_line_errors(overrides: list[str], message: str) -> None:
+    from nanoexp.experiment.schema import ConfigError, to_spec
+    from tests.test_config import compose_cfg
+
+    with pytest.raises(ConfigError) as err:
+        to_spec(compose_cfg("model=qwen3_tiny", *overrides))
+    assert message in str(err.value) and "\n" not in str(err.value)
