@@ -78,6 +78,7 @@ def test_steps_csv_has_host_phases_and_events_for_every_timed_step(profiled_job:
     for row in steps:
         parts = sum(float(row[f"host_{p}_ms"]) for p in phases if p not in ("prepare", "forward", "sample"))
         assert parts == pytest.approx(float(row["host_step_ms"]), rel=1e-6, abs=1e-6)
+        assert float(row["host_other_ms"]) >= -1e-6  # the phases are disjoint parts of the step
         assert float(row["host_schedule_ms"]) > 0
     assert all(float(r["host_forward_ms"]) > 0 for r in steps if float(r["host_launch_ms"]) > 0)
     assert sum(float(r["host_forward_ms"]) > 0 for r in steps) >= len(steps) / 2

@@ -54,6 +54,7 @@ class StepProfiler:
         self.cfg, self.engine, self.out_dir = cfg, engine, out_dir
         self.columns: dict[int, dict] = {}
         self.phases: Counter = Counter()
+        self.active: set[str] = set()  # phases being timed now
         self.events: Counter = Counter()
         self.seen: Counter = Counter()  # events already attributed to a step
         self.gc_started = 0.0
@@ -120,14 +121,20 @@ class StepProfiler:
         return lambda: [delattr(owner, name) for owner, name in wrapped]
 
     def _timer(self, inner, name: str):
-        phases, phase = self.phases, PHASES[name]
+        """`inner` timed into its phase; a call inside another call of the same phase (schedule
+        calling schedule_decode) counts once, in the outer one."""
+        phases, phase, active = self.phases, PHASES[name], self.active
 
         def timed(*args, **kwargs):
+            if phase in active:
+                return inner(*args, **kwargs)
+            active.add(phase)
             start = time.perf_counter()
             try:
                 return inner(*args, **kwargs)
             finally:
                 phases[phase] += time.perf_counter() - start
+                active.discard(phase)
 
         return timed
 
