@@ -1,6 +1,6 @@
 """What a real run.py job leaves for reproducing and explaining it: provenance in results.json and
 the W&B config, a Chrome trace and per-step host phases and events with `profile=all`, the
-profile artifact, the machine's load per repeat, the per-job memory split."""
+profile artifact, and a busy machine flagged."""
 
 from __future__ import annotations
 
@@ -38,10 +38,16 @@ def wandb_records(run_dir: Path, *flags: str) -> str:
 
 @pytest.fixture(scope="module")
 def profiled_job(tmp_path_factory) -> Path:
-    """One job, two repeats, every profile knob on, logged to an offline W&B run."""
+    """One job, two repeats, every profile knob on, logged to an offline W&B run, with a busy loop
+    running beside it."""
     tmp = tmp_path_factory.mktemp("profiled")
     job = tmp / "job"
-    run_py(tmp / "home", f"hydra.run.dir={job}", *TINY, "profile=all", "repeats=2", "sampler=greedy")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        run_py(tmp / "home", f"hydra.run.dir={job}", *TINY, "profile=all", "repeats=2", "sampler=greedy")
+    finally:
+        busy.kill()
+        busy.wait()
     return job
 
 
@@ -95,3 +101,10 @@ def test_trace_is_a_wandb_artifact(profiled_job: Path) -> None:
     records = [json.loads(line) for line in wandb_records(run_dir).splitlines()]
     artifacts = [r for r in records if r["type"] == "artifact"]
     assert any("profile" in json.dumps(a) and "trace_repeat0.json" in json.dumps(a) for a in artifacts)
+
+
+def test_a_busy_machine_is_flagged(profiled_job: Path) -> None:
+    summary = results(profiled_job)["summary"]
+    assert summary["noise_busy_repeats"] >= 1, summary["per_repeat"]
+    assert all(r["other_cpu_cores"] > 0.5 for r in summary["per_repeat"])
+    assert "noisy measurement: machine busy" in (profiled_job / "run.log").read_text()
