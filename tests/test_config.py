@@ -33,7 +33,10 @@ from nanoexp.experiment.workloads import nanovllm_bench_prompts
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 DUMMY = Checkpoint("dummy", None, "dummy", "none")
-GROUPS = ["model", "parallel", "sampler", "cache", "scheduler", "workload", "engine", "logger", "experiment"]
+GROUPS = [
+    *("model", "parallel", "sampler", "cache", "scheduler", "workload", "engine", "logger", "experiment"),
+    "profile",
+]
 
 # Architecture of the public checkpoints' config.json files.
 ARCH = {
@@ -240,6 +243,7 @@ def test_presets_inherit_their_groups_default() -> None:
         "parallel": "tp1",
         "engine": "nanoexp",
         "logger": "wandb",
+        "profile": "default",
     }
     for group, default in defaults.items():
         for path in (CONF / group).glob("*.yaml"):

@@ -76,7 +76,7 @@ def test_sweep_level_wandb_run(sweep: Path) -> None:
     (run_dir,) = (sweep / "wandb").glob("offline-run-*")
     state = json.loads(inspect(run_dir, "--summary"))
     assert state["state"] == "finished" and state["name"] == "sweep-report"
-    assert state["config"]["cache.block_size"] == ["16", "64"]
+    assert state["config"]["cache.block_size"] == [16, 64]  # typed, as numbers
     assert state["config"]["swept_keys"] == ["cache.block_size"]
     assert state["summary"][TABLE_KEY]["_type"] == "table-file"
     images = {

@@ -70,6 +70,7 @@ class RunRecord:
     t0: float = 0.0
     duration_s: float = 0.0
     iteration_latencies_s: list[float] = field(default_factory=list)
+    facts: dict = field(default_factory=dict)  # what else was measured: machine load, profile counts
 
 
 Emit = Callable[[int, StepStats, float, int], None]  # (step index, stats, seconds into the repeat, repeat)

@@ -49,7 +49,7 @@ def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
     return JobInfo(
         out_dir=Path(hc.runtime.output_dir),
         overrides=overrides,
-        name=logger_cfg.name or run_name(overrides),
+        name=logger_cfg.name or run_name(overrides, swept_keys(sweep_dir)),
         group=logger_cfg.group or sweep_group(sweep_dir),
         job_num=int(hc.job.get("num", 0) or 0),
         multirun=multirun,
@@ -57,10 +57,35 @@ def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
     )
 
 
-def run_name(overrides: list[str]) -> str:
-    """A readable name from the command-line overrides (`default` for none)."""
+def run_name(overrides: list[str], swept: set[str] | None = None) -> str:
+    """A readable name from the command-line overrides (`default` for none); in a sweep whose swept
+    keys are known, only their values, each under its key's last part (`block_size=16
+    max_num_seqs=64`; the full key where two last parts agree)."""
     kept = [o for o in overrides if not o.startswith(("hydra", "logger."))]
-    return ",".join(kept) or "default"
+    if not swept:
+        return ",".join(kept) or "default"
+    pairs = [o.lstrip("+~").split("=", 1) for o in kept if "=" in o]
+    pairs = [(k, v) for k, v in pairs if k in swept]
+    last = [k.rsplit(".", 1)[-1] for k, _ in pairs]
+    names = [short if last.count(short) == 1 else k for short, (k, _) in zip(last, pairs)]
+    return " ".join(f"{n}={v}" for n, (_, v) in zip(names, pairs)) or "default"
+
+
+def swept_keys(sweep_dir: str | None) -> set[str] | None:
+    """The keys a basic-sweeper multirun sweeps (from the `multirun.yaml` it saves before its
+    jobs start: the sweep overrides and `hydra.sweeper.params`); None when unknown."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    saved = Path(sweep_dir) / "multirun.yaml" if sweep_dir else None
+    if saved is None or not saved.is_file():
+        return None
+    try:
+        config = OmegaConf.load(saved)
+        params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+        parsed = OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
+    except Exception:  # noqa: BLE001 - a name is never worth failing a job over
+        return None
+    return {o.key_or_group for o in parsed if o.is_sweep_override()}
 
 
 def sweep_group(sweep_dir: str | None) -> str | None:

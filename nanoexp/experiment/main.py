@@ -35,10 +35,12 @@ from nanoexp.experiment.build import (
 from nanoexp.experiment.checkpoint import Checkpoint, check_arch, resolve_checkpoint
 from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
+from nanoexp.experiment.job_memory import JobMemory
 from nanoexp.experiment.local_sink import RESULTS_FILE, write_atomically
 from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.outputs_file import OUTPUTS_FILE, wants_outputs, write_outputs
 from nanoexp.experiment.progress import Progress
+from nanoexp.experiment.provenance import collect_provenance
 from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
 from nanoexp.experiment.run_log import append_run_log
 from nanoexp.experiment.schema import (
@@ -93,7 +95,8 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> int:
         check(spec)
         checkpoint = resolve_checkpoint(spec.model)
         config = engine_config(spec, checkpoint)
-        plain["resolved"] = {"checkpoint": checkpoint.as_dict(), **_claim_gpus(spec, job)}
+        gpus = _claim_gpus(spec, job)  # first: provenance names the GPUs this job sees
+        plain["resolved"] = {"checkpoint": checkpoint.as_dict(), **gpus, "provenance": collect_provenance()}
     except (Exception, KeyboardInterrupt) as e:
         _log_early_failure(cfg, job, e)
         raise
@@ -129,7 +132,7 @@ def experiment(
     tokenizer = build_tokenizer(checkpoint)
     workloads = [build_workload(s, tokenizer) for s in repeat_specs(spec)]
     arch_diffs = check_arch(spec.model, checkpoint)
-    start = time.perf_counter()
+    memory, start = JobMemory(), time.perf_counter()
     llm = build_llm(spec, config, checkpoint)
     try:
         build_s = time.perf_counter() - start
@@ -139,7 +142,7 @@ def experiment(
             kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
-        records = measure(driver, workloads, logger, progress)
+        records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
         stats = llm.stats()
         quality = kv_quality.measure_kv_quality(llm, workloads[0], spec.metrics.kv_quality) if probe else {}
     finally:
@@ -149,8 +152,9 @@ def experiment(
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
     if wants_outputs(spec):
         write_outputs(job.out_dir / OUTPUTS_FILE, records, tokenizer)
-    summary = summarize_repeats(records, spec.metrics.slo.as_dict())
+    summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
+    summary |= memory.summary(stats)
     summary |= {
         "build_s": build_s,
         "bench_warmup_s": warmup_s,

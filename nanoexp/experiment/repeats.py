@@ -3,21 +3,29 @@ confidence interval per headline metric (see metrics.aggregate_repeats)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
+from pathlib import Path
 
 from nanoexp.experiment.driver import Driver, RunRecord, StepLog, run
 from nanoexp.experiment.metrics import HEADLINE, aggregate_repeats, latency_summary, step_row, summarize
+from nanoexp.experiment.noise import LOAD_KEYS, LoadMeter, noise_flags
+from nanoexp.experiment.profiling import StepProfiler
 from nanoexp.experiment.progress import Progress
-from nanoexp.experiment.schema import NanoexpConfig
+from nanoexp.experiment.schema import NanoexpConfig, NoiseConfig, ProfileConfig
 from nanoexp.experiment.workloads import Workload
 
 
 def repeat_specs(spec: NanoexpConfig) -> list[NanoexpConfig]:
-    """One config per repeat: the same one, or with `reseed_repeats` the seeds shifted by the repeat."""
+    """One config per repeat: the same one, or with `reseed_repeats` the seeds shifted by the repeat
+    (and by the repeats of the earlier trials, so that no two passes of a configuration share
+    their prompts)."""
     if not spec.reseed_repeats:
         return [spec] * spec.repeats
-    return [_reseeded(spec, r) for r in range(spec.repeats)]
+    first = spec.trial * spec.repeats
+    return [_reseeded(spec, first + r) for r in range(spec.repeats)]
 
 
 def _reseeded(spec: NanoexpConfig, r: int) -> NanoexpConfig:
@@ -26,21 +34,50 @@ def _reseeded(spec: NanoexpConfig, r: int) -> NanoexpConfig:
     return replace(spec, workload=replace(spec.workload, seed=spec.workload.seed + r), sampler=sampler)
 
 
-def measure(driver: Driver, workloads: list[Workload], logger, progress: Progress) -> list[RunRecord]:
+def measure(
+    driver: Driver,
+    workloads: list[Workload],
+    logger,
+    progress: Progress,
+    profile: ProfileConfig | None = None,
+    out_dir: Path | None = None,
+) -> list[RunRecord]:
     """Every repeat in turn; steps go to `logger.log_step` numbered across repeats, after each
-    repeat (and what a failed repeat recorded before it failed)."""
-    emit: Callable = lambda i, stats, t, r: logger.log_step(i, step_row(i, stats, t, r))
+    repeat (and what a failed repeat recorded before it failed). With `profile` knobs on, each
+    pass is profiled (experiment/profiling.py) and its profile columns join its steps' rows."""
+    profiler = _profiler(profile, driver, out_dir)
+    extra: Callable = profiler.columns.get if profiler else lambda i, default: default
+    emit: Callable = lambda i, stats, t, r: logger.log_step(i, step_row(i, stats, t, r) | extra(i, {}))
     log = StepLog(emit, progress)
     records = []
     try:
         for r, w in enumerate(workloads):
             try:
-                records.append(_run_cold(driver, w, log, r))
+                with profiler.repeat(r, log) if profiler else nullcontext():
+                    load = LoadMeter()
+                    records.append(_run_cold(driver, w, log, r))
+                records[-1].facts |= load.read()
+                if profiler:
+                    records[-1].facts |= profiler.summary(since=log.index - len(records[-1].steps))
             finally:
                 log.flush()
+        if profiler:
+            profiler.warn()
+            for record in records:  # the same in each, so the job's summary has them whole
+                record.facts |= profiler.job_summary()
         return records
     finally:
         progress.close()
+
+
+def _profiler(profile: ProfileConfig | None, driver: Driver, out_dir: Path | None) -> StepProfiler | None:
+    if profile is None or not profile.enabled:
+        return None
+    engine = getattr(driver, "engine", None)
+    if engine is None or out_dir is None:
+        logging.getLogger(__name__).warning("profile: only engine=nanoexp steps can be profiled; skipped")
+        return None
+    return StepProfiler(profile, engine, out_dir)
 
 
 def _run_cold(driver: Driver, workload: Workload, log: StepLog, repeat: int) -> RunRecord:
@@ -55,16 +92,19 @@ def progress_total(workloads: list[Workload]) -> int:
     return sum(len(w.requests) * (w.num_iters if w.latency_mode else 1) for w in workloads)
 
 
-def summarize_repeats(records: list[RunRecord], slo: dict[str, float]) -> dict:
-    """The job's summary over its repeats, plus `per_repeat`: each repeat's headline metrics."""
+def summarize_repeats(
+    records: list[RunRecord], slo: dict[str, float], noise: NoiseConfig | None = None
+) -> dict:
+    """The job's summary over its repeats, plus `per_repeat`: each repeat's headline metrics and
+    the machine's load during it, and the noise flags (experiment/noise.py)."""
     summaries = [_summarize(r, slo) for r in records]
     summary = aggregate_repeats(summaries)
-    summary["per_repeat"] = [{k: s[k] for k in HEADLINE if k in s} for s in summaries]
-    return summary
+    summary["per_repeat"] = [{k: s[k] for k in (*HEADLINE, *LOAD_KEYS) if k in s} for s in summaries]
+    return summary | noise_flags(summary, summary["per_repeat"], noise or NoiseConfig())
 
 
 def _summarize(record: RunRecord, slo: dict[str, float]) -> dict:
-    summary = summarize(record.outputs, record.steps, record.duration_s, slo)
+    summary = summarize(record.outputs, record.steps, record.duration_s, slo) | record.facts
     if record.iteration_latencies_s:
         summary |= latency_summary(record.iteration_latencies_s)
     return summary

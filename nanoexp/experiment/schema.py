@@ -288,9 +288,24 @@ class KvQualityConfig:
 
 
 @dataclass
+class NoiseConfig:
+    """When a job's measurement is flagged as noisy (experiment/noise.py): the rest of the machine
+    used more than `busy_cores` cores during a timed pass, or a headline metric's 95% CI
+    half-width exceeds `max_ci_share` of its mean."""
+
+    busy_cores: float = 0.5
+    max_ci_share: float = 0.1
+
+    def __post_init__(self) -> None:
+        number("metrics.noise.busy_cores", self.busy_cores, lambda v: v >= 0, "a number >= 0 (cores)")
+        number("metrics.noise.max_ci_share", self.max_ci_share, lambda v: v > 0, "a number > 0 (0.1 = 10%)")
+
+
+@dataclass
 class MetricsConfig:
     slo: SloConfig = field(default_factory=SloConfig)
     kv_quality: KvQualityConfig = field(default_factory=KvQualityConfig)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
 
 
 # the job summary's metrics a search can optimize (metrics.summarize, kv_quality, latency mode)
@@ -327,6 +342,47 @@ class SearchConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """What to profile in the timed passes (experiment/profiling.py); everything off by default,
+    and off it costs nothing: the engine runs unwrapped."""
+
+    trace_steps: int = 0  # a torch profiler Chrome trace of this many timed steps (0 = none)
+    trace_first_step: int = 0  # the first traced step, counted from the start of the pass
+    trace_repeat: int = 0  # the pass (repeat) traced
+    host_phases: bool = False  # the host's time per step phase, as host_*_ms columns of steps.csv
+    events: bool = False  # Triton compiles, torch.compile graphs, garbage collections per timed step
+
+    def __post_init__(self) -> None:
+        integer("profile.trace_steps", self.trace_steps, 0, " (0 = no trace)")
+        integer("profile.trace_first_step", self.trace_first_step, 0)
+        integer("profile.trace_repeat", self.trace_repeat, 0)
+        boolean("profile.host_phases", self.host_phases)
+        boolean("profile.events", self.events)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.trace_steps or self.host_phases or self.events)
+
+
+STEP_AGGREGATES = [
+    "prefill_time_s",
+    "decode_time_s",
+    "prefix_cache_hit_rate",
+    "peak_kv_blocks_used",
+    "num_preemptions",
+]
+
+
+@dataclass
+class ReportConfig:
+    """The sweep report (experiment/sweep_report.py): `metrics` are summary keys of results.json
+    that its table and plots show beside the main ones (default: the step aggregates that explain
+    a throughput or latency result)."""
+
+    metrics: list[str] = field(default_factory=lambda: list(STEP_AGGREGATES))
+
+
+@dataclass
 class NanoexpConfig:
     model: ModelSpec = field(default_factory=ModelSpec)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -339,16 +395,25 @@ class NanoexpConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     repeats: int = 1  # timed passes of the workload on one engine, after the warm-up
     # repeat r draws its prompts with workload.seed + r (and samples with sampler.seed + r): identical
     # prompts would hit the prefix cache the earlier repeats filled
     reseed_repeats: bool = True
     save_outputs: bool | None = None  # outputs.jsonl; null = only for workload=prompts_file
+    # the interleaved pass this job is: `-m trial=0,1,2 <swept keys>` (trial first) runs every
+    # configuration once per trial, round-robin, and the report pools a configuration's trials
+    trial: int = 0
     notes: str = ""
     append_to_sweep: bool = False  # a sweep may write into a hydra.sweep.dir holding earlier results
 
     def __post_init__(self) -> None:
         integer("repeats", self.repeats, 1)
+        integer("trial", self.trial, 0)
+        if self.profile.trace_steps and self.profile.trace_repeat >= self.repeats:
+            allowed = f"a repeat of this job: 0..{self.repeats - 1} (repeats={self.repeats})"
+            raise KnobError("profile.trace_repeat", self.profile.trace_repeat, allowed)
         boolean("reseed_repeats", self.reseed_repeats)
         if self.save_outputs is not None:
             boolean("save_outputs", self.save_outputs)

@@ -71,6 +71,8 @@ SWEEP_LOCK = ".sweep.lock"
 STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselves
 
 
+NOISE = "noise_warning"  # experiment/noise.py's flags of a job
+TRIAL = "param:trial"  # the interleaved pass of a configuration (see pool_trials)
 VANISHED = "vanished"
 JOB_DIR = re.compile(r"^(\d+)(_|$)")
 
@@ -79,12 +81,14 @@ class SweepReport(Callback):
     def __init__(self) -> None:
         self.sweep_dir: Path | None = None
         self.expected: list[list[str]] | None = None
+        self.metrics: list[str] = []
         self.reported = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))
         self.expected = expected_jobs(config)
+        self.metrics = report_metrics(config)
         wait_s = 60.0 * float(config.hydra.launcher.get("timeout_min", 0) or 0) + 60.0
         atexit.register(self._report_after_abort, wait_s)
 
@@ -92,7 +96,7 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self.reported = True
-        failed = report(Path(config.hydra.sweep.dir), self.expected, self.wandb)
+        failed = report(Path(config.hydra.sweep.dir), self.expected, self.wandb, self.metrics)
         if failed:
             sys.exit(1)
 
@@ -104,7 +108,7 @@ class SweepReport(Callback):
             stop_local_jobs(self.sweep_dir, STOP_GRACE_S)
         else:
             wait_for_local_jobs(self.sweep_dir, wait_s)
-        report(self.sweep_dir, self.expected, self.wandb)
+        report(self.sweep_dir, self.expected, self.wandb, self.metrics)
 
 
 def lock_sweep_dir(sweep_dir: Path, append: bool = False):
@@ -161,9 +165,17 @@ def wandb_target(config: DictConfig):
     return cfg, cfg.group or sweep_group(str(Path(config.hydra.sweep.dir)))
 
 
-def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None) -> int:
+def report_metrics(config: DictConfig) -> list[str]:
+    """`report.metrics`: the results.json summary keys the table and plots add to their own."""
+    from omegaconf import OmegaConf
+
+    section = config.get("report")
+    return list(OmegaConf.to_container(section.metrics, resolve=True)) if section is not None else []
+
+
+def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metrics: list[str] = ()) -> int:
     """Writes the report; prints where, and how many jobs failed or vanished. Returns that count."""
-    table = write_report(sweep_dir, expected)
+    table = write_report(sweep_dir, expected, metrics)
     if table is None:
         return 0
     if wandb is not None:
@@ -177,25 +189,71 @@ def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None) -> int
     return failed
 
 
-def write_report(sweep_dir: Path, expected: list[list[str]] | None = None) -> pd.DataFrame | None:
-    """Collect <job>/results.json under `sweep_dir`; write CSV, Markdown and plots."""
-    table = collect(sweep_dir, expected)
-    if table.empty:
+def write_report(
+    sweep_dir: Path, expected: list[list[str]] | None = None, metrics: list[str] = ()
+) -> pd.DataFrame | None:
+    """Collect <job>/results.json under `sweep_dir`; write CSV, Markdown and plots, with the
+    summary keys `metrics` (report.metrics) beside the main ones."""
+    extra = [m for m in metrics if m not in METRICS]
+    jobs = collect(sweep_dir, expected, extra)
+    if jobs.empty:
         return None
     from nanoexp.experiment.sweep_plots import plot_latency_cdf, plot_param
     from nanoexp.experiment.sweep_serving import serving_report
 
+    table = pool_trials(jobs, sweep_dir)
     swept = swept_keys(table)
     table = mark_noise(table)
     table.to_csv(sweep_dir / "sweep_summary.csv", index=False)
     title = plot_title(table, swept)
     serving = serving_report(table, swept, title, sweep_dir)
-    (sweep_dir / "sweep_summary.md").write_text(markdown(table, swept, str(sweep_dir), title, serving))
+    md = markdown(table, swept, str(sweep_dir), title, serving, extra)
+    (sweep_dir / "sweep_summary.md").write_text(md)
     for key in swept:
         others = [k for k in swept if k != key]
-        plot_param(table, METRICS, key, others, title, sweep_dir / f"sweep_{_slug(key)}.png")
-    plot_latency_cdf(job_requests(sweep_dir, table, swept), title, sweep_dir / LATENCY_CDF)
+        plot_param(table, [*METRICS, *extra], key, others, title, sweep_dir / f"sweep_{_slug(key)}.png")
+    plot_latency_cdf(job_requests(sweep_dir, jobs, swept_keys(jobs)), title, sweep_dir / LATENCY_CDF)
     return table
+
+
+def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
+    """With `trial` swept, one row per configuration: the finished trials' repeats pooled (each
+    headline metric's mean and CI over every repeat of every trial, from results.json's
+    per_repeat; other metrics the mean over the trials), `trial` listing the trials pooled.
+    Failed and vanished jobs keep their own rows."""
+    if TRIAL not in swept_keys(table):
+        return table
+    ok = table[table["status"] == "ok"]
+    keys = [k for k in swept_keys(table) if k != TRIAL]
+    groups = ok.groupby(keys, dropna=False, sort=False) if keys else [((), ok)]
+    pooled = [_pooled_row(part, sweep_dir) for _, part in groups]
+    rest = table[table["status"] != "ok"]
+    return pd.concat([pd.DataFrame(pooled), rest], ignore_index=True).sort_values("job_num", kind="stable")
+
+
+def _pooled_row(part: pd.DataFrame, sweep_dir: Path) -> dict:
+    from nanoexp.experiment.metrics import HEADLINE, spread
+
+    row = part.iloc[0].to_dict() | {TRIAL: ",".join(map(str, part[TRIAL]))}
+    numeric = [c for c in part.columns if c != "job_num" and pd.api.types.is_numeric_dtype(part[c])]
+    row |= {c: part[c].mean() for c in numeric if not c.endswith(CI)}
+    if NOISE in part.columns:
+        row[NOISE] = "; ".join(dict.fromkeys(w for w in part[NOISE].fillna("") if w))
+    repeats = [r for d in part["job_dir"] for r in _per_repeat(sweep_dir / str(d))]
+    row["repeats"] = len(repeats)
+    for key in HEADLINE:
+        values = [r[key] for r in repeats if isinstance(r.get(key), int | float)]
+        if len(values) == len(repeats) and values:
+            row[key] = sum(values) / len(values)
+            row |= spread(key, values) if len(values) > 1 else {}
+    return row
+
+
+def _per_repeat(job_dir: Path) -> list[dict]:
+    try:
+        return json.loads((job_dir / RESULTS_FILE).read_text())["summary"].get("per_repeat") or []
+    except (OSError, ValueError, KeyError):
+        return []
 
 
 def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
@@ -210,13 +268,19 @@ def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
 
 
 def job_requests(sweep_dir: Path, table: pd.DataFrame, swept: list[str]) -> list[tuple[str, pd.DataFrame]]:
-    """(label, requests.csv) of every job that finished, labelled by its swept values."""
+    """(label, requests.csv rows) of every repeat of every job that finished, labelled by its swept
+    values and the repeat: one latency CDF per repeat, never one pooled over a job's repeats."""
     out = []
     for _, row in table[table["status"] == "ok"].iterrows():
         path = sweep_dir / str(row["job_dir"]) / "requests.csv"
-        if path.is_file():
-            label = ", ".join(f"{k.removeprefix('param:')}={row[k]}" for k in swept) or str(row["job_dir"])
-            out.append((label, pd.read_csv(path)))
+        if not path.is_file():
+            continue
+        label = ", ".join(f"{k.removeprefix('param:')}={row[k]}" for k in swept) or str(row["job_dir"])
+        requests = pd.read_csv(path)
+        if "repeat" not in requests.columns or requests["repeat"].nunique() == 1:
+            out.append((label, requests))
+            continue
+        out += [(f"{label} r{r}", part) for r, part in requests.groupby("repeat", sort=True)]
     return out
 
 
@@ -237,9 +301,12 @@ def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def collect(sweep_dir: Path, expected: list[list[str]] | None = None) -> pd.DataFrame:
+def collect(
+    sweep_dir: Path, expected: list[list[str]] | None = None, metrics: list[str] = ()
+) -> pd.DataFrame:
+    """One row per job (its swept values, status, the table's metrics and `metrics`)."""
     # at any depth: an override value with a slash (workload.path=a/b.jsonl) nests Hydra's job dir
-    rows = [_row(p, sweep_dir) for p in sorted(sweep_dir.rglob(RESULTS_FILE))]
+    rows = [_row(p, sweep_dir, metrics) for p in sorted(sweep_dir.rglob(RESULTS_FILE))]
     rows += vanished_rows(sweep_dir, expected, {r["job_num"] for r in rows}, {r["job_dir"] for r in rows})
     table = pd.DataFrame(rows)
     return table.sort_values("job_num", kind="stable") if not table.empty else table
@@ -338,7 +405,7 @@ def _running_child(pid: int) -> bool:
         return False
 
 
-def _row(path: Path, sweep_dir: Path) -> dict:
+def _row(path: Path, sweep_dir: Path, extra: list[str] = ()) -> dict:
     job_dir = path.parent.relative_to(sweep_dir)  # more than one level when a value has a slash
     try:
         results = json.loads(path.read_text())
@@ -352,9 +419,10 @@ def _row(path: Path, sweep_dir: Path) -> dict:
     row |= _parse_overrides(job.get("overrides", []))
     row |= {"status": results.get("status", "?"), "error": results.get("summary", {}).get("error", "")}
     summary = results.get("summary", {})
-    metrics = [*dict.fromkeys(TABLE_METRICS + SERVING_METRICS)]
+    metrics = [*dict.fromkeys([*TABLE_METRICS, *SERVING_METRICS, *extra])]
     keys = [*CONTEXT, *metrics, *(m + s for m in metrics for s in CI)]
     row |= {k: _infinite(summary[k]) for k in keys if k in summary}
+    row[NOISE] = summary.get(NOISE, "")
     slo = results.get("config", {}).get("metrics", {}).get("slo") or {}
     return row | {f"slo:{k}": v for k, v in slo.items() if v is not None}
 
@@ -376,14 +444,20 @@ def swept_keys(table: pd.DataFrame) -> list[str]:
 
 
 def markdown(
-    table: pd.DataFrame, swept: list[str], title: str, context: str = "", findings: list[str] | None = None
+    table: pd.DataFrame,
+    swept: list[str],
+    title: str,
+    context: str = "",
+    findings: list[str] | None = None,
+    extra: list[str] = (),
 ) -> str:
     """The table with `mean ± CI half-width` cells; **bold** = the best row of a metric, `≈` = its
     CI overlaps the best row's (the difference is within noise); `findings` (lines such as the max
-    rate meeting the SLOs) go above it."""
-    metrics = [m for m in TABLE_METRICS if m in table.columns]
+    rate meeting the SLOs) go above it; `extra` metrics (report.metrics) follow the main ones."""
+    metrics = [m for m in dict.fromkeys([*TABLE_METRICS, *extra]) if m in table.columns]
     errors = ["error"] if (table["status"] != "ok").any() else []
-    columns = ["job_num", *swept, "status", *metrics, *errors]
+    noisy = [NOISE] if NOISE in table.columns and table[NOISE].fillna("").astype(bool).any() else []
+    columns = ["job_num", *swept, "status", *metrics, *errors, *noisy]
     header = "| " + " | ".join(c.removeprefix("param:") for c in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
     body = ["| " + " | ".join(_metric_cell(row, c) for c in columns) + " |" for _, row in table.iterrows()]
@@ -393,6 +467,8 @@ def markdown(
             "mean ± 95% CI half-width over repeats ([low, high] where the CI stops at 0); **bold**: "
             "best row, ≈: CI overlaps the best row's (within noise)"
         )
+    if noisy:
+        notes.append(f"{NOISE}: the job's machine was busy or its CIs are wide (metrics.noise)")
     findings = [*(f"- {line}" for line in findings), ""] if findings else []
     return "\n".join([f"# Sweep {title}", "", *notes, "", *findings, header, rule, *body, ""])
 
@@ -416,3 +492,50 @@ def _cell(v) -> str:
 
 def _slug(key: str) -> str:
     return key.removeprefix("param:").replace("/", "_").replace(".", "_")
+
+
+def redraw(sweep_dir: Path, metrics: list[str] | None = None, wandb: bool = False) -> int:
+    """The report of a sweep dir from what its jobs left, as at the sweep's end: the jobs Hydra's
+    basic sweeper expected (and with `wandb`, the W&B settings) from `multirun.yaml`,
+    `report.metrics` from the jobs' results.json unless `metrics` is given. Returns how many
+    jobs failed or vanished."""
+    from omegaconf import OmegaConf
+
+    saved = sweep_dir / "multirun.yaml"
+    config = OmegaConf.load(saved) if saved.is_file() else None
+    expected = expected_jobs(config) if config is not None else None
+    job_config = _first_job_config(sweep_dir)
+    if metrics is None:
+        metrics = list((job_config.get("report") or {}).get("metrics") or [])
+    target = wandb_target(config) if wandb and config is not None else None
+    return report(sweep_dir, expected, target, metrics)
+
+
+def _first_job_config(sweep_dir: Path) -> dict:
+    for path in sorted(sweep_dir.rglob(RESULTS_FILE)):
+        try:
+            return json.loads(path.read_text()).get("config") or {}
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def cli(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m nanoexp.experiment.sweep_report",
+        description="Redraw a sweep's report (sweep_summary.csv/.md and plots) from its job dirs.",
+    )
+    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--metrics", help="comma-separated summary keys (default: the jobs' report.metrics)")
+    parser.add_argument("--wandb", action="store_true", help="also log a sweep-level W&B run")
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        parser.error(f"{args.sweep_dir}: no such sweep dir")
+    metrics = [m for m in args.metrics.split(",") if m] if args.metrics is not None else None
+    return 1 if redraw(args.sweep_dir, metrics, args.wandb) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -47,18 +48,48 @@ def _log(sweep_dir: Path, table: pd.DataFrame, swept: list[str], images: list[Pa
 
 
 def _values(column: pd.Series) -> list:
-    return list(dict.fromkeys(column.dropna().astype(str)))
+    """The distinct swept values, typed as in the table (16, not '16')."""
+    values = dict.fromkeys(typed(column).dropna())
+    return [str(v) if isinstance(v, float) and not math.isfinite(v) else v for v in values]  # JSON
+
+
+def typed(column: pd.Series) -> pd.Series:
+    """An override column (its values are the command line's text) as numbers when every value is
+    one (`16`, `0.5`, `inf`), as booleans when every value is true/false, else unchanged."""
+    present = column.dropna().astype(str)
+    numbers = pd.to_numeric(present, errors="coerce")
+    if len(present) and numbers.notna().all():
+        whole = numbers[numbers.map(lambda v: v == v and abs(v) != float("inf"))]
+        as_int = (whole == whole.round()).all() and present.str.fullmatch(r"[+-]?\d+").all()
+        return _objects(column, int if as_int else float)
+    lowered = present.str.lower()
+    if len(present) and lowered.isin(("true", "false")).all():
+        return _objects(column, lambda v: str(v).lower() == "true")
+    return column
+
+
+def _objects(column: pd.Series, convert) -> pd.Series:
+    """`convert` of each present value, None for a missing one, as Python objects (pandas would
+    turn ints beside a None into floats)."""
+    values = [None if v is None or v != v else convert(v) for v in column]
+    return pd.Series(values, index=column.index, dtype=object)
 
 
 def _loggable(table: pd.DataFrame) -> pd.DataFrame:
-    """Strings for text columns, None for missing values: what wandb.Table accepts per column."""
-    out = table.rename(columns=lambda c: c.removeprefix("param:")).copy()
-    for col in out.columns:
+    """One column per key (a swept key the summary also holds, such as `model` or `repeats`, is
+    the swept column only), swept values typed (see `typed`), strings for text columns, None for
+    missing values: what wandb.Table accepts per column."""
+    params = [c for c in table.columns if c.startswith("param:")]
+    shadowed = [c.removeprefix("param:") for c in params if c.removeprefix("param:") in table.columns]
+    out = table.drop(columns=shadowed).copy()
+    for col in [c for c in out.columns if c not in params]:
         if not pd.api.types.is_numeric_dtype(out[col]):
             out[col] = out[col].map(
                 lambda v: "" if v is None or (isinstance(v, float) and v != v) else str(v)
             )
-    return out
+    for col in params:
+        out[col] = typed(out[col]).astype(object)
+    return out.rename(columns=lambda c: c.removeprefix("param:"))
 
 
 def _first_line(err: BaseException) -> str:

@@ -11,18 +11,26 @@ exits, and an unreachable server held the exit for tens of seconds.
 
 from __future__ import annotations
 
+import atexit
 import netrc
 import os
+import shutil
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
 from nanoexp.experiment.job import JobInfo
 from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.profiling import PROFILE_DIR
 from nanoexp.experiment.schema import LoggerConfig
 
 REQUEST_TABLE = "requests"
+# CPU, memory, GPU and disk use of the job's process tree (TP workers included), sampled every
+# second: W&B's default of 15 s leaves a job of seconds with no sample at all
+MAX_SOCKET_DIR = 60  # characters; a Unix socket's path has room for about 107
+SYSTEM_METRICS = {"x_stats_sampling_interval": 1.0, "x_stats_track_process_tree": True}
 INIT_TIMEOUT_S = 10.0  # wandb waits 90 s by default, then fails the job
 FINISH_TIMEOUT_S = 300.0  # wandb's default waits for the upload forever
 LOCAL_DIRS = {  # wandb's variable -> subdir of <out>/wandb/local
@@ -96,6 +104,12 @@ class WandbLogger:
             artifact = wandb.Artifact(f"results-{self.run.id}", type="results")
             artifact.add_file(str(path))
             self.run.log_artifact(artifact)
+        traces = sorted((self.job.out_dir / PROFILE_DIR).glob("*.json")) if self.job else []
+        if traces:  # the profile.trace_steps Chrome traces
+            artifact = wandb.Artifact(f"profile-{self.run.id}", type="profile")
+            for trace in traces:
+                artifact.add_file(str(trace))
+            self.run.log_artifact(artifact)
 
 
 def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None, name: str, job_type: str):
@@ -146,7 +160,7 @@ def _init_mode(cfg: LoggerConfig, out_dir: Path, fields: dict, mode: str | None)
             tags=list(cfg.tags) or None,
             dir=str(out_dir),
             mode=mode,
-            settings=wandb.Settings(console="off", silent=True, **bounded_timeouts()),
+            settings=wandb.Settings(console="off", silent=True, **bounded_timeouts(), **SYSTEM_METRICS),
             **fields,
         )
 
@@ -208,9 +222,14 @@ def restore_env(names: list[str]) -> None:
 @contextmanager
 def temp_dir_for_service(path: Path):
     """TMPDIR for wandb's service process (its sockets), started by the first `wandb.init` of a
-    process; only while init runs, so nothing else in the job sees it."""
-    path.mkdir(parents=True, exist_ok=True)
+    process; only while init runs, so nothing else in the job sees it. A path too long for a Unix
+    socket (a sweep's job dirs) would stop W&B's system-metrics monitor, so then it is a short
+    fresh dir in the temp dir instead, removed when the process exits (after W&B's own exit)."""
     previous = os.environ.get("TMPDIR")
+    if len(str(path)) > MAX_SOCKET_DIR:
+        path = Path(tempfile.mkdtemp(prefix="nanoexp-wandb-", dir=previous))
+        atexit.register(shutil.rmtree, path, ignore_errors=True)  # registered before wandb.s: runs after
+    path.mkdir(parents=True, exist_ok=True)
     os.environ["TMPDIR"] = str(path)
     try:
         yield
@@ -222,4 +241,8 @@ def temp_dir_for_service(path: Path):
 
 
 def _scalars(summary: dict) -> dict:
-    return {k: v for k, v in summary.items() if isinstance(v, int | float | str | bool)}
+    """The summary's scalars, and `per_repeat` (a list of flat dicts of numbers)."""
+    kept = {k: v for k, v in summary.items() if isinstance(v, int | float | str | bool)}
+    if isinstance(summary.get("per_repeat"), list):
+        kept["per_repeat"] = summary["per_repeat"]
+    return kept

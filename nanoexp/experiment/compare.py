@@ -1,0 +1,227 @@
+"""Two sweeps side by side (two commits, two machines): jobs matched by their swept values, each
+metric's ratio B/A with a 95% confidence interval from the repeats, marked significant when the
+interval excludes 1.
+
+    python -m nanoexp.experiment.compare SWEEP_A SWEEP_B [--metrics a,b] [--out DIR]
+
+writes compare.md, compare.csv and compare.png into DIR (default: SWEEP_B) and prints the table.
+The interval is of the ratio of the means, from the repeats' values (`per_repeat` in results.json):
+log(mean B / mean A) ± t * sqrt(s_A^2 / (n_A mean_A^2) + s_B^2 / (n_B mean_B^2)), with
+Welch-Satterthwaite degrees of freedom (the delta method). Jobs with one repeat get no interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.metrics import CONFIDENCE
+from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL, _parse_overrides
+
+METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
+LATER_IS = {**{m: "higher" for m in HIGHER_IS_BETTER}, **{m: "lower" for m in LOWER_IS_BETTER}}
+LATER_IS |= {"duration_s": "lower", "p99_tpot_ms": "lower", "median_ttft_ms": "lower"}
+
+
+def load_jobs(sweep_dir: Path) -> list[dict]:
+    """Each finished job: its overrides as `param:` keys, its summary and its commit."""
+    jobs = []
+    for path in sorted(sweep_dir.rglob(RESULTS_FILE)):
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if results.get("status") != "ok":
+            continue
+        git = results.get("config", {}).get("resolved", {}).get("provenance", {}).get("git", {})
+        params = _parse_overrides(results.get("job", {}).get("overrides", []))
+        jobs.append({"params": params, "summary": results.get("summary", {}), "commit": git.get("commit")})
+    return jobs
+
+
+def merge_trials(jobs: list[dict]) -> list[dict]:
+    """Jobs that differ only in `trial` (interleaved passes of one configuration) as one job
+    whose per_repeat holds every trial's repeats."""
+    merged: dict[tuple, dict] = {}
+    for job in jobs:
+        key = tuple(sorted((k, v) for k, v in job["params"].items() if k != TRIAL))
+        if key not in merged:
+            params = {k: v for k, v in job["params"].items() if k != TRIAL}
+            merged[key] = job | {"params": params, "summary": dict(job["summary"], per_repeat=[])}
+        merged[key]["summary"]["per_repeat"] += job["summary"].get("per_repeat") or []
+    return list(merged.values())
+
+
+def match(jobs_a: list[dict], jobs_b: list[dict]) -> tuple[list[str], list[tuple[dict, dict]]]:
+    """The keys either sweep varies, and the (A, B) job pairs that agree on them."""
+    jobs_a, jobs_b = merge_trials(jobs_a), merge_trials(jobs_b)
+    keys = sorted(_varied(jobs_a) | _varied(jobs_b))
+    by_values = {tuple(j["params"].get(k) for k in keys): j for j in jobs_a}
+    pairs = []
+    for b in jobs_b:
+        a = by_values.get(tuple(b["params"].get(k) for k in keys))
+        if a is not None:
+            pairs.append((a, b))
+    return keys, pairs
+
+
+def _varied(jobs: list[dict]) -> set[str]:
+    keys = {k for j in jobs for k in j["params"]}
+    return {k for k in keys if len({j["params"].get(k) for j in jobs}) > 1}
+
+
+def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """mean(b) / mean(a) and its 95% interval (NaN bounds with fewer than two values a side)."""
+    a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    mean_a, mean_b = a_arr.mean(), b_arr.mean()
+    value = mean_b / mean_a if mean_a else math.nan
+    if a_arr.size < 2 or b_arr.size < 2 or mean_a <= 0 or mean_b <= 0:
+        return value, math.nan, math.nan
+    var_a = a_arr.var(ddof=1) / (a_arr.size * mean_a**2)
+    var_b = b_arr.var(ddof=1) / (b_arr.size * mean_b**2)
+    total = var_a + var_b
+    if total == 0:
+        return value, value, value
+    dof = total**2 / (var_a**2 / (a_arr.size - 1) + var_b**2 / (b_arr.size - 1))
+    half = scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, dof) * math.sqrt(total)
+    return value, value * math.exp(-half), value * math.exp(half)
+
+
+def compare(sweep_a: Path, sweep_b: Path, metrics: list[str] = METRICS) -> tuple[pd.DataFrame, list[str]]:
+    """One row per matched job and metric; and the header lines (sweeps, commits, unmatched jobs)."""
+    jobs_a, jobs_b = merge_trials(load_jobs(sweep_a)), merge_trials(load_jobs(sweep_b))
+    keys, pairs = match(jobs_a, jobs_b)
+    rows = []
+    for a, b in pairs:
+        config = ", ".join(f"{k.removeprefix('param:')}={b['params'].get(k)}" for k in keys) or "all"
+        rows += [_metric_row(config, metric, a, b) for metric in metrics]
+    table = pd.DataFrame([r for r in rows if r is not None])
+    header = [
+        f"A: {sweep_a} ({_commits(jobs_a)})",
+        f"B: {sweep_b} ({_commits(jobs_b)})",
+        f"{len(pairs)} configurations matched on {_names(keys)}; "
+        f"{len(jobs_a) - len(pairs)} of A and {len(jobs_b) - len(pairs)} of B unmatched",
+    ]
+    return table, header
+
+
+def _names(keys: list[str]) -> str:
+    return ", ".join(k.removeprefix("param:") for k in keys) or "nothing swept"
+
+
+def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
+    values_a, values_b = _values(a["summary"], metric), _values(b["summary"], metric)
+    if not values_a or not values_b:
+        return None
+    value, low, high = ratio(values_a, values_b)
+    significant = bool(low == low and (low > 1 or high < 1))
+    return {
+        "config": config,
+        "metric": metric,
+        "a": float(np.mean(values_a)),
+        "b": float(np.mean(values_b)),
+        "ratio": value,
+        "ratio_ci95_low": low,
+        "ratio_ci95_high": high,
+        "significant": significant,
+        "verdict": _verdict(metric, value, significant, low),
+        "repeats": f"{len(values_a)}/{len(values_b)}",
+    }
+
+
+def _values(summary: dict, metric: str) -> list[float]:
+    """The metric's value per repeat, or its one value when the repeats did not record it."""
+    per_repeat = [r.get(metric) for r in summary.get("per_repeat") or []]
+    if per_repeat and all(isinstance(v, int | float) for v in per_repeat):
+        return [float(v) for v in per_repeat]
+    value = summary.get(metric)
+    return [float(value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
+
+
+def _verdict(metric: str, value: float, significant: bool, low: float) -> str:
+    if low != low:
+        return "no CI (one repeat)"
+    if not significant:
+        return "within noise"
+    better = LATER_IS.get(metric)
+    if better is None:
+        return "higher" if value > 1 else "lower"
+    return "better" if (value > 1) == (better == "higher") else "worse"
+
+
+def _commits(jobs: list[dict]) -> str:
+    commits = sorted({str(j["commit"])[:12] for j in jobs if j.get("commit")})
+    return "commit " + ", ".join(commits) if commits else "commit unknown"
+
+
+def markdown(table: pd.DataFrame, header: list[str]) -> str:
+    lines = ["# Compare B against A", "", *(f"- {h}" for h in header), ""]
+    if table.empty:
+        return "\n".join([*lines, "no matched jobs", ""])
+    lines += ["| config | metric | A | B | B/A (95% CI) | verdict |", "|---|---|---|---|---|---|"]
+    for _, r in table.iterrows():
+        ci = (
+            f" ({r.ratio_ci95_low:.3f}-{r.ratio_ci95_high:.3f})"
+            if r.ratio_ci95_low == r.ratio_ci95_low
+            else ""
+        )
+        cell = f"**{r.ratio:.3f}**" if r.significant else f"{r.ratio:.3f}"
+        lines.append(f"| {r.config} | {r.metric} | {r.a:.4g} | {r.b:.4g} | {cell}{ci} | {r.verdict} |")
+    return "\n".join([*lines, "", "**bold**: the interval excludes 1 (beyond noise)", ""])
+
+
+def plot(table: pd.DataFrame, header: list[str], path: Path) -> None:
+    """One panel per metric: B/A per configuration with its interval, a line at 1."""
+    from nanoexp.experiment.sweep_plots import pyplot, save_figure
+
+    if table.empty:
+        return
+    plt = pyplot()
+    metrics = list(dict.fromkeys(table["metric"]))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.4), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
+        part = table[table["metric"] == metric]
+        y = part["ratio"].to_numpy()
+        err = np.nan_to_num(np.abs(np.stack([y - part["ratio_ci95_low"], part["ratio_ci95_high"] - y])))
+        ax.errorbar(range(len(part)), y, yerr=err, fmt="o", capsize=3)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xticks(range(len(part)))
+        ax.set_xticklabels(part["config"], rotation=30, ha="right", fontsize=6)
+        ax.set_title(metric, fontsize=8)
+        ax.set_ylabel("B / A", fontsize=8)
+    save_figure(fig, "B / A with 95% CI", path)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m nanoexp.experiment.compare", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("sweep_a", type=Path)
+    parser.add_argument("sweep_b", type=Path)
+    parser.add_argument("--metrics", default=",".join(METRICS), help="comma-separated summary keys")
+    parser.add_argument("--out", type=Path, help="where compare.md/.csv/.png go (default: SWEEP_B)")
+    args = parser.parse_args(argv)
+    for sweep in (args.sweep_a, args.sweep_b):
+        if not sweep.is_dir():
+            parser.error(f"{sweep}: no such sweep dir")
+    table, header = compare(args.sweep_a, args.sweep_b, [m for m in args.metrics.split(",") if m])
+    out = args.out or args.sweep_b
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(table, header)
+    (out / "compare.md").write_text(text)
+    table.to_csv(out / "compare.csv", index=False)
+    plot(table, header, out / "compare.png")
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,110 @@
+"""What a real run.py job leaves for reproducing and explaining it: provenance in results.json and
+the W&B config, a Chrome trace and per-step host phases and events with `profile=all`, the
+profile artifact, and a busy machine flagged."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05"]
+WANDB = Path(sys.executable).with_name("wandb")
+
+
+def run_py(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
+    env |= {"HOME": str(home), "PYTHONPATH": str(ROOT)}  # no API key: W&B offline
+    proc = subprocess.run(
+        [sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def wandb_records(run_dir: Path, *flags: str) -> str:
+    proc = subprocess.run(
+        [str(WANDB), "leet", "inspect", "--json", *flags, str(run_dir)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def profiled_job(tmp_path_factory) -> Path:
+    """One job, two repeats, every profile knob on, logged to an offline W&B run, with a busy loop
+    running beside it."""
+    tmp = tmp_path_factory.mktemp("profiled")
+    job = tmp / "job"
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        run_py(tmp / "home", f"hydra.run.dir={job}", *TINY, "profile=all", "repeats=2", "sampler=greedy")
+    finally:
+        busy.kill()
+        busy.wait()
+    return job
+
+
+def results(job: Path) -> dict:
+    return json.loads((job / "results.json").read_text())
+
+
+def test_results_and_wandb_config_record_provenance(profiled_job: Path) -> None:
+    res = results(profiled_job)
+    prov = res["config"]["resolved"]["provenance"]
+    assert len(prov["git"]["commit"]) == 40 and isinstance(prov["git"]["dirty"], bool)
+    assert prov["packages"]["torch"] and prov["packages"]["transformers"] and "flash-attn" in prov["packages"]
+    assert prov["cpu"]["count"] >= 1 and prov["hostname"]
+    assert "run.py" in prov["command"] and "profile=all" in prov["command"]
+    assert {"gpus", "driver", "cuda_build"} <= set(prov["device"])
+    state = json.loads(wandb_records(Path(res["job"]["wandb"]["dir"]), "--summary"))
+    assert state["config"]["resolved"]["provenance"]["git"]["commit"] == prov["git"]["commit"]
+
+
+def test_trace_is_chrome_json_with_the_engines_ops(profiled_job: Path) -> None:
+    trace = json.loads((profiled_job / "profile" / "trace_repeat0.json").read_text())
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert {f"ProfilerStep#{i}" for i in range(2, 10)} <= names
+    assert any(n.startswith("aten::") for n in names), "no torch ops in the trace"
+    summary = results(profiled_job)["summary"]
+    assert summary["profile_traces"].endswith("trace_repeat0.json")
+
+
+def test_steps_csv_has_host_phases_and_events_for_every_timed_step(profiled_job: Path) -> None:
+    with (profiled_job / "steps.csv").open() as f:
+        steps = list(csv.DictReader(f))
+    assert len(steps) == results(profiled_job)["summary"]["num_steps"] * 2
+    phases = ("schedule", "launch", "prepare", "forward", "sample", "collect", "bookkeeping", "other")
+    for row in steps:
+        parts = sum(float(row[f"host_{p}_ms"]) for p in phases if p not in ("prepare", "forward", "sample"))
+        assert parts == pytest.approx(float(row["host_step_ms"]), rel=1e-6, abs=1e-6)
+        assert float(row["host_other_ms"]) >= -1e-6  # the phases are disjoint parts of the step
+        assert float(row["host_schedule_ms"]) > 0
+    assert all(float(r["host_forward_ms"]) > 0 for r in steps if float(r["host_launch_ms"]) > 0)
+    assert sum(float(r["host_forward_ms"]) > 0 for r in steps) >= len(steps) / 2
+    for row in steps:
+        for event in ("triton_compiles", "torch_compiles", "gc_collections", "gc_full_collections"):
+            assert int(row[event]) >= 0
+    summary = results(profiled_job)["summary"]
+    total_gcs = sum(int(r["gc_collections"]) for r in steps)
+    assert summary["profile_gc_collections"] == pytest.approx(total_gcs / 2)  # mean over the repeats
+
+
+def test_trace_is_a_wandb_artifact(profiled_job: Path) -> None:
+    run_dir = Path(results(profiled_job)["job"]["wandb"]["dir"])
+    records = [json.loads(line) for line in wandb_records(run_dir).splitlines()]
+    artifacts = [r for r in records if r["type"] == "artifact"]
+    assert any("profile" in json.dumps(a) and "trace_repeat0.json" in json.dumps(a) for a in artifacts)
+
+
+def test_a_busy_machine_is_flagged(profiled_job: Path) -> None:
+    summary = results(profiled_job)["summary"]
+    assert summary["noise_busy_repeats"] >= 1, summary["per_repeat"]
+    assert all(r["other_cpu_cores"] > 0.5 for r in summary["per_repeat"])
+    assert "noisy measurement: machine busy" in (profiled_job / "run.log").read_text()
