@@ -9,7 +9,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
-from nanoexp.checkpoint_files import CheckpointError, json_object, regular_file, safetensors_files
+from nanoexp.config.checkpoint_files import CheckpointError, json_object, regular_file, safetensors_files
 from nanoexp.config.checks import is_number
 from nanoexp.layers.embed_head import VocabParallelEmbedding
 from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, shape_of

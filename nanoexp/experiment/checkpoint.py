@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from nanoexp.checkpoint_files import json_object
+from nanoexp.config.checkpoint_files import json_object
 from nanoexp.experiment.schema import DUMMY_IF_MISSING, ConfigError, ModelSpec
 
 log = logging.getLogger(__name__)

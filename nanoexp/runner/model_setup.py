@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch import nn
 from transformers import PretrainedConfig
 
-from nanoexp.checkpoint_files import CheckpointError, json_object
 from nanoexp.config import EngineConfig, ModelConfig
+from nanoexp.config.checkpoint_files import CheckpointError, json_object
 from nanoexp.config.checks import is_int
 from nanoexp.config.parallel import check_split
 from nanoexp.kernels import pdl
