@@ -34,7 +34,8 @@ torch_commands() {
   if has_cuda || [ -z "$cpu_index" ]; then
     echo "$1 -m pip install -q $torch_pin"
   else
-    echo "$1 -m pip install -q --index-url $cpu_index $torch_pin"
+    # few retries: where the index cannot be reached pip falls back to its other sources at once
+    echo "$1 -m pip install -q --retries 1 --index-url $cpu_index $torch_pin"
   fi
 }
 

@@ -41,7 +41,7 @@ def install_commands(tmp_path: Path, purpose: str, cuda: bool, torch: bool, **en
 
 
 UPGRADE_PIP = "python -m pip install -q --upgrade pip"
-CPU_TORCH = f"python -m pip install -q --index-url {CPU_INDEX} {TORCH}"
+CPU_TORCH = f"python -m pip install -q --retries 1 --index-url {CPU_INDEX} {TORCH}"
 PYPI_TORCH = f"python -m pip install -q {TORCH}"
 PROJECT = "python -m pip install -q -e 'ROOT'"
 WITH_TRITON = "python -m pip install -q -e 'ROOT[triton]'"
@@ -69,7 +69,7 @@ def test_torch_from_the_cpu_index_without_cuda_and_triton_where_it_runs(
 
 def test_another_torch_index_or_pips_own(tmp_path: Path) -> None:
     mirror = install_commands(tmp_path / "a", "run", False, False, NANOEXP_TORCH_INDEX="https://mirror/cpu")
-    assert mirror[1] == f"python -m pip install -q --index-url https://mirror/cpu {TORCH}"
+    assert mirror[1] == f"python -m pip install -q --retries 1 --index-url https://mirror/cpu {TORCH}"
     own = install_commands(tmp_path / "b", "run", False, False, NANOEXP_TORCH_INDEX="")
     assert own[1] == PYPI_TORCH
 
