@@ -8,12 +8,14 @@ the step deadline.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import multiprocessing as mp
 import os
 import pickle
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,7 +43,19 @@ STEP_TIMEOUT_ENV, STARTUP_TIMEOUT_ENV = "NANOEXP_TP_STEP_TIMEOUT_S", "NANOEXP_TP
 STEP_TIMEOUT_FLOOR_S = 60.0
 STARTUP_TIMEOUT_S = 1800.0
 SLOWEST_STEP_FACTOR = 10.0
-PARENT_POLL_S = 0.5  # how often a starting worker checks that the main process is alive
+PARENT_POLL_S = 0.5  # how often a starting worker (or the janitor) checks that the main process is alive
+PR_SET_PDEATHSIG = 1  # prctl(2)
+JANITOR = """
+import os, shutil, sys, time
+main, tmpdir, ring = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+while os.getppid() == main and os.path.isdir(tmpdir):
+    time.sleep(float(sys.argv[4]))
+shutil.rmtree(tmpdir, ignore_errors=True)
+try:
+    os.unlink(os.path.join("/dev/shm", ring.lstrip("/")))
+except OSError:
+    pass
+"""  # removes the rendezvous dir and the ring when the main process dies without releasing them
 UNANSWERED = frozenset({"launch"})  # enqueued without a reply; its result comes with "collect"
 STARTUP_HINT = (
     " (its traceback is above; a script that builds the engine at import time must guard that"
@@ -68,12 +82,16 @@ def worker_main(
     use_thread_lock_for_tqdm()
     ring = ShmRing.attach(ring_handle, rank)
     started = threading.Event()
-    watch_parent_during_start_up(parent, started, dist_init, ring_handle)
+    if not die_with_parent(signal.SIGKILL):
+        watch_parent_during_start_up(parent, started, dist_init, ring_handle)
+    if os.getppid() != parent:  # it died before the line above took effect
+        os._exit(0)
     try:
         runner = ModelRunner(config, rank, dist_init)
         gc.freeze()  # as the engine does: no full garbage collection in a step walks the start-up heap
         conn.send(("ok", runner.info() if rank == 0 else None))
         started.set()
+        die_with_parent(0)  # serving, the command loop watches the parent (and cleans up)
         serve(runner, rank, conn, parent, ring)
     except Orphaned:
         clean_up_after(dist_init, ring_handle)
@@ -86,6 +104,18 @@ def worker_main(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def die_with_parent(sig: int) -> bool:
+    """Linux: the kernel sends `sig` to this process when the thread that started it exits (0:
+    never). Start-up can sit in C++ (a rendezvous, a compile) holding the GIL, where no Python
+    thread could notice a main process killed meanwhile; the main process's janitor then removes
+    what the group shared. False where prctl is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def watch_parent_during_start_up(
@@ -163,8 +193,10 @@ class WorkerGroup:
         self.conns: list[Connection] = []
         self.procs = []
         self.ring = None
+        self.janitor: subprocess.Popen | None = None
         try:
             self.ring = ShmRing.create(config.parallel.tensor_parallel_size, RING_SLOTS, RING_SLOT_BYTES)
+            self.janitor = start_janitor(self.tmpdir, self.ring.handle.name)
             self.start_workers(config)
         except BaseException:  # e.g. spawning from a module without a __main__ guard, or a signal
             self.kill()
@@ -303,6 +335,21 @@ class WorkerGroup:
         if self.ring is not None:
             self.ring.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+        if self.janitor is not None:
+            self.janitor.kill()
+            self.janitor.wait()
+
+
+def start_janitor(tmpdir: str, ring_name: str) -> subprocess.Popen | None:
+    """A small process (no torch) that removes the rendezvous dir and the ring once the main process
+    is gone (SIGKILL, its workers killed with it by their parent-death signal); None where
+    /dev/shm does not hold the rings."""
+    if not os.path.isdir("/dev/shm"):
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-c", JANITOR, str(os.getpid()), tmpdir, ring_name, str(PARENT_POLL_S)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
 
 
 def timeout_from(env: str, given: float | None, default: float) -> float:
