@@ -13,14 +13,19 @@ machine at hand. Timers add ~1 us per phase.
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import yaml
 
 from nanoexp import LLM, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from timing import add_timer  # noqa: E402
+
 from nanoexp.engine import llm_engine
 from nanoexp.layers.sampler import Sampler
 from nanoexp.models.qwen3 import Qwen3ForCausalLM
@@ -28,21 +33,6 @@ from nanoexp.runner import model_runner
 from nanoexp.runner.cuda_graphs import DecodeGraphs
 
 TOTALS: dict[str, float] = defaultdict(float)
-
-
-def timed(owner, name: str, key: str) -> None:
-    """Wraps owner.name (a function of a module, or a method of a class) with a timer."""
-    inner = getattr(owner, name)
-
-    @functools.wraps(inner)
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            TOTALS[key] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
 
 
 PHASES = [  # (owner, attribute, label); nested phases are included in their parents
@@ -76,7 +66,7 @@ def main() -> None:
     prompts = [[(7 * i + j) % 10000 for j in range(args.input_len)] for i in range(args.batch)]
     llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)  # warm-up
     for owner, attribute, label in PHASES:
-        timed(owner, attribute, label)
+        add_timer(owner, attribute, TOTALS, label)
     TOTALS.clear()
     for prompt in prompts:
         engine.add_request(prompt, params)

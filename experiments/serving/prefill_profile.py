@@ -18,33 +18,25 @@ import glob
 import json
 import os
 import statistics
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 import yaml
 from torch.profiler import ProfilerActivity, profile
 
 from nanoexp import LLM, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from timing import add_timer  # noqa: E402
+
 from nanoexp.engine import llm_engine
 from nanoexp.layers.sampler import Sampler
 from nanoexp.runner import cuda_graphs, model_runner
 
 PHASES: dict[str, float] = defaultdict(float)
-
-
-def timed(owner, name: str, key: str) -> None:
-    inner = getattr(owner, name)
-
-    @functools.wraps(inner)
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            PHASES[key] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
 
 
 CAPTURES: list[tuple[int, float, str]] = []
@@ -209,7 +201,7 @@ def main() -> None:
         (llm_engine.Scheduler, "schedule", "schedule"),
         (llm_engine.LLMEngine, "complete", "complete"),
     ]:
-        timed(owner, name, key)
+        add_timer(owner, name, PHASES, key)
     for size in sizes:
         PHASES.clear()
         n = args.repeats

@@ -3,7 +3,9 @@ time of callables replayed back to back from one CUDA graph (no launch gaps), an
 
 from __future__ import annotations
 
+import functools
 import statistics
+import time
 from collections.abc import Callable, Iterable
 
 import torch
@@ -56,3 +58,19 @@ def stream_table(header: list[str], rows: Iterable[str], out: str | None) -> Non
     if out:
         with open(out, "w") as f:
             f.write("\n".join(lines) + "\n")
+
+
+def add_timer(owner, name: str, totals: dict[str, float], key: str) -> None:
+    """Wraps owner.name (a function of a module, or a method of a class) so that each call adds its
+    wall time to totals[key]."""
+    inner = getattr(owner, name)
+
+    @functools.wraps(inner)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - start
+
+    setattr(owner, name, wrapper)
