@@ -11,18 +11,22 @@ are this process's: with TP > 1 the ranks hold their weights in worker processes
 from __future__ import annotations
 
 import re
-import resource
-import sys
 from pathlib import Path
 
+import torch
+
+from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
+
 STATUS = Path("/proc/self/status")
+CPU = torch.device("cpu")
 
 
 class JobMemory:
     """Started before the engine is built; `summary(stats)` after the timed passes."""
 
     def __init__(self) -> None:
-        self.scope = "job" if _reset_peak_rss() else "process lifetime (no /proc/self/clear_refs)"
+        reset = reset_peak_memory(CPU) == "resident"
+        self.scope = "job" if reset else "process lifetime (no /proc/self/clear_refs)"
         self.rss_at_start = _status_bytes("VmRSS")
         self.device = _reset_device_peak()
 
@@ -30,7 +34,7 @@ class JobMemory:
         """`job_peak_rss_bytes` (and `job_peak_device_bytes` on a GPU) and the split of the job's
         growth into `memory_weights_bytes`, `memory_kv_cache_bytes` and `memory_other_bytes`."""
         weights, kv = int(stats.get("weights_bytes", 0)), int(stats.get("kv_cache_bytes", 0))
-        peak_rss = _status_bytes("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak_rss = peak_memory_bytes(CPU)
         out = {"job_memory_scope": self.scope, "job_peak_rss_bytes": peak_rss}
         out["job_rss_at_start_bytes"] = self.rss_at_start
         out |= {"memory_weights_bytes": weights, "memory_kv_cache_bytes": kv}
@@ -41,14 +45,6 @@ class JobMemory:
         else:
             out["memory_other_bytes"] = max(0, peak_rss - self.rss_at_start - weights - kv)
         return out
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
 
 
 def _status_bytes(field: str) -> int:
@@ -63,8 +59,7 @@ def _status_bytes(field: str) -> int:
 def _reset_device_peak() -> bool:
     """Resets torch's peak device allocation when CUDA is already started in this process (by an
     earlier job of the sweep; otherwise its peak starts with this job anyway). True on a GPU host."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         return False
     if torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
@@ -72,6 +67,4 @@ def _reset_device_peak() -> bool:
 
 
 def _device_peak() -> int:
-    import torch
-
     return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_initialized() else 0
