@@ -330,6 +330,33 @@ def test_step_graph_mixed_attention_matches_the_eager_one_with_padding():
     assert_close(out[:tokens], ref, torch.float32)
 
 
+def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
+    """A step graph of steps without decodes (no decode slots; attention through prefill()) gives
+    the eager prefill's rows."""
+    ctx_lens, q_lens = [45, 40, 70], [12, 40, 30]
+    q, k_cache, v_cache, md = mixed_step(ctx_lens, q_lens, 0, 16, torch.float32)
+    ref = TorchAttentionBackend().prefill(q, None, None, k_cache, v_cache, md, 0.3)
+    tokens, padded, block_m = sum(q_lens), 96, 16
+    fixed = AttentionMetadata(
+        is_prefill=True,
+        slot_mapping=md.slot_mapping,
+        context_lens=torch.tensor(ctx_lens + [0], dtype=torch.int32, device=DEVICE),
+        block_tables=torch.cat([md.block_tables, torch.zeros_like(md.block_tables[:1])]),
+        cu_seqlens_q=torch.zeros(5, dtype=torch.int32, device=DEVICE),  # unread
+        max_seqlen_q=padded,
+        has_cached_prefix=True,
+        prefill_tiles=torch.cat(
+            [torch.tensor(prefill_tiles(q_lens, 0, block_m)), torch.full((3, 4), -1, dtype=torch.int32)]
+        ).to(DEVICE),
+        decode_context_lens=torch.zeros(0, dtype=torch.int32, device=DEVICE),
+    )
+    q_padded = torch.cat([q, torch.randn(padded - tokens, 4, 32).to(DEVICE, q.dtype)])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(triton_attention, "_prefill_config", lambda dim_pad: (block_m, 16, 4, 1))
+        out = TritonAttentionBackend().prefill(q_padded, q_padded, q_padded, k_cache, v_cache, fixed, 0.3)
+    assert_close(out[:tokens], ref, torch.float32)
+
+
 def test_prefill_tiles_cover_each_prefill_row_once():
     tiles = prefill_tiles([1, 1, 70, 5, 129], 2, 64)
     assert tiles.tolist() == [

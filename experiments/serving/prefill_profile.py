@@ -55,13 +55,14 @@ def new_kernel_names(before: set[str]) -> str:
     return ",".join(f"{n}x{names.count(n)}" if names.count(n) > 1 else n for n in dict.fromkeys(names))
 
 
-def timed_capture_ladder(model, sizes, view, output):
+def timed_capture_ladder(model, sizes, view, output, pool=None):
     """cuda_graphs.capture_ladder, one size at a time, timing each (warm-up run and capture)."""
     graphs = {}
     for size in reversed(sizes):
         torch.cuda.synchronize()
         start, before = time.perf_counter(), compiled_kernels()
-        graphs.update(ORIGINAL_CAPTURE(model, [size], view, output))
+        graphs.update(ORIGINAL_CAPTURE(model, [size], view, output, pool))
+        pool = pool or graphs[size].pool()
         CAPTURES.append((size, time.perf_counter() - start, new_kernel_names(before)))
     return graphs
 

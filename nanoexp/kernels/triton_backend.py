@@ -56,6 +56,8 @@ class TritonAttentionBackend(AttentionBackend):
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if md.prefill_tiles is not None:  # a step graph's step without decodes
+            return self.mixed(q, k, v, k_cache, v_cache, md, scale, k_scale, v_scale)
         num_seqs = md.cu_seqlens_q.shape[0] - 1
         if md.max_seqlen_q * num_seqs < q.shape[0]:
             raise ValueError(
@@ -74,14 +76,14 @@ class TritonAttentionBackend(AttentionBackend):
         then the prefill kernel over the tile table, each on a fixed grid, into one output."""
         if md.prefill_tiles is None:
             return super().mixed(q, k, v, k_cache, v_cache, md, scale, k_scale, v_scale)
-        slots = md.decode_context_lens.shape[0]
-        max_len = md.block_tables.shape[1] * k_cache.shape[1]
-        decoded = paged_decode(
-            q[:slots], k_cache, v_cache, md.block_tables[:slots], md.decode_context_lens, scale, max_len,
-            k_scale=k_scale, v_scale=v_scale,
-        )  # fmt: skip
+        slots = md.decode_context_lens.shape[0]  # 0: a graph of steps without decodes
         out = torch.empty_like(q)
-        out[:slots] = decoded  # a copy of the decode rows, not of the whole step (as torch.cat did)
+        if slots:  # the decode rows are copied in, not the whole step (as torch.cat would)
+            max_len = md.block_tables.shape[1] * k_cache.shape[1]
+            out[:slots] = paged_decode(
+                q[:slots], k_cache, v_cache, md.block_tables[:slots], md.decode_context_lens, scale, max_len,
+                k_scale=k_scale, v_scale=v_scale,
+            )  # fmt: skip
         return varlen_prefill(
             q, k_cache, v_cache, md.cu_seqlens_q, md.max_seqlen_q, md.context_lens, md.block_tables,
             scale, k_scale=k_scale, v_scale=v_scale, tiles=md.prefill_tiles, out=out,

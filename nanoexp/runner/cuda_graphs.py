@@ -3,6 +3,8 @@ tokens (mixed or prefill-only) at a ladder of token counts."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -16,11 +18,11 @@ MAX_STEP_GRAPH_TOKENS = 4096  # steps with prefill tokens up to this many run in
 
 
 def capture_ladder(
-    model: nn.Module, sizes: list[int], view, output: torch.Tensor
+    model: nn.Module, sizes: list[int], view, output: torch.Tensor, pool=None
 ) -> dict[int, torch.cuda.CUDAGraph]:
     """model(*view(size)) into output[:size] captured at each size, largest first, in one memory
-    pool; each is run once outside its graph first (compiles, warms up)."""
-    graphs, pool = {}, None
+    pool (`pool`, or a new one); each is run once outside its graph first (compiles, warms up)."""
+    graphs = {}
     for size in reversed(sizes):
         input_ids, positions, md = view(size)
         output[:size] = model(input_ids, positions, md)
@@ -107,15 +109,18 @@ def step_graph_sizes(max_num_batched_tokens: int) -> list[int]:
 
 class StepGraphs:
     """Captures model(input_ids, positions, md) for steps with prefill tokens, keyed by padded
-    token count: attention runs the decode kernel over a fixed number of leading decode slots and
-    the prefill kernel over a fixed-size tile table (AttentionMetadata.prefill_tiles), so the
-    graph serves any mix of decodes and prefill chunks up to its size. Padding tokens store
-    nothing (slot -1), padding sequences read nothing (context 0), padding tiles run nothing."""
+    token count and whether the step carries decodes. Attention runs the prefill kernel over a
+    fixed-size tile table (AttentionMetadata.prefill_tiles) and, in the graphs of steps with
+    decodes (`mixed` batching only), first the decode kernel over a fixed number of leading decode
+    slots, so a graph serves any mix of decodes and prefill chunks up to its size; steps without
+    decodes skip the empty decode slots (~6 us a layer on an H200). Padding tokens store nothing
+    (slot -1), padding sequences read nothing (context 0), padding tiles run nothing."""
 
     def __init__(self, model: nn.Module, hidden_size: int, head_dim: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_blocks_per_seq: int, dtype: torch.dtype,
-                 device: torch.device):  # fmt: skip
+                 device: torch.device, mixed: bool = True):  # fmt: skip
         self.model, self.head_dim, self.max_num_seqs = model, head_dim, max_num_seqs
+        self.with_decodes = (False, True) if mixed else (False,)
         self.sizes = step_graph_sizes(max_num_batched_tokens)
         top, seqs = self.sizes[-1], self.seq_slots(self.sizes[-1])
         int32 = {"dtype": torch.int32, "device": device}
@@ -128,7 +133,7 @@ class StepGraphs:
         self.cu_seqlens_q = torch.zeros(seqs + 1, **int32)  # unread by the tiled kernel
         self.tiles = torch.full((max(self.tile_slots(size) for size in self.sizes), 4), -1, **int32)
         self.output = torch.zeros(top, hidden_size, dtype=dtype, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
 
     @property
     def max_tokens(self) -> int:
@@ -149,21 +154,27 @@ class StepGraphs:
         """The tile height of every step graph's tile table."""
         return prefill_block_m(self.head_dim)
 
-    def view(self, size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def view(self, size: int, with_decodes: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         seqs = self.seq_slots(size)
+        decode_slots = seqs if with_decodes else 0
         md = AttentionMetadata(
             is_prefill=True, slot_mapping=self.slot_mapping[:size], context_lens=self.context_lens[:seqs],
             block_tables=self.block_tables[:seqs], cu_seqlens_q=self.cu_seqlens_q[: seqs + 1],
-            max_seqlen_q=size, has_cached_prefix=True, num_decodes=seqs,
+            max_seqlen_q=size, has_cached_prefix=True, num_decodes=decode_slots,
             prefill_tiles=self.tiles[: self.tile_slots(size)],
-            decode_context_lens=self.decode_context_lens[:seqs],
+            decode_context_lens=self.decode_context_lens[:decode_slots],
         )  # fmt: skip
         return self.input_ids[:size], self.positions[:size], md
 
     @torch.inference_mode()
     def capture(self) -> None:
+        pool = None
         with pdl.graph_launches():  # as the decode graphs: their Triton kernels' variants are shared
-            self.graphs = capture_ladder(self.model, self.sizes, self.view, self.output)
+            for with_decodes in self.with_decodes:
+                view = functools.partial(self.view, with_decodes=with_decodes)
+                graphs = capture_ladder(self.model, self.sizes, view, self.output, pool)
+                pool = pool or graphs[self.sizes[-1]].pool()
+                self.graphs.update({(size, with_decodes): graph for size, graph in graphs.items()})
 
     def replay(self, inputs: ModelInputs) -> torch.Tensor:
         n, md = inputs.input_ids.shape[0], inputs.md
@@ -175,10 +186,11 @@ class StepGraphs:
         self.slot_mapping[n:size] = -1
         self.context_lens[:seqs] = md.context_lens
         self.context_lens[seqs : self.seq_slots(size)] = 0
-        self.decode_context_lens[:decodes] = md.context_lens[:decodes]
-        self.decode_context_lens[decodes : self.seq_slots(size)] = 0
+        if decodes:
+            self.decode_context_lens[:decodes] = md.context_lens[:decodes]
+            self.decode_context_lens[decodes : self.seq_slots(size)] = 0
         self.block_tables[:seqs, : md.block_tables.shape[1]] = md.block_tables
         self.tiles[:tiles] = inputs.prefill_tiles
         self.tiles[tiles : self.tile_slots(size)] = -1
-        self.graphs[size].replay()
+        self.graphs[size, decodes > 0].replay()
         return self.output[:n]

@@ -123,6 +123,7 @@ class ModelRunner:
             self.step_graphs = StepGraphs(
                 self.model, self.hf_config.hidden_size, self.model_head_dim(), scheduler.max_num_seqs,
                 scheduler.max_num_batched_tokens, max_blocks, self.dtype, self.device,
+                mixed=scheduler.batching == "mixed",
             )  # fmt: skip
         with use_compiled(True):
             if self.step_graphs is not None:
