@@ -310,7 +310,7 @@ def test_step_graph_mixed_attention_matches_the_eager_one_with_padding():
     q, k_cache, v_cache, md = mixed_step(ctx_lens, q_lens, d, 16, torch.float32)
     ref = TorchAttentionBackend().mixed(q, None, None, k_cache, v_cache, md, 0.3)  # k/v read from the cache
     tokens, padded, block_m = sum(q_lens), 96, 16
-    tiles = prefill_tiles(q_lens, d, block_m)
+    tiles = prefill_tiles(q_lens, ctx_lens, d, block_m)
     fixed = AttentionMetadata(
         is_prefill=True,
         slot_mapping=md.slot_mapping,
@@ -337,6 +337,7 @@ def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
     q, k_cache, v_cache, md = mixed_step(ctx_lens, q_lens, 0, 16, torch.float32)
     ref = TorchAttentionBackend().prefill(q, None, None, k_cache, v_cache, md, 0.3)
     tokens, padded, block_m = sum(q_lens), 96, 16
+    tiles = prefill_tiles(q_lens, ctx_lens, 0, block_m)
     fixed = AttentionMetadata(
         is_prefill=True,
         slot_mapping=md.slot_mapping,
@@ -345,9 +346,7 @@ def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
         cu_seqlens_q=torch.zeros(5, dtype=torch.int32, device=DEVICE),  # unread
         max_seqlen_q=padded,
         has_cached_prefix=True,
-        prefill_tiles=torch.cat(
-            [torch.tensor(prefill_tiles(q_lens, 0, block_m)), torch.full((3, 4), -1, dtype=torch.int32)]
-        ).to(DEVICE),
+        prefill_tiles=torch.cat([torch.tensor(tiles), torch.full((3, 4), -1, dtype=torch.int32)]).to(DEVICE),
         decode_context_lens=torch.zeros(0, dtype=torch.int32, device=DEVICE),
     )
     q_padded = torch.cat([q, torch.randn(padded - tokens, 4, 32).to(DEVICE, q.dtype)])
@@ -357,10 +356,12 @@ def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
     assert_close(out[:tokens], ref, torch.float32)
 
 
-def test_prefill_tiles_cover_each_prefill_row_once():
-    tiles = prefill_tiles([1, 1, 70, 5, 129], 2, 64)
+def test_prefill_tiles_cover_each_prefill_row_once_longest_first():
+    """Sequence 2 has 30 cached tokens: its tiles read 94 and 100 keys; the table runs from the
+    tile that reads the most keys to the one that reads the fewest."""
+    tiles = prefill_tiles([1, 1, 70, 5, 129], [9, 9, 100, 5, 129], 2, 64)
     assert tiles.tolist() == [
-        [2, 2, 70, 0], [2, 2, 70, 1], [3, 72, 5, 0], [4, 77, 129, 0], [4, 77, 129, 1], [4, 77, 129, 2],
+        [4, 77, 129, 2], [4, 77, 129, 1], [2, 2, 70, 1], [2, 2, 70, 0], [4, 77, 129, 0], [3, 72, 5, 0],
     ]  # fmt: skip
 
 

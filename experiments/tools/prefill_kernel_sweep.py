@@ -36,7 +36,7 @@ def case_inputs(num_seqs: int, q_len: int, graph_tokens: int, block_m: int):
     context = torch.zeros(seqs, dtype=torch.int32, device=dev)
     context[:num_seqs] = q_len
     tiles = torch.full((graph_tokens // block_m + seqs + 1, 4), -1, dtype=torch.int32, device=dev)
-    table = torch.from_numpy(prefill_tiles(lens, 0, block_m))
+    table = torch.from_numpy(prefill_tiles(lens, lens, 0, block_m))
     tiles[: len(table)] = table.to(dev)
     q = torch.randn(graph_tokens, HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
     cu = torch.zeros(seqs + 1, dtype=torch.int32, device=dev)

@@ -25,9 +25,12 @@ def prefill_block_m(head_dim: int) -> int:
     return prefill_config(dim_pad(head_dim))[0]
 
 
-def prefill_tiles(query_lens: np.ndarray, first_seq: int, block_m: int) -> np.ndarray:
+def prefill_tiles(
+    query_lens: np.ndarray, context_lens: np.ndarray, first_seq: int, block_m: int
+) -> np.ndarray:
     """varlen_prefill's tile table for sequences first_seq.. of a packed step (those before are
-    skipped, e.g. a mixed step's decodes): int32 rows (sequence, first row, query length, tile)."""
+    skipped, e.g. a mixed step's decodes): int32 rows (sequence, first row, query length, tile),
+    the tiles that read the most keys first, so that the longest programs start in the first wave."""
     lens = np.asarray(query_lens, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lens)])[:-1]
     counts = -(-lens // block_m)
@@ -35,4 +38,7 @@ def prefill_tiles(query_lens: np.ndarray, first_seq: int, block_m: int) -> np.nd
     seqs = np.repeat(np.arange(len(lens)), counts)
     first_tile = np.concatenate([[0], np.cumsum(counts)])[:-1]
     index = np.arange(len(seqs)) - np.repeat(first_tile, counts)
-    return np.stack([seqs, starts[seqs], lens[seqs], index], axis=1).astype(np.int32)
+    prefix = np.asarray(context_lens, dtype=np.int64)[seqs] - lens[seqs]
+    keys_read = np.minimum(prefix + (index + 1) * block_m, prefix + lens[seqs])
+    order = np.argsort(-keys_read, kind="stable")
+    return np.stack([seqs, starts[seqs], lens[seqs], index], axis=1)[order].astype(np.int32)

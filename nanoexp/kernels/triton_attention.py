@@ -440,21 +440,22 @@ def _prefill_kernel(
     PAGED reads K/V through the block table (k_ptr/v_ptr are the caches, fp8 when KV_FP8);
     otherwise K/V are this step's packed rows (each with its own strides: v is usually a view
     into the fused qkv projection) and the context is exactly the new tokens.
-    TILED: program (t, head) runs the query tile of row t of the tile table, int32
+    TILED: program (head, t) runs the query tile of row t of the tile table, int32
     (sequence, first row, query length, tile index) with sequence -1 for no work: a fixed grid
-    whatever the step's sequences, as a CUDA graph needs.
+    whatever the step's sequences, as a CUDA graph needs. Heads vary fastest, so the table's
+    leading (real) rows are dispatched before its padding.
     """
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     if TILED:
-        tile = tiles_ptr + tl.program_id(0) * 4
+        tile = tiles_ptr + tl.program_id(1) * 4
         seq = tl.load(tile)
         if seq < 0:
             return
         q_start = tl.load(tile + 1)
         q_len = tl.load(tile + 2)
         m_block = tl.load(tile + 3)
-        head = tl.program_id(1)
+        head = tl.program_id(0)
     else:
         m_block = tl.program_id(0)
         seq = tl.program_id(1)
@@ -560,7 +561,7 @@ def varlen_prefill(
     grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
     if tiles is not None:
         assert paged and tiles.dtype == torch.int32 and tiles.shape[1] == 4
-        grid = (tiles.shape[0], num_heads)
+        grid = (num_heads, tiles.shape[0])
     _prefill_kernel[grid](
         q,
         k,

@@ -126,7 +126,7 @@ def input_columns(
     if step.prev_sample_rows is not None:
         columns.append((step.prev_sample_rows, torch.int64))
     if tile_block_m is not None:
-        columns.append((prefill_tiles(query_lens, d, tile_block_m), torch.int32))
+        columns.append((prefill_tiles(query_lens, context_lens, d, tile_block_m), torch.int32))
     samples, num_rows = step.sample_seq_indices, len(step.token_ids)
     # row i samples (decode); the length test first keeps a long prefill from building the range
     all_rows = len(samples) == num_rows and samples == list(range(num_rows))
