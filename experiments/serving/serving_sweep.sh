@@ -2,8 +2,11 @@
 # One device call for the serving study: GPU tests of the mixed-step paths, the prefill-step
 # profile, and the rate sweep under both batching policies; everything under $OUT.
 # Usage (repo root on the GPU machine, wheels from ../shared/tools/device-wheels.sh in .whl):
-#   bash experiments/serving/serving_sweep.sh [parts]   parts: tests profile sweep base bench (default: tests profile sweep)
-# tests runs TESTS (a pytest -m expression, default gpu_quick); bench starts each checkout with cold caches.
+#   bash experiments/serving/serving_sweep.sh [parts]   parts: tests profile sweep base bench latency trace
+#   (default: tests profile sweep)
+# tests runs TESTS (a pytest -m expression, default gpu_quick); bench starts each checkout with cold caches;
+# latency is batch-1 TPOT of BASE and this checkout; trace is a profiled sweep (profile=all) whose Chrome
+# traces are checked for a decode-graph replay and a prefill step's kernels.
 # `base DIR`-style parts run the same sweep from another checkout: BASE=dir.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -34,5 +37,23 @@ for part in $parts; do
                hydra.run.dir=/tmp/bench_$(basename "$tree") 2>&1 | tail -12)
              echo "$(basename "$tree"): job wall $(( $(date +%s) - start )) s"
            done | tee "$OUT/bench.log" ;;
+    latency) for tree in "$BASE" "$here"; do
+               (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 150 python3 run.py workload=latency \
+                 workload.batch_size=1 workload.input_len=1024 model.load_format=dummy model.dtype=bfloat16 \
+                 logger=none hydra.run.dir=/tmp/latency_$(basename "$tree") 2>&1 | grep -iE "tpot|latency|duration" | head -6)
+               echo "^ $(basename "$tree")"
+             done | tee "$OUT/latency.log" ;;
+    trace) timeout 240 python3 run.py -m "${SWEEP[@]}" workload.num_requests=64 workload.request_rate=32,inf \
+             profile=all hydra.sweep.dir=/tmp/trace 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/trace.log" 2>&1
+           tail -3 "$OUT/trace.log"
+           python3 - <<'PY' | tee "$OUT/trace_check.log"
+import glob, json
+for path in sorted(glob.glob("/tmp/trace/*/profile/trace_repeat0.json")):
+    names = [e.get("name", "") for e in json.load(open(path)).get("traceEvents", [])]
+    count = lambda key: sum(key in n for n in names)
+    print(path, "graph launches", count("cudaGraphLaunch"), "prefill kernels", count("_prefill_kernel"),
+          "decode kernels", count("_decode_split_kernel"), "GEMMs", count("nvjet") + count("_skinny_gemm"))
+PY
+           tar czf "$OUT/trace.tgz" -C /tmp --exclude='*.json' trace ;;
   esac
 done
