@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 
 import torch
 
+from nanoexp.config import SamplingParams
 from nanoexp.runner.inputs import prepare_inputs
 from nanoexp.runner.step_input import StepInput
 
@@ -60,3 +62,21 @@ def signal_soon(pid: int, sig: int, delay_s: float = 1.0) -> list[float]:
 
     threading.Thread(target=send, daemon=True).start()
     return sent_at
+
+
+def staggered_run(llm, prompts, max_tokens: int, every: int = 2) -> tuple[list[list[int]], Counter]:
+    """Adds one request every `every` steps, so prefills arrive while others decode; returns each
+    prompt's tokens and what the steps did: a count per phase, preemptions and prefix-cache hits."""
+    engine, params = llm.engine, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    pending, ids, outputs, seen, step = list(enumerate(prompts)), {}, {}, Counter(), 0
+    while pending or engine.has_unfinished():
+        if pending and step % every == 0:
+            index, prompt = pending.pop(0)
+            ids[engine.add_request(prompt, params)] = index
+        finished, stats = engine.step()
+        seen.update({stats.phase: 1, "preemptions": stats.num_preemptions})
+        seen["prefix_hits"] += stats.prefix_cache_hits
+        outputs.update({ids[out.request_id]: out.token_ids for out in finished})
+        step += 1
+    assert engine.block_manager.num_used == 0
+    return [outputs[i] for i in range(len(prompts))], seen

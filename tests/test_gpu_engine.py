@@ -8,7 +8,7 @@ import torch
 
 from nanoexp import LLM, SamplingParams
 from tests.conftest import random_prompts
-from tests.helpers import assert_follows_transformers
+from tests.helpers import assert_follows_transformers, staggered_run
 
 pytestmark = [
     pytest.mark.gpu,
@@ -137,8 +137,6 @@ def test_tp2_with_graphs_matches_transformers_in_float32(checkpoints, reference_
 def test_staggered_arrivals_in_float32_match_transformers(checkpoints, reference_outputs, batching, eager,
                                                           kwargs):
     """Requests arrive while others decode, so mixed steps (in step graphs unless eager) occur."""
-    from tests.test_engine_parity import staggered_run
-
     name = "qwen3_gqa4"
     prompts = random_prompts(LENGTHS, seed=14)
     args = dict(kvcache_block_size=16, attention_backend="triton", max_model_len=1024, max_num_seqs=16,
@@ -146,9 +144,9 @@ def test_staggered_arrivals_in_float32_match_transformers(checkpoints, reference
                 enforce_eager=eager, batching=batching)
     args.update(kwargs)
     with LLM(checkpoints[name][0], **args) as llm:
-        outputs, phases = staggered_run(llm, prompts, max_tokens=16)
+        outputs, seen = staggered_run(llm, prompts, max_tokens=16)
         if not eager:
             assert llm.engine.executor.runner.step_graphs is not None
     for prompt, tokens in zip(prompts, outputs, strict=True):
         assert tokens == reference_outputs(name, prompt, 16), f"prompt length {len(prompt)}"
-    assert ("mixed" in phases) == (batching == "mixed")
+    assert ("mixed" in seen) == (batching == "mixed")

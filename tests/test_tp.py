@@ -19,7 +19,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCau
 from nanoexp.config import SamplingParams
 from nanoexp.engine.llm import LLM
 from nanoexp.runner.step_input import StepInput
-from tests.helpers import prefill_logits, signal_soon
+from tests.conftest import random_prompts
+from tests.helpers import prefill_logits, signal_soon, staggered_run
 
 BLOCK = 4
 ENGINE = dict(
@@ -169,6 +170,28 @@ def test_overlapped_tp_matches_sync_tp1(models, name, tp):
     assert sum(o.num_preemptions for o in outputs[tp]) > 0
     assert sum(o.num_cached_tokens for o in outputs[tp]) > 0
     assert len(LONG_PROMPT) > engine["max_num_batched_tokens"]
+
+
+@pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_staggered_arrivals_under_tp_match_transformers(checkpoints, reference_outputs, tp, batching):
+    """One request added every two steps, so prefills arrive while others decode (mixed steps
+    under mixed batching), with chunked prefill, a shared prefix in the cache and preemption (a
+    small cache): the greedy tokens are transformers' under both batching policies."""
+    name = "qwen3_gqa4"  # 8 heads, 2 kv heads: replicated at TP=4
+    shared = random_prompts([24], seed=40)[0]
+    prompts = random_prompts([30, 5, 41, 1], seed=41) + [shared + [1], shared + [2, 3]]
+    engine = dict(
+        device="cpu", dtype="float32", tensor_parallel_size=tp, batching=batching, kvcache_block_size=4,
+        num_kvcache_blocks=24, max_num_batched_tokens=24, enable_prefix_caching=True,
+    )  # fmt: skip
+    with LLM(checkpoints[name][0], **engine) as llm:
+        outputs, seen = staggered_run(llm, prompts, max_tokens=8)
+    assert_no_workers()
+    for prompt, tokens in zip(prompts, outputs, strict=True):
+        assert tokens == reference_outputs(name, prompt, 8), f"prompt length {len(prompt)}"
+    assert (seen["mixed"] > 0) == (batching == "mixed")
+    assert seen["preemptions"] > 0 and seen["prefix_hits"] > 0
 
 
 def test_two_engines_at_once(models):
