@@ -1,6 +1,6 @@
 """What a real run.py job leaves for reproducing and explaining it: provenance in results.json and
 the W&B config, a Chrome trace and per-step host phases and events with `profile=all`, the
-profile artifact, and a busy machine flagged."""
+profile artifact, a busy machine flagged, and a compile forced into a timed step counted and named."""
 
 from __future__ import annotations
 
@@ -108,3 +108,44 @@ def test_a_busy_machine_is_flagged(profiled_job: Path) -> None:
     assert summary["noise_busy_repeats"] >= 1, summary["per_repeat"]
     assert all(r["other_cpu_cores"] > 0.5 for r in summary["per_repeat"])
     assert "noisy measurement: machine busy" in (profiled_job / "run.log").read_text()
+
+
+# run.py with LLMEngine.step compiling one torch.compile graph in the third timed step: a step
+# wrapped by the profiler (`step` set on the instance) is a timed one.
+FORCED_COMPILE = """
+import runpy, sys
+import torch
+from nanoexp.engine.llm_engine import LLMEngine
+
+step, timed = LLMEngine.step, []
+graph = torch.compile(lambda x: x * 2, backend="eager")
+
+def compiling_step(self):
+    if "step" in vars(self):
+        timed.append(self)
+        if len(timed) == 3:
+            graph(torch.ones(3))
+    return step(self)
+
+LLMEngine.step = compiling_step
+sys.argv = ["run.py", *sys.argv[1:]]
+runpy.run_path("run.py", run_name="__main__")
+"""
+
+
+def test_a_compile_forced_in_a_timed_step_is_counted_and_flagged(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
+    env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    args = [f"hydra.run.dir={job}", *TINY, "profile=host", "logger=none", "metrics.kv_quality.num_requests=0"]
+    proc = subprocess.run(
+        [sys.executable, "-c", FORCED_COMPILE, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with (job / "steps.csv").open() as f:
+        compiles = [int(row["torch_compiles"]) for row in csv.DictReader(f)]
+    assert compiles[2] == 1 and sum(compiles) == 1, compiles
+    summary = results(job)["summary"]
+    assert summary["profile_torch_compiles"] == 1 and summary["profile_compiled_steps"] == "2"
+    assert "1 timed steps compiled a kernel or graph (steps 2)" in (job / "run.log").read_text()
