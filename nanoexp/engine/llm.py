@@ -83,9 +83,8 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
-        """Runs all prompts to completion; outputs come back in prompt order. The engine must be
-        idle: requests queued with `engine.add_request` and not stepped to completion are an error
-        (their outputs would have nowhere to go), and so is a call from a second thread meanwhile.
+        """Runs all prompts to completion; outputs in prompt order. The engine must be idle (requests
+        queued with `engine.add_request` would lose their outputs) and not in use by another thread.
         `use_tqdm`: the progress bar (None: as given to the constructor)."""
         with self.caller("generate"):
             return self.generate_alone(prompts, sampling_params, use_tqdm)
@@ -134,7 +133,7 @@ class LLM:
 
     def encode(self, prompt: str | Seq[int]) -> list[int]:
         """A text prompt's token ids (needs the checkpoint's tokenizer), or a sequence of token ids
-        (list, tuple, 1-D array; Python or numpy integers) as a list; the engine checks their range."""
+        (list, tuple, 1-D array) as a list; the engine checks their range."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer in the checkpoint; pass token ids")
@@ -154,15 +153,12 @@ class LLM:
         outputs: dict[int, RequestOutput] = {}
         total = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
         bar = tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
-        prefill_tps = decode_tps = 0.0
+        rates = {"prefill": 0.0, "decode": 0.0}
         while self.engine.has_unfinished():
             finished, stats = self.engine.step()
-            rate = stats.num_tokens / max(stats.step_time_s, 1e-9)
-            if stats.phase == "prefill":
-                prefill_tps = rate
-            else:
-                decode_tps = rate
-            bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s")
+            phase = "prefill" if stats.phase == "prefill" else "decode"
+            rates[phase] = stats.num_tokens / max(stats.step_time_s, 1e-9)
+            bar.set_postfix({k: f"{v:.0f}tok/s" for k, v in rates.items()})
             for out in finished:
                 outputs[out.request_id] = out
             bar.update(len(finished))
@@ -184,14 +180,12 @@ class LLM:
         return self.engine.closed
 
     def close(self) -> None:
-        """Stops the engine (and its workers at any TP size); generate, add_request and step then
-        raise "the engine is closed". Closing twice is a no-op."""
+        """Stops the engine and its workers; later calls raise "the engine is closed". Idempotent."""
         self.engine.close()
 
 
 def load_tokenizer(model: str):
-    """A local checkpoint's tokenizer (None when it has none; an error when its files are broken),
-    or a hub model's when one can be had."""
+    """A local checkpoint's tokenizer (None when it has none), or a hub model's when one can be had."""
     if os.path.isdir(model):
         return loader.load_tokenizer(model)
     try:
@@ -203,8 +197,7 @@ def load_tokenizer(model: str):
 
 
 def as_prompt_list(prompts) -> list:
-    """`generate`'s prompts as a list: one str, or a sequence of prompts (not a dict or a set,
-    whose order or items would be guessed)."""
+    """One str, or a sequence of prompts (not a dict or a set, whose order would be guessed), as a list."""
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, Mapping | set | frozenset | bytes) or not isinstance(prompts, Iterable):
