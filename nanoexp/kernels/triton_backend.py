@@ -13,11 +13,9 @@ from nanoexp.kernels.triton_qk_norm_rope import qk_norm_rope_store
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     captures_mixed_steps = True
-
-    def __init__(self, fuse_qk_norm_rope: bool | None = None):
-        """fuse_qk_norm_rope: the one-kernel q/k norm + RoPE + KV store; None = on CUDA only (the CPU
-        interpreter is slower than the torch ops it replaces)."""
-        self.fuse_qk_norm_rope = fuse_qk_norm_rope
+    # The one-kernel q/k norm + RoPE + KV store; None = on CUDA only (the CPU interpreter is slower
+    # than the torch ops it replaces).
+    fuse_qk_norm_rope: bool | None = None
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
         store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)

@@ -111,16 +111,15 @@ def check_devices(config: EngineConfig) -> None:
 class MultiprocExecutor:
     """Same interface as InProcessExecutor; every rank lives in its own worker process."""
 
-    def __init__(self, config: EngineConfig, step_timeout_s: float | None = None,
-                 startup_timeout_s: float | None = None):  # fmt: skip
-        """Deadlines (see workers.py): a step's is `step_timeout_s` (else $NANOEXP_TP_STEP_TIMEOUT_S,
-        else 60 s) plus 10x the slowest step so far, start-up's `startup_timeout_s` (else
-        $NANOEXP_TP_STARTUP_TIMEOUT_S, else 1800 s). A worker past one is an error, as a dead one."""
+    def __init__(self, config: EngineConfig):
+        """A worker past its deadline is an error, as a dead one: a step's is
+        $NANOEXP_TP_STEP_TIMEOUT_S (default 60 s) plus 10x the slowest step so far, start-up's
+        $NANOEXP_TP_STARTUP_TIMEOUT_S (default 1800 s)."""
         checked_hf_config(config)  # fail before spawning: the split, the length
         check_devices(config)
         self.size = config.parallel.tensor_parallel_size
         install_sigterm_cleanup()
-        self.group = WorkerGroup(config, step_timeout_s, startup_timeout_s)
+        self.group = WorkerGroup(config)
         self.finalizer = weakref.finalize(self, stop_group, self.group)
         _live.add(self)
         try:

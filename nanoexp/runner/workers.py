@@ -182,10 +182,9 @@ class WorkerGroup:
     """The processes, ring, pipes and rendezvous directory; holds no reference to the executor, so a
     finalizer can shut it down when the executor is collected."""
 
-    def __init__(self, config: EngineConfig, step_timeout_s: float | None = None,
-                 startup_timeout_s: float | None = None):  # fmt: skip
-        self.step_floor_s = timeout_from(STEP_TIMEOUT_ENV, step_timeout_s, STEP_TIMEOUT_FLOOR_S)
-        self.startup_timeout_s = timeout_from(STARTUP_TIMEOUT_ENV, startup_timeout_s, STARTUP_TIMEOUT_S)
+    def __init__(self, config: EngineConfig):
+        self.step_floor_s = timeout_from(STEP_TIMEOUT_ENV, STEP_TIMEOUT_FLOOR_S)
+        self.startup_timeout_s = timeout_from(STARTUP_TIMEOUT_ENV, STARTUP_TIMEOUT_S)
         self.slowest_step_s = 0.0
         self.tmpdir = tempfile.mkdtemp(prefix="nanoexp-tp-")
         self.conns: list[Connection] = []
@@ -345,9 +344,9 @@ def start_janitor(tmpdir: str, ring_name: str) -> subprocess.Popen | None:
     )  # fmt: skip
 
 
-def timeout_from(env: str, given: float | None, default: float) -> float:
-    """An executor argument, else the environment variable, else the default; must be > 0."""
-    raw = given if given is not None else os.environ.get(env, default)
+def timeout_from(env: str, default: float) -> float:
+    """The environment variable, else the default; must be > 0."""
+    raw = os.environ.get(env, default)
     try:
         value = float(raw)
     except (TypeError, ValueError):
