@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
@@ -19,28 +20,6 @@ PROMPT_KINDS = "a prompt is a str or a sequence of int token ids"
 
 class EngineBusyError(RuntimeError):
     """A call that needs the engine to itself while another caller is using it."""
-
-
-class SingleCaller:
-    """One engine serves one caller at a time (as vLLM's LLM): a second thread calling in while
-    `generate` runs gets EngineBusyError at once instead of corrupting the first call's batch."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-
-    def __call__(self, what: str):
-        if not self.lock.acquire(blocking=False):
-            raise EngineBusyError(
-                f"{what}: the engine is busy with another call (LLM serves one caller at a time; "
-                "use one LLM per thread, or wait for the other call to return)"
-            )
-        return self
-
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc) -> None:
-        self.lock.release()
 
 
 def check_use_tqdm(value) -> bool:
@@ -67,7 +46,7 @@ class LLM:
         model = config.model.path
         if config.model.arch is None and not os.path.isdir(model) and "/" not in model:
             raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
-        self.caller = SingleCaller()
+        self.lock = threading.Lock()  # one caller at a time, as vLLM's LLM
         self.engine = LLMEngine(config)
         self.tokenizer = load_tokenizer(model) if config.model.arch is None else None
 
@@ -86,7 +65,7 @@ class LLM:
         """Runs all prompts to completion; outputs in prompt order. The engine must be idle (requests
         queued with `engine.add_request` would lose their outputs) and not in use by another thread.
         `use_tqdm`: the progress bar (None: as given to the constructor)."""
-        with self.caller("generate"):
+        with self.alone("generate"):
             return self.generate_alone(prompts, sampling_params, use_tqdm)
 
     def generate_alone(self, prompts, sampling_params, use_tqdm: bool | None) -> list[RequestOutput]:
@@ -107,6 +86,20 @@ class LLM:
             self.engine.abort_all()
             raise
         return [self.with_text(outputs[i]) for i in ids]
+
+    @contextmanager
+    def alone(self, what: str) -> Iterator[None]:
+        """A second thread calling in while another call runs gets EngineBusyError at once instead
+        of corrupting the first call's batch."""
+        if not self.lock.acquire(blocking=False):
+            raise EngineBusyError(
+                f"{what}: the engine is busy with another call (LLM serves one caller at a time; "
+                "use one LLM per thread, or wait for the other call to return)"
+            )
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     def check_idle(self, what: str) -> None:
         pending = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
@@ -167,7 +160,7 @@ class LLM:
 
     def kv_cache_quality(self, prompts: Seq[str] | Seq[list[int]], num_tokens: int = 32) -> dict:
         """The KV cache's accuracy cost on these prompts (see LLMEngine.kv_cache_quality)."""
-        with self.caller("kv_cache_quality"):
+        with self.alone("kv_cache_quality"):
             self.engine.check_open()
             token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(as_prompt_list(prompts))]
             return self.engine.kv_cache_quality(token_lists, num_tokens)

@@ -1,17 +1,14 @@
 """GEMV for decode at a few rows: y[M, N] = x[M, K] @ w[N, K]^T (+ bias), M of 1 to MAX_ROWS.
 
-At one to a few rows a linear layer is a weight read and the matrix units have nothing to do.
-Each program loads its whole weight tile, BLOCK_N output features by K_TILE inputs, with one
-load (all of it in flight at once, straight into registers), and only then reads x: the weight
-bytes are on their way while x is loaded and normed. Products and sums are fp32 FMAs. Tiles are
-small, so several programs share an SM and the read keeps many bytes in flight; the tensor-core
-kernel (triton_gemm.py) streams fixed K steps through shared memory and reached ~1.2 TB/s at one
-row (experiments/kernels/README.md, "The GEMV for 1-2 rows").
+At a few rows a linear layer is a weight read. Each program loads its whole weight tile (BLOCK_N
+outputs by K_TILE inputs) in one load straight into registers, and only then reads x, so the
+weight bytes are in flight while x is loaded and normed; fp32 FMAs. Small tiles keep several
+programs per SM and many bytes in flight, where the tensor-core kernel (triton_gemm.py) reached
+~1.2 TB/s at one row (experiments/kernels/README.md, "The GEMV for 1-2 rows").
 
-K longer than K_TILE is split across programs; partials go to an fp32 workspace and the last
-program of a column tile (an atomic ticket) sums them, as in triton_gemm.py. The fused RMSNorm,
-SwiGLU and bias follow triton_gemm.py's rounding, so both kernels give the same results up to
-the order of the fp32 sums.
+K longer than K_TILE is split; partials go to an fp32 workspace and the last program of a column
+tile (an atomic ticket) sums them. Norm, SwiGLU and bias round as triton_gemm.py does, so both
+kernels agree up to the order of the fp32 sums.
 """
 
 from __future__ import annotations
