@@ -31,10 +31,6 @@ def init_all_reduce(
     return _all_reduce
 
 
-def installed_all_reduce() -> AllReduce | None:
-    return _all_reduce
-
-
 def reset_all_reduce() -> None:
     global _all_reduce
     _all_reduce = None

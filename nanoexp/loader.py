@@ -70,10 +70,6 @@ def check_hf_config(config: PretrainedConfig, source: str) -> PretrainedConfig:
     return config
 
 
-def checkpoint_files(path: str) -> list[str]:
-    return safetensors_files(path)
-
-
 def load_tokenizer(path: str):
     """The checkpoint's tokenizer; None only when it has no tokenizer files. A tokenizer file that
     cannot be loaded is an error naming the directory, not a checkpoint "without a tokenizer"."""
@@ -88,13 +84,14 @@ def load_tokenizer(path: str):
         return AutoTokenizer.from_pretrained(path)
     except Exception as err:  # noqa: BLE001 - any failure of the tokenizer's files, named
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        what = f"{type(err).__name__}: {reason}"
-        raise CheckpointError(f"{path}: the tokenizer cannot be loaded ({what})") from None
+        raise CheckpointError(
+            f"{path}: the tokenizer cannot be loaded ({type(err).__name__}: {reason})"
+        ) from None
 
 
 def load_safetensors(model: nn.Module, path: str) -> None:
     """Copies each checkpoint tensor (only this rank's slice of it) into its parameter."""
-    files = checkpoint_files(path)
+    files = safetensors_files(path)
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path} (load_format=safetensors)")
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -155,24 +152,18 @@ def load_one(model: nn.Module, params: dict, packed: dict, name: str, tensor, fi
     if target not in params:
         return None  # the caller decides whether the model may ignore it
     param = params[target]
-    check_shape(model.get_submodule(target.rpartition(".")[0]), param, shard_id, shape_of(tensor), name, file)
+    expected = checkpoint_shape(model.get_submodule(target.rpartition(".")[0]), param, shard_id)
+    if shape_of(tensor) != expected:
+        raise CheckpointError(
+            f"checkpoint tensor {name} in {file} has shape {shape_of(tensor)}, but the model built from "
+            f"config.json needs {expected}"
+        )
     loader = getattr(param, "weight_loader", None)
     if shard_id is not None:
         loader(param, tensor, shard_id)
     else:
         loader(param, tensor) if loader else param.data.copy_(tensor[:])
     return target
-
-
-def check_shape(
-    module: nn.Module, param: nn.Parameter, shard_id, found: list[int], name: str, file: str
-) -> None:
-    expected = checkpoint_shape(module, param, shard_id)
-    if found != expected:
-        raise CheckpointError(
-            f"checkpoint tensor {name} in {file} has shape {found}, but the model built from "
-            f"config.json needs {expected}"
-        )
 
 
 def packed_target(packed: dict, name: str) -> tuple[str, str | int | None]:
@@ -200,12 +191,9 @@ def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id) -> list[i
 
 def check_all_loaded(model: nn.Module, params: dict, loaded: set[str]) -> None:
     missing = set(params) - loaded
-    if getattr(model, "tie_word_embeddings", False):
-        missing -= (
-            {"lm_head.weight", "model.embed_tokens.weight"}
-            if loaded & {"lm_head.weight", "model.embed_tokens.weight"}
-            else set()
-        )
+    tied = {"lm_head.weight", "model.embed_tokens.weight"}
+    if getattr(model, "tie_word_embeddings", False) and loaded & tied:
+        missing -= tied
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {sorted(missing)[:3]}")
 

@@ -103,7 +103,7 @@ def gloo_rank(rank: int, world: int, init: str) -> None:
         expected = torch.arange(12, dtype=torch.float32).reshape(3, 4) * sum(range(1, world + 1))
         assert torch.equal(distributed.all_reduce(x.clone()), expected)  # nothing installed: dist.all_reduce
         installed = distributed.init_all_reduce("auto", CPU, torch.float32, 1 << 20)
-        assert installed is distributed.installed_all_reduce() and installed.impl == "gloo"
+        assert installed is distributed._all_reduce and installed.impl == "gloo"
         assert torch.equal(distributed.all_reduce(x.clone()), expected)
         assert installed.describe()["all_reduce_paths"] == {"48": "gloo"}
         with pytest.raises(KnobError, match="parallel.all_reduce='symm_mem' is invalid"):

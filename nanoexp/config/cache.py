@@ -34,10 +34,6 @@ class CacheConfig:
             integer("cache.num_blocks", self.num_blocks, 1, " (or -1 = from memory)", high=MAX_BLOCKS)
         boolean("cache.enable_prefix_caching", self.enable_prefix_caching)
         memory = machine_memory_gb()
-        number(
-            "cache.cpu_kv_cache_gb",
-            self.cpu_kv_cache_gb,
-            lambda x: 0 < x <= memory,
-            f"a number in (0, {memory:.4g}] (this machine's memory in GiB)",
-        )
+        allowed = f"a number in (0, {memory:.4g}] (this machine's memory in GiB)"
+        number("cache.cpu_kv_cache_gb", self.cpu_kv_cache_gb, lambda x: 0 < x <= memory, allowed)
         choice("cache.kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Callable
 
 
@@ -61,8 +62,6 @@ def number(knob: str, value: object, ok: Callable[[float], bool], allowed: str) 
 
 def machine_memory_gb() -> float:
     """This machine's physical memory in GiB (inf where the OS does not say)."""
-    import os
-
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError, AttributeError):

@@ -55,9 +55,8 @@ class EngineConfig:
         keywords = flat_keywords()
         unknown = sorted(set(kwargs) - set(keywords))
         if unknown:
-            raise TypeError(
-                f"unknown engine argument(s) {', '.join(unknown)}; allowed: {', '.join(sorted(keywords))}"
-            )
+            allowed = ", ".join(sorted(keywords))
+            raise TypeError(f"unknown engine argument(s) {', '.join(unknown)}; allowed: {allowed}")
         values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
         values["model"]["path"] = model
         for keyword, value in kwargs.items():

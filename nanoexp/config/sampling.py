@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanoexp.config.checks import MAX_INT64, KnobError, is_int, is_number
+from nanoexp.config.checks import MAX_INT64, KnobError, is_int, number
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,8 @@ class SamplingParams:
         self._stop_tokens()
 
     def _number(self, name: str, ok, allowed: str) -> None:
-        value = getattr(self, name)
-        if not (is_number(value) and ok(value)):
-            raise KnobError(f"SamplingParams.{name}", value, allowed)
-        object.__setattr__(self, name, float(value))
+        number(f"SamplingParams.{name}", getattr(self, name), ok, allowed)
+        object.__setattr__(self, name, float(getattr(self, name)))
 
     def _integer(self, name: str, ok, allowed: str) -> None:
         value = getattr(self, name)
@@ -46,10 +44,9 @@ class SamplingParams:
 
     def _stop_tokens(self) -> None:
         ids = self.stop_token_ids
-        if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
-            raise KnobError("SamplingParams.stop_token_ids", ids, "a sequence of token ids >= 0")
-        ids = tuple(ids)
-        if not all(is_int(t) and t >= 0 for t in ids):
+        iterable = hasattr(ids, "__iter__") and not isinstance(ids, str | bytes)
+        ids = tuple(ids) if iterable else ids
+        if not iterable or not all(is_int(t) and t >= 0 for t in ids):
             raise KnobError("SamplingParams.stop_token_ids", ids, "a sequence of token ids >= 0")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
 

@@ -42,16 +42,10 @@ class SchedulerConfig:
         chunked prefill one step must fit a whole prompt of that length."""
         limit = max_position_embeddings if self.max_model_len is None else self.max_model_len
         if limit > max_position_embeddings:
-            raise KnobError(
-                "scheduler.max_model_len",
-                limit,
-                f"<= {max_position_embeddings} (the model's max_position_embeddings)",
-            )
+            allowed = f"<= {max_position_embeddings} (the model's max_position_embeddings)"
+            raise KnobError("scheduler.max_model_len", limit, allowed)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < limit:
-            raise KnobError(
-                "scheduler.max_num_batched_tokens",
-                self.max_num_batched_tokens,
-                f">= max_model_len={limit} without chunked prefill "
-                "(or set scheduler.enable_chunked_prefill=true)",
-            )
+            allowed = f">= max_model_len={limit} without chunked prefill "
+            allowed += "(or set scheduler.enable_chunked_prefill=true)"
+            raise KnobError("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, allowed)
         return limit

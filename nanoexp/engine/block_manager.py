@@ -8,12 +8,9 @@ from nanoexp.engine.sequence import Sequence
 
 
 class BlockManager:
-    """Free blocks are evicted lazily: a freed block keeps its hash (and can still be hit)
-    until it is handed out again, least recently freed first.
-
-    A block's state lives in three lists indexed by block id (its ref count, the hash it is cached
-    under, the tokens that hash was taken of), not in an object per block: a large cache has ~1M
-    blocks, and as many objects made start-up's garbage collections walk them all."""
+    """Free blocks are evicted lazily: a freed block keeps its hash (and can still be hit) until it
+    is handed out again, least recently freed first. Block state lives in lists indexed by block id,
+    not in an object per block: a large cache has ~1M blocks, which garbage collections would walk."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
         self.block_size = block_size

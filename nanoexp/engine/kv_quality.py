@@ -1,12 +1,10 @@
 """The KV-cache quality probe: what the cache's storage costs in accuracy.
 
-Each prompt is continued greedily for `num_tokens` decode steps that read the paged cache; at
-every continuation position that next-token distribution is scored against one plain prefill of
-prompt + continuation over fresh K/V in the model dtype (what an `auto` cache holds, exactly).
-The engine side (`measure`) checks the request, packs the prompts into groups that fit one step
-and the cache, and takes their blocks from the block manager; the rank side (`probe_group`, run
-on every rank through the executor: tensor parallelism needs all of them) runs the passes, and
-rank 0 reduces the logits on the device to per-position numbers.
+Each prompt is continued greedily for `num_tokens` decode steps that read the paged cache; each
+position's next-token distribution is scored against one plain prefill of prompt + continuation
+over fresh K/V in the model dtype. The engine side (`measure`) packs the prompts into groups that
+fit one step and the cache and takes their blocks; the rank side (`probe_group`, on every rank)
+runs the passes, and rank 0 reduces the logits to per-position numbers.
 """
 
 from __future__ import annotations
@@ -45,14 +43,9 @@ def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
     if not prompts:
         raise ValueError("kv_cache_quality: no prompts given")
     scheduler, manager = engine.config.scheduler, engine.block_manager
-    groups = probe_groups(
-        [len(p) for p in prompts],
-        num_tokens,
-        scheduler.max_num_batched_tokens,
-        max_group_seqs(scheduler.max_num_seqs, num_tokens),
-        manager.block_size,
-        manager.num_blocks,
-    )
+    max_seqs = max_group_seqs(scheduler.max_num_seqs, num_tokens)
+    lengths, budget = [len(p) for p in prompts], scheduler.max_num_batched_tokens
+    groups = probe_groups(lengths, num_tokens, budget, max_seqs, manager.block_size, manager.num_blocks)
     manager.reset_prefix_cache()
     try:
         results = [run_group(engine, [prompts[i] for i in group], num_tokens) for group in groups]
@@ -92,12 +85,8 @@ def probe_groups(
     tokens = blocks = 0
     for i, n in enumerate(lengths):
         need = -(-(n + num_tokens - 1) // block_size)
-        if (
-            not groups
-            or tokens + n + num_tokens > budget
-            or blocks + need > num_blocks
-            or len(groups[-1]) >= max_seqs
-        ):
+        full = groups and (tokens + n + num_tokens > budget or blocks + need > num_blocks)
+        if not groups or full or len(groups[-1]) >= max_seqs:
             groups.append([])
             tokens = blocks = 0
         groups[-1].append(i)
@@ -121,8 +110,8 @@ def run_group(engine, prompts: list[list[int]], num_tokens: int) -> ProbeResult:
 
 
 def summarize(results: list[ProbeResult]) -> dict:
-    """Aggregates over every probed position: the fraction where the decode path's argmax agrees
-    with the reference's, and KL(reference || decode) mean / p99 / max (nats)."""
+    """Over every probed position: how often the decode path's argmax agrees with the reference's,
+    and KL(reference || decode) mean / p99 / max (nats)."""
     kl = np.array([x for r in results for row in r.kl for x in row], dtype=np.float64)
     agree = np.array([x for r in results for row in r.agree for x in row], dtype=bool)
     return {
@@ -142,12 +131,9 @@ def summarize(results: list[ProbeResult]) -> dict:
 def probe_group(
     runner, prompts: list[list[int]], num_tokens: int, block_tables: list[list[int]]
 ) -> ProbeResult | None:
-    """One group of requests whose blocks (room for prompt + num_tokens - 1 tokens each) the
-    engine allocated; every pass fits one step's token budget. Rank 0's result, None elsewhere.
-
-    The decode path generates each continuation greedily, one step at a time, reading the cache;
-    then one plain prefill of prompt + continuation gives the reference at the same positions. So
-    a position counts as agreeing when the reference would have picked the same next token."""
+    """One group of requests whose blocks (prompt + num_tokens - 1 tokens each) the engine
+    allocated: greedy decode steps reading the cache, then one plain prefill of prompt +
+    continuation as the reference at the same positions. Rank 0's result, None elsewhere."""
     fill_cache(runner, prompts, block_tables)
     continuations: list[list[int]] = [[] for _ in prompts]
     decoded = []
@@ -173,8 +159,8 @@ def greedy_tokens(runner, log_probs: torch.Tensor | None, count: int) -> list[in
 
 
 def logits_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.Tensor | None:
-    """The step's logits (float32) at `rows` of its packed tokens (default: each sequence's last
-    token), through the runner's own forward path; None on ranks other than 0."""
+    """The step's float32 logits at `rows` of its packed tokens (default: each sequence's last), through
+    the runner's forward path; None on ranks other than 0."""
     inputs = prepare_inputs(step, runner.block_size, runner.device)
     if rows is not None:
         inputs.logits_indices = torch.tensor(rows, dtype=torch.int64, device=runner.device)
@@ -196,8 +182,8 @@ def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
 
 
 def fill_cache(runner, prompts, block_tables) -> None:
-    """Prefills every prompt but its last token into the cache (a prompt of one token has nothing
-    to store), so that every probed position is computed by a decode step."""
+    """Prefills every prompt but its last token into the cache, so every probed position is
+    computed by a decode step."""
     ready = [i for i, p in enumerate(prompts) if len(p) > 1]
     if not ready:
         return
@@ -218,7 +204,7 @@ def decode_log_probs(runner, prompts, continuations, block_tables, t: int) -> to
 
 
 def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """KL(reference || other) per row, from log-probs, summed in float64 and floored at 0 (a KL is
-    never negative; rounding of two near-equal distributions can make the sum slightly so)."""
+    """KL(reference || other) per row from log-probs, in float64, floored at 0 (rounding can make
+    the sum of two near-equal distributions slightly negative)."""
     reference, other = reference.double(), other.double()
     return (reference.exp() * (reference - other)).sum(-1).clamp_min(0.0)

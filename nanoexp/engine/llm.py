@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
@@ -19,28 +20,6 @@ PROMPT_KINDS = "a prompt is a str or a sequence of int token ids"
 
 class EngineBusyError(RuntimeError):
     """A call that needs the engine to itself while another caller is using it."""
-
-
-class SingleCaller:
-    """One engine serves one caller at a time (as vLLM's LLM): a second thread calling in while
-    `generate` runs gets EngineBusyError at once instead of corrupting the first call's batch."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-
-    def __call__(self, what: str):
-        if not self.lock.acquire(blocking=False):
-            raise EngineBusyError(
-                f"{what}: the engine is busy with another call (LLM serves one caller at a time; "
-                "use one LLM per thread, or wait for the other call to return)"
-            )
-        return self
-
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc) -> None:
-        self.lock.release()
 
 
 def check_use_tqdm(value) -> bool:
@@ -67,7 +46,7 @@ class LLM:
         model = config.model.path
         if config.model.arch is None and not os.path.isdir(model) and "/" not in model:
             raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
-        self.caller = SingleCaller()
+        self.lock = threading.Lock()  # one caller at a time, as vLLM's LLM
         self.engine = LLMEngine(config)
         self.tokenizer = load_tokenizer(model) if config.model.arch is None else None
 
@@ -83,11 +62,10 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
-        """Runs all prompts to completion; outputs come back in prompt order. The engine must be
-        idle: requests queued with `engine.add_request` and not stepped to completion are an error
-        (their outputs would have nowhere to go), and so is a call from a second thread meanwhile.
+        """Runs all prompts to completion; outputs in prompt order. The engine must be idle (requests
+        queued with `engine.add_request` would lose their outputs) and not in use by another thread.
         `use_tqdm`: the progress bar (None: as given to the constructor)."""
-        with self.caller("generate"):
+        with self.alone("generate"):
             return self.generate_alone(prompts, sampling_params, use_tqdm)
 
     def generate_alone(self, prompts, sampling_params, use_tqdm: bool | None) -> list[RequestOutput]:
@@ -108,6 +86,20 @@ class LLM:
             self.engine.abort_all()
             raise
         return [self.with_text(outputs[i]) for i in ids]
+
+    @contextmanager
+    def alone(self, what: str) -> Iterator[None]:
+        """A second thread calling in while another call runs gets EngineBusyError at once instead
+        of corrupting the first call's batch."""
+        if not self.lock.acquire(blocking=False):
+            raise EngineBusyError(
+                f"{what}: the engine is busy with another call (LLM serves one caller at a time; "
+                "use one LLM per thread, or wait for the other call to return)"
+            )
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     def check_idle(self, what: str) -> None:
         pending = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
@@ -134,7 +126,7 @@ class LLM:
 
     def encode(self, prompt: str | Seq[int]) -> list[int]:
         """A text prompt's token ids (needs the checkpoint's tokenizer), or a sequence of token ids
-        (list, tuple, 1-D array; Python or numpy integers) as a list; the engine checks their range."""
+        (list, tuple, 1-D array) as a list; the engine checks their range."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer in the checkpoint; pass token ids")
@@ -154,15 +146,12 @@ class LLM:
         outputs: dict[int, RequestOutput] = {}
         total = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
         bar = tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
-        prefill_tps = decode_tps = 0.0
+        rates = {"prefill": 0.0, "decode": 0.0}
         while self.engine.has_unfinished():
             finished, stats = self.engine.step()
-            rate = stats.num_tokens / max(stats.step_time_s, 1e-9)
-            if stats.phase == "prefill":
-                prefill_tps = rate
-            else:
-                decode_tps = rate
-            bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s")
+            phase = "prefill" if stats.phase == "prefill" else "decode"
+            rates[phase] = stats.num_tokens / max(stats.step_time_s, 1e-9)
+            bar.set_postfix({k: f"{v:.0f}tok/s" for k, v in rates.items()})
             for out in finished:
                 outputs[out.request_id] = out
             bar.update(len(finished))
@@ -171,7 +160,7 @@ class LLM:
 
     def kv_cache_quality(self, prompts: Seq[str] | Seq[list[int]], num_tokens: int = 32) -> dict:
         """The KV cache's accuracy cost on these prompts (see LLMEngine.kv_cache_quality)."""
-        with self.caller("kv_cache_quality"):
+        with self.alone("kv_cache_quality"):
             self.engine.check_open()
             token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(as_prompt_list(prompts))]
             return self.engine.kv_cache_quality(token_lists, num_tokens)
@@ -184,14 +173,12 @@ class LLM:
         return self.engine.closed
 
     def close(self) -> None:
-        """Stops the engine (and its workers at any TP size); generate, add_request and step then
-        raise "the engine is closed". Closing twice is a no-op."""
+        """Stops the engine and its workers; later calls raise "the engine is closed". Idempotent."""
         self.engine.close()
 
 
 def load_tokenizer(model: str):
-    """A local checkpoint's tokenizer (None when it has none; an error when its files are broken),
-    or a hub model's when one can be had."""
+    """A local checkpoint's tokenizer (None when it has none), or a hub model's when one can be had."""
     if os.path.isdir(model):
         return loader.load_tokenizer(model)
     try:
@@ -203,8 +190,7 @@ def load_tokenizer(model: str):
 
 
 def as_prompt_list(prompts) -> list:
-    """`generate`'s prompts as a list: one str, or a sequence of prompts (not a dict or a set,
-    whose order or items would be guessed)."""
+    """One str, or a sequence of prompts (not a dict or a set, whose order would be guessed), as a list."""
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, Mapping | set | frozenset | bytes) or not isinstance(prompts, Iterable):

@@ -1,13 +1,11 @@
 """Tensor-parallel all-reduce: NCCL (gloo on CPU), or symmetric memory for small messages.
 
-Symmetric memory gives each rank a buffer its peers can load from and store to over NVLink:
-one-shot (every rank reads all peers' whole buffers and sums; one barrier) is the fastest for
-decode-sized messages, two-shot (reduce-scatter then all-gather through the buffers) for larger
-ones, and NCCL above the buffer. Only point-to-point loads and stores are used: NVLink multicast
-(NVLS, `multimem` ops) can take a shared host's GPUs out of service, so it is never called and
-the environment must keep it off.
-
-The buffers are allocated once, before CUDA-graph capture, so captured kernels see fixed addresses.
+Symmetric memory gives each rank a buffer its peers load from and store to over NVLink: one-shot
+(every rank reads all peers' buffers and sums) for decode-sized messages, two-shot (reduce-scatter
+then all-gather through the buffers) for larger ones, NCCL above the buffer. Only point-to-point
+loads and stores: NVLink multicast (NVLS, `multimem` ops) can take a shared host's GPUs out of
+service, so it is never called and the environment must keep it off. The buffers are allocated
+once, before CUDA-graph capture, so captured kernels see fixed addresses.
 """
 
 from __future__ import annotations
@@ -23,14 +21,9 @@ from nanoexp.config.parallel import ALL_REDUCES
 
 KiB, MiB = 1024, 1024 * 1024
 
-# Measured on 2 H200s over NVLink, bf16 (experiments/tp_scaling/runs/all_reduce.md, made by
-# experiments/tp_scaling/bench_all_reduce.py), per call inside a CUDA graph: one-shot 6.5 us (8 KiB)
-# .. 14.8 us (1 MiB), then two-shot is faster (19.3 vs 22.7 us at 2 MiB, 27 vs 35 at 4 MiB, 41 vs 61 at
-# 8 MiB); NCCL in a graph is 15-57 us over 8 KiB .. 8 MiB and only catches two-shot at 32 MiB.
-# One-shot reads (N-1) x the message from peers, two-shot 2 (N-1)/N x, so two-shot wins as messages
-# and N grow. Beyond 2 ranks (not measured here) the cut-offs mirror vLLM's point-to-point custom
-# all-reduce (one-shot below 512 KiB up to 4 ranks, 256 KiB at 8; point-to-point only up to
-# 32 MiB / 512 KiB / 256 KiB for 4 / 6 / 8 ranks on Hopper, NCCL above), which avoids multicast too.
+# 2 ranks: measured on 2 H200s in CUDA graphs (experiments/tp_scaling/runs/all_reduce.md): one-shot
+# wins up to 1 MiB, then two-shot (19 vs 23 us at 2 MiB); NCCL catches two-shot only at 32 MiB.
+# More ranks (not measured here): vLLM's point-to-point custom all-reduce cut-offs on Hopper.
 ONE_SHOT_MAX_BYTES = {2: 1 * MiB, 4: 512 * KiB, 6: 256 * KiB, 8: 256 * KiB}
 SYMM_MEM_MAX_BYTES = {2: 64 * MiB, 4: 32 * MiB, 6: 512 * KiB, 8: 256 * KiB}
 DEFAULT_ONE_SHOT_MAX_BYTES = 256 * KiB  # other world sizes: the most conservative entries above
@@ -40,9 +33,7 @@ SYMM_MEM_DTYPES = (torch.bfloat16, torch.float32)  # what torch's symm_mem reduc
 TWO_SHOT_OUT_WORLD_SIZES = (2, 4, 8)  # two_shot_all_reduce_out has kernels only for these
 
 # Read by NCCL and torch's symmetric-memory allocator; symmetric memory is refused without them.
-NO_MULTICAST_ENV = {
-    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-}
+NO_MULTICAST_ENV = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
 
 NCCL, ONE_SHOT, TWO_SHOT = "nccl", "one_shot", "two_shot"
 
@@ -77,9 +68,8 @@ def peers_reachable(device: torch.device, world_size: int) -> bool:
 
 
 def symm_mem_usable(device: torch.device, world_size: int) -> bool:
-    return device.type == "cuda" and world_size > 1 and symm_mem_module() is not None and (
-        peers_reachable(device, world_size)
-    )
+    usable = device.type == "cuda" and world_size > 1 and symm_mem_module() is not None
+    return usable and peers_reachable(device, world_size)
 
 
 def resolve_choice(choice: str, device: torch.device, world_size: int, usable: bool) -> str:
@@ -92,11 +82,8 @@ def resolve_choice(choice: str, device: torch.device, world_size: int, usable: b
             raise KnobError("parallel.all_reduce", choice, "auto or nccl on CPU (symm_mem needs CUDA GPUs)")
         return "gloo"
     if choice == "symm_mem" and not usable:
-        raise KnobError(
-            "parallel.all_reduce", choice,
-            f"auto or nccl here (symm_mem needs {world_size} peer-accessible GPUs on one host and a torch "
-            "build with symmetric memory)",
-        )
+        need = f"{world_size} peer-accessible GPUs on one host and a torch build with symmetric memory"
+        raise KnobError("parallel.all_reduce", choice, f"auto or nccl here (symm_mem needs {need})")
     if choice == "auto":
         return "symm_mem" if usable and world_size > 1 else "nccl"
     return choice

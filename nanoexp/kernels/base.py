@@ -1,21 +1,15 @@
-"""The contract every attention backend implements, the per-step metadata it reads, and the fp8
-KV-cache convention every kernel that writes or reads the cache follows.
+"""The attention backend contract, the per-step metadata it reads, and the fp8 KV-cache convention.
 
-fp8 KV cache (`cache.kv_cache_dtype=fp8_e4m3`): the cache tensors are `torch.float8_e4m3fn`
-(Triton `tl.float8e4nv`), and each attention layer owns two float32 tensors of shape [1] on the
-device, `k_scale` and `v_scale` (one scale per tensor per layer; 1.0 for a cache in the model's
-dtype). Writers and readers load the scales through their pointers, never as Python floats, so a
-CUDA graph captured once stays valid when the scales are recalibrated in place.
+fp8 KV cache (`cache.kv_cache_dtype=fp8_e4m3`): the caches are `torch.float8_e4m3fn` and each
+attention layer owns float32 [1] device tensors `k_scale` and `v_scale` (1.0 for a cache in the
+model's dtype). Kernels load the scales through their pointers, never as Python floats, so a
+captured CUDA graph stays valid when they are recalibrated in place.
 
     quantize:   cache = clamp(x.float() / scale, -FP8_MAX, FP8_MAX).to(float8_e4m3fn)  (round to nearest even)
     dequantize: x = cache.float() * scale
 
-Readers may fold the scales instead of dequantizing each element (mathematically identical):
-scores = (q . k_fp8) * (softmax_scale * k_scale), output = (p @ v_fp8) * v_scale.
-A cache in the model's dtype stores and reads K/V unchanged (no scale is applied).
-
-Layout: every cache is indexed [num_blocks, block_size, kv_heads, head_dim] and stored in that
-order.
+Readers may fold the scales instead: scores = (q . k_fp8) * (softmax_scale * k_scale), output =
+(p @ v_fp8) * v_scale. Every cache is [num_blocks, block_size, kv_heads, head_dim], stored in that order.
 """
 
 from __future__ import annotations
@@ -27,6 +21,7 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+DEFAULT_NUM_SMS = 132  # an H100/H200, for sizing launches where there is no CUDA device
 
 
 def is_fp8(cache: torch.Tensor) -> bool:
@@ -35,19 +30,16 @@ def is_fp8(cache: torch.Tensor) -> bool:
 
 @dataclass
 class AttentionMetadata:
-    """Describes one model step's batch; prepared once per step by the runner.
+    """One model step's batch, prepared once per step by the runner.
 
-    Tokens of all sequences are packed along dim 0. For sequence i, its new (query) tokens are
-    rows cu_seqlens_q[i]:cu_seqlens_q[i+1]; its whole context (cached prefix plus new tokens)
-    has context_lens[i] tokens, stored in the paged cache at the blocks of block_tables[i].
-    A new token at position p of sequence i lives at slot
-    block_tables[i][p // block_size] * block_size + p % block_size; slot -1 means "do not store"
-    (padding rows, e.g. CUDA-graph padding).
+    Tokens are packed along dim 0: sequence i's new tokens are rows cu_seqlens_q[i]:cu_seqlens_q[i+1];
+    its context (cached prefix plus new tokens) has context_lens[i] tokens in the blocks of
+    block_tables[i]. Position p lives at slot block_tables[i][p // block_size] * block_size +
+    p % block_size; slot -1 means "do not store" (padding rows).
 
-    A mixed step (a prefill step with num_decodes > 0) packs num_decodes one-token decodes first,
-    then the prefill sequences; cu_seqlens_q/cu_seqlens_k, max_seqlen_q/max_seqlen_k and has_cached_prefix
-    then describe the prefill sequences only (cu_seqlens_q[0] = 0 at row num_decodes), and
-    max_decode_seqlen_k the decodes'.
+    A mixed step (a prefill step with num_decodes > 0) packs num_decodes one-token decodes first;
+    cu_seqlens_*, max_seqlen_* and has_cached_prefix then describe the prefill sequences only
+    (cu_seqlens_q[0] = 0 at row num_decodes), max_decode_seqlen_k the decodes.
     """
 
     is_prefill: bool
@@ -61,9 +53,8 @@ class AttentionMetadata:
     has_cached_prefix: bool = False  # some prefill sequence attends to tokens from earlier steps
     num_decodes: int = 0  # leading one-token decode sequences of a prefill step (a mixed step)
     max_decode_seqlen_k: int = 0  # a mixed step's longest decode context; 0: unknown
-    # A step graph's fixed-shape mixed step: the prefill kernel's tile table (int32 [n, 4], see
-    # triton_attention.varlen_prefill), and the context of each of the num_decodes leading decode
-    # slots (0: the slot holds no decode)
+    # A step graph's fixed-shape mixed step: the prefill tile table (int32 [n, 4], see
+    # triton_attention.varlen_prefill), and each leading decode slot's context (0: no decode)
     prefill_tiles: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
 
@@ -72,12 +63,9 @@ class AttentionMetadata:
         """A mixed step's leading decodes, as a decode step."""
         d = self.num_decodes
         return AttentionMetadata(
-            False,
-            self.slot_mapping[:d],
-            self.context_lens[:d],
-            self.block_tables[:d],
+            False, self.slot_mapping[:d], self.context_lens[:d], self.block_tables[:d],
             max_seqlen_k=self.max_decode_seqlen_k,
-        )
+        )  # fmt: skip
 
     @functools.cached_property
     def prefill_part(self) -> AttentionMetadata:
@@ -89,78 +77,48 @@ class AttentionMetadata:
         )  # fmt: skip
 
 
-class AttentionBackend:
-    """Stores new K/V by slot mapping, then attends.
+Tensor = torch.Tensor
 
-    Caches are [num_blocks, block_size, kv_heads, head_dim], in the model's dtype or fp8. For an
-    fp8 cache, `k_scale`/`v_scale` (float32 [1] on the device, see the module docstring) are
-    required: store_kv quantizes with them, and prefill/decode dequantize what they read from the
-    cache. Prefill without a cached prefix attends to this step's k/v as given (unquantized).
-    For other caches the scales are ignored and may be None."""
+
+class AttentionBackend:
+    """Stores new K/V by slot mapping, then attends. For an fp8 cache `k_scale`/`v_scale` are
+    required: store_kv quantizes with them, prefill/decode dequantize what they read from the cache
+    (prefill without a cached prefix attends to this step's k/v as given). Other caches ignore them."""
 
     name = "base"
     captures_mixed_steps = False  # mixed() honours AttentionMetadata.prefill_tiles (step graphs)
 
     def store_kv(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> None:
+        self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+        k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+    ) -> None:  # fmt: skip
         raise NotImplementedError
 
     def qk_norm_rope_store(
         self,
-        qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,  # [max_position, head_dim] fp32: cos halves, then sin halves
-        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None,  # (q weight, k weight, eps)
-        num_heads: int,
-        num_kv_heads: int,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        write_k: bool,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """Optional: per-head q/k RMSNorm (if qk_norm), RoPE and store_kv as one op.
-
-        Returns (q, k), k only if write_k, or None where this backend (or device) has no such op:
-        the caller then runs the torch ops and store_kv."""
+        qkv: Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]
+        positions: Tensor,
+        cos_sin: Tensor,  # [max_position, head_dim] fp32: cos halves, then sin halves
+        qk_norm: tuple[Tensor, Tensor, float] | None,  # (q weight, k weight, eps)
+        num_heads: int, num_kv_heads: int, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+        write_k: bool, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None] | None:  # fmt: skip
+        """Optional: per-head q/k RMSNorm (if qk_norm), RoPE and store_kv as one op. Returns (q, k),
+        k only if write_k, or None where there is no such op (the caller runs the torch ops)."""
         return None
 
     def prefill(
-        self,
-        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim] (this step's new tokens)
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        md: AttentionMetadata,
-        scale: float,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        """Causal attention of each sequence's new tokens over its whole context."""
+        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, md: AttentionMetadata,
+        scale: float, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+    ) -> Tensor:  # fmt: skip
+        """Causal attention of each sequence's new tokens (q [tokens, heads, dim]; k/v this step's
+        [tokens, kv_heads, dim]) over its whole context."""
         raise NotImplementedError
 
     def mixed(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        md: AttentionMetadata,
-        scale: float,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, md: AttentionMetadata,
+        scale: float, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+    ) -> Tensor:  # fmt: skip
         """A mixed step: the leading md.num_decodes rows through decode, the rest through prefill."""
         d = md.num_decodes
         decoded = self.decode(q[:d], k_cache, v_cache, md.decode_part, scale, k_scale, v_scale)
@@ -169,29 +127,21 @@ class AttentionBackend:
         return torch.cat([decoded, prefilled])
 
     def decode(
-        self,
-        q: torch.Tensor,  # [num_seqs, num_heads, head_dim], one new token per sequence
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        md: AttentionMetadata,
-        scale: float,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-        """Attention of each sequence's newest token over its context_lens[i] cached tokens."""
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, md: AttentionMetadata, scale: float,
+        k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+    ) -> Tensor:  # fmt: skip
+        """Attention of each sequence's newest token (q [seqs, heads, dim]) over its context_lens[i]
+        cached tokens."""
         raise NotImplementedError
 
 
-def check_scales(k_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> bool:
+def check_scales(k_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None) -> bool:
     """Whether the cache is fp8; an fp8 cache without its scales is an error."""
     if not is_fp8(k_cache):
         return False
     if k_scale is None or v_scale is None:
         raise ValueError("an fp8 KV cache needs k_scale and v_scale (float32 tensors of shape [1])")
     return True
-
-
-DEFAULT_NUM_SMS = 132  # an H100/H200, for sizing launches where there is no CUDA device
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,12 +1,11 @@
-"""Attention backend on the `flash_attn` package (CUDA; paged KV needs blocks of 256*k).
+"""Attention backend on the `flash_attn` package (CUDA, fp16/bf16; paged KV needs blocks of 256*k;
+no fp8 KV cache).
 
-No fp8 KV cache: `cache.kv_cache_dtype` must be auto with this backend.
-
-Calls, all forward and fp16/bf16: `flash_attn_varlen_func` for prefill (with `block_table` after a
-cached prefix, which runs flash-attn's split-KV kernels; without, its plain forward kernels) and
-`flash_attn_with_kvcache` with `block_table` for decode (split-KV kernels). flash-attn drops the
-causal mask for a single query, so both causal and non-causal kernels are used. The lean build in
-experiments/kernels/build_flash_attn.sh keeps exactly these kernels, for head dim 128.
+Prefill calls `flash_attn_varlen_func` (with `block_table` after a cached prefix: flash-attn's
+split-KV kernels; without: its plain forward kernels), decode `flash_attn_with_kvcache` with
+`block_table`. flash-attn drops the causal mask for a single query, so both causal and non-causal
+kernels are used; the lean build in experiments/kernels/build_flash_attn.sh keeps exactly these,
+for head dim 128.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import importlib.util
 
 import torch
 
-from nanoexp.kernels.base import AttentionBackend, AttentionMetadata, is_fp8
+from nanoexp.kernels.base import AttentionBackend, is_fp8
 
 FLASH_ATTN_PAGE_MULTIPLE = 256
 
@@ -41,9 +40,11 @@ def check_no_fp8_cache(kv_cache_dtype: str) -> None:
         )
 
 
-def _check_cache_dtype(k_cache: torch.Tensor) -> None:
+def check_cache(k_cache: torch.Tensor, paged: bool = True) -> None:
     if is_fp8(k_cache):
         check_no_fp8_cache("fp8_e4m3")
+    if paged:
+        check_block_size(k_cache.shape[1])
 
 
 class FlashAttnBackend(AttentionBackend):
@@ -55,42 +56,21 @@ class FlashAttnBackend(AttentionBackend):
         if block_size is not None:
             check_block_size(block_size)
 
-    def store_kv(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> None:
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
         from nanoexp.kernels.triton_kv import store_kv
 
-        _check_cache_dtype(k_cache)
+        check_cache(k_cache, paged=False)
         store_kv(k, v, k_cache, v_cache, slot_mapping)
 
-    def prefill(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        md: AttentionMetadata,
-        scale: float,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def prefill(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         from flash_attn import flash_attn_varlen_func
 
-        _check_cache_dtype(k_cache)
+        check_cache(k_cache, paged=md.has_cached_prefix)
         if not md.has_cached_prefix:
             return flash_attn_varlen_func(
                 q, k, v, md.cu_seqlens_q, md.cu_seqlens_q, md.max_seqlen_q, md.max_seqlen_q,
                 softmax_scale=scale, causal=True,
             )  # fmt: skip
-        check_block_size(k_cache.shape[1])
         cu_k = md.cu_seqlens_k
         if cu_k is None:
             cu_k = torch.nn.functional.pad(md.context_lens.cumsum(0, dtype=torch.int32), (1, 0))
@@ -101,20 +81,10 @@ class FlashAttnBackend(AttentionBackend):
             softmax_scale=scale, causal=True, block_table=md.block_tables,
         )  # fmt: skip
 
-    def decode(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        md: AttentionMetadata,
-        scale: float,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def decode(self, q, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         from flash_attn import flash_attn_with_kvcache
 
-        _check_cache_dtype(k_cache)
-        check_block_size(k_cache.shape[1])
+        check_cache(k_cache)
         out = flash_attn_with_kvcache(
             q.unsqueeze(1), k_cache, v_cache, cache_seqlens=md.context_lens,
             block_table=md.block_tables, softmax_scale=scale, causal=True,

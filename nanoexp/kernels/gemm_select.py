@@ -5,13 +5,11 @@ from __future__ import annotations
 import torch
 
 from nanoexp.kernels.norm_first import NormFirst
-from nanoexp.kernels.select import triton_available, triton_half_precision, triton_runs_on
+from nanoexp.kernels.select import require_triton, triton_half_precision
 
-# Where `auto` takes the Triton kernel, measured on an H200 in bf16 against cuBLAS
-# (experiments/kernels/bench_skinny_gemm.py): up to 16 rows, and only weights up to 12 MiB (all
-# of Qwen3-0.6B's layers, where folding the norm and SwiGLU in pays). cuBLAS wins every Qwen3-8B
-# shape but one tie, by 4-19% plain and 9-52% with the norm folded in
-# (experiments/kernels/runs/skinny_gemm_8b.md; 8B batch-1 TPOT 5.51 ms with the kernel, 4.95 without).
+# Where `auto` takes the Triton kernel, measured on an H200 in bf16 against cuBLAS: up to 16 rows and
+# weights up to 12 MiB (all of Qwen3-0.6B's layers); cuBLAS wins every Qwen3-8B shape but one tie
+# (experiments/kernels/runs/skinny_gemm_8b.md: 8B batch-1 TPOT 5.51 ms with the kernel, 4.95 without).
 AUTO_MAX_ROWS = 16
 AUTO_MAX_WEIGHT_BYTES = 12 * 2**20
 MAX_ROWS = 256  # the kernel's limit (triton_gemm.MAX_ROWS); `triton` takes every size up to it
@@ -29,15 +27,13 @@ class SkinnyGemm:
 
     def applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         fits = x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(-1) == 1 and weight.stride(-1) == 1
-        if not fits:  # checked first: prefill-sized inputs leave here
-            return False
-        limit = self.max_weight_bytes
-        return limit is None or weight.numel() * weight.element_size() <= limit
+        limit = self.max_weight_bytes  # `fits` first: prefill-sized inputs leave there
+        return fits and (limit is None or weight.numel() * weight.element_size() <= limit)
 
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False,
         norm: NormFirst | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """x @ weight^T + bias; gated: weight is [gate; up] and the result silu(gate) * up; norm:
         x is RMS-normed first and the new residual is returned too."""
         return self.kernel(x, weight, bias, gated=gated, norm=norm)
@@ -53,11 +49,6 @@ def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> S
     if choice == "torch":
         return None
     if choice == "triton":
-        if not triton_available():
-            raise ValueError("engine.gemm_backend='triton' needs the triton package; use 'torch' or 'auto'")
-        if not triton_runs_on(device):
-            raise ValueError(
-                f"engine.gemm_backend='triton' needs a CUDA device, got {device}; use 'torch' or 'auto'"
-            )
+        require_triton("engine.gemm_backend", device)
         return SkinnyGemm(MAX_ROWS)
     return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES) if triton_half_precision(device, dtype) else None

@@ -1,15 +1,11 @@
-"""Programmatic dependent launch (PDL, `engine.pdl`): on Hopper and newer, a kernel captured in a
-CUDA graph (decode and step graphs) is launched as its predecessor exits instead of after the graph's usual
-kernel-to-kernel gap, so its launch overlaps the predecessor's last memory flush.
+"""Programmatic dependent launch (PDL, `engine.pdl`): on Hopper and newer, a Triton kernel captured
+in a CUDA graph is launched as its predecessor exits, overlapping that one's last memory flush.
 
-Every Triton kernel of the decode step follows one rule when launched this way: its first act is
-`griddepcontrol.wait` (returns once the previous kernel has finished and its writes are
-visible). Waiting first in every kernel keeps dependencies transitive: a kernel cannot finish
-before the one it follows. No kernel calls `griddepcontrol.launch_dependents` early: letting the
-next kernel launch right after the wait made the batch-1 step 20% slower on an H200, launching
-at exit 4% faster (experiments/nanovllm_bench/README.md, "Tried and lost"). Only launches inside a CUDA
-graph capture use PDL; eager ones (the sampler, prefill) do not, where it measured slower.
-Kernels launched without PDL (torch's own, cuBLAS) serialize as usual.
+The rule: every such kernel first calls `griddepcontrol.wait` (returns once the previous kernel has
+finished and its writes are visible), so dependencies stay transitive. None launches dependents
+early: that made the batch-1 step 20% slower on an H200, launching at exit 4% faster
+(experiments/nanovllm_bench/README.md). Eager launches (sampler, prefill) do not use PDL, where it
+measured slower; kernels without it (torch's own, cuBLAS) serialize as usual.
 """
 
 from __future__ import annotations
@@ -50,8 +46,7 @@ def enabled() -> bool:
 
 @contextmanager
 def graph_launches() -> Iterator[None]:
-    """Launches in this block are the CUDA graphs' (their capture and its warm-up run, which
-    compiles the PDL variants outside the capture): they use PDL when it is on."""
+    """Launches in this block are the CUDA graphs' (capture and its warm-up run): PDL when it is on."""
     global _graph_launches
     _graph_launches = True
     try:
@@ -61,8 +56,7 @@ def graph_launches() -> Iterator[None]:
 
 
 def launch_options() -> dict:
-    """Keyword arguments for a Triton launch: the PDL constexpr, plus the launch attribute for the
-    graphs' launches with PDL on."""
+    """A Triton launch's PDL constexpr, plus the launch attribute for graph launches with PDL on."""
     if _enabled and _graph_launches:
         return {"PDL": True, "launch_pdl": True}
     return {"PDL": False}

@@ -1,11 +1,9 @@
 """A one-time check of an attention backend against the torch reference on a small paged case.
 
-The case goes through the backend's real interface: store_kv into a paged cache, then a decode
-batch, a prefill after a cached prefix (mixed with a sequence that has none) and a plain prefill.
-The reference runs in float32 on the same (dtype-rounded) inputs, so the tolerance only has to
-cover the backend's own rounding. With an fp8 KV cache the case is stored and read in fp8 with
-per-layer scales, and store_kv must write the reference's bytes exactly. Results are cached per
-process.
+Through the backend's real interface: store_kv into a paged cache, then a decode batch, a prefill
+after a cached prefix (next to a sequence without one) and a plain prefill. The reference runs in
+float32 on the same dtype-rounded inputs, so the tolerance covers only the backend's own rounding.
+With an fp8 cache, store_kv must write the reference's bytes exactly. Results are cached per process.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ class SelfCheckError(Exception):
 def check_backend(
     backend: AttentionBackend, device: torch.device, dtype: torch.dtype, head_dim: int, block_size: int,
     kv_fp8: bool = False,
-) -> CheckResult:
+) -> CheckResult:  # fmt: skip
     """Compare `backend` with the reference once per process per (backend, dtype, head_dim,
     block_size, fp8 cache or not)."""
     key = (type(backend), backend.name, torch.device(device), dtype, head_dim, block_size, kv_fp8)
@@ -71,11 +69,11 @@ def describe(exc: BaseException) -> str:
 
 
 class PagedCase:
-    """Random paged K/V caches and block tables for sequences with the given context lengths;
-    with `kv_fp8` the caches are fp8 and `k_scale`/`v_scale` their scales (else None)."""
+    """Random paged K/V caches (fp8 with `kv_fp8`, scaled by k_scale/v_scale) and block tables for
+    sequences with the given context lengths."""
 
     def __init__(self, ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8=False):
-        self.block_size, self.device = block_size, device
+        self.block_size, self.device, self.ctx_lens = block_size, device, ctx_lens
         need = [-(-n // block_size) for n in ctx_lens]
         num_blocks = sum(need) + 2
         shape = (num_blocks, block_size, kv_heads, head_dim)
@@ -93,7 +91,6 @@ class PagedCase:
             table[i, :n] = torch.tensor(pages[:n], dtype=torch.int32)
             pages = pages[n:]
         self.block_tables = table.to(device)
-        self.ctx_lens = ctx_lens
 
     def slots(self, q_lens) -> torch.Tensor:
         if any(q > ctx for q, ctx in zip(q_lens, self.ctx_lens, strict=True)):
@@ -135,7 +132,7 @@ def default_cases(block_size: int) -> list[tuple[list[int], list[int], bool]]:
 def max_error(
     backend, device, dtype, head_dim, block_size, cases=None, heads=(NUM_HEADS, NUM_KV_HEADS), seed=1234,
     kv_fp8=False,
-) -> float:
+) -> float:  # fmt: skip
     """Largest abs difference from the reference over store_kv, decode and both prefill kinds."""
     gen = torch.Generator().manual_seed(seed)
     scale = head_dim**-0.5

@@ -13,13 +13,9 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.clamp(x.float() / scale, -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
-def dequantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x.float() * scale
-
-
 def readable(cache: torch.Tensor, scale: torch.Tensor | None, fp8: bool) -> torch.Tensor:
     """The cache (or a gather of it) in a dtype attention can read: dequantized when fp8."""
-    return dequantize_fp8(cache, scale) if fp8 else cache
+    return cache.float() * scale if fp8 else cache
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -86,26 +82,20 @@ def rows_at(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     offset); one index_select where the pages are contiguous, as advanced indexing costs ~5x more."""
     if cache.is_contiguous():
         return cache.flatten(0, 1).index_select(0, slots)
-    return cache[slots // cache.shape[1], slots % cache.shape[1]]  # e.g. key-major V pages
+    return cache[slots // cache.shape[1], slots % cache.shape[1]]
 
 
 def gather_context(k_cache, v_cache, block_table, length: int):
     """The first `length` cached K/V rows of one sequence, in position order."""
-    block_size = k_cache.shape[1]
-    blocks = block_table[: (length + block_size - 1) // block_size].long()
-    k = k_cache[blocks].flatten(0, 1)[:length]
-    v = v_cache[blocks].flatten(0, 1)[:length]
-    return k, v
+    blocks = block_table[: -(-length // k_cache.shape[1])].long()
+    return k_cache[blocks].flatten(0, 1)[:length], v_cache[blocks].flatten(0, 1)[:length]
 
 
 def causal_attention(q, k, v, scale: float):
     """q [Lq, H, D] attends to k/v [Lk, Hkv, D]; query j sits at position Lk - Lq + j."""
-    lq = q.shape[0]
-    lk = k.shape[0]
-    k, v = k.transpose(0, 1), v.transpose(0, 1)
+    lq, lk = q.shape[0], k.shape[0]
     q_pos = torch.arange(lk - lq, lk, device=q.device)
     mask = torch.arange(lk, device=q.device)[None, :] <= q_pos[:, None]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k, v, attn_mask=mask, scale=scale, enable_gqa=True
-    )
+    q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)

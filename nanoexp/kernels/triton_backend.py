@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
+from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.triton_attention import paged_decode, varlen_prefill
 from nanoexp.kernels.triton_kv import store_kv
 from nanoexp.kernels.triton_qk_norm_rope import qk_norm_rope_store
@@ -13,22 +13,11 @@ from nanoexp.kernels.triton_qk_norm_rope import qk_norm_rope_store
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     captures_mixed_steps = True
+    # The one-kernel q/k norm + RoPE + KV store; None = on CUDA only (the CPU interpreter is slower
+    # than the torch ops it replaces).
+    fuse_qk_norm_rope: bool | None = None
 
-    def __init__(self, fuse_qk_norm_rope: bool | None = None):
-        """fuse_qk_norm_rope: use the one-kernel q/k norm + RoPE + KV store; None = on CUDA only
-        (the CPU interpreter is slower than the torch ops it replaces)."""
-        self.fuse_qk_norm_rope = fuse_qk_norm_rope
-
-    def store_kv(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> None:
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
         store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
     def qk_norm_rope_store(
@@ -44,18 +33,7 @@ class TritonAttentionBackend(AttentionBackend):
             k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale, write_k=write_k,
         )  # fmt: skip
 
-    def prefill(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        md: AttentionMetadata,
-        scale: float,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def prefill(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         if md.prefill_tiles is not None:  # a step graph's step without decodes
             return self.mixed(q, k, v, k_cache, v_cache, md, scale, k_scale, v_scale)
         num_seqs = md.cu_seqlens_q.shape[0] - 1
@@ -71,7 +49,7 @@ class TritonAttentionBackend(AttentionBackend):
             )  # fmt: skip
         return varlen_prefill(q, k, v, md.cu_seqlens_q, md.max_seqlen_q, None, None, scale)
 
-    def mixed(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None):
+    def mixed(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         """With md.prefill_tiles (a step graph): the decode kernel over the leading decode slots,
         then the prefill kernel over the tile table, each on a fixed grid, into one output."""
         if md.prefill_tiles is None:
@@ -89,19 +67,17 @@ class TritonAttentionBackend(AttentionBackend):
             scale, k_scale=k_scale, v_scale=v_scale, tiles=md.prefill_tiles, out=out,
         )  # fmt: skip
 
-    def decode(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        md: AttentionMetadata,
-        scale: float,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def decode(self, q, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         # The split count is a function of static shapes only, so CUDA-graph capture stays valid.
         max_len = md.block_tables.shape[1] * k_cache.shape[1]
         return paged_decode(
-            q, k_cache, v_cache, md.block_tables, md.context_lens, scale, max_len,
-            k_scale=k_scale, v_scale=v_scale,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            md.block_tables,
+            md.context_lens,
+            scale,
+            max_len,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )

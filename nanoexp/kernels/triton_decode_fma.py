@@ -1,21 +1,15 @@
 """Split-K decode on CUDA cores, for fp8 caches read by one or two query heads per kv head.
 
-With such groups a tensor-core tile of 16 query rows is mostly padding, and P @ V needs V along
-keys where the cache holds it along dims: an 8-bit V tile is transposed through shared memory,
-which no ldmatrix does for bytes. Here every product is a packed fp16 FMA in registers, so K and V
-are used in the layout they are loaded in and nothing is staged.
+With such groups a tensor-core tile of 16 query rows is mostly padding, and an 8-bit V tile would
+be transposed through shared memory. Here every product is a packed fp16 FMA in registers, on K
+and V in the layout they are loaded in. A tile is [ROWS x LANES keys, dims]: each thread holds
+ROWS keys of one lane and 16 dims (one 16-byte load per key); each lane runs its own online
+softmax, and the lanes are merged once after the loop, as the splits of a split-K decode are.
 
-A tile is [ROWS x LANES keys, dims]: each thread holds ROWS keys of one lane and 16 dims (one
-16-byte load per key). Each lane runs its own online softmax (max, denominator, [dims, heads]
-sum) over the keys it sees, so the loop reduces across threads only for q . k; the lanes are
-merged once, after the loop, as the splits of a split-K decode are.
-
-Numerics: e4m3 widens to fp16 exactly. Products are fp16; a thread's sums over its 16 dims (q . k)
-and its ROWS keys (p . v, with p <= 1) are fp16, everything after fp32. The rounding that adds is
-2^-11 relative, below the cache's own 2^-4 (experiments/kernels/runs/decode_cuda_cores.md). The
-ranges hold by construction: q carries the softmax and k scales, so a thread's partial q . k is a
-piece of the log2-domain score (fp16 holds up to 65,504), and p . v sums at most ROWS values of
-|v| <= 448 (e4m3's largest).
+Numerics: e4m3 widens to fp16 exactly; products and a thread's sums over its 16 dims (q . k) and
+ROWS keys (p . v, p <= 1) are fp16, the rest fp32: 2^-11 relative, below the cache's own 2^-4
+(experiments/kernels/runs/decode_cuda_cores.md). No overflow: q carries the softmax and k scales,
+so a partial q . k is a piece of the log2-domain score, and p . v sums at most ROWS values <= 448.
 """
 
 from __future__ import annotations
@@ -39,9 +33,8 @@ def tile_shape(keys: int, dim_pad: int, num_warps: int) -> tuple[int, int, int]:
 
 @triton.jit
 def _load_kv(k_ptr, v_ptr, table, pos, n0, end, dims, stride_cb, stride_cp, HEAD_DIM: tl.constexpr,
-             DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
-    """The K and V tiles ([TILE, DIM_PAD] fp16) of keys pos; keys at or past end and padded dims
-    read as zero. Both loads are issued before either is used."""
+             DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
+    """The K and V tiles ([TILE, DIM_PAD] fp16) of keys pos, zero past end and in padded dims."""
     key_mask = pos < end
     rows = key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, TILE)
     offsets = rows[:, None] + dims[None, :]
@@ -55,9 +48,8 @@ def _load_kv(k_ptr, v_ptr, table, pos, n0, end, dims, stride_cb, stride_cp, HEAD
 
 @triton.jit
 def _per_head(x):
-    """x with a last dim of 2, one copy per query head, held in each thread's registers. A join
-    keeps x's layout; an expand_dims + broadcast would take Triton's default layout and move every
-    loaded tile through shared memory."""
+    """x with a last dim of 2, one copy per query head. A join keeps x's register layout; expand_dims
+    + broadcast would move every loaded tile through shared memory."""
     return tl.join(x, x)
 
 
@@ -72,39 +64,14 @@ def _load_queries(q_ptr, stride_qh, dims, HEAD_DIM: tl.constexpr, GROUP: tl.cons
 
 @triton.jit
 def cuda_core_split_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    block_tables_ptr,
-    context_lens_ptr,
-    out_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    qk_scale,
-    num_splits,
-    stride_qb,
-    stride_qh,
-    stride_cb,
-    stride_cp,
-    stride_ch,
-    stride_bt,
-    stride_ob,
-    stride_oh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    ROWS: tl.constexpr,
-    LANES: tl.constexpr,
-    PER_LOAD: tl.constexpr,
-    SINGLE_SPLIT: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    k_scale_ptr, v_scale_ptr, qk_scale, num_splits, stride_qb, stride_qh, stride_cb, stride_cp, stride_ch,
+    stride_bt, stride_ob, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, PER_LOAD: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
     """One (sequence, kv head, split): the GROUP (1 or 2) query heads attend to one slice of the
-    context. K and V caches share their strides (row-major pages). A tile is ROWS x LANES keys;
-    each thread holds PER_LOAD consecutive dims of a key."""
+    context; K and V caches share their strides."""
     TILE: tl.constexpr = ROWS * LANES
     wait_for_previous(PDL)
     seq = tl.program_id(0)

@@ -1,17 +1,14 @@
 """GEMV for decode at a few rows: y[M, N] = x[M, K] @ w[N, K]^T (+ bias), M of 1 to MAX_ROWS.
 
-At one to a few rows a linear layer is a weight read and the matrix units have nothing to do.
-Each program loads its whole weight tile, BLOCK_N output features by K_TILE inputs, with one
-load (all of it in flight at once, straight into registers), and only then reads x: the weight
-bytes are on their way while x is loaded and normed. Products and sums are fp32 FMAs. Tiles are
-small, so several programs share an SM and the read keeps many bytes in flight; the tensor-core
-kernel (triton_gemm.py) streams fixed K steps through shared memory and reached ~1.2 TB/s at one
-row (experiments/kernels/README.md, "The GEMV for 1-2 rows").
+At a few rows a linear layer is a weight read. Each program loads its whole weight tile (BLOCK_N
+outputs by K_TILE inputs) in one load straight into registers, and only then reads x, so the
+weight bytes are in flight while x is loaded and normed; fp32 FMAs. Small tiles keep several
+programs per SM and many bytes in flight, where the tensor-core kernel (triton_gemm.py) reached
+~1.2 TB/s at one row (experiments/kernels/README.md, "The GEMV for 1-2 rows").
 
-K longer than K_TILE is split across programs; partials go to an fp32 workspace and the last
-program of a column tile (an atomic ticket) sums them, as in triton_gemm.py. The fused RMSNorm,
-SwiGLU and bias follow triton_gemm.py's rounding, so both kernels give the same results up to
-the order of the fp32 sums.
+K longer than K_TILE is split; partials go to an fp32 workspace and the last program of a column
+tile (an atomic ticket) sums them. Norm, SwiGLU and bias round as triton_gemm.py does, so both
+kernels agree up to the order of the fp32 sums.
 """
 
 from __future__ import annotations
@@ -60,20 +57,8 @@ def _row_rstd(x_row, r_row, sum_row, write_sum, K, eps, HAS_RESIDUAL: tl.constex
 
 
 @triton.jit
-def _input_chunk(
-    x_row,
-    r_row,
-    sum_row,
-    norm_w_ptr,
-    write_sum,
-    kk,
-    k_mask,
-    K,
-    eps,
-    NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    K_TILE: tl.constexpr,
-):
+def _input_chunk(x_row, r_row, sum_row, norm_w_ptr, write_sum, kk, k_mask, K, eps, NORM: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr, K_TILE: tl.constexpr):  # fmt: skip
     """This program's K_TILE inputs of one row, RMS-normed (after adding the residual) when NORM,
     rounded where the unfused ops round: the normed row, then its product with the norm weight."""
     x = tl.load(x_row + kk, mask=k_mask, other=0.0)
@@ -124,40 +109,17 @@ def rounded_swiglu(acc, up, dtype: tl.constexpr, GATED: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr,
-    w_ptr,
-    bias_ptr,
-    y_ptr,
-    part_ptr,
-    ticket_ptr,
-    residual_ptr,
-    norm_w_ptr,
-    sum_ptr,
-    eps,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_ym,
-    HAS_BIAS: tl.constexpr,
-    GATED: tl.constexpr,
-    NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    K_TILE: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    NORM_SPLIT: tl.constexpr = False,
-    PDL: tl.constexpr = False,
-):
-    """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
-    NORM: each row of x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0)
-    writes x + residual to sum_ptr (the next residual). ROWS >= M rows are unrolled. NORM_SPLIT
-    (NORM with K split): each program sums the
-    squares of its own K slice only, into a workspace after the partials, instead of every
-    program reading the whole row; 1 / rms scales the summed product. It rounds x * norm_w once,
-    not the normed x first, so it matches the unfused ops to rounding."""
+    x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, residual_ptr, norm_w_ptr, sum_ptr, eps, M, N, K,
+    stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, K_TILE: tl.constexpr,
+    SPLIT_K: tl.constexpr, NORM_SPLIT: tl.constexpr = False, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N]. NORM: each
+    row of x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0) writes x + residual
+    to sum_ptr (the next residual). ROWS >= M rows are unrolled. NORM_SPLIT (NORM with K split):
+    each program sums the squares of its own K slice only, into a workspace after the partials;
+    1 / rms scales the summed product. It rounds x * norm_w once, not the normed x first, so it
+    matches the unfused ops to rounding."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -183,26 +145,12 @@ def _gemv_kernel(
         if m < M:
             row = m * stride_xm
             if NORM_SPLIT:
-                x, squares = _split_input_chunk(
-                    x_ptr + row, residual_ptr + row, sum_ptr + row, norm_w_ptr, write_sum, kk, k_mask,
-                    HAS_RESIDUAL,
-                )
+                x, squares = _split_input_chunk(x_ptr + row, residual_ptr + row, sum_ptr + row, norm_w_ptr,
+                                                write_sum, kk, k_mask, HAS_RESIDUAL)  # fmt: skip
                 tl.store(squares_ptr + (split * ROWS + m) * tiles + tile, squares)
             else:
-                x = _input_chunk(
-                    x_ptr + row,
-                    residual_ptr + row,
-                    sum_ptr + row,
-                    norm_w_ptr,
-                    write_sum,
-                    kk,
-                    k_mask,
-                    K,
-                    eps,
-                    NORM,
-                    HAS_RESIDUAL,
-                    K_TILE,
-                )
+                x = _input_chunk(x_ptr + row, residual_ptr + row, sum_ptr + row, norm_w_ptr, write_sum, kk,
+                                 k_mask, K, eps, NORM, HAS_RESIDUAL, K_TILE)  # fmt: skip
             acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
             up = acc
             if GATED:
@@ -254,16 +202,9 @@ def default_gemv_config(n: int, k: int, sms: int, max_split_tiles: int = 8192) -
 
 
 def gemv(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    y: torch.Tensor,
-    bias: torch.Tensor | None,
-    gated: bool,
-    norm: NormFirst | None,
-    summed: torch.Tensor,
-    tickets: torch.Tensor,
-    config: GemvConfig | None = None,
-) -> None:
+    x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None, gated: bool,
+    norm: NormFirst | None, summed: torch.Tensor, tickets: torch.Tensor, config: GemvConfig | None = None,
+) -> None:  # fmt: skip
     """y = x @ w^T (+ bias) for x [M <= MAX_ROWS, K], into y; gated and norm as in
     triton_gemm.skinny_gemm, which allocates y and summed (x + norm.residual) and calls this."""
     m, k = x.shape

@@ -34,39 +34,13 @@ def _store_cache(cache_ptr, offsets, x, scale_ptr, mask, FP8: tl.constexpr):
 
 @triton.jit
 def _qk_norm_rope_store_kernel(
-    qkv_ptr,
-    positions_ptr,
-    cos_sin_ptr,
-    q_weight_ptr,
-    k_weight_ptr,
-    q_out_ptr,
-    k_out_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    eps,
-    stride_qkv,
-    stride_cos,
-    stride_cb,
-    stride_cp,
-    stride_ch,
-    stride_vb,
-    stride_vp,
-    stride_vh,
-    stride_vd,
-    NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    HEADS_BLOCK: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    NORM: tl.constexpr,
-    WRITE_K: tl.constexpr,
-    FP8: tl.constexpr,
+    qkv_ptr, positions_ptr, cos_sin_ptr, q_weight_ptr, k_weight_ptr, q_out_ptr, k_out_ptr, k_cache_ptr,
+    v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, eps, stride_qkv, stride_cos, stride_cb, stride_cp,
+    stride_ch, stride_vb, stride_vp, stride_vh, stride_vd, NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, HEADS_BLOCK: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, NORM: tl.constexpr, WRITE_K: tl.constexpr, FP8: tl.constexpr,
     PDL: tl.constexpr = False,
-):
+):  # fmt: skip
     """One token, HEADS_BLOCK heads of the combined [q heads, k heads] range of the qkv row."""
     wait_for_previous(PDL)
     token = tl.program_id(0).to(tl.int64)
@@ -124,29 +98,16 @@ def default_heads_block(num_tokens: int, total_heads: int) -> int:
 
 
 def qk_norm_rope_store(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    q_weight: torch.Tensor | None,
-    k_weight: torch.Tensor | None,
-    eps: float,
-    num_heads: int,
-    num_kv_heads: int,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    write_k: bool = False,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    heads_block: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None, eps: float, num_heads: int, num_kv_heads: int, k_cache: torch.Tensor,
+    v_cache: torch.Tensor, slot_mapping: torch.Tensor, write_k: bool = False,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, heads_block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """qkv [T, (H + 2 Hkv) * D] -> (q [T, H, D], roped k [T, Hkv, D] if write_k else None).
 
-    q/k are RMS-normed per head when q_weight/k_weight are given (else only roped), roped with
-    cos_sin[positions] ([max_pos, D] fp32: cos halves then sin halves), and k plus the raw v
-    are stored in the caches [blocks, block_size, Hkv, D] at slot_mapping (-1: not stored).
-    An fp8 e4m3 cache needs k_scale/v_scale (fp32 tensors of shape [1], read on the device).
-    """
+    q/k are RMS-normed per head when q_weight/k_weight are given, roped with cos_sin[positions]
+    ([max_pos, D] fp32: cos halves then sin halves), and k plus the raw v are stored in the caches
+    at slot_mapping (-1: not stored); an fp8 cache needs k_scale/v_scale."""
     num_tokens, width = qkv.shape
     head_dim = cos_sin.shape[1]
     assert width == (num_heads + 2 * num_kv_heads) * head_dim and head_dim % 2 == 0

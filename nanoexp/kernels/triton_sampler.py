@@ -1,20 +1,15 @@
 """One-pass sampling kernel: greedy and temperature draws read the logits once.
 
-A categorical draw from softmax(x / t) is argmax(x / t + g) with g standard Gumbel noise
-(-log(-log(u))). The uniforms come from Philox in registers, keyed by the row's 64-bit seed and
-the vocabulary index (one Philox call gives the four uniforms of four consecutive token ids), so
-nothing is materialized and a seeded row's draw does not depend on the rest of the batch. On the
-GPU the two logs are the hardware's approximate log2 (relative error ~1e-7, far below what
-sampling can tell): the accurate log's polynomial and Philox bounded the kernel by its arithmetic
-(experiments/nanovllm_bench/README.md, "Tried and lost").
+A draw from softmax(x / t) is argmax(x / t + g), g standard Gumbel noise (-log(-log(u))), with the
+uniforms from Philox in registers keyed by the row's seed and the vocabulary index: nothing is
+materialized and a seeded row's draw does not depend on the batch. On the GPU the logs are the
+hardware's approximate log2 (relative error ~1e-7, far below what sampling can tell; the accurate
+log bounded the kernel by its arithmetic, experiments/nanovllm_bench/README.md).
 
-Each program scans one slice of one row and keeps, per lane, the best sampled and the best raw
-logit; a second kernel picks each row's winner across slices (ties go to the
-lowest index, as torch.argmax).
-
-A tensor-parallel rank can scan its own slice of the vocabulary (`shard_winners`, indices offset
-to the full vocabulary): the noise is keyed by the full-vocabulary index, so the best of the
-ranks' winners is the token the whole-vocabulary scan draws.
+Each program scans one slice of a row, keeping per lane the best sampled and the best raw logit; a
+second kernel picks each row's winner across slices (ties to the lowest index, as torch.argmax).
+A tensor-parallel rank scans its vocabulary shard (`shard_winners`); the noise is keyed by the
+full-vocabulary index, so the best of the ranks' winners is what the whole-vocabulary scan draws.
 """
 
 from __future__ import annotations
@@ -55,8 +50,7 @@ def _log2(x, FAST: tl.constexpr):
         return tl.inline_asm_elementwise(
             "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
         )
-    else:
-        return tl.log2(x)
+    return tl.log2(x)
 
 
 @triton.jit
@@ -68,20 +62,13 @@ def _gumbel(u, FAST_LOG: tl.constexpr):
 
 @triton.jit(do_not_specialize=["stride_row", "vocab_size", "slice_len", "num_slices", "vocab_offset"])
 def _sample_slice_kernel(
-    logits_ptr,
-    stride_row,
-    temperature_ptr,
-    seed_ptr,
+    logits_ptr, stride_row, temperature_ptr, seed_ptr,
     part_ptr,  # float32 [rows, slices, 2]: best sampled score, best logit
     part_index_ptr,  # int32 [rows, slices, 2]
-    vocab_size,
-    slice_len,
-    num_slices,
+    vocab_size, slice_len, num_slices,
     vocab_offset,  # the full-vocabulary index of column 0
-    BLOCK: tl.constexpr,
-    FAST_LOG: tl.constexpr = True,
-    PDL: tl.constexpr = False,
-):
+    BLOCK: tl.constexpr, FAST_LOG: tl.constexpr = True, PDL: tl.constexpr = False,
+):  # fmt: skip
     wait_for_previous(PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
@@ -125,7 +112,7 @@ def _sample_slice_kernel(
 def _pick_kernel(
     part_ptr, part_index_ptr, temperature_ptr, out_ptr, value_ptr, num_slices, SLICES_PAD: tl.constexpr,
     WRITE_VALUE: tl.constexpr = False, PDL: tl.constexpr = False,
-):
+):  # fmt: skip
     """Each row's winner across slices: the sampled one, or the largest logit where t = 0; with
     WRITE_VALUE also its score (or logit), which ranks compare across vocabulary shards."""
     wait_for_previous(PDL)
@@ -165,10 +152,7 @@ def shard_winners(
     return values, _scan(logits, temperatures, seeds, vocab_offset, values)
 
 
-def _scan(
-    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, vocab_offset: int,
-    values: torch.Tensor | None,
-) -> torch.Tensor:
+def _scan(logits, temperatures, seeds, vocab_offset: int, values: torch.Tensor | None) -> torch.Tensor:
     rows, vocab_size = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows == 0:

@@ -1,10 +1,8 @@
-"""What the paged attention kernels share: a key's place in the paged cache; for the split-K
-decode kernels, each split's keys and output, and the kernel that combines the splits of a
-(sequence, head); and the tl.max / tl.sum equivalents the CPU interpreter runs.
+"""What the paged attention kernels share: a key's place in the paged cache, each split's keys and
+output and the kernel that combines a (sequence, head)'s splits, and tl.max / tl.sum equivalents.
 
-The kernels avoid calling the @jit helpers of triton.language.standard (tl.max, tl.sum,
-tl.zeros, tl.cdiv): they break the CPU interpreter when triton was imported before
-TRITON_INTERPRET=1 was set.
+The kernels avoid the @jit helpers of triton.language.standard (tl.max, tl.sum, tl.zeros, tl.cdiv):
+they break the CPU interpreter when triton was imported before TRITON_INTERPRET=1 was set.
 """
 
 from __future__ import annotations
@@ -22,14 +20,7 @@ sum_combine = tl.standard._sum_combine
 
 @triton.jit
 def key_offsets(
-    table_ptr,
-    pos,
-    n0,
-    key_mask,
-    stride_cb,
-    stride_cp,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    table_ptr, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr
 ):
     """Element offset of each key row `pos` (a tile starting at n0) inside the paged cache."""
     if BLOCK_SIZE >= BLOCK_N:
@@ -71,18 +62,9 @@ def store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, seq, split, nu
 
 
 @triton.jit
-def decode_reduce_kernel(
-    part_out_ptr,
-    part_lse_ptr,
-    out_ptr,
-    num_splits,
-    stride_ob,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
+def decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_ob, stride_oh,
+                         HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                         PDL: tl.constexpr = False):  # fmt: skip
     """Combine the per-split (normalized out, lse) of one (sequence, head) into out.
 
     Partials are read through L2 (.cg): another SM wrote them, maybe after this SM cached the

@@ -10,10 +10,8 @@ from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
 
 class Attention(nn.Module):
     """Backend-agnostic; the runner binds `backend`, `k_cache` and `v_cache` before use.
-
-    `k_scale`/`v_scale` are this layer's fp8 KV-cache scales (float32 [1] on the model's device,
-    see kernels/base.py): 1.0 until the runner calibrates them, and updated only in place, since
-    CUDA graphs hold their addresses."""
+    `k_scale`/`v_scale`: the fp8 cache's scales (kernels/base.py), 1.0 until calibrated, updated
+    only in place (CUDA graphs hold their addresses)."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
@@ -33,13 +31,9 @@ class Attention(nn.Module):
         return self._attend(q, k, v, md)
 
     def forward_qkv(
-        self,
-        qkv: torch.Tensor,
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,
-        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None,
-        md: AttentionMetadata,
-    ) -> torch.Tensor | None:
+        self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None, md: AttentionMetadata,
+    ) -> torch.Tensor | None:  # fmt: skip
         """From the fused qkv projection: q/k norm + RoPE + K/V store in one backend op, then
         attention; None when the backend has no such op (the caller runs the unfused path)."""
         if not self.k_cache.numel():  # memory profiling and fp8 calibration take the unfused path

@@ -64,13 +64,12 @@ class LinearBase(nn.Module):
     def norm_linear(
         self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
         gated: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
         """(self(RMSNorm(x + residual)), x + residual) in one skinny-GEMM kernel, gated: with
         silu(gate) * up as its epilogue; None where that path does not apply."""
         usable = self.skinny is not None and self.skinny.applies(x, self.weight)
+        usable = usable and (residual is None or residual.stride() == x.stride())
         if not usable or (gated and self.bias is not None):
-            return None
-        if residual is not None and residual.stride() != x.stride():
             return None
         norm = NormFirst(norm_weight, eps, residual)
         return self.skinny(x, self.weight, self.bias, gated=gated, norm=norm)
@@ -115,12 +114,10 @@ class QKVParallelLinear(ColumnParallelLinear):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         offset = {"q": 0, "k": q_size, "v": q_size + kv_size}[shard_id]
         if shard_id == "q":
-            part = self.shard_of(loaded, 0)
+            param.data.narrow(0, offset, q_size).copy_(self.shard_of(loaded, 0))
         else:
             first_head = self.tp_rank * self.total_kv_heads // self.tp_size
-            part = rows(loaded, first_head * self.head_dim, kv_size)
-        size = q_size if shard_id == "q" else kv_size
-        param.data.narrow(0, offset, size).copy_(part)
+            param.data.narrow(0, offset, kv_size).copy_(rows(loaded, first_head * self.head_dim, kv_size))
 
 
 class RowParallelLinear(LinearBase):

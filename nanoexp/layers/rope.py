@@ -37,7 +37,7 @@ apply_rope = compilable(apply_rope_uncompiled)
 def qk_norm_rope(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     k_weight: torch.Tensor, eps: float, cos_sin: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Per-head RMSNorm of q and k, then RoPE (Qwen3), as one op."""
     q, k = rms_norm_uncompiled(q, q_weight, eps), rms_norm_uncompiled(k, k_weight, eps)
     return apply_rope_uncompiled(positions, q, k, cos_sin)

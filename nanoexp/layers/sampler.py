@@ -27,11 +27,9 @@ class SamplingTensors:
 
 class Sampler(nn.Module):
     """`one_pass=True` (CUDA with Triton) samples unfiltered rows with the one-pass Gumbel kernel;
-    rows with top-k, top-p or min-p, and every row on the CPU, take the torch path.
-
-    Under tensor parallelism a step that is all greedy, or all on the one-pass kernel, is drawn
-    from each rank's vocabulary shard (`shard_winners`) and the ranks' winners are compared
-    (`pick_shard_winner`): no rank gathers the full logits."""
+    filtered rows, and every row on the CPU, take the torch path. Under TP a step that is all
+    greedy or all one-pass is drawn from each rank's vocabulary shard (`shard_winners`) and the
+    ranks' winners compared (`pick_shard_winner`): no rank gathers the full logits."""
 
     def __init__(self, one_pass: bool = False) -> None:
         super().__init__()
@@ -45,7 +43,7 @@ class Sampler(nn.Module):
         return st.all_greedy or (self.one_pass and not st.needs_filter and st.row_seeds is not None)
 
     def shard_winners(
-        self, logits: torch.Tensor, st: SamplingTensors, vocab_offset: int
+        self, logits, st: SamplingTensors, vocab_offset: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row of this shard's logits: the winner's score (float32) and its token id."""
         if st.all_greedy:

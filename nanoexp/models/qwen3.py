@@ -10,12 +10,7 @@ from nanoexp.kernels.base import AttentionMetadata
 from nanoexp.layers.activation import SiluAndMul
 from nanoexp.layers.attention import Attention
 from nanoexp.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
-from nanoexp.layers.linear import (
-    LinearBase,
-    MergedColumnParallelLinear,
-    QKVParallelLinear,
-    RowParallelLinear,
-)
+from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanoexp.layers.norm import RMSNorm
 from nanoexp.layers.rope import RotaryEmbedding, qk_norm_rope
 
@@ -37,10 +32,8 @@ class Qwen3Attention(nn.Module):
         super().__init__()
         head_dim = head_dim_of(config)
         bias = getattr(config, "attention_bias", not qk_norm)
-        self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, head_dim, config.num_attention_heads,
-            config.num_key_value_heads, bias,
-        )
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, heads, kv_heads, bias)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
         self.head_dim = head_dim
@@ -65,14 +58,10 @@ class Qwen3Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = qk_norm_rope(
-                positions, q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
-                self.rotary_emb.cos_sin,
-            )
-        else:
-            q, k = self.rotary_emb(positions, q, k)
-        return q, k, v
+        if not self.qk_norm:
+            return (*self.rotary_emb(positions, q, k), v)
+        weights = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+        return (*qk_norm_rope(positions, q, k, *weights, self.rotary_emb.cos_sin), v)
 
 
 class Qwen3MLP(nn.Module):
@@ -108,7 +97,7 @@ class Qwen3DecoderLayer(nn.Module):
 def norm_then_linear(
     norm: RMSNorm, linear: LinearBase, x: torch.Tensor, residual: torch.Tensor | None,
     act_fn: SiluAndMul | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(act_fn(linear(norm(x + residual))), x + residual); one kernel where the skinny GEMM applies."""
     fused = linear.norm_linear(x, residual, norm.weight, norm.eps, gated=act_fn is not None)
     if fused is not None:

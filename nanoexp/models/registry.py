@@ -18,6 +18,5 @@ def model_class(config: PretrainedConfig) -> type[nn.Module]:
         if arch in MODELS:
             return MODELS[arch]
     raise ValueError(
-        f"unsupported architecture {getattr(config, 'architectures', None)}; "
-        f"supported: {', '.join(MODELS)}"
+        f"unsupported architecture {getattr(config, 'architectures', None)}; supported: {', '.join(MODELS)}"
     )

@@ -51,9 +51,8 @@ class InProcessExecutor:
         return self.runner is None
 
     def close(self) -> None:
-        """Releases the runner's weights, KV cache and graphs now, not whenever the garbage
-        collector or the caller lets go of the engine: a later engine in this process (a test
-        suite, a notebook) sizes its KV cache from the free device memory."""
+        """Releases the runner's weights, KV cache and graphs now: a later engine in this process
+        sizes its KV cache from the free device memory."""
         if self.runner is None:
             return
         self.final_stats = self.runner.stats()
@@ -104,27 +103,23 @@ def install_sigterm_cleanup() -> None:
 def check_devices(config: EngineConfig) -> None:
     if config.execution.device == "cpu" or not torch.cuda.is_available():
         return
-    have = torch.cuda.device_count()
-    if have < config.parallel.tensor_parallel_size:
-        raise ValueError(
-            f"tensor_parallel_size={config.parallel.tensor_parallel_size} needs that many CUDA devices; "
-            f"{have} available"
-        )
+    size, have = config.parallel.tensor_parallel_size, torch.cuda.device_count()
+    if have < size:
+        raise ValueError(f"tensor_parallel_size={size} needs that many CUDA devices; {have} available")
 
 
 class MultiprocExecutor:
     """Same interface as InProcessExecutor; every rank lives in its own worker process."""
 
-    def __init__(self, config: EngineConfig, step_timeout_s: float | None = None,
-                 startup_timeout_s: float | None = None):
-        """The step deadline is `step_timeout_s` (else $NANOEXP_TP_STEP_TIMEOUT_S, else 60 s) plus
-        10x the slowest step so far; start-up's is `startup_timeout_s` (else
-        $NANOEXP_TP_STARTUP_TIMEOUT_S, else 1800 s). A worker past it is an error, as a dead one."""
+    def __init__(self, config: EngineConfig):
+        """A worker past its deadline is an error, as a dead one: a step's is
+        $NANOEXP_TP_STEP_TIMEOUT_S (default 60 s) plus 10x the slowest step so far, start-up's
+        $NANOEXP_TP_STARTUP_TIMEOUT_S (default 1800 s)."""
         checked_hf_config(config)  # fail before spawning: the split, the length
         check_devices(config)
         self.size = config.parallel.tensor_parallel_size
         install_sigterm_cleanup()
-        self.group = WorkerGroup(config, step_timeout_s, startup_timeout_s)
+        self.group = WorkerGroup(config)
         self.finalizer = weakref.finalize(self, stop_group, self.group)
         _live.add(self)
         try:
@@ -134,8 +129,8 @@ class MultiprocExecutor:
             raise
 
     def call(self, method: str | Callable, *args, reply: bool = True):
-        """Runs a runner method by name, or `method(runner, *args)` (a module-level function, so
-        it pickles), on every rank; returns rank 0's result (None when `reply` is False)."""
+        """As InProcessExecutor.call on every rank (`method` a name or a module-level function, so it
+        pickles); rank 0's result, None when `reply` is False."""
         if not self.finalizer.alive:
             raise RuntimeError("the engine is closed (its tensor-parallel workers were shut down)")
         try:

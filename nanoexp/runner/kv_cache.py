@@ -30,10 +30,9 @@ def cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
 def create_kv_cache(
     config: EngineConfig, model: nn.Module, dtype: torch.dtype, device: torch.device,
     profile: Callable[[], None], reserve_bytes: int,
-) -> KVCache:
+) -> KVCache:  # fmt: skip
     """As many blocks as the config asks for, or as fit in memory after `profile` (a largest-size
-    forward pass on CUDA) and a `reserve`; the same number on every rank. `dtype` is the model's;
-    the cache stores `cache_dtype` of it and is sized in that dtype's bytes."""
+    forward pass on CUDA) and a reserve; the same number on every rank. `dtype` is the model's."""
     dtype = cache_dtype(config.cache.kv_cache_dtype, dtype)
     bytes_per_block = block_bytes(model, config.cache.block_size, dtype)
     num_blocks = config.cache.num_blocks
@@ -53,10 +52,7 @@ def create_kv_cache(
 
 def check_blocks_fit(num_blocks: int, bytes_per_block: int, device: torch.device) -> None:
     """cache.num_blocks set by hand must fit in the device's whole memory (before allocating it)."""
-    if device.type == "cuda":
-        capacity = torch.cuda.mem_get_info(device)[1]
-    else:
-        capacity = machine_memory_gb() * 2**30
+    capacity = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else machine_memory_gb() * 2**30
     if num_blocks * bytes_per_block > capacity:
         raise KnobError(
             "cache.num_blocks",
@@ -76,16 +72,13 @@ def block_bytes(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
 def blocks_from_memory(
     config: EngineConfig, bytes_per_block: int, device: torch.device, profile: Callable[[], None],
     reserve_bytes: int,
-) -> int:
+) -> int:  # fmt: skip
     if device.type == "cpu":
-        return blocks_for_budget(config.cache.cpu_kv_cache_gb * 2**30, bytes_per_block)
-    profile()
-    budget = cuda_kv_budget(device, config.cache.gpu_memory_utilization, reserve_bytes)
-    return blocks_for_budget(budget, bytes_per_block)
-
-
-def blocks_for_budget(budget_bytes: float, bytes_per_block: int) -> int:
-    return max(int(budget_bytes // bytes_per_block), 0)
+        budget = config.cache.cpu_kv_cache_gb * 2**30
+    else:
+        profile()
+        budget = cuda_kv_budget(device, config.cache.gpu_memory_utilization, reserve_bytes)
+    return max(int(budget // bytes_per_block), 0)
 
 
 def cuda_kv_budget(device: torch.device, utilization: float, reserve_bytes: int) -> float:
@@ -113,10 +106,8 @@ def allocate_kv_cache(
     """One tensor [layers, 2, blocks, block_size, kv_heads, head_dim]; each layer gets views."""
     layers = attention_layers(model)
     first = layers[0]
-    cache = torch.empty(
-        len(layers), 2, num_blocks, block_size, first.num_kv_heads, first.head_dim,
-        dtype=dtype, device=device,
-    )
+    shape = (len(layers), 2, num_blocks, block_size, first.num_kv_heads, first.head_dim)
+    cache = torch.empty(shape, dtype=dtype, device=device)
     for i, layer in enumerate(layers):
         layer.k_cache, layer.v_cache = cache[i, 0], cache[i, 1]
     return cache

@@ -1,10 +1,9 @@
 """Per-layer scales of an fp8 KV cache, calibrated once at start-up.
 
-One eager prefill of a fixed pseudo-random token sequence (no KV cache bound, so nothing is
-stored) records the largest |K| and |V| each attention layer receives, i.e. what the cache would
-store (after q/k norm and RoPE). Each layer's scale is then amax / 448 x HEADROOM, written in
-place into `Attention.k_scale`/`v_scale` (CUDA graphs hold their addresses). With tensor
-parallelism every rank runs the same prefill and calibrates its own heads.
+One eager prefill of a fixed pseudo-random token sequence (no cache bound, nothing stored) records
+the largest |K| and |V| (after q/k norm and RoPE) each attention layer receives; each layer's
+scale is amax / 448 x HEADROOM, written in place into `Attention.k_scale`/`v_scale` (CUDA graphs
+hold their addresses). Under TP every rank runs the same prefill and calibrates its own heads.
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ from nanoexp.layers.attention import Attention, attention_layers
 
 CALIBRATION_TOKENS = 512
 CALIBRATION_SEED = 0
-# e4m3 precision is relative (3 mantissa bits at every magnitude above 2^-6 x scale), so a scale
-# twice the calibrated amax costs almost nothing, and real prompts whose K/V grow larger than the
-# calibration prompt's still fit before saturating at +-448.
+# e4m3 precision is relative, so a scale twice the calibrated amax costs almost nothing, and real
+# prompts whose K/V exceed the calibration prompt's still fit before saturating at +-448.
 HEADROOM = 2.0
 MIN_AMAX = 1e-6  # a layer whose K or V were all zero still gets a usable, normal scale
 

@@ -57,14 +57,14 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     model = build_model(config, hf_config, dtype, device, max_model_len)
     load_s = time.perf_counter() - start
     layers = attention_layers(model)
+    execution, cache = config.execution, config.cache
     backend = make_attention_backend(
-        config.execution.attention_backend, device, config.cache.block_size, dtype, layers[0].head_dim,
-        config.cache.kv_cache_dtype,
+        execution.attention_backend, device, cache.block_size, dtype, layers[0].head_dim, cache.kv_cache_dtype
     )
     for layer in layers:
         layer.backend = backend
-    skinny = make_skinny_gemm(config.execution.gemm_backend, device, dtype)
-    pdl.configure(config.execution.pdl, device, triton_available())
+    skinny = make_skinny_gemm(execution.gemm_backend, device, dtype)
+    pdl.configure(execution.pdl, device, triton_available())
     bind_gemm_backend(model, skinny)
     swiglu = swiglu_kernel(device, dtype)
     bind_activation_kernel(model, swiglu)
@@ -91,7 +91,7 @@ def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
 
 
 def model_len(config: EngineConfig, hf_config: PretrainedConfig) -> int:
-    """The longest request this engine serves (checked against the model and the step budget)."""
+    """The longest request this engine serves, checked against the model and the step budget."""
     return config.scheduler.model_len(hf_config.max_position_embeddings)
 
 
@@ -127,7 +127,7 @@ def leave_process_group() -> None:
 def build_model(
     config: EngineConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
     max_model_len: int,
-) -> nn.Module:
+) -> nn.Module:  # fmt: skip
     """This rank's shard of the model, with the checkpoint's weights or seeded random ones."""
     torch.manual_seed(config.execution.seed)
     cls = model_class(hf_config)

@@ -15,9 +15,8 @@ RESET_RESIDENT_PEAK = "5"  # proc(5): reset the peak resident set size to the cu
 
 
 def reset_peak_memory(device: torch.device) -> str:
-    """Starts counting the peak anew (at an engine's start); returns what peak_memory_bytes then
-    measures: `allocated` (torch's allocations, since now), `resident` (the process's resident set,
-    since now) or `resident_lifetime` (since the process started: the reset is not available)."""
+    """Starts counting the peak anew; returns what peak_memory_bytes then measures: `allocated`
+    (torch's allocations), `resident` (the resident set) or `resident_lifetime` (no reset here)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return "allocated"

@@ -8,10 +8,9 @@ MIN_CAPACITY = 256  # ids per pinned buffer; a larger step gets a buffer of its 
 
 
 class ReadbackPool:
-    """Pinned host buffers and CUDA events for the read-back of launched steps, reused from step to
-    step: allocating a pinned buffer and an event every step costs the host tens of microseconds,
-    which a batch-1 decode step, whose host work must hide under ~0.9 ms of device work, cannot
-    spare (experiments/nanovllm_bench/runs/host_phases_53dfc1e.md)."""
+    """Pinned host buffers and CUDA events for launched steps' read-back, reused: allocating them
+    every step costs tens of microseconds a batch-1 decode step cannot spare
+    (experiments/nanovllm_bench/runs/host_phases_53dfc1e.md)."""
 
     def __init__(self) -> None:
         self.free: list[tuple[torch.Tensor, torch.cuda.Event]] = []

@@ -1,11 +1,11 @@
 """A shared-memory broadcast ring: the control plane writes each message once and every worker
 reads it, so sending a step costs the same at any tensor-parallel size.
 
-Layout of the one segment: int64 counters, then `slots` fixed-size data slots. Message n (from 1)
-goes to slot (n - 1) % slots; the writer copies the payload and its length, then publishes n as the
-slot's sequence number. Reader r copies the payload once the slot shows n and then records n as
-its last read message. The writer reuses a slot only when every reader has read past it. A
-message larger than a slot is published as OVERFLOW and travels over the readers' pipes instead.
+One segment: int64 counters, then `slots` fixed-size data slots. Message n (from 1) goes to slot
+(n - 1) % slots: the writer copies payload and length, then publishes n as the slot's sequence
+number; a reader copies the payload once the slot shows n, then records n as read. A slot is
+reused once every reader has read past it. A message larger than a slot is published as OVERFLOW
+and travels over the readers' pipes instead.
 """
 
 from __future__ import annotations
@@ -68,12 +68,10 @@ class ShmRing:
     def attach(cls, handle: RingHandle, reader: int) -> ShmRing:
         return cls(handle, shared_memory.SharedMemory(name=handle.name), reader)
 
-    # ---- writer ---------------------------------------------------------------------------------
-
     def write(self, data: bytes | memoryview, check: Callable[[], None]) -> bool:
-        """Publishes one message; False when it is too large for a slot (it was published as
-        OVERFLOW, so the caller must send it to every reader some other way). `check` runs now and
-        then while every slot is still unread and may raise to give up."""
+        """Publishes one message; False when it is too large for a slot (published as OVERFLOW: the
+        caller sends it another way). `check` runs now and then while every slot is unread and may
+        raise to give up."""
         seq = self.next_seq
         slot = (seq - 1) % self.handle.slots
         wait_until(lambda: int(self.reader_done.min()) >= seq - self.handle.slots, check, spin_s=0.0)
@@ -86,8 +84,6 @@ class ShmRing:
         self.slot_seq[slot] = seq
         self.next_seq = seq + 1
         return fits
-
-    # ---- reader ---------------------------------------------------------------------------------
 
     def read(self, check: Callable[[], None], spin_s: float) -> bytes | None:
         """The next message (None: OVERFLOW, read it from the pipe). Spins `spin_s`, then sleeps
@@ -106,11 +102,8 @@ class ShmRing:
         self.next_seq = seq + 1
         return data
 
-    # ---- lifetime -------------------------------------------------------------------------------
-
     def close(self) -> None:
-        """Detaches; the writer, which owns the segment, also removes it (`unlink` removes the
-        segment of a writer that died)."""
+        """Detaches; the writer, which owns the segment, also removes it."""
         self.slot_seq = self.slot_len = self.reader_done = self.counters = None
         try:
             self.shm.close()

@@ -107,10 +107,9 @@ def worker_main(
 
 
 def die_with_parent(sig: int) -> bool:
-    """Linux: the kernel sends `sig` to this process when the thread that started it exits (0:
-    never). Start-up can sit in C++ (a rendezvous, a compile) holding the GIL, where no Python
-    thread could notice a main process killed meanwhile; the main process's janitor then removes
-    what the group shared. False where prctl is not available."""
+    """Linux: the kernel sends `sig` when the thread that started this process exits (0: never), even
+    while start-up sits in C++ holding the GIL; the janitor then removes what the group shared.
+    False where prctl is not available."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
@@ -121,9 +120,8 @@ def die_with_parent(sig: int) -> bool:
 def watch_parent_during_start_up(
     parent: int, started: threading.Event, dist_init: str, ring_handle: RingHandle
 ) -> None:
-    """Start-up (loading, profiling, compiling) can take minutes; a main process killed meanwhile
-    (SIGKILL) cleans nothing up, so the workers remove what it left and exit. Once serving, the
-    command loop watches the parent instead."""
+    """Where there is no parent-death signal: workers whose main process died during start-up remove
+    what it left and exit (once serving, the command loop watches the parent)."""
 
     def watch() -> None:
         while not started.wait(PARENT_POLL_S):
@@ -135,8 +133,8 @@ def watch_parent_during_start_up(
 
 
 def use_thread_lock_for_tqdm() -> None:
-    """tqdm (which torch.compile uses) otherwise creates a multiprocessing lock that a worker's
-    os._exit leaves to the resource tracker, which then warns of a leaked semaphore."""
+    """tqdm (torch.compile uses it) would otherwise create a multiprocessing lock that os._exit
+    leaves to the resource tracker, which then warns of a leaked semaphore."""
     tqdm.set_lock(threading.RLock())
 
 
@@ -181,13 +179,12 @@ def send_error(conn: Connection, err: BaseException) -> None:
 
 
 class WorkerGroup:
-    """The processes, ring, pipes and rendezvous directory; owns no reference to the executor so a
+    """The processes, ring, pipes and rendezvous directory; holds no reference to the executor, so a
     finalizer can shut it down when the executor is collected."""
 
-    def __init__(self, config: EngineConfig, step_timeout_s: float | None = None,
-                 startup_timeout_s: float | None = None):
-        self.step_floor_s = timeout_from(STEP_TIMEOUT_ENV, step_timeout_s, STEP_TIMEOUT_FLOOR_S)
-        self.startup_timeout_s = timeout_from(STARTUP_TIMEOUT_ENV, startup_timeout_s, STARTUP_TIMEOUT_S)
+    def __init__(self, config: EngineConfig):
+        self.step_floor_s = timeout_from(STEP_TIMEOUT_ENV, STEP_TIMEOUT_FLOOR_S)
+        self.startup_timeout_s = timeout_from(STARTUP_TIMEOUT_ENV, STARTUP_TIMEOUT_S)
         self.slowest_step_s = 0.0
         self.tmpdir = tempfile.mkdtemp(prefix="nanoexp-tp-")
         self.conns: list[Connection] = []
@@ -208,10 +205,8 @@ class WorkerGroup:
         dist_init = "file://" + os.path.join(self.tmpdir, "rendezvous")
         for rank in range(config.parallel.tensor_parallel_size):
             parent_end, child_end = ctx.Pipe()
-            proc = ctx.Process(
-                target=worker_main, name=f"nanoexp-tp-rank{rank}",
-                args=(config, rank, dist_init, child_end, os.getpid(), self.ring.handle),
-            )
+            args = (config, rank, dist_init, child_end, os.getpid(), self.ring.handle)
+            proc = ctx.Process(target=worker_main, name=f"nanoexp-tp-rank{rank}", args=args)
             self.conns.append(parent_end)
             proc.start()
             child_end.close()
@@ -241,8 +236,7 @@ class WorkerGroup:
             self.raise_stuck(list(awaited), self.step_deadline_s(), startup=False)
 
     def receive(self, ranks: list[int], startup: bool = False) -> list:
-        """Waits for one reply from each of `ranks`; any error or death elsewhere aborts, and so
-        does the deadline."""
+        """Waits for one reply from each of `ranks`; an error, a death or the deadline aborts."""
         start = time.monotonic()
         timeout = self.startup_timeout_s if startup else self.step_deadline_s()
         replies: dict[int, object] = {}
@@ -279,12 +273,11 @@ class WorkerGroup:
         raise RuntimeError(f"tensor-parallel worker rank {rank} failed: {name_of(reply[1])}: {reply[2]}")
 
     def raise_dead(self, rank: int, startup: bool = False):
-        proc = self.procs[rank]
-        proc.join(0.5)
-        code = proc.exitcode
-        how = f"exit code {code}"
-        if code is not None and code < 0:
-            how += f", {signal.Signals(-code).name}"
+        self.procs[rank].join(0.5)
+        code = self.procs[rank].exitcode
+        how = f"exit code {code}" + (
+            f", {signal.Signals(-code).name}" if code is not None and code < 0 else ""
+        )
         hint = STARTUP_HINT if startup else ""
         self.kill()
         raise RuntimeError(
@@ -342,8 +335,7 @@ class WorkerGroup:
 
 def start_janitor(tmpdir: str, ring_name: str) -> subprocess.Popen | None:
     """A small process (no torch) that removes the rendezvous dir and the ring once the main process
-    is gone (SIGKILL, its workers killed with it by their parent-death signal); None where
-    /dev/shm does not hold the rings."""
+    is gone; None where /dev/shm does not hold the rings."""
     if not os.path.isdir("/dev/shm"):
         return None
     return subprocess.Popen(
@@ -352,9 +344,9 @@ def start_janitor(tmpdir: str, ring_name: str) -> subprocess.Popen | None:
     )  # fmt: skip
 
 
-def timeout_from(env: str, given: float | None, default: float) -> float:
-    """An executor argument, else the environment variable, else the default; must be > 0."""
-    raw = given if given is not None else os.environ.get(env, default)
+def timeout_from(env: str, default: float) -> float:
+    """The environment variable, else the default; must be > 0."""
+    raw = os.environ.get(env, default)
     try:
         value = float(raw)
     except (TypeError, ValueError):
