@@ -17,7 +17,7 @@ class ModelConfig:
     load_formats: ClassVar[tuple[str, ...]] = LOAD_FORMATS
 
     path: str | None = None  # a checkpoint directory (or a hub id); None with dummy weights and `arch`
-    dtype: str = "auto"  # auto = the checkpoint's dtype on GPUs, float32 on CPU
+    dtype: str = "auto"  # auto = the checkpoint's; on a CPU float32 unless bfloat16 is native there
     # auto = safetensors: the checkpoint at `path`, an error when it has none; dummy: random weights
     load_format: str = "auto"
     arch: dict[str, Any] | None = None  # config.json fields; replace the checkpoint's config when set

@@ -104,12 +104,23 @@ def pick_device(choice: str, rank: int) -> torch.device:
 
 
 def pick_dtype(choice: str, hf_config: PretrainedConfig, device: torch.device) -> torch.dtype:
+    """`auto`: the checkpoint's dtype (bfloat16 when it names none), except on a CPU without native
+    bfloat16 arithmetic or for a 16-bit float other than bfloat16 on any CPU: float32 there."""
     if choice != "auto":
         return DTYPES[choice]
-    if device.type == "cpu":
+    native = hf_config.dtype if hasattr(hf_config, "dtype") else getattr(hf_config, "torch_dtype", None)
+    native = native if isinstance(native, torch.dtype) else torch.bfloat16
+    if device.type == "cpu" and not (native is torch.bfloat16 and cpu_has_bfloat16()):
         return torch.float32
-    native = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
-    return native if isinstance(native, torch.dtype) else torch.bfloat16
+    return native
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there a bfloat16 decode
+    step reads half the bytes and takes about half the time of a float32 one
+    (experiments/cpu_path); elsewhere bfloat16 is emulated and slower than float32."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, check, lambda: False)() for check in checks)
 
 
 def join_process_group(config: EngineConfig, rank: int, device: torch.device, dist_init: str | None) -> None:
