@@ -4,7 +4,7 @@
 # Usage (repo root on the GPU machine, wheels from ../shared/tools/device-wheels.sh in .whl):
 #   bash experiments/serving/serving_sweep.sh [parts]   parts: tests profile sweep base bench latency trace
 #   (default: tests profile sweep)
-# tests runs TESTS (a pytest -m expression, default gpu_quick); bench starts each checkout with cold caches;
+# tests runs TESTS (a pytest -m expression, default gpu_quick; TESTS_TIMEOUT seconds, default 240); bench starts each checkout with cold caches;
 # latency is batch-1 TPOT of BASE and this checkout; trace is a profiled sweep (profile=all) whose Chrome
 # traces are checked for a decode-graph replay and a prefill step's kernels.
 # `base DIR`-style parts run the same sweep from another checkout: BASE=dir.
@@ -21,7 +21,8 @@ parts="${*:-tests profile sweep}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
 for part in $parts; do
   case "$part" in
-    tests) timeout 240 python3 -m pytest -q -m "${TESTS:-gpu_quick}" tests/ 2>&1 | tail -15 | tee "$OUT/gpu_tests.log" ;;
+    tests) timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -m "${TESTS:-gpu_quick}" tests/ > "$OUT/gpu_tests.log" 2>&1
+           tail -15 "$OUT/gpu_tests.log" ;;
     profile) TORCH_LOGS=recompiles timeout 240 python3 experiments/serving/prefill_profile.py --out /tmp/prof ${PROFILE_ARGS:-} 2>&1 | grep -v "^-" | head -400 > "$OUT/profile.log"; head -12 "$OUT/profile.log" ;;
     sweep) timeout 420 python3 run.py -m "${SWEEP[@]}" scheduler.batching=${BATCHING:-prefill_first,mixed} \
              hydra.sweep.dir=/tmp/sweep 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/sweep.log" 2>&1
