@@ -13,9 +13,8 @@ from hydra import compose, initialize_config_dir
 
 from nanoexp.experiment.build import build_llm, build_workload, engine_config
 from nanoexp.experiment.checkpoint import resolve_checkpoint
-from nanoexp.experiment.driver import EngineDriver
+from nanoexp.experiment.driver import REFRESH_S, EngineDriver, Progress
 from nanoexp.experiment.loggers import NoneLogger
-from nanoexp.experiment.progress import REFRESH_S, Progress
 from nanoexp.experiment.repeats import measure, progress_total
 from nanoexp.experiment.schema import to_spec
 

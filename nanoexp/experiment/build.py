@@ -99,8 +99,7 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
 
 def build_logger(spec: NanoexpConfig):
     """The selected logger fanned out with the always-on local sink."""
-    from nanoexp.experiment.local_sink import LocalSink
-    from nanoexp.experiment.loggers import FanoutLogger, NoneLogger
+    from nanoexp.experiment.loggers import FanoutLogger, LocalSink, NoneLogger
 
     if spec.logger.kind is LoggerKind.wandb:
         from nanoexp.experiment.wandb_logger import WandbLogger

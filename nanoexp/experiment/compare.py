@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.loggers import RESULTS_FILE
 from nanoexp.experiment.metrics import CONFIDENCE
 from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL, _parse_overrides
 

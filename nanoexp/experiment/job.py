@@ -25,16 +25,8 @@ class JobInfo:
     extra: dict = field(default_factory=dict)  # filled by loggers (e.g. the W&B run's id and dir)
 
     def as_dict(self) -> dict:
-        return {
-            "out_dir": str(self.out_dir),
-            "overrides": self.overrides,
-            "name": self.name,
-            "group": self.group,
-            "job_num": self.job_num,
-            "multirun": self.multirun,
-            "sweep_dir": self.sweep_dir,
-            **self.extra,
-        }
+        fields = {k: v for k, v in vars(self).items() if k != "extra"}
+        return fields | {"out_dir": str(self.out_dir), **self.extra}
 
 
 def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
@@ -58,9 +50,8 @@ def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
 
 
 def run_name(overrides: list[str], swept: set[str] | None = None) -> str:
-    """A readable name from the command-line overrides (`default` for none); in a sweep whose swept
-    keys are known, only their values, each under its key's last part (`block_size=16
-    max_num_seqs=64`; the full key where two last parts agree)."""
+    """A name from the overrides (`default` for none); in a sweep, only the swept values, each under
+    its key's last part unless two last parts agree (`block_size=16 max_num_seqs=64`)."""
     kept = [o for o in overrides if not o.startswith(("hydra", "logger."))]
     if not swept:
         return ",".join(kept) or "default"
@@ -72,20 +63,23 @@ def run_name(overrides: list[str], swept: set[str] | None = None) -> str:
 
 
 def swept_keys(sweep_dir: str | None) -> set[str] | None:
-    """The keys a basic-sweeper multirun sweeps (from the `multirun.yaml` it saves before its
-    jobs start: the sweep overrides and `hydra.sweeper.params`); None when unknown."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
+    """The keys a multirun sweeps, from the `multirun.yaml` it saves first; None when unknown."""
     saved = Path(sweep_dir) / "multirun.yaml" if sweep_dir else None
     if saved is None or not saved.is_file():
         return None
     try:
-        config = OmegaConf.load(saved)
-        params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
-        parsed = OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
+        parsed = sweep_overrides(OmegaConf.load(saved))
     except Exception:  # noqa: BLE001 - a name is never worth failing a job over
         return None
     return {o.key_or_group for o in parsed if o.is_sweep_override()}
+
+
+def sweep_overrides(config: DictConfig) -> list:
+    """A multirun's parsed overrides: `hydra.sweeper.params` and the command line's."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    return OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
 
 
 def sweep_group(sweep_dir: str | None) -> str | None:

@@ -1,11 +1,8 @@
 """One job: resolve the config, build, warm up, run the workload, summarize, log.
 
-Errors end the job with one line on stderr (config errors exit 2, others 1), also written to
-run.log; error.txt in the job dir holds that line and the traceback (HYDRA_FULL_ERROR=1 prints
-the traceback too). Every failed job still leaves results.json and, with logger=wandb, a finished
-W&B run with its exit code. In a multirun the job returns its exit code instead of exiting, so
-the other jobs still run and the sweep report lists it. `cli` gives configs that Hydra itself
-rejects (before any job starts) the same one line and exit code 2.
+Errors end the job with one line on stderr (config errors exit 2, others 1) and in run.log, with
+error.txt (line and traceback) and results.json left behind; in a multirun the job returns its
+exit code instead, so the other jobs still run.
 """
 
 from __future__ import annotations
@@ -17,11 +14,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.config import EngineConfig
+from nanoexp.config.checks import is_number
 from nanoexp.experiment import interrupts, kv_quality
 from nanoexp.experiment.build import (
     build_driver,
@@ -33,29 +32,25 @@ from nanoexp.experiment.build import (
     engine_config,
 )
 from nanoexp.experiment.checkpoint import Checkpoint, check_arch, resolve_checkpoint
+from nanoexp.experiment.driver import Progress
 from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
 from nanoexp.experiment.job_memory import JobMemory
-from nanoexp.experiment.local_sink import RESULTS_FILE, write_atomically
+from nanoexp.experiment.loggers import (
+    RESULTS_FILE,
+    first_line,
+    wants_outputs,
+    write_atomically,
+    write_outputs,
+)
 from nanoexp.experiment.metrics import request_rows
-from nanoexp.experiment.outputs_file import OUTPUTS_FILE, wants_outputs, write_outputs
-from nanoexp.experiment.progress import Progress
 from nanoexp.experiment.provenance import collect_provenance
 from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
-from nanoexp.experiment.run_log import append_run_log
-from nanoexp.experiment.schema import (
-    ConfigError,
-    LoggerConfig,
-    LoggerKind,
-    NanoexpConfig,
-    to_plain,
-    to_spec,
-)
-from nanoexp.experiment.settings import always_shown, changed_settings
+from nanoexp.experiment.schema import ConfigError, LoggerConfig, LoggerKind, NanoexpConfig, to_plain, to_spec
 from nanoexp.experiment.summary_table import print_summary
+from nanoexp.experiment.workloads import Request
 
 CONFIG_EXIT, RUNTIME_EXIT = 2, 1
-ERROR_FILE = "error.txt"
 FULL_ERROR = "HYDRA_FULL_ERROR"
 CLI_FULL_ERROR = "NANOEXP_CLI_SET_HYDRA_FULL_ERROR"  # marks FULL_ERROR as set by `cli`, not the user
 SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"  # set in the jobs submitit starts (local or slurm)
@@ -80,8 +75,7 @@ def main(cfg: DictConfig) -> int:
 
 
 def _stop(interrupt: interrupts.Interrupted, job: JobInfo | None) -> int:
-    """Records a signalled job like a failed one. A job in a sweep's own process stops the sweep
-    (the sweep report lists what finished); a job in a process of its own (submitit) returns."""
+    """A signalled job is recorded as failed; in a sweep's own process it stops the sweep too."""
     code = _report_error(interrupt, job)
     if job is not None and job.multirun and SUBMITIT_EXECUTOR not in os.environ:
         interrupt.reported = True
@@ -108,11 +102,13 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> int:
     except BaseException as e:
         code = _exit_code(e)
         summary |= {"error": _one_line(e), **_signal_of(e)}
-        _finish_after_failure(logger, summary, code, e)
+        try:
+            logger.finish(summary, code)
+        except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
+            e.add_note(f"finishing the loggers failed too: {_one_line(err)}")
         raise
     logger.finish(summary, code)
-    table = print_summary(summary, job, always_shown(plain), changed_settings(plain, job.overrides))
-    append_run_log(job, table)
+    append_run_log(job, print_summary(summary, job, plain))
     return 0
 
 
@@ -151,11 +147,11 @@ def experiment(
         _release_cuda_memory()
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
     if wants_outputs(spec):
-        write_outputs(job.out_dir / OUTPUTS_FILE, records, tokenizer)
+        write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
-    summary |= {
+    return summary | {
         "build_s": build_s,
         "bench_warmup_s": warmup_s,
         "engine_kind": spec.engine.kind.value,
@@ -168,12 +164,11 @@ def experiment(
         "checkpoint_path": checkpoint.path or "",
         "arch_mismatches": len(arch_diffs),
     }
-    return summary
 
 
 def _release_cuda_memory() -> None:
-    """Hands a TP=1 engine's cached GPU memory back to the driver: the next job of a sequential
-    sweep may be TP>1, whose rank-0 worker sizes its KV cache from the device's free memory."""
+    """Hands a TP=1 engine's cached GPU memory back: the next job of a sequential sweep may be TP>1,
+    whose rank-0 worker sizes its KV cache from the device's free memory."""
     import gc
 
     import torch
@@ -184,11 +179,7 @@ def _release_cuda_memory() -> None:
 
 
 def _warm_up(driver, workload) -> float:
-    """One short untimed request (nano-vLLM's bench does the same), so timings exclude first-call costs."""
-    from dataclasses import replace
-
-    from nanoexp.experiment.workloads import Request
-
+    """One short untimed request (as nano-vLLM's bench), so timings exclude first-call costs."""
     first = workload.requests[0]
     params = replace(first.sampling_params, max_tokens=min(4, first.sampling_params.max_tokens))
     start = time.perf_counter()
@@ -196,43 +187,27 @@ def _warm_up(driver, workload) -> float:
     return time.perf_counter() - start
 
 
-def _finish_after_failure(logger, summary: dict, code: int, error: BaseException) -> None:
-    """Finishes the loggers of a failed job; an error while finishing is noted on the job's error
-    (and so reported with it) instead of replacing it."""
-    try:
-        logger.finish(summary, code)
-    except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
-        error.add_note(f"finishing the loggers failed too: {_one_line(err)}")
-
-
 def _log_early_failure(cfg: DictConfig, job: JobInfo, error: BaseException) -> None:
     """Starts and finishes the loggers of a job that failed before they started (a config error,
     a missing checkpoint), so it too leaves results.json and, with logger=wandb, a W&B run."""
     code, line = _exit_code(error), _one_line(error)
-    logger = build_logger(NanoexpConfig(logger=_logger_config(cfg)))
     try:
-        logger.start(_config_as_data(cfg), job)
+        logger_cfg = OmegaConf.to_object(cfg.logger)
+    except Exception:  # noqa: BLE001 - an invalid logger section: only the local sink
+        logger_cfg = None
+    if not isinstance(logger_cfg, LoggerConfig):
+        logger_cfg = LoggerConfig(kind=LoggerKind.none)
+    try:
+        plain = to_plain(cfg)
+    except Exception:  # noqa: BLE001 - resolving it is what failed: log it unresolved
+        plain = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+    logger = build_logger(NanoexpConfig(logger=logger_cfg))
+    try:
+        logger.start(plain, job)
         logger.finish({"error": line, **_signal_of(error)}, code)
     except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
         error.add_note(f"recording the failure failed too: {_one_line(err)}")
         _record_failure(job, code, line, _signal_of(error), replace=True)
-
-
-def _logger_config(cfg: DictConfig) -> LoggerConfig:
-    """The job's logger settings; only the local sink when the logger section itself is invalid."""
-    try:
-        logger_cfg = OmegaConf.to_object(cfg.logger)
-    except Exception:  # noqa: BLE001 - the job's own error is reported; this only picks loggers
-        return LoggerConfig(kind=LoggerKind.none)
-    return logger_cfg if isinstance(logger_cfg, LoggerConfig) else LoggerConfig(kind=LoggerKind.none)
-
-
-def _config_as_data(cfg: DictConfig) -> dict:
-    """The resolved config, or the unresolved one when resolving it is what failed."""
-    try:
-        return to_plain(cfg)
-    except Exception:  # noqa: BLE001 - the unresolved config is still worth logging
-        return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
 
 
 def _report_error(e: BaseException, job: JobInfo | None) -> int:
@@ -242,35 +217,33 @@ def _report_error(e: BaseException, job: JobInfo | None) -> int:
         traceback.print_exc()
     where = ""
     if job is not None:
-        saved = _write_error_file(job, line, traceback.format_exc())
-        where = f" (traceback: {saved})" if saved and code == RUNTIME_EXIT else ""
+        try:
+            job.out_dir.mkdir(parents=True, exist_ok=True)
+            write_atomically(job.out_dir / "error.txt", f"{line}\n\n{traceback.format_exc()}")
+            where = f" (traceback: {job.out_dir / 'error.txt'})" if code == RUNTIME_EXIT else ""
+        except OSError:
+            pass
         _record_failure(job, code, line, _signal_of(e))
-    _log_to_files(f"nanoexp: error: {line}")
+    record = logging.LogRecord("nanoexp", logging.ERROR, __file__, 0, f"nanoexp: error: {line}", None, None)
+    for handler in logging.getLogger().handlers:  # run.log; stderr gets the line below
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
     print(f"nanoexp: error: {line}{where}", file=sys.stderr)
     return code
 
 
-def _write_error_file(job: JobInfo, line: str, trace: str) -> Path | None:
-    path = job.out_dir / ERROR_FILE
-    try:
-        job.out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, f"{line}\n\n{trace}")
-    except OSError:
-        return None
-    return path
-
-
-def _record_failure(
-    job: JobInfo, code: int, error: str, signalled: dict | None = None, replace: bool = False
-) -> None:
+def _record_failure(job: JobInfo, code: int, error: str, signalled: dict, replace: bool = False) -> None:
     """A results.json whose status and exit code agree with the process's: written for jobs whose
-    loggers did not write one (so sweeps list them), and rewritten, keeping its config and
-    summary, when the job failed after its loggers wrote it (a full disk while appending to
-    run.log, a signal while the summary printed)."""
+    loggers wrote none, and rewritten (config and summary kept) for jobs that failed after."""
     path = job.out_dir / RESULTS_FILE
     results = {"status": "failed", "exit_code": code, "job": job.as_dict(), "summary": {"error": error}}
     try:
-        written = _read_results(path) if path.exists() and not replace else None
+        written = None
+        if path.exists() and not replace:
+            try:
+                written = json.loads(path.read_text())
+            except (OSError, ValueError):
+                return  # unreadable: it counts as written and is not replaced
         if written is not None and written.get("exit_code", code) == code:
             return
         if written is not None:
@@ -286,12 +259,19 @@ def _record_failure(
         pass  # the error line on stderr is all that is left to report
 
 
-def _read_results(path: Path) -> dict | None:
-    """The results.json a logger wrote; an unreadable one counts as written (it is not replaced)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+def append_run_log(job: JobInfo, text: str) -> None:
+    """Appends to the file Hydra's job logging writes (`<job name>.log`), else `<out>/run.log`."""
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    path = job.out_dir / "run.log"
+    for handler in logging.getLogger().handlers:
+        if (
+            isinstance(handler, logging.FileHandler)
+            and Path(handler.baseFilename).parent == job.out_dir.resolve()
+        ):
+            path = Path(handler.baseFilename)
+            break
+    with path.open("a") as f:
+        f.write(text.rstrip("\n") + "\n")
 
 
 def _signal_of(error: BaseException) -> dict:
@@ -299,15 +279,6 @@ def _signal_of(error: BaseException) -> dict:
     if isinstance(error, KeyboardInterrupt):
         return {"signal": interrupts.as_interrupted(error).signal_name}
     return {}
-
-
-def _log_to_files(message: str) -> None:
-    """The error line into the job's log files (run.log), not its console handler: stderr
-    already has it."""
-    record = logging.LogRecord("nanoexp", logging.ERROR, __file__, 0, message, None, None)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
 
 
 def _exit_code(e: BaseException) -> int:
@@ -324,8 +295,7 @@ def _is_config_error(e: BaseException) -> bool:
 
 def _one_line(e: BaseException) -> str:
     """The error's first line; OmegaConf's errors name their key on a later line, so it leads."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    line = lines[0] if lines else type(e).__name__
+    line = first_line(e, limit=None)
     key = getattr(e, "full_key", None) if _is_config_error(e) else None
     return f"{key}: {line}" if key and key not in line else line
 
@@ -338,6 +308,30 @@ def _error_line(e: BaseException) -> str:
 
 def _user_wants_full_error() -> bool:
     return os.environ.get(FULL_ERROR) == "1" and os.environ.get(CLI_FULL_ERROR) != "1"
+
+
+def objective(cfg: DictConfig) -> float:
+    """What run.py returns to a search sweeper (conf/hparams_search/), read from the job's results.json."""
+    from hydra.core.hydra_config import HydraConfig
+
+    search = OmegaConf.to_container(cfg.search, resolve=True) if "search" in cfg else {}
+    path = Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE if HydraConfig.initialized() else None
+    results = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    return objective_of(results, search)
+
+
+def objective_of(results: dict, search: dict) -> float:
+    """`search.objective`, or `search.infeasible_value` when the job failed or its p99 TTFT is above
+    `search.max_p99_ttft_ms`."""
+    infeasible = float(search.get("infeasible_value", 0.0))
+    summary = results.get("summary", {})
+    value = summary.get(search.get("objective", "output_throughput"))
+    if results.get("status") != "ok" or not is_number(value):
+        return infeasible
+    limit, p99 = search.get("max_p99_ttft_ms"), summary.get("p99_ttft_ms")
+    if limit is not None and not (is_number(p99) and p99 <= limit):
+        return infeasible
+    return float(value)
 
 
 def cli(app: Callable[[], object]) -> None:

@@ -10,22 +10,16 @@ from scipy import stats as scipy_stats
 
 from nanoexp.config.checks import is_real
 from nanoexp.engine.outputs import RequestOutput, StepStats
+from nanoexp.experiment.schema import LATENCY_SERIES, RATES
 
 PERCENTILES = (90, 99)
 LATENCY_PERCENTILES = (10, 25, 50, 75, 90, 99)  # as `vllm bench latency`
 CONFIDENCE = 0.95
 # Metrics that get a spread over repeats: `<key>_std`, `<key>_ci95_low`, `<key>_ci95_high`.
 HEADLINE = (
-    "output_throughput",
-    "total_token_throughput",
-    "request_throughput",
-    "request_goodput",
-    "slo_attainment",
-    "duration_s",
-    *(f"{s}_{m}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms") for s in ("mean", "median", "p99")),
-    "mean_latency_ms",
-    "p50_latency_ms",
-    "p99_latency_ms",
+    *RATES,
+    *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "p99")),
+    *("mean_latency_ms", "p50_latency_ms", "p99_latency_ms"),
 )
 FRACTIONS = {"slo_attainment": 1.0}  # HEADLINE metrics bounded above (all are >= 0)
 

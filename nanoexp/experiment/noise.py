@@ -1,11 +1,5 @@
-"""How noisy a job's measurement was, from its source: the machine's load during each timed pass
-(load average, the CPU time of this job's process tree and of everything else), and flags for a
-job whose machine was busy or whose repeats' confidence intervals are wide.
-
-`other_cpu_cores` is what the rest of the machine ran during a pass, in cores: busy CPU time
-(/proc/stat) minus this process's and its workers' CPU time, over the wall time. Unlike the load
-average it leaves out the job's own threads and covers exactly the pass.
-"""
+"""How noisy a job's measurement was: the machine's load during each timed pass, and flags for a job
+whose machine was busy or whose repeats' confidence intervals are wide."""
 
 from __future__ import annotations
 
@@ -14,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+from nanoexp.experiment.interrupts import process_tree
 from nanoexp.experiment.schema import NoiseConfig
 
 log = logging.getLogger(__name__)
@@ -22,7 +17,9 @@ CI_CHECKED = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms
 
 
 class LoadMeter:
-    """Started before a timed pass; `read()` after it gives the pass's LOAD_KEYS and cpu_count."""
+    """Started before a timed pass; `read()` after it gives the pass's LOAD_KEYS and cpu_count.
+    `other_cpu_cores` is what the rest of the machine ran during the pass, in cores: busy CPU time
+    minus this process tree's, over the wall time (unlike the load average, without the job's own)."""
 
     def __init__(self) -> None:
         self.load_before = _load_avg()
@@ -90,15 +87,7 @@ def _busy_cpu_s() -> float | None:
 
 def _tree_cpu_s() -> float:
     """CPU seconds of this process and its live descendants (tensor-parallel workers)."""
-    total, pids, seen = 0.0, [os.getpid()], set()
-    while pids:
-        pid = pids.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        total += _process_cpu_s(pid)
-        pids += _children(pid)
-    return total
+    return sum(_process_cpu_s(pid) for pid in process_tree(os.getpid()))
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -110,17 +99,3 @@ def _process_cpu_s(pid: int) -> float:
     except (OSError, IndexError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return []
-    out = []
-    for task in tasks:
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out

@@ -9,11 +9,10 @@ from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
-from nanoexp.experiment.driver import Driver, RunRecord, StepLog, run
+from nanoexp.experiment.driver import Driver, Progress, RunRecord, StepLog, run
 from nanoexp.experiment.metrics import HEADLINE, aggregate_repeats, latency_summary, step_row, summarize
 from nanoexp.experiment.noise import LOAD_KEYS, LoadMeter, noise_flags
 from nanoexp.experiment.profiling import StepProfiler
-from nanoexp.experiment.progress import Progress
 from nanoexp.experiment.schema import NanoexpConfig, NoiseConfig, ProfileConfig
 from nanoexp.experiment.workloads import Workload
 

@@ -1,14 +1,10 @@
-"""The typed Hydra config: the engine's config classes as groups, plus the experiment-only groups.
-
-`cache`, `scheduler` and `parallel` are the engine's own classes; `model` and `engine` extend the
-engine's classes with what only the experiment needs; `sampler` takes its defaults from
-SamplingParams. Defaults live in those classes only: the group YAMLs under conf/ say what differs.
-A misspelled key or a value of the wrong type fails at composition; a value a class rejects fails
-in `to_spec`, one line naming the key.
-"""
+"""The typed Hydra config: the engine's config classes as groups (`model` and `engine` extended with
+what only the experiment needs), plus the experiment-only groups; the YAMLs under conf/ say only
+what differs from these defaults."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
@@ -29,9 +25,9 @@ from nanoexp.config import (
 )
 from nanoexp.config.checks import MAX_INT64, boolean, choice, integer, is_int, is_number, is_real, number
 from nanoexp.config.model import LOAD_FORMATS
-from nanoexp.experiment.dir_name import safe_dir_name
 
 DUMMY_IF_MISSING = "dummy_if_missing"
+NAME_MAX = 200  # bytes of a job dir name; file systems allow 255
 
 
 class ConfigError(ValueError):
@@ -81,13 +77,8 @@ class ArchConfig:
 
 @dataclass
 class ModelSpec(ModelConfig):
-    """The engine's ModelConfig plus a name, a hub id to look up locally, and a typed `arch`.
-
-    `path` (a local checkpoint directory) wins over `hub_id`. `load_format` takes one more value
-    than the engine's, the default: `dummy_if_missing` uses the checkpoint when one is found and
-    falls back to dummy weights with a loud warning otherwise; `auto` and `safetensors` fail when
-    there is none, as in the engine (see experiment/checkpoint.py).
-    """
+    """The engine's ModelConfig plus a name, a hub id and a typed `arch`; `load_format` has one more
+    value, the default `dummy_if_missing`: dummy weights, loudly, when no checkpoint is found."""
 
     load_formats: ClassVar[tuple[str, ...]] = (*LOAD_FORMATS, DUMMY_IF_MISSING)
 
@@ -269,13 +260,8 @@ class SloConfig:
 
 @dataclass
 class KvQualityConfig:
-    """The KV-cache quality probe after the timed repeats (see LLMEngine.kv_cache_quality), for a
-    lossy cache (`cache.kv_cache_dtype` other than auto): the first `num_requests` prompts of the
-    workload (0 = off), each with a greedy continuation of `num_tokens` tokens decoded through the
-    cache and compared with one plain prefill. It costs two prefills and `num_tokens` decode steps
-    of those requests: seconds on a CPU, so the default is short; the benchmark presets probe
-    longer. `lossless` probes an exact (`auto`) cache too, where it measures only the rounding
-    differences between the decode and prefill kernels."""
+    """The KV-cache quality probe after the timed repeats, for a lossy cache (or any with `lossless`):
+    `num_requests` prompts (0 = off), each decoding `num_tokens` greedy tokens through the cache."""
 
     num_requests: int = 4
     num_tokens: int = 8
@@ -289,9 +275,8 @@ class KvQualityConfig:
 
 @dataclass
 class NoiseConfig:
-    """When a job's measurement is flagged as noisy (experiment/noise.py): the rest of the machine
-    used more than `busy_cores` cores during a timed pass, or a headline metric's 95% CI
-    half-width exceeds `max_ci_share` of its mean."""
+    """A job is flagged noisy when the rest of the machine used more than `busy_cores` cores during a
+    timed pass, or a headline metric's 95% CI half-width exceeds `max_ci_share` of its mean."""
 
     busy_cores: float = 0.5
     max_ci_share: float = 0.1
@@ -308,15 +293,12 @@ class MetricsConfig:
     noise: NoiseConfig = field(default_factory=NoiseConfig)
 
 
-# the job summary's metrics a search can optimize (metrics.summarize, kv_quality, latency mode)
 LATENCY_SERIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+RATES = ("output_throughput", "total_token_throughput", "request_throughput", "request_goodput")
+RATES += ("slo_attainment", "duration_s")
+# the job summary's metrics a search can optimize (metrics.summarize, kv_quality, latency mode)
 SEARCH_OBJECTIVES = (
-    "output_throughput",
-    "total_token_throughput",
-    "request_throughput",
-    "request_goodput",
-    "slo_attainment",
-    "duration_s",
+    *RATES,
     *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "std", "p90", "p99")),
     "mean_latency_ms",
     *(f"p{p}_latency_ms" for p in (10, 25, 50, 75, 90, 99)),
@@ -326,9 +308,7 @@ SEARCH_OBJECTIVES = (
 
 @dataclass
 class SearchConfig:
-    """What run.py returns to a search sweeper (conf/hparams_search/): `objective` from the job's
-    summary when the job succeeded and its p99 TTFT is at most `max_p99_ttft_ms` (when set), else
-    `infeasible_value`."""
+    """What run.py returns to a search sweeper (see main.objective_of)."""
 
     objective: str = "output_throughput"
     max_p99_ttft_ms: float | None = None
@@ -343,8 +323,7 @@ class SearchConfig:
 
 @dataclass
 class ProfileConfig:
-    """What to profile in the timed passes (experiment/profiling.py); everything off by default,
-    and off it costs nothing: the engine runs unwrapped."""
+    """What to profile in the timed passes (experiment/profiling.py); off, it costs nothing."""
 
     trace_steps: int = 0  # a torch profiler Chrome trace of this many timed steps (0 = none)
     trace_first_step: int = 0  # the first traced step, counted from the start of the pass
@@ -375,9 +354,7 @@ STEP_AGGREGATES = [
 
 @dataclass
 class ReportConfig:
-    """The sweep report (experiment/sweep_report.py): `metrics` are summary keys of results.json
-    that its table and plots show beside the main ones (default: the step aggregates that explain
-    a throughput or latency result)."""
+    """Summary keys the sweep report shows beside its main metrics."""
 
     metrics: list[str] = field(default_factory=lambda: list(STEP_AGGREGATES))
 
@@ -433,8 +410,7 @@ class NanoexpConfig:
 
 
 def to_spec(cfg: DictConfig) -> NanoexpConfig:
-    """The typed, fully resolved config; a key the schema lacks or a value a class rejects is a
-    ConfigError naming the key (missing values and bad interpolations raise OmegaConf's errors)."""
+    """The typed, resolved config; an unknown key or a rejected value is a ConfigError naming the key."""
     _reject_unknown_keys(OmegaConf.to_container(cfg, resolve=False), NanoexpConfig, "")
     try:
         return OmegaConf.to_object(cfg)
@@ -449,26 +425,29 @@ def to_plain(cfg: DictConfig) -> dict:
 
 def _reject_unknown_keys(values: dict, schema: type, prefix: str) -> None:
     """Keys appended with `+key=value` get past composition; they are errors like misspelled ones."""
-    known = {f.name: f.type for f in fields(schema)}
+    known = {f.name: f.default_factory for f in fields(schema)}
     for key, value in values.items():
         if key not in known:
             allowed = ", ".join(sorted(known))
             raise ConfigError(f"{prefix}{key}: no such config key (allowed here: {allowed})")
-        child = _dataclass_type(schema, key)
-        if child is not None and isinstance(value, dict):
-            _reject_unknown_keys(value, child, f"{prefix}{key}.")
-
-
-def _dataclass_type(schema: type, key: str) -> type | None:
-    default = next(f for f in fields(schema) if f.name == key).default_factory
-    return default if is_dataclass(default) else None
+        if is_dataclass(known[key]) and isinstance(value, dict):
+            _reject_unknown_keys(value, known[key], f"{prefix}{key}.")
 
 
 def register_configs() -> None:
-    """Register the root schema (conf/config.yaml lists it first so every group merges into it)
-    and the `nanoexp_dir_name` resolver that conf/config.yaml's hydra.sweep.subdir uses."""
+    """The root schema (conf/config.yaml lists it first) and the resolver of hydra.sweep.subdir."""
     ConfigStore.instance().store(name="nanoexp_schema", node=NanoexpConfig)
     OmegaConf.register_new_resolver("nanoexp_dir_name", safe_dir_name, replace=True)
+
+
+def safe_dir_name(name: str) -> str:
+    """A job dir name from its overrides that stays one path component (`/` is spelled %2F) and fits
+    the file system (a long name is cut, with a hash of the whole name to keep it unique)."""
+    name = name.replace("%", "%25").replace("/", "%2F").replace("\0", "%00")
+    encoded = name.encode()
+    if len(encoded) <= NAME_MAX:
+        return name
+    return encoded[: NAME_MAX - 13].decode(errors="ignore") + "~" + hashlib.sha1(encoded).hexdigest()[:12]
 
 
 register_configs()

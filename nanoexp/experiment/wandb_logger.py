@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from nanoexp.experiment.job import JobInfo
-from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.loggers import RESULTS_FILE
 from nanoexp.experiment.profiling import PROFILE_DIR
 from nanoexp.experiment.schema import LoggerConfig
 
