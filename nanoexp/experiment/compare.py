@@ -1,13 +1,9 @@
-"""Two sweeps side by side (two commits, two machines): jobs matched by their swept values, each
-metric's ratio B/A with a 95% confidence interval from the repeats, marked significant when the
-interval excludes 1.
+"""Two sweeps side by side: jobs matched by their swept values, each metric's ratio B/A with a 95%
+confidence interval from the repeats, significant when it excludes 1.
 
     python -m nanoexp.experiment.compare SWEEP_A SWEEP_B [--metrics a,b] [--out DIR]
 
-writes compare.md, compare.csv and compare.png into DIR (default: SWEEP_B) and prints the table.
-The interval is of the ratio of the means, from the repeats' values (`per_repeat` in results.json):
-log(mean B / mean A) ± t * sqrt(s_A^2 / (n_A mean_A^2) + s_B^2 / (n_B mean_B^2)), with
-Welch-Satterthwaite degrees of freedom (the delta method). Jobs with one repeat get no interval.
+writes compare.md, .csv and .png into DIR (default: SWEEP_B) and prints the table.
 """
 
 from __future__ import annotations
@@ -27,8 +23,8 @@ from nanoexp.experiment.metrics import CONFIDENCE
 from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL, _parse_overrides
 
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
-LATER_IS = {**{m: "higher" for m in HIGHER_IS_BETTER}, **{m: "lower" for m in LOWER_IS_BETTER}}
-LATER_IS |= {"duration_s": "lower", "p99_tpot_ms": "lower", "median_ttft_ms": "lower"}
+HIGHER = set(HIGHER_IS_BETTER)
+LOWER = {*LOWER_IS_BETTER, "duration_s", "p99_tpot_ms", "median_ttft_ms"}
 
 
 def load_jobs(sweep_dir: Path) -> list[dict]:
@@ -48,8 +44,7 @@ def load_jobs(sweep_dir: Path) -> list[dict]:
 
 
 def merge_trials(jobs: list[dict]) -> list[dict]:
-    """Jobs that differ only in `trial` (interleaved passes of one configuration) as one job
-    whose per_repeat holds every trial's repeats."""
+    """Jobs that differ only in `trial` as one job whose per_repeat holds every trial's repeats."""
     merged: dict[tuple, dict] = {}
     for job in jobs:
         key = tuple(sorted((k, v) for k, v in job["params"].items() if k != TRIAL))
@@ -62,15 +57,10 @@ def merge_trials(jobs: list[dict]) -> list[dict]:
 
 def match(jobs_a: list[dict], jobs_b: list[dict]) -> tuple[list[str], list[tuple[dict, dict]]]:
     """The keys either sweep varies, and the (A, B) job pairs that agree on them."""
-    jobs_a, jobs_b = merge_trials(jobs_a), merge_trials(jobs_b)
     keys = sorted(_varied(jobs_a) | _varied(jobs_b))
     by_values = {tuple(j["params"].get(k) for k in keys): j for j in jobs_a}
-    pairs = []
-    for b in jobs_b:
-        a = by_values.get(tuple(b["params"].get(k) for k in keys))
-        if a is not None:
-            pairs.append((a, b))
-    return keys, pairs
+    pairs = [(by_values.get(tuple(b["params"].get(k) for k in keys)), b) for b in jobs_b]
+    return keys, [(a, b) for a, b in pairs if a is not None]
 
 
 def _varied(jobs: list[dict]) -> set[str]:
@@ -79,7 +69,9 @@ def _varied(jobs: list[dict]) -> set[str]:
 
 
 def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    """mean(b) / mean(a) and its 95% interval (NaN bounds with fewer than two values a side)."""
+    """mean(b) / mean(a) and its 95% interval (NaN bounds with fewer than two values a side):
+    log(ratio) ± t * sqrt(s_A^2 / (n_A mean_A^2) + s_B^2 / (n_B mean_B^2)), with Welch-Satterthwaite
+    degrees of freedom (the delta method)."""
     a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     mean_a, mean_b = a_arr.mean(), b_arr.mean()
     value = mean_b / mean_a if mean_a else math.nan
@@ -104,17 +96,14 @@ def compare(sweep_a: Path, sweep_b: Path, metrics: list[str] = METRICS) -> tuple
         config = ", ".join(f"{k.removeprefix('param:')}={b['params'].get(k)}" for k in keys) or "all"
         rows += [_metric_row(config, metric, a, b) for metric in metrics]
     table = pd.DataFrame([r for r in rows if r is not None])
+    names = ", ".join(k.removeprefix("param:") for k in keys) or "nothing swept"
     header = [
         f"A: {sweep_a} ({_commits(jobs_a)})",
         f"B: {sweep_b} ({_commits(jobs_b)})",
-        f"{len(pairs)} configurations matched on {_names(keys)}; "
+        f"{len(pairs)} configurations matched on {names}; "
         f"{len(jobs_a) - len(pairs)} of A and {len(jobs_b) - len(pairs)} of B unmatched",
     ]
     return table, header
-
-
-def _names(keys: list[str]) -> str:
-    return ", ".join(k.removeprefix("param:") for k in keys) or "nothing swept"
 
 
 def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
@@ -151,10 +140,9 @@ def _verdict(metric: str, value: float, significant: bool, low: float) -> str:
         return "no CI (one repeat)"
     if not significant:
         return "within noise"
-    better = LATER_IS.get(metric)
-    if better is None:
+    if metric not in HIGHER | LOWER:
         return "higher" if value > 1 else "lower"
-    return "better" if (value > 1) == (better == "higher") else "worse"
+    return "better" if (value > 1) == (metric in HIGHER) else "worse"
 
 
 def _commits(jobs: list[dict]) -> str:

@@ -1,39 +1,27 @@
-"""The transformers baseline: the same requests through `model.generate` (sdpa, left padding).
-
-Requests run in batches of up to `max_batch` (scheduler.max_num_seqs, capped at
-workload.max_concurrency) in arrival order, each timed from its scheduled arrival; each batch
-decodes to its longest request (rows stop counting at their own max_tokens or eos). Per-token times
-come from a stopping criterion that fires once per generated token, so TTFT/TPOT/ITL mean the same
-as for our engine.
-"""
+"""The transformers baseline: the same requests through `model.generate` (sdpa, left padding), in
+arrival-ordered batches of up to `max_batch`, each request timed from its scheduled arrival; a
+stopping criterion stamps every token, so TTFT/TPOT/ITL mean the same as for our engine."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
+from nanoexp.experiment.driver import OnStep, _sleep_until
 from nanoexp.experiment.workloads import Request
-from nanoexp.runner.model_setup import DTYPES
+from nanoexp.runner.model_setup import pick_device, pick_dtype
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
-
-OnStep = Callable[[StepStats], None]
 
 
 class HFBaseline:
     def __init__(
-        self,
-        arch: dict,
-        checkpoint: str | None,
-        dtype: str,
-        device: str,
-        seed: int,
-        max_batch: int,
+        self, arch: dict, checkpoint: str | None, dtype: str, device: str, seed: int, max_batch: int
     ):
-        self.device = _device(device)
-        self.dtype = _dtype(dtype, self.device)
+        self.device = pick_device(device, 0)
+        self.dtype = pick_dtype(dtype, None, self.device)  # auto: float32 on a CPU, else bfloat16
         self.max_batch = max_batch
         self.eos = int(arch["eos_token_id"])
         self.load_format = "safetensors" if checkpoint else "dummy"
@@ -52,7 +40,7 @@ class HFBaseline:
         outputs: list[RequestOutput] = []
         pending = list(requests)
         while pending:
-            _wait_for(t0 + pending[0].arrival_offset_s)
+            _sleep_until(t0 + pending[0].arrival_offset_s)
             now = time.perf_counter() - t0
             arrived = [r for r in pending[: self.max_batch] if r.arrival_offset_s <= now]
             pending = pending[len(arrived) :]
@@ -141,11 +129,8 @@ def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[floa
                 num_decode_tokens=0 if i == 0 else len(batch),
                 num_output_tokens=active,
                 step_time_s=t - prev,
-                kv_blocks_used=0,
-                kv_blocks_total=0,
-                prefix_cache_queries=0,
-                prefix_cache_hits=0,
-                num_preemptions=0,
+                **dict.fromkeys(("kv_blocks_used", "kv_blocks_total", "num_preemptions"), 0),
+                **dict.fromkeys(("prefix_cache_queries", "prefix_cache_hits"), 0),
                 num_running=len(batch),
                 num_waiting=0,
                 num_finished=sum(len(o.token_ids) == i + 1 for o in outs),
@@ -195,21 +180,3 @@ def _load(arch: dict, checkpoint: str | None, dtype: torch.dtype):
     fields = {k: v for k, v in arch.items() if k != "model_type"}
     config = AutoConfig.for_model(arch["model_type"], **fields)
     return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
-
-
-def _wait_for(t: float) -> None:
-    delay = t - time.perf_counter()
-    if delay > 0:
-        time.sleep(delay)

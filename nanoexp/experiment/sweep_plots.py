@@ -1,6 +1,5 @@
-"""The sweep report's plots: each main metric against one swept parameter (numeric parameters as
-lines sorted by value, categorical ones as grouped bars, 95% CI error bars when the jobs had
-repeats), and one latency CDF per sweep (TTFT and TPOT across requests, one curve per job)."""
+"""The sweep report's plots: each main metric against one swept parameter (lines for numbers, grouped
+bars for categories, 95% CI error bars with repeats), and the TTFT and TPOT CDFs, one curve per job."""
 
 from __future__ import annotations
 
@@ -10,26 +9,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-UNITS = {
-    "output_throughput": ("tok/s", 1.0),
-    "total_token_throughput": ("tok/s", 1.0),
-    "request_throughput": ("req/s", 1.0),
-    "request_goodput": ("req/s", 1.0),
-    "peak_memory_bytes": ("GB", 1e9),
-    "offered_request_rate": ("req/s", 1.0),
-    "slo_attainment": ("fraction of requests", 1.0),
-    "duration_s": ("s", 1.0),
-}
-INF_LABELS = {"workload.request_rate": "all at t0"}  # what an infinite value of a parameter means
-NAMES = {  # metric -> its name in a panel title; latency statistics are named by metric_name
-    "output_throughput": "output throughput",
-    "total_token_throughput": "total token throughput",
-    "request_throughput": "achieved request rate",
-    "request_goodput": "request goodput",
-    "peak_memory_bytes": "peak memory",
-    "offered_request_rate": "offered request rate",
-    "slo_attainment": "SLO attainment",
-    "duration_s": "duration",
+METRICS = {  # metric -> its name in a panel title, its unit and the divisor of its values
+    "output_throughput": ("output throughput", "tok/s", 1.0),
+    "total_token_throughput": ("total token throughput", "tok/s", 1.0),
+    "request_throughput": ("achieved request rate", "req/s", 1.0),
+    "request_goodput": ("request goodput", "req/s", 1.0),
+    "peak_memory_bytes": ("peak memory", "GB", 1e9),
+    "offered_request_rate": ("offered request rate", "req/s", 1.0),
+    "slo_attainment": ("SLO attainment", "fraction of requests", 1.0),
+    "duration_s": ("duration", "s", 1.0),
 }
 LATENCIES = {
     "ttft": "TTFT",
@@ -38,29 +26,26 @@ LATENCIES = {
     "e2el": "end-to-end latency",
     "latency": "iteration latency",
 }
+INF_LABELS = {"workload.request_rate": "all at t0"}  # what an infinite value of a parameter means
 HEADROOM = 1.08  # the y axis ends this far above the highest point (error bars included)
 
 
-def metric_name(metric: str) -> str:
-    """A metric key in words: `p99_ttft_ms` -> `p99 TTFT`, `peak_memory_bytes` -> `peak memory`."""
-    if metric in NAMES:
-        return NAMES[metric]
-    stat, _, rest = metric.partition("_")
-    latency = rest.removesuffix("_ms")
-    if metric.endswith("_ms") and latency in LATENCIES:
-        return f"{stat} {LATENCIES[latency]}"
-    return metric.replace("_", " ")
-
-
 def metric_title(metric: str) -> str:
-    """The panel title: the metric in words and its unit, `p99 TTFT (ms)`."""
-    label, _ = unit(metric)
-    return f"{metric_name(metric)} ({label})" if label else metric_name(metric)
+    """The panel title: the metric in words and its unit, `p99 TTFT (ms)`, `peak memory (GB)`."""
+    stat, _, rest = metric.partition("_")
+    if metric in METRICS:
+        name = METRICS[metric][0]
+    elif metric.endswith("_ms") and rest.removesuffix("_ms") in LATENCIES:
+        name = f"{stat} {LATENCIES[rest.removesuffix('_ms')]}"
+    else:
+        name = metric.replace("_", " ")
+    label = unit(metric)[0]
+    return f"{name} ({label})" if label else name
 
 
 def unit(metric: str) -> tuple[str, float]:
     """(unit, divisor) of a metric's values."""
-    return UNITS.get(metric, ("ms", 1.0) if metric.endswith("_ms") else ("", 1.0))
+    return METRICS[metric][1:] if metric in METRICS else ("ms" if metric.endswith("_ms") else "", 1.0)
 
 
 def plot_param(
@@ -75,14 +60,12 @@ def plot_param(
     ncols = min(4, len(metrics))
     nrows = -(-len(metrics) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 3.0 * nrows + 0.6), squeeze=False)
-    numeric = is_numeric(ok[key])
+    draw = _lines if pd.to_numeric(ok[key], errors="coerce").notna().all() else _bars
     for ax, metric in zip(axes.flat, metrics):
-        draw = _lines if numeric else _bars
         draw(ax, ok, key, others, metric)
-        label, _ = unit(metric)
         ax.set_title(metric_title(metric), fontsize=9)
         ax.set_xlabel(key.removeprefix("param:"), fontsize=8)
-        ax.set_ylabel(label, fontsize=8)
+        ax.set_ylabel(unit(metric)[0], fontsize=8)
         ax.tick_params(labelsize=7)
         from_zero(ax)
     for ax in list(axes.flat)[len(metrics) :]:
@@ -189,9 +172,7 @@ def plot_latency_cdf(ok_jobs: list[tuple[str, pd.DataFrame]], title: str, path: 
         for ax, values in zip(axes, (requests["ttft_ms"], tpot)):
             values = values.sort_values().to_numpy()
             if values.size:
-                ax.step(
-                    values, [(i + 1) / values.size for i in range(values.size)], where="post", label=label
-                )
+                ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=label)
     for ax, name in zip(axes, ("TTFT", "TPOT")):
         ax.set_xlabel(f"{name} (ms)", fontsize=8)
         ax.set_ylabel("fraction of requests", fontsize=8)
@@ -201,14 +182,15 @@ def plot_latency_cdf(ok_jobs: list[tuple[str, pd.DataFrame]], title: str, path: 
     save_figure(fig, title, path, legend_title="job")
 
 
-def is_numeric(values: pd.Series) -> bool:
-    return bool(pd.to_numeric(values, errors="coerce").notna().all())
+def to_number(value) -> float | None:
+    number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
+    return None if pd.isna(number) else float(number)
 
 
 def sort_key(value) -> tuple:
     """Numbers before text, numbers by value (so 16 < 128), text alphabetically."""
-    number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
-    return (0, float(number), "") if pd.notna(number) else (1, 0.0, str(value))
+    number = to_number(value)
+    return (0, number, "") if number is not None else (1, 0.0, str(value))
 
 
 def _tuple(value) -> tuple:

@@ -1,11 +1,6 @@
-"""The sweep report's serving view, for a sweep over `workload.request_rate`: median and p99 TTFT,
-TPOT and ITL, achieved rate, goodput and SLO attainment against the offered rate (the SLOs as
-horizontal lines), and the highest offered rate that meets the SLOs.
-
-A rate meets the SLOs when at least MIN_ATTAINMENT of its requests meet every SLO set (DistServe's
-SLO attainment, vLLM's goodput rule per request); the reported rate is the highest one up to which
-every offered rate meets them, so a lucky rate above a failing one does not count.
-"""
+"""The sweep report's serving view, for a sweep over `workload.request_rate`: latencies, achieved
+rate, goodput and SLO attainment against the offered rate, and the highest offered rate up to which
+every rate meets the SLOs (at least MIN_ATTAINMENT of its requests meet every SLO set)."""
 
 from __future__ import annotations
 
@@ -23,6 +18,7 @@ from nanoexp.experiment.sweep_plots import (
     metric_values,
     pyplot,
     save_figure,
+    to_number,
     unit,
 )
 
@@ -96,25 +92,15 @@ def rate_line(slo: dict[str, float], entry: dict | None) -> str:
 
 
 def _rates(part: pd.DataFrame) -> list[dict]:
-    rows = []
-    for _, row in part.iterrows():
-        rows.append(
-            {
-                "offered_request_rate": _json_rate(row["_rate"]),
-                "status": row["status"],
-                **{k: _number(row.get(k)) for k in RATE_METRICS},
-            }
-        )
-    return rows
+    return [
+        {"offered_request_rate": _json_rate(row["_rate"]), "status": row["status"]}
+        | {k: to_number(row.get(k)) for k in RATE_METRICS}
+        for _, row in part.iterrows()
+    ]
 
 
 def _json_rate(rate: float | None) -> float | str | None:
     return "inf" if rate is not None and math.isinf(rate) else rate
-
-
-def _number(value) -> float | None:
-    number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
-    return None if pd.isna(number) else float(number)
 
 
 def plot_serving(

@@ -37,14 +37,6 @@ class Workload:
     def latency_mode(self) -> bool:
         return self.num_iters > 1 or self.num_iters_warmup > 0
 
-    @property
-    def num_prompt_tokens(self) -> int:
-        return sum(len(r.prompt_token_ids) for r in self.requests)
-
-    @property
-    def max_output_tokens(self) -> int:
-        return sum(r.sampling_params.max_tokens for r in self.requests)
-
 
 class WorkloadError(ValueError):
     pass
@@ -94,9 +86,7 @@ def random_prompts(w: WorkloadConfig, num: int, vocab: int) -> tuple[list[list[i
     out_ratio = w.range_ratio if w.output_range_ratio is None else w.output_range_ratio
     in_lens = _lengths(rng, w.input_len, w.range_ratio, num)
     out_lens = _lengths(rng, w.output_len, out_ratio, num)
-    high = min(vocab, TOKEN_ID_HIGH)
-    prompts = [rng.integers(0, high, size=n).tolist() for n in in_lens]
-    return prompts, out_lens
+    return [rng.integers(0, min(vocab, TOKEN_ID_HIGH), size=n).tolist() for n in in_lens], out_lens
 
 
 def shared_prefix_prompts(w: WorkloadConfig, vocab: int) -> tuple[list[list[int]], list[int]]:
@@ -114,8 +104,6 @@ def file_prompts(
 ) -> tuple[list[list[int]], list[int]]:
     """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines."""
     path = Path(w.path or "")
-    if not path.is_file():
-        raise WorkloadError(f"workload.path={w.path!r}: no such file")
     numbered = [(i, ln) for i, ln in _text_lines(path) if ln.strip()]
     if w.num_requests > 0:
         numbered = numbered[: w.num_requests]
@@ -126,8 +114,7 @@ def file_prompts(
 
 
 def _text_lines(path: Path) -> list[tuple[int, str]]:
-    """The file's lines, numbered from 1; bytes that are not UTF-8 (a binary file) are an error
-    naming the line and column."""
+    """The file's lines, numbered from 1; bytes that are not UTF-8 are an error naming where."""
     try:
         data = path.read_bytes()
     except OSError as err:
