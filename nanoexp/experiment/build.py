@@ -1,9 +1,6 @@
 """A job's parts from its typed config: the checks across groups, the EngineConfig, the engine (ours
-or the transformers baseline) and its driver, the workload and the logger.
-
-Everything here that can fail on a bad config fails in `check()` or `engine_config()`, cheaply and
-with a one-line message naming the key, before any weights are touched.
-"""
+or the transformers baseline) and its driver, the workload and the logger; a bad config fails
+cheaply, before any weights are touched."""
 
 from __future__ import annotations
 
@@ -52,8 +49,7 @@ def _narrow(section: Any, engine_class: type, **changes: Any) -> Any:
 
 
 def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint):
-    """Our LLM (through the engine factory), or the transformers baseline standing in for it
-    (engine=hf)."""
+    """Our LLM (through the engine factory), or the transformers baseline (engine=hf)."""
     if spec.engine.kind is EngineKind.hf:
         from nanoexp.experiment.hf_baseline import HFBaseline
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -22,9 +22,6 @@ class Checkpoint:
     requested: str  # model.load_format as configured
     source: str  # "path", "hub_cache" or "none"
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def arch_dict(model: ModelSpec) -> dict:
     """model.arch as the plain config.json fields the engine and transformers take."""
@@ -32,7 +29,7 @@ def arch_dict(model: ModelSpec) -> dict:
 
 
 def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
-    """Decide real vs dummy weights: only dummy_if_missing falls back to dummy weights, loudly."""
+    """Real or dummy weights: only dummy_if_missing falls back to dummy weights, loudly."""
     requested = model.load_format
     if requested == "dummy":
         return Checkpoint("dummy", None, requested, "none")
@@ -45,7 +42,15 @@ def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
             f"{where}: no *.safetensors checkpoint found; model.load_format={requested} never falls back "
             f"(set model.path, download the model, or use model.load_format={DUMMY_IF_MISSING}|dummy)"
         )
-    _warn_dummy(model.name, where)
+    bar = "!" * 78
+    print(
+        f"{bar}\n!! {model.name}: no checkpoint at {where}.\n"
+        f"!! model.load_format={DUMMY_IF_MISSING} -> using DUMMY (random) weights: throughput and\n"
+        "!! latency are meaningful, generated text is not. Set model.path, or model.load_format=dummy\n"
+        f"!! to silence this.\n{bar}",
+        file=sys.stderr,
+    )
+    log.warning("%s: no checkpoint at %s; using dummy weights", model.name, where)
     return Checkpoint("dummy", None, requested, "none")
 
 
@@ -55,47 +60,25 @@ def find_checkpoint(path: str | None, hub_id: str | None) -> tuple[str | None, s
         p = Path(path).expanduser()
         return (str(p), "path") if any(p.glob("*.safetensors")) else (None, "none")
     if hub_id:
-        cached = _hub_snapshot(hub_id)
+        from huggingface_hub import snapshot_download
+
+        try:
+            cached = snapshot_download(hub_id, local_files_only=True)
+        except Exception:  # noqa: BLE001 - not cached or an invalid id: both mean "absent"
+            cached = None
         if cached and any(Path(cached).glob("*.safetensors")):
             return cached, "hub_cache"
     return None, "none"
 
 
-def _hub_snapshot(hub_id: str) -> str | None:
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(hub_id, local_files_only=True)
-    except Exception:  # not cached (LocalEntryNotFoundError) or an invalid id: both mean "absent"
-        return None
-
-
 def check_arch(model: ModelSpec, checkpoint: Checkpoint) -> list[str]:
     """Fields where the checkpoint's config.json disagrees with model.arch (warned, not fatal)."""
-    if checkpoint.path is None:
-        return []
-    config_file = Path(checkpoint.path) / "config.json"
-    if not config_file.is_file():
+    config_file = Path(checkpoint.path or "") / "config.json"
+    if checkpoint.path is None or not config_file.is_file():
         return []
     disk = json_object(str(config_file), checkpoint.path)  # a malformed file, named
-    diffs = [
-        f"{k}: config.json={disk[k]!r} model.arch={v!r}"
-        for k, v in arch_dict(model).items()
-        if k in disk and disk[k] != v
-    ]
+    arch = arch_dict(model).items()
+    diffs = [f"{k}: config.json={disk[k]!r} model.arch={v!r}" for k, v in arch if k in disk and disk[k] != v]
     for d in diffs:
         log.warning("model.arch differs from %s/config.json: %s", checkpoint.path, d)
     return diffs
-
-
-def _warn_dummy(name: str, where: str) -> None:
-    bar = "!" * 78
-    msg = (
-        f"{bar}\n!! {name}: no checkpoint at {where}.\n"
-        f"!! model.load_format={DUMMY_IF_MISSING} -> using DUMMY (random) weights: throughput and\n"
-        "!! latency are meaningful, generated text is not. Set model.path, or model.load_format=dummy\n"
-        "!! to silence this.\n"
-        f"{bar}"
-    )
-    print(msg, file=sys.stderr)
-    log.warning("%s: no checkpoint at %s; using dummy weights", name, where)

@@ -22,16 +22,10 @@ def gpus_needed(gpus_per_job: int, tensor_parallel_size: int) -> int:
 
 
 def claim(gpus_per_job: int, job_num: int, lock_dir: Path | None = None) -> list[str]:
-    """Narrow CUDA_VISIBLE_DEVICES to `gpus_per_job` GPUs of those visible; a no-op for 0.
-
-    Without `lock_dir`: slice `job_num` of the visible GPUs (wrapping around). With it (a
-    sweep's directory, shared by its jobs on this host): the first free GPUs, preferring that
-    slice, held by this process's pid until it exits; waits while too few are free, so jobs of
-    a sweep never share a GPU. Must run before CUDA is initialised in this process.
-    """
-    if gpus_per_job <= 0:
-        return []
-    visible = visible_gpus()
+    """Narrows CUDA_VISIBLE_DEVICES (before CUDA starts) to slice `job_num` of the visible GPUs; with
+    `lock_dir` (the sweep's, on this host) to the first free ones from that slice on, held until this
+    process exits, waiting while too few are free, so a sweep's jobs never share a GPU."""
+    visible = visible_gpus() if gpus_per_job > 0 else []
     if not visible:
         return []
     count = min(gpus_per_job, len(visible))
@@ -44,12 +38,11 @@ def claim(gpus_per_job: int, job_num: int, lock_dir: Path | None = None) -> list
 
 def wait_for_free(order: list[str], count: int, lock_dir: Path) -> list[str]:
     lock_dir.mkdir(parents=True, exist_ok=True)
-    waited = False
-    while not (mine := try_take(order, count, lock_dir)):
-        if not waited:
-            print(f"nanoexp: waiting for {count} free GPU(s)", file=sys.stderr, flush=True)
-            waited = True
+    if not (mine := try_take(order, count, lock_dir)):
+        print(f"nanoexp: waiting for {count} free GPU(s)", file=sys.stderr, flush=True)
+    while not mine:
         time.sleep(POLL_S)
+        mine = try_take(order, count, lock_dir)
     return mine
 
 
@@ -79,15 +72,14 @@ def held(lock: Path) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 
 def visible_gpus() -> list[str]:
-    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set (submitit's local launcher
-    sets it to 0..gpus_per_node-1 whatever the machine holds, so indices of GPUs that do not
-    exist are dropped), else every GPU of the machine."""
+    """CUDA_VISIBLE_DEVICES without the indices the machine lacks (submitit's local launcher lists
+    0..gpus_per_node-1 whatever it holds), else every GPU of the machine."""
     present = physical_gpus()
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:

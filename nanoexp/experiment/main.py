@@ -14,7 +14,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -90,7 +90,7 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> int:
         checkpoint = resolve_checkpoint(spec.model)
         config = engine_config(spec, checkpoint)
         gpus = _claim_gpus(spec, job)  # first: provenance names the GPUs this job sees
-        plain["resolved"] = {"checkpoint": checkpoint.as_dict(), **gpus, "provenance": collect_provenance()}
+        plain["resolved"] = {"checkpoint": asdict(checkpoint), **gpus, "provenance": collect_provenance()}
     except (Exception, KeyboardInterrupt) as e:
         _log_early_failure(cfg, job, e)
         raise

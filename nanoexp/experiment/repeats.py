@@ -1,5 +1,5 @@
 """Repeats: the timed workload run `repeats` times on one engine, summarized as mean, std and a 95%
-confidence interval per headline metric (see metrics.aggregate_repeats)."""
+confidence interval per headline metric."""
 
 from __future__ import annotations
 
@@ -18,19 +18,17 @@ from nanoexp.experiment.workloads import Workload
 
 
 def repeat_specs(spec: NanoexpConfig) -> list[NanoexpConfig]:
-    """One config per repeat: the same one, or with `reseed_repeats` the seeds shifted by the repeat
-    (and by the repeats of the earlier trials, so that no two passes of a configuration share
-    their prompts)."""
+    """One config per repeat: the same one, or with `reseed_repeats` the seeds shifted by the pass's
+    number over all trials, so that no two passes of a configuration share their prompts."""
     if not spec.reseed_repeats:
         return [spec] * spec.repeats
-    first = spec.trial * spec.repeats
-    return [_reseeded(spec, first + r) for r in range(spec.repeats)]
-
-
-def _reseeded(spec: NanoexpConfig, r: int) -> NanoexpConfig:
-    seed = spec.sampler.seed
-    sampler = replace(spec.sampler, seed=None if seed is None else seed + r)
-    return replace(spec, workload=replace(spec.workload, seed=spec.workload.seed + r), sampler=sampler)
+    specs, seed = [], spec.sampler.seed
+    for r in range(spec.trial * spec.repeats, (spec.trial + 1) * spec.repeats):
+        sampler = replace(spec.sampler, seed=None if seed is None else seed + r)
+        specs.append(
+            replace(spec, workload=replace(spec.workload, seed=spec.workload.seed + r), sampler=sampler)
+        )
+    return specs
 
 
 def measure(
@@ -41,9 +39,8 @@ def measure(
     profile: ProfileConfig | None = None,
     out_dir: Path | None = None,
 ) -> list[RunRecord]:
-    """Every repeat in turn; steps go to `logger.log_step` numbered across repeats, after each
-    repeat (and what a failed repeat recorded before it failed). With `profile` knobs on, each
-    pass is profiled (experiment/profiling.py) and its profile columns join its steps' rows."""
+    """Every repeat in turn, each on an empty prefix cache; steps go to `logger.log_step` after each
+    repeat (a failed one's too), with the profile columns when `profile` knobs are on."""
     profiler = _profiler(profile, driver, out_dir)
     extra: Callable = profiler.columns.get if profiler else lambda i, default: default
     emit: Callable = lambda i, stats, t, r: logger.log_step(i, step_row(i, stats, t, r) | extra(i, {}))
@@ -54,7 +51,8 @@ def measure(
             try:
                 with profiler.repeat(r, log) if profiler else nullcontext():
                     load = LoadMeter()
-                    records.append(_run_cold(driver, w, log, r))
+                    driver.reset_prefix_cache()  # nothing the warm-up or an earlier pass cached is reused
+                    records.append(run(driver, w, log, repeat=r, warm_up=r == 0))
                 records[-1].facts |= load.read()
                 if profiler:
                     records[-1].facts |= profiler.summary(since=log.index - len(records[-1].steps))
@@ -79,13 +77,6 @@ def _profiler(profile: ProfileConfig | None, driver: Driver, out_dir: Path | Non
     return StepProfiler(profile, engine, out_dir)
 
 
-def _run_cold(driver: Driver, workload: Workload, log: StepLog, repeat: int) -> RunRecord:
-    """One timed pass on an empty prefix cache: nothing the warm-up request or an earlier pass cached
-    is reused."""
-    driver.reset_prefix_cache()
-    return run(driver, workload, log, repeat=repeat, warm_up=repeat == 0)
-
-
 def progress_total(workloads: list[Workload]) -> int:
     """Requests the progress line counts: every timed request of every repeat."""
     return sum(len(w.requests) * (w.num_iters if w.latency_mode else 1) for w in workloads)
@@ -94,16 +85,13 @@ def progress_total(workloads: list[Workload]) -> int:
 def summarize_repeats(
     records: list[RunRecord], slo: dict[str, float], noise: NoiseConfig | None = None
 ) -> dict:
-    """The job's summary over its repeats, plus `per_repeat`: each repeat's headline metrics and
-    the machine's load during it, and the noise flags (experiment/noise.py)."""
-    summaries = [_summarize(r, slo) for r in records]
+    """The job's summary over its repeats, `per_repeat` (each one's headline metrics and the machine's
+    load) and the noise flags."""
+    summaries = []
+    for r in records:
+        summaries.append(summarize(r.outputs, r.steps, r.duration_s, slo) | r.facts)
+        if r.iteration_latencies_s:
+            summaries[-1] |= latency_summary(r.iteration_latencies_s)
     summary = aggregate_repeats(summaries)
     summary["per_repeat"] = [{k: s[k] for k in (*HEADLINE, *LOAD_KEYS) if k in s} for s in summaries]
     return summary | noise_flags(summary, summary["per_repeat"], noise or NoiseConfig())
-
-
-def _summarize(record: RunRecord, slo: dict[str, float]) -> dict:
-    summary = summarize(record.outputs, record.steps, record.duration_s, slo) | record.facts
-    if record.iteration_latencies_s:
-        summary |= latency_summary(record.iteration_latencies_s)
-    return summary

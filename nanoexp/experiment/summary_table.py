@@ -33,7 +33,7 @@ ROWS = [  # label, summary keys, number format, unit; a name alone: a row built 
     ("KV cache greedy agreement", ("kv_quality/greedy_agreement",), "{:.2%}", ""),
     (
         "KV cache KL mean / p99 / max",
-        ("kv_quality/kl_mean", "kv_quality/kl_p99", "kv_quality/kl_max"),
+        tuple(f"kv_quality/kl_{s}" for s in ("mean", "p99", "max")),
         "{:.3g}",
         "nats",
     ),

@@ -31,24 +31,16 @@ from nanoexp.experiment.sweep_serving import METRICS as SERVING_METRICS
 METRICS = ["output_throughput", "total_token_throughput", "request_goodput", "mean_ttft_ms", "p99_ttft_ms"]
 METRICS += ["mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "peak_memory_bytes"]
 RATES = ["offered_request_rate", "request_throughput", "slo_attainment"]  # slo_attainment only with SLOs
-TABLE_METRICS = [
-    *RATES,
-    *METRICS,
-    "mean_latency_ms",
-    "duration_s",
-    "num_preemptions",
+TABLE_METRICS = [*RATES, *METRICS, "mean_latency_ms", "duration_s", "num_preemptions"]
+TABLE_METRICS += [
     "prefix_cache_hit_rate",
+    "kv_quality/greedy_agreement",
+    "kv_quality/kl_mean",
+    "kv_quality/kl_max",
 ]
-TABLE_METRICS += ["kv_quality/greedy_agreement", "kv_quality/kl_mean", "kv_quality/kl_max"]
 HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
-LOWER_IS_BETTER = (
-    "mean_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "p99_itl_ms",
-    "mean_e2el_ms",
-    "mean_latency_ms",
-)
+LOWER_IS_BETTER = ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms")
+LOWER_IS_BETTER += ("mean_latency_ms",)
 CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
 CI = ("_ci95_low", "_ci95_high")
 STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselves
