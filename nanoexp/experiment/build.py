@@ -95,10 +95,10 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
 
 def build_logger(spec: NanoexpConfig):
     """The selected logger fanned out with the always-on local sink."""
-    from nanoexp.experiment.loggers import FanoutLogger, LocalSink, NoneLogger
+    from nanoexp.experiment.loggers import FanoutLogger, LocalSink
 
     if spec.logger.kind is LoggerKind.wandb:
         from nanoexp.experiment.wandb_logger import WandbLogger
 
         return FanoutLogger([WandbLogger(spec.logger), LocalSink()])
-    return FanoutLogger([NoneLogger(), LocalSink()])
+    return FanoutLogger([LocalSink()])

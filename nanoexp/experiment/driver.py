@@ -28,8 +28,7 @@ class Driver(Protocol):
 
 
 class EngineDriver:
-    """Our engine: submit each request when it is due (and, with `max_concurrency`, a slot is free),
-    stamped with its scheduled arrival time; call `engine.step()` until done."""
+    """Our engine: each request submitted when due (and a slot is free), then `engine.step()` until done."""
 
     def __init__(self, engine, max_concurrency: int | None = None):
         self.engine = engine
@@ -52,8 +51,7 @@ class EngineDriver:
         return outputs
 
     def _submit_due(self, pending: list[Request], t0: float, free: float) -> int:
-        """Submits the due requests, at most `free`; each arrives at its scheduled time, so the step in
-        progress when it fell due (and a wait for a slot) counts in its TTFT."""
+        """Submits at most `free` due requests, each stamped with its scheduled arrival time."""
         now, count = time.perf_counter() - t0, 0
         while count < min(free, len(pending)) and pending[count].arrival_offset_s <= now:
             r = pending[count]
@@ -76,8 +74,7 @@ class RunRecord:
 
 
 class Progress:
-    """The live progress line (requests done, output tok/s, running / waiting, KV usage,
-    preemptions), only on a terminal and with engine.use_tqdm=true."""
+    """The live progress line of a job, only on a terminal and with engine.use_tqdm=true."""
 
     def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, desc: str = "requests"):
         stream = sys.stderr if stream is None else stream
@@ -121,10 +118,8 @@ Emit = Callable[[int, StepStats, float, int], None]  # (step index, stats, secon
 
 
 class StepLog:
-    """Collects the current repeat's StepStats (while recording), numbers the steps across repeats
-    and feeds the progress line. Steps reach `emit` (the loggers) only at `flush()`, after the timed
-    pass: logging a step costs the host 0.2-2 ms (experiments/tools/host_step.py), which inside the
-    loop would show up in the measured step times."""
+    """Records the timed steps; they reach the loggers at `flush()`, after the timed pass, since logging a
+    step costs the host 0.2-2 ms (experiments/tools/host_step.py)."""
 
     def __init__(self, emit: Emit, progress: Progress | None = None):
         self.emit, self.progress = emit, progress
@@ -146,8 +141,7 @@ class StepLog:
 
 
 def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_up: bool = True) -> RunRecord:
-    """One timed pass: offline/online, or in latency mode (after the warm-up iterations when
-    `warm_up`) `num_iters` timed iterations of one batch."""
+    """One timed pass: offline/online, or in latency mode `num_iters` timed iterations of one batch."""
     record = log.record = RunRecord(repeat)
     if not workload.latency_mode:
         record.t0 = time.perf_counter()

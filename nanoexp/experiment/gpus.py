@@ -60,8 +60,7 @@ def try_take(order: list[str], count: int, lock_dir: Path) -> list[str]:
 
 
 def held(lock: Path) -> bool:
-    """A GPU is held while the process named in its lock file lives (not this one: the basic
-    launcher runs a sweep's jobs one after another in one process)."""
+    """A GPU is held while the process in its lock file lives (not this one: it may run several jobs)."""
     try:
         pid = int(lock.read_text())
     except (OSError, ValueError):

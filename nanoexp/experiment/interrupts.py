@@ -60,8 +60,7 @@ def as_interrupted(error: KeyboardInterrupt) -> Interrupted:
 
 
 def die_with_sweep(poll_s: float = 1.0) -> None:
-    """In a job of a local sweep (sweep process -> submitit's job controller -> this job), sends this
-    process SIGTERM once the controller or the sweep is gone (even killed with SIGKILL)."""
+    """In a job of a local sweep, SIGTERM to this process once the sweep or its job controller is gone."""
     controller = os.getppid()
     sweep = _parent_of(controller)
     if sweep is None:

@@ -50,8 +50,7 @@ def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
 
 
 def run_name(overrides: list[str], swept: set[str] | None = None) -> str:
-    """A name from the overrides (`default` for none); in a sweep, only the swept values, each under
-    its key's last part unless two last parts agree (`block_size=16 max_num_seqs=64`)."""
+    """The overrides (`default` for none); in a sweep, the swept values under short keys (`block_size=16`)."""
     kept = [o for o in overrides if not o.startswith(("hydra", "logger."))]
     if not swept:
         return ",".join(kept) or "default"

@@ -37,8 +37,7 @@ def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
 
 
 def prompt_limit(engine, num_tokens: int) -> int:
-    """The longest prompt that fits with `num_tokens` more in max_model_len, one step's token budget
-    (the reference is one prefill) and the KV cache."""
+    """The longest prompt that fits with `num_tokens` more in one prefill, max_model_len and the KV cache."""
     manager = engine.block_manager
     room = min(
         engine.max_model_len,

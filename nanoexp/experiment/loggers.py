@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from nanoexp.experiment.driver import RunRecord
 from nanoexp.experiment.job import JobInfo
@@ -20,18 +20,8 @@ from nanoexp.experiment.schema import NanoexpConfig, WorkloadKind
 RESULTS_FILE = "results.json"
 
 
-class Logger(Protocol):
-    def start(self, config: dict, job: JobInfo) -> None: ...
-
-    def log_step(self, step: int, row: dict) -> None: ...
-
-    def log_requests(self, rows: list[dict]) -> None: ...
-
-    def finish(self, summary: dict, exit_code: int = 0) -> None: ...
-
-
-class NoneLogger:
-    """Logs nothing (the local sink still writes results)."""
+class Logger:
+    """The protocol every logger follows; this one logs nothing."""
 
     def start(self, config: dict, job: JobInfo) -> None:
         pass
@@ -136,8 +126,7 @@ def write_atomically(path: Path, text: str, partial_suffix: str = ".partial") ->
 
 @contextlib.contextmanager
 def atomic_open(path: Path, newline: str | None = None, partial_suffix: str = ".partial") -> Iterator[TextIO]:
-    """A text file written under a temporary name and renamed into place once whole, so a killed
-    job or a full disk leaves the old file or none, never half a file."""
+    """A text file written under a temporary name and renamed into place once whole: never half a file."""
     partial = path.with_name(path.name + partial_suffix)
     try:
         with partial.open("w", newline=newline) as f:

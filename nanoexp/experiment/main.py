@@ -167,8 +167,7 @@ def experiment(
 
 
 def _release_cuda_memory() -> None:
-    """Hands a TP=1 engine's cached GPU memory back: the next job of a sequential sweep may be TP>1,
-    whose rank-0 worker sizes its KV cache from the device's free memory."""
+    """Hands the cached GPU memory back: the next job of the sweep sizes its KV cache from free memory."""
     import gc
 
     import torch
@@ -188,8 +187,7 @@ def _warm_up(driver, workload) -> float:
 
 
 def _log_early_failure(cfg: DictConfig, job: JobInfo, error: BaseException) -> None:
-    """Starts and finishes the loggers of a job that failed before they started (a config error,
-    a missing checkpoint), so it too leaves results.json and, with logger=wandb, a W&B run."""
+    """Starts and finishes the loggers of a job that failed before they started, so it too leaves results."""
     code, line = _exit_code(error), _one_line(error)
     try:
         logger_cfg = OmegaConf.to_object(cfg.logger)
@@ -321,8 +319,7 @@ def objective(cfg: DictConfig) -> float:
 
 
 def objective_of(results: dict, search: dict) -> float:
-    """`search.objective`, or `search.infeasible_value` when the job failed or its p99 TTFT is above
-    `search.max_p99_ttft_ms`."""
+    """`search.objective`, or `search.infeasible_value` for a failed job or a p99 TTFT above the limit."""
     infeasible = float(search.get("infeasible_value", 0.0))
     summary = results.get("summary", {})
     value = summary.get(search.get("objective", "output_throughput"))
@@ -335,9 +332,7 @@ def objective_of(results: dict, search: dict) -> float:
 
 
 def cli(app: Callable[[], object]) -> None:
-    """Runs the Hydra app (run.py's `main`). A config that Hydra rejects before any job starts (an
-    unknown group option, an override's syntax, a value of the wrong type) is one line, exit 2,
-    like the config errors found in a job; HYDRA_FULL_ERROR=1 keeps Hydra's own report."""
+    """Runs the Hydra app; a config Hydra rejects before any job starts is one line and exit 2 too."""
     from hydra.errors import HydraException
 
     interrupts.install()

@@ -25,14 +25,10 @@ FRACTIONS = {"slo_attainment": 1.0}  # HEADLINE metrics bounded above (all are >
 
 
 def summarize(
-    outputs: Sequence[RequestOutput],
-    steps: Sequence[StepStats],
-    duration_s: float,
-    slo: dict[str, float] | None = None,
+    outputs: Sequence[RequestOutput], steps: Sequence[StepStats], duration_s: float, slo: dict | None = None
 ) -> dict[str, float]:
-    """Throughput, latency distributions and step aggregates of one benchmark pass; with SLOs
-    (ms, keys ttft_ms/tpot_ms/e2el_ms) also `request_goodput`, `good_requests` and `slo_attainment`
-    (the fraction of requests that met them)."""
+    """Throughput, latency distributions and step aggregates of one benchmark pass; with SLOs (ms)
+    also `request_goodput`, `good_requests` and `slo_attainment` (the fraction that met them)."""
     inputs = sum(len(o.prompt_token_ids) for o in outputs)
     generated = sum(len(o.token_ids) for o in outputs)
     summary: dict[str, float] = {
@@ -60,13 +56,15 @@ def summarize(
 
 def meets_slo(o: RequestOutput, slo: dict[str, float]) -> bool:
     """vLLM's goodput rule: every SLO that is set is met (value <= the SLO, in ms)."""
-    measured = {"ttft_ms": o.ttft * 1e3, "tpot_ms": o.tpot * 1e3, "e2el_ms": o.e2e_latency * 1e3}
-    return all(measured[k] <= limit for k, limit in slo.items())
+    return all(_latencies_ms(o)[k] <= limit for k, limit in slo.items())
+
+
+def _latencies_ms(o: RequestOutput) -> dict[str, float]:
+    return {"ttft_ms": o.ttft * 1e3, "tpot_ms": o.tpot * 1e3, "e2el_ms": o.e2e_latency * 1e3}
 
 
 def aggregate_repeats(summaries: Sequence[dict]) -> dict:
-    """One summary from the repeats' summaries: each numeric key's mean; with two or more repeats
-    each HEADLINE key also gets its sample std and a Student-t 95% confidence interval of the mean."""
+    """Each numeric key's mean over the repeats; with two or more, each HEADLINE key's spread too."""
     first, n = summaries[0], len(summaries)
     out: dict = {"repeats": n}
     for key in first:
@@ -81,10 +79,8 @@ def aggregate_repeats(summaries: Sequence[dict]) -> dict:
 
 
 def spread(key: str, values: Sequence[float]) -> dict[str, float]:
-    """`<key>_std` (ddof=1) and `<key>_ci95_low/high`: the t-interval of the mean, cut to the values
-    the metric can take (every HEADLINE metric is >= 0, a fraction <= 1). Cutting keeps its coverage
-    (the true mean lies inside the range) and its centre, the mean; with few, noisy repeats a plain
-    t-interval of a latency would reach below zero."""
+    """`<key>_std` (ddof=1) and `<key>_ci95_low/high`: the t-interval of the mean cut to the values the
+    metric can take (>= 0, a fraction <= 1), which keeps its coverage: a latency's would reach below 0."""
     arr = np.asarray(values, dtype=float)
     mean, sem = float(arr.mean()), float(scipy_stats.sem(arr))
     if not np.isfinite(sem):
@@ -121,7 +117,7 @@ def step_aggregates(steps: Sequence[StepStats]) -> dict[str, float]:
         "num_decode_steps": len(decode),
         "prefill_time_s": _time(prefill),
         "decode_time_s": _time(decode),
-        "mean_decode_batch_size": _mean([s.num_seqs for s in decode]),
+        "mean_decode_batch_size": _rate(sum(s.num_seqs for s in decode), len(decode)),
         "prefill_throughput": _rate(sum(s.num_tokens for s in prefill), _time(prefill)),
         "decode_throughput": _rate(sum(s.num_output_tokens for s in decode), _time(decode)),
         "prefix_cache_hit_rate": _rate(sum(s.prefix_cache_hits for s in steps), queries),
@@ -147,9 +143,7 @@ def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -
             "arrival_ms": (o.arrival_time - t0) * 1e3,
             "prompt_len": len(o.prompt_token_ids),
             "output_len": len(o.token_ids),
-            "ttft_ms": o.ttft * 1e3,
-            "tpot_ms": o.tpot * 1e3,
-            "e2el_ms": o.e2e_latency * 1e3,
+            **_latencies_ms(o),
             "queue_ms": (o.first_scheduled_time - o.arrival_time) * 1e3,
             "num_cached_tokens": o.num_cached_tokens,
             "num_preemptions": o.num_preemptions,
@@ -161,7 +155,7 @@ def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -
 
 def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
     """A flat, numeric row for the per-step history (`t_s`: seconds since the repeat started)."""
-    row = {k: v for k, v in stats.as_dict().items() if k != "phase"}
+    row = {k: v for k, v in stats.as_dict().items() if k not in ("phase", "step_time_s")}
     row |= {
         "step": index,
         "repeat": repeat,
@@ -171,16 +165,11 @@ def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
         "tokens_per_s": _rate(stats.num_tokens, stats.step_time_s),
         "kv_cache_usage": _rate(stats.kv_blocks_used, stats.kv_blocks_total),
     }
-    row.pop("step_time_s")
     return row
 
 
 def _rate(num: float, den: float) -> float:
     return float(num) / den if den else 0.0
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(np.mean(values)) if len(values) else 0.0
 
 
 def _time(steps: Sequence[StepStats]) -> float:

@@ -32,8 +32,7 @@ EVENTS = ("triton_compiles", "torch_compiles", "gc_collections", "gc_full_collec
 
 
 class StepProfiler:
-    """Profiles the timed passes of one job: `columns[i]` holds the extra steps.csv columns of timed
-    step i, `summary(since)` the event counts of one pass."""
+    """Profiles one job's timed passes: `columns[i]` holds the steps.csv columns of timed step i."""
 
     def __init__(self, cfg: ProfileConfig, engine, out_dir: Path):
         self.cfg, self.engine, self.out_dir = cfg, engine, out_dir
@@ -194,8 +193,7 @@ class StepProfiler:
 
 
 class _Trace:
-    """A torch profiler over timed steps [first, first + count) of one pass, started at the pass's
-    first timed step (so warm-up iterations stay out), saved as a Chrome trace."""
+    """A torch profiler over timed steps [first, first + count) of one pass, saved as a Chrome trace."""
 
     def __init__(self, first: int, count: int, path: Path):
         self.first, self.count, self.path = first, count, path

@@ -35,8 +35,7 @@ def collect_provenance(repo: Path = REPO_ROOT) -> dict:
 
 
 def git_state(repo: Path) -> dict:
-    """commit, dirty (uncommitted or untracked files) and diff_sha256 (of `git diff HEAD` plus the
-    untracked files' names); outside a checkout every field says so."""
+    """commit, dirty and the SHA-256 of `git diff HEAD` plus the untracked files' names."""
     try:
         commit = _run("git", "-C", str(repo), "rev-parse", "HEAD").strip()
         status = _run("git", "-C", str(repo), "status", "--porcelain")
@@ -63,8 +62,7 @@ def _version(package: str) -> str | None:
 
 
 def device_facts() -> dict:
-    """The GPUs this job sees (from nvidia-smi, which does not start CUDA in this process), the
-    driver, and the CUDA version torch was built with."""
+    """The GPUs this job sees (nvidia-smi does not start CUDA here), the driver and torch's CUDA build."""
     import torch
 
     facts = {"cuda_build": torch.version.cuda, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}

@@ -1,20 +1,27 @@
 """Repeats: the timed workload run `repeats` times on one engine, summarized as mean, std and a 95%
-confidence interval per headline metric."""
+confidence interval per headline metric, with the machine's load during each pass and flags for a
+job whose machine was busy or whose confidence intervals are wide."""
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
 from nanoexp.experiment.driver import Driver, Progress, RunRecord, StepLog, run
+from nanoexp.experiment.interrupts import process_tree
 from nanoexp.experiment.metrics import HEADLINE, aggregate_repeats, latency_summary, step_row, summarize
-from nanoexp.experiment.noise import LOAD_KEYS, LoadMeter, noise_flags
 from nanoexp.experiment.profiling import StepProfiler
 from nanoexp.experiment.schema import NanoexpConfig, NoiseConfig, ProfileConfig
 from nanoexp.experiment.workloads import Workload
+
+log = logging.getLogger(__name__)
+LOAD_KEYS = ("load_avg_1m_before", "load_avg_1m_after", "process_cpu_cores", "other_cpu_cores")
+CI_CHECKED = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_latency_ms")
 
 
 def repeat_specs(spec: NanoexpConfig) -> list[NanoexpConfig]:
@@ -72,7 +79,7 @@ def _profiler(profile: ProfileConfig | None, driver: Driver, out_dir: Path | Non
         return None
     engine = getattr(driver, "engine", None)
     if engine is None or out_dir is None:
-        logging.getLogger(__name__).warning("profile: only engine=nanoexp steps can be profiled; skipped")
+        log.warning("profile: only engine=nanoexp steps can be profiled; skipped")
         return None
     return StepProfiler(profile, engine, out_dir)
 
@@ -85,8 +92,7 @@ def progress_total(workloads: list[Workload]) -> int:
 def summarize_repeats(
     records: list[RunRecord], slo: dict[str, float], noise: NoiseConfig | None = None
 ) -> dict:
-    """The job's summary over its repeats, `per_repeat` (each one's headline metrics and the machine's
-    load) and the noise flags."""
+    """The job's summary over its repeats, each repeat's headline metrics and load, and the noise flags."""
     summaries = []
     for r in records:
         summaries.append(summarize(r.outputs, r.steps, r.duration_s, slo) | r.facts)
@@ -95,3 +101,86 @@ def summarize_repeats(
     summary = aggregate_repeats(summaries)
     summary["per_repeat"] = [{k: s[k] for k in (*HEADLINE, *LOAD_KEYS) if k in s} for s in summaries]
     return summary | noise_flags(summary, summary["per_repeat"], noise or NoiseConfig())
+
+
+class LoadMeter:
+    """Started before a timed pass; `read()` after it gives the pass's LOAD_KEYS and cpu_count.
+    `other_cpu_cores` is what the rest of the machine ran during the pass, in cores: busy CPU time
+    minus this process tree's, over the wall time (unlike the load average, without the job's own)."""
+
+    def __init__(self) -> None:
+        self.load_before = _load_avg()
+        self.busy_before, self.tree_before = _busy_cpu_s(), _tree_cpu_s()
+        self.start = time.perf_counter()
+
+    def read(self) -> dict:
+        wall = time.perf_counter() - self.start
+        out = {"load_avg_1m_before": self.load_before, "load_avg_1m_after": _load_avg()}
+        out["cpu_count"] = os.cpu_count() or 0
+        own = _tree_cpu_s() - self.tree_before
+        out["process_cpu_cores"] = own / wall if wall > 0 else 0.0
+        busy = _busy_cpu_s()
+        if busy is None or self.busy_before is None or wall <= 0:
+            out["other_cpu_cores"] = float("nan")  # not on Linux
+        else:
+            out["other_cpu_cores"] = max(0.0, (busy - self.busy_before - own) / wall)
+        return out
+
+
+def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig) -> dict:
+    """`noise_busy_repeats`, `noise_wide_ci` and `noise_warning`, one line ("" when the job is not noisy)."""
+    busy = [r for r in per_repeat if r.get("other_cpu_cores", 0.0) > cfg.busy_cores]
+    wide = [f"{m} ±{share:.0%}" for m in CI_CHECKED if (share := _ci_share(summary, m)) > cfg.max_ci_share]
+    parts = []
+    if busy:
+        worst = max(r["other_cpu_cores"] for r in busy)
+        parts.append(
+            f"machine busy in {len(busy)} of {len(per_repeat)} repeats (up to {worst:.1f} other cores)"
+        )
+    if wide:
+        parts.append(f"wide CI: {', '.join(wide)} of the mean")
+    warning = "; ".join(parts)
+    if warning:
+        log.warning("noisy measurement: %s", warning)
+    return {"noise_busy_repeats": len(busy), "noise_wide_ci": ", ".join(wide), "noise_warning": warning}
+
+
+def _ci_share(summary: dict, metric: str) -> float:
+    """The CI's half-width over the mean (0 without a CI)."""
+    low, high, mean = (summary.get(k) for k in (f"{metric}_ci95_low", f"{metric}_ci95_high", metric))
+    if not all(isinstance(v, int | float) for v in (low, high, mean)) or not mean or low != low:
+        return 0.0
+    return abs(high - low) / 2 / abs(mean)
+
+
+def _load_avg() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
+def _busy_cpu_s() -> float | None:
+    """Seconds of CPU time every CPU spent busy since boot (all but idle and iowait); None off Linux."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu_s() -> float:
+    """CPU seconds of this process and its live descendants (tensor-parallel workers)."""
+    return sum(_process_cpu_s(pid) for pid in process_tree(os.getpid()))
+
+
+def _process_cpu_s(pid: int) -> float:
+    if pid == os.getpid():
+        t = os.times()
+        return t.user + t.system
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime

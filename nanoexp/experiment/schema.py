@@ -441,8 +441,7 @@ def register_configs() -> None:
 
 
 def safe_dir_name(name: str) -> str:
-    """A job dir name from its overrides that stays one path component (`/` is spelled %2F) and fits
-    the file system (a long name is cut, with a hash of the whole name to keep it unique)."""
+    """A job dir name that stays one path component (`/` is %2F) and fits the file system (cut, hashed)."""
     name = name.replace("%", "%25").replace("/", "%2F").replace("\0", "%00")
     encoded = name.encode()
     if len(encoded) <= NAME_MAX:

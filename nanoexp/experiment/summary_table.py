@@ -135,9 +135,7 @@ def _value(summary: dict, key: str) -> float | None:
 
 
 def changed_settings(plain: dict, overrides: list[str]) -> dict[str, Any]:
-    """The settings that differ from conf/config.yaml's: group options first (`model=qwen3_tiny`),
-    then every key whose value differs from what those options give. Outside a Hydra app, or if
-    the defaults cannot be composed again, the command-line `overrides` stand in."""
+    """The settings that differ from conf/config.yaml's (the command-line overrides outside a Hydra app)."""
     from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig

@@ -75,8 +75,7 @@ def plot_param(
 
 
 def from_zero(ax, top: float | None = None) -> None:
-    """The y axis from 0 (every metric is an amount: throughput, memory, time) to `top`, or to a
-    little above the highest point drawn, so no marker or error bar is cut at the top."""
+    """The y axis from 0 (every metric is an amount) to `top`, or to just above the highest point."""
     high = ax.dataLim.y1 if np.isfinite(ax.dataLim.y1) else 0.0
     ax.set_ylim(0, top if top is not None else (high * HEADROOM if high > 0 else 1.0))
 
@@ -91,8 +90,7 @@ def _lines(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> No
 
 
 class NumericAxis:
-    """An x axis for a numeric parameter: log2 for spans of powers of two, and inf (a request rate
-    of all at t0) one step past the largest finite value, with its own tick label."""
+    """An x axis for a numeric parameter: log2 for wide spans, inf one step past the largest finite value."""
 
     def __init__(self, values: pd.Series, key: str):
         x = pd.to_numeric(values)
@@ -112,8 +110,7 @@ class NumericAxis:
         ax.set_xticklabels([self._label(v) for v in self.ticks])
 
     def _past_edge(self, side: int = 1) -> float:
-        """One step beyond the finite values on `side` (+1 right, -1 left): the gap between the two
-        outermost values (their ratio on a log axis); a lone value steps by its own size."""
+        """One step beyond the finite values on `side` (+1 right, -1 left), as the last step (or ratio)."""
         values = self.finite if side > 0 else self.finite[::-1]
         if not values:
             return float(side)
@@ -207,8 +204,7 @@ def pyplot():
 
 
 def save_figure(fig, title: str, path: Path, legend_title: str | None = None) -> None:
-    """Saves with the title on top and, when `legend_title` is given, the first panel's legend
-    below the panels (a legend inside a panel hides data)."""
+    """Saves with the title on top and the first panel's legend below the panels (inside, it hides data)."""
     import matplotlib.pyplot as plt
 
     fig.suptitle(title, fontsize=9)

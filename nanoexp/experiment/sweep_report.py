@@ -149,8 +149,7 @@ def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metric
 def write_report(
     sweep_dir: Path, expected: list[list[str]] | None = None, metrics: list[str] = ()
 ) -> pd.DataFrame | None:
-    """sweep_summary.csv and .md, one plot per swept key and the latency CDFs, from the jobs'
-    results.json, with the summary keys `metrics` beside the main ones."""
+    """sweep_summary.csv and .md and the plots from the jobs' results.json, with `metrics` beside the main."""
     extra = [m for m in metrics if m not in METRICS]
     jobs = collect(sweep_dir, expected, extra)
     if jobs.empty:
@@ -300,8 +299,7 @@ def expected_jobs(config: DictConfig) -> list[list[str]] | None:
 
 
 def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> list[int]:
-    """Waits at most `wait_s` for this process's submitit jobs (a local job's folder is named after
-    its pid), then terminates those still running so none outlives the sweep; returns them."""
+    """Waits at most `wait_s` for this process's submitit jobs, then terminates them; returns those."""
     deadline = time.monotonic() + wait_s
     pids = _local_jobs(sweep_dir)
     while pids and time.monotonic() < deadline:
@@ -314,8 +312,7 @@ def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> list[int]:
 
 
 def stop_local_jobs(sweep_dir: Path, grace_s: float) -> None:
-    """Sends this process's running submitit jobs SIGTERM (they record themselves as terminated),
-    waits `grace_s`, then kills what is left of each job's process tree."""
+    """SIGTERM to this process's submitit jobs, then after `grace_s` SIGKILL to what is left of them."""
     for pid in _local_jobs(sweep_dir):
         if _running_child(pid):
             os.kill(pid, signal.SIGTERM)
@@ -471,8 +468,7 @@ def typed(column: pd.Series) -> pd.Series:
 
 
 def _loggable(table: pd.DataFrame) -> pd.DataFrame:
-    """What wandb.Table accepts: one column per key (a swept key the summary also holds is the swept
-    column only), swept values typed, strings for text columns, None for missing values."""
+    """What wandb.Table takes: one column per key, swept values typed, text as str, None for missing."""
     params = [c for c in table.columns if c.startswith("param:")]
     shadowed = [c.removeprefix("param:") for c in params if c.removeprefix("param:") in table.columns]
     out = table.drop(columns=shadowed).copy()
@@ -487,8 +483,7 @@ def _loggable(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def redraw(sweep_dir: Path, metrics: list[str] | None = None, wandb: bool = False) -> int:
-    """The report of a sweep dir from what its jobs left: the expected jobs (and with `wandb`, the W&B
-    settings) from `multirun.yaml`, `report.metrics` from the jobs unless `metrics` is given."""
+    """The report of a sweep dir from what its jobs left (and `multirun.yaml`), as at the sweep's end."""
     saved = sweep_dir / "multirun.yaml"
     config = OmegaConf.load(saved) if saved.is_file() else None
     expected = expected_jobs(config) if config is not None else None

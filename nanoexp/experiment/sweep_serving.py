@@ -38,8 +38,7 @@ METRICS = [
 
 
 def serving_report(table: pd.DataFrame, swept: list[str], title: str, sweep_dir: Path) -> list[str]:
-    """Writes sweep_serving.png and .json when the sweep varies the request rate; returns the
-    Markdown lines for sweep_summary.md (none otherwise)."""
+    """sweep_serving.png and .json when the request rate is swept; returns lines for sweep_summary.md."""
     if RATE not in swept:
         return []
     others = [k for k in swept if k != RATE]
@@ -106,8 +105,7 @@ def _json_rate(rate: float | None) -> float | str | None:
 def plot_serving(
     table: pd.DataFrame, others: list[str], slo: dict[str, float], title: str, path: Path
 ) -> None:
-    """Latency panels (median solid, p99 dashed; the SLO dotted), then request rates and SLO
-    attainment, all against the offered rate; one colour per combination of `others`."""
+    """Latency panels (median solid, p99 dashed, the SLO dotted), request rates and SLO attainment."""
     ok = table[table["status"] == "ok"]
     if ok.empty:
         return

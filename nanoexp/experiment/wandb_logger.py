@@ -44,8 +44,7 @@ STEP_SUMMARIES = {  # per-step series whose min/max/mean make sense in the run's
 
 
 class WandbLogger:
-    """One W&B run per job: job totals in the summary, per-step series under `step/` against
-    `step/index` (numbered across repeats)."""
+    """One W&B run per job: totals in the summary, per-step series under `step/` against `step/index`."""
 
     def __init__(self, cfg: LoggerConfig):
         self.cfg = cfg
@@ -102,8 +101,7 @@ class WandbLogger:
 
 
 def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None, name: str, job_type: str):
-    """A W&B run under `out_dir`, online when possible, else offline with one warning line; returns
-    it and the env variables set for it (see `restore_env`)."""
+    """A W&B run under `out_dir`, offline when online fails; returns it and the env variables it set."""
     out_dir.mkdir(parents=True, exist_ok=True)
     env_set = set_missing_env(job_env(out_dir))
     try:
@@ -198,8 +196,7 @@ def restore_env(names: list[str]) -> None:
 
 @contextmanager
 def temp_dir_for_service(path: Path):
-    """TMPDIR for wandb's service process (its sockets) while init runs; where `path` is too long for a
-    Unix socket (it would stop W&B's system monitor), a short fresh dir removed at exit."""
+    """TMPDIR for wandb's service (its sockets) while init runs: short enough for a Unix socket path."""
     previous = os.environ.get("TMPDIR")
     if len(str(path)) > MAX_SOCKET_DIR:
         path = Path(tempfile.mkdtemp(prefix="nanoexp-wandb-", dir=previous))

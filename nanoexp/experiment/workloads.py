@@ -71,8 +71,7 @@ def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None):
 def nanovllm_bench_prompts(
     num: int = 256, max_input: int = 1024, max_output: int = 1024, seed: int = 0, vocab: int | None = None
 ) -> tuple[list[list[int]], list[int]]:
-    """nano-vLLM's bench.py, call for call: prompts first, then the output lengths. Its ids are in
-    [0, 10000]; a smaller vocabulary draws in [0, vocab) (and so gets other lengths than bench.py)."""
+    """nano-vLLM's bench.py, call for call (ids below a smaller vocabulary than 10000 change its lengths)."""
     rng = random.Random(seed)
     top = TOKEN_ID_HIGH if vocab is None else min(TOKEN_ID_HIGH, vocab - 1)
     prompts = [[rng.randint(0, top) for _ in range(rng.randint(100, max_input))] for _ in range(num)]
