@@ -26,7 +26,7 @@ from nanoexp.config import (
     SchedulerConfig,
 )
 from nanoexp.experiment import build, schema
-from nanoexp.experiment.checkpoint import Checkpoint, resolve_checkpoint
+from nanoexp.experiment.build import Checkpoint, resolve_checkpoint
 from nanoexp.experiment.schema import ConfigError, NanoexpConfig, to_plain, to_spec
 from nanoexp.experiment.workloads import nanovllm_bench_prompts
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from nanoexp.experiment.build import build_llm, build_workload, engine_config
-from nanoexp.experiment.checkpoint import resolve_checkpoint
+from nanoexp.experiment.build import build_llm, build_workload, engine_config, resolve_checkpoint
 from nanoexp.experiment.driver import REFRESH_S, EngineDriver, Progress
 from nanoexp.experiment.loggers import Logger
 from nanoexp.experiment.repeats import measure, progress_total

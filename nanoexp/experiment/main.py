@@ -21,28 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.config import EngineConfig
 from nanoexp.config.checks import is_number
-from nanoexp.experiment import interrupts, kv_quality
-from nanoexp.experiment.build import (
-    build_driver,
-    build_llm,
-    build_logger,
-    build_tokenizer,
-    build_workload,
-    check,
-    engine_config,
-)
-from nanoexp.experiment.checkpoint import Checkpoint, check_arch, resolve_checkpoint
+from nanoexp.experiment import build, interrupts, kv_quality, loggers
+from nanoexp.experiment.build import Checkpoint, check_arch, resolve_checkpoint
 from nanoexp.experiment.driver import Progress
 from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
 from nanoexp.experiment.job_memory import JobMemory
-from nanoexp.experiment.loggers import (
-    RESULTS_FILE,
-    first_line,
-    wants_outputs,
-    write_atomically,
-    write_outputs,
-)
+from nanoexp.experiment.loggers import RESULTS_FILE, first_line, write_atomically
 from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.provenance import collect_provenance
 from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
@@ -86,15 +71,15 @@ def _stop(interrupt: interrupts.Interrupted, job: JobInfo | None) -> int:
 def _run_job(cfg: DictConfig, job: JobInfo) -> int:
     try:
         spec, plain = to_spec(cfg), to_plain(cfg)
-        check(spec)
+        build.check(spec)
         checkpoint = resolve_checkpoint(spec.model)
-        config = engine_config(spec, checkpoint)
+        config = build.engine_config(spec, checkpoint)
         gpus = _claim_gpus(spec, job)  # first: provenance names the GPUs this job sees
         plain["resolved"] = {"checkpoint": asdict(checkpoint), **gpus, "provenance": collect_provenance()}
     except (Exception, KeyboardInterrupt) as e:
         _log_early_failure(cfg, job, e)
         raise
-    logger = build_logger(spec)
+    logger = build.build_logger(spec)
     logger.start(plain, job)
     summary, code = {"load_format": checkpoint.load_format}, 0
     try:
@@ -125,14 +110,14 @@ def experiment(
     spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint, logger, job: JobInfo
 ) -> dict:
     """Build, warm up, run the workload `repeats` times, summarize. Returns the flat summary."""
-    tokenizer = build_tokenizer(checkpoint)
-    workloads = [build_workload(s, tokenizer) for s in repeat_specs(spec)]
+    tokenizer = build.build_tokenizer(checkpoint)
+    workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
     arch_diffs = check_arch(spec.model, checkpoint)
     memory, start = JobMemory(), time.perf_counter()
-    llm = build_llm(spec, config, checkpoint)
+    llm = build.build_llm(spec, config, checkpoint)
     try:
         build_s = time.perf_counter() - start
-        driver = build_driver(spec, llm)
+        driver = build.build_driver(spec, llm)
         probe = kv_quality.wanted(spec)
         if probe:  # a num_tokens without room fails before the timed runs
             kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
@@ -146,8 +131,8 @@ def experiment(
         llm = driver = None  # drop the model and KV cache before releasing their memory
         _release_cuda_memory()
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
-    if wants_outputs(spec):
-        write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
+    if loggers.wants_outputs(spec):
+        loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
@@ -199,7 +184,7 @@ def _log_early_failure(cfg: DictConfig, job: JobInfo, error: BaseException) -> N
         plain = to_plain(cfg)
     except Exception:  # noqa: BLE001 - resolving it is what failed: log it unresolved
         plain = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
-    logger = build_logger(NanoexpConfig(logger=logger_cfg))
+    logger = build.build_logger(NanoexpConfig(logger=logger_cfg))
     try:
         logger.start(plain, job)
         logger.finish({"error": line, **_signal_of(error)}, code)
@@ -260,15 +245,9 @@ def _record_failure(job: JobInfo, code: int, error: str, signalled: dict, replac
 def append_run_log(job: JobInfo, text: str) -> None:
     """Appends to the file Hydra's job logging writes (`<job name>.log`), else `<out>/run.log`."""
     job.out_dir.mkdir(parents=True, exist_ok=True)
-    path = job.out_dir / "run.log"
-    for handler in logging.getLogger().handlers:
-        if (
-            isinstance(handler, logging.FileHandler)
-            and Path(handler.baseFilename).parent == job.out_dir.resolve()
-        ):
-            path = Path(handler.baseFilename)
-            break
-    with path.open("a") as f:
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    logs = [Path(h.baseFilename) for h in handlers if Path(h.baseFilename).parent == job.out_dir.resolve()]
+    with (logs[0] if logs else job.out_dir / "run.log").open("a") as f:
         f.write(text.rstrip("\n") + "\n")
 
 

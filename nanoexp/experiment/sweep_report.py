@@ -52,19 +52,14 @@ JOB_TYPE, TABLE_KEY = "sweep-report", "sweep_table"  # of the sweep-level W&B ru
 
 class SweepReport(Callback):
     def __init__(self) -> None:
-        self.sweep_dir: Path | None = None
-        self.expected: list[list[str]] | None = None
-        self.metrics: list[str] = []
+        self.sweep_dir: Path | None = None  # set, with the rest, when the sweep starts
         self.reported = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))
         self.expected = expected_jobs(config)
-        section = config.get("report")
-        self.metrics = (
-            list(OmegaConf.to_container(section.metrics, resolve=True)) if section is not None else []
-        )
+        self.metrics = list(config.report.metrics) if config.get("report") is not None else []
         wait_s = 60.0 * float(config.hydra.launcher.get("timeout_min", 0) or 0) + 60.0
         atexit.register(self._report_after_abort, wait_s)
         self.wandb = wandb_target(config)

@@ -10,17 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from nanoexp.experiment.sweep_plots import (
-    HEADROOM,
-    NumericAxis,
-    from_zero,
-    groups,
-    metric_values,
-    pyplot,
-    save_figure,
-    to_number,
-    unit,
-)
+from nanoexp.experiment import sweep_plots as plots
 
 RATE = "param:workload.request_rate"
 MIN_ATTAINMENT = 0.9
@@ -28,13 +18,8 @@ SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
 RATE_METRICS = ("request_throughput", "request_goodput", "slo_attainment")
 PLOT, SUMMARY = "sweep_serving.png", "sweep_serving.json"
 LATENCY_PANELS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"))
-METRICS = [
-    "offered_request_rate",
-    "request_throughput",
-    "request_goodput",
-    "slo_attainment",
-    *(f"{s}_{m}" for _, m in LATENCY_PANELS for s in ("median", "p99")),
-]
+PERCENTILE_METRICS = [f"{s}_{m}" for _, m in LATENCY_PANELS for s in ("median", "p99")]
+METRICS = ["offered_request_rate", *RATE_METRICS, *PERCENTILE_METRICS]
 
 
 def serving_report(table: pd.DataFrame, swept: list[str], title: str, sweep_dir: Path) -> list[str]:
@@ -65,7 +50,7 @@ def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
     """Per combination of the other swept parameters: the highest offered rate up to which every
     rate's SLO attainment is >= MIN_ATTAINMENT (a failed job meets nothing), or None."""
     out = []
-    for label, part in groups(table, others):
+    for label, part in plots.groups(table, others):
         part = part.assign(_rate=pd.to_numeric(part[RATE])).sort_values("_rate")
         attainment = pd.to_numeric(part.get("slo_attainment", pd.Series(dtype=float)), errors="coerce")
         best = None
@@ -73,7 +58,12 @@ def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
             if not met:
                 break
             best = rate
-        out.append({"group": label, "max_rate": _json_rate(best), "rates": _rates(part)})
+        rates = [
+            {"offered_request_rate": _json_rate(row["_rate"]), "status": row["status"]}
+            | {k: plots.to_number(row.get(k)) for k in RATE_METRICS}
+            for _, row in part.iterrows()
+        ]
+        out.append({"group": label, "max_rate": _json_rate(best), "rates": rates})
     return out
 
 
@@ -90,14 +80,6 @@ def rate_line(slo: dict[str, float], entry: dict | None) -> str:
     return f"{head}: {'all at t0 (inf)' if rate == 'inf' else f'{rate:g} req/s'}"
 
 
-def _rates(part: pd.DataFrame) -> list[dict]:
-    return [
-        {"offered_request_rate": _json_rate(row["_rate"]), "status": row["status"]}
-        | {k: to_number(row.get(k)) for k in RATE_METRICS}
-        for _, row in part.iterrows()
-    ]
-
-
 def _json_rate(rate: float | None) -> float | str | None:
     return "inf" if rate is not None and math.isinf(rate) else rate
 
@@ -109,10 +91,10 @@ def plot_serving(
     ok = table[table["status"] == "ok"]
     if ok.empty:
         return
-    plt = pyplot()
+    plt = plots.pyplot()
     fig, axes = plt.subplots(1, 5, figsize=(18, 3.6))
-    axis = NumericAxis(ok[RATE], RATE)
-    for colour, (label, part) in enumerate(groups(ok, others)):
+    axis = plots.NumericAxis(ok[RATE], RATE)
+    for colour, (label, part) in enumerate(plots.groups(ok, others)):
         part = part.assign(_x=axis.place(part[RATE])).sort_values("_x")
         style = {"color": f"C{colour}", "capsize": 3}
         for ax, (_, metric) in zip(axes, LATENCY_PANELS):
@@ -126,23 +108,23 @@ def plot_serving(
         _decorate(ax, axis, f"{name} (ms)", slo.get(metric), f"SLO {slo.get(metric, 0):g} ms")
     _decorate(axes[3], axis, "requests/s")
     _decorate(axes[4], axis, "SLO attainment", MIN_ATTAINMENT if slo else None, f"{MIN_ATTAINMENT:.0%}")
-    from_zero(axes[4], top=HEADROOM)  # a fraction: up to 1, with room for the markers at 1
-    save_figure(fig, title, path)
+    plots.from_zero(axes[4], top=plots.HEADROOM)  # a fraction: up to 1, with room for the markers at 1
+    plots.save_figure(fig, title, path)
 
 
 def _series(ax, part: pd.DataFrame, metric: str, label: str, fmt: str, style: dict) -> None:
     if metric in part.columns and part[metric].notna().any():
-        y, err = metric_values(part, metric)
+        y, err = plots.metric_values(part, metric)
         ax.errorbar(part["_x"], y, yerr=err, fmt=fmt, label=label, **style)
 
 
-def _decorate(ax, axis: NumericAxis, ylabel: str, limit: float | None = None, limit_label: str = "") -> None:
+def _decorate(ax, axis, ylabel: str, limit: float | None = None, limit_label: str = "") -> None:
     if limit is not None:
         ax.axhline(limit, color="red", linestyle=":", linewidth=1, label=limit_label)
     axis.apply(ax)
-    ax.set_xlabel(f"offered rate ({unit('request_throughput')[0]})", fontsize=8)
+    ax.set_xlabel("offered rate (req/s)", fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
-    from_zero(ax)
+    plots.from_zero(ax)
     ax.tick_params(labelsize=7)
     if ax.get_legend_handles_labels()[0]:  # below the panel: inside, it would hide data
         ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
