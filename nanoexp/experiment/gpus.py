@@ -31,18 +31,15 @@ def claim(gpus_per_job: int, job_num: int, lock_dir: Path | None = None) -> list
     count = min(gpus_per_job, len(visible))
     start = (job_num * count) % len(visible)
     order = visible[start:] + visible[:start]
-    mine = wait_for_free(order, count, lock_dir) if lock_dir else order[:count]
+    mine = order[:count]
+    if lock_dir is not None:
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        if not (mine := try_take(order, count, lock_dir)):
+            print(f"nanoexp: waiting for {count} free GPU(s)", file=sys.stderr, flush=True)
+        while not mine:
+            time.sleep(POLL_S)
+            mine = try_take(order, count, lock_dir)
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
-    return mine
-
-
-def wait_for_free(order: list[str], count: int, lock_dir: Path) -> list[str]:
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    if not (mine := try_take(order, count, lock_dir)):
-        print(f"nanoexp: waiting for {count} free GPU(s)", file=sys.stderr, flush=True)
-    while not mine:
-        time.sleep(POLL_S)
-        mine = try_take(order, count, lock_dir)
     return mine
 
 

@@ -52,19 +52,14 @@ def main(cfg: DictConfig) -> int:
         code = _run_job(cfg, job)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line and an exit code
         code = _report_error(e, job)
-    except KeyboardInterrupt as e:
-        code = _stop(interrupts.as_interrupted(e), job)
+    except KeyboardInterrupt as e:  # recorded as failed; in a sweep's own process it stops the sweep too
+        interrupt = interrupts.as_interrupted(e)
+        code = _report_error(interrupt, job)
+        if job is not None and job.multirun and SUBMITIT_EXECUTOR not in os.environ:
+            interrupt.reported = True
+            raise interrupt
     if code and not (job and job.multirun):
         sys.exit(code)
-    return code
-
-
-def _stop(interrupt: interrupts.Interrupted, job: JobInfo | None) -> int:
-    """A signalled job is recorded as failed; in a sweep's own process it stops the sweep too."""
-    code = _report_error(interrupt, job)
-    if job is not None and job.multirun and SUBMITIT_EXECUTOR not in os.environ:
-        interrupt.reported = True
-        raise interrupt
     return code
 
 
@@ -195,7 +190,8 @@ def _log_early_failure(cfg: DictConfig, job: JobInfo, error: BaseException) -> N
 
 def _report_error(e: BaseException, job: JobInfo | None) -> int:
     """The one line (stderr and run.log), error.txt and results.json; never raises."""
-    code, line = _exit_code(e), _error_line(e)
+    notes = [(n.strip().splitlines() or [""])[0] for n in getattr(e, "__notes__", [])]  # e.g. a logger's
+    code, line = _exit_code(e), "; ".join([_one_line(e), *filter(None, notes)])
     if _user_wants_full_error():
         traceback.print_exc()
     where = ""
@@ -275,12 +271,6 @@ def _one_line(e: BaseException) -> str:
     line = first_line(e, limit=None)
     key = getattr(e, "full_key", None) if _is_config_error(e) else None
     return f"{key}: {line}" if key and key not in line else line
-
-
-def _error_line(e: BaseException) -> str:
-    """The first line of the error and of each note added to it (e.g. a logger that failed too)."""
-    notes = [(n.strip().splitlines() or [""])[0] for n in getattr(e, "__notes__", [])]
-    return "; ".join([_one_line(e), *filter(None, notes)])
 
 
 def _user_wants_full_error() -> bool:

@@ -138,28 +138,17 @@ ARRIVALS: dict[str, Check] = {
     "burstiness": (lambda v: is_number(v) and 1e-3 <= v <= 1e3, "a number in [0.001, 1000] (1 = Poisson)"),
     "max_concurrency": (lambda v: v is None or POSITIVE_INT[0](v), "null (unlimited) or an integer >= 1"),
 }
-RANDOM: dict[str, Check] = {
-    "num_requests": POSITIVE_INT,
-    "input_len": POSITIVE_INT,
-    "output_len": POSITIVE_INT,
+RANDOM: dict[str, Check] = dict.fromkeys(("num_requests", "input_len", "output_len"), POSITIVE_INT) | {
     "range_ratio": RATIO,
     "output_range_ratio": (lambda v: v is None or RATIO[0](v), "null or a number in [0, 1)"),
 }
 FIELDS_BY_KIND: dict[WorkloadKind, dict[str, Check]] = {  # the fields each kind uses
     WorkloadKind.random: RANDOM,
     WorkloadKind.shared_prefix: RANDOM | {"prefix_len": POSITIVE_INT, "num_prefixes": POSITIVE_INT},
-    WorkloadKind.latency: {
-        "batch_size": POSITIVE_INT,
-        "input_len": POSITIVE_INT,
-        "output_len": POSITIVE_INT,
-        "num_iters": POSITIVE_INT,
-        "num_iters_warmup": COUNT_INT,
-    },
-    WorkloadKind.nanovllm_bench: {
-        "num_requests": POSITIVE_INT,
-        "input_len": BENCH_LEN,
-        "output_len": BENCH_LEN,
-    },
+    WorkloadKind.latency: dict.fromkeys(("batch_size", "input_len", "output_len", "num_iters"), POSITIVE_INT)
+    | {"num_iters_warmup": COUNT_INT},
+    WorkloadKind.nanovllm_bench: {"num_requests": POSITIVE_INT}
+    | dict.fromkeys(("input_len", "output_len"), BENCH_LEN),
     WorkloadKind.prompts_file: {
         "num_requests": (lambda v: is_int(v) and (v == -1 or v >= 1), "-1 (all prompts) or an integer >= 1"),
         "output_len": POSITIVE_INT,
@@ -395,16 +384,12 @@ class NanoexpConfig:
         if self.save_outputs is not None:
             boolean("save_outputs", self.save_outputs)
         boolean("append_to_sweep", self.append_to_sweep)
-        if self.engine.kind is EngineKind.hf:
-            self._check_baseline_settings()
-
-    def _check_baseline_settings(self) -> None:
-        """Settings the transformers baseline cannot apply are errors, not labels on its results."""
-        for knob, value, default in (
+        baseline_only = (  # settings the transformers baseline cannot apply are errors, not labels
             ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size, 1),
             ("cache.kv_cache_dtype", self.cache.kv_cache_dtype, "auto"),
             ("cache.num_blocks", self.cache.num_blocks, -1),
-        ):
+        )
+        for knob, value, default in baseline_only if self.engine.kind is EngineKind.hf else ():
             if value != default:
                 raise KnobError(knob, value, f"{default!r} with engine=hf (transformers cannot apply it)")
 
@@ -434,12 +419,6 @@ def _reject_unknown_keys(values: dict, schema: type, prefix: str) -> None:
             _reject_unknown_keys(value, known[key], f"{prefix}{key}.")
 
 
-def register_configs() -> None:
-    """The root schema (conf/config.yaml lists it first) and the resolver of hydra.sweep.subdir."""
-    ConfigStore.instance().store(name="nanoexp_schema", node=NanoexpConfig)
-    OmegaConf.register_new_resolver("nanoexp_dir_name", safe_dir_name, replace=True)
-
-
 def safe_dir_name(name: str) -> str:
     """A job dir name that stays one path component (`/` is %2F) and fits the file system (cut, hashed)."""
     name = name.replace("%", "%25").replace("/", "%2F").replace("\0", "%00")
@@ -449,4 +428,6 @@ def safe_dir_name(name: str) -> str:
     return encoded[: NAME_MAX - 13].decode(errors="ignore") + "~" + hashlib.sha1(encoded).hexdigest()[:12]
 
 
-register_configs()
+# the root schema (conf/config.yaml lists it first) and the resolver of hydra.sweep.subdir
+ConfigStore.instance().store(name="nanoexp_schema", node=NanoexpConfig)
+OmegaConf.register_new_resolver("nanoexp_dir_name", safe_dir_name, replace=True)

@@ -185,7 +185,7 @@ def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
         row |= {c: part[c].mean() for c in numeric if not c.endswith(CI)}
         if NOISE in part.columns:
             row[NOISE] = "; ".join(dict.fromkeys(w for w in part[NOISE].fillna("") if w))
-        repeats = [r for d in part["job_dir"] for r in _results(sweep_dir / str(d)).get("per_repeat") or []]
+        repeats = [r for d in part["job_dir"] for r in _per_repeat(sweep_dir / str(d) / RESULTS_FILE)]
         row["repeats"] = len(repeats)
         for key in HEADLINE:
             values = [r[key] for r in repeats if isinstance(r.get(key), int | float)]
@@ -197,12 +197,11 @@ def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
     return pd.concat([pd.DataFrame(pooled), rest], ignore_index=True).sort_values("job_num", kind="stable")
 
 
-def _results(job_dir: Path) -> dict:
-    """The summary of a job's results.json ({} when unreadable)."""
+def _per_repeat(path: Path) -> list[dict]:
     try:
-        return json.loads((job_dir / RESULTS_FILE).read_text())["summary"]
+        return json.loads(path.read_text())["summary"].get("per_repeat") or []
     except (OSError, ValueError, KeyError):
-        return {}
+        return []
 
 
 def plot_title(table: pd.DataFrame, swept: list[str]) -> str:

@@ -103,7 +103,11 @@ class WandbLogger:
 def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None, name: str, job_type: str):
     """A W&B run under `out_dir`, offline when online fails; returns it and the env variables it set."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    env_set = set_missing_env(job_env(out_dir))
+    # wandb's local dirs under `out_dir`, its telemetry off, quiet: where the user has not set them
+    env = {var: str(out_dir / "wandb" / "local" / sub) for var, sub in LOCAL_DIRS.items()}
+    env |= {"WANDB_ERROR_REPORTING": "false", "WANDB_SILENT": "true"}
+    env_set = [k for k in env if k not in os.environ]
+    os.environ.update({k: env[k] for k in env_set})
     try:
         run, fallback = _init(cfg, out_dir, dict(config=config, group=group, name=name, job_type=job_type))
     except BaseException:
@@ -111,7 +115,11 @@ def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None,
         raise
     where = run_dir(run)
     if fallback:
-        print(f"wandb: warning: no online run within {init_timeout_s():g} s ({fallback}); logging "
+        try:
+            timeout_s = float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
+        except ValueError:
+            timeout_s = INIT_TIMEOUT_S
+        print(f"wandb: warning: no online run within {timeout_s:g} s ({fallback}); logging "
               f"offline instead, upload later with `wandb sync {where}`", file=sys.stderr)  # fmt: skip
     elif run.settings.mode == "offline":
         print(f"wandb: offline run; upload it with `wandb sync {where}`", file=sys.stderr)
@@ -148,25 +156,14 @@ def choose_mode() -> str | None:
     if os.environ.get("WANDB_MODE"):
         return None
     os.environ.pop("WANDB_MODE", None)  # an empty value would fail wandb's settings validation
-    return "online" if has_api_key() else "offline"
-
-
-def has_api_key() -> bool:
     if os.environ.get("WANDB_API_KEY"):
-        return True
+        return "online"
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
     try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
+        logged_in = netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
     except (FileNotFoundError, netrc.NetrcParseError):
-        return False
-
-
-def init_timeout_s() -> float:
-    """How long the online attempt may take: WANDB_INIT_TIMEOUT when the user set it."""
-    try:
-        return float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
-    except ValueError:
-        return INIT_TIMEOUT_S
+        logged_in = False
+    return "online" if logged_in else "offline"
 
 
 def bounded_timeouts() -> dict:
@@ -174,19 +171,6 @@ def bounded_timeouts() -> dict:
     bounds = {"init_timeout": ("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S)}
     bounds["finish_timeout"] = ("WANDB_FINISH_TIMEOUT", FINISH_TIMEOUT_S)
     return {k: v for k, (var, v) in bounds.items() if var not in os.environ}
-
-
-def job_env(out_dir: Path) -> dict[str, str]:
-    """wandb's variables for this job: its local dirs under `out_dir`, its telemetry off, quiet."""
-    dirs = {var: str(out_dir / "wandb" / "local" / sub) for var, sub in LOCAL_DIRS.items()}
-    return dirs | {"WANDB_ERROR_REPORTING": "false", "WANDB_SILENT": "true"}
-
-
-def set_missing_env(values: dict[str, str]) -> list[str]:
-    """Sets the variables the user has not set; returns their names for `restore_env`."""
-    missing = [k for k in values if k not in os.environ]
-    os.environ.update({k: values[k] for k in missing})
-    return missing
 
 
 def restore_env(names: list[str]) -> None:
