@@ -160,12 +160,12 @@ def build_tokenizer(checkpoint: Checkpoint):
 
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
-    from nanoexp.experiment.workloads import WorkloadError, build_workload
+    from nanoexp.experiment.workloads import build_workload
 
     tokenize = (lambda text: tokenizer.encode(text)) if tokenizer is not None else None
     try:
         workload = build_workload(spec.workload, spec.sampler, spec.model.arch.vocab_size, tokenize)
-    except (WorkloadError, ValueError) as e:
+    except ValueError as e:  # ConfigError, or a value SamplingParams rejects
         raise ConfigError(str(e)) from None
     longest = max(len(r.prompt_token_ids) + r.sampling_params.max_tokens for r in workload.requests)
     if longest > max_model_len(spec):

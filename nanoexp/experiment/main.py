@@ -57,7 +57,7 @@ def main(cfg: DictConfig) -> int:
         code = _report_error(interrupt, job)
         if job is not None and job.multirun and SUBMITIT_EXECUTOR not in os.environ:
             interrupt.reported = True
-            raise interrupt
+            raise interrupt from None
     if code and not (job and job.multirun):
         sys.exit(code)
     return code

@@ -13,7 +13,7 @@ import numpy as np
 
 from nanoexp.config import SamplingParams
 from nanoexp.config.checks import is_int
-from nanoexp.experiment.schema import SamplerConfig, WorkloadConfig, WorkloadKind, length_range
+from nanoexp.experiment.schema import ConfigError, SamplerConfig, WorkloadConfig, WorkloadKind, length_range
 
 Tokenize = Callable[[str], list[int]]
 TOKEN_ID_HIGH = 10000  # random prompts use ids below this (ordinary tokens), as nano-vLLM's bench
@@ -38,10 +38,6 @@ class Workload:
         return self.num_iters > 1 or self.num_iters_warmup > 0
 
 
-class WorkloadError(ValueError):
-    pass
-
-
 def build_workload(
     w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int, tokenize: Tokenize | None = None
 ) -> Workload:
@@ -60,8 +56,11 @@ def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None):
         return nanovllm_bench_prompts(w.num_requests, w.input_len, w.output_len, w.seed, vocab)
     if w.kind is WorkloadKind.random:
         return random_prompts(w, w.num_requests, vocab)
-    if w.kind is WorkloadKind.shared_prefix:
-        return shared_prefix_prompts(w, vocab)
+    if w.kind is WorkloadKind.shared_prefix:  # num_prefixes prefixes, round-robin, before each suffix
+        rng, high = np.random.default_rng(w.seed), min(vocab, TOKEN_ID_HIGH)
+        prefixes = [rng.integers(0, high, size=w.prefix_len).tolist() for _ in range(w.num_prefixes)]
+        suffixes, out_lens = random_prompts(w, w.num_requests, vocab)
+        return [prefixes[i % w.num_prefixes] + s for i, s in enumerate(suffixes)], out_lens
     if w.kind is WorkloadKind.latency:
         fixed = WorkloadConfig(name=w.name, input_len=w.input_len, output_len=w.output_len, seed=w.seed)
         return random_prompts(fixed, w.batch_size, vocab)
@@ -88,16 +87,6 @@ def random_prompts(w: WorkloadConfig, num: int, vocab: int) -> tuple[list[list[i
     return [rng.integers(0, min(vocab, TOKEN_ID_HIGH), size=n).tolist() for n in in_lens], out_lens
 
 
-def shared_prefix_prompts(w: WorkloadConfig, vocab: int) -> tuple[list[list[int]], list[int]]:
-    """num_prefixes shared prefixes, assigned round-robin, each prompt with its own suffix."""
-    rng = np.random.default_rng(w.seed)
-    high = min(vocab, TOKEN_ID_HIGH)
-    prefixes = [rng.integers(0, high, size=w.prefix_len).tolist() for _ in range(w.num_prefixes)]
-    suffixes, out_lens = random_prompts(w, w.num_requests, vocab)
-    prompts = [prefixes[i % w.num_prefixes] + s for i, s in enumerate(suffixes)]
-    return prompts, out_lens
-
-
 def file_prompts(
     w: WorkloadConfig, tokenize: Tokenize | None, vocab: int
 ) -> tuple[list[list[int]], list[int]]:
@@ -107,7 +96,7 @@ def file_prompts(
     if w.num_requests > 0:
         numbered = numbered[: w.num_requests]
     if not numbered:
-        raise WorkloadError(f"workload.path={w.path!r}: no prompts in the file")
+        raise ConfigError(f"workload.path={w.path!r}: no prompts in the file")
     items = [_file_request(path, i, ln, w.output_len, tokenize, vocab) for i, ln in numbered]
     return [p for p, _ in items], [m for _, m in items]
 
@@ -117,13 +106,13 @@ def _text_lines(path: Path) -> list[tuple[int, str]]:
     try:
         data = path.read_bytes()
     except OSError as err:
-        raise WorkloadError(f"workload.path={str(path)!r}: cannot read it ({err.strerror or err})") from None
+        raise ConfigError(f"workload.path={str(path)!r}: cannot read it ({err.strerror or err})") from None
     lines = []
     for number, raw in enumerate(data.splitlines(), 1):
         try:
             lines.append((number, raw.decode("utf-8")))
         except UnicodeDecodeError as err:
-            raise WorkloadError(
+            raise ConfigError(
                 f"{path}:{number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
                 "a prompts file is JSONL or text, one prompt a line"
             ) from None
@@ -140,18 +129,18 @@ def _file_request(
     prompt = item.get("prompt_token_ids", item.get("prompt"))
     max_tokens = item.get("max_tokens", default_max)
     if not is_int(max_tokens) or max_tokens < 1:
-        raise WorkloadError(f"{where}: max_tokens={max_tokens!r} is invalid: must be an integer >= 1")
+        raise ConfigError(f"{where}: max_tokens={max_tokens!r} is invalid: must be an integer >= 1")
     if "prompt_token_ids" in item and "prompt" in item:
-        raise WorkloadError(f"{where}: has both 'prompt' and 'prompt_token_ids'; give one")
+        raise ConfigError(f"{where}: has both 'prompt' and 'prompt_token_ids'; give one")
     if "prompt_token_ids" in item:
         ids = item["prompt_token_ids"]
         if not isinstance(ids, list):
-            raise WorkloadError(f"{where}: prompt_token_ids must be a list of ints, got {ids!r:.80}")
+            raise ConfigError(f"{where}: prompt_token_ids must be a list of ints, got {ids!r:.80}")
         return _checked_ids(ids, vocab, where), int(max_tokens)
     prompt = item.get("prompt")
     if isinstance(prompt, str):
         return _tokenized(_unicode(prompt, where), tokenize, where), int(max_tokens)
-    raise WorkloadError(
+    raise ConfigError(
         f"{where}: needs 'prompt' (a string) or 'prompt_token_ids' (a list of ints), got {prompt!r:.80}"
     )
 
@@ -160,20 +149,20 @@ def _json_object(line: str, where: str) -> dict:
     try:
         item = json.loads(line)
     except json.JSONDecodeError as err:
-        raise WorkloadError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+        raise ConfigError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
     except RecursionError:
-        raise WorkloadError(f"{where}: JSON nested too deeply; a line is one flat object") from None
+        raise ConfigError(f"{where}: JSON nested too deeply; a line is one flat object") from None
     if not isinstance(item, dict):
-        raise WorkloadError(f'{where}: must be a JSON object like {{"prompt": "..."}}, got {line[:80]}')
+        raise ConfigError(f'{where}: must be a JSON object like {{"prompt": "..."}}, got {line[:80]}')
     return item
 
 
 def _checked_ids(ids: list, vocab: int, where: str) -> list[int]:
     if not ids:
-        raise WorkloadError(f"{where}: prompt_token_ids is empty: a prompt needs at least one token")
+        raise ConfigError(f"{where}: prompt_token_ids is empty: a prompt needs at least one token")
     for pos, t in enumerate(ids):
         if not is_int(t) or not 0 <= t < vocab:
-            raise WorkloadError(
+            raise ConfigError(
                 f"{where}: prompt_token_ids[{pos}]={t!r} is invalid: must be an integer in [0, {vocab})"
             )
     return [int(t) for t in ids]
@@ -184,7 +173,7 @@ def _unicode(text: str, where: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        raise WorkloadError(
+        raise ConfigError(
             f"{where}: the prompt holds a lone surrogate ({text[err.start]!r} at character "
             f"{err.start}), which is not valid Unicode text"
         ) from None
@@ -193,13 +182,13 @@ def _unicode(text: str, where: str) -> str:
 
 def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
     if tokenize is None:
-        raise WorkloadError(
+        raise ConfigError(
             f"{where}: a text prompt, but the model has no tokenizer "
             "(dummy weights): use prompt_token_ids or a real checkpoint"
         )
     ids = tokenize(text)
     if not ids:
-        raise WorkloadError(f"{where}: the prompt is empty (no tokens)")
+        raise ConfigError(f"{where}: the prompt is empty (no tokens)")
     return ids
 
 
