@@ -14,7 +14,7 @@ import pytest
 
 from nanoexp.experiment.compare import ratio
 from nanoexp.experiment.job import run_name, swept_keys
-from nanoexp.experiment.job_memory import JobMemory
+from nanoexp.experiment.main import JobMemory
 from nanoexp.experiment.repeats import LoadMeter, noise_flags
 from nanoexp.experiment.schema import NoiseConfig
 from nanoexp.experiment.sweep_report import typed

@@ -156,11 +156,8 @@ def markdown(table: pd.DataFrame, header: list[str]) -> str:
         return "\n".join([*lines, "no matched jobs", ""])
     lines += ["| config | metric | A | B | B/A (95% CI) | verdict |", "|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
-        ci = (
-            f" ({r.ratio_ci95_low:.3f}-{r.ratio_ci95_high:.3f})"
-            if r.ratio_ci95_low == r.ratio_ci95_low
-            else ""
-        )
+        low, high = r.ratio_ci95_low, r.ratio_ci95_high
+        ci = f" ({low:.3f}-{high:.3f})" if low == low else ""
         cell = f"**{r.ratio:.3f}**" if r.significant else f"{r.ratio:.3f}"
         lines.append(f"| {r.config} | {r.metric} | {r.a:.4g} | {r.b:.4g} | {cell}{ci} | {r.verdict} |")
     return "\n".join([*lines, "", "**bold**: the interval excludes 1 (beyond noise)", ""])

@@ -66,7 +66,9 @@ class HFBaseline:
         return outs
 
     def _output(self, r: Request, row: list[int], times: list[float], t0: float) -> RequestOutput:
-        tokens = _truncate(row, r.sampling_params, self.eos)
+        tokens = row[: r.sampling_params.max_tokens]
+        if not r.sampling_params.ignore_eos and self.eos in tokens:
+            tokens = tokens[: tokens.index(self.eos) + 1]
         self._next_id += 1
         arrival = t0 + r.arrival_offset_s
         return RequestOutput(
@@ -146,19 +148,14 @@ def _generate_kwargs(batch: list[Request]) -> dict:
     kwargs = {"max_new_tokens": max_new, "do_sample": not sp.greedy, "num_beams": 1}
     if any(r.sampling_params.ignore_eos for r in batch):
         kwargs["min_new_tokens"] = max_new
-    if not sp.greedy:
-        kwargs |= {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": max(sp.top_k, 0)}
-        kwargs["min_p"] = sp.min_p or None
-    else:
-        kwargs |= {"temperature": None, "top_p": None, "top_k": None}
-    return kwargs
-
-
-def _truncate(row: list[int], sp, eos: int) -> list[int]:
-    tokens = row[: sp.max_tokens]
-    if not sp.ignore_eos and eos in tokens:
-        tokens = tokens[: tokens.index(eos) + 1]
-    return tokens
+    if sp.greedy:
+        return kwargs | dict.fromkeys(("temperature", "top_p", "top_k"), None)
+    return kwargs | {
+        "temperature": sp.temperature,
+        "top_p": sp.top_p,
+        "top_k": max(sp.top_k, 0),
+        "min_p": sp.min_p or None,
+    }
 
 
 def _left_pad(batch: list[Request], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,32 +55,30 @@ class FanoutLogger:
                 errors.append(err)
         if errors:
             line = first_line(errors[0], limit=None)
-            _call_each(reversed(self.started), lambda lg: lg.finish({"error": line}, 1))
+            with contextlib.suppress(Exception):  # the start's error is the one to raise
+                _call_each(reversed(self.started), lambda lg: lg.finish({"error": line}, 1))
             self.started.clear()
             raise errors[0]
 
     def log_step(self, step: int, row: dict) -> None:
-        _raise_first(_call_each(self.started, lambda lg: lg.log_step(step, row)))
+        _call_each(self.started, lambda lg: lg.log_step(step, row))
 
     def log_requests(self, rows: list[dict]) -> None:
-        _raise_first(_call_each(self.started, lambda lg: lg.log_requests(rows)))
+        _call_each(self.started, lambda lg: lg.log_requests(rows))
 
     def finish(self, summary: dict, exit_code: int = 0) -> None:
         started, self.started = self.started, []
-        _raise_first(_call_each(reversed(started), lambda lg: lg.finish(summary, exit_code)))
+        _call_each(reversed(started), lambda lg: lg.finish(summary, exit_code))
 
 
-def _call_each(loggers: Iterable[Logger], call: Callable[[Logger], None]) -> list[Exception]:
+def _call_each(loggers: Iterable[Logger], call: Callable[[Logger], None]) -> None:
+    """Every logger gets its call; then the first error is raised."""
     errors = []
     for logger in loggers:
         try:
             call(logger)
-        except Exception as err:  # noqa: BLE001 - every logger gets its call; the caller raises
+        except Exception as err:  # noqa: BLE001 - raised below, after the others
             errors.append(err)
-    return errors
-
-
-def _raise_first(errors: list[Exception]) -> None:
     if errors:
         raise errors[0]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 import traceback
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.config import EngineConfig
@@ -26,7 +28,6 @@ from nanoexp.experiment.build import Checkpoint, check_arch, resolve_checkpoint
 from nanoexp.experiment.driver import Progress
 from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
-from nanoexp.experiment.job_memory import JobMemory
 from nanoexp.experiment.loggers import RESULTS_FILE, first_line, write_atomically
 from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.provenance import collect_provenance
@@ -34,11 +35,13 @@ from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, su
 from nanoexp.experiment.schema import ConfigError, LoggerConfig, LoggerKind, NanoexpConfig, to_plain, to_spec
 from nanoexp.experiment.summary_table import print_summary
 from nanoexp.experiment.workloads import Request
+from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 
 CONFIG_EXIT, RUNTIME_EXIT = 2, 1
 FULL_ERROR = "HYDRA_FULL_ERROR"
 CLI_FULL_ERROR = "NANOEXP_CLI_SET_HYDRA_FULL_ERROR"  # marks FULL_ERROR as set by `cli`, not the user
 SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"  # set in the jobs submitit starts (local or slurm)
+CPU = torch.device("cpu")
 
 
 def main(cfg: DictConfig) -> int:
@@ -146,11 +149,46 @@ def experiment(
     }
 
 
+class JobMemory:
+    """Memory of one job, not of the process's lifetime (a sweep runs its jobs in one process): the peaks
+    are reset when it starts, and its peak is split into weights, KV cache and the rest."""
+
+    def __init__(self) -> None:
+        reset = reset_peak_memory(CPU) == "resident"
+        self.scope = "job" if reset else "process lifetime (no /proc/self/clear_refs)"
+        self.rss_at_start = _status_bytes("VmRSS")
+        self.device = torch.cuda.is_available()
+        if torch.cuda.is_initialized():  # by an earlier job of the sweep; otherwise it starts now anyway
+            torch.cuda.reset_peak_memory_stats()
+
+    def summary(self, stats: dict) -> dict:
+        """The job's peak RSS (and device allocations on a GPU), split into weights, KV cache and other."""
+        weights, kv = int(stats.get("weights_bytes", 0)), int(stats.get("kv_cache_bytes", 0))
+        peak_rss = peak_memory_bytes(CPU)
+        out = {"job_memory_scope": self.scope, "job_peak_rss_bytes": peak_rss}
+        out["job_rss_at_start_bytes"] = self.rss_at_start
+        out |= {"memory_weights_bytes": weights, "memory_kv_cache_bytes": kv}
+        if self.device and stats.get("device") == "cuda":
+            peak = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_initialized() else 0
+            out["job_peak_device_bytes"] = peak
+            out["memory_other_bytes"] = max(0, peak - weights - kv)
+        else:
+            out["memory_other_bytes"] = max(0, peak_rss - self.rss_at_start - weights - kv)
+        return out
+
+
+def _status_bytes(field: str) -> int:
+    """A `kB` field of /proc/self/status in bytes (0 off Linux)."""
+    try:
+        match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    except OSError:
+        return 0
+    return int(match.group(1)) * 1024 if match else 0
+
+
 def _release_cuda_memory() -> None:
     """Hands the cached GPU memory back: the next job of the sweep sizes its KV cache from free memory."""
     import gc
-
-    import torch
 
     gc.collect()
     if torch.cuda.is_initialized():

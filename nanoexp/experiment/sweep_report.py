@@ -26,7 +26,7 @@ from nanoexp.experiment.job import sweep_group, sweep_overrides
 from nanoexp.experiment.loggers import RESULTS_FILE, first_line
 from nanoexp.experiment.schema import LoggerConfig, LoggerKind
 from nanoexp.experiment.summary_table import interval_suffix
-from nanoexp.experiment.sweep_serving import METRICS as SERVING_METRICS
+from nanoexp.experiment.sweep_plots import SERVING_METRICS
 
 METRICS = ["output_throughput", "total_token_throughput", "request_goodput", "mean_ttft_ms", "p99_ttft_ms"]
 METRICS += ["mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "peak_memory_bytes"]
@@ -149,8 +149,7 @@ def write_report(
     jobs = collect(sweep_dir, expected, extra)
     if jobs.empty:
         return None
-    from nanoexp.experiment.sweep_plots import plot_latency_cdf, plot_param
-    from nanoexp.experiment.sweep_serving import serving_report
+    from nanoexp.experiment.sweep_plots import plot_latency_cdf, plot_param, serving_report
 
     table = pool_trials(jobs, sweep_dir)
     swept = swept_keys(table)
