@@ -1,5 +1,4 @@
-"""The research layer: builds a job from the composed config, measures it and reports sweeps (not
-`conf/experiment/`, presets, nor `experiments/`, published studies)."""
+"""The research layer: builds a job from the composed config, measures it and reports sweeps."""
 
 from nanoexp.experiment.main import main
 

@@ -1,6 +1,4 @@
-"""A job's parts from its typed config: the checks across groups, the weights (a local checkpoint, the
-local hub cache, or dummy weights), the EngineConfig, the engine (ours or the transformers baseline)
-and its driver, the workload and the logger; a bad config fails before any weights are touched."""
+"""A job's parts from its typed config, checked across groups before any weights are touched."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Two sweeps side by side: jobs matched by their swept values, each metric's ratio B/A with a 95%
-confidence interval from the repeats, significant when it excludes 1.
-
-    python -m nanoexp.experiment.compare SWEEP_A SWEEP_B [--metrics a,b] [--out DIR]
-
-writes compare.md, .csv and .png into DIR (default: SWEEP_B) and prints the table.
-"""
+"""Two sweeps side by side (`python -m nanoexp.experiment.compare SWEEP_A SWEEP_B`): jobs matched by
+their swept values, each metric's ratio B/A with a 95% CI from the repeats, in compare.md/.csv/.png."""
 
 from __future__ import annotations
 
@@ -186,9 +181,8 @@ def plot(table: pd.DataFrame, header: list[str], path: Path) -> None:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m nanoexp.experiment.compare", description=__doc__.split("\n")[0]
-    )
+    description = "Two sweeps side by side: each metric's ratio B/A with a 95% CI from the repeats."
+    parser = argparse.ArgumentParser(prog="python -m nanoexp.experiment.compare", description=description)
     parser.add_argument("sweep_a", type=Path)
     parser.add_argument("sweep_b", type=Path)
     parser.add_argument("--metrics", default=",".join(METRICS), help="comma-separated summary keys")

@@ -22,9 +22,7 @@ def gpus_needed(gpus_per_job: int, tensor_parallel_size: int) -> int:
 
 
 def claim(gpus_per_job: int, job_num: int, lock_dir: Path | None = None) -> list[str]:
-    """Narrows CUDA_VISIBLE_DEVICES (before CUDA starts) to slice `job_num` of the visible GPUs; with
-    `lock_dir` (the sweep's, on this host) to the first free ones from that slice on, held until this
-    process exits, waiting while too few are free, so a sweep's jobs never share a GPU."""
+    """Narrows CUDA_VISIBLE_DEVICES to this job's GPUs; with `lock_dir`, never ones another job holds."""
     visible = visible_gpus() if gpus_per_job > 0 else []
     if not visible:
         return []
@@ -74,8 +72,7 @@ def held(lock: Path) -> bool:
 
 
 def visible_gpus() -> list[str]:
-    """CUDA_VISIBLE_DEVICES without the indices the machine lacks (submitit's local launcher lists
-    0..gpus_per_node-1 whatever it holds), else every GPU of the machine."""
+    """CUDA_VISIBLE_DEVICES less the GPUs the machine lacks (as submitit lists them), else all GPUs."""
     present = physical_gpus()
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:

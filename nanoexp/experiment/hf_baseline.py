@@ -1,6 +1,4 @@
-"""The transformers baseline: the same requests through `model.generate` (sdpa, left padding), in
-arrival-ordered batches of up to `max_batch`, each request timed from its scheduled arrival; a
-stopping criterion stamps every token, so TTFT/TPOT/ITL mean the same as for our engine."""
+"""The transformers baseline: the same requests through `model.generate`, timed as our engine's."""
 
 from __future__ import annotations
 

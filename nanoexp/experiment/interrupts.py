@@ -1,6 +1,4 @@
-"""SIGTERM and SIGINT end a job as a failure like any other: the signal becomes an `Interrupted`
-exception, the job unwinds through its usual cleanup and exits 128 + the signal's number. A second
-signal is ignored so cleanup is not cut short; the third exits at once."""
+"""SIGTERM and SIGINT end a job as a failure like any other (exit 128 + signal), after its cleanup."""
 
 from __future__ import annotations
 
@@ -19,16 +17,8 @@ class Interrupted(KeyboardInterrupt):
     """The job was stopped by a signal; `exit_code` is 128 + its number."""
 
     def __init__(self, signum: int = signal.SIGINT):
-        self.signum = signum
+        self.signum, self.signal_name, self.exit_code = signum, signal.Signals(signum).name, 128 + signum
         super().__init__(f"interrupted by {self.signal_name}")
-
-    @property
-    def signal_name(self) -> str:
-        return signal.Signals(self.signum).name
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
 
 
 _received: list[int] = []

@@ -1,5 +1,4 @@
-"""A job's KV-cache quality metrics: the engine's probe on a few of the workload's prompts, after the
-timed repeats and timed on its own; by default only for a lossy cache (kv_cache_dtype not auto)."""
+"""A job's KV-cache quality metrics: the engine's probe on a few prompts, after the timed repeats."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ def wanted(spec: NanoexpConfig) -> bool:
 
 
 def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
-    """`kv_quality/*` metrics, the cache dtype and `kv_quality_s`; prompts too long for the probe are
-    cut (counted in `kv_quality/num_cut_prompts`)."""
+    """`kv_quality/*` metrics, the cache dtype and `kv_quality_s`; long prompts are cut to fit."""
     start = time.perf_counter()
     limit = prompt_limit(llm.engine, cfg.num_tokens)
     prompts = [list(r.prompt_token_ids) for r in workload.requests[: cfg.num_requests]]

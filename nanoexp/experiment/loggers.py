@@ -1,5 +1,4 @@
-"""The logger protocol, the no-op logger, the fan-out that drives several as one, and the always-on
-local sink: results.json, requests.csv, steps.csv (and outputs.jsonl) in the job's output dir."""
+"""The logger base, the fan-out of several loggers, and the local sink (results.json, CSVs, outputs)."""
 
 from __future__ import annotations
 
@@ -37,9 +36,7 @@ class Logger:
 
 
 class FanoutLogger:
-    """Starts loggers in order and finishes them in reverse (W&B first, so it uploads the results
-    file the local sink wrote). Every call reaches every logger and the first error is raised after
-    all of them ran; a failed start finishes the loggers that did start (exit code 1)."""
+    """Starts loggers in order, finishes them in reverse; every call reaches every logger."""
 
     def __init__(self, loggers: Sequence[Logger]):
         self.loggers = list(loggers)

@@ -1,12 +1,10 @@
-"""One job: resolve the config, build, warm up, run the workload, summarize, log.
-
-Errors end the job with one line on stderr (config errors exit 2, others 1) and in run.log, with
-error.txt (line and traceback) and results.json left behind; in a multirun the job returns its
-exit code instead, so the other jobs still run.
-"""
+"""One job: resolve the config, build, warm up, run the workload, summarize, log. An error ends it
+with one line (exit 2 for config errors, else 1), error.txt and results.json (in a sweep: returned)."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import logging
 import os
@@ -126,8 +124,11 @@ def experiment(
         quality = kv_quality.measure_kv_quality(llm, workloads[0], spec.metrics.kv_quality) if probe else {}
     finally:
         llm.close()
-        llm = driver = None  # drop the model and KV cache before releasing their memory
-        _release_cuda_memory()
+        # drop the model and KV cache and hand their memory back: the next job may size its cache from it
+        llm = driver = None
+        gc.collect()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
     if loggers.wants_outputs(spec):
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
@@ -150,13 +151,17 @@ def experiment(
 
 
 class JobMemory:
-    """Memory of one job, not of the process's lifetime (a sweep runs its jobs in one process): the peaks
-    are reset when it starts, and its peak is split into weights, KV cache and the rest."""
+    """Memory of one job (a sweep runs its jobs in one process): weights, KV cache and the rest."""
 
     def __init__(self) -> None:
         reset = reset_peak_memory(CPU) == "resident"
         self.scope = "job" if reset else "process lifetime (no /proc/self/clear_refs)"
-        self.rss_at_start = _status_bytes("VmRSS")
+        try:
+            status = Path("/proc/self/status").read_text()
+        except OSError:  # not Linux
+            status = ""
+        match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
+        self.rss_at_start = int(match.group(1)) * 1024 if match else 0
         self.device = torch.cuda.is_available()
         if torch.cuda.is_initialized():  # by an earlier job of the sweep; otherwise it starts now anyway
             torch.cuda.reset_peak_memory_stats()
@@ -175,24 +180,6 @@ class JobMemory:
         else:
             out["memory_other_bytes"] = max(0, peak_rss - self.rss_at_start - weights - kv)
         return out
-
-
-def _status_bytes(field: str) -> int:
-    """A `kB` field of /proc/self/status in bytes (0 off Linux)."""
-    try:
-        match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
-    except OSError:
-        return 0
-    return int(match.group(1)) * 1024 if match else 0
-
-
-def _release_cuda_memory() -> None:
-    """Hands the cached GPU memory back: the next job of the sweep sizes its KV cache from free memory."""
-    import gc
-
-    gc.collect()
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 def _warm_up(driver, workload) -> float:
@@ -234,12 +221,10 @@ def _report_error(e: BaseException, job: JobInfo | None) -> int:
         traceback.print_exc()
     where = ""
     if job is not None:
-        try:
+        with contextlib.suppress(OSError):
             job.out_dir.mkdir(parents=True, exist_ok=True)
             write_atomically(job.out_dir / "error.txt", f"{line}\n\n{traceback.format_exc()}")
             where = f" (traceback: {job.out_dir / 'error.txt'})" if code == RUNTIME_EXIT else ""
-        except OSError:
-            pass
         _record_failure(job, code, line, _signal_of(e))
     record = logging.LogRecord("nanoexp", logging.ERROR, __file__, 0, f"nanoexp: error: {line}", None, None)
     for handler in logging.getLogger().handlers:  # run.log; stderr gets the line below
@@ -250,8 +235,7 @@ def _report_error(e: BaseException, job: JobInfo | None) -> int:
 
 
 def _record_failure(job: JobInfo, code: int, error: str, signalled: dict, replace: bool = False) -> None:
-    """A results.json whose status and exit code agree with the process's: written for jobs whose
-    loggers wrote none, and rewritten (config and summary kept) for jobs that failed after."""
+    """A results.json whose status and exit code agree with the process's (the loggers' kept, if any)."""
     path = job.out_dir / RESULTS_FILE
     results = {"status": "failed", "exit_code": code, "job": job.as_dict(), "summary": {"error": error}}
     try:

@@ -27,8 +27,7 @@ FRACTIONS = {"slo_attainment": 1.0}  # HEADLINE metrics bounded above (all are >
 def summarize(
     outputs: Sequence[RequestOutput], steps: Sequence[StepStats], duration_s: float, slo: dict | None = None
 ) -> dict[str, float]:
-    """Throughput, latency distributions and step aggregates of one benchmark pass; with SLOs (ms)
-    also `request_goodput`, `good_requests` and `slo_attainment` (the fraction that met them)."""
+    """Throughput, latency distributions and step aggregates of one pass; goodput against `slo` (ms)."""
     inputs = sum(len(o.prompt_token_ids) for o in outputs)
     generated = sum(len(o.token_ids) for o in outputs)
     summary: dict[str, float] = {

@@ -1,13 +1,6 @@
-"""The `profile.*` knobs: a torch profiler trace of chosen timed steps, the host's time per phase of
-each timed step, and the Triton compiles, torch.compile graphs and garbage collections that hit a
-timed step. With a knob on, the engine instance's per-step methods are wrapped (about a microsecond
-each) for the timed passes; with all off nothing is touched.
-
-Host phases: host_step_ms (engine.step), host_schedule_ms, host_launch_ms (executor.run/launch:
-inputs, forward and sampling enqueued; with TP=1 split into host_prepare_ms, host_forward_ms and
-host_sample_ms), host_collect_ms (the wait for the sampled ids), host_bookkeeping_ms
-(engine.advance/complete) and host_other_ms (the rest). The trace is of this process only.
-"""
+"""The `profile.*` knobs (README: Explain): a torch profiler trace of chosen timed steps, the host's time
+per step phase, and the compiles and garbage collections that hit a timed step. With a knob on, the
+engine instance's per-step methods are wrapped (about a microsecond each); all off, nothing is."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Where a result came from: the code (commit, dirty tree, a hash of the diff), the packages, the
-machine and the command line. A probe that cannot answer says why in its field."""
+"""Where a result came from: code, packages, machine and command; a failed probe says why in its field."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Repeats: the timed workload run `repeats` times on one engine, summarized as mean, std and a 95%
-confidence interval per headline metric, with the machine's load during each pass and flags for a
-job whose machine was busy or whose confidence intervals are wide."""
+"""The timed passes of a job, summarized with a 95% CI per headline metric and flags for noise."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ CI_CHECKED = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms
 
 
 def repeat_specs(spec: NanoexpConfig) -> list[NanoexpConfig]:
-    """One config per repeat: the same one, or with `reseed_repeats` the seeds shifted by the pass's
-    number over all trials, so that no two passes of a configuration share their prompts."""
+    """One config per repeat; with `reseed_repeats` no two passes of a configuration share prompts."""
     if not spec.reseed_repeats:
         return [spec] * spec.repeats
     specs, seed = [], spec.sampler.seed
@@ -46,8 +43,7 @@ def measure(
     profile: ProfileConfig | None = None,
     out_dir: Path | None = None,
 ) -> list[RunRecord]:
-    """Every repeat in turn, each on an empty prefix cache; steps go to `logger.log_step` after each
-    repeat (a failed one's too), with the profile columns when `profile` knobs are on."""
+    """Every repeat in turn, on an empty prefix cache; its steps logged after it (a failed one's too)."""
     profiler = _profiler(profile, driver, out_dir)
     extra: Callable = profiler.columns.get if profiler else lambda i, default: default
     emit: Callable = lambda i, stats, t, r: logger.log_step(i, step_row(i, stats, t, r) | extra(i, {}))

@@ -1,6 +1,4 @@
-"""The typed Hydra config: the engine's config classes as groups (`model` and `engine` extended with
-what only the experiment needs), plus the experiment-only groups; the YAMLs under conf/ say only
-what differs from these defaults."""
+"""The typed Hydra config: the engine's config classes as groups, plus the experiment-only groups."""
 
 from __future__ import annotations
 
@@ -249,8 +247,7 @@ class SloConfig:
 
 @dataclass
 class KvQualityConfig:
-    """The KV-cache quality probe after the timed repeats, for a lossy cache (or any with `lossless`):
-    `num_requests` prompts (0 = off), each decoding `num_tokens` greedy tokens through the cache."""
+    """The KV-cache quality probe: `num_requests` prompts (0 = off), `num_tokens` greedy tokens each."""
 
     num_requests: int = 4
     num_tokens: int = 8
@@ -264,8 +261,7 @@ class KvQualityConfig:
 
 @dataclass
 class NoiseConfig:
-    """A job is flagged noisy when the rest of the machine used more than `busy_cores` cores during a
-    timed pass, or a headline metric's 95% CI half-width exceeds `max_ci_share` of its mean."""
+    """When a job is flagged noisy: other load above `busy_cores`, or a CI wider than `max_ci_share`."""
 
     busy_cores: float = 0.5
     max_ci_share: float = 0.1

@@ -260,8 +260,7 @@ def shared_slo(table: pd.DataFrame) -> dict[str, float]:
 
 
 def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
-    """Per combination of the other swept parameters: the highest offered rate up to which every
-    rate's SLO attainment is >= MIN_ATTAINMENT (a failed job meets nothing), or None."""
+    """Per group of the other swept values: the highest rate up to which every rate meets the SLOs."""
     out = []
     for label, part in groups(table, others):
         part = part.assign(_rate=pd.to_numeric(part[RATE])).sort_values("_rate")

@@ -1,6 +1,4 @@
-"""Sweep report: a Hydra callback that tabulates and plots every job of a multirun, failed and
-vanished ones included, and with logger=wandb logs a sweep-level W&B run. When the launcher aborts
-the sweep, the report is still written at exit, after the jobs still running have ended."""
+"""Sweep report: a Hydra callback that tabulates and plots every job of a multirun, even after an abort."""
 
 from __future__ import annotations
 
@@ -169,8 +167,7 @@ def write_report(
 
 
 def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
-    """With `trial` swept, one row per configuration: headline metrics' mean and CI over every repeat
-    of its finished trials, other metrics' mean over the trials. Failed and vanished jobs keep theirs."""
+    """With `trial` swept, one row per configuration, its CIs over every repeat of its finished trials."""
     if TRIAL not in swept_keys(table):
         return table
     from nanoexp.experiment.metrics import HEADLINE, spread
@@ -231,8 +228,7 @@ def job_requests(sweep_dir: Path, table: pd.DataFrame, swept: list[str]) -> list
 
 
 def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
-    """`noise:<metric>`: "best" for the best row, "within noise" where a row's 95% CI overlaps the
-    best row's, "" otherwise; only for metrics with CIs (jobs run with repeats >= 2)."""
+    """`noise:<metric>`: "best", "within noise" (CI overlaps the best row's) or "" (with repeats)."""
     table = table.copy()
     ok = table["status"] == "ok"
     for metric in HIGHER_IS_BETTER + LOWER_IS_BETTER:
@@ -410,8 +406,7 @@ def _metric_cell(row: pd.Series, column: str) -> str:
 def log_sweep(
     sweep_dir: Path, table: pd.DataFrame, swept: list[str], images: list[Path], cfg: LoggerConfig, group: str
 ) -> str | None:
-    """The sweep-level W&B run (the table, the plots, the swept values in its config) under
-    `<sweep_dir>/wandb`; returns its dir, or None after one warning line when W&B failed."""
+    """The sweep-level W&B run (table, plots, swept values); None after one warning line if W&B failed."""
     from nanoexp.experiment.wandb_logger import restore_env, run_dir, start_run
 
     try:

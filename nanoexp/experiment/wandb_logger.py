@@ -1,9 +1,5 @@
-"""Weights & Biases: one run per job, grouped per sweep; offline unless logged in.
-
-W&B never blocks a job: init and finish are bounded, and an unreachable server means an offline run
-and one warning line. Its cache, data and temp files go under `<out>/wandb/local/` unless the user
-set WANDB_* variables; its telemetry is off (on exit it held an unreachable server for tens of s).
-"""
+"""Weights & Biases: one run per job, grouped per sweep, offline unless logged in; it never blocks a job
+(bounded init and finish, offline when the server is unreachable) and keeps its files in the job dir."""
 
 from __future__ import annotations
 
