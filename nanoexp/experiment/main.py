@@ -338,11 +338,8 @@ def cli(app: Callable[[], object]) -> None:
         sys.exit(CONFIG_EXIT)
     except OSError as e:  # Hydra creating the job's dir or its .hydra files (ours are caught in main)
         where = f"'{e.filename}'" if e.filename else "the output dir"
-        print(
-            f"nanoexp: error: cannot write {where}: {e.strerror or e} "
-            "(set hydra.run.dir or hydra.sweep.dir to a writable directory)",
-            file=sys.stderr,
-        )
+        hint = "set hydra.run.dir or hydra.sweep.dir to a writable directory"
+        print(f"nanoexp: error: cannot write {where}: {e.strerror or e} ({hint})", file=sys.stderr)
         sys.exit(RUNTIME_EXIT)
     except KeyboardInterrupt as e:  # a sweep stopped by a signal; its jobs reported themselves
         interrupt = interrupts.as_interrupted(e)

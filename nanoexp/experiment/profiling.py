@@ -64,18 +64,16 @@ class StepProfiler:
         return out | {"profile_gc_ms": sum(c["gc_ms"] for c in steps)}
 
     def job_summary(self) -> dict:
-        """What the whole job's passes left: the traces written and the timed steps that compiled."""
+        """The traces written and the timed steps that compiled (with a warning line naming them)."""
         out = {"profile_traces": " ".join(str(p) for p in self.traces if p.is_file())}
         if self.cfg.events:
             out["profile_compiled_steps"] = " ".join(map(str, self.compiled_steps))
-        return out
-
-    def warn(self) -> None:
         if self.compiled_steps:
             steps = ", ".join(map(str, self.compiled_steps[:20]))
             log.warning(
                 "%d timed steps compiled a kernel or graph (steps %s)", len(self.compiled_steps), steps
             )
+        return out
 
     def _wrap(self, log_steps, trace: _Trace | None):
         """Wraps the engine's methods for this pass; returns the function that removes the wrappers."""
@@ -90,11 +88,8 @@ class StepProfiler:
             owners += [(engine, "advance"), (engine, "complete")]
         for owner, name in (o for o in owners if hasattr(*o)):
             inner = getattr(owner, name)
-            setattr(
-                owner,
-                name,
-                self._step(inner, log_steps, trace) if name == "step" else self._timer(inner, name),
-            )
+            wrapper = self._step(inner, log_steps, trace) if name == "step" else self._timer(inner, name)
+            setattr(owner, name, wrapper)
             wrapped.append((owner, name))
         return lambda: [delattr(owner, name) for owner, name in wrapped]
 

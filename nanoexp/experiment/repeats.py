@@ -61,10 +61,9 @@ def measure(
                     records[-1].facts |= profiler.summary(since=log.index - len(records[-1].steps))
             finally:
                 log.flush()
-        if profiler:
-            profiler.warn()
-            for record in records:  # the same in each, so the job's summary has them whole
-                record.facts |= profiler.job_summary()
+        job_facts = profiler.job_summary() if profiler else {}
+        for record in records:  # the same in each, so the job's summary has them whole
+            record.facts |= job_facts
         return records
     finally:
         progress.close()

@@ -360,13 +360,9 @@ class NanoexpConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     repeats: int = 1  # timed passes of the workload on one engine, after the warm-up
-    # repeat r draws its prompts with workload.seed + r (and samples with sampler.seed + r): identical
-    # prompts would hit the prefix cache the earlier repeats filled
-    reseed_repeats: bool = True
+    reseed_repeats: bool = True  # pass r with workload.seed + r and sampler.seed + r (no prefix cache hits)
     save_outputs: bool | None = None  # outputs.jsonl; null = only for workload=prompts_file
-    # the interleaved pass this job is: `-m trial=0,1,2 <swept keys>` (trial first) runs every
-    # configuration once per trial, round-robin, and the report pools a configuration's trials
-    trial: int = 0
+    trial: int = 0  # the interleaved pass this job is (`-m trial=0,1,2 <swept keys>`); the report pools them
     notes: str = ""
     append_to_sweep: bool = False  # a sweep may write into a hydra.sweep.dir holding earlier results
 

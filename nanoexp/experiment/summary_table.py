@@ -39,12 +39,9 @@ ROWS = [  # label, summary keys, number format, unit; a name alone: a row built 
     ),
 ]
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
-PEAK_MEMORY_LABELS = {  # summary["peak_memory_kind"] -> its row's label
-    "allocated": "peak memory (allocated)",
-    "resident": "peak memory (resident)",
-    "resident_lifetime": "peak memory (process, resident)",
-}
-SHOWN = {  # always in the header, whether or not they differ from the defaults
+PEAK_KINDS = {"allocated": "allocated", "resident": "resident", "resident_lifetime": "process, resident"}
+# always in the header, whether or not they differ from the defaults
+SHOWN = {
     "parallel.tensor_parallel_size": "TP",
     "cache.block_size": "block size",
     "workload.request_rate": "rate",
@@ -86,7 +83,8 @@ def _row(summary: dict, row) -> tuple[str, tuple[str, ...], str, str] | None:
         keys = ("weights_bytes", "kv_cache_bytes") if has_cache else ("weights_bytes",)
         return ("weights / KV cache" if has_cache else "weights"), keys, "{:.3g}", "GB"
     if row == "peak memory":
-        label = PEAK_MEMORY_LABELS.get(summary.get("peak_memory_kind"), "peak memory")
+        kind = PEAK_KINDS.get(summary.get("peak_memory_kind"))
+        label = f"peak memory ({kind})" if kind else "peak memory"
         return label, ("peak_memory_bytes",), "{:.3g}", "GB"
     if row == "start-up":  # the engine's warm-up and graph capture only where they ran
         parts = [("load", "load_s")]

@@ -23,19 +23,13 @@ METRIC_LABELS = {  # metric -> its name in a panel title, its unit and the divis
     "slo_attainment": ("SLO attainment", "fraction of requests", 1.0),
     "duration_s": ("duration", "s", 1.0),
 }
-LATENCIES = {
-    "ttft": "TTFT",
-    "tpot": "TPOT",
-    "itl": "ITL",
-    "e2el": "end-to-end latency",
-    "latency": "iteration latency",
-}
+LATENCIES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end latency"}
+LATENCIES["latency"] = "iteration latency"
 INF_LABELS = {"workload.request_rate": "all at t0"}  # what an infinite value of a parameter means
 RATE = "param:workload.request_rate"
 MIN_ATTAINMENT = 0.9
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
 RATE_METRICS = ("request_throughput", "request_goodput", "slo_attainment")
-PLOT, SUMMARY = "sweep_serving.png", "sweep_serving.json"
 LATENCY_PANELS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"))
 PERCENTILE_METRICS = [f"{s}_{m}" for _, m in LATENCY_PANELS for s in ("median", "p99")]
 SERVING_METRICS = ["offered_request_rate", *RATE_METRICS, *PERCENTILE_METRICS]
@@ -57,11 +51,9 @@ def metric_title(metric: str) -> str:
 
 def unit(metric: str) -> tuple[str, float]:
     """(unit, divisor) of a metric's values."""
-    return (
-        METRIC_LABELS[metric][1:]
-        if metric in METRIC_LABELS
-        else ("ms" if metric.endswith("_ms") else "", 1.0)
-    )
+    if metric in METRIC_LABELS:
+        return METRIC_LABELS[metric][1:]
+    return ("ms" if metric.endswith("_ms") else "", 1.0)
 
 
 def plot_param(
@@ -168,9 +160,9 @@ def groups(ok: pd.DataFrame, others: list[str]) -> list[tuple[str, pd.DataFrame]
     """Sub-tables per combination of the other swept parameters, in numeric order where numeric."""
     if not others:
         return [("", ok)]
-    parts = list(ok.groupby(others, dropna=False, sort=False))
-    parts.sort(key=lambda g: tuple(sort_key(v) for v in _tuple(g[0])))
-    name = lambda g: ", ".join(f"{k.removeprefix('param:')}={v}" for k, v in zip(others, _tuple(g)))
+    parts = list(ok.groupby(others, dropna=False, sort=False))  # keyed by tuples (a list of keys)
+    parts.sort(key=lambda g: tuple(sort_key(v) for v in g[0]))
+    name = lambda g: ", ".join(f"{k.removeprefix('param:')}={v}" for k, v in zip(others, g))
     return [(name(g), p) for g, p in parts]
 
 
@@ -206,10 +198,6 @@ def sort_key(value) -> tuple:
     return (0, number, "") if number is not None else (1, 0.0, str(value))
 
 
-def _tuple(value) -> tuple:
-    return value if isinstance(value, tuple) else (value,)
-
-
 def pyplot():
     import matplotlib
 
@@ -243,8 +231,8 @@ def serving_report(table: pd.DataFrame, swept: list[str], title: str, sweep_dir:
     slo = shared_slo(table)
     found = max_rates(table, others) if slo else []
     summary = {"slo": slo, "min_slo_attainment": MIN_ATTAINMENT, "max_rate_meeting_slo": found}
-    (sweep_dir / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
-    plot_serving(table, others, slo, title, sweep_dir / PLOT)
+    (sweep_dir / "sweep_serving.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_serving(table, others, slo, title, sweep_dir / "sweep_serving.png")
     return [rate_line(slo, entry) for entry in found] or [rate_line(slo, None)]
 
 

@@ -160,9 +160,8 @@ def write_report(
         others = [k for k in swept if k != key]
         slug = key.removeprefix("param:").replace("/", "_").replace(".", "_")
         plot_param(table, [*METRICS, *extra], key, others, title, sweep_dir / f"sweep_{slug}.png")
-    plot_latency_cdf(
-        job_requests(sweep_dir, jobs, swept_keys(jobs)), title, sweep_dir / "sweep_latency_cdf.png"
-    )
+    cdf = sweep_dir / "sweep_latency_cdf.png"
+    plot_latency_cdf(job_requests(sweep_dir, jobs, swept_keys(jobs)), title, cdf)
     return table
 
 
@@ -362,15 +361,10 @@ def swept_keys(table: pd.DataFrame) -> list[str]:
 
 
 def markdown(
-    table: pd.DataFrame,
-    swept: list[str],
-    title: str,
-    context: str = "",
-    findings: list[str] | None = None,
-    extra: list[str] = (),
+    table: pd.DataFrame, swept: list, title: str, where: str = "", lines: list | None = None, extra: list = ()
 ) -> str:
     """The table with `mean ± CI half-width` cells (**bold**: a metric's best row, ≈: within noise of
-    it); `findings` (such as the max rate meeting the SLOs) above it, `extra` metrics after the main."""
+    it); `lines` (such as the max rate meeting the SLOs) above it, `extra` metrics after the main."""
     metrics = [m for m in dict.fromkeys([*TABLE_METRICS, *extra]) if m in table.columns]
     errors = ["error"] if (table["status"] != "ok").any() else []
     noisy = [NOISE] if NOISE in table.columns and table[NOISE].fillna("").astype(bool).any() else []
@@ -378,7 +372,7 @@ def markdown(
     header = "| " + " | ".join(c.removeprefix("param:") for c in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
     body = ["| " + " | ".join(_metric_cell(row, c) for c in columns) + " |" for _, row in table.iterrows()]
-    notes = [context] if context else []
+    notes = [where] if where else []
     if any(c.startswith("noise:") for c in table.columns):
         notes.append(
             "mean ± 95% CI half-width over repeats ([low, high] where the CI stops at 0); **bold**: "
@@ -386,8 +380,8 @@ def markdown(
         )
     if noisy:
         notes.append(f"{NOISE}: the job's machine was busy or its CIs are wide (metrics.noise)")
-    findings = [*(f"- {line}" for line in findings), ""] if findings else []
-    return "\n".join([f"# Sweep {title}", "", *notes, "", *findings, header, rule, *body, ""])
+    lines = [*(f"- {line}" for line in lines), ""] if lines else []
+    return "\n".join([f"# Sweep {title}", "", *notes, "", *lines, header, rule, *body, ""])
 
 
 def _metric_cell(row: pd.Series, column: str) -> str:

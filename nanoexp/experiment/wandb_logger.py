@@ -23,20 +23,13 @@ MAX_SOCKET_DIR = 60  # characters; a Unix socket's path has room for about 107
 SYSTEM_METRICS = {"x_stats_sampling_interval": 1.0, "x_stats_track_process_tree": True}
 INIT_TIMEOUT_S = 10.0  # wandb waits 90 s by default, then fails the job
 FINISH_TIMEOUT_S = 300.0  # wandb's default waits for the upload forever
-LOCAL_DIRS = {  # wandb's variable -> subdir of <out>/wandb/local
-    "WANDB_CACHE_DIR": "cache",
-    "WANDB_DATA_DIR": "data",
-    "WANDB_ARTIFACT_DIR": "artifacts",
-}
+# wandb's variable -> subdir of <out>/wandb/local
+LOCAL_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", "WANDB_ARTIFACT_DIR": "artifacts"}
 STEP_PREFIX = "step/"
 STEP_AXIS = STEP_PREFIX + "index"
-STEP_SUMMARIES = {  # per-step series whose min/max/mean make sense in the run's summary
-    "step_time_ms": "min,max,mean",
-    "tokens_per_s": "max,mean",
-    "kv_cache_usage": "max,mean",
-    "num_seqs": "max,mean",
-    "num_waiting": "max",
-}
+# per-step series whose min/max/mean make sense in the run's summary
+STEP_SUMMARIES = {"step_time_ms": "min,max,mean", "num_waiting": "max"}
+STEP_SUMMARIES |= dict.fromkeys(("tokens_per_s", "kv_cache_usage", "num_seqs"), "max,mean")
 
 
 class WandbLogger:
