@@ -37,23 +37,25 @@ class StepProfiler:
         self.gc_started = 0.0
         self.compiled_steps: list[int] = []
         self.traces: list[Path] = []
+        self.tracing = False
         self.runner_in_process = False  # host_prepare/forward/sample_ms: the rank runs in this process
 
     @contextmanager
     def repeat(self, repeat: int, log_steps):
         """Profiles one timed pass; `log_steps` (the StepLog) says whether a step is timed and its index."""
-        trace = None
+        trace = None  # a torch profiler, started at the pass's first timed step (not in a warm-up)
         if self.cfg.trace_steps and repeat == self.cfg.trace_repeat:
             self.traces.append(self.out_dir / PROFILE_DIR / f"trace_repeat{repeat}.json")
-            trace = _Trace(self.cfg.trace_first_step, self.cfg.trace_steps, self.traces[-1])
+            trace = _torch_profiler(self.cfg.trace_first_step, self.cfg.trace_steps, self.traces[-1])
         restore = self._wrap(log_steps, trace)
         try:
             with self._event_hooks():
                 yield
         finally:
             restore()
-            if trace is not None and trace.profiler is not None:
-                trace.profiler.stop()
+            if self.tracing:
+                trace.stop()
+                self.tracing = False
 
     def summary(self, since: int = 0) -> dict:
         """The event totals of the timed steps from index `since` on (one pass)."""
@@ -75,7 +77,7 @@ class StepProfiler:
             )
         return out
 
-    def _wrap(self, log_steps, trace: _Trace | None):
+    def _wrap(self, log_steps, trace):
         """Wraps the engine's methods for this pass; returns the function that removes the wrappers."""
         engine, wrapped = self.engine, []
         owners = [(engine, "step")]
@@ -110,11 +112,11 @@ class StepProfiler:
 
         return timed
 
-    def _step(self, inner, log_steps, trace: _Trace | None):
+    def _step(self, inner, log_steps, trace):
         def step():
-            if trace is not None and log_steps.recording and trace.profiler is None:
-                trace.profiler = _torch_profiler(trace.first, trace.count, trace.path)
-                trace.profiler.start()
+            if trace is not None and log_steps.recording and not self.tracing:
+                trace.start()
+                self.tracing = True
             self.phases.clear()
             start = time.perf_counter()
             result = inner()
@@ -122,7 +124,7 @@ class StepProfiler:
             if log_steps.recording:
                 self.columns[log_steps.index] = self._step_columns(log_steps.index, elapsed)
                 if trace is not None:
-                    trace.profiler.step()
+                    trace.step()
             return result
 
         return step
@@ -178,14 +180,6 @@ class StepProfiler:
         self.events["gc_collections"] += 1
         self.events["gc_full_collections"] += info["generation"] == 2
         self.events["gc_ns"] += time.perf_counter_ns() - self.gc_started
-
-
-class _Trace:
-    """A torch profiler over timed steps [first, first + count) of one pass, saved as a Chrome trace."""
-
-    def __init__(self, first: int, count: int, path: Path):
-        self.first, self.count, self.path = first, count, path
-        self.profiler = None
 
 
 def _torch_profiler(first: int, count: int, path: Path):

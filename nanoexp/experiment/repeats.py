@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -45,8 +44,8 @@ def measure(
 ) -> list[RunRecord]:
     """Every repeat in turn, on an empty prefix cache; its steps logged after it (a failed one's too)."""
     profiler = _profiler(profile, driver, out_dir)
-    extra: Callable = profiler.columns.get if profiler else lambda i, default: default
-    emit: Callable = lambda i, stats, t, r: logger.log_step(i, step_row(i, stats, t, r) | extra(i, {}))
+    columns = profiler.columns if profiler else {}  # filled as the steps run
+    emit = lambda i, stats, t, r: logger.log_step(i, step_row(i, stats, t, r) | columns.get(i, {}))
     log = StepLog(emit, progress)
     records = []
     try:
@@ -126,15 +125,10 @@ def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig) -> dict
     """`noise_busy_repeats`, `noise_wide_ci` and `noise_warning`, one line ("" when the job is not noisy)."""
     busy = [r for r in per_repeat if r.get("other_cpu_cores", 0.0) > cfg.busy_cores]
     wide = [f"{m} ±{share:.0%}" for m in CI_CHECKED if (share := _ci_share(summary, m)) > cfg.max_ci_share]
-    parts = []
-    if busy:
-        worst = max(r["other_cpu_cores"] for r in busy)
-        parts.append(
-            f"machine busy in {len(busy)} of {len(per_repeat)} repeats (up to {worst:.1f} other cores)"
-        )
-    if wide:
-        parts.append(f"wide CI: {', '.join(wide)} of the mean")
-    warning = "; ".join(parts)
+    worst = max((r["other_cpu_cores"] for r in busy), default=0.0)
+    busy_line = f"machine busy in {len(busy)} of {len(per_repeat)} repeats (up to {worst:.1f} other cores)"
+    wide_line = f"wide CI: {', '.join(wide)} of the mean"
+    warning = "; ".join(line for line, flagged in ((busy_line, busy), (wide_line, wide)) if flagged)
     if warning:
         log.warning("noisy measurement: %s", warning)
     return {"noise_busy_repeats": len(busy), "noise_wide_ci": ", ".join(wide), "noise_warning": warning}

@@ -208,12 +208,6 @@ def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> list
 
 
 def _sampling_params(w: WorkloadConfig, s: SamplerConfig, max_tokens: int, i: int) -> SamplingParams:
-    return SamplingParams(
-        temperature=s.temperature if w.temperature is None else w.temperature,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        min_p=s.min_p,
-        max_tokens=max_tokens,
-        ignore_eos=w.ignore_eos,
-        seed=None if s.seed is None else s.seed + i,
-    )
+    temperature = s.temperature if w.temperature is None else w.temperature  # set by the workload: pinned
+    knobs = s.knobs() | {"temperature": temperature, "seed": None if s.seed is None else s.seed + i}
+    return SamplingParams(**knobs, max_tokens=max_tokens, ignore_eos=w.ignore_eos)
