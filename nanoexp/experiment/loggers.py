@@ -14,7 +14,6 @@ from typing import TextIO
 
 from nanoexp.experiment.driver import RunRecord
 from nanoexp.experiment.job import JobInfo
-from nanoexp.experiment.schema import NanoexpConfig, WorkloadKind
 
 RESULTS_FILE = "results.json"
 
@@ -152,13 +151,6 @@ def _json_safe(value):
     if isinstance(value, float) and math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return value
-
-
-def wants_outputs(spec: NanoexpConfig) -> bool:
-    """`save_outputs`, or when unset: on for prompts files (whose text matters), off otherwise."""
-    if spec.save_outputs is not None:
-        return spec.save_outputs
-    return spec.workload.kind is WorkloadKind.prompts_file
 
 
 def write_outputs(path: Path, records: list[RunRecord], tokenizer=None) -> None:

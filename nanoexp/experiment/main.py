@@ -130,7 +130,7 @@ def experiment(
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
-    if loggers.wants_outputs(spec):
+    if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality

@@ -373,8 +373,9 @@ class NanoexpConfig:
             allowed = f"a repeat of this job: 0..{self.repeats - 1} (repeats={self.repeats})"
             raise KnobError("profile.trace_repeat", self.profile.trace_repeat, allowed)
         boolean("reseed_repeats", self.reseed_repeats)
-        if self.save_outputs is not None:
-            boolean("save_outputs", self.save_outputs)
+        if self.save_outputs is None:  # on for prompts files, whose text matters
+            self.save_outputs = self.workload.kind is WorkloadKind.prompts_file
+        boolean("save_outputs", self.save_outputs)
         boolean("append_to_sweep", self.append_to_sweep)
         baseline_only = (  # settings the transformers baseline cannot apply are errors, not labels
             ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size, 1),
