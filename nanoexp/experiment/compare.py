@@ -107,6 +107,14 @@ def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
         return None
     value, low, high = ratio(values_a, values_b)
     significant = bool(low == low and (low > 1 or high < 1))
+    if low != low:
+        verdict = "no CI (one repeat)"
+    elif not significant:
+        verdict = "within noise"
+    elif metric in HIGHER | LOWER:
+        verdict = "better" if (value > 1) == (metric in HIGHER) else "worse"
+    else:
+        verdict = "higher" if value > 1 else "lower"
     return {
         "config": config,
         "metric": metric,
@@ -116,7 +124,7 @@ def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
         "ratio_ci95_low": low,
         "ratio_ci95_high": high,
         "significant": significant,
-        "verdict": _verdict(metric, value, significant, low),
+        "verdict": verdict,
         "repeats": f"{len(values_a)}/{len(values_b)}",
     }
 
@@ -128,16 +136,6 @@ def _values(summary: dict, metric: str) -> list[float]:
         return [float(v) for v in per_repeat]
     value = summary.get(metric)
     return [float(value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
-
-
-def _verdict(metric: str, value: float, significant: bool, low: float) -> str:
-    if low != low:
-        return "no CI (one repeat)"
-    if not significant:
-        return "within noise"
-    if metric not in HIGHER | LOWER:
-        return "higher" if value > 1 else "lower"
-    return "better" if (value > 1) == (metric in HIGHER) else "worse"
 
 
 def _commits(jobs: list[dict]) -> str:

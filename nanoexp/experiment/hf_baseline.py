@@ -87,14 +87,11 @@ class HFBaseline:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return {
             "weights_bytes": weights,
-            "kv_cache_bytes": 0,  # transformers grows its cache per batch; not preallocated
-            "num_kv_blocks": 0,
-            "kv_block_size": 0,
+            **dict.fromkeys(("kv_cache_bytes", "num_kv_blocks", "kv_block_size"), 0),  # grown per batch
             "peak_memory_bytes": peak_memory_bytes(self.device),
             "peak_memory_kind": self.peak_memory_kind,
             "load_s": self.load_s,
-            "warmup_s": 0.0,
-            "graph_capture_s": 0.0,
+            **dict.fromkeys(("warmup_s", "graph_capture_s"), 0.0),
             "device": self.device.type,
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention_backend": "sdpa",

@@ -126,7 +126,6 @@ def _file_request(
     if path.suffix != ".jsonl":
         return _tokenized(line, tokenize, where), default_max
     item = _json_object(line, where)
-    prompt = item.get("prompt_token_ids", item.get("prompt"))
     max_tokens = item.get("max_tokens", default_max)
     if not is_int(max_tokens) or max_tokens < 1:
         raise ConfigError(f"{where}: max_tokens={max_tokens!r} is invalid: must be an integer >= 1")
@@ -139,7 +138,7 @@ def _file_request(
         return _checked_ids(ids, vocab, where), int(max_tokens)
     prompt = item.get("prompt")
     if isinstance(prompt, str):
-        return _tokenized(_unicode(prompt, where), tokenize, where), int(max_tokens)
+        return _tokenized(prompt, tokenize, where), int(max_tokens)
     raise ConfigError(
         f"{where}: needs 'prompt' (a string) or 'prompt_token_ids' (a list of ints), got {prompt!r:.80}"
     )
@@ -168,19 +167,14 @@ def _checked_ids(ids: list, vocab: int, where: str) -> list[int]:
     return [int(t) for t in ids]
 
 
-def _unicode(text: str, where: str) -> str:
-    """A prompt's text; a lone surrogate (JSON "\\ud800" without its pair) is not text."""
-    try:
+def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
+    try:  # a lone surrogate (JSON "\\ud800" without its pair) is not text
         text.encode("utf-8")
     except UnicodeEncodeError as err:
         raise ConfigError(
             f"{where}: the prompt holds a lone surrogate ({text[err.start]!r} at character "
             f"{err.start}), which is not valid Unicode text"
         ) from None
-    return text
-
-
-def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
     if tokenize is None:
         raise ConfigError(
             f"{where}: a text prompt, but the model has no tokenizer "
