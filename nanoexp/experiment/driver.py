@@ -99,19 +99,14 @@ class Progress:
             self.next_draw = now + REFRESH_S
             rate = self.tokens / max(now - self.started, 1e-9)
             usage = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0
+            text = f"{rate:,.0f} out tok/s, running {stats.num_running}, waiting {stats.num_waiting}, "
             self.bar.n = self.done
-            self.bar.set_postfix_str(
-                f"{rate:,.0f} out tok/s, running {stats.num_running}, waiting {stats.num_waiting}, "
-                f"KV {usage:.0%}, preemptions {self.preemptions}",
-                refresh=False,
-            )
+            self.bar.set_postfix_str(text + f"KV {usage:.0%}, preemptions {self.preemptions}", refresh=False)
             self.bar.refresh()
 
     def close(self) -> None:
-        if self.enabled:
-            self.bar.n = self.done
-            self.bar.refresh()
-        self.bar.close()
+        self.bar.n = self.done
+        self.bar.close()  # a bar left on screen is drawn once more
 
 
 Emit = Callable[[int, StepStats, float, int], None]  # (step index, stats, seconds into the repeat, repeat)

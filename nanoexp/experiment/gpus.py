@@ -58,16 +58,13 @@ def held(lock: Path) -> bool:
     """A GPU is held while the process in its lock file lives (not this one: it may run several jobs)."""
     try:
         pid = int(lock.read_text())
-    except (OSError, ValueError):
-        return False
-    if pid == os.getpid():
-        return False
-    try:
+        if pid == os.getpid():
+            return False
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     except PermissionError:  # alive, another user's
-        pass
+        return True
+    except (OSError, ValueError):  # no lock file, or its process is gone
+        return False
     return True
 
 
@@ -84,8 +81,8 @@ def visible_gpus() -> list[str]:
 def physical_gpus() -> list[str]:
     """Indices of the machine's GPUs from nvidia-smi, else from /dev/nvidiaN; none on a CPU box."""
     if shutil.which("nvidia-smi") is not None:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-        gpus = [line for line in listing.stdout.splitlines() if line.startswith("GPU")]
-        return [str(i) for i in range(len(gpus))]
-    nodes = [p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p)]
-    return [str(i) for i in range(len(nodes))]
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+        count = sum(line.startswith("GPU") for line in listing.splitlines())
+    else:
+        count = sum(bool(re.fullmatch(r"/dev/nvidia\d+", p)) for p in glob.glob("/dev/nvidia*"))
+    return [str(i) for i in range(count)]

@@ -154,13 +154,10 @@ def _generate_kwargs(batch: list[Request]) -> dict:
 
 
 def _left_pad(batch: list[Request], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r.prompt_token_ids) for r in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, r in enumerate(batch):
-        n = len(r.prompt_token_ids)
-        ids[i, width - n :] = torch.tensor(r.prompt_token_ids)
-        mask[i, width - n :] = 1
+    prompts = [list(r.prompt_token_ids) for r in batch]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
     return ids, mask
 
 
