@@ -39,9 +39,8 @@ def summarize(
         "output_throughput": _rate(generated, duration_s),
         "total_token_throughput": _rate(inputs + generated, duration_s),
     }
-    multi = [o for o in outputs if len(o.token_ids) > 1]
     summary |= distribution("ttft_ms", [o.ttft * 1e3 for o in outputs])
-    summary |= distribution("tpot_ms", [o.tpot * 1e3 for o in multi])
+    summary |= distribution("tpot_ms", [o.tpot * 1e3 for o in outputs if len(o.token_ids) > 1])
     summary |= distribution("itl_ms", [x * 1e3 for o in outputs for x in o.inter_token_latencies])
     summary |= distribution("e2el_ms", [o.e2e_latency * 1e3 for o in outputs])
     summary["total_cached_tokens"] = sum(o.num_cached_tokens for o in outputs)
@@ -68,11 +67,9 @@ def aggregate_repeats(summaries: Sequence[dict]) -> dict:
     out: dict = {"repeats": n}
     for key in first:
         values = [s.get(key) for s in summaries]
-        if not all(is_real(v) for v in values):
-            out[key] = first[key]
-            continue
-        out[key] = first[key] if len(set(values)) == 1 else float(np.mean(values))
-        if n > 1 and key in HEADLINE:
+        numeric = all(is_real(v) for v in values)
+        out[key] = float(np.mean(values)) if numeric and len(set(values)) > 1 else first[key]
+        if numeric and n > 1 and key in HEADLINE:
             out |= spread(key, values)
     return out
 

@@ -66,7 +66,9 @@ class WandbLogger:
         if self.run is None:
             return
         try:
-            self.run.summary.update(_scalars(summary))
+            kept = {k: v for k, v in summary.items() if isinstance(v, int | float | str | bool)}
+            per_repeat = {"per_repeat": summary["per_repeat"]} if "per_repeat" in summary else {}
+            self.run.summary.update(kept | per_repeat)
             self._upload_results()
         finally:
             try:
@@ -183,11 +185,3 @@ def temp_dir_for_service(path: Path):
             os.environ.pop("TMPDIR", None)
         else:
             os.environ["TMPDIR"] = previous
-
-
-def _scalars(summary: dict) -> dict:
-    """The summary's scalars, and `per_repeat` (a list of flat dicts of numbers)."""
-    kept = {k: v for k, v in summary.items() if isinstance(v, int | float | str | bool)}
-    if isinstance(summary.get("per_repeat"), list):
-        kept["per_repeat"] = summary["per_repeat"]
-    return kept
