@@ -38,15 +38,9 @@ def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
     overrides = list(OmegaConf.to_container(hc.overrides.task, resolve=False))  # may hold ${...}
     multirun = hc.mode == RunMode.MULTIRUN
     sweep_dir = str(Path(hc.sweep.dir)) if multirun else None
-    return JobInfo(
-        out_dir=Path(hc.runtime.output_dir),
-        overrides=overrides,
-        name=logger_cfg.name or run_name(overrides, swept_keys(sweep_dir)),
-        group=logger_cfg.group or sweep_group(sweep_dir),
-        job_num=int(hc.job.get("num", 0) or 0),
-        multirun=multirun,
-        sweep_dir=sweep_dir,
-    )
+    name = logger_cfg.name or run_name(overrides, swept_keys(sweep_dir))
+    group, job_num = logger_cfg.group or sweep_group(sweep_dir), int(hc.job.get("num", 0) or 0)
+    return JobInfo(Path(hc.runtime.output_dir), overrides, name, group, job_num, multirun, sweep_dir)
 
 
 def run_name(overrides: list[str], swept: set[str] | None = None) -> str:

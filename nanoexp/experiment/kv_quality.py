@@ -36,12 +36,8 @@ def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
 
 def prompt_limit(engine, num_tokens: int) -> int:
     """The longest prompt that fits with `num_tokens` more in one prefill, max_model_len and the KV cache."""
-    manager = engine.block_manager
-    room = min(
-        engine.max_model_len,
-        engine.config.scheduler.max_num_batched_tokens,
-        manager.num_blocks * manager.block_size,
-    )
+    manager, budget = engine.block_manager, engine.config.scheduler.max_num_batched_tokens
+    room = min(engine.max_model_len, budget, manager.num_blocks * manager.block_size)
     if room - num_tokens < 1:
         raise ConfigError(
             f"metrics.kv_quality.num_tokens={num_tokens} is invalid: must leave room for a prompt "

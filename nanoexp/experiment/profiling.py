@@ -70,11 +70,9 @@ class StepProfiler:
         out = {"profile_traces": " ".join(str(p) for p in self.traces if p.is_file())}
         if self.cfg.events:
             out["profile_compiled_steps"] = " ".join(map(str, self.compiled_steps))
-        if self.compiled_steps:
-            steps = ", ".join(map(str, self.compiled_steps[:20]))
-            log.warning(
-                "%d timed steps compiled a kernel or graph (steps %s)", len(self.compiled_steps), steps
-            )
+        if steps := self.compiled_steps:
+            names = ", ".join(map(str, steps[:20]))
+            log.warning("%d timed steps compiled a kernel or graph (steps %s)", len(steps), names)
         return out
 
     def _wrap(self, log_steps, trace):

@@ -28,9 +28,8 @@ def repeat_specs(spec: NanoexpConfig) -> list[NanoexpConfig]:
     specs, seed = [], spec.sampler.seed
     for r in range(spec.trial * spec.repeats, (spec.trial + 1) * spec.repeats):
         sampler = replace(spec.sampler, seed=None if seed is None else seed + r)
-        specs.append(
-            replace(spec, workload=replace(spec.workload, seed=spec.workload.seed + r), sampler=sampler)
-        )
+        workload = replace(spec.workload, seed=spec.workload.seed + r)
+        specs.append(replace(spec, workload=workload, sampler=sampler))
     return specs
 
 

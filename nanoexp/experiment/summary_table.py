@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from nanoexp.experiment.job import JobInfo
 
+KL = tuple(f"kv_quality/kl_{s}" for s in ("mean", "p99", "max"))
 ROWS = [  # label, summary keys, number format, unit; a name alone: a row built per summary (_row)
     ("requests", ("completed",), "{:.0f}", ""),
     ("input / output tokens", ("total_input_tokens", "total_output_tokens"), "{:.0f}", ""),
@@ -31,12 +32,7 @@ ROWS = [  # label, summary keys, number format, unit; a name alone: a row built 
     "start-up",
     "warm-up",
     ("KV cache greedy agreement", ("kv_quality/greedy_agreement",), "{:.2%}", ""),
-    (
-        "KV cache KL mean / p99 / max",
-        tuple(f"kv_quality/kl_{s}" for s in ("mean", "p99", "max")),
-        "{:.3g}",
-        "nats",
-    ),
+    ("KV cache KL mean / p99 / max", KL, "{:.3g}", "nats"),
 ]
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
 PEAK_KINDS = {"allocated": "allocated", "resident": "resident", "resident_lifetime": "process, resident"}
@@ -140,23 +136,21 @@ def changed_settings(plain: dict, overrides: list[str]) -> dict[str, Any]:
 
     def choices(found) -> dict[str, str]:
         return {
-            g: str(o) for g, o in dict(found).items() if not g.startswith(SKIPPED_GROUPS) and o is not None
+            g: str(o) for g, o in dict(found).items() if o is not None and not g.startswith(SKIPPED_GROUPS)
         }
 
     try:
         if not (HydraConfig.initialized() and GlobalHydra.instance().is_initialized()):
             raise RuntimeError("not in a Hydra app")
         defaults = choices(compose(config_name="config", return_hydra_config=True).hydra.runtime.choices)
-        changed = {
-            g: o for g, o in choices(HydraConfig.get().runtime.choices).items() if defaults.get(g) != o
-        }
+        current = choices(HydraConfig.get().runtime.choices)
+        changed = {g: o for g, o in current.items() if defaults.get(g) != o}
         baseline = compose(config_name="config", overrides=[f"{g}={o}" for g, o in changed.items()])
         baseline = flatten(OmegaConf.to_container(baseline, resolve=True, enum_to_str=True))
     except Exception:  # noqa: BLE001 - a summary never fails a job
         return dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra"))
-    return changed | {
-        k: v for k, v in flatten(plain).items() if not k.startswith("resolved.") and baseline.get(k) != v
-    }
+    plain = {k: v for k, v in flatten(plain).items() if not k.startswith("resolved.")}
+    return changed | {k: v for k, v in plain.items() if baseline.get(k) != v}
 
 
 def flatten(values: dict, prefix: str = "") -> dict[str, Any]:

@@ -30,12 +30,8 @@ METRICS = ["output_throughput", "total_token_throughput", "request_goodput", "me
 METRICS += ["mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "peak_memory_bytes"]
 RATES = ["offered_request_rate", "request_throughput", "slo_attainment"]  # slo_attainment only with SLOs
 TABLE_METRICS = [*RATES, *METRICS, "mean_latency_ms", "duration_s", "num_preemptions"]
-TABLE_METRICS += [
-    "prefix_cache_hit_rate",
-    "kv_quality/greedy_agreement",
-    "kv_quality/kl_mean",
-    "kv_quality/kl_max",
-]
+TABLE_METRICS += ["prefix_cache_hit_rate", "kv_quality/greedy_agreement"]
+TABLE_METRICS += ["kv_quality/kl_mean", "kv_quality/kl_max"]
 HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
 LOWER_IS_BETTER = ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms")
 LOWER_IS_BETTER += ("mean_latency_ms",)
@@ -454,11 +450,10 @@ def _loggable(table: pd.DataFrame) -> pd.DataFrame:
     params = [c for c in table.columns if c.startswith("param:")]
     shadowed = [c.removeprefix("param:") for c in params if c.removeprefix("param:") in table.columns]
     out = table.drop(columns=shadowed).copy()
+    as_text = lambda v: "" if v is None or (isinstance(v, float) and v != v) else str(v)
     for col in [c for c in out.columns if c not in params]:
         if not pd.api.types.is_numeric_dtype(out[col]):
-            out[col] = out[col].map(
-                lambda v: "" if v is None or (isinstance(v, float) and v != v) else str(v)
-            )
+            out[col] = out[col].map(as_text)
     for col in params:
         out[col] = typed(out[col]).astype(object)
     return out.rename(columns=lambda c: c.removeprefix("param:"))
@@ -485,9 +480,9 @@ def redraw(sweep_dir: Path, metrics: list[str] | None = None, wandb: bool = Fals
 def cli(argv: list[str] | None = None) -> int:
     import argparse
 
+    description = "Redraw a sweep's report (sweep_summary.csv/.md and plots) from its job dirs."
     parser = argparse.ArgumentParser(
-        prog="python -m nanoexp.experiment.sweep_report",
-        description="Redraw a sweep's report (sweep_summary.csv/.md and plots) from its job dirs.",
+        prog="python -m nanoexp.experiment.sweep_report", description=description
     )
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--metrics", help="comma-separated summary keys (default: the jobs' report.metrics)")
