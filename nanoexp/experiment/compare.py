@@ -4,7 +4,6 @@ their swept values, each metric's ratio B/A with a 95% CI from the repeats, in c
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from nanoexp.experiment.loggers import RESULTS_FILE
+from nanoexp.experiment.loggers import RESULTS_FILE, read_results
 from nanoexp.experiment.metrics import CONFIDENCE
 from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL, _parse_overrides
 
@@ -26,10 +25,7 @@ def load_jobs(sweep_dir: Path) -> list[dict]:
     """Each finished job: its overrides as `param:` keys, its summary and its commit."""
     jobs = []
     for path in sorted(sweep_dir.rglob(RESULTS_FILE)):
-        try:
-            results = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+        results = read_results(path)
         if results.get("status") != "ok":
             continue
         git = results.get("config", {}).get("resolved", {}).get("provenance", {}).get("git", {})

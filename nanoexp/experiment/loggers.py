@@ -113,6 +113,14 @@ class LocalSink:
         write_atomically(self.job.out_dir / RESULTS_FILE, json.dumps(_json_safe(results), indent=2) + "\n")
 
 
+def read_results(path: Path) -> dict:
+    """A results.json as written; {} when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def write_atomically(path: Path, text: str, partial_suffix: str = ".partial") -> None:
     with atomic_open(path, partial_suffix=partial_suffix) as f:
         f.write(text)

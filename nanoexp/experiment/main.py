@@ -26,7 +26,7 @@ from nanoexp.experiment.build import Checkpoint, check_arch, resolve_checkpoint
 from nanoexp.experiment.driver import Progress
 from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
-from nanoexp.experiment.loggers import RESULTS_FILE, first_line, write_atomically
+from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results, write_atomically
 from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.provenance import collect_provenance
 from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
@@ -239,12 +239,7 @@ def _record_failure(job: JobInfo, code: int, error: str, signalled: dict, replac
     path = job.out_dir / RESULTS_FILE
     results = {"status": "failed", "exit_code": code, "job": job.as_dict(), "summary": {"error": error}}
     try:
-        written = None
-        if path.exists() and not replace:
-            try:
-                written = json.loads(path.read_text())
-            except (OSError, ValueError):
-                return  # unreadable: it counts as written and is not replaced
+        written = read_results(path) if path.exists() and not replace else None  # unreadable: {}, kept
         if written is not None and written.get("exit_code", code) == code:
             return
         if written is not None:
@@ -305,7 +300,7 @@ def objective(cfg: DictConfig) -> float:
 
     search = OmegaConf.to_container(cfg.search, resolve=True) if "search" in cfg else {}
     path = Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE if HydraConfig.initialized() else None
-    results = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    results = read_results(path) if path is not None else {}
     return objective_of(results, search)
 
 

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.experiment import interrupts
 from nanoexp.experiment.job import sweep_group, sweep_overrides
-from nanoexp.experiment.loggers import RESULTS_FILE, first_line
+from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results
 from nanoexp.experiment.schema import LoggerConfig, LoggerKind
 from nanoexp.experiment.summary_table import interval_suffix
 from nanoexp.experiment.sweep_plots import SERVING_METRICS
@@ -189,10 +189,7 @@ def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
 
 
 def _per_repeat(path: Path) -> list[dict]:
-    try:
-        return json.loads(path.read_text())["summary"].get("per_repeat") or []
-    except (OSError, ValueError, KeyError):
-        return []
+    return read_results(path).get("summary", {}).get("per_repeat") or []
 
 
 def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
@@ -465,13 +462,8 @@ def redraw(sweep_dir: Path, metrics: list[str] | None = None, wandb: bool = Fals
     config = OmegaConf.load(saved) if saved.is_file() else None
     expected = expected_jobs(config) if config is not None else None
     if metrics is None:
-        job_config = {}
-        for path in sorted(sweep_dir.rglob(RESULTS_FILE)):
-            try:
-                job_config = json.loads(path.read_text()).get("config") or {}
-                break
-            except (OSError, ValueError):
-                continue
+        configs = (read_results(path).get("config") for path in sorted(sweep_dir.rglob(RESULTS_FILE)))
+        job_config = next((c for c in configs if c), {})
         metrics = list((job_config.get("report") or {}).get("metrics") or [])
     target = wandb_target(config) if wandb and config is not None else None
     return report(sweep_dir, expected, target, metrics)
