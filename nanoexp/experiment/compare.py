@@ -169,8 +169,7 @@ def plot(table: pd.DataFrame, header: list[str], path: Path) -> None:
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xticks(range(len(part)))
         ax.set_xticklabels(part["config"], rotation=30, ha="right", fontsize=6)
-        ax.set_title(metric, fontsize=8)
-        ax.set_ylabel("B / A", fontsize=8)
+        ax.set(title=metric, ylabel="B / A")
     save_figure(fig, "B / A with 95% CI", path)
 
 

@@ -71,10 +71,7 @@ def plot_param(
     draw = _lines if pd.to_numeric(ok[key], errors="coerce").notna().all() else _bars
     for ax, metric in zip(axes.flat, metrics):
         draw(ax, ok, key, others, metric)
-        ax.set_title(metric_title(metric), fontsize=9)
-        ax.set_xlabel(key.removeprefix("param:"), fontsize=8)
-        ax.set_ylabel(unit(metric)[0], fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.set(title=metric_title(metric), xlabel=key.removeprefix("param:"), ylabel=unit(metric)[0])
         from_zero(ax)
     for ax in list(axes.flat)[len(metrics) :]:
         ax.set_visible(False)
@@ -179,11 +176,7 @@ def plot_latency_cdf(ok_jobs: list[tuple[str, pd.DataFrame]], title: str, path: 
             if values.size:
                 ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=label)
     for ax, name in zip(axes, ("TTFT", "TPOT")):
-        ax.set_xlabel(f"{name} (ms)", fontsize=8)
-        ax.set_ylabel("fraction of requests", fontsize=8)
-        ax.set_ylim(0, 1.02)
-        ax.set_xlim(left=0)
-        ax.tick_params(labelsize=7)
+        ax.set(xlabel=f"{name} (ms)", ylabel="fraction of requests", ylim=(0, 1.02), xlim=(0, None))
     save_figure(fig, title, path, legend_title="job")
 
 
@@ -202,6 +195,8 @@ def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
+    sizes = {"axes.titlesize": 9, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7}
+    matplotlib.rcParams.update(sizes)
     import matplotlib.pyplot as plt
 
     return plt
@@ -322,9 +317,7 @@ def _decorate(ax, axis, ylabel: str, limit: float | None = None, limit_label: st
     if limit is not None:
         ax.axhline(limit, color="red", linestyle=":", linewidth=1, label=limit_label)
     axis.apply(ax)
-    ax.set_xlabel("offered rate (req/s)", fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set(xlabel="offered rate (req/s)", ylabel=ylabel)
     from_zero(ax)
-    ax.tick_params(labelsize=7)
     if ax.get_legend_handles_labels()[0]:  # below the panel: inside, it would hide data
         ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
