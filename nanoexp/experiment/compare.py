@@ -38,9 +38,9 @@ def merge_trials(jobs: list[dict]) -> list[dict]:
     """Jobs that differ only in `trial` as one job whose per_repeat holds every trial's repeats."""
     merged: dict[tuple, dict] = {}
     for job in jobs:
-        key = tuple(sorted((k, v) for k, v in job["params"].items() if k != TRIAL))
+        params = {k: v for k, v in job["params"].items() if k != TRIAL}
+        key = tuple(sorted(params.items()))
         if key not in merged:
-            params = {k: v for k, v in job["params"].items() if k != TRIAL}
             merged[key] = job | {"params": params, "summary": dict(job["summary"], per_repeat=[])}
         merged[key]["summary"]["per_repeat"] += job["summary"].get("per_repeat") or []
     return list(merged.values())

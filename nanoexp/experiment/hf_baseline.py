@@ -145,12 +145,8 @@ def _generate_kwargs(batch: list[Request]) -> dict:
         kwargs["min_new_tokens"] = max_new
     if sp.greedy:
         return kwargs | dict.fromkeys(("temperature", "top_p", "top_k"), None)
-    return kwargs | {
-        "temperature": sp.temperature,
-        "top_p": sp.top_p,
-        "top_k": max(sp.top_k, 0),
-        "min_p": sp.min_p or None,
-    }
+    sampled = {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": max(sp.top_k, 0)}
+    return kwargs | sampled | {"min_p": sp.min_p or None}
 
 
 def _left_pad(batch: list[Request], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,17 +21,13 @@ RESULTS_FILE = "results.json"
 class Logger:
     """The protocol every logger follows; this one logs nothing."""
 
-    def start(self, config: dict, job: JobInfo) -> None:
-        pass
+    def start(self, config: dict, job: JobInfo) -> None: ...
 
-    def log_step(self, step: int, row: dict) -> None:
-        pass
+    def log_step(self, step: int, row: dict) -> None: ...
 
-    def log_requests(self, rows: list[dict]) -> None:
-        pass
+    def log_requests(self, rows: list[dict]) -> None: ...
 
-    def finish(self, summary: dict, exit_code: int = 0) -> None:
-        pass
+    def finish(self, summary: dict, exit_code: int = 0) -> None: ...
 
 
 class FanoutLogger:

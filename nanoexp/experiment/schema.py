@@ -127,12 +127,10 @@ COUNT_INT: Check = (lambda v: is_int(v) and v >= 0, "an integer >= 0")
 RATIO: Check = (lambda v: is_real(v) and 0 <= v < 1, "a number in [0, 1)")
 BENCH_LEN: Check = (lambda v: is_int(v) and v >= 100, "an integer >= 100 (bench.py draws in [100, it])")
 MIN_REQUEST_RATE = 1e-3  # requests/s; slower schedules overflow the clock (1e-300: arrivals at 1e300 s)
+RATE_ALLOWED = f"a number >= {MIN_REQUEST_RATE} requests/s (.inf = offline)"
 ARRIVALS: dict[str, Check] = {
     "seed": (lambda v: is_int(v) and 0 <= v <= MAX_INT64, f"an integer in [0, {MAX_INT64}]"),
-    "request_rate": (
-        lambda v: is_real(v) and v >= MIN_REQUEST_RATE,
-        f"a number >= {MIN_REQUEST_RATE} requests/s (.inf = offline)",
-    ),
+    "request_rate": (lambda v: is_real(v) and v >= MIN_REQUEST_RATE, RATE_ALLOWED),
     "burstiness": (lambda v: is_number(v) and 1e-3 <= v <= 1e3, "a number in [0.001, 1000] (1 = Poisson)"),
     "max_concurrency": (lambda v: v is None or POSITIVE_INT[0](v), "null (unlimited) or an integer >= 1"),
 }
