@@ -49,11 +49,18 @@ class HFBaseline:
     def _run_batch(self, batch: list[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
         ids, mask = _left_pad(batch, pad_id=self.eos)
         times: list[float] = []
+
+        def clock(
+            input_ids: torch.Tensor, scores, **kwargs
+        ) -> torch.Tensor:  # never stops: stamps each token
+            times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
         start = time.perf_counter()
         generated = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
-            stopping_criteria=[_TokenClock(times)],
+            stopping_criteria=[clock],
             pad_token_id=self.eos,
             eos_token_id=self.eos,
             **_generate_kwargs(batch),
@@ -100,17 +107,6 @@ class HFBaseline:
 
     def close(self) -> None:
         self.model = None
-
-
-class _TokenClock:
-    """A stopping criterion that never stops: it timestamps every generated token."""
-
-    def __init__(self, times: list[float]):
-        self.times = times
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        self.times.append(time.perf_counter())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[float]) -> list[StepStats]:
