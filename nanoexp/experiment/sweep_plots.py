@@ -105,29 +105,21 @@ class NumericAxis:
         self.inf_label = INF_LABELS.get(key.removeprefix("param:"), "inf")
 
     def place(self, values: pd.Series) -> pd.Series:
-        return pd.to_numeric(values).replace({math.inf: self._past_edge(), -math.inf: self._past_edge(-1)})
+        return pd.to_numeric(values).replace({math.inf: self._past_edge()})
 
     def apply(self, ax) -> None:
         if self.log:
             ax.set_xscale("log", base=2)
             ax.minorticks_off()
         ax.set_xticks(list(self.place(pd.Series(self.ticks, dtype=float))))
-        ax.set_xticklabels([self._label(v) for v in self.ticks])
+        ax.set_xticklabels([self.inf_label if math.isinf(v) else f"{v:g}" for v in self.ticks])
 
-    def _past_edge(self, side: int = 1) -> float:
-        """One step beyond the finite values on `side` (+1 right, -1 left), as the last step (or ratio)."""
-        values = self.finite if side > 0 else self.finite[::-1]
-        if not values:
-            return float(side)
-        edge = values[-1]
-        if len(values) == 1:
-            return edge + (abs(edge) or 1.0) * side
-        return edge * (edge / values[-2]) if self.log else edge + (edge - values[-2])
-
-    def _label(self, v: float) -> str:
-        if math.isinf(v):
-            return self.inf_label if v > 0 else "-inf"
-        return f"{v:g}"
+    def _past_edge(self) -> float:
+        """One step beyond the largest finite value, as the last step (or ratio on a log axis)."""
+        values = self.finite
+        if len(values) < 2:
+            return values[0] + (abs(values[0]) or 1.0) if values else 1.0
+        return values[-1] ** 2 / values[-2] if self.log else 2 * values[-1] - values[-2]
 
 
 def _bars(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> None:
