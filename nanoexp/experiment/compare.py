@@ -60,9 +60,8 @@ def _varied(jobs: list[dict]) -> set[str]:
 
 
 def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    """mean(b) / mean(a) and its 95% interval (NaN bounds with fewer than two values a side):
-    log(ratio) ± t * sqrt(s_A^2 / (n_A mean_A^2) + s_B^2 / (n_B mean_B^2)), with Welch-Satterthwaite
-    degrees of freedom (the delta method)."""
+    """mean(b) / mean(a) and its 95% interval (delta method on the log ratio, Welch's degrees of
+    freedom; NaN bounds with fewer than two values a side)."""
     a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     mean_a, mean_b = a_arr.mean(), b_arr.mean()
     value = mean_b / mean_a if mean_a else math.nan

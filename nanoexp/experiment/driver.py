@@ -23,8 +23,7 @@ class Driver(Protocol):
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]: ...
 
-    def reset_prefix_cache(self) -> None:
-        """Starts the next timed pass cold: nothing an earlier pass cached is reused."""
+    def reset_prefix_cache(self) -> None: ...  # the next timed pass starts cold
 
 
 class EngineDriver:

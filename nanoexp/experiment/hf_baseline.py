@@ -30,8 +30,7 @@ class HFBaseline:
         self.load_s = time.perf_counter() - start
         self._next_id = 0
 
-    def reset_prefix_cache(self) -> None:
-        """transformers' generate keeps no cache between calls."""
+    def reset_prefix_cache(self) -> None: ...  # generate keeps no cache between calls
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
         """Run every request (waiting for its arrival offset), batch by batch."""

@@ -22,7 +22,6 @@ from omegaconf import DictConfig, OmegaConf
 from nanoexp.config import EngineConfig
 from nanoexp.config.checks import is_number
 from nanoexp.experiment import build, interrupts, kv_quality, loggers
-from nanoexp.experiment.build import Checkpoint, check_arch, resolve_checkpoint
 from nanoexp.experiment.driver import Progress
 from nanoexp.experiment.gpus import claim, gpus_needed
 from nanoexp.experiment.job import JobInfo, current_job
@@ -68,7 +67,7 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> int:
     try:
         spec, plain = to_spec(cfg), to_plain(cfg)
         build.check(spec)
-        checkpoint = resolve_checkpoint(spec.model)
+        checkpoint = build.resolve_checkpoint(spec.model)
         config = build.engine_config(spec, checkpoint)
         gpus = _claim_gpus(spec, job)  # first: provenance names the GPUs this job sees
         plain["resolved"] = {"checkpoint": asdict(checkpoint), **gpus, "provenance": collect_provenance()}
@@ -103,12 +102,12 @@ def _claim_gpus(spec: NanoexpConfig, job: JobInfo) -> dict:
 
 
 def experiment(
-    spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint, logger, job: JobInfo
+    spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpoint, logger, job: JobInfo
 ) -> dict:
     """Build, warm up, run the workload `repeats` times, summarize. Returns the flat summary."""
     tokenizer = build.build_tokenizer(checkpoint)
     workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
-    arch_diffs = check_arch(spec.model, checkpoint)
+    arch_diffs = build.check_arch(spec.model, checkpoint)
     memory, start = JobMemory(), time.perf_counter()
     llm = build.build_llm(spec, config, checkpoint)
     try:

@@ -97,9 +97,8 @@ def summarize_repeats(
 
 
 class LoadMeter:
-    """Started before a timed pass; `read()` after it gives the pass's LOAD_KEYS and cpu_count.
-    `other_cpu_cores` is what the rest of the machine ran during the pass, in cores: busy CPU time
-    minus this process tree's, over the wall time (unlike the load average, without the job's own)."""
+    """Started before a timed pass; `read()` gives its LOAD_KEYS: `other_cpu_cores` is the machine's busy
+    CPU time less this process tree's over the wall time (unlike the load average, without the job)."""
 
     def __init__(self) -> None:
         self.load_before = _load_avg()
@@ -113,10 +112,8 @@ class LoadMeter:
         own = _tree_cpu_s() - self.tree_before
         out["process_cpu_cores"] = own / wall if wall > 0 else 0.0
         busy = _busy_cpu_s()
-        if busy is None or self.busy_before is None or wall <= 0:
-            out["other_cpu_cores"] = float("nan")  # not on Linux
-        else:
-            out["other_cpu_cores"] = max(0.0, (busy - self.busy_before - own) / wall)
+        known = busy is not None and self.busy_before is not None and wall > 0  # not on Linux: nan
+        out["other_cpu_cores"] = max(0.0, (busy - self.busy_before - own) / wall) if known else float("nan")
         return out
 
 

@@ -75,9 +75,8 @@ class SweepReport(Callback):
 
 
 def lock_sweep_dir(sweep_dir: Path, append: bool = False):
-    """Holds a lock file in the sweep dir while the sweep lives. A second sweep into the same dir, or
-    one into a dir with earlier results (unless `append`), would mix both in one report: it exits 2
-    with one line instead (a Hydra callback's exceptions are only warnings)."""
+    """Holds a lock file in the sweep dir while the sweep lives; a second sweep into it, or one into a dir
+    with earlier results (unless `append`), exits 2 with one line (a callback's raise only warns)."""
     try:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         lock = (sweep_dir / ".sweep.lock").open("a+")
@@ -425,9 +424,8 @@ def _values(column: pd.Series) -> list:
 
 
 def typed(column: pd.Series) -> pd.Series:
-    """An override column (the command line's text) as numbers when every value is one (`16`, `0.5`,
-    `inf`), as booleans when every value is true/false, else unchanged; as Python objects (pandas
-    would turn ints beside a None into floats)."""
+    """An override column (command-line text) as numbers or booleans when every value is one, else
+    unchanged; as Python objects (pandas would turn ints beside a None into floats)."""
     present = column.dropna().astype(str)
     numbers = pd.to_numeric(present, errors="coerce")
     if len(present) and numbers.notna().all():

@@ -92,9 +92,8 @@ def file_prompts(
 ) -> tuple[list[list[int]], list[int]]:
     """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines."""
     path = Path(w.path or "")
-    numbered = [(i, ln) for i, ln in _text_lines(path) if ln.strip()]
-    if w.num_requests > 0:
-        numbered = numbered[: w.num_requests]
+    limit = w.num_requests if w.num_requests > 0 else None  # -1: every prompt
+    numbered = [(i, ln) for i, ln in _text_lines(path) if ln.strip()][:limit]
     if not numbered:
         raise ConfigError(f"workload.path={w.path!r}: no prompts in the file")
     items = [_file_request(path, i, ln, w.output_len, tokenize, vocab) for i, ln in numbered]
