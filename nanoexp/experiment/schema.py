@@ -326,13 +326,9 @@ class ProfileConfig:
         return bool(self.trace_steps or self.host_phases or self.events)
 
 
-STEP_AGGREGATES = [
-    "prefill_time_s",
-    "decode_time_s",
-    "prefix_cache_hit_rate",
-    "peak_kv_blocks_used",
-    "num_preemptions",
-]
+STEP_AGGREGATES = (
+    "prefill_time_s decode_time_s prefix_cache_hit_rate peak_kv_blocks_used num_preemptions".split()
+)
 
 
 @dataclass

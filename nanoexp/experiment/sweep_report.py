@@ -393,7 +393,7 @@ def log_sweep(
     sweep_dir: Path, table: pd.DataFrame, swept: list[str], images: list[Path], cfg: LoggerConfig, group: str
 ) -> str | None:
     """The sweep-level W&B run (table, plots, swept values); None after one warning line if W&B failed."""
-    from nanoexp.experiment.wandb_logger import restore_env, run_dir, start_run
+    from nanoexp.experiment.wandb_logger import finish_run, run_dir, start_run
 
     try:
         import wandb
@@ -408,10 +408,7 @@ def log_sweep(
             run.summary.update({"num_jobs": len(table), "num_failed": int((table["status"] != "ok").sum())})
             return run_dir(run)
         finally:
-            try:
-                run.finish()
-            finally:
-                restore_env(env_set)
+            finish_run(run, env_set)
     except Exception as err:  # noqa: BLE001 - the local report stands on its own
         print(f"wandb: warning: no sweep-level run ({first_line(err)})", file=sys.stderr)
         return None

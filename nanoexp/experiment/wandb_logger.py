@@ -71,11 +71,8 @@ class WandbLogger:
             self.run.summary.update(kept | per_repeat)
             self._upload_results()
         finally:
-            try:
-                self.run.finish(exit_code=exit_code)
-            finally:
-                self.run = None
-                restore_env(self.env_set)
+            run, self.run = self.run, None
+            finish_run(run, self.env_set, exit_code)
 
     def _upload_results(self) -> None:
         """results.json and the profile.trace_steps Chrome traces as artifacts."""
@@ -162,6 +159,14 @@ def bounded_timeouts() -> dict:
     bounds = {"init_timeout": ("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S)}
     bounds["finish_timeout"] = ("WANDB_FINISH_TIMEOUT", FINISH_TIMEOUT_S)
     return {k: v for k, (var, v) in bounds.items() if var not in os.environ}
+
+
+def finish_run(run, env_set: list[str], exit_code: int = 0) -> None:
+    """Finishes a run from `start_run` and unsets the variables set for it, however the finish ends."""
+    try:
+        run.finish(exit_code=exit_code)
+    finally:
+        restore_env(env_set)
 
 
 def restore_env(names: list[str]) -> None:
