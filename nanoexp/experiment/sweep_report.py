@@ -26,19 +26,19 @@ from nanoexp.experiment.schema import LoggerConfig, LoggerKind
 from nanoexp.experiment.summary_table import interval_suffix
 from nanoexp.experiment.sweep_plots import SERVING_METRICS
 
-METRICS = ["output_throughput", "total_token_throughput", "request_goodput", "mean_ttft_ms", "p99_ttft_ms"]
-METRICS += ["mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "peak_memory_bytes"]
+HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
+LOWER_IS_BETTER = tuple(
+    "mean_ttft_ms p99_ttft_ms mean_tpot_ms p99_itl_ms mean_e2el_ms mean_latency_ms".split()
+)
+METRICS = [*HIGHER_IS_BETTER, *LOWER_IS_BETTER[:-1], "peak_memory_bytes"]  # the plots' and the table's
 RATES = ["offered_request_rate", "request_throughput", "slo_attainment"]  # slo_attainment only with SLOs
 TABLE_METRICS = [*RATES, *METRICS, "mean_latency_ms", "duration_s", "num_preemptions"]
 TABLE_METRICS += ["prefix_cache_hit_rate", "kv_quality/greedy_agreement"]
 TABLE_METRICS += ["kv_quality/kl_mean", "kv_quality/kl_max"]
-HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
-LOWER_IS_BETTER = ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms")
-LOWER_IS_BETTER += ("mean_latency_ms",)
 CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
 CI = ("_ci95_low", "_ci95_high")
 STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselves
-NOISE = "noise_warning"  # experiment/noise.py's flags of a job
+NOISE = "noise_warning"  # a job's noise flags (repeats.noise_flags)
 TRIAL = "param:trial"  # the interleaved pass of a configuration (see pool_trials)
 JOB_DIR = re.compile(r"^(\d+)(_|$)")
 JOB_TYPE, TABLE_KEY = "sweep-report", "sweep_table"  # of the sweep-level W&B run
