@@ -46,9 +46,8 @@ def build_workload(
     params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
     offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed)
     requests = [Request(p, sp, o) for p, sp, o in zip(prompts, params, offsets)]
-    if w.kind is WorkloadKind.latency:
-        return Workload(w.name, requests, w.num_iters, w.num_iters_warmup)
-    return Workload(w.name, requests)
+    iters = (w.num_iters, w.num_iters_warmup) if w.kind is WorkloadKind.latency else (1, 0)
+    return Workload(w.name, requests, *iters)
 
 
 def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None):
