@@ -82,9 +82,7 @@ def first_line(err: BaseException, limit: int | None = 160) -> str:
 
 class LocalSink:
     def __init__(self) -> None:
-        self.config: dict = {}
-        self.job: JobInfo | None = None
-        self.steps: list[dict] = []
+        self.config, self.job, self.steps = {}, None, []  # set at start, steps as they come
 
     def start(self, config: dict, job: JobInfo) -> None:
         self.config, self.job = config, job

@@ -226,12 +226,8 @@ def serving_report(table: pd.DataFrame, swept: list[str], title: str, sweep_dir:
 def shared_slo(table: pd.DataFrame) -> dict[str, float]:
     """The SLOs (metrics.slo) every finished job ran with; empty when unset or when they differ."""
     ok = table[table["status"] == "ok"]
-    slo = {}
-    for key in SLO_KEYS:
-        values = set(ok[f"slo:{key}"].dropna()) if f"slo:{key}" in ok.columns else set()
-        if len(values) == 1:
-            slo[key] = float(values.pop())
-    return slo
+    values = {k: set(ok[f"slo:{k}"].dropna()) if f"slo:{k}" in ok.columns else set() for k in SLO_KEYS}
+    return {k: float(v.pop()) for k, v in values.items() if len(v) == 1}
 
 
 def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:

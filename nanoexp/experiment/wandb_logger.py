@@ -36,10 +36,7 @@ class WandbLogger:
     """One W&B run per job: totals in the summary, per-step series under `step/` against `step/index`."""
 
     def __init__(self, cfg: LoggerConfig):
-        self.cfg = cfg
-        self.run = None
-        self.job: JobInfo | None = None
-        self.env_set: list[str] = []
+        self.cfg, self.run, self.job, self.env_set = cfg, None, None, []  # set at start
 
     def start(self, config: dict, job: JobInfo) -> None:
         self.job = job
