@@ -30,8 +30,7 @@ class EngineDriver:
     """Our engine: each request submitted when due (and a slot is free), then `engine.step()` until done."""
 
     def __init__(self, engine, max_concurrency: int | None = None):
-        self.engine = engine
-        self.max_concurrency = max_concurrency or math.inf
+        self.engine, self.max_concurrency = engine, max_concurrency or math.inf
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
@@ -81,8 +80,7 @@ class Progress:
         self.bar = tqdm(total=total, desc=desc, unit="req", file=stream, disable=not self.enabled,
                         dynamic_ncols=True, mininterval=REFRESH_S, leave=True)  # fmt: skip
         self.done = self.tokens = self.preemptions = 0
-        self.started: float | None = None
-        self.next_draw = 0.0
+        self.started, self.next_draw = None, 0.0  # the first step's start; the next redraw
 
     def update(self, stats: StepStats, counted: bool = True) -> None:
         """One engine step; `counted=False` for untimed (warm-up) steps, shown but not counted."""

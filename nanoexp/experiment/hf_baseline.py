@@ -15,20 +15,17 @@ from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 
 
 class HFBaseline:
-    def __init__(
-        self, arch: dict, checkpoint: str | None, dtype: str, device: str, seed: int, max_batch: int
-    ):
+    def __init__(self, arch: dict, path: str | None, dtype: str, device: str, seed: int, max_batch: int):
+        """The model from the checkpoint at `path`, or with random weights from `arch`."""
         self.device = pick_device(device, 0)
         self.dtype = pick_dtype(dtype, None, self.device)  # auto: float32 on a CPU, else bfloat16
-        self.max_batch = max_batch
-        self.eos = int(arch["eos_token_id"])
-        self.load_format = "safetensors" if checkpoint else "dummy"
+        self.max_batch, self.eos, self._next_id = max_batch, int(arch["eos_token_id"]), 0
+        self.load_format = "safetensors" if path else "dummy"
         self.peak_memory_kind = reset_peak_memory(self.device)
         torch.manual_seed(seed)
         start = time.perf_counter()
-        self.model = _load(arch, checkpoint, self.dtype).to(self.device).eval()
+        self.model = _load(arch, path, self.dtype).to(self.device).eval()
         self.load_s = time.perf_counter() - start
-        self._next_id = 0
 
     def reset_prefix_cache(self) -> None: ...  # generate keeps no cache between calls
 

@@ -30,14 +30,11 @@ class StepProfiler:
     def __init__(self, cfg: ProfileConfig, engine, out_dir: Path):
         self.cfg, self.engine, self.out_dir = cfg, engine, out_dir
         self.columns: dict[int, dict] = {}
-        self.phases: Counter = Counter()
+        self.phases, self.events, self.seen = Counter(), Counter(), Counter()  # seen: events of earlier steps
         self.active: set[str] = set()  # phases being timed now
-        self.events: Counter = Counter()
-        self.seen: Counter = Counter()  # events already attributed to a step
-        self.gc_started = 0.0
         self.compiled_steps: list[int] = []
         self.traces: list[Path] = []
-        self.tracing = False
+        self.gc_started, self.tracing = 0.0, False
         self.runner_in_process = False  # host_prepare/forward/sample_ms: the rank runs in this process
 
     @contextmanager

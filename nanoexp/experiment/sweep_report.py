@@ -46,8 +46,7 @@ JOB_TYPE, TABLE_KEY = "sweep-report", "sweep_table"  # of the sweep-level W&B ru
 
 class SweepReport(Callback):
     def __init__(self) -> None:
-        self.sweep_dir: Path | None = None  # set, with the rest, when the sweep starts
-        self.reported = False
+        self.sweep_dir, self.reported = None, False  # the rest is set when the sweep starts
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.sweep_dir = Path(config.hydra.sweep.dir)
