@@ -112,8 +112,7 @@ def max_model_len(spec: NanoexpConfig) -> int:
 
 def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
     """The sections are the engine's classes; `model.arch` goes along only with dummy weights."""
-    dummy = checkpoint.load_format == "dummy"
-    arch = arch_dict(spec.model) if dummy else None
+    arch = arch_dict(spec.model) if checkpoint.load_format == "dummy" else None
     weights = {"path": checkpoint.path, "load_format": checkpoint.load_format, "arch": arch}
     model = _narrow(spec.model, ModelConfig, **weights)
     execution = _narrow(spec.engine, ExecutionConfig)

@@ -152,7 +152,7 @@ def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -
 def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
     """A flat, numeric row for the per-step history (`t_s`: seconds since the repeat started)."""
     row = {k: v for k, v in stats.as_dict().items() if k not in ("phase", "step_time_s")}
-    row |= {
+    return row | {
         "step": index,
         "repeat": repeat,
         "t_s": t_s,
@@ -161,7 +161,6 @@ def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
         "tokens_per_s": _rate(stats.num_tokens, stats.step_time_s),
         "kv_cache_usage": _rate(stats.kv_blocks_used, stats.kv_blocks_total),
     }
-    return row
 
 
 def _rate(num: float, den: float) -> float:

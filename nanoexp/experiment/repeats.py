@@ -86,11 +86,8 @@ def summarize_repeats(
     records: list[RunRecord], slo: dict[str, float], noise: NoiseConfig | None = None
 ) -> dict:
     """The job's summary over its repeats, each repeat's headline metrics and load, and the noise flags."""
-    summaries = []
-    for r in records:
-        summaries.append(summarize(r.outputs, r.steps, r.duration_s, slo) | r.facts)
-        if r.iteration_latencies_s:
-            summaries[-1] |= latency_summary(r.iteration_latencies_s)
+    latency = lambda r: latency_summary(r.iteration_latencies_s) if r.iteration_latencies_s else {}
+    summaries = [summarize(r.outputs, r.steps, r.duration_s, slo) | r.facts | latency(r) for r in records]
     summary = aggregate_repeats(summaries)
     summary["per_repeat"] = [{k: s[k] for k in (*HEADLINE, *LOAD_KEYS) if k in s} for s in summaries]
     return summary | noise_flags(summary, summary["per_repeat"], noise or NoiseConfig())
