@@ -137,8 +137,7 @@ def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_
     record = log.record = RunRecord(repeat)
     if not workload.latency_mode:
         record.t0 = time.perf_counter()
-        outputs = driver.drive(workload.requests, record.t0, log)
-        record.outputs = sorted(outputs, key=lambda o: o.request_id)
+        record.outputs = sorted(driver.drive(workload.requests, record.t0, log), key=lambda o: o.request_id)
         record.duration_s = time.perf_counter() - record.t0
         return record
     log.recording = False

@@ -187,20 +187,15 @@ class WorkloadConfig:
             value = getattr(self, name)
             if not ok(value):
                 raise KnobError(f"workload.{name}", value, allowed)
-        self._check_length_range()
+        if self.kind in (WorkloadKind.random, WorkloadKind.shared_prefix):  # a 0-token range is an error
+            out_ratio = "range_ratio" if self.output_range_ratio is None else "output_range_ratio"
+            for name, ratio_name in (("input_len", "range_ratio"), ("output_len", out_ratio)):
+                length, ratio = getattr(self, name), getattr(self, ratio_name)
+                if length_range(length, ratio)[0] < 1:
+                    allowed = f"small enough that {name}={length} * (1 - {ratio_name}) >= 1"
+                    raise KnobError(f"workload.{ratio_name}", ratio, allowed)
         if self.kind is WorkloadKind.prompts_file and not (self.path and Path(self.path).is_file()):
             raise KnobError("workload.path", self.path, "an existing file (JSONL or text, one prompt a line)")
-
-    def _check_length_range(self) -> None:
-        """A range so wide that a prompt or output could have 0 tokens is an error, not a clamp to 1."""
-        if self.kind not in (WorkloadKind.random, WorkloadKind.shared_prefix):
-            return
-        out_ratio = "range_ratio" if self.output_range_ratio is None else "output_range_ratio"
-        for name, ratio_name in (("input_len", "range_ratio"), ("output_len", out_ratio)):
-            length, ratio = getattr(self, name), getattr(self, ratio_name)
-            if length_range(length, ratio)[0] < 1:
-                allowed = f"small enough that {name}={length} * (1 - {ratio_name}) >= 1"
-                raise KnobError(f"workload.{ratio_name}", ratio, allowed)
 
 
 @dataclass
@@ -234,8 +229,7 @@ class SloConfig:
     e2el_ms: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
-            value = getattr(self, name)
+        for name, value in vars(self).items():
             if value is not None:
                 number(f"metrics.slo.{name}", value, lambda v: v > 0, "null or a number > 0 (milliseconds)")
 
