@@ -97,8 +97,7 @@ def lock_sweep_dir(sweep_dir: Path, append: bool = False):
             f"({earlier.relative_to(sweep_dir)}); choose another hydra.sweep.dir, or add this "
             "sweep's jobs to it with append_to_sweep=true"
         )
-    lock.seek(0)
-    lock.truncate()
+    lock.truncate(0)  # its writes go to the end, now its start
     lock.write(f"pid {os.getpid()}\n")
     lock.flush()
     return lock
