@@ -299,8 +299,7 @@ def objective(cfg: DictConfig) -> float:
 
     search = OmegaConf.to_container(cfg.search, resolve=True) if "search" in cfg else {}
     path = Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE if HydraConfig.initialized() else None
-    results = read_results(path) if path is not None else {}
-    return objective_of(results, search)
+    return objective_of(read_results(path) if path is not None else {}, search)
 
 
 def objective_of(results: dict, search: dict) -> float:

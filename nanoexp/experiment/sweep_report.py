@@ -142,9 +142,8 @@ def write_report(
         return None
     from nanoexp.experiment.sweep_plots import plot_latency_cdf, plot_param, serving_report
 
-    table = pool_trials(jobs, sweep_dir)
+    table = mark_noise(pool_trials(jobs, sweep_dir))
     swept = swept_keys(table)
-    table = mark_noise(table)
     table.to_csv(sweep_dir / "sweep_summary.csv", index=False)
     title = plot_title(table, swept)
     serving = serving_report(table, swept, title, sweep_dir)
