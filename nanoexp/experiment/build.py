@@ -15,6 +15,7 @@ from nanoexp.config import EngineConfig, ExecutionConfig, KnobError, ModelConfig
 from nanoexp.config.checkpoint_files import json_object
 from nanoexp.config.parallel import check_split
 from nanoexp.experiment.driver import Driver, EngineDriver
+from nanoexp.experiment.loggers import FanoutLogger, LocalSink
 from nanoexp.experiment.schema import (
     DUMMY_IF_MISSING,
     ConfigError,
@@ -175,8 +176,6 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
 
 def build_logger(spec: NanoexpConfig):
     """The selected logger fanned out with the always-on local sink."""
-    from nanoexp.experiment.loggers import FanoutLogger, LocalSink
-
     if spec.logger.kind is LoggerKind.wandb:
         from nanoexp.experiment.wandb_logger import WandbLogger
 

@@ -14,6 +14,7 @@ from scipy import stats as scipy_stats
 
 from nanoexp.experiment.loggers import RESULTS_FILE, read_results
 from nanoexp.experiment.metrics import CONFIDENCE
+from nanoexp.experiment.sweep_plots import pyplot, save_figure
 from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL, _parse_overrides
 
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
@@ -153,8 +154,6 @@ def markdown(table: pd.DataFrame, header: list[str]) -> str:
 
 def plot(table: pd.DataFrame, header: list[str], path: Path) -> None:
     """One panel per metric: B/A per configuration with its interval, a line at 1."""
-    from nanoexp.experiment.sweep_plots import pyplot, save_figure
-
     if table.empty:
         return
     plt = pyplot()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -69,8 +70,6 @@ def swept_keys(sweep_dir: str | None) -> set[str] | None:
 
 def sweep_overrides(config: DictConfig) -> list:
     """A multirun's parsed overrides: `hydra.sweeper.params` and the command line's."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
     return OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
 

@@ -17,7 +17,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nanoexp.config import EngineConfig
 from nanoexp.config.checks import is_number
@@ -277,8 +280,6 @@ def _exit_code(e: BaseException) -> int:
 
 
 def _is_config_error(e: BaseException) -> bool:
-    from omegaconf.errors import OmegaConfBaseException
-
     return isinstance(e, ConfigError | OmegaConfBaseException)
 
 
@@ -295,8 +296,6 @@ def _user_wants_full_error() -> bool:
 
 def objective(cfg: DictConfig) -> float:
     """What run.py returns to a search sweeper (conf/hparams_search/), read from the job's results.json."""
-    from hydra.core.hydra_config import HydraConfig
-
     search = OmegaConf.to_container(cfg.search, resolve=True) if "search" in cfg else {}
     path = Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE if HydraConfig.initialized() else None
     return objective_of(read_results(path) if path is not None else {}, search)
@@ -317,8 +316,6 @@ def objective_of(results: dict, search: dict) -> float:
 
 def cli(app: Callable[[], object]) -> None:
     """Runs the Hydra app; a config Hydra rejects before any job starts is one line and exit 2 too."""
-    from hydra.errors import HydraException
-
     interrupts.install()
     if _user_wants_full_error():
         app()
@@ -346,9 +343,6 @@ def cli(app: Callable[[], object]) -> None:
 
 def _hydra_line(e: Exception) -> str:
     """Hydra's multi-line report as one line: its first line plus the detail that names the value."""
-    from hydra.errors import MissingConfigException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
-
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
     if isinstance(e, MissingConfigException) and e.options:
         return f"{lines[0]} (available: {', '.join(e.options)})"

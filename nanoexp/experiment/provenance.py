@@ -12,6 +12,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import torch
+
 from nanoexp.experiment.loggers import first_line
 
 PACKAGES = ("torch", "triton", "transformers", "flash-attn", "hydra-core", "wandb", "numpy")
@@ -62,8 +64,6 @@ def _version(package: str) -> str | None:
 
 def device_facts() -> dict:
     """The GPUs this job sees (nvidia-smi does not start CUDA here), the driver and torch's CUDA build."""
-    import torch
-
     facts = {"cuda_build": torch.version.cuda, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         out = _run("nvidia-smi", "--query-gpu=index,uuid,name,driver_version", "--format=csv,noheader")

@@ -6,6 +6,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from nanoexp.experiment.job import JobInfo
@@ -97,8 +100,7 @@ def _row(summary: dict, row) -> tuple[str, tuple[str, ...], str, str] | None:
 
 def print_summary(summary: dict, job: JobInfo, plain: dict) -> str:
     """Prints the table of a job whose resolved config is `plain` and returns it."""
-    flat = flatten(plain)
-    shown = {k: flat[k] for k in SHOWN if k in flat}
+    shown = {k: v for k, v in flatten(plain).items() if k in SHOWN}  # in the config's order, as SHOWN
     text = format_summary(summary, job, shown, changed_settings(plain, job.overrides))
     print(text, flush=True)
     return text
@@ -130,9 +132,6 @@ def _value(summary: dict, key: str) -> float | None:
 
 def changed_settings(plain: dict, overrides: list[str]) -> dict[str, Any]:
     """The settings that differ from conf/config.yaml's (the command-line overrides outside a Hydra app)."""
-    from hydra import compose
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
 
     def choices(found) -> dict[str, str]:
         return {

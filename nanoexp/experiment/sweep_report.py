@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import fcntl
@@ -16,15 +17,18 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.experiment import interrupts
 from nanoexp.experiment.job import sweep_group, sweep_overrides
 from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results
+from nanoexp.experiment.metrics import HEADLINE, spread
 from nanoexp.experiment.schema import LoggerConfig, LoggerKind
 from nanoexp.experiment.summary_table import interval_suffix
-from nanoexp.experiment.sweep_plots import SERVING_METRICS
+from nanoexp.experiment.sweep_plots import SERVING_METRICS, plot_latency_cdf, plot_param, serving_report
+from nanoexp.experiment.wandb_logger import finish_run, run_dir, start_run
 
 HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
 LOWER_IS_BETTER = tuple(
@@ -140,8 +144,6 @@ def write_report(
     jobs = collect(sweep_dir, expected, extra)
     if jobs.empty:
         return None
-    from nanoexp.experiment.sweep_plots import plot_latency_cdf, plot_param, serving_report
-
     table = mark_noise(pool_trials(jobs, sweep_dir))
     swept = swept_keys(table)
     table.to_csv(sweep_dir / "sweep_summary.csv", index=False)
@@ -161,8 +163,6 @@ def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
     """With `trial` swept, one row per configuration, its CIs over every repeat of its finished trials."""
     if TRIAL not in swept_keys(table):
         return table
-    from nanoexp.experiment.metrics import HEADLINE, spread
-
     ok = table[table["status"] == "ok"]
     keys = [k for k in swept_keys(table) if k != TRIAL]
     pooled = []
@@ -265,8 +265,6 @@ def _overrides_of(job_dir: Path, expected: list[list[str]] | None, num: int) -> 
 
 def expected_jobs(config: DictConfig) -> list[list[str]] | None:
     """The overrides of every job Hydra's basic sweeper will launch; None for other sweepers."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
     if not str(config.hydra.get("sweeper", {}).get("_target_", "")).endswith("BasicSweeper"):
         return None
     try:
@@ -390,8 +388,6 @@ def log_sweep(
     sweep_dir: Path, table: pd.DataFrame, swept: list[str], images: list[Path], cfg: LoggerConfig, group: str
 ) -> str | None:
     """The sweep-level W&B run (table, plots, swept values); None after one warning line if W&B failed."""
-    from nanoexp.experiment.wandb_logger import finish_run, run_dir, start_run
-
     try:
         import wandb
 
@@ -462,8 +458,6 @@ def redraw(sweep_dir: Path, metrics: list[str] | None = None, wandb: bool = Fals
 
 
 def cli(argv: list[str] | None = None) -> int:
-    import argparse
-
     description = "Redraw a sweep's report (sweep_summary.csv/.md and plots) from its job dirs."
     parser = argparse.ArgumentParser(
         prog="python -m nanoexp.experiment.sweep_report", description=description
