@@ -26,7 +26,7 @@ from nanoexp.config import (
     SchedulerConfig,
 )
 from nanoexp.experiment import build, schema
-from nanoexp.experiment.checkpoint import Checkpoint, resolve_checkpoint
+from nanoexp.experiment.build import Checkpoint, resolve_checkpoint
 from nanoexp.experiment.schema import ConfigError, NanoexpConfig, to_plain, to_spec
 from nanoexp.experiment.workloads import nanovllm_bench_prompts
 
@@ -106,7 +106,8 @@ def test_nanovllm_bench_workload_matches_bench_py() -> None:
     assert sum(max_tokens) == 133_966
     spec = to_spec(compose_cfg("experiment=nanovllm_bench"))
     workload = build.build_workload(spec)
-    assert workload.num_prompt_tokens == 142_827 and workload.max_output_tokens == 133_966
+    assert sum(len(r.prompt_token_ids) for r in workload.requests) == 142_827
+    assert sum(r.sampling_params.max_tokens for r in workload.requests) == 133_966
     params = workload.requests[0].sampling_params
     assert params.temperature == 0.6 and params.ignore_eos
     assert spec.model.load_format == "dummy" and spec.model.dtype == "bfloat16"

@@ -16,7 +16,7 @@ import pytest
 from hydra.experimental.callback import Callback
 
 from nanoexp.experiment.job import JobInfo
-from nanoexp.experiment.local_sink import LocalSink
+from nanoexp.experiment.loggers import LocalSink
 from nanoexp.experiment.sweep_report import lock_sweep_dir
 from tests.test_errors_run import TINY, error_lines
 

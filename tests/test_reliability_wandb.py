@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from nanoexp.experiment.job import JobInfo
-from nanoexp.experiment.local_sink import RESULTS_FILE, LocalSink
-from nanoexp.experiment.loggers import FanoutLogger
+from nanoexp.experiment.loggers import RESULTS_FILE, FanoutLogger, LocalSink
 from nanoexp.experiment.wandb_logger import INIT_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +62,7 @@ LOGGER_JOB = """
 import sys
 from pathlib import Path
 from nanoexp.experiment.job import JobInfo
-from nanoexp.experiment.local_sink import LocalSink
+from nanoexp.experiment.loggers import LocalSink
 from nanoexp.experiment.loggers import FanoutLogger
 from nanoexp.experiment.schema import LoggerConfig
 from nanoexp.experiment.wandb_logger import WandbLogger

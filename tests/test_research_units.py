@@ -14,10 +14,10 @@ import pytest
 
 from nanoexp.experiment.compare import ratio
 from nanoexp.experiment.job import run_name, swept_keys
-from nanoexp.experiment.job_memory import JobMemory
-from nanoexp.experiment.noise import LoadMeter, noise_flags
+from nanoexp.experiment.main import JobMemory
+from nanoexp.experiment.repeats import LoadMeter, noise_flags
 from nanoexp.experiment.schema import NoiseConfig
-from nanoexp.experiment.sweep_wandb import typed
+from nanoexp.experiment.sweep_report import typed
 
 
 def test_ratio_interval_is_significant_only_beyond_noise() -> None:

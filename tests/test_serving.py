@@ -18,8 +18,7 @@ import pytest
 
 from nanoexp.config import SamplingParams
 from nanoexp.experiment.driver import EngineDriver
-from nanoexp.experiment.sweep_plots import NumericAxis
-from nanoexp.experiment.sweep_serving import max_rates, rate_line
+from nanoexp.experiment.sweep_plots import NumericAxis, max_rates, rate_line
 from nanoexp.experiment.workloads import Request, arrival_offsets
 
 ROOT = Path(__file__).resolve().parents[1]

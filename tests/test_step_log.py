@@ -7,8 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from nanoexp.engine.outputs import StepStats
-from nanoexp.experiment.driver import StepLog
-from nanoexp.experiment.progress import Progress
+from nanoexp.experiment.driver import Progress, StepLog
 from nanoexp.experiment.repeats import measure
 
 

@@ -89,7 +89,7 @@ def test_outputs_carry_text_when_there_is_a_tokenizer(tmp_path: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     from nanoexp.experiment.driver import RunRecord
-    from nanoexp.experiment.outputs_file import write_outputs
+    from nanoexp.experiment.loggers import write_outputs
 
     raw = Tokenizer(models.WordLevel({f"w{i}": i for i in range(8)}, unk_token="w0"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

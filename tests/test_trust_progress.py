@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from nanoexp.experiment.build import build_llm, build_workload, engine_config
-from nanoexp.experiment.checkpoint import resolve_checkpoint
-from nanoexp.experiment.driver import EngineDriver
-from nanoexp.experiment.loggers import NoneLogger
-from nanoexp.experiment.progress import REFRESH_S, Progress
+from nanoexp.experiment.build import build_llm, build_workload, engine_config, resolve_checkpoint
+from nanoexp.experiment.driver import REFRESH_S, EngineDriver, Progress
+from nanoexp.experiment.loggers import Logger
 from nanoexp.experiment.repeats import measure, progress_total
 from nanoexp.experiment.schema import to_spec
 
@@ -49,7 +47,7 @@ def run_with(llm, workload, progress: Progress) -> tuple[float, float]:
         spent[0] += time.perf_counter() - start
 
     progress.update = timed
-    (record,) = measure(EngineDriver(llm.engine), [workload], NoneLogger(), progress)
+    (record,) = measure(EngineDriver(llm.engine), [workload], Logger(), progress)
     return spent[0], record.duration_s
 
 

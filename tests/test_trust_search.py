@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nanoexp.experiment.objective import objective_of
+from nanoexp.experiment.main import objective_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SEARCH = {"objective": "output_throughput", "max_p99_ttft_ms": 100.0, "infeasible_value": 0.0}

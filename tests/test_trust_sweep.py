@@ -15,8 +15,7 @@ import pandas as pd
 import pytest
 
 from nanoexp.experiment.sweep_plots import plot_param
-from nanoexp.experiment.sweep_report import mark_noise
-from nanoexp.experiment.sweep_wandb import JOB_TYPE, TABLE_KEY
+from nanoexp.experiment.sweep_report import JOB_TYPE, TABLE_KEY, mark_noise
 
 ROOT = Path(__file__).resolve().parents[1]
 WANDB = Path(sys.executable).with_name("wandb")

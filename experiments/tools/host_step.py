@@ -29,8 +29,7 @@ import yaml
 from nanoexp import LLM, SamplingParams
 from nanoexp.experiment.driver import StepLog
 from nanoexp.experiment.job import JobInfo
-from nanoexp.experiment.local_sink import LocalSink
-from nanoexp.experiment.loggers import FanoutLogger
+from nanoexp.experiment.loggers import FanoutLogger, LocalSink
 from nanoexp.experiment.metrics import step_row
 from nanoexp.experiment.schema import LoggerConfig
 from nanoexp.experiment.wandb_logger import WandbLogger

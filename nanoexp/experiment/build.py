@@ -1,21 +1,100 @@
-"""A job's parts from its typed config: the checks across groups, the EngineConfig, the engine (ours
-or the transformers baseline) and its driver, the workload and the logger.
-
-Everything here that can fail on a bad config fails in `check()` or `engine_config()`, cheaply and
-with a one-line message naming the key, before any weights are touched.
-"""
+"""A job's parts from its typed config, checked across groups before any weights are touched."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+import logging
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from nanoexp import factory
 from nanoexp.config import EngineConfig, ExecutionConfig, KnobError, ModelConfig
+from nanoexp.config.checkpoint_files import json_object
 from nanoexp.config.parallel import check_split
-from nanoexp.experiment.checkpoint import Checkpoint, arch_dict
 from nanoexp.experiment.driver import Driver, EngineDriver
-from nanoexp.experiment.schema import ConfigError, EngineKind, LoggerKind, NanoexpConfig
+from nanoexp.experiment.loggers import FanoutLogger, LocalSink
+from nanoexp.experiment.schema import (
+    DUMMY_IF_MISSING,
+    ConfigError,
+    EngineKind,
+    LoggerKind,
+    ModelSpec,
+    NanoexpConfig,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    load_format: str  # what the engine gets: "safetensors" or "dummy"
+    path: str | None  # the checkpoint directory when real weights are used
+    requested: str  # model.load_format as configured
+    source: str  # "path", "hub_cache" or "none"
+
+
+def arch_dict(model: ModelSpec) -> dict:
+    """model.arch as the plain config.json fields the engine and transformers take."""
+    return OmegaConf.to_container(OmegaConf.structured(model.arch))
+
+
+def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
+    """Real or dummy weights: only dummy_if_missing falls back to dummy weights, loudly."""
+    requested = model.load_format
+    if requested == "dummy":
+        return Checkpoint("dummy", None, requested, "none")
+    path, source = find_checkpoint(model.path, model.hub_id)
+    if path is not None:
+        return Checkpoint("safetensors", path, requested, source)
+    where = f"model.path={model.path!r}" if model.path else f"model.hub_id={model.hub_id!r} (local HF cache)"
+    if requested != DUMMY_IF_MISSING:
+        raise ConfigError(
+            f"{where}: no *.safetensors checkpoint found; model.load_format={requested} never falls back "
+            f"(set model.path, download the model, or use model.load_format={DUMMY_IF_MISSING}|dummy)"
+        )
+    bar = "!" * 78
+    print(
+        f"{bar}\n!! {model.name}: no checkpoint at {where}.\n"
+        f"!! model.load_format={DUMMY_IF_MISSING} -> using DUMMY (random) weights: throughput and\n"
+        "!! latency are meaningful, generated text is not. Set model.path, or model.load_format=dummy\n"
+        f"!! to silence this.\n{bar}",
+        file=sys.stderr,
+    )
+    log.warning("%s: no checkpoint at %s; using dummy weights", model.name, where)
+    return Checkpoint("dummy", None, requested, "none")
+
+
+def find_checkpoint(path: str | None, hub_id: str | None) -> tuple[str | None, str]:
+    """A directory with *.safetensors: the local path if given, else the local HF hub cache."""
+    if path:
+        p = Path(path).expanduser()
+        return (str(p), "path") if any(p.glob("*.safetensors")) else (None, "none")
+    if hub_id:
+        from huggingface_hub import snapshot_download
+
+        try:
+            cached = snapshot_download(hub_id, local_files_only=True)
+        except Exception:  # noqa: BLE001 - not cached or an invalid id: both mean "absent"
+            cached = None
+        if cached and any(Path(cached).glob("*.safetensors")):
+            return cached, "hub_cache"
+    return None, "none"
+
+
+def check_arch(model: ModelSpec, checkpoint: Checkpoint) -> list[str]:
+    """Fields where the checkpoint's config.json disagrees with model.arch (warned, not fatal)."""
+    config_file = Path(checkpoint.path or "") / "config.json"
+    if checkpoint.path is None or not config_file.is_file():
+        return []
+    disk = json_object(str(config_file), checkpoint.path)  # a malformed file, named
+    arch = arch_dict(model).items()
+    diffs = [f"{k}: config.json={disk[k]!r} model.arch={v!r}" for k, v in arch if k in disk and disk[k] != v]
+    for d in diffs:
+        log.warning("model.arch differs from %s/config.json: %s", checkpoint.path, d)
+    return diffs
 
 
 def check(spec: NanoexpConfig) -> None:
@@ -34,8 +113,7 @@ def max_model_len(spec: NanoexpConfig) -> int:
 
 def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
     """The sections are the engine's classes; `model.arch` goes along only with dummy weights."""
-    dummy = checkpoint.load_format == "dummy"
-    arch = arch_dict(spec.model) if dummy else None
+    arch = arch_dict(spec.model) if checkpoint.load_format == "dummy" else None
     weights = {"path": checkpoint.path, "load_format": checkpoint.load_format, "arch": arch}
     model = _narrow(spec.model, ModelConfig, **weights)
     execution = _narrow(spec.engine, ExecutionConfig)
@@ -52,8 +130,7 @@ def _narrow(section: Any, engine_class: type, **changes: Any) -> Any:
 
 
 def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint):
-    """Our LLM (through the engine factory), or the transformers baseline standing in for it
-    (engine=hf)."""
+    """Our LLM (through the engine factory), or the transformers baseline (engine=hf)."""
     if spec.engine.kind is EngineKind.hf:
         from nanoexp.experiment.hf_baseline import HFBaseline
 
@@ -81,12 +158,12 @@ def build_tokenizer(checkpoint: Checkpoint):
 
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
-    from nanoexp.experiment.workloads import WorkloadError, build_workload
+    from nanoexp.experiment.workloads import build_workload
 
     tokenize = (lambda text: tokenizer.encode(text)) if tokenizer is not None else None
     try:
         workload = build_workload(spec.workload, spec.sampler, spec.model.arch.vocab_size, tokenize)
-    except (WorkloadError, ValueError) as e:
+    except ValueError as e:  # ConfigError, or a value SamplingParams rejects
         raise ConfigError(str(e)) from None
     longest = max(len(r.prompt_token_ids) + r.sampling_params.max_tokens for r in workload.requests)
     if longest > max_model_len(spec):
@@ -99,11 +176,8 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
 
 def build_logger(spec: NanoexpConfig):
     """The selected logger fanned out with the always-on local sink."""
-    from nanoexp.experiment.local_sink import LocalSink
-    from nanoexp.experiment.loggers import FanoutLogger, NoneLogger
-
     if spec.logger.kind is LoggerKind.wandb:
         from nanoexp.experiment.wandb_logger import WandbLogger
 
         return FanoutLogger([WandbLogger(spec.logger), LocalSink()])
-    return FanoutLogger([NoneLogger(), LocalSink()])
+    return FanoutLogger([LocalSink()])

@@ -1,19 +1,9 @@
-"""Two sweeps side by side (two commits, two machines): jobs matched by their swept values, each
-metric's ratio B/A with a 95% confidence interval from the repeats, marked significant when the
-interval excludes 1.
-
-    python -m nanoexp.experiment.compare SWEEP_A SWEEP_B [--metrics a,b] [--out DIR]
-
-writes compare.md, compare.csv and compare.png into DIR (default: SWEEP_B) and prints the table.
-The interval is of the ratio of the means, from the repeats' values (`per_repeat` in results.json):
-log(mean B / mean A) ± t * sqrt(s_A^2 / (n_A mean_A^2) + s_B^2 / (n_B mean_B^2)), with
-Welch-Satterthwaite degrees of freedom (the delta method). Jobs with one repeat get no interval.
-"""
+"""Two sweeps side by side (`python -m nanoexp.experiment.compare SWEEP_A SWEEP_B`): jobs matched by
+their swept values, each metric's ratio B/A with a 95% CI from the repeats, in compare.md/.csv/.png."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -22,23 +12,21 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.loggers import RESULTS_FILE, read_results
 from nanoexp.experiment.metrics import CONFIDENCE
+from nanoexp.experiment.sweep_plots import pyplot, save_figure
 from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL, _parse_overrides
 
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
-LATER_IS = {**{m: "higher" for m in HIGHER_IS_BETTER}, **{m: "lower" for m in LOWER_IS_BETTER}}
-LATER_IS |= {"duration_s": "lower", "p99_tpot_ms": "lower", "median_ttft_ms": "lower"}
+HIGHER = set(HIGHER_IS_BETTER)
+LOWER = {*LOWER_IS_BETTER, "duration_s", "p99_tpot_ms", "median_ttft_ms"}
 
 
 def load_jobs(sweep_dir: Path) -> list[dict]:
     """Each finished job: its overrides as `param:` keys, its summary and its commit."""
     jobs = []
     for path in sorted(sweep_dir.rglob(RESULTS_FILE)):
-        try:
-            results = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+        results = read_results(path)
         if results.get("status") != "ok":
             continue
         git = results.get("config", {}).get("resolved", {}).get("provenance", {}).get("git", {})
@@ -48,13 +36,12 @@ def load_jobs(sweep_dir: Path) -> list[dict]:
 
 
 def merge_trials(jobs: list[dict]) -> list[dict]:
-    """Jobs that differ only in `trial` (interleaved passes of one configuration) as one job
-    whose per_repeat holds every trial's repeats."""
+    """Jobs that differ only in `trial` as one job whose per_repeat holds every trial's repeats."""
     merged: dict[tuple, dict] = {}
     for job in jobs:
-        key = tuple(sorted((k, v) for k, v in job["params"].items() if k != TRIAL))
+        params = {k: v for k, v in job["params"].items() if k != TRIAL}
+        key = tuple(sorted(params.items()))
         if key not in merged:
-            params = {k: v for k, v in job["params"].items() if k != TRIAL}
             merged[key] = job | {"params": params, "summary": dict(job["summary"], per_repeat=[])}
         merged[key]["summary"]["per_repeat"] += job["summary"].get("per_repeat") or []
     return list(merged.values())
@@ -62,15 +49,10 @@ def merge_trials(jobs: list[dict]) -> list[dict]:
 
 def match(jobs_a: list[dict], jobs_b: list[dict]) -> tuple[list[str], list[tuple[dict, dict]]]:
     """The keys either sweep varies, and the (A, B) job pairs that agree on them."""
-    jobs_a, jobs_b = merge_trials(jobs_a), merge_trials(jobs_b)
     keys = sorted(_varied(jobs_a) | _varied(jobs_b))
     by_values = {tuple(j["params"].get(k) for k in keys): j for j in jobs_a}
-    pairs = []
-    for b in jobs_b:
-        a = by_values.get(tuple(b["params"].get(k) for k in keys))
-        if a is not None:
-            pairs.append((a, b))
-    return keys, pairs
+    pairs = [(by_values.get(tuple(b["params"].get(k) for k in keys)), b) for b in jobs_b]
+    return keys, [(a, b) for a, b in pairs if a is not None]
 
 
 def _varied(jobs: list[dict]) -> set[str]:
@@ -79,7 +61,8 @@ def _varied(jobs: list[dict]) -> set[str]:
 
 
 def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    """mean(b) / mean(a) and its 95% interval (NaN bounds with fewer than two values a side)."""
+    """mean(b) / mean(a) and its 95% interval (delta method on the log ratio, Welch's degrees of
+    freedom; NaN bounds with fewer than two values a side)."""
     a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     mean_a, mean_b = a_arr.mean(), b_arr.mean()
     value = mean_b / mean_a if mean_a else math.nan
@@ -104,17 +87,14 @@ def compare(sweep_a: Path, sweep_b: Path, metrics: list[str] = METRICS) -> tuple
         config = ", ".join(f"{k.removeprefix('param:')}={b['params'].get(k)}" for k in keys) or "all"
         rows += [_metric_row(config, metric, a, b) for metric in metrics]
     table = pd.DataFrame([r for r in rows if r is not None])
+    names = ", ".join(k.removeprefix("param:") for k in keys) or "nothing swept"
     header = [
         f"A: {sweep_a} ({_commits(jobs_a)})",
         f"B: {sweep_b} ({_commits(jobs_b)})",
-        f"{len(pairs)} configurations matched on {_names(keys)}; "
+        f"{len(pairs)} configurations matched on {names}; "
         f"{len(jobs_a) - len(pairs)} of A and {len(jobs_b) - len(pairs)} of B unmatched",
     ]
     return table, header
-
-
-def _names(keys: list[str]) -> str:
-    return ", ".join(k.removeprefix("param:") for k in keys) or "nothing swept"
 
 
 def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
@@ -123,6 +103,14 @@ def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
         return None
     value, low, high = ratio(values_a, values_b)
     significant = bool(low == low and (low > 1 or high < 1))
+    if low != low:
+        verdict = "no CI (one repeat)"
+    elif not significant:
+        verdict = "within noise"
+    elif metric in HIGHER | LOWER:
+        verdict = "better" if (value > 1) == (metric in HIGHER) else "worse"
+    else:
+        verdict = "higher" if value > 1 else "lower"
     return {
         "config": config,
         "metric": metric,
@@ -132,7 +120,7 @@ def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
         "ratio_ci95_low": low,
         "ratio_ci95_high": high,
         "significant": significant,
-        "verdict": _verdict(metric, value, significant, low),
+        "verdict": verdict,
         "repeats": f"{len(values_a)}/{len(values_b)}",
     }
 
@@ -146,17 +134,6 @@ def _values(summary: dict, metric: str) -> list[float]:
     return [float(value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
 
 
-def _verdict(metric: str, value: float, significant: bool, low: float) -> str:
-    if low != low:
-        return "no CI (one repeat)"
-    if not significant:
-        return "within noise"
-    better = LATER_IS.get(metric)
-    if better is None:
-        return "higher" if value > 1 else "lower"
-    return "better" if (value > 1) == (better == "higher") else "worse"
-
-
 def _commits(jobs: list[dict]) -> str:
     commits = sorted({str(j["commit"])[:12] for j in jobs if j.get("commit")})
     return "commit " + ", ".join(commits) if commits else "commit unknown"
@@ -168,11 +145,8 @@ def markdown(table: pd.DataFrame, header: list[str]) -> str:
         return "\n".join([*lines, "no matched jobs", ""])
     lines += ["| config | metric | A | B | B/A (95% CI) | verdict |", "|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
-        ci = (
-            f" ({r.ratio_ci95_low:.3f}-{r.ratio_ci95_high:.3f})"
-            if r.ratio_ci95_low == r.ratio_ci95_low
-            else ""
-        )
+        low, high = r.ratio_ci95_low, r.ratio_ci95_high
+        ci = f" ({low:.3f}-{high:.3f})" if low == low else ""
         cell = f"**{r.ratio:.3f}**" if r.significant else f"{r.ratio:.3f}"
         lines.append(f"| {r.config} | {r.metric} | {r.a:.4g} | {r.b:.4g} | {cell}{ci} | {r.verdict} |")
     return "\n".join([*lines, "", "**bold**: the interval excludes 1 (beyond noise)", ""])
@@ -180,8 +154,6 @@ def markdown(table: pd.DataFrame, header: list[str]) -> str:
 
 def plot(table: pd.DataFrame, header: list[str], path: Path) -> None:
     """One panel per metric: B/A per configuration with its interval, a line at 1."""
-    from nanoexp.experiment.sweep_plots import pyplot, save_figure
-
     if table.empty:
         return
     plt = pyplot()
@@ -195,15 +167,13 @@ def plot(table: pd.DataFrame, header: list[str], path: Path) -> None:
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xticks(range(len(part)))
         ax.set_xticklabels(part["config"], rotation=30, ha="right", fontsize=6)
-        ax.set_title(metric, fontsize=8)
-        ax.set_ylabel("B / A", fontsize=8)
+        ax.set(title=metric, ylabel="B / A")
     save_figure(fig, "B / A with 95% CI", path)
 
 
 def cli(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m nanoexp.experiment.compare", description=__doc__.split("\n")[0]
-    )
+    description = "Two sweeps side by side: each metric's ratio B/A with a 95% CI from the repeats."
+    parser = argparse.ArgumentParser(prog="python -m nanoexp.experiment.compare", description=description)
     parser.add_argument("sweep_a", type=Path)
     parser.add_argument("sweep_b", type=Path)
     parser.add_argument("--metrics", default=",".join(METRICS), help="comma-separated summary keys")

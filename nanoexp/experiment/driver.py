@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TextIO
+
+from tqdm import tqdm
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
-from nanoexp.experiment.progress import Progress
 from nanoexp.experiment.workloads import Request, Workload
 
 OnStep = Callable[[StepStats], None]
+REFRESH_S = 0.25  # the progress line is redrawn at most this often: it costs far less than 1% of a run
 
 
 class Driver(Protocol):
@@ -20,17 +23,14 @@ class Driver(Protocol):
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]: ...
 
-    def reset_prefix_cache(self) -> None:
-        """Starts the next timed pass cold: nothing an earlier pass cached is reused."""
+    def reset_prefix_cache(self) -> None: ...  # the next timed pass starts cold
 
 
 class EngineDriver:
-    """Our engine: submit each request when it is due (and, with `max_concurrency`, a slot is free),
-    stamped with its scheduled arrival time; call `engine.step()` until done."""
+    """Our engine: each request submitted when due (and a slot is free), then `engine.step()` until done."""
 
     def __init__(self, engine, max_concurrency: int | None = None):
-        self.engine = engine
-        self.max_concurrency = max_concurrency or math.inf
+        self.engine, self.max_concurrency = engine, max_concurrency or math.inf
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
@@ -49,9 +49,7 @@ class EngineDriver:
         return outputs
 
     def _submit_due(self, pending: list[Request], t0: float, free: float) -> int:
-        """Submits the requests whose arrival time has come, at most `free`; returns how many. A
-        request's arrival is its scheduled time, so the step in progress when it fell due (and a wait
-        for a slot) counts in its TTFT."""
+        """Submits at most `free` due requests, each stamped with its scheduled arrival time."""
         now, count = time.perf_counter() - t0, 0
         while count < min(free, len(pending)) and pending[count].arrival_offset_s <= now:
             r = pending[count]
@@ -73,15 +71,47 @@ class RunRecord:
     facts: dict = field(default_factory=dict)  # what else was measured: machine load, profile counts
 
 
+class Progress:
+    """The live progress line of a job, only on a terminal and with engine.use_tqdm=true."""
+
+    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, desc: str = "requests"):
+        stream = sys.stderr if stream is None else stream
+        self.enabled = enabled and bool(getattr(stream, "isatty", None) and stream.isatty())
+        self.bar = tqdm(total=total, desc=desc, unit="req", file=stream, disable=not self.enabled,
+                        dynamic_ncols=True, mininterval=REFRESH_S, leave=True)  # fmt: skip
+        self.done = self.tokens = self.preemptions = 0
+        self.started, self.next_draw = None, 0.0  # the first step's start; the next redraw
+
+    def update(self, stats: StepStats, counted: bool = True) -> None:
+        """One engine step; `counted=False` for untimed (warm-up) steps, shown but not counted."""
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if self.started is None:
+            self.started = now - stats.step_time_s
+        self.done += stats.num_finished if counted else 0
+        self.tokens += stats.num_output_tokens
+        self.preemptions += stats.num_preemptions
+        if now >= self.next_draw:
+            self.next_draw = now + REFRESH_S
+            rate = self.tokens / max(now - self.started, 1e-9)
+            usage = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0
+            text = f"{rate:,.0f} out tok/s, running {stats.num_running}, waiting {stats.num_waiting}, "
+            self.bar.n = self.done
+            self.bar.set_postfix_str(text + f"KV {usage:.0%}, preemptions {self.preemptions}", refresh=False)
+            self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.n = self.done
+        self.bar.close()  # a bar left on screen is drawn once more
+
+
 Emit = Callable[[int, StepStats, float, int], None]  # (step index, stats, seconds into the repeat, repeat)
 
 
 class StepLog:
-    """Collects StepStats of the current repeat (only while recording), numbers the steps across
-    repeats and feeds the progress line. Steps reach `emit` (the loggers: W&B, the local sink) only
-    at `flush()`, after the timed pass: logging a step costs the host 0.2-2 ms (W&B offline on
-    2 CPU cores, experiments/tools/host_step.py), and inside the loop it would delay the
-    next step's launch and show up in the measured step times."""
+    """Records the timed steps; they reach the loggers at `flush()`, after the timed pass, since logging a
+    step costs the host 0.2-2 ms (experiments/tools/host_step.py)."""
 
     def __init__(self, emit: Emit, progress: Progress | None = None):
         self.emit, self.progress = emit, progress
@@ -97,19 +127,17 @@ class StepLog:
             self.index += 1
 
     def flush(self) -> None:
-        """Sends the recorded steps to `emit`, in order."""
         unsent, self.unsent = self.unsent, []
         for step in unsent:
             self.emit(*step)
 
 
 def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_up: bool = True) -> RunRecord:
-    """One timed pass: offline/online, or in latency mode (after the warm-up iterations when
-    `warm_up`) `num_iters` timed iterations of one batch."""
+    """One timed pass: offline/online, or in latency mode `num_iters` timed iterations of one batch."""
     record = log.record = RunRecord(repeat)
     if not workload.latency_mode:
         record.t0 = time.perf_counter()
-        record.outputs = sorted(driver.drive(workload.requests, record.t0, log), key=_order)
+        record.outputs = sorted(driver.drive(workload.requests, record.t0, log), key=lambda o: o.request_id)
         record.duration_s = time.perf_counter() - record.t0
         return record
     log.recording = False
@@ -123,10 +151,6 @@ def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_
         record.iteration_latencies_s.append(time.perf_counter() - start)
     record.duration_s = time.perf_counter() - record.t0
     return record
-
-
-def _order(o: RequestOutput) -> int:
-    return o.request_id
 
 
 def _sleep_until(t: float) -> None:

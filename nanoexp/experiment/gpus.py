@@ -22,34 +22,22 @@ def gpus_needed(gpus_per_job: int, tensor_parallel_size: int) -> int:
 
 
 def claim(gpus_per_job: int, job_num: int, lock_dir: Path | None = None) -> list[str]:
-    """Narrow CUDA_VISIBLE_DEVICES to `gpus_per_job` GPUs of those visible; a no-op for 0.
-
-    Without `lock_dir`: slice `job_num` of the visible GPUs (wrapping around). With it (a
-    sweep's directory, shared by its jobs on this host): the first free GPUs, preferring that
-    slice, held by this process's pid until it exits; waits while too few are free, so jobs of
-    a sweep never share a GPU. Must run before CUDA is initialised in this process.
-    """
-    if gpus_per_job <= 0:
-        return []
-    visible = visible_gpus()
+    """Narrows CUDA_VISIBLE_DEVICES to this job's GPUs; with `lock_dir`, never ones another job holds."""
+    visible = visible_gpus() if gpus_per_job > 0 else []
     if not visible:
         return []
     count = min(gpus_per_job, len(visible))
     start = (job_num * count) % len(visible)
     order = visible[start:] + visible[:start]
-    mine = wait_for_free(order, count, lock_dir) if lock_dir else order[:count]
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
-    return mine
-
-
-def wait_for_free(order: list[str], count: int, lock_dir: Path) -> list[str]:
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    waited = False
-    while not (mine := try_take(order, count, lock_dir)):
-        if not waited:
+    mine = order[:count]
+    if lock_dir is not None:
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        if not (mine := try_take(order, count, lock_dir)):
             print(f"nanoexp: waiting for {count} free GPU(s)", file=sys.stderr, flush=True)
-            waited = True
-        time.sleep(POLL_S)
+        while not mine:
+            time.sleep(POLL_S)
+            mine = try_take(order, count, lock_dir)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
     return mine
 
 
@@ -67,27 +55,21 @@ def try_take(order: list[str], count: int, lock_dir: Path) -> list[str]:
 
 
 def held(lock: Path) -> bool:
-    """A GPU is held while the process named in its lock file lives (not this one: the basic
-    launcher runs a sweep's jobs one after another in one process)."""
+    """A GPU is held while the process in its lock file lives (not this one: it may run several jobs)."""
     try:
         pid = int(lock.read_text())
-    except (OSError, ValueError):
-        return False
-    if pid == os.getpid():
-        return False
-    try:
+        if pid == os.getpid():
+            return False
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    except PermissionError:  # alive, another user's
         return True
+    except (OSError, ValueError):  # no lock file, or its process is gone
+        return False
     return True
 
 
 def visible_gpus() -> list[str]:
-    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set (submitit's local launcher
-    sets it to 0..gpus_per_node-1 whatever the machine holds, so indices of GPUs that do not
-    exist are dropped), else every GPU of the machine."""
+    """CUDA_VISIBLE_DEVICES less the GPUs the machine lacks (as submitit lists them), else all GPUs."""
     present = physical_gpus()
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:
@@ -99,8 +81,8 @@ def visible_gpus() -> list[str]:
 def physical_gpus() -> list[str]:
     """Indices of the machine's GPUs from nvidia-smi, else from /dev/nvidiaN; none on a CPU box."""
     if shutil.which("nvidia-smi") is not None:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-        gpus = [line for line in listing.stdout.splitlines() if line.startswith("GPU")]
-        return [str(i) for i in range(len(gpus))]
-    nodes = [p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p)]
-    return [str(i) for i in range(len(nodes))]
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+        count = sum(line.startswith("GPU") for line in listing.splitlines())
+    else:
+        count = sum(bool(re.fullmatch(r"/dev/nvidia\d+", p)) for p in glob.glob("/dev/nvidia*"))
+    return [str(i) for i in range(count)]

@@ -1,58 +1,40 @@
-"""The transformers baseline: the same requests through `model.generate` (sdpa, left padding).
-
-Requests run in batches of up to `max_batch` (scheduler.max_num_seqs, capped at
-workload.max_concurrency) in arrival order, each timed from its scheduled arrival; each batch
-decodes to its longest request (rows stop counting at their own max_tokens or eos). Per-token times
-come from a stopping criterion that fires once per generated token, so TTFT/TPOT/ITL mean the same
-as for our engine.
-"""
+"""The transformers baseline: the same requests through `model.generate`, timed as our engine's."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
+from nanoexp.experiment.driver import OnStep, _sleep_until
 from nanoexp.experiment.workloads import Request
-from nanoexp.runner.model_setup import DTYPES
+from nanoexp.runner.model_setup import pick_device, pick_dtype
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
-
-OnStep = Callable[[StepStats], None]
 
 
 class HFBaseline:
-    def __init__(
-        self,
-        arch: dict,
-        checkpoint: str | None,
-        dtype: str,
-        device: str,
-        seed: int,
-        max_batch: int,
-    ):
-        self.device = _device(device)
-        self.dtype = _dtype(dtype, self.device)
-        self.max_batch = max_batch
-        self.eos = int(arch["eos_token_id"])
-        self.load_format = "safetensors" if checkpoint else "dummy"
+    def __init__(self, arch: dict, path: str | None, dtype: str, device: str, seed: int, max_batch: int):
+        """The model from the checkpoint at `path`, or with random weights from `arch`."""
+        self.device = pick_device(device, 0)
+        self.dtype = pick_dtype(dtype, None, self.device)  # auto: float32 on a CPU, else bfloat16
+        self.max_batch, self.eos, self._next_id = max_batch, int(arch["eos_token_id"]), 0
+        self.load_format = "safetensors" if path else "dummy"
         self.peak_memory_kind = reset_peak_memory(self.device)
         torch.manual_seed(seed)
         start = time.perf_counter()
-        self.model = _load(arch, checkpoint, self.dtype).to(self.device).eval()
+        self.model = _load(arch, path, self.dtype).to(self.device).eval()
         self.load_s = time.perf_counter() - start
-        self._next_id = 0
 
-    def reset_prefix_cache(self) -> None:
-        """transformers' generate keeps no cache between calls."""
+    def reset_prefix_cache(self) -> None: ...  # generate keeps no cache between calls
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
         """Run every request (waiting for its arrival offset), batch by batch."""
         outputs: list[RequestOutput] = []
         pending = list(requests)
         while pending:
-            _wait_for(t0 + pending[0].arrival_offset_s)
+            _sleep_until(t0 + pending[0].arrival_offset_s)
             now = time.perf_counter() - t0
             arrived = [r for r in pending[: self.max_batch] if r.arrival_offset_s <= now]
             pending = pending[len(arrived) :]
@@ -63,11 +45,18 @@ class HFBaseline:
     def _run_batch(self, batch: list[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
         ids, mask = _left_pad(batch, pad_id=self.eos)
         times: list[float] = []
+
+        def clock(
+            input_ids: torch.Tensor, scores, **kwargs
+        ) -> torch.Tensor:  # never stops: stamps each token
+            times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
         start = time.perf_counter()
         generated = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
-            stopping_criteria=[_TokenClock(times)],
+            stopping_criteria=[clock],
             pad_token_id=self.eos,
             eos_token_id=self.eos,
             **_generate_kwargs(batch),
@@ -78,7 +67,9 @@ class HFBaseline:
         return outs
 
     def _output(self, r: Request, row: list[int], times: list[float], t0: float) -> RequestOutput:
-        tokens = _truncate(row, r.sampling_params, self.eos)
+        tokens = row[: r.sampling_params.max_tokens]
+        if not r.sampling_params.ignore_eos and self.eos in tokens:
+            tokens = tokens[: tokens.index(self.eos) + 1]
         self._next_id += 1
         arrival = t0 + r.arrival_offset_s
         return RequestOutput(
@@ -99,14 +90,11 @@ class HFBaseline:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return {
             "weights_bytes": weights,
-            "kv_cache_bytes": 0,  # transformers grows its cache per batch; not preallocated
-            "num_kv_blocks": 0,
-            "kv_block_size": 0,
+            **dict.fromkeys(("kv_cache_bytes", "num_kv_blocks", "kv_block_size"), 0),  # grown per batch
             "peak_memory_bytes": peak_memory_bytes(self.device),
             "peak_memory_kind": self.peak_memory_kind,
             "load_s": self.load_s,
-            "warmup_s": 0.0,
-            "graph_capture_s": 0.0,
+            **dict.fromkeys(("warmup_s", "graph_capture_s"), 0.0),
             "device": self.device.type,
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention_backend": "sdpa",
@@ -115,17 +103,6 @@ class HFBaseline:
 
     def close(self) -> None:
         self.model = None
-
-
-class _TokenClock:
-    """A stopping criterion that never stops: it timestamps every generated token."""
-
-    def __init__(self, times: list[float]):
-        self.times = times
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        self.times.append(time.perf_counter())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[float]) -> list[StepStats]:
@@ -141,11 +118,8 @@ def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[floa
                 num_decode_tokens=0 if i == 0 else len(batch),
                 num_output_tokens=active,
                 step_time_s=t - prev,
-                kv_blocks_used=0,
-                kv_blocks_total=0,
-                prefix_cache_queries=0,
-                prefix_cache_hits=0,
-                num_preemptions=0,
+                **dict.fromkeys(("kv_blocks_used", "kv_blocks_total", "num_preemptions"), 0),
+                **dict.fromkeys(("prefix_cache_queries", "prefix_cache_hits"), 0),
                 num_running=len(batch),
                 num_waiting=0,
                 num_finished=sum(len(o.token_ids) == i + 1 for o in outs),
@@ -161,29 +135,17 @@ def _generate_kwargs(batch: list[Request]) -> dict:
     kwargs = {"max_new_tokens": max_new, "do_sample": not sp.greedy, "num_beams": 1}
     if any(r.sampling_params.ignore_eos for r in batch):
         kwargs["min_new_tokens"] = max_new
-    if not sp.greedy:
-        kwargs |= {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": max(sp.top_k, 0)}
-        kwargs["min_p"] = sp.min_p or None
-    else:
-        kwargs |= {"temperature": None, "top_p": None, "top_k": None}
-    return kwargs
-
-
-def _truncate(row: list[int], sp, eos: int) -> list[int]:
-    tokens = row[: sp.max_tokens]
-    if not sp.ignore_eos and eos in tokens:
-        tokens = tokens[: tokens.index(eos) + 1]
-    return tokens
+    if sp.greedy:
+        return kwargs | dict.fromkeys(("temperature", "top_p", "top_k"), None)
+    sampled = {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": max(sp.top_k, 0)}
+    return kwargs | sampled | {"min_p": sp.min_p or None}
 
 
 def _left_pad(batch: list[Request], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r.prompt_token_ids) for r in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, r in enumerate(batch):
-        n = len(r.prompt_token_ids)
-        ids[i, width - n :] = torch.tensor(r.prompt_token_ids)
-        mask[i, width - n :] = 1
+    prompts = [list(r.prompt_token_ids) for r in batch]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
     return ids, mask
 
 
@@ -195,21 +157,3 @@ def _load(arch: dict, checkpoint: str | None, dtype: torch.dtype):
     fields = {k: v for k, v in arch.items() if k != "model_type"}
     config = AutoConfig.for_model(arch["model_type"], **fields)
     return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
-
-
-def _wait_for(t: float) -> None:
-    delay = t - time.perf_counter()
-    if delay > 0:
-        time.sleep(delay)

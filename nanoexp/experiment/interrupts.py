@@ -1,14 +1,8 @@
-"""SIGTERM and SIGINT (what `timeout`, Slurm, submitit and Ctrl-C send) end a job as a failure like
-any other: the signal becomes an `Interrupted` exception in the main thread, so the job unwinds
-through its usual cleanup (the engine closes, the loggers finish with the exit code, results.json
-says `terminated`) and the process exits 128 + the signal's number, as a shell reports it.
-
-A repeated signal while the first one unwinds is ignored, so cleanup is not cut short; the third
-one exits at once.
-"""
+"""SIGTERM and SIGINT end a job as a failure like any other (exit 128 + signal), after its cleanup."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -23,16 +17,8 @@ class Interrupted(KeyboardInterrupt):
     """The job was stopped by a signal; `exit_code` is 128 + its number."""
 
     def __init__(self, signum: int = signal.SIGINT):
-        self.signum = signum
+        self.signum, self.signal_name, self.exit_code = signum, signal.Signals(signum).name, 128 + signum
         super().__init__(f"interrupted by {self.signal_name}")
-
-    @property
-    def signal_name(self) -> str:
-        return signal.Signals(self.signum).name
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
 
 
 _received: list[int] = []
@@ -64,9 +50,7 @@ def as_interrupted(error: KeyboardInterrupt) -> Interrupted:
 
 
 def die_with_sweep(poll_s: float = 1.0) -> None:
-    """In a job of a local sweep (submitit: sweep process -> job controller -> this job), sends
-    this process SIGTERM once the controller or the sweep process is gone, so no job outlives
-    the sweep that started it, even one killed with SIGKILL."""
+    """In a job of a local sweep, SIGTERM to this process once the sweep or its job controller is gone."""
     controller = os.getppid()
     sweep = _parent_of(controller)
     if sweep is None:
@@ -78,6 +62,15 @@ def die_with_sweep(poll_s: float = 1.0) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="nanoexp-sweep-watch", daemon=True).start()
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its live descendants, children first (from /proc; just `pid` where there is none)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    return [member for child in children for member in process_tree(child)] + [pid]
 
 
 def _parent_of(pid: int) -> int | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -25,16 +26,8 @@ class JobInfo:
     extra: dict = field(default_factory=dict)  # filled by loggers (e.g. the W&B run's id and dir)
 
     def as_dict(self) -> dict:
-        return {
-            "out_dir": str(self.out_dir),
-            "overrides": self.overrides,
-            "name": self.name,
-            "group": self.group,
-            "job_num": self.job_num,
-            "multirun": self.multirun,
-            "sweep_dir": self.sweep_dir,
-            **self.extra,
-        }
+        fields = {k: v for k, v in vars(self).items() if k != "extra"}
+        return fields | {"out_dir": str(self.out_dir), **self.extra}
 
 
 def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
@@ -46,21 +39,13 @@ def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
     overrides = list(OmegaConf.to_container(hc.overrides.task, resolve=False))  # may hold ${...}
     multirun = hc.mode == RunMode.MULTIRUN
     sweep_dir = str(Path(hc.sweep.dir)) if multirun else None
-    return JobInfo(
-        out_dir=Path(hc.runtime.output_dir),
-        overrides=overrides,
-        name=logger_cfg.name or run_name(overrides, swept_keys(sweep_dir)),
-        group=logger_cfg.group or sweep_group(sweep_dir),
-        job_num=int(hc.job.get("num", 0) or 0),
-        multirun=multirun,
-        sweep_dir=sweep_dir,
-    )
+    name = logger_cfg.name or run_name(overrides, swept_keys(sweep_dir))
+    group, job_num = logger_cfg.group or sweep_group(sweep_dir), int(hc.job.get("num", 0) or 0)
+    return JobInfo(Path(hc.runtime.output_dir), overrides, name, group, job_num, multirun, sweep_dir)
 
 
 def run_name(overrides: list[str], swept: set[str] | None = None) -> str:
-    """A readable name from the command-line overrides (`default` for none); in a sweep whose swept
-    keys are known, only their values, each under its key's last part (`block_size=16
-    max_num_seqs=64`; the full key where two last parts agree)."""
+    """The overrides (`default` for none); in a sweep, the swept values under short keys (`block_size=16`)."""
     kept = [o for o in overrides if not o.startswith(("hydra", "logger."))]
     if not swept:
         return ",".join(kept) or "default"
@@ -72,20 +57,21 @@ def run_name(overrides: list[str], swept: set[str] | None = None) -> str:
 
 
 def swept_keys(sweep_dir: str | None) -> set[str] | None:
-    """The keys a basic-sweeper multirun sweeps (from the `multirun.yaml` it saves before its
-    jobs start: the sweep overrides and `hydra.sweeper.params`); None when unknown."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
+    """The keys a multirun sweeps, from the `multirun.yaml` it saves first; None when unknown."""
     saved = Path(sweep_dir) / "multirun.yaml" if sweep_dir else None
     if saved is None or not saved.is_file():
         return None
     try:
-        config = OmegaConf.load(saved)
-        params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
-        parsed = OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
+        parsed = sweep_overrides(OmegaConf.load(saved))
     except Exception:  # noqa: BLE001 - a name is never worth failing a job over
         return None
     return {o.key_or_group for o in parsed if o.is_sweep_override()}
+
+
+def sweep_overrides(config: DictConfig) -> list:
+    """A multirun's parsed overrides: `hydra.sweeper.params` and the command line's."""
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    return OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
 
 
 def sweep_group(sweep_dir: str | None) -> str | None:

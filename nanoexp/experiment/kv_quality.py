@@ -1,6 +1,4 @@
-"""A job's KV-cache quality metrics: the engine's probe (engine/kv_quality.py) on a sample of the
-workload's prompts, run after the timed repeats (never inside them) and timed on its own; by
-default only for a lossy cache (`cache.kv_cache_dtype` other than auto)."""
+"""A job's KV-cache quality metrics: the engine's probe on a few prompts, after the timed repeats."""
 
 from __future__ import annotations
 
@@ -14,17 +12,14 @@ SHOWN = ("greedy_agreement", "kl_mean", "kl_p99", "kl_max", "num_positions", "nu
 
 
 def wanted(spec: NanoexpConfig) -> bool:
-    """Our engine probes its KV cache when it is lossy, or with metrics.kv_quality.lossless (the
-    transformers baseline has no paged cache); metrics.kv_quality.num_requests=0 turns it off."""
+    """Our engine (the baseline has no paged cache) probes a lossy cache, or any with `lossless`."""
     cfg = spec.metrics.kv_quality
     lossy = spec.cache.kv_cache_dtype != "auto"
     return spec.engine.kind is not EngineKind.hf and cfg.num_requests > 0 and (lossy or cfg.lossless)
 
 
 def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
-    """`kv_quality/*` metrics, the cache dtype they were measured with and `kv_quality_s`. Prompts
-    longer than the probe's limit are cut to their first tokens (counted in
-    `kv_quality/num_cut_prompts`); any prompt length from one token up is probed as it is."""
+    """`kv_quality/*` metrics, the cache dtype and `kv_quality_s`; long prompts are cut to fit."""
     start = time.perf_counter()
     limit = prompt_limit(llm.engine, cfg.num_tokens)
     prompts = [list(r.prompt_token_ids) for r in workload.requests[: cfg.num_requests]]
@@ -40,14 +35,9 @@ def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
 
 
 def prompt_limit(engine, num_tokens: int) -> int:
-    """The longest prompt the probe takes with `num_tokens` more: prompt + continuation must fit
-    max_model_len, one step's token budget (the reference is one prefill) and the KV cache."""
-    manager = engine.block_manager
-    room = min(
-        engine.max_model_len,
-        engine.config.scheduler.max_num_batched_tokens,
-        manager.num_blocks * manager.block_size,
-    )
+    """The longest prompt that fits with `num_tokens` more in one prefill, max_model_len and the KV cache."""
+    manager, budget = engine.block_manager, engine.config.scheduler.max_num_batched_tokens
+    room = min(engine.max_model_len, budget, manager.num_blocks * manager.block_size)
     if room - num_tokens < 1:
         raise ConfigError(
             f"metrics.kv_quality.num_tokens={num_tokens} is invalid: must leave room for a prompt "

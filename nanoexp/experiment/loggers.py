@@ -1,14 +1,26 @@
-"""The logger protocol, the no-op logger, and a fan-out that drives several loggers as one."""
+"""The logger base, the fan-out of several loggers, and the local sink (results.json, CSVs, outputs)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+import contextlib
+import csv
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TextIO
 
+from nanoexp.experiment.driver import RunRecord
 from nanoexp.experiment.job import JobInfo
 
+RESULTS_FILE = "results.json"
 
-class Logger(Protocol):
+
+class Logger:
+    """The protocol every logger follows; this one logs nothing."""
+
     def start(self, config: dict, job: JobInfo) -> None: ...
 
     def log_step(self, step: int, row: dict) -> None: ...
@@ -18,30 +30,8 @@ class Logger(Protocol):
     def finish(self, summary: dict, exit_code: int = 0) -> None: ...
 
 
-class NoneLogger:
-    """Logs nothing (the local sink still writes results)."""
-
-    def start(self, config: dict, job: JobInfo) -> None:
-        pass
-
-    def log_step(self, step: int, row: dict) -> None:
-        pass
-
-    def log_requests(self, rows: list[dict]) -> None:
-        pass
-
-    def finish(self, summary: dict, exit_code: int = 0) -> None:
-        pass
-
-
 class FanoutLogger:
-    """Starts loggers in order and finishes them in reverse, so the first one finishes last.
-
-    Put W&B first and the local sink second: the sink then records the W&B run it started,
-    and W&B uploads the results file the sink has written. One logger's error never skips
-    another: each call reaches every logger and the first error is raised after all of them ran.
-    A failed start finishes the loggers that did start (exit code 1), so none is left open.
-    """
+    """Starts loggers in order, finishes them in reverse; every call reaches every logger."""
 
     def __init__(self, loggers: Sequence[Logger]):
         self.loggers = list(loggers)
@@ -56,32 +46,125 @@ class FanoutLogger:
             except Exception as err:  # noqa: BLE001 - raised below, after the others started
                 errors.append(err)
         if errors:
-            first_line = (str(errors[0]).strip().splitlines() or [type(errors[0]).__name__])[0]
-            _call_each(reversed(self.started), lambda lg: lg.finish({"error": first_line}, 1))
+            line = first_line(errors[0], limit=None)
+            with contextlib.suppress(Exception):  # the start's error is the one to raise
+                _call_each(reversed(self.started), lambda lg: lg.finish({"error": line}, 1))
             self.started.clear()
             raise errors[0]
 
     def log_step(self, step: int, row: dict) -> None:
-        _raise_first(_call_each(self.started, lambda lg: lg.log_step(step, row)))
+        _call_each(self.started, lambda lg: lg.log_step(step, row))
 
     def log_requests(self, rows: list[dict]) -> None:
-        _raise_first(_call_each(self.started, lambda lg: lg.log_requests(rows)))
+        _call_each(self.started, lambda lg: lg.log_requests(rows))
 
     def finish(self, summary: dict, exit_code: int = 0) -> None:
         started, self.started = self.started, []
-        _raise_first(_call_each(reversed(started), lambda lg: lg.finish(summary, exit_code)))
+        _call_each(reversed(started), lambda lg: lg.finish(summary, exit_code))
 
 
-def _call_each(loggers: Iterable[Logger], call: Callable[[Logger], None]) -> list[Exception]:
+def _call_each(loggers: Iterable[Logger], call: Callable[[Logger], None]) -> None:
+    """Every logger gets its call; then the first error is raised."""
     errors = []
     for logger in loggers:
         try:
             call(logger)
-        except Exception as err:  # noqa: BLE001 - every logger gets its call; the caller raises
+        except Exception as err:  # noqa: BLE001 - raised below, after the others
             errors.append(err)
-    return errors
-
-
-def _raise_first(errors: list[Exception]) -> None:
     if errors:
         raise errors[0]
+
+
+def first_line(err: BaseException, limit: int | None = 160) -> str:
+    """The error's first non-blank line (its type's name when it has none), cut to `limit`."""
+    return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:limit]
+
+
+class LocalSink:
+    def __init__(self) -> None:
+        self.config, self.job, self.steps = {}, None, []  # set at start, steps as they come
+
+    def start(self, config: dict, job: JobInfo) -> None:
+        self.config, self.job = config, job
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def log_step(self, step: int, row: dict) -> None:
+        self.steps.append(row)
+
+    def log_requests(self, rows: list[dict]) -> None:
+        write_csv(self.job.out_dir / "requests.csv", rows)
+
+    def finish(self, summary: dict, exit_code: int = 0) -> None:
+        write_csv(self.job.out_dir / "steps.csv", self.steps)
+        results = {
+            "status": "ok" if exit_code == 0 else "terminated" if summary.get("signal") else "failed",
+            "exit_code": exit_code,
+            "finished_at": time.time(),
+            "job": self.job.as_dict(),
+            "config": self.config,
+            "summary": summary,
+        }
+        write_atomically(self.job.out_dir / RESULTS_FILE, json.dumps(_json_safe(results), indent=2) + "\n")
+
+
+def read_results(path: Path) -> dict:
+    """A results.json as written; {} when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_atomically(path: Path, text: str, partial_suffix: str = ".partial") -> None:
+    with atomic_open(path, partial_suffix=partial_suffix) as f:
+        f.write(text)
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path, newline: str | None = None, partial_suffix: str = ".partial") -> Iterator[TextIO]:
+    """A text file written under a temporary name and renamed into place once whole: never half a file."""
+    partial = path.with_name(path.name + partial_suffix)
+    try:
+        with partial.open("w", newline=newline) as f:
+            yield f
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if rows:
+        with atomic_open(path, newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def _json_safe(value):
+    """NaN becomes null and inf "inf", so results.json stays strict JSON."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else "inf" if value > 0 else "-inf"
+    return value
+
+
+def write_outputs(path: Path, records: list[RunRecord], tokenizer=None) -> None:
+    """outputs.jsonl: one object per request and repeat (with its text when there is a tokenizer)."""
+    with atomic_open(path) as f:
+        for record in records:
+            for o in record.outputs:
+                row = {
+                    "request_id": o.request_id,
+                    "repeat": record.repeat,
+                    "prompt_len": len(o.prompt_token_ids),
+                    "output_token_ids": list(o.token_ids),
+                    "finish_reason": o.finish_reason,
+                }
+                if tokenizer is not None:
+                    row["text"] = tokenizer.decode(o.token_ids, skip_special_tokens=True)
+                f.write(json.dumps(row) + "\n")

@@ -10,35 +10,24 @@ from scipy import stats as scipy_stats
 
 from nanoexp.config.checks import is_real
 from nanoexp.engine.outputs import RequestOutput, StepStats
+from nanoexp.experiment.schema import LATENCY_SERIES, RATES
 
 PERCENTILES = (90, 99)
 LATENCY_PERCENTILES = (10, 25, 50, 75, 90, 99)  # as `vllm bench latency`
 CONFIDENCE = 0.95
 # Metrics that get a spread over repeats: `<key>_std`, `<key>_ci95_low`, `<key>_ci95_high`.
 HEADLINE = (
-    "output_throughput",
-    "total_token_throughput",
-    "request_throughput",
-    "request_goodput",
-    "slo_attainment",
-    "duration_s",
-    *(f"{s}_{m}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms") for s in ("mean", "median", "p99")),
-    "mean_latency_ms",
-    "p50_latency_ms",
-    "p99_latency_ms",
+    *RATES,
+    *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "p99")),
+    *("mean_latency_ms", "p50_latency_ms", "p99_latency_ms"),
 )
 FRACTIONS = {"slo_attainment": 1.0}  # HEADLINE metrics bounded above (all are >= 0)
 
 
 def summarize(
-    outputs: Sequence[RequestOutput],
-    steps: Sequence[StepStats],
-    duration_s: float,
-    slo: dict[str, float] | None = None,
+    outputs: Sequence[RequestOutput], steps: Sequence[StepStats], duration_s: float, slo: dict | None = None
 ) -> dict[str, float]:
-    """Throughput, latency distributions and step aggregates of one benchmark pass; with SLOs
-    (ms, keys ttft_ms/tpot_ms/e2el_ms) also `request_goodput`, `good_requests` and `slo_attainment`
-    (the fraction of requests that met them)."""
+    """Throughput, latency distributions and step aggregates of one pass; goodput against `slo` (ms)."""
     inputs = sum(len(o.prompt_token_ids) for o in outputs)
     generated = sum(len(o.token_ids) for o in outputs)
     summary: dict[str, float] = {
@@ -50,9 +39,8 @@ def summarize(
         "output_throughput": _rate(generated, duration_s),
         "total_token_throughput": _rate(inputs + generated, duration_s),
     }
-    multi = [o for o in outputs if len(o.token_ids) > 1]
     summary |= distribution("ttft_ms", [o.ttft * 1e3 for o in outputs])
-    summary |= distribution("tpot_ms", [o.tpot * 1e3 for o in multi])
+    summary |= distribution("tpot_ms", [o.tpot * 1e3 for o in outputs if len(o.token_ids) > 1])
     summary |= distribution("itl_ms", [x * 1e3 for o in outputs for x in o.inter_token_latencies])
     summary |= distribution("e2el_ms", [o.e2e_latency * 1e3 for o in outputs])
     summary["total_cached_tokens"] = sum(o.num_cached_tokens for o in outputs)
@@ -66,31 +54,29 @@ def summarize(
 
 def meets_slo(o: RequestOutput, slo: dict[str, float]) -> bool:
     """vLLM's goodput rule: every SLO that is set is met (value <= the SLO, in ms)."""
-    measured = {"ttft_ms": o.ttft * 1e3, "tpot_ms": o.tpot * 1e3, "e2el_ms": o.e2e_latency * 1e3}
-    return all(measured[k] <= limit for k, limit in slo.items())
+    return all(_latencies_ms(o)[k] <= limit for k, limit in slo.items())
+
+
+def _latencies_ms(o: RequestOutput) -> dict[str, float]:
+    return {"ttft_ms": o.ttft * 1e3, "tpot_ms": o.tpot * 1e3, "e2el_ms": o.e2e_latency * 1e3}
 
 
 def aggregate_repeats(summaries: Sequence[dict]) -> dict:
-    """One summary from the repeats' summaries: each numeric key's mean; with two or more repeats
-    each HEADLINE key also gets its sample std and a Student-t 95% confidence interval of the mean."""
+    """Each numeric key's mean over the repeats; with two or more, each HEADLINE key's spread too."""
     first, n = summaries[0], len(summaries)
     out: dict = {"repeats": n}
     for key in first:
         values = [s.get(key) for s in summaries]
-        if not all(is_real(v) for v in values):
-            out[key] = first[key]
-            continue
-        out[key] = first[key] if len(set(values)) == 1 else float(np.mean(values))
-        if n > 1 and key in HEADLINE:
+        numeric = all(is_real(v) for v in values)
+        out[key] = float(np.mean(values)) if numeric and len(set(values)) > 1 else first[key]
+        if numeric and n > 1 and key in HEADLINE:
             out |= spread(key, values)
     return out
 
 
 def spread(key: str, values: Sequence[float]) -> dict[str, float]:
-    """`<key>_std` (ddof=1) and `<key>_ci95_low/high`: the t-interval of the mean, cut to the values
-    the metric can take (every HEADLINE metric is >= 0, a fraction <= 1). Cutting keeps its coverage
-    (the true mean lies inside the range) and its centre, the mean; with few, noisy repeats a plain
-    t-interval of a latency would reach below zero."""
+    """`<key>_std` (ddof=1) and `<key>_ci95_low/high`: the t-interval of the mean cut to the values the
+    metric can take (>= 0, a fraction <= 1), which keeps its coverage: a latency's would reach below 0."""
     arr = np.asarray(values, dtype=float)
     mean, sem = float(arr.mean()), float(scipy_stats.sem(arr))
     if not np.isfinite(sem):
@@ -127,7 +113,7 @@ def step_aggregates(steps: Sequence[StepStats]) -> dict[str, float]:
         "num_decode_steps": len(decode),
         "prefill_time_s": _time(prefill),
         "decode_time_s": _time(decode),
-        "mean_decode_batch_size": _mean([s.num_seqs for s in decode]),
+        "mean_decode_batch_size": _rate(sum(s.num_seqs for s in decode), len(decode)),
         "prefill_throughput": _rate(sum(s.num_tokens for s in prefill), _time(prefill)),
         "decode_throughput": _rate(sum(s.num_output_tokens for s in decode), _time(decode)),
         "prefix_cache_hit_rate": _rate(sum(s.prefix_cache_hits for s in steps), queries),
@@ -153,9 +139,7 @@ def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -
             "arrival_ms": (o.arrival_time - t0) * 1e3,
             "prompt_len": len(o.prompt_token_ids),
             "output_len": len(o.token_ids),
-            "ttft_ms": o.ttft * 1e3,
-            "tpot_ms": o.tpot * 1e3,
-            "e2el_ms": o.e2e_latency * 1e3,
+            **_latencies_ms(o),
             "queue_ms": (o.first_scheduled_time - o.arrival_time) * 1e3,
             "num_cached_tokens": o.num_cached_tokens,
             "num_preemptions": o.num_preemptions,
@@ -167,8 +151,8 @@ def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -
 
 def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
     """A flat, numeric row for the per-step history (`t_s`: seconds since the repeat started)."""
-    row = {k: v for k, v in stats.as_dict().items() if k != "phase"}
-    row |= {
+    row = {k: v for k, v in stats.as_dict().items() if k not in ("phase", "step_time_s")}
+    return row | {
         "step": index,
         "repeat": repeat,
         "t_s": t_s,
@@ -177,16 +161,10 @@ def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
         "tokens_per_s": _rate(stats.num_tokens, stats.step_time_s),
         "kv_cache_usage": _rate(stats.kv_blocks_used, stats.kv_blocks_total),
     }
-    row.pop("step_time_s")
-    return row
 
 
 def _rate(num: float, den: float) -> float:
     return float(num) / den if den else 0.0
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(np.mean(values)) if len(values) else 0.0
 
 
 def _time(steps: Sequence[StepStats]) -> float:

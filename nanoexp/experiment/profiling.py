@@ -1,28 +1,12 @@
-"""The `profile.*` knobs: a torch profiler trace of chosen timed steps, the host's time per phase
-of each timed step, and the Triton compiles, torch.compile graphs and garbage collections that hit
-a timed step.
-
-Nothing here touches the engine unless a knob is on: then the profiler wraps, on the engine
-instance only (its class and the other engines are left alone), the methods each step calls:
-
-    engine.step                        host_step_ms (the whole call)
-    scheduler.schedule(_decode)        host_schedule_ms
-    executor.run / executor.launch     host_launch_ms (inputs, forward and sampling enqueued)
-      runner.prepare                   host_prepare_ms   } one rank in this process (TP=1) only;
-      runner.forward_hidden            host_forward_ms   } sample = launch - prepare - forward
-    executor.collect                   host_collect_ms (the wait for the sampled ids)
-    engine.advance / engine.complete   host_bookkeeping_ms (token placeholders, finishing)
-    the rest                           host_other_ms (building the step input, its statistics)
-
-On a GPU the forward's host time is its launch (or a graph's replay), and a synchronous step's
-`launch` includes waiting for its tokens. Each timer costs about a microsecond. The trace is of
-this process: with TP > 1 the ranks run in worker processes, outside it.
-"""
+"""The `profile.*` knobs (README: Explain): a torch profiler trace of chosen timed steps, the host's time
+per step phase, and the compiles and garbage collections that hit a timed step. With a knob on, the
+engine instance's per-step methods are wrapped (about a microsecond each); all off, nothing is."""
 
 from __future__ import annotations
 
 import gc
 import logging
+import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -33,47 +17,42 @@ from nanoexp.experiment.schema import ProfileConfig
 log = logging.getLogger(__name__)
 PROFILE_DIR = "profile"
 PHASES = {  # wrapped attribute -> phase
-    "schedule": "schedule",
-    "schedule_decode": "schedule",
-    "run": "launch",
-    "launch": "launch",
-    "collect": "collect",
-    "prepare": "prepare",
-    "forward_hidden": "forward",
-    "advance": "bookkeeping",
+    "schedule": "schedule", "schedule_decode": "schedule", "run": "launch", "launch": "launch",
+    "collect": "collect", "prepare": "prepare", "forward_hidden": "forward", "advance": "bookkeeping",
     "complete": "bookkeeping",
-}
+}  # fmt: skip
 EVENTS = ("triton_compiles", "torch_compiles", "gc_collections", "gc_full_collections")
 
 
 class StepProfiler:
-    """Profiles the timed passes of one job (see the module docstring). `columns[i]` holds the
-    extra steps.csv columns of timed step i; `summary(repeat)` the counts of one pass."""
+    """Profiles one job's timed passes: `columns[i]` holds the steps.csv columns of timed step i."""
 
     def __init__(self, cfg: ProfileConfig, engine, out_dir: Path):
         self.cfg, self.engine, self.out_dir = cfg, engine, out_dir
         self.columns: dict[int, dict] = {}
-        self.phases: Counter = Counter()
+        self.phases, self.events, self.seen = Counter(), Counter(), Counter()  # seen: events of earlier steps
         self.active: set[str] = set()  # phases being timed now
-        self.events: Counter = Counter()
-        self.seen: Counter = Counter()  # events already attributed to a step
-        self.gc_started = 0.0
         self.compiled_steps: list[int] = []
         self.traces: list[Path] = []
+        self.gc_started, self.tracing = 0.0, False
         self.runner_in_process = False  # host_prepare/forward/sample_ms: the rank runs in this process
 
     @contextmanager
     def repeat(self, repeat: int, log_steps):
         """Profiles one timed pass; `log_steps` (the StepLog) says whether a step is timed and its index."""
-        trace = self._trace(repeat) if self.cfg.trace_steps and repeat == self.cfg.trace_repeat else None
+        trace = None  # a torch profiler, started at the pass's first timed step (not in a warm-up)
+        if self.cfg.trace_steps and repeat == self.cfg.trace_repeat:
+            self.traces.append(self.out_dir / PROFILE_DIR / f"trace_repeat{repeat}.json")
+            trace = _torch_profiler(self.cfg.trace_first_step, self.cfg.trace_steps, self.traces[-1])
         restore = self._wrap(log_steps, trace)
         try:
             with self._event_hooks():
                 yield
         finally:
             restore()
-            if trace is not None and trace.profiler is not None:
-                trace.profiler.stop()
+            if self.tracing:
+                trace.stop()
+                self.tracing = False
 
     def summary(self, since: int = 0) -> dict:
         """The event totals of the timed steps from index `since` on (one pass)."""
@@ -84,45 +63,35 @@ class StepProfiler:
         return out | {"profile_gc_ms": sum(c["gc_ms"] for c in steps)}
 
     def job_summary(self) -> dict:
-        """What the whole job's passes left: the traces written and the timed steps that compiled."""
+        """The traces written and the timed steps that compiled (with a warning line naming them)."""
         out = {"profile_traces": " ".join(str(p) for p in self.traces if p.is_file())}
         if self.cfg.events:
             out["profile_compiled_steps"] = " ".join(map(str, self.compiled_steps))
+        if steps := self.compiled_steps:
+            names = ", ".join(map(str, steps[:20]))
+            log.warning("%d timed steps compiled a kernel or graph (steps %s)", len(steps), names)
         return out
 
-    def warn(self) -> None:
-        """One warning line when a timed step compiled a kernel or a graph."""
-        if self.compiled_steps:
-            steps = ", ".join(map(str, self.compiled_steps[:20]))
-            log.warning(
-                "%d timed steps compiled a kernel or graph (steps %s)", len(self.compiled_steps), steps
-            )
-
-    # ---- the wrappers ---------------------------------------------------------------------------
-
-    def _wrap(self, log_steps, trace: _Trace | None):
+    def _wrap(self, log_steps, trace):
         """Wraps the engine's methods for this pass; returns the function that removes the wrappers."""
         engine, wrapped = self.engine, []
         owners = [(engine, "step")]
         if self.cfg.host_phases:
-            owners += [(engine.scheduler, "schedule"), (engine.scheduler, "schedule_decode")]
-            owners += [(engine.executor, n) for n in ("run", "launch", "collect")]
             runner = getattr(engine.executor, "runner", None)
             self.runner_in_process = runner is not None
+            owners += [(engine.scheduler, "schedule"), (engine.scheduler, "schedule_decode")]
+            owners += [(engine.executor, n) for n in ("run", "launch", "collect")]
             owners += [(runner, n) for n in ("prepare", "forward_hidden")] if runner is not None else []
             owners += [(engine, "advance"), (engine, "complete")]
         for owner, name in (o for o in owners if hasattr(*o)):
             inner = getattr(owner, name)
-            timed = (
-                self._step_wrapper(inner, log_steps, trace) if name == "step" else self._timer(inner, name)
-            )
-            setattr(owner, name, timed)
+            wrapper = self._step(inner, log_steps, trace) if name == "step" else self._timer(inner, name)
+            setattr(owner, name, wrapper)
             wrapped.append((owner, name))
         return lambda: [delattr(owner, name) for owner, name in wrapped]
 
     def _timer(self, inner, name: str):
-        """`inner` timed into its phase; a call inside another call of the same phase (schedule
-        calling schedule_decode) counts once, in the outer one."""
+        """`inner` timed into its phase; a call inside another of the same phase counts once."""
         phases, phase, active = self.phases, PHASES[name], self.active
 
         def timed(*args, **kwargs):
@@ -138,10 +107,11 @@ class StepProfiler:
 
         return timed
 
-    def _step_wrapper(self, inner, log_steps, trace: _Trace | None):
+    def _step(self, inner, log_steps, trace):
         def step():
-            if trace is not None and log_steps.recording:
-                trace.before_step()
+            if trace is not None and log_steps.recording and not self.tracing:
+                trace.start()
+                self.tracing = True
             self.phases.clear()
             start = time.perf_counter()
             result = inner()
@@ -149,38 +119,31 @@ class StepProfiler:
             if log_steps.recording:
                 self.columns[log_steps.index] = self._step_columns(log_steps.index, elapsed)
                 if trace is not None:
-                    trace.after_step()
+                    trace.step()
             return result
 
         return step
 
     def _step_columns(self, index: int, elapsed: float) -> dict:
-        columns = self._phase_columns(elapsed) if self.cfg.host_phases else {}
-        if self.cfg.events:
-            columns |= self._new_events()
+        columns = {}
+        if self.cfg.host_phases:
+            p = self.phases
+            out = {"host_step_ms": elapsed, "host_schedule_ms": p["schedule"], "host_launch_ms": p["launch"]}
+            if self.runner_in_process:
+                out |= {"host_prepare_ms": p["prepare"], "host_forward_ms": p["forward"]}
+                out["host_sample_ms"] = p["launch"] - p["prepare"] - p["forward"]
+            out |= {"host_collect_ms": p["collect"], "host_bookkeeping_ms": p["bookkeeping"]}
+            out["host_other_ms"] = elapsed - p["schedule"] - p["launch"] - p["collect"] - p["bookkeeping"]
+            columns = {k: v * 1e3 for k, v in out.items()}
+        if self.cfg.events:  # the events since the last timed step (between-step ones count in the next)
+            current = {**self.events, "torch_compiles": _torch_graphs()}
+            new = {k: current.get(k, 0) - self.seen.get(k, 0) for k in (*EVENTS, "gc_ns")}
+            self.seen = Counter(current)
+            gc_ms = new.pop("gc_ns") / 1e6
+            columns |= new | {"gc_ms": gc_ms}
             if columns["triton_compiles"] or columns["torch_compiles"]:
                 self.compiled_steps.append(index)
         return columns
-
-    def _phase_columns(self, elapsed: float) -> dict:
-        p = self.phases
-        out = {"host_step_ms": elapsed, "host_schedule_ms": p["schedule"], "host_launch_ms": p["launch"]}
-        if self.runner_in_process:
-            out |= {"host_prepare_ms": p["prepare"], "host_forward_ms": p["forward"]}
-            out["host_sample_ms"] = p["launch"] - p["prepare"] - p["forward"]
-        out |= {"host_collect_ms": p["collect"], "host_bookkeeping_ms": p["bookkeeping"]}
-        out["host_other_ms"] = elapsed - p["schedule"] - p["launch"] - p["collect"] - p["bookkeeping"]
-        return {k: v * 1e3 for k, v in out.items()}
-
-    # ---- events ---------------------------------------------------------------------------------
-
-    def _new_events(self) -> dict:
-        """The events since the last timed step (between-step events count in the next step)."""
-        current = {**self.events, "torch_compiles": _torch_graphs()}
-        new = {k: current.get(k, 0) - self.seen.get(k, 0) for k in (*EVENTS, "gc_ns")}
-        self.seen = Counter(current)
-        gc_ms = new.pop("gc_ns") / 1e6
-        return new | {"gc_ms": gc_ms}
 
     @contextmanager
     def _event_hooks(self):
@@ -190,8 +153,13 @@ class StepProfiler:
         self.seen = Counter({**self.events, "torch_compiles": _torch_graphs()})
         triton_knobs = _triton_runtime_knobs()
         previous = triton_knobs.jit_post_compile_hook if triton_knobs else None
+
+        def on_triton_compile(*args, **kwargs):
+            self.events["triton_compiles"] += 1
+            return previous(*args, **kwargs) if previous else None
+
         if triton_knobs:
-            triton_knobs.jit_post_compile_hook = self._on_triton_compile(previous)
+            triton_knobs.jit_post_compile_hook = on_triton_compile
         gc.callbacks.append(self._on_gc)
         try:
             yield
@@ -200,13 +168,6 @@ class StepProfiler:
             if triton_knobs:
                 triton_knobs.jit_post_compile_hook = previous
 
-    def _on_triton_compile(self, previous):
-        def hook(*args, **kwargs):
-            self.events["triton_compiles"] += 1
-            return previous(*args, **kwargs) if previous else None
-
-        return hook
-
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
             self.gc_started = time.perf_counter_ns()
@@ -214,28 +175,6 @@ class StepProfiler:
         self.events["gc_collections"] += 1
         self.events["gc_full_collections"] += info["generation"] == 2
         self.events["gc_ns"] += time.perf_counter_ns() - self.gc_started
-
-    def _trace(self, repeat: int) -> _Trace:
-        path = self.out_dir / PROFILE_DIR / f"trace_repeat{repeat}.json"
-        self.traces.append(path)
-        return _Trace(self.cfg.trace_first_step, self.cfg.trace_steps, path)
-
-
-class _Trace:
-    """A torch profiler over timed steps [first, first + count) of one pass, started before the
-    pass's first timed step (so warm-up iterations stay out), saved as a Chrome trace."""
-
-    def __init__(self, first: int, count: int, path: Path):
-        self.first, self.count, self.path = first, count, path
-        self.profiler = None
-
-    def before_step(self) -> None:
-        if self.profiler is None:
-            self.profiler = _torch_profiler(self.first, self.count, self.path)
-            self.profiler.start()
-
-    def after_step(self) -> None:
-        self.profiler.step()
 
 
 def _torch_profiler(first: int, count: int, path: Path):
@@ -254,8 +193,6 @@ def _torch_profiler(first: int, count: int, path: Path):
 
 def _torch_graphs() -> int:
     """Graphs torch.compile has compiled in this process so far."""
-    import sys
-
     utils = sys.modules.get("torch._dynamo.utils")  # not imported: nothing was ever compiled
     return int(utils.counters["stats"]["unique_graphs"]) if utils is not None else 0
 

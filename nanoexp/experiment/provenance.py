@@ -1,6 +1,4 @@
-"""Where a result came from: the code (commit, dirty tree, a hash of the diff), the packages, the
-machine (device, driver, CUDA, CPU, host) and the command line. Each probe that cannot answer
-(no git checkout, no GPU, no nvidia-smi) says why in its field instead of failing the job."""
+"""Where a result came from: code, packages, machine and command; a failed probe says why in its field."""
 
 from __future__ import annotations
 
@@ -14,6 +12,10 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import torch
+
+from nanoexp.experiment.loggers import first_line
+
 PACKAGES = ("torch", "triton", "transformers", "flash-attn", "hydra-core", "wandb", "numpy")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBE_TIMEOUT_S = 10.0
@@ -23,7 +25,7 @@ def collect_provenance(repo: Path = REPO_ROOT) -> dict:
     """The job's provenance as plain data (see the module docstring)."""
     return {
         "git": git_state(repo),
-        "packages": package_versions(),
+        "packages": {name: _version(name) for name in PACKAGES},
         "python": platform.python_version(),
         "device": device_facts(),
         "cpu": cpu_facts(),
@@ -34,66 +36,43 @@ def collect_provenance(repo: Path = REPO_ROOT) -> dict:
 
 
 def git_state(repo: Path) -> dict:
-    """commit, dirty (uncommitted or untracked files) and diff_sha256 (of `git diff HEAD` plus the
-    untracked files' names); outside a checkout every field says so."""
+    """commit, dirty and the SHA-256 of `git diff HEAD` plus the untracked files' names."""
     try:
-        commit = _git(repo, "rev-parse", "HEAD").strip()
-        status = _git(repo, "status", "--porcelain")
-        diff = _git(repo, "diff", "HEAD", "--binary")
+        commit = _run("git", "-C", str(repo), "rev-parse", "HEAD").strip()
+        status = _run("git", "-C", str(repo), "status", "--porcelain")
+        diff = _run("git", "-C", str(repo), "diff", "HEAD", "--binary")
     except (OSError, subprocess.SubprocessError) as err:
-        reason = f"unknown: {_first_line(err) or 'git failed'} in {repo}"
-        return {"commit": reason, "dirty": None, "diff_sha256": None}
+        return {"commit": f"unknown: {first_line(err, 200)} in {repo}", "dirty": None, "diff_sha256": None}
     untracked = "".join(line for line in status.splitlines(keepends=True) if line.startswith("??"))
     digest = hashlib.sha256((diff + untracked).encode()).hexdigest() if status else ""
     return {"commit": commit, "dirty": bool(status), "diff_sha256": digest}
 
 
-def _git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
-    )
+def _run(*cmd: str) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     if proc.returncode != 0:
-        raise subprocess.SubprocessError(proc.stderr.strip() or f"git {args[0]} exited {proc.returncode}")
+        raise subprocess.SubprocessError(proc.stderr.strip() or f"{shlex.join(cmd)} exited {proc.returncode}")
     return proc.stdout
 
 
-def package_versions() -> dict[str, str | None]:
-    """The installed version of each of PACKAGES (None: not installed)."""
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def device_facts() -> dict:
-    """The GPUs this job sees (from nvidia-smi, which does not start CUDA in this process), the
-    driver, and the CUDA version torch was built with."""
-    import torch
-
+    """The GPUs this job sees (nvidia-smi does not start CUDA here), the driver and torch's CUDA build."""
     facts = {"cuda_build": torch.version.cuda, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
-        rows = _nvidia_smi()
+        out = _run("nvidia-smi", "--query-gpu=index,uuid,name,driver_version", "--format=csv,noheader")
     except (OSError, subprocess.SubprocessError) as err:
-        return facts | {"gpus": [], "driver": f"unknown: {_first_line(err) or 'nvidia-smi failed'}"}
+        return facts | {"gpus": [], "driver": f"unknown: {first_line(err, 200)}"}
+    rows = [[part.strip() for part in line.split(",")] for line in out.splitlines() if line.strip()]
+    rows = [{"index": r[0], "uuid": r[1], "name": r[2], "driver": r[3]} for r in rows if len(r) == 4]
     gpus = _visible(rows, facts["cuda_visible_devices"])
     return facts | {"gpus": [g["name"] for g in gpus], "driver": gpus[0]["driver"] if gpus else None}
-
-
-def _nvidia_smi() -> list[dict]:
-    query = "--query-gpu=index,uuid,name,driver_version"
-    proc = subprocess.run(
-        ["nvidia-smi", query, "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        timeout=PROBE_TIMEOUT_S,
-    )
-    if proc.returncode != 0:
-        raise subprocess.SubprocessError(proc.stderr.strip() or f"nvidia-smi exited {proc.returncode}")
-    rows = [[part.strip() for part in line.split(",")] for line in proc.stdout.splitlines() if line.strip()]
-    return [{"index": r[0], "uuid": r[1], "name": r[2], "driver": r[3]} for r in rows if len(r) == 4]
 
 
 def _visible(rows: list[dict], visible: str | None) -> list[dict]:
@@ -107,22 +86,11 @@ def _visible(rows: list[dict], visible: str | None) -> list[dict]:
 
 def cpu_facts() -> dict:
     """The CPU model, its logical CPUs and how many of them this process may run on."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    model = platform.processor() or platform.machine() or "unknown"
     try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        usable = os.cpu_count()
-    return {"model": _cpu_model(), "count": os.cpu_count(), "usable": usable}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), model)
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [""])[0][:200]
+    return {"model": model, "count": os.cpu_count(), "usable": usable}

@@ -1,37 +1,36 @@
-"""Repeats: the timed workload run `repeats` times on one engine, summarized as mean, std and a 95%
-confidence interval per headline metric (see metrics.aggregate_repeats)."""
+"""The timed passes of a job, summarized with a 95% CI per headline metric and flags for noise."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
+import time
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
-from nanoexp.experiment.driver import Driver, RunRecord, StepLog, run
+from nanoexp.experiment.driver import Driver, Progress, RunRecord, StepLog, run
+from nanoexp.experiment.interrupts import process_tree
 from nanoexp.experiment.metrics import HEADLINE, aggregate_repeats, latency_summary, step_row, summarize
-from nanoexp.experiment.noise import LOAD_KEYS, LoadMeter, noise_flags
 from nanoexp.experiment.profiling import StepProfiler
-from nanoexp.experiment.progress import Progress
 from nanoexp.experiment.schema import NanoexpConfig, NoiseConfig, ProfileConfig
 from nanoexp.experiment.workloads import Workload
 
+log = logging.getLogger(__name__)
+LOAD_KEYS = ("load_avg_1m_before", "load_avg_1m_after", "process_cpu_cores", "other_cpu_cores")
+CI_CHECKED = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_latency_ms")
+
 
 def repeat_specs(spec: NanoexpConfig) -> list[NanoexpConfig]:
-    """One config per repeat: the same one, or with `reseed_repeats` the seeds shifted by the repeat
-    (and by the repeats of the earlier trials, so that no two passes of a configuration share
-    their prompts)."""
+    """One config per repeat; with `reseed_repeats` no two passes of a configuration share prompts."""
     if not spec.reseed_repeats:
         return [spec] * spec.repeats
-    first = spec.trial * spec.repeats
-    return [_reseeded(spec, first + r) for r in range(spec.repeats)]
-
-
-def _reseeded(spec: NanoexpConfig, r: int) -> NanoexpConfig:
-    seed = spec.sampler.seed
-    sampler = replace(spec.sampler, seed=None if seed is None else seed + r)
-    return replace(spec, workload=replace(spec.workload, seed=spec.workload.seed + r), sampler=sampler)
+    specs, seed = [], spec.sampler.seed
+    for r in range(spec.trial * spec.repeats, (spec.trial + 1) * spec.repeats):
+        sampler = replace(spec.sampler, seed=None if seed is None else seed + r)
+        workload = replace(spec.workload, seed=spec.workload.seed + r)
+        specs.append(replace(spec, workload=workload, sampler=sampler))
+    return specs
 
 
 def measure(
@@ -42,12 +41,10 @@ def measure(
     profile: ProfileConfig | None = None,
     out_dir: Path | None = None,
 ) -> list[RunRecord]:
-    """Every repeat in turn; steps go to `logger.log_step` numbered across repeats, after each
-    repeat (and what a failed repeat recorded before it failed). With `profile` knobs on, each
-    pass is profiled (experiment/profiling.py) and its profile columns join its steps' rows."""
+    """Every repeat in turn, on an empty prefix cache; its steps logged after it (a failed one's too)."""
     profiler = _profiler(profile, driver, out_dir)
-    extra: Callable = profiler.columns.get if profiler else lambda i, default: default
-    emit: Callable = lambda i, stats, t, r: logger.log_step(i, step_row(i, stats, t, r) | extra(i, {}))
+    columns = profiler.columns if profiler else {}  # filled as the steps run
+    emit = lambda i, stats, t, r: logger.log_step(i, step_row(i, stats, t, r) | columns.get(i, {}))
     log = StepLog(emit, progress)
     records = []
     try:
@@ -55,16 +52,16 @@ def measure(
             try:
                 with profiler.repeat(r, log) if profiler else nullcontext():
                     load = LoadMeter()
-                    records.append(_run_cold(driver, w, log, r))
+                    driver.reset_prefix_cache()  # nothing the warm-up or an earlier pass cached is reused
+                    records.append(run(driver, w, log, repeat=r, warm_up=r == 0))
                 records[-1].facts |= load.read()
                 if profiler:
                     records[-1].facts |= profiler.summary(since=log.index - len(records[-1].steps))
             finally:
                 log.flush()
-        if profiler:
-            profiler.warn()
-            for record in records:  # the same in each, so the job's summary has them whole
-                record.facts |= profiler.job_summary()
+        job_facts = profiler.job_summary() if profiler else {}
+        for record in records:  # the same in each, so the job's summary has them whole
+            record.facts |= job_facts
         return records
     finally:
         progress.close()
@@ -75,16 +72,9 @@ def _profiler(profile: ProfileConfig | None, driver: Driver, out_dir: Path | Non
         return None
     engine = getattr(driver, "engine", None)
     if engine is None or out_dir is None:
-        logging.getLogger(__name__).warning("profile: only engine=nanoexp steps can be profiled; skipped")
+        log.warning("profile: only engine=nanoexp steps can be profiled; skipped")
         return None
     return StepProfiler(profile, engine, out_dir)
-
-
-def _run_cold(driver: Driver, workload: Workload, log: StepLog, repeat: int) -> RunRecord:
-    """One timed pass on an empty prefix cache: nothing the warm-up request or an earlier pass cached
-    is reused."""
-    driver.reset_prefix_cache()
-    return run(driver, workload, log, repeat=repeat, warm_up=repeat == 0)
 
 
 def progress_total(workloads: list[Workload]) -> int:
@@ -95,16 +85,84 @@ def progress_total(workloads: list[Workload]) -> int:
 def summarize_repeats(
     records: list[RunRecord], slo: dict[str, float], noise: NoiseConfig | None = None
 ) -> dict:
-    """The job's summary over its repeats, plus `per_repeat`: each repeat's headline metrics and
-    the machine's load during it, and the noise flags (experiment/noise.py)."""
-    summaries = [_summarize(r, slo) for r in records]
+    """The job's summary over its repeats, each repeat's headline metrics and load, and the noise flags."""
+    latency = lambda r: latency_summary(r.iteration_latencies_s) if r.iteration_latencies_s else {}
+    summaries = [summarize(r.outputs, r.steps, r.duration_s, slo) | r.facts | latency(r) for r in records]
     summary = aggregate_repeats(summaries)
     summary["per_repeat"] = [{k: s[k] for k in (*HEADLINE, *LOAD_KEYS) if k in s} for s in summaries]
     return summary | noise_flags(summary, summary["per_repeat"], noise or NoiseConfig())
 
 
-def _summarize(record: RunRecord, slo: dict[str, float]) -> dict:
-    summary = summarize(record.outputs, record.steps, record.duration_s, slo) | record.facts
-    if record.iteration_latencies_s:
-        summary |= latency_summary(record.iteration_latencies_s)
-    return summary
+class LoadMeter:
+    """Started before a timed pass; `read()` gives its LOAD_KEYS: `other_cpu_cores` is the machine's busy
+    CPU time less this process tree's over the wall time (unlike the load average, without the job)."""
+
+    def __init__(self) -> None:
+        self.load_before = _load_avg()
+        self.busy_before, self.tree_before = _busy_cpu_s(), _tree_cpu_s()
+        self.start = time.perf_counter()
+
+    def read(self) -> dict:
+        wall = time.perf_counter() - self.start
+        out = {"load_avg_1m_before": self.load_before, "load_avg_1m_after": _load_avg()}
+        out["cpu_count"] = os.cpu_count() or 0
+        own = _tree_cpu_s() - self.tree_before
+        out["process_cpu_cores"] = own / wall if wall > 0 else 0.0
+        busy = _busy_cpu_s()
+        known = busy is not None and self.busy_before is not None and wall > 0  # not on Linux: nan
+        out["other_cpu_cores"] = max(0.0, (busy - self.busy_before - own) / wall) if known else float("nan")
+        return out
+
+
+def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig) -> dict:
+    """`noise_busy_repeats`, `noise_wide_ci` and `noise_warning`, one line ("" when the job is not noisy)."""
+    busy = [r for r in per_repeat if r.get("other_cpu_cores", 0.0) > cfg.busy_cores]
+    wide = [f"{m} ±{share:.0%}" for m in CI_CHECKED if (share := _ci_share(summary, m)) > cfg.max_ci_share]
+    worst = max((r["other_cpu_cores"] for r in busy), default=0.0)
+    busy_line = f"machine busy in {len(busy)} of {len(per_repeat)} repeats (up to {worst:.1f} other cores)"
+    wide_line = f"wide CI: {', '.join(wide)} of the mean"
+    warning = "; ".join(line for line, flagged in ((busy_line, busy), (wide_line, wide)) if flagged)
+    if warning:
+        log.warning("noisy measurement: %s", warning)
+    return {"noise_busy_repeats": len(busy), "noise_wide_ci": ", ".join(wide), "noise_warning": warning}
+
+
+def _ci_share(summary: dict, metric: str) -> float:
+    """The CI's half-width over the mean (0 without a CI)."""
+    low, high, mean = (summary.get(k) for k in (f"{metric}_ci95_low", f"{metric}_ci95_high", metric))
+    if not all(isinstance(v, int | float) for v in (low, high, mean)) or not mean or low != low:
+        return 0.0
+    return abs(high - low) / 2 / abs(mean)
+
+
+def _load_avg() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
+def _busy_cpu_s() -> float | None:
+    """Seconds of CPU time every CPU spent busy since boot (all but idle and iowait); None off Linux."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu_s() -> float:
+    """CPU seconds of this process and its live descendants (tensor-parallel workers)."""
+    return sum(_process_cpu_s(pid) for pid in process_tree(os.getpid()))
+
+
+def _process_cpu_s(pid: int) -> float:
+    if pid == os.getpid():
+        t = os.times()
+        return t.user + t.system
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime

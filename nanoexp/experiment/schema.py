@@ -1,14 +1,8 @@
-"""The typed Hydra config: the engine's config classes as groups, plus the experiment-only groups.
-
-`cache`, `scheduler` and `parallel` are the engine's own classes; `model` and `engine` extend the
-engine's classes with what only the experiment needs; `sampler` takes its defaults from
-SamplingParams. Defaults live in those classes only: the group YAMLs under conf/ say what differs.
-A misspelled key or a value of the wrong type fails at composition; a value a class rejects fails
-in `to_spec`, one line naming the key.
-"""
+"""The typed Hydra config: the engine's config classes as groups, plus the experiment-only groups."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
@@ -29,9 +23,9 @@ from nanoexp.config import (
 )
 from nanoexp.config.checks import MAX_INT64, boolean, choice, integer, is_int, is_number, is_real, number
 from nanoexp.config.model import LOAD_FORMATS
-from nanoexp.experiment.dir_name import safe_dir_name
 
 DUMMY_IF_MISSING = "dummy_if_missing"
+NAME_MAX = 200  # bytes of a job dir name; file systems allow 255
 
 
 class ConfigError(ValueError):
@@ -81,13 +75,8 @@ class ArchConfig:
 
 @dataclass
 class ModelSpec(ModelConfig):
-    """The engine's ModelConfig plus a name, a hub id to look up locally, and a typed `arch`.
-
-    `path` (a local checkpoint directory) wins over `hub_id`. `load_format` takes one more value
-    than the engine's, the default: `dummy_if_missing` uses the checkpoint when one is found and
-    falls back to dummy weights with a loud warning otherwise; `auto` and `safetensors` fail when
-    there is none, as in the engine (see experiment/checkpoint.py).
-    """
+    """The engine's ModelConfig plus a name, a hub id and a typed `arch`; `load_format` has one more
+    value, the default `dummy_if_missing`: dummy weights, loudly, when no checkpoint is found."""
 
     load_formats: ClassVar[tuple[str, ...]] = (*LOAD_FORMATS, DUMMY_IF_MISSING)
 
@@ -138,37 +127,24 @@ COUNT_INT: Check = (lambda v: is_int(v) and v >= 0, "an integer >= 0")
 RATIO: Check = (lambda v: is_real(v) and 0 <= v < 1, "a number in [0, 1)")
 BENCH_LEN: Check = (lambda v: is_int(v) and v >= 100, "an integer >= 100 (bench.py draws in [100, it])")
 MIN_REQUEST_RATE = 1e-3  # requests/s; slower schedules overflow the clock (1e-300: arrivals at 1e300 s)
+RATE_ALLOWED = f"a number >= {MIN_REQUEST_RATE} requests/s (.inf = offline)"
 ARRIVALS: dict[str, Check] = {
     "seed": (lambda v: is_int(v) and 0 <= v <= MAX_INT64, f"an integer in [0, {MAX_INT64}]"),
-    "request_rate": (
-        lambda v: is_real(v) and v >= MIN_REQUEST_RATE,
-        f"a number >= {MIN_REQUEST_RATE} requests/s (.inf = offline)",
-    ),
+    "request_rate": (lambda v: is_real(v) and v >= MIN_REQUEST_RATE, RATE_ALLOWED),
     "burstiness": (lambda v: is_number(v) and 1e-3 <= v <= 1e3, "a number in [0.001, 1000] (1 = Poisson)"),
     "max_concurrency": (lambda v: v is None or POSITIVE_INT[0](v), "null (unlimited) or an integer >= 1"),
 }
-RANDOM: dict[str, Check] = {
-    "num_requests": POSITIVE_INT,
-    "input_len": POSITIVE_INT,
-    "output_len": POSITIVE_INT,
+RANDOM: dict[str, Check] = dict.fromkeys(("num_requests", "input_len", "output_len"), POSITIVE_INT) | {
     "range_ratio": RATIO,
     "output_range_ratio": (lambda v: v is None or RATIO[0](v), "null or a number in [0, 1)"),
 }
 FIELDS_BY_KIND: dict[WorkloadKind, dict[str, Check]] = {  # the fields each kind uses
     WorkloadKind.random: RANDOM,
     WorkloadKind.shared_prefix: RANDOM | {"prefix_len": POSITIVE_INT, "num_prefixes": POSITIVE_INT},
-    WorkloadKind.latency: {
-        "batch_size": POSITIVE_INT,
-        "input_len": POSITIVE_INT,
-        "output_len": POSITIVE_INT,
-        "num_iters": POSITIVE_INT,
-        "num_iters_warmup": COUNT_INT,
-    },
-    WorkloadKind.nanovllm_bench: {
-        "num_requests": POSITIVE_INT,
-        "input_len": BENCH_LEN,
-        "output_len": BENCH_LEN,
-    },
+    WorkloadKind.latency: dict.fromkeys(("batch_size", "input_len", "output_len", "num_iters"), POSITIVE_INT)
+    | {"num_iters_warmup": COUNT_INT},
+    WorkloadKind.nanovllm_bench: {"num_requests": POSITIVE_INT}
+    | dict.fromkeys(("input_len", "output_len"), BENCH_LEN),
     WorkloadKind.prompts_file: {
         "num_requests": (lambda v: is_int(v) and (v == -1 or v >= 1), "-1 (all prompts) or an integer >= 1"),
         "output_len": POSITIVE_INT,
@@ -211,20 +187,15 @@ class WorkloadConfig:
             value = getattr(self, name)
             if not ok(value):
                 raise KnobError(f"workload.{name}", value, allowed)
-        self._check_length_range()
+        if self.kind in (WorkloadKind.random, WorkloadKind.shared_prefix):  # a 0-token range is an error
+            out_ratio = "range_ratio" if self.output_range_ratio is None else "output_range_ratio"
+            for name, ratio_name in (("input_len", "range_ratio"), ("output_len", out_ratio)):
+                length, ratio = getattr(self, name), getattr(self, ratio_name)
+                if length_range(length, ratio)[0] < 1:
+                    allowed = f"small enough that {name}={length} * (1 - {ratio_name}) >= 1"
+                    raise KnobError(f"workload.{ratio_name}", ratio, allowed)
         if self.kind is WorkloadKind.prompts_file and not (self.path and Path(self.path).is_file()):
             raise KnobError("workload.path", self.path, "an existing file (JSONL or text, one prompt a line)")
-
-    def _check_length_range(self) -> None:
-        """A range so wide that a prompt or output could have 0 tokens is an error, not a clamp to 1."""
-        if self.kind not in (WorkloadKind.random, WorkloadKind.shared_prefix):
-            return
-        out_ratio = "range_ratio" if self.output_range_ratio is None else "output_range_ratio"
-        for name, ratio_name in (("input_len", "range_ratio"), ("output_len", out_ratio)):
-            length, ratio = getattr(self, name), getattr(self, ratio_name)
-            if length_range(length, ratio)[0] < 1:
-                allowed = f"small enough that {name}={length} * (1 - {ratio_name}) >= 1"
-                raise KnobError(f"workload.{ratio_name}", ratio, allowed)
 
 
 @dataclass
@@ -258,8 +229,7 @@ class SloConfig:
     e2el_ms: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
-            value = getattr(self, name)
+        for name, value in vars(self).items():
             if value is not None:
                 number(f"metrics.slo.{name}", value, lambda v: v > 0, "null or a number > 0 (milliseconds)")
 
@@ -269,13 +239,7 @@ class SloConfig:
 
 @dataclass
 class KvQualityConfig:
-    """The KV-cache quality probe after the timed repeats (see LLMEngine.kv_cache_quality), for a
-    lossy cache (`cache.kv_cache_dtype` other than auto): the first `num_requests` prompts of the
-    workload (0 = off), each with a greedy continuation of `num_tokens` tokens decoded through the
-    cache and compared with one plain prefill. It costs two prefills and `num_tokens` decode steps
-    of those requests: seconds on a CPU, so the default is short; the benchmark presets probe
-    longer. `lossless` probes an exact (`auto`) cache too, where it measures only the rounding
-    differences between the decode and prefill kernels."""
+    """The KV-cache quality probe: `num_requests` prompts (0 = off), `num_tokens` greedy tokens each."""
 
     num_requests: int = 4
     num_tokens: int = 8
@@ -289,9 +253,7 @@ class KvQualityConfig:
 
 @dataclass
 class NoiseConfig:
-    """When a job's measurement is flagged as noisy (experiment/noise.py): the rest of the machine
-    used more than `busy_cores` cores during a timed pass, or a headline metric's 95% CI
-    half-width exceeds `max_ci_share` of its mean."""
+    """When a job is flagged noisy: other load above `busy_cores`, or a CI wider than `max_ci_share`."""
 
     busy_cores: float = 0.5
     max_ci_share: float = 0.1
@@ -308,15 +270,12 @@ class MetricsConfig:
     noise: NoiseConfig = field(default_factory=NoiseConfig)
 
 
-# the job summary's metrics a search can optimize (metrics.summarize, kv_quality, latency mode)
 LATENCY_SERIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+RATES = ("output_throughput", "total_token_throughput", "request_throughput", "request_goodput")
+RATES += ("slo_attainment", "duration_s")
+# the job summary's metrics a search can optimize (metrics.summarize, kv_quality, latency mode)
 SEARCH_OBJECTIVES = (
-    "output_throughput",
-    "total_token_throughput",
-    "request_throughput",
-    "request_goodput",
-    "slo_attainment",
-    "duration_s",
+    *RATES,
     *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "std", "p90", "p99")),
     "mean_latency_ms",
     *(f"p{p}_latency_ms" for p in (10, 25, 50, 75, 90, 99)),
@@ -326,9 +285,7 @@ SEARCH_OBJECTIVES = (
 
 @dataclass
 class SearchConfig:
-    """What run.py returns to a search sweeper (conf/hparams_search/): `objective` from the job's
-    summary when the job succeeded and its p99 TTFT is at most `max_p99_ttft_ms` (when set), else
-    `infeasible_value`."""
+    """What run.py returns to a search sweeper (see main.objective_of)."""
 
     objective: str = "output_throughput"
     max_p99_ttft_ms: float | None = None
@@ -343,8 +300,7 @@ class SearchConfig:
 
 @dataclass
 class ProfileConfig:
-    """What to profile in the timed passes (experiment/profiling.py); everything off by default,
-    and off it costs nothing: the engine runs unwrapped."""
+    """What to profile in the timed passes (experiment/profiling.py); off, it costs nothing."""
 
     trace_steps: int = 0  # a torch profiler Chrome trace of this many timed steps (0 = none)
     trace_first_step: int = 0  # the first traced step, counted from the start of the pass
@@ -364,20 +320,14 @@ class ProfileConfig:
         return bool(self.trace_steps or self.host_phases or self.events)
 
 
-STEP_AGGREGATES = [
-    "prefill_time_s",
-    "decode_time_s",
-    "prefix_cache_hit_rate",
-    "peak_kv_blocks_used",
-    "num_preemptions",
-]
+STEP_AGGREGATES = (
+    "prefill_time_s decode_time_s prefix_cache_hit_rate peak_kv_blocks_used num_preemptions".split()
+)
 
 
 @dataclass
 class ReportConfig:
-    """The sweep report (experiment/sweep_report.py): `metrics` are summary keys of results.json
-    that its table and plots show beside the main ones (default: the step aggregates that explain
-    a throughput or latency result)."""
+    """Summary keys the sweep report shows beside its main metrics."""
 
     metrics: list[str] = field(default_factory=lambda: list(STEP_AGGREGATES))
 
@@ -398,13 +348,9 @@ class NanoexpConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     repeats: int = 1  # timed passes of the workload on one engine, after the warm-up
-    # repeat r draws its prompts with workload.seed + r (and samples with sampler.seed + r): identical
-    # prompts would hit the prefix cache the earlier repeats filled
-    reseed_repeats: bool = True
+    reseed_repeats: bool = True  # pass r with workload.seed + r and sampler.seed + r (no prefix cache hits)
     save_outputs: bool | None = None  # outputs.jsonl; null = only for workload=prompts_file
-    # the interleaved pass this job is: `-m trial=0,1,2 <swept keys>` (trial first) runs every
-    # configuration once per trial, round-robin, and the report pools a configuration's trials
-    trial: int = 0
+    trial: int = 0  # the interleaved pass this job is (`-m trial=0,1,2 <swept keys>`); the report pools them
     notes: str = ""
     append_to_sweep: bool = False  # a sweep may write into a hydra.sweep.dir holding earlier results
 
@@ -415,26 +361,22 @@ class NanoexpConfig:
             allowed = f"a repeat of this job: 0..{self.repeats - 1} (repeats={self.repeats})"
             raise KnobError("profile.trace_repeat", self.profile.trace_repeat, allowed)
         boolean("reseed_repeats", self.reseed_repeats)
-        if self.save_outputs is not None:
-            boolean("save_outputs", self.save_outputs)
+        if self.save_outputs is None:  # on for prompts files, whose text matters
+            self.save_outputs = self.workload.kind is WorkloadKind.prompts_file
+        boolean("save_outputs", self.save_outputs)
         boolean("append_to_sweep", self.append_to_sweep)
-        if self.engine.kind is EngineKind.hf:
-            self._check_baseline_settings()
-
-    def _check_baseline_settings(self) -> None:
-        """Settings the transformers baseline cannot apply are errors, not labels on its results."""
-        for knob, value, default in (
+        baseline_only = (  # settings the transformers baseline cannot apply are errors, not labels
             ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size, 1),
             ("cache.kv_cache_dtype", self.cache.kv_cache_dtype, "auto"),
             ("cache.num_blocks", self.cache.num_blocks, -1),
-        ):
+        )
+        for knob, value, default in baseline_only if self.engine.kind is EngineKind.hf else ():
             if value != default:
                 raise KnobError(knob, value, f"{default!r} with engine=hf (transformers cannot apply it)")
 
 
 def to_spec(cfg: DictConfig) -> NanoexpConfig:
-    """The typed, fully resolved config; a key the schema lacks or a value a class rejects is a
-    ConfigError naming the key (missing values and bad interpolations raise OmegaConf's errors)."""
+    """The typed, resolved config; an unknown key or a rejected value is a ConfigError naming the key."""
     _reject_unknown_keys(OmegaConf.to_container(cfg, resolve=False), NanoexpConfig, "")
     try:
         return OmegaConf.to_object(cfg)
@@ -449,26 +391,24 @@ def to_plain(cfg: DictConfig) -> dict:
 
 def _reject_unknown_keys(values: dict, schema: type, prefix: str) -> None:
     """Keys appended with `+key=value` get past composition; they are errors like misspelled ones."""
-    known = {f.name: f.type for f in fields(schema)}
+    known = {f.name: f.default_factory for f in fields(schema)}
     for key, value in values.items():
         if key not in known:
             allowed = ", ".join(sorted(known))
             raise ConfigError(f"{prefix}{key}: no such config key (allowed here: {allowed})")
-        child = _dataclass_type(schema, key)
-        if child is not None and isinstance(value, dict):
-            _reject_unknown_keys(value, child, f"{prefix}{key}.")
+        if is_dataclass(known[key]) and isinstance(value, dict):
+            _reject_unknown_keys(value, known[key], f"{prefix}{key}.")
 
 
-def _dataclass_type(schema: type, key: str) -> type | None:
-    default = next(f for f in fields(schema) if f.name == key).default_factory
-    return default if is_dataclass(default) else None
+def safe_dir_name(name: str) -> str:
+    """A job dir name that stays one path component (`/` is %2F) and fits the file system (cut, hashed)."""
+    name = name.replace("%", "%25").replace("/", "%2F").replace("\0", "%00")
+    encoded = name.encode()
+    if len(encoded) <= NAME_MAX:
+        return name
+    return encoded[: NAME_MAX - 13].decode(errors="ignore") + "~" + hashlib.sha1(encoded).hexdigest()[:12]
 
 
-def register_configs() -> None:
-    """Register the root schema (conf/config.yaml lists it first so every group merges into it)
-    and the `nanoexp_dir_name` resolver that conf/config.yaml's hydra.sweep.subdir uses."""
-    ConfigStore.instance().store(name="nanoexp_schema", node=NanoexpConfig)
-    OmegaConf.register_new_resolver("nanoexp_dir_name", safe_dir_name, replace=True)
-
-
-register_configs()
+# the root schema (conf/config.yaml lists it first) and the resolver of hydra.sweep.subdir
+ConfigStore.instance().store(name="nanoexp_schema", node=NanoexpConfig)
+OmegaConf.register_new_resolver("nanoexp_dir_name", safe_dir_name, replace=True)

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
+
+from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 
 from nanoexp.experiment.job import JobInfo
 
-# built per summary (see _row)
-MEMORY_ROW, PEAK_MEMORY_ROW, START_UP_ROW, WARM_UP_ROW = "memory", "peak memory", "start-up", "warm-up"
-ROWS = [  # label, summary keys, number format, unit
+KL = tuple(f"kv_quality/kl_{s}" for s in ("mean", "p99", "max"))
+ROWS = [  # label, summary keys, number format, unit; a name alone: a row built per summary (_row)
     ("requests", ("completed",), "{:.0f}", ""),
     ("input / output tokens", ("total_input_tokens", "total_output_tokens"), "{:.0f}", ""),
     ("duration", ("duration_s",), "{:.2f}", "s"),
@@ -25,37 +30,37 @@ ROWS = [  # label, summary keys, number format, unit
     ("iteration latency mean / p99", ("mean_latency_ms", "p99_latency_ms"), "{:.1f}", "ms"),
     ("prefix cache hit rate", ("prefix_cache_hit_rate",), "{:.1%}", ""),
     ("preemptions", ("num_preemptions",), "{:.0f}", ""),
-    MEMORY_ROW,
-    PEAK_MEMORY_ROW,
-    START_UP_ROW,
-    WARM_UP_ROW,
+    "memory",
+    "peak memory",
+    "start-up",
+    "warm-up",
     ("KV cache greedy agreement", ("kv_quality/greedy_agreement",), "{:.2%}", ""),
-    (
-        "KV cache KL mean / p99 / max",
-        ("kv_quality/kl_mean", "kv_quality/kl_p99", "kv_quality/kl_max"),
-        "{:.3g}",
-        "nats",
-    ),
+    ("KV cache KL mean / p99 / max", KL, "{:.3g}", "nats"),
 ]
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
-PEAK_MEMORY_LABELS = {  # summary["peak_memory_kind"] -> its row's label
-    "allocated": "peak memory (allocated)",
-    "resident": "peak memory (resident)",
-    "resident_lifetime": "peak memory (process, resident)",
-}
-SHOWN = {  # always in the header, whether or not they differ from the defaults
+PEAK_KINDS = {"allocated": "allocated", "resident": "resident", "resident_lifetime": "process, resident"}
+# always in the header, whether or not they differ from the defaults
+SHOWN = {
     "parallel.tensor_parallel_size": "TP",
     "cache.block_size": "block size",
     "workload.request_rate": "rate",
 }
 BASELINE_UNUSED = ("parallel.tensor_parallel_size", "cache.block_size")  # transformers runs neither
+SKIPPED_GROUPS = ("hydra", "experiment")  # experiment presets show as the keys they change
 
 
 def format_summary(
     summary: dict, job: JobInfo | None = None, shown: dict | None = None, changed: dict | None = None
 ) -> str:
     """The table; the header names `shown` (see SHOWN) and every `changed` setting (key -> value)."""
-    lines = header(summary, shown or {}, changed or {})
+    get = lambda k: summary.get(k, "?")
+    unused = BASELINE_UNUSED if summary.get("engine_kind") == "hf" else ()
+    facts = [f"{SHOWN[k]} {v}" for k, v in (shown or {}).items() if k in SHOWN and k not in unused]
+    lines = [
+        f"{get('engine_kind')} | {get('model')} ({get('load_format')} weights) | {get('workload')}",
+        ", ".join([*facts, f"attention {get('attention_backend')}"]),
+        f"changed from the defaults: {' '.join(f'{k}={v}' for k, v in (changed or {}).items()) or 'nothing'}",
+    ]
     lines.append("-" * max(len(line) for line in lines))
     for label, keys, fmt, unit in filter(None, (_row(summary, row) for row in ROWS)):
         cells = [_cell(summary, k, fmt) for k in keys]
@@ -71,46 +76,32 @@ def format_summary(
 
 
 def _row(summary: dict, row) -> tuple[str, tuple[str, ...], str, str] | None:
-    """A row as ROWS has it, or a row built from what this job did: the KV cache only where there is
-    one (not for the transformers baseline), the kind of peak measured, the engine's warm-up and
-    graph capture and the job's warm-up request only where they ran (None: no row)."""
-    if row == MEMORY_ROW:
+    """A row of ROWS, or one built from what this job did (None: no row)."""
+    if row == "memory":  # the KV cache only where there is one (not for the transformers baseline)
         has_cache = summary.get("kv_cache_bytes", 0) > 0
         keys = ("weights_bytes", "kv_cache_bytes") if has_cache else ("weights_bytes",)
         return ("weights / KV cache" if has_cache else "weights"), keys, "{:.3g}", "GB"
-    if row == PEAK_MEMORY_ROW:
-        label = PEAK_MEMORY_LABELS.get(summary.get("peak_memory_kind"), "peak memory")
+    if row == "peak memory":
+        kind = PEAK_KINDS.get(summary.get("peak_memory_kind"))
+        label = f"peak memory ({kind})" if kind else "peak memory"
         return label, ("peak_memory_bytes",), "{:.3g}", "GB"
-    if row == START_UP_ROW:
+    if row == "start-up":  # the engine's warm-up and graph capture only where they ran
         parts = [("load", "load_s")]
         if summary.get("warmup_s", 0) > 0:
             parts.append(("warm-up", "warmup_s"))
         if summary.get("cuda_graphs"):
             parts.append(("graphs", "graph_capture_s"))
         return " / ".join(name for name, _ in parts), tuple(key for _, key in parts), "{:.2f}", "s"
-    if row == WARM_UP_ROW:
+    if row == "warm-up":
         ran = summary.get("bench_warmup_s", 0) > 0
         return ("warm-up request", ("bench_warmup_s",), "{:.2f}", "s") if ran else None
     return row
 
 
-def header(summary: dict, shown: dict, changed: dict) -> list[str]:
-    get = lambda k: summary.get(k, "?")
-    head = f"{get('engine_kind')} | {get('model')} ({get('load_format')} weights) | {get('workload')}"
-    unused = BASELINE_UNUSED if summary.get("engine_kind") == "hf" else ()
-    facts = [f"{SHOWN[k]} {v}" for k, v in shown.items() if k in SHOWN and k not in unused]
-    facts.append(f"attention {get('attention_backend')}")
-    lines = [head, ", ".join(facts)]
-    changes = " ".join(f"{k}={v}" for k, v in changed.items()) or "nothing"
-    lines.append(f"changed from the defaults: {changes}")
-    return lines
-
-
-def print_summary(
-    summary: dict, job: JobInfo | None = None, shown: dict | None = None, changed: dict | None = None
-) -> str:
-    """Prints the table and returns it."""
-    text = format_summary(summary, job, shown, changed)
+def print_summary(summary: dict, job: JobInfo, plain: dict) -> str:
+    """Prints the table of a job whose resolved config is `plain` and returns it."""
+    shown = {k: v for k, v in flatten(plain).items() if k in SHOWN}  # in the config's order, as SHOWN
+    text = format_summary(summary, job, shown, changed_settings(plain, job.overrides))
     print(text, flush=True)
     return text
 
@@ -126,8 +117,7 @@ def _cell(summary: dict, key: str, fmt: str) -> str | None:
 
 
 def interval_suffix(value: float, low: float, high: float, fmt: Callable[[float], str]) -> str:
-    """` ± half-width` for an interval centred on the value, else ` [low, high]` (an interval cut at
-    a bound, see metrics.spread)."""
+    """` ± half-width` for an interval centred on the value, else ` [low, high]` (cut at a bound)."""
     if math.isclose(value - low, high - value, rel_tol=1e-6, abs_tol=1e-12):
         return f" ± {fmt((high - low) / 2)}"
     return f" [{fmt(low)}, {fmt(high)}]"
@@ -138,3 +128,35 @@ def _value(summary: dict, key: str) -> float | None:
     if not isinstance(v, int | float) or (isinstance(v, float) and math.isnan(v)):
         return None
     return v / 1e9 if key in GB_KEYS else v
+
+
+def changed_settings(plain: dict, overrides: list[str]) -> dict[str, Any]:
+    """The settings that differ from conf/config.yaml's (the command-line overrides outside a Hydra app)."""
+
+    def choices(found) -> dict[str, str]:
+        return {
+            g: str(o) for g, o in dict(found).items() if o is not None and not g.startswith(SKIPPED_GROUPS)
+        }
+
+    try:
+        if not (HydraConfig.initialized() and GlobalHydra.instance().is_initialized()):
+            raise RuntimeError("not in a Hydra app")
+        defaults = choices(compose(config_name="config", return_hydra_config=True).hydra.runtime.choices)
+        current = choices(HydraConfig.get().runtime.choices)
+        changed = {g: o for g, o in current.items() if defaults.get(g) != o}
+        baseline = compose(config_name="config", overrides=[f"{g}={o}" for g, o in changed.items()])
+        baseline = flatten(OmegaConf.to_container(baseline, resolve=True, enum_to_str=True))
+    except Exception:  # noqa: BLE001 - a summary never fails a job
+        return dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra"))
+    plain = {k: v for k, v in flatten(plain).items() if not k.startswith("resolved.")}
+    return changed | {k: v for k, v in plain.items() if baseline.get(k) != v}
+
+
+def flatten(values: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

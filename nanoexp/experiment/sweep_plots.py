@@ -1,66 +1,59 @@
-"""The sweep report's plots: each main metric against one swept parameter (numeric parameters as
-lines sorted by value, categorical ones as grouped bars, 95% CI error bars when the jobs had
-repeats), and one latency CDF per sweep (TTFT and TPOT across requests, one curve per job)."""
+"""The sweep report's plots: each main metric against one swept parameter (lines for numbers, grouped
+bars for categories, 95% CI error bars with repeats), the TTFT and TPOT CDFs, one curve per job, and
+for a sweep over `workload.request_rate` the serving view: latencies, achieved rate, goodput and SLO
+attainment against the offered rate, and the highest offered rate up to which every rate meets the
+SLOs (at least MIN_ATTAINMENT of its requests meet every SLO set)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-UNITS = {
-    "output_throughput": ("tok/s", 1.0),
-    "total_token_throughput": ("tok/s", 1.0),
-    "request_throughput": ("req/s", 1.0),
-    "request_goodput": ("req/s", 1.0),
-    "peak_memory_bytes": ("GB", 1e9),
-    "offered_request_rate": ("req/s", 1.0),
-    "slo_attainment": ("fraction of requests", 1.0),
-    "duration_s": ("s", 1.0),
+METRIC_LABELS = {  # metric -> its name in a panel title, its unit and the divisor of its values
+    "output_throughput": ("output throughput", "tok/s", 1.0),
+    "total_token_throughput": ("total token throughput", "tok/s", 1.0),
+    "request_throughput": ("achieved request rate", "req/s", 1.0),
+    "request_goodput": ("request goodput", "req/s", 1.0),
+    "peak_memory_bytes": ("peak memory", "GB", 1e9),
+    "offered_request_rate": ("offered request rate", "req/s", 1.0),
+    "slo_attainment": ("SLO attainment", "fraction of requests", 1.0),
+    "duration_s": ("duration", "s", 1.0),
 }
+LATENCIES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end latency"}
+LATENCIES["latency"] = "iteration latency"
 INF_LABELS = {"workload.request_rate": "all at t0"}  # what an infinite value of a parameter means
-NAMES = {  # metric -> its name in a panel title; latency statistics are named by metric_name
-    "output_throughput": "output throughput",
-    "total_token_throughput": "total token throughput",
-    "request_throughput": "achieved request rate",
-    "request_goodput": "request goodput",
-    "peak_memory_bytes": "peak memory",
-    "offered_request_rate": "offered request rate",
-    "slo_attainment": "SLO attainment",
-    "duration_s": "duration",
-}
-LATENCIES = {
-    "ttft": "TTFT",
-    "tpot": "TPOT",
-    "itl": "ITL",
-    "e2el": "end-to-end latency",
-    "latency": "iteration latency",
-}
+RATE = "param:workload.request_rate"
+MIN_ATTAINMENT = 0.9
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
+RATE_METRICS = ("request_throughput", "request_goodput", "slo_attainment")
+LATENCY_PANELS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"))
+PERCENTILE_METRICS = [f"{s}_{m}" for _, m in LATENCY_PANELS for s in ("median", "p99")]
+SERVING_METRICS = ["offered_request_rate", *RATE_METRICS, *PERCENTILE_METRICS]
 HEADROOM = 1.08  # the y axis ends this far above the highest point (error bars included)
 
 
-def metric_name(metric: str) -> str:
-    """A metric key in words: `p99_ttft_ms` -> `p99 TTFT`, `peak_memory_bytes` -> `peak memory`."""
-    if metric in NAMES:
-        return NAMES[metric]
-    stat, _, rest = metric.partition("_")
-    latency = rest.removesuffix("_ms")
-    if metric.endswith("_ms") and latency in LATENCIES:
-        return f"{stat} {LATENCIES[latency]}"
-    return metric.replace("_", " ")
-
-
 def metric_title(metric: str) -> str:
-    """The panel title: the metric in words and its unit, `p99 TTFT (ms)`."""
-    label, _ = unit(metric)
-    return f"{metric_name(metric)} ({label})" if label else metric_name(metric)
+    """The panel title: the metric in words and its unit, `p99 TTFT (ms)`, `peak memory (GB)`."""
+    stat, _, rest = metric.partition("_")
+    if metric in METRIC_LABELS:
+        name = METRIC_LABELS[metric][0]
+    elif metric.endswith("_ms") and rest.removesuffix("_ms") in LATENCIES:
+        name = f"{stat} {LATENCIES[rest.removesuffix('_ms')]}"
+    else:
+        name = metric.replace("_", " ")
+    label = unit(metric)[0]
+    return f"{name} ({label})" if label else name
 
 
 def unit(metric: str) -> tuple[str, float]:
     """(unit, divisor) of a metric's values."""
-    return UNITS.get(metric, ("ms", 1.0) if metric.endswith("_ms") else ("", 1.0))
+    if metric in METRIC_LABELS:
+        return METRIC_LABELS[metric][1:]
+    return ("ms" if metric.endswith("_ms") else "", 1.0)
 
 
 def plot_param(
@@ -75,15 +68,10 @@ def plot_param(
     ncols = min(4, len(metrics))
     nrows = -(-len(metrics) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 3.0 * nrows + 0.6), squeeze=False)
-    numeric = is_numeric(ok[key])
+    draw = _lines if pd.to_numeric(ok[key], errors="coerce").notna().all() else _bars
     for ax, metric in zip(axes.flat, metrics):
-        draw = _lines if numeric else _bars
         draw(ax, ok, key, others, metric)
-        label, _ = unit(metric)
-        ax.set_title(metric_title(metric), fontsize=9)
-        ax.set_xlabel(key.removeprefix("param:"), fontsize=8)
-        ax.set_ylabel(label, fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.set(title=metric_title(metric), xlabel=key.removeprefix("param:"), ylabel=unit(metric)[0])
         from_zero(ax)
     for ax in list(axes.flat)[len(metrics) :]:
         ax.set_visible(False)
@@ -92,8 +80,7 @@ def plot_param(
 
 
 def from_zero(ax, top: float | None = None) -> None:
-    """The y axis from 0 (every metric is an amount: throughput, memory, time) to `top`, or to a
-    little above the highest point drawn, so no marker or error bar is cut at the top."""
+    """The y axis from 0 (every metric is an amount) to `top`, or to just above the highest point."""
     high = ax.dataLim.y1 if np.isfinite(ax.dataLim.y1) else 0.0
     ax.set_ylim(0, top if top is not None else (high * HEADROOM if high > 0 else 1.0))
 
@@ -108,8 +95,7 @@ def _lines(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> No
 
 
 class NumericAxis:
-    """An x axis for a numeric parameter: log2 for spans of powers of two, and inf (a request rate
-    of all at t0) one step past the largest finite value, with its own tick label."""
+    """An x axis for a numeric parameter: log2 for wide spans, inf one step past the largest finite value."""
 
     def __init__(self, values: pd.Series, key: str):
         x = pd.to_numeric(values)
@@ -119,30 +105,21 @@ class NumericAxis:
         self.inf_label = INF_LABELS.get(key.removeprefix("param:"), "inf")
 
     def place(self, values: pd.Series) -> pd.Series:
-        return pd.to_numeric(values).replace({math.inf: self._past_edge(), -math.inf: self._past_edge(-1)})
+        return pd.to_numeric(values).replace({math.inf: self._past_edge()})
 
     def apply(self, ax) -> None:
         if self.log:
             ax.set_xscale("log", base=2)
             ax.minorticks_off()
         ax.set_xticks(list(self.place(pd.Series(self.ticks, dtype=float))))
-        ax.set_xticklabels([self._label(v) for v in self.ticks])
+        ax.set_xticklabels([self.inf_label if math.isinf(v) else f"{v:g}" for v in self.ticks])
 
-    def _past_edge(self, side: int = 1) -> float:
-        """One step beyond the finite values on `side` (+1 right, -1 left): the gap between the two
-        outermost values (their ratio on a log axis); a lone value steps by its own size."""
-        values = self.finite if side > 0 else self.finite[::-1]
-        if not values:
-            return float(side)
-        edge = values[-1]
-        if len(values) == 1:
-            return edge + (abs(edge) or 1.0) * side
-        return edge * (edge / values[-2]) if self.log else edge + (edge - values[-2])
-
-    def _label(self, v: float) -> str:
-        if math.isinf(v):
-            return self.inf_label if v > 0 else "-inf"
-        return f"{v:g}"
+    def _past_edge(self) -> float:
+        """One step beyond the largest finite value, as the last step (or ratio on a log axis)."""
+        values = self.finite
+        if len(values) < 2:
+            return values[0] + (abs(values[0]) or 1.0) if values else 1.0
+        return values[-1] ** 2 / values[-2] if self.log else 2 * values[-1] - values[-2]
 
 
 def _bars(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> None:
@@ -172,9 +149,9 @@ def groups(ok: pd.DataFrame, others: list[str]) -> list[tuple[str, pd.DataFrame]
     """Sub-tables per combination of the other swept parameters, in numeric order where numeric."""
     if not others:
         return [("", ok)]
-    parts = list(ok.groupby(others, dropna=False, sort=False))
-    parts.sort(key=lambda g: tuple(sort_key(v) for v in _tuple(g[0])))
-    name = lambda g: ", ".join(f"{k.removeprefix('param:')}={v}" for k, v in zip(others, _tuple(g)))
+    parts = list(ok.groupby(others, dropna=False, sort=False))  # keyed by tuples (a list of keys)
+    parts.sort(key=lambda g: tuple(sort_key(v) for v in g[0]))
+    name = lambda g: ", ".join(f"{k.removeprefix('param:')}={v}" for k, v in zip(others, g))
     return [(name(g), p) for g, p in parts]
 
 
@@ -189,44 +166,36 @@ def plot_latency_cdf(ok_jobs: list[tuple[str, pd.DataFrame]], title: str, path: 
         for ax, values in zip(axes, (requests["ttft_ms"], tpot)):
             values = values.sort_values().to_numpy()
             if values.size:
-                ax.step(
-                    values, [(i + 1) / values.size for i in range(values.size)], where="post", label=label
-                )
+                ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=label)
     for ax, name in zip(axes, ("TTFT", "TPOT")):
-        ax.set_xlabel(f"{name} (ms)", fontsize=8)
-        ax.set_ylabel("fraction of requests", fontsize=8)
-        ax.set_ylim(0, 1.02)
-        ax.set_xlim(left=0)
-        ax.tick_params(labelsize=7)
+        ax.set(xlabel=f"{name} (ms)", ylabel="fraction of requests", ylim=(0, 1.02), xlim=(0, None))
     save_figure(fig, title, path, legend_title="job")
 
 
-def is_numeric(values: pd.Series) -> bool:
-    return bool(pd.to_numeric(values, errors="coerce").notna().all())
+def to_number(value) -> float | None:
+    number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
+    return None if pd.isna(number) else float(number)
 
 
 def sort_key(value) -> tuple:
     """Numbers before text, numbers by value (so 16 < 128), text alphabetically."""
-    number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
-    return (0, float(number), "") if pd.notna(number) else (1, 0.0, str(value))
-
-
-def _tuple(value) -> tuple:
-    return value if isinstance(value, tuple) else (value,)
+    number = to_number(value)
+    return (0, number, "") if number is not None else (1, 0.0, str(value))
 
 
 def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
+    sizes = {"axes.titlesize": 9, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7}
+    matplotlib.rcParams.update(sizes)
     import matplotlib.pyplot as plt
 
     return plt
 
 
 def save_figure(fig, title: str, path: Path, legend_title: str | None = None) -> None:
-    """Saves with the title on top and, when `legend_title` is given, the first panel's legend
-    below the panels (a legend inside a panel hides data)."""
+    """Saves with the title on top and the first panel's legend below the panels (inside, it hides data)."""
     import matplotlib.pyplot as plt
 
     fig.suptitle(title, fontsize=9)
@@ -239,3 +208,104 @@ def save_figure(fig, title: str, path: Path, legend_title: str | None = None) ->
         )  # fmt: skip
     fig.savefig(path, dpi=110, bbox_inches="tight")  # grown to hold the legend below
     plt.close(fig)
+
+
+def serving_report(table: pd.DataFrame, swept: list[str], title: str, sweep_dir: Path) -> list[str]:
+    """sweep_serving.png and .json when the request rate is swept; returns lines for sweep_summary.md."""
+    if RATE not in swept:
+        return []
+    others = [k for k in swept if k != RATE]
+    slo = shared_slo(table)
+    found = max_rates(table, others) if slo else []
+    summary = {"slo": slo, "min_slo_attainment": MIN_ATTAINMENT, "max_rate_meeting_slo": found}
+    (sweep_dir / "sweep_serving.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_serving(table, others, slo, title, sweep_dir / "sweep_serving.png")
+    return [rate_line(slo, entry) for entry in found] or [rate_line(slo, None)]
+
+
+def shared_slo(table: pd.DataFrame) -> dict[str, float]:
+    """The SLOs (metrics.slo) every finished job ran with; empty when unset or when they differ."""
+    ok = table[table["status"] == "ok"]
+    values = {k: set(ok[f"slo:{k}"].dropna()) if f"slo:{k}" in ok.columns else set() for k in SLO_KEYS}
+    return {k: float(v.pop()) for k, v in values.items() if len(v) == 1}
+
+
+def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
+    """Per group of the other swept values: the highest rate up to which every rate meets the SLOs."""
+    out = []
+    for label, part in groups(table, others):
+        part = part.assign(_rate=pd.to_numeric(part[RATE])).sort_values("_rate")
+        attainment = pd.to_numeric(part.get("slo_attainment", pd.Series(dtype=float)), errors="coerce")
+        best = None
+        for rate, met in zip(part["_rate"], attainment.reindex(part.index) >= MIN_ATTAINMENT):
+            if not met:
+                break
+            best = rate
+        rates = [
+            {"offered_request_rate": _json_rate(row["_rate"]), "status": row["status"]}
+            | {k: to_number(row.get(k)) for k in RATE_METRICS}
+            for _, row in part.iterrows()
+        ]
+        out.append({"group": label, "max_rate": _json_rate(best), "rates": rates})
+    return out
+
+
+def rate_line(slo: dict[str, float], entry: dict | None) -> str:
+    """`max rate meeting SLOs (...): 64 req/s`, one line per group of the other swept values."""
+    if not slo:
+        return "max rate meeting SLOs: no SLOs set (metrics.slo.ttft_ms, tpot_ms, e2el_ms)"
+    rule = ", ".join(f"{k} <= {v:g}" for k, v in slo.items())
+    where = f", {entry['group']}" if entry and entry["group"] else ""
+    head = f"max rate meeting SLOs ({rule} for >= {MIN_ATTAINMENT:.0%} of requests{where})"
+    rate = entry["max_rate"] if entry else None
+    if rate is None:
+        return f"{head}: none of the offered rates"
+    return f"{head}: {'all at t0 (inf)' if rate == 'inf' else f'{rate:g} req/s'}"
+
+
+def _json_rate(rate: float | None) -> float | str | None:
+    return "inf" if rate is not None and math.isinf(rate) else rate
+
+
+def plot_serving(
+    table: pd.DataFrame, others: list[str], slo: dict[str, float], title: str, path: Path
+) -> None:
+    """Latency panels (median solid, p99 dashed, the SLO dotted), request rates and SLO attainment."""
+    ok = table[table["status"] == "ok"]
+    if ok.empty:
+        return
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 5, figsize=(18, 3.6))
+    axis = NumericAxis(ok[RATE], RATE)
+    for colour, (label, part) in enumerate(groups(ok, others)):
+        part = part.assign(_x=axis.place(part[RATE])).sort_values("_x")
+        style = {"color": f"C{colour}", "capsize": 3}
+        for ax, (_, metric) in zip(axes, LATENCY_PANELS):
+            _series(ax, part, f"median_{metric}", f"{label} median".strip(), "o-", style)
+            _series(ax, part, f"p99_{metric}", f"{label} p99".strip(), "s--", style)
+        _series(axes[3], part, "request_throughput", f"{label} achieved".strip(), "o-", style)
+        _series(axes[3], part, "request_goodput", f"{label} goodput".strip(), "s--", style)
+        _series(axes[4], part, "slo_attainment", label, "o-", style)
+    axes[3].plot(axis.finite, axis.finite, color="grey", linestyle=":", linewidth=1, label="offered")
+    for ax, (name, metric) in zip(axes, LATENCY_PANELS):
+        _decorate(ax, axis, f"{name} (ms)", slo.get(metric), f"SLO {slo.get(metric, 0):g} ms")
+    _decorate(axes[3], axis, "requests/s")
+    _decorate(axes[4], axis, "SLO attainment", MIN_ATTAINMENT if slo else None, f"{MIN_ATTAINMENT:.0%}")
+    from_zero(axes[4], top=HEADROOM)  # a fraction: up to 1, with room for the markers at 1
+    save_figure(fig, title, path)
+
+
+def _series(ax, part: pd.DataFrame, metric: str, label: str, fmt: str, style: dict) -> None:
+    if metric in part.columns and part[metric].notna().any():
+        y, err = metric_values(part, metric)
+        ax.errorbar(part["_x"], y, yerr=err, fmt=fmt, label=label, **style)
+
+
+def _decorate(ax, axis, ylabel: str, limit: float | None = None, limit_label: str = "") -> None:
+    if limit is not None:
+        ax.axhline(limit, color="red", linestyle=":", linewidth=1, label=limit_label)
+    axis.apply(ax)
+    ax.set(xlabel="offered rate (req/s)", ylabel=ylabel)
+    from_zero(ax)
+    if ax.get_legend_handles_labels()[0]:  # below the panel: inside, it would hide data
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)

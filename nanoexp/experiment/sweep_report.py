@@ -1,21 +1,13 @@
-"""Sweep report: a Hydra callback that tabulates and plots every job of a multirun.
-
-Writes sweep_summary.csv, sweep_summary.md, one PNG per swept parameter (main metrics against
-its values, see sweep_plots) and sweep_latency_cdf.png into the sweep dir and, with logger=wandb,
-a sweep-level W&B run (see sweep_wandb). With repeats, each metric shows mean ± 95% CI
-half-width, and rows whose CI overlaps the best row's are marked as within noise. Jobs that
-failed (their results.json says so) or vanished (a job dir without results.json, or, for Hydra's
-basic sweeper, an expected job without a dir) are listed too. When the launcher aborts the sweep
-(e.g. submitit raising for a killed job), the report is still written at exit, after the jobs
-that are still running have ended.
-"""
+"""Sweep report: a Hydra callback that tabulates and plots every job of a multirun, even after an abort."""
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import signal
@@ -25,79 +17,53 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.experiment import interrupts
-from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.job import sweep_group, sweep_overrides
+from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results
+from nanoexp.experiment.metrics import HEADLINE, spread
+from nanoexp.experiment.schema import LoggerConfig, LoggerKind
 from nanoexp.experiment.summary_table import interval_suffix
-from nanoexp.experiment.sweep_serving import METRICS as SERVING_METRICS
+from nanoexp.experiment.sweep_plots import SERVING_METRICS, plot_latency_cdf, plot_param, serving_report
+from nanoexp.experiment.wandb_logger import finish_run, run_dir, start_run
 
-METRICS = [
-    "output_throughput",
-    "total_token_throughput",
-    "request_goodput",
-    "mean_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "p99_itl_ms",
-    "mean_e2el_ms",
-    "peak_memory_bytes",
-]
-KV_QUALITY = ["kv_quality/greedy_agreement", "kv_quality/kl_mean", "kv_quality/kl_max"]
-RATES = ["offered_request_rate", "request_throughput", "slo_attainment"]  # slo_attainment only with SLOs
-TABLE_METRICS = [
-    *RATES,
-    *METRICS,
-    "mean_latency_ms",
-    "duration_s",
-    "num_preemptions",
-    "prefix_cache_hit_rate",
-]
-TABLE_METRICS += KV_QUALITY
 HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
-LOWER_IS_BETTER = (
-    "mean_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "p99_itl_ms",
-    "mean_e2el_ms",
-    "mean_latency_ms",
+LOWER_IS_BETTER = tuple(
+    "mean_ttft_ms p99_ttft_ms mean_tpot_ms p99_itl_ms mean_e2el_ms mean_latency_ms".split()
 )
+METRICS = [*HIGHER_IS_BETTER, *LOWER_IS_BETTER[:-1], "peak_memory_bytes"]  # the plots' and the table's
+RATES = ["offered_request_rate", "request_throughput", "slo_attainment"]  # slo_attainment only with SLOs
+TABLE_METRICS = [*RATES, *METRICS, "mean_latency_ms", "duration_s", "num_preemptions"]
+TABLE_METRICS += ["prefix_cache_hit_rate", "kv_quality/greedy_agreement"]
+TABLE_METRICS += ["kv_quality/kl_mean", "kv_quality/kl_max"]
 CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
 CI = ("_ci95_low", "_ci95_high")
-LATENCY_CDF = "sweep_latency_cdf.png"
-SWEEP_LOCK = ".sweep.lock"
 STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselves
-
-
-NOISE = "noise_warning"  # experiment/noise.py's flags of a job
+NOISE = "noise_warning"  # a job's noise flags (repeats.noise_flags)
 TRIAL = "param:trial"  # the interleaved pass of a configuration (see pool_trials)
-VANISHED = "vanished"
 JOB_DIR = re.compile(r"^(\d+)(_|$)")
+JOB_TYPE, TABLE_KEY = "sweep-report", "sweep_table"  # of the sweep-level W&B run
 
 
 class SweepReport(Callback):
     def __init__(self) -> None:
-        self.sweep_dir: Path | None = None
-        self.expected: list[list[str]] | None = None
-        self.metrics: list[str] = []
-        self.reported = False
+        self.sweep_dir, self.reported = None, False  # the rest is set when the sweep starts
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))
         self.expected = expected_jobs(config)
-        self.metrics = report_metrics(config)
+        self.metrics = list(config.report.metrics) if config.get("report") is not None else []
         wait_s = 60.0 * float(config.hydra.launcher.get("timeout_min", 0) or 0) + 60.0
         atexit.register(self._report_after_abort, wait_s)
-
         self.wandb = wandb_target(config)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self.reported = True
-        failed = report(Path(config.hydra.sweep.dir), self.expected, self.wandb, self.metrics)
-        if failed:
+        if report(Path(config.hydra.sweep.dir), self.expected, self.wandb, self.metrics):
             sys.exit(1)
 
     def _report_after_abort(self, wait_s: float) -> None:
@@ -112,14 +78,11 @@ class SweepReport(Callback):
 
 
 def lock_sweep_dir(sweep_dir: Path, append: bool = False):
-    """Holds SWEEP_LOCK in the sweep dir for this sweep's lifetime (the lock ends with the
-    process, however it ends). A second sweep into the same dir while this one runs, or one into a
-    dir holding an earlier sweep's results (unless `append`), would mix both sweeps' jobs in one
-    report: it gets one line and exit code 2 instead (a Hydra callback's exceptions are only
-    warnings, so this exits)."""
+    """Holds a lock file in the sweep dir while the sweep lives; a second sweep into it, or one into a dir
+    with earlier results (unless `append`), exits 2 with one line (a callback's raise only warns)."""
     try:
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        lock = (sweep_dir / SWEEP_LOCK).open("a+")
+        lock = (sweep_dir / ".sweep.lock").open("a+")
     except OSError as err:
         _refuse(f"hydra.sweep.dir={sweep_dir}: cannot write there ({err.strerror or err})")
     try:
@@ -138,8 +101,7 @@ def lock_sweep_dir(sweep_dir: Path, append: bool = False):
             f"({earlier.relative_to(sweep_dir)}); choose another hydra.sweep.dir, or add this "
             "sweep's jobs to it with append_to_sweep=true"
         )
-    lock.seek(0)
-    lock.truncate()
+    lock.truncate(0)  # its writes go to the end, now its start
     lock.write(f"pid {os.getpid()}\n")
     lock.flush()
     return lock
@@ -150,13 +112,8 @@ def _refuse(line: str) -> None:
     sys.exit(2)
 
 
-def wandb_target(config: DictConfig):
+def wandb_target(config: DictConfig) -> tuple[LoggerConfig, str] | None:
     """(LoggerConfig, group) of the sweep-level W&B run, or None with logger=none."""
-    from omegaconf import OmegaConf
-
-    from nanoexp.experiment.job import sweep_group
-    from nanoexp.experiment.schema import LoggerConfig, LoggerKind
-
     logger = config.get("logger")
     plain = OmegaConf.to_container(logger, resolve=True, enum_to_str=True) if logger is not None else {}
     if plain.get("kind") != LoggerKind.wandb.value:
@@ -165,22 +122,12 @@ def wandb_target(config: DictConfig):
     return cfg, cfg.group or sweep_group(str(Path(config.hydra.sweep.dir)))
 
 
-def report_metrics(config: DictConfig) -> list[str]:
-    """`report.metrics`: the results.json summary keys the table and plots add to their own."""
-    from omegaconf import OmegaConf
-
-    section = config.get("report")
-    return list(OmegaConf.to_container(section.metrics, resolve=True)) if section is not None else []
-
-
 def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metrics: list[str] = ()) -> int:
     """Writes the report; prints where, and how many jobs failed or vanished. Returns that count."""
     table = write_report(sweep_dir, expected, metrics)
     if table is None:
         return 0
     if wandb is not None:
-        from nanoexp.experiment.sweep_wandb import log_sweep
-
         log_sweep(sweep_dir, table, swept_keys(table), sorted(sweep_dir.glob("sweep_*.png")), *wandb)
     print(f"sweep report: {sweep_dir / 'sweep_summary.md'}", flush=True)
     failed = int((table["status"] != "ok").sum())
@@ -192,68 +139,53 @@ def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metric
 def write_report(
     sweep_dir: Path, expected: list[list[str]] | None = None, metrics: list[str] = ()
 ) -> pd.DataFrame | None:
-    """Collect <job>/results.json under `sweep_dir`; write CSV, Markdown and plots, with the
-    summary keys `metrics` (report.metrics) beside the main ones."""
+    """sweep_summary.csv and .md and the plots from the jobs' results.json, with `metrics` beside the main."""
     extra = [m for m in metrics if m not in METRICS]
     jobs = collect(sweep_dir, expected, extra)
     if jobs.empty:
         return None
-    from nanoexp.experiment.sweep_plots import plot_latency_cdf, plot_param
-    from nanoexp.experiment.sweep_serving import serving_report
-
-    table = pool_trials(jobs, sweep_dir)
+    table = mark_noise(pool_trials(jobs, sweep_dir))
     swept = swept_keys(table)
-    table = mark_noise(table)
     table.to_csv(sweep_dir / "sweep_summary.csv", index=False)
     title = plot_title(table, swept)
     serving = serving_report(table, swept, title, sweep_dir)
-    md = markdown(table, swept, str(sweep_dir), title, serving, extra)
-    (sweep_dir / "sweep_summary.md").write_text(md)
+    (sweep_dir / "sweep_summary.md").write_text(markdown(table, swept, str(sweep_dir), title, serving, extra))
     for key in swept:
         others = [k for k in swept if k != key]
-        plot_param(table, [*METRICS, *extra], key, others, title, sweep_dir / f"sweep_{_slug(key)}.png")
-    plot_latency_cdf(job_requests(sweep_dir, jobs, swept_keys(jobs)), title, sweep_dir / LATENCY_CDF)
+        slug = key.removeprefix("param:").replace("/", "_").replace(".", "_")
+        plot_param(table, [*METRICS, *extra], key, others, title, sweep_dir / f"sweep_{slug}.png")
+    cdf = sweep_dir / "sweep_latency_cdf.png"
+    plot_latency_cdf(job_requests(sweep_dir, jobs, swept_keys(jobs)), title, cdf)
     return table
 
 
 def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
-    """With `trial` swept, one row per configuration: the finished trials' repeats pooled (each
-    headline metric's mean and CI over every repeat of every trial, from results.json's
-    per_repeat; other metrics the mean over the trials), `trial` listing the trials pooled.
-    Failed and vanished jobs keep their own rows."""
+    """With `trial` swept, one row per configuration, its CIs over every repeat of its finished trials."""
     if TRIAL not in swept_keys(table):
         return table
     ok = table[table["status"] == "ok"]
     keys = [k for k in swept_keys(table) if k != TRIAL]
-    groups = ok.groupby(keys, dropna=False, sort=False) if keys else [((), ok)]
-    pooled = [_pooled_row(part, sweep_dir) for _, part in groups]
+    pooled = []
+    for _, part in ok.groupby(keys, dropna=False, sort=False) if keys else [((), ok)]:
+        row = part.iloc[0].to_dict() | {TRIAL: ",".join(map(str, part[TRIAL]))}
+        numeric = [c for c in part.columns if c != "job_num" and pd.api.types.is_numeric_dtype(part[c])]
+        row |= {c: part[c].mean() for c in numeric if not c.endswith(CI)}
+        if NOISE in part.columns:
+            row[NOISE] = "; ".join(dict.fromkeys(w for w in part[NOISE].fillna("") if w))
+        repeats = [r for d in part["job_dir"] for r in _per_repeat(sweep_dir / str(d) / RESULTS_FILE)]
+        row["repeats"] = len(repeats)
+        for key in HEADLINE:
+            values = [r[key] for r in repeats if isinstance(r.get(key), int | float)]
+            if len(values) == len(repeats) and values:
+                row[key] = sum(values) / len(values)
+                row |= spread(key, values) if len(values) > 1 else {}
+        pooled.append(row)
     rest = table[table["status"] != "ok"]
     return pd.concat([pd.DataFrame(pooled), rest], ignore_index=True).sort_values("job_num", kind="stable")
 
 
-def _pooled_row(part: pd.DataFrame, sweep_dir: Path) -> dict:
-    from nanoexp.experiment.metrics import HEADLINE, spread
-
-    row = part.iloc[0].to_dict() | {TRIAL: ",".join(map(str, part[TRIAL]))}
-    numeric = [c for c in part.columns if c != "job_num" and pd.api.types.is_numeric_dtype(part[c])]
-    row |= {c: part[c].mean() for c in numeric if not c.endswith(CI)}
-    if NOISE in part.columns:
-        row[NOISE] = "; ".join(dict.fromkeys(w for w in part[NOISE].fillna("") if w))
-    repeats = [r for d in part["job_dir"] for r in _per_repeat(sweep_dir / str(d))]
-    row["repeats"] = len(repeats)
-    for key in HEADLINE:
-        values = [r[key] for r in repeats if isinstance(r.get(key), int | float)]
-        if len(values) == len(repeats) and values:
-            row[key] = sum(values) / len(values)
-            row |= spread(key, values) if len(values) > 1 else {}
-    return row
-
-
-def _per_repeat(job_dir: Path) -> list[dict]:
-    try:
-        return json.loads((job_dir / RESULTS_FILE).read_text())["summary"].get("per_repeat") or []
-    except (OSError, ValueError, KeyError):
-        return []
+def _per_repeat(path: Path) -> list[dict]:
+    return read_results(path).get("summary", {}).get("per_repeat") or []
 
 
 def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
@@ -268,8 +200,7 @@ def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
 
 
 def job_requests(sweep_dir: Path, table: pd.DataFrame, swept: list[str]) -> list[tuple[str, pd.DataFrame]]:
-    """(label, requests.csv rows) of every repeat of every job that finished, labelled by its swept
-    values and the repeat: one latency CDF per repeat, never one pooled over a job's repeats."""
+    """(label, requests.csv rows) of every repeat of every finished job: one latency CDF per repeat."""
     out = []
     for _, row in table[table["status"] == "ok"].iterrows():
         path = sweep_dir / str(row["job_dir"]) / "requests.csv"
@@ -285,8 +216,7 @@ def job_requests(sweep_dir: Path, table: pd.DataFrame, swept: list[str]) -> list
 
 
 def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
-    """`noise:<metric>` = "best" for the best row, "within noise" where the row's 95% CI overlaps the
-    best row's, "" otherwise; only for metrics with CIs (jobs run with repeats >= 2)."""
+    """`noise:<metric>`: "best", "within noise" (CI overlaps the best row's) or "" (with repeats)."""
     table = table.copy()
     ok = table["status"] == "ok"
     for metric in HIGHER_IS_BETTER + LOWER_IS_BETTER:
@@ -304,32 +234,26 @@ def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
 def collect(
     sweep_dir: Path, expected: list[list[str]] | None = None, metrics: list[str] = ()
 ) -> pd.DataFrame:
-    """One row per job (its swept values, status, the table's metrics and `metrics`)."""
+    """One row per job (its swept values, status, the table's metrics and `metrics`), vanished ones too."""
     # at any depth: an override value with a slash (workload.path=a/b.jsonl) nests Hydra's job dir
     rows = [_row(p, sweep_dir, metrics) for p in sorted(sweep_dir.rglob(RESULTS_FILE))]
-    rows += vanished_rows(sweep_dir, expected, {r["job_num"] for r in rows}, {r["job_dir"] for r in rows})
-    table = pd.DataFrame(rows)
-    return table.sort_values("job_num", kind="stable") if not table.empty else table
-
-
-def vanished_rows(sweep_dir: Path, expected: list[list[str]] | None, nums: set, dirs: set) -> list[dict]:
-    """Jobs with a dir but no results.json, and expected jobs without a dir."""
-    rows = []
+    nums, dirs = {r["job_num"] for r in rows}, {r["job_dir"] for r in rows}
     for path in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and JOB_DIR.match(p.name)):
         num = int(JOB_DIR.match(path.name).group(1))
         if path.name not in dirs and num not in nums:
             error = "no results.json: the job died before writing it"
             rows.append(_vanished(num, path.name, _overrides_of(path, expected, num), error))
-            nums = nums | {num}
+            nums.add(num)
     for num, overrides in enumerate(expected or []):
         if num not in nums:
             rows.append(_vanished(num, "", overrides, "no job dir: the job never started"))
-    return rows
+    table = pd.DataFrame(rows)
+    return table.sort_values("job_num", kind="stable") if not table.empty else table
 
 
 def _vanished(num: int, job_dir: str, overrides: list[str], error: str) -> dict:
     row = {"job_num": num, "job_dir": job_dir, **_parse_overrides(overrides)}
-    return row | {"status": VANISHED, "error": error}
+    return row | {"status": "vanished", "error": error}
 
 
 def _overrides_of(job_dir: Path, expected: list[list[str]] | None, num: int) -> list[str]:
@@ -341,24 +265,16 @@ def _overrides_of(job_dir: Path, expected: list[list[str]] | None, num: int) -> 
 
 def expected_jobs(config: DictConfig) -> list[list[str]] | None:
     """The overrides of every job Hydra's basic sweeper will launch; None for other sweepers."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    sweeper = config.hydra.get("sweeper", {})
-    if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+    if not str(config.hydra.get("sweeper", {}).get("_target_", "")).endswith("BasicSweeper"):
         return None
-    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
     try:
-        parsed = OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
-        return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        return [job for batch in BasicSweeper.split_arguments(sweep_overrides(config), None) for job in batch]
     except Exception:  # noqa: BLE001 - a sweep Hydra can run but we cannot expand: no expected list
         return None
 
 
 def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> list[int]:
-    """Waits (at most `wait_s`, then terminates them) for this process's submitit jobs still
-    running, so none outlives the sweep; submitit names a local job's folder after its pid.
-    Returns the jobs still running then."""
+    """Waits at most `wait_s` for this process's submitit jobs, then terminates them; returns those."""
     deadline = time.monotonic() + wait_s
     pids = _local_jobs(sweep_dir)
     while pids and time.monotonic() < deadline:
@@ -371,14 +287,12 @@ def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> list[int]:
 
 
 def stop_local_jobs(sweep_dir: Path, grace_s: float) -> None:
-    """Sends this process's running submitit jobs SIGTERM (their controllers pass it on to the
-    job processes, which record themselves as terminated), waits `grace_s` for them, then kills
-    what is left of each job's process tree."""
+    """SIGTERM to this process's submitit jobs, then after `grace_s` SIGKILL to what is left of them."""
     for pid in _local_jobs(sweep_dir):
         if _running_child(pid):
             os.kill(pid, signal.SIGTERM)
     for pid in wait_for_local_jobs(sweep_dir, grace_s):
-        for member in _process_tree(pid):
+        for member in interrupts.process_tree(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(member, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
@@ -387,15 +301,6 @@ def stop_local_jobs(sweep_dir: Path, grace_s: float) -> None:
 
 def _local_jobs(sweep_dir: Path) -> list[int]:
     return [int(p.name) for p in (sweep_dir / ".submitit").glob("*") if p.name.isdigit()]
-
-
-def _process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants, children first (from /proc; just `pid` where there is none)."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            children += [int(c) for c in (task / "children").read_text().split()]
-    return [member for child in children for member in _process_tree(child)] + [pid]
 
 
 def _running_child(pid: int) -> bool:
@@ -414,11 +319,10 @@ def _row(path: Path, sweep_dir: Path, extra: list[str] = ()) -> dict:
         num = int(match.group(1)) if match else -1
         overrides = _overrides_of(path.parent, None, num)
         return _vanished(num, str(job_dir), overrides, f"unreadable {RESULTS_FILE}: {err}")
-    job = results.get("job", {})
+    job, summary = results.get("job", {}), results.get("summary", {})
     row = {"job_num": job.get("job_num", -1), "job_dir": str(job_dir)}
     row |= _parse_overrides(job.get("overrides", []))
-    row |= {"status": results.get("status", "?"), "error": results.get("summary", {}).get("error", "")}
-    summary = results.get("summary", {})
+    row |= {"status": results.get("status", "?"), "error": summary.get("error", "")}
     metrics = [*dict.fromkeys([*TABLE_METRICS, *SERVING_METRICS, *extra])]
     keys = [*CONTEXT, *metrics, *(m + s for m in metrics for s in CI)]
     row |= {k: _infinite(summary[k]) for k in keys if k in summary}
@@ -444,16 +348,10 @@ def swept_keys(table: pd.DataFrame) -> list[str]:
 
 
 def markdown(
-    table: pd.DataFrame,
-    swept: list[str],
-    title: str,
-    context: str = "",
-    findings: list[str] | None = None,
-    extra: list[str] = (),
+    table: pd.DataFrame, swept: list, title: str, where: str = "", lines: list | None = None, extra: list = ()
 ) -> str:
-    """The table with `mean ± CI half-width` cells; **bold** = the best row of a metric, `≈` = its
-    CI overlaps the best row's (the difference is within noise); `findings` (lines such as the max
-    rate meeting the SLOs) go above it; `extra` metrics (report.metrics) follow the main ones."""
+    """The table with `mean ± CI half-width` cells (**bold**: a metric's best row, ≈: within noise of
+    it); `lines` (such as the max rate meeting the SLOs) above it, `extra` metrics after the main."""
     metrics = [m for m in dict.fromkeys([*TABLE_METRICS, *extra]) if m in table.columns]
     errors = ["error"] if (table["status"] != "ok").any() else []
     noisy = [NOISE] if NOISE in table.columns and table[NOISE].fillna("").astype(bool).any() else []
@@ -461,7 +359,7 @@ def markdown(
     header = "| " + " | ".join(c.removeprefix("param:") for c in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
     body = ["| " + " | ".join(_metric_cell(row, c) for c in columns) + " |" for _, row in table.iterrows()]
-    notes = [context] if context else []
+    notes = [where] if where else []
     if any(c.startswith("noise:") for c in table.columns):
         notes.append(
             "mean ± 95% CI half-width over repeats ([low, high] where the CI stops at 0); **bold**: "
@@ -469,12 +367,16 @@ def markdown(
         )
     if noisy:
         notes.append(f"{NOISE}: the job's machine was busy or its CIs are wide (metrics.noise)")
-    findings = [*(f"- {line}" for line in findings), ""] if findings else []
-    return "\n".join([f"# Sweep {title}", "", *notes, "", *findings, header, rule, *body, ""])
+    lines = [*(f"- {line}" for line in lines), ""] if lines else []
+    return "\n".join([f"# Sweep {title}", "", *notes, "", *lines, header, rule, *body, ""])
 
 
 def _metric_cell(row: pd.Series, column: str) -> str:
-    text = _cell(row.get(column))
+    v = row.get(column)
+    if isinstance(v, float) and v != v:  # NaN: a failed job has no metrics
+        text = ""
+    else:
+        text = f"{v:.4g}" if isinstance(v, float) else "" if v is None else str(v)
     low, high = row.get(f"{column}{CI[0]}"), row.get(f"{column}{CI[1]}")
     if text and isinstance(low, float) and isinstance(high, float) and low == low and high == high:
         text += interval_suffix(float(row[column]), low, high, lambda v: f"{v:.3g}")
@@ -482,50 +384,83 @@ def _metric_cell(row: pd.Series, column: str) -> str:
     return f"**{text}**" if mark == "best" else f"≈{text}" if mark == "within noise" else text
 
 
-def _cell(v) -> str:
-    if isinstance(v, float) and v != v:  # NaN: a failed job has no metrics
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return "" if v is None else str(v)
+def log_sweep(
+    sweep_dir: Path, table: pd.DataFrame, swept: list[str], images: list[Path], cfg: LoggerConfig, group: str
+) -> str | None:
+    """The sweep-level W&B run (table, plots, swept values); None after one warning line if W&B failed."""
+    try:
+        import wandb
+
+        config = {k.removeprefix("param:"): _values(table[k]) for k in swept}
+        config |= {"sweep_dir": str(sweep_dir), "num_jobs": len(table)}
+        config["swept_keys"] = [k.removeprefix("param:") for k in swept]
+        run, env_set = start_run(cfg, sweep_dir, config, group, "sweep-report", JOB_TYPE)
+        try:
+            run.log({TABLE_KEY: wandb.Table(dataframe=_loggable(table))})
+            run.log({f"plots/{p.stem}": wandb.Image(str(p)) for p in images if p.is_file()})
+            run.summary.update({"num_jobs": len(table), "num_failed": int((table["status"] != "ok").sum())})
+            return run_dir(run)
+        finally:
+            finish_run(run, env_set)
+    except Exception as err:  # noqa: BLE001 - the local report stands on its own
+        print(f"wandb: warning: no sweep-level run ({first_line(err)})", file=sys.stderr)
+        return None
 
 
-def _slug(key: str) -> str:
-    return key.removeprefix("param:").replace("/", "_").replace(".", "_")
+def _values(column: pd.Series) -> list:
+    """The distinct swept values, typed as in the table (16, not '16'), JSON-safe."""
+    values = dict.fromkeys(typed(column).dropna())
+    return [str(v) if isinstance(v, float) and not math.isfinite(v) else v for v in values]
+
+
+def typed(column: pd.Series) -> pd.Series:
+    """An override column (command-line text) as numbers or booleans when every value is one, else
+    unchanged; as Python objects (pandas would turn ints beside a None into floats)."""
+    present = column.dropna().astype(str)
+    numbers = pd.to_numeric(present, errors="coerce")
+    if len(present) and numbers.notna().all():
+        whole = numbers[numbers.map(lambda v: v == v and abs(v) != float("inf"))]
+        as_int = (whole == whole.round()).all() and present.str.fullmatch(r"[+-]?\d+").all()
+        convert = int if as_int else float
+    elif len(present) and present.str.lower().isin(("true", "false")).all():
+        convert = lambda v: str(v).lower() == "true"
+    else:
+        return column
+    values = [None if v is None or v != v else convert(v) for v in column]
+    return pd.Series(values, index=column.index, dtype=object)
+
+
+def _loggable(table: pd.DataFrame) -> pd.DataFrame:
+    """What wandb.Table takes: one column per key, swept values typed, text as str, None for missing."""
+    params = [c for c in table.columns if c.startswith("param:")]
+    shadowed = [c.removeprefix("param:") for c in params if c.removeprefix("param:") in table.columns]
+    out = table.drop(columns=shadowed).copy()
+    as_text = lambda v: "" if v is None or (isinstance(v, float) and v != v) else str(v)
+    for col in [c for c in out.columns if c not in params]:
+        if not pd.api.types.is_numeric_dtype(out[col]):
+            out[col] = out[col].map(as_text)
+    for col in params:
+        out[col] = typed(out[col]).astype(object)
+    return out.rename(columns=lambda c: c.removeprefix("param:"))
 
 
 def redraw(sweep_dir: Path, metrics: list[str] | None = None, wandb: bool = False) -> int:
-    """The report of a sweep dir from what its jobs left, as at the sweep's end: the jobs Hydra's
-    basic sweeper expected (and with `wandb`, the W&B settings) from `multirun.yaml`,
-    `report.metrics` from the jobs' results.json unless `metrics` is given. Returns how many
-    jobs failed or vanished."""
-    from omegaconf import OmegaConf
-
+    """The report of a sweep dir from what its jobs left (and `multirun.yaml`), as at the sweep's end."""
     saved = sweep_dir / "multirun.yaml"
     config = OmegaConf.load(saved) if saved.is_file() else None
     expected = expected_jobs(config) if config is not None else None
-    job_config = _first_job_config(sweep_dir)
     if metrics is None:
+        configs = (read_results(path).get("config") for path in sorted(sweep_dir.rglob(RESULTS_FILE)))
+        job_config = next((c for c in configs if c), {})
         metrics = list((job_config.get("report") or {}).get("metrics") or [])
     target = wandb_target(config) if wandb and config is not None else None
     return report(sweep_dir, expected, target, metrics)
 
 
-def _first_job_config(sweep_dir: Path) -> dict:
-    for path in sorted(sweep_dir.rglob(RESULTS_FILE)):
-        try:
-            return json.loads(path.read_text()).get("config") or {}
-        except (OSError, ValueError):
-            continue
-    return {}
-
-
 def cli(argv: list[str] | None = None) -> int:
-    import argparse
-
+    description = "Redraw a sweep's report (sweep_summary.csv/.md and plots) from its job dirs."
     parser = argparse.ArgumentParser(
-        prog="python -m nanoexp.experiment.sweep_report",
-        description="Redraw a sweep's report (sweep_summary.csv/.md and plots) from its job dirs.",
+        prog="python -m nanoexp.experiment.sweep_report", description=description
     )
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--metrics", help="comma-separated summary keys (default: the jobs' report.metrics)")

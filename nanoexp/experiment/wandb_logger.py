@@ -1,13 +1,5 @@
-"""Weights & Biases: one run per job, grouped per sweep; offline unless logged in.
-
-W&B never blocks a job: `wandb.init` is bounded (INIT_TIMEOUT_S, or WANDB_INIT_TIMEOUT) and falls
-back to an offline run with one warning line when the server cannot be reached; `run.finish` is
-bounded too (FINISH_TIMEOUT_S, or WANDB_FINISH_TIMEOUT). W&B's cache, data, artifact staging and
-temp files go under the job's output dir (`<out>/wandb/local/`) unless the user set their
-WANDB_* variables; its config dir (the user's settings) is left alone. W&B's own telemetry is off
-(WANDB_ERROR_REPORTING=false unless set): its exporter posts to the W&B server when the process
-exits, and an unreachable server held the exit for tens of seconds.
-"""
+"""Weights & Biases: one run per job, grouped per sweep, offline unless logged in; it never blocks a job
+(bounded init and finish, offline when the server is unreachable) and keeps its files in the job dir."""
 
 from __future__ import annotations
 
@@ -22,45 +14,29 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from nanoexp.experiment.job import JobInfo
-from nanoexp.experiment.local_sink import RESULTS_FILE
+from nanoexp.experiment.loggers import RESULTS_FILE, first_line
 from nanoexp.experiment.profiling import PROFILE_DIR
 from nanoexp.experiment.schema import LoggerConfig
 
-REQUEST_TABLE = "requests"
-# CPU, memory, GPU and disk use of the job's process tree (TP workers included), sampled every
-# second: W&B's default of 15 s leaves a job of seconds with no sample at all
 MAX_SOCKET_DIR = 60  # characters; a Unix socket's path has room for about 107
+# the process tree's system metrics every second: W&B's default of 15 s leaves a short job none
 SYSTEM_METRICS = {"x_stats_sampling_interval": 1.0, "x_stats_track_process_tree": True}
 INIT_TIMEOUT_S = 10.0  # wandb waits 90 s by default, then fails the job
 FINISH_TIMEOUT_S = 300.0  # wandb's default waits for the upload forever
-LOCAL_DIRS = {  # wandb's variable -> subdir of <out>/wandb/local
-    "WANDB_CACHE_DIR": "cache",
-    "WANDB_DATA_DIR": "data",
-    "WANDB_ARTIFACT_DIR": "artifacts",
-}
-
-
+# wandb's variable -> subdir of <out>/wandb/local
+LOCAL_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", "WANDB_ARTIFACT_DIR": "artifacts"}
 STEP_PREFIX = "step/"
 STEP_AXIS = STEP_PREFIX + "index"
-STEP_SUMMARIES = {  # per-step series whose min/max/mean make sense in the run's summary
-    "step_time_ms": "min,max,mean",
-    "tokens_per_s": "max,mean",
-    "kv_cache_usage": "max,mean",
-    "num_seqs": "max,mean",
-    "num_waiting": "max",
-}
+# per-step series whose min/max/mean make sense in the run's summary
+STEP_SUMMARIES = {"step_time_ms": "min,max,mean", "num_waiting": "max"}
+STEP_SUMMARIES |= dict.fromkeys(("tokens_per_s", "kv_cache_usage", "num_seqs"), "max,mean")
 
 
 class WandbLogger:
-    """One W&B run per job: job totals in the summary, per-step series under `step/` with
-    `step/index` as their x-axis (steps are numbered across repeats; `step/t_s` is seconds into the
-    repeat)."""
+    """One W&B run per job: totals in the summary, per-step series under `step/` against `step/index`."""
 
     def __init__(self, cfg: LoggerConfig):
-        self.cfg = cfg
-        self.run = None
-        self.job: JobInfo | None = None
-        self.env_set: list[str] = []
+        self.cfg, self.run, self.job, self.env_set = cfg, None, None, []  # set at start
 
     def start(self, config: dict, job: JobInfo) -> None:
         self.job = job
@@ -81,42 +57,42 @@ class WandbLogger:
         if rows:
             columns = list(rows[0])
             table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
-            self.run.log({REQUEST_TABLE: table})
+            self.run.log({"requests": table})
 
     def finish(self, summary: dict, exit_code: int = 0) -> None:
         if self.run is None:
             return
         try:
-            self.run.summary.update(_scalars(summary))
+            kept = {k: v for k, v in summary.items() if isinstance(v, int | float | str | bool)}
+            per_repeat = {"per_repeat": summary["per_repeat"]} if "per_repeat" in summary else {}
+            self.run.summary.update(kept | per_repeat)
             self._upload_results()
         finally:
-            try:
-                self.run.finish(exit_code=exit_code)
-            finally:
-                self.run = None
-                restore_env(self.env_set)
+            run, self.run = self.run, None
+            finish_run(run, self.env_set, exit_code)
 
     def _upload_results(self) -> None:
+        """results.json and the profile.trace_steps Chrome traces as artifacts."""
         import wandb
 
-        path = self.job.out_dir / RESULTS_FILE if self.job else None
-        if self.cfg.upload_results and path is not None and path.is_file():
-            artifact = wandb.Artifact(f"results-{self.run.id}", type="results")
-            artifact.add_file(str(path))
-            self.run.log_artifact(artifact)
-        traces = sorted((self.job.out_dir / PROFILE_DIR).glob("*.json")) if self.job else []
-        if traces:  # the profile.trace_steps Chrome traces
-            artifact = wandb.Artifact(f"profile-{self.run.id}", type="profile")
-            for trace in traces:
-                artifact.add_file(str(trace))
-            self.run.log_artifact(artifact)
+        results = [self.job.out_dir / RESULTS_FILE] if self.cfg.upload_results else []
+        traces = sorted((self.job.out_dir / PROFILE_DIR).glob("*.json"))
+        for kind, files in (("results", [p for p in results if p.is_file()]), ("profile", traces)):
+            if files:
+                artifact = wandb.Artifact(f"{kind}-{self.run.id}", type=kind)
+                for path in files:
+                    artifact.add_file(str(path))
+                self.run.log_artifact(artifact)
 
 
 def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None, name: str, job_type: str):
-    """A W&B run writing under `out_dir`, online when possible (bounded), else offline with one
-    warning line. Returns the run and the env variables set for it (see `restore_env`)."""
+    """A W&B run under `out_dir`, offline when online fails; returns it and the env variables it set."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    env_set = set_missing_env(job_env(out_dir))
+    # wandb's local dirs under `out_dir`, its telemetry off, quiet: where the user has not set them
+    env = {var: str(out_dir / "wandb" / "local" / sub) for var, sub in LOCAL_DIRS.items()}
+    env |= {"WANDB_ERROR_REPORTING": "false", "WANDB_SILENT": "true"}
+    env_set = [k for k in env if k not in os.environ]
+    os.environ.update({k: env[k] for k in env_set})
     try:
         run, fallback = _init(cfg, out_dir, dict(config=config, group=group, name=name, job_type=job_type))
     except BaseException:
@@ -124,7 +100,11 @@ def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None,
         raise
     where = run_dir(run)
     if fallback:
-        print(f"wandb: warning: no online run within {init_timeout_s():g} s ({fallback}); logging "
+        try:
+            timeout_s = float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
+        except ValueError:
+            timeout_s = INIT_TIMEOUT_S
+        print(f"wandb: warning: no online run within {timeout_s:g} s ({fallback}); logging "
               f"offline instead, upload later with `wandb sync {where}`", file=sys.stderr)  # fmt: skip
     elif run.settings.mode == "offline":
         print(f"wandb: offline run; upload it with `wandb sync {where}`", file=sys.stderr)
@@ -140,29 +120,20 @@ def _init(cfg: LoggerConfig, out_dir: Path, fields: dict):
     """(run, why the online run failed or None); an online failure falls back to offline."""
     import wandb
 
+    def init(mode: str | None):
+        settings = wandb.Settings(console="off", silent=True, **bounded_timeouts(), **SYSTEM_METRICS)
+        tags = list(cfg.tags) or None
+        return wandb.init(project=cfg.project, entity=cfg.entity, tags=tags, dir=str(out_dir), mode=mode,
+                          settings=settings, **fields)  # fmt: skip
+
     mode = choose_mode()
-    try:
-        return _init_mode(cfg, out_dir, fields, mode), None
-    except wandb.Error as err:
-        if mode == "offline":
-            raise
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-        return _init_mode(cfg, out_dir, fields, "offline"), reason
-
-
-def _init_mode(cfg: LoggerConfig, out_dir: Path, fields: dict, mode: str | None):
-    import wandb
-
     with temp_dir_for_service(out_dir / "wandb" / "local" / "tmp"):
-        return wandb.init(
-            project=cfg.project,
-            entity=cfg.entity,
-            tags=list(cfg.tags) or None,
-            dir=str(out_dir),
-            mode=mode,
-            settings=wandb.Settings(console="off", silent=True, **bounded_timeouts(), **SYSTEM_METRICS),
-            **fields,
-        )
+        try:
+            return init(mode), None
+        except wandb.Error as err:
+            if mode == "offline":
+                raise
+            return init("offline"), first_line(err)
 
 
 def choose_mode() -> str | None:
@@ -170,48 +141,29 @@ def choose_mode() -> str | None:
     if os.environ.get("WANDB_MODE"):
         return None
     os.environ.pop("WANDB_MODE", None)  # an empty value would fail wandb's settings validation
-    return "online" if has_api_key() else "offline"
-
-
-def has_api_key() -> bool:
     if os.environ.get("WANDB_API_KEY"):
-        return True
+        return "online"
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
     try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
+        logged_in = netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
     except (FileNotFoundError, netrc.NetrcParseError):
-        return False
-
-
-def init_timeout_s() -> float:
-    """How long the online attempt may take: WANDB_INIT_TIMEOUT when the user set it."""
-    try:
-        return float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
-    except ValueError:
-        return INIT_TIMEOUT_S
+        logged_in = False
+    return "online" if logged_in else "offline"
 
 
 def bounded_timeouts() -> dict:
     """init/finish timeouts, unless the user set wandb's own variables for them."""
-    out = {}
-    if "WANDB_INIT_TIMEOUT" not in os.environ:
-        out["init_timeout"] = INIT_TIMEOUT_S
-    if "WANDB_FINISH_TIMEOUT" not in os.environ:
-        out["finish_timeout"] = FINISH_TIMEOUT_S
-    return out
+    bounds = {"init_timeout": ("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S)}
+    bounds["finish_timeout"] = ("WANDB_FINISH_TIMEOUT", FINISH_TIMEOUT_S)
+    return {k: v for k, (var, v) in bounds.items() if var not in os.environ}
 
 
-def job_env(out_dir: Path) -> dict[str, str]:
-    """wandb's variables for this job: its local dirs under `out_dir`, its telemetry off, quiet."""
-    dirs = {var: str(out_dir / "wandb" / "local" / sub) for var, sub in LOCAL_DIRS.items()}
-    return dirs | {"WANDB_ERROR_REPORTING": "false", "WANDB_SILENT": "true"}
-
-
-def set_missing_env(values: dict[str, str]) -> list[str]:
-    """Sets the variables the user has not set; returns their names for `restore_env`."""
-    missing = [k for k in values if k not in os.environ]
-    os.environ.update({k: values[k] for k in missing})
-    return missing
+def finish_run(run, env_set: list[str], exit_code: int = 0) -> None:
+    """Finishes a run from `start_run` and unsets the variables set for it, however the finish ends."""
+    try:
+        run.finish(exit_code=exit_code)
+    finally:
+        restore_env(env_set)
 
 
 def restore_env(names: list[str]) -> None:
@@ -221,10 +173,7 @@ def restore_env(names: list[str]) -> None:
 
 @contextmanager
 def temp_dir_for_service(path: Path):
-    """TMPDIR for wandb's service process (its sockets), started by the first `wandb.init` of a
-    process; only while init runs, so nothing else in the job sees it. A path too long for a Unix
-    socket (a sweep's job dirs) would stop W&B's system-metrics monitor, so then it is a short
-    fresh dir in the temp dir instead, removed when the process exits (after W&B's own exit)."""
+    """TMPDIR for wandb's service (its sockets) while init runs: short enough for a Unix socket path."""
     previous = os.environ.get("TMPDIR")
     if len(str(path)) > MAX_SOCKET_DIR:
         path = Path(tempfile.mkdtemp(prefix="nanoexp-wandb-", dir=previous))
@@ -238,11 +187,3 @@ def temp_dir_for_service(path: Path):
             os.environ.pop("TMPDIR", None)
         else:
             os.environ["TMPDIR"] = previous
-
-
-def _scalars(summary: dict) -> dict:
-    """The summary's scalars, and `per_repeat` (a list of flat dicts of numbers)."""
-    kept = {k: v for k, v in summary.items() if isinstance(v, int | float | str | bool)}
-    if isinstance(summary.get("per_repeat"), list):
-        kept["per_repeat"] = summary["per_repeat"]
-    return kept

@@ -13,7 +13,7 @@ import numpy as np
 
 from nanoexp.config import SamplingParams
 from nanoexp.config.checks import is_int
-from nanoexp.experiment.schema import SamplerConfig, WorkloadConfig, WorkloadKind, length_range
+from nanoexp.experiment.schema import ConfigError, SamplerConfig, WorkloadConfig, WorkloadKind, length_range
 
 Tokenize = Callable[[str], list[int]]
 TOKEN_ID_HIGH = 10000  # random prompts use ids below this (ordinary tokens), as nano-vLLM's bench
@@ -37,18 +37,6 @@ class Workload:
     def latency_mode(self) -> bool:
         return self.num_iters > 1 or self.num_iters_warmup > 0
 
-    @property
-    def num_prompt_tokens(self) -> int:
-        return sum(len(r.prompt_token_ids) for r in self.requests)
-
-    @property
-    def max_output_tokens(self) -> int:
-        return sum(r.sampling_params.max_tokens for r in self.requests)
-
-
-class WorkloadError(ValueError):
-    pass
-
 
 def build_workload(
     w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int, tokenize: Tokenize | None = None
@@ -58,9 +46,8 @@ def build_workload(
     params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
     offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed)
     requests = [Request(p, sp, o) for p, sp, o in zip(prompts, params, offsets)]
-    if w.kind is WorkloadKind.latency:
-        return Workload(w.name, requests, w.num_iters, w.num_iters_warmup)
-    return Workload(w.name, requests)
+    iters = (w.num_iters, w.num_iters_warmup) if w.kind is WorkloadKind.latency else (1, 0)
+    return Workload(w.name, requests, *iters)
 
 
 def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None):
@@ -68,8 +55,11 @@ def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None):
         return nanovllm_bench_prompts(w.num_requests, w.input_len, w.output_len, w.seed, vocab)
     if w.kind is WorkloadKind.random:
         return random_prompts(w, w.num_requests, vocab)
-    if w.kind is WorkloadKind.shared_prefix:
-        return shared_prefix_prompts(w, vocab)
+    if w.kind is WorkloadKind.shared_prefix:  # num_prefixes prefixes, round-robin, before each suffix
+        rng, high = np.random.default_rng(w.seed), min(vocab, TOKEN_ID_HIGH)
+        prefixes = [rng.integers(0, high, size=w.prefix_len).tolist() for _ in range(w.num_prefixes)]
+        suffixes, out_lens = random_prompts(w, w.num_requests, vocab)
+        return [prefixes[i % w.num_prefixes] + s for i, s in enumerate(suffixes)], out_lens
     if w.kind is WorkloadKind.latency:
         fixed = WorkloadConfig(name=w.name, input_len=w.input_len, output_len=w.output_len, seed=w.seed)
         return random_prompts(fixed, w.batch_size, vocab)
@@ -79,8 +69,7 @@ def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None):
 def nanovllm_bench_prompts(
     num: int = 256, max_input: int = 1024, max_output: int = 1024, seed: int = 0, vocab: int | None = None
 ) -> tuple[list[list[int]], list[int]]:
-    """nano-vLLM's bench.py, call for call: prompts first, then the output lengths. Its ids are in
-    [0, 10000]; a smaller vocabulary draws in [0, vocab) (and so gets other lengths than bench.py)."""
+    """nano-vLLM's bench.py, call for call (ids below a smaller vocabulary than 10000 change its lengths)."""
     rng = random.Random(seed)
     top = TOKEN_ID_HIGH if vocab is None else min(TOKEN_ID_HIGH, vocab - 1)
     prompts = [[rng.randint(0, top) for _ in range(rng.randint(100, max_input))] for _ in range(num)]
@@ -94,19 +83,7 @@ def random_prompts(w: WorkloadConfig, num: int, vocab: int) -> tuple[list[list[i
     out_ratio = w.range_ratio if w.output_range_ratio is None else w.output_range_ratio
     in_lens = _lengths(rng, w.input_len, w.range_ratio, num)
     out_lens = _lengths(rng, w.output_len, out_ratio, num)
-    high = min(vocab, TOKEN_ID_HIGH)
-    prompts = [rng.integers(0, high, size=n).tolist() for n in in_lens]
-    return prompts, out_lens
-
-
-def shared_prefix_prompts(w: WorkloadConfig, vocab: int) -> tuple[list[list[int]], list[int]]:
-    """num_prefixes shared prefixes, assigned round-robin, each prompt with its own suffix."""
-    rng = np.random.default_rng(w.seed)
-    high = min(vocab, TOKEN_ID_HIGH)
-    prefixes = [rng.integers(0, high, size=w.prefix_len).tolist() for _ in range(w.num_prefixes)]
-    suffixes, out_lens = random_prompts(w, w.num_requests, vocab)
-    prompts = [prefixes[i % w.num_prefixes] + s for i, s in enumerate(suffixes)]
-    return prompts, out_lens
+    return [rng.integers(0, min(vocab, TOKEN_ID_HIGH), size=n).tolist() for n in in_lens], out_lens
 
 
 def file_prompts(
@@ -114,30 +91,26 @@ def file_prompts(
 ) -> tuple[list[list[int]], list[int]]:
     """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines."""
     path = Path(w.path or "")
-    if not path.is_file():
-        raise WorkloadError(f"workload.path={w.path!r}: no such file")
-    numbered = [(i, ln) for i, ln in _text_lines(path) if ln.strip()]
-    if w.num_requests > 0:
-        numbered = numbered[: w.num_requests]
+    limit = w.num_requests if w.num_requests > 0 else None  # -1: every prompt
+    numbered = [(i, ln) for i, ln in _text_lines(path) if ln.strip()][:limit]
     if not numbered:
-        raise WorkloadError(f"workload.path={w.path!r}: no prompts in the file")
+        raise ConfigError(f"workload.path={w.path!r}: no prompts in the file")
     items = [_file_request(path, i, ln, w.output_len, tokenize, vocab) for i, ln in numbered]
     return [p for p, _ in items], [m for _, m in items]
 
 
 def _text_lines(path: Path) -> list[tuple[int, str]]:
-    """The file's lines, numbered from 1; bytes that are not UTF-8 (a binary file) are an error
-    naming the line and column."""
+    """The file's lines, numbered from 1; bytes that are not UTF-8 are an error naming where."""
     try:
         data = path.read_bytes()
     except OSError as err:
-        raise WorkloadError(f"workload.path={str(path)!r}: cannot read it ({err.strerror or err})") from None
+        raise ConfigError(f"workload.path={str(path)!r}: cannot read it ({err.strerror or err})") from None
     lines = []
     for number, raw in enumerate(data.splitlines(), 1):
         try:
             lines.append((number, raw.decode("utf-8")))
         except UnicodeDecodeError as err:
-            raise WorkloadError(
+            raise ConfigError(
                 f"{path}:{number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
                 "a prompts file is JSONL or text, one prompt a line"
             ) from None
@@ -151,21 +124,20 @@ def _file_request(
     if path.suffix != ".jsonl":
         return _tokenized(line, tokenize, where), default_max
     item = _json_object(line, where)
-    prompt = item.get("prompt_token_ids", item.get("prompt"))
     max_tokens = item.get("max_tokens", default_max)
     if not is_int(max_tokens) or max_tokens < 1:
-        raise WorkloadError(f"{where}: max_tokens={max_tokens!r} is invalid: must be an integer >= 1")
+        raise ConfigError(f"{where}: max_tokens={max_tokens!r} is invalid: must be an integer >= 1")
     if "prompt_token_ids" in item and "prompt" in item:
-        raise WorkloadError(f"{where}: has both 'prompt' and 'prompt_token_ids'; give one")
+        raise ConfigError(f"{where}: has both 'prompt' and 'prompt_token_ids'; give one")
     if "prompt_token_ids" in item:
         ids = item["prompt_token_ids"]
         if not isinstance(ids, list):
-            raise WorkloadError(f"{where}: prompt_token_ids must be a list of ints, got {ids!r:.80}")
+            raise ConfigError(f"{where}: prompt_token_ids must be a list of ints, got {ids!r:.80}")
         return _checked_ids(ids, vocab, where), int(max_tokens)
     prompt = item.get("prompt")
     if isinstance(prompt, str):
-        return _tokenized(_unicode(prompt, where), tokenize, where), int(max_tokens)
-    raise WorkloadError(
+        return _tokenized(prompt, tokenize, where), int(max_tokens)
+    raise ConfigError(
         f"{where}: needs 'prompt' (a string) or 'prompt_token_ids' (a list of ints), got {prompt!r:.80}"
     )
 
@@ -174,46 +146,41 @@ def _json_object(line: str, where: str) -> dict:
     try:
         item = json.loads(line)
     except json.JSONDecodeError as err:
-        raise WorkloadError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+        raise ConfigError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
     except RecursionError:
-        raise WorkloadError(f"{where}: JSON nested too deeply; a line is one flat object") from None
+        raise ConfigError(f"{where}: JSON nested too deeply; a line is one flat object") from None
     if not isinstance(item, dict):
-        raise WorkloadError(f'{where}: must be a JSON object like {{"prompt": "..."}}, got {line[:80]}')
+        raise ConfigError(f'{where}: must be a JSON object like {{"prompt": "..."}}, got {line[:80]}')
     return item
 
 
 def _checked_ids(ids: list, vocab: int, where: str) -> list[int]:
     if not ids:
-        raise WorkloadError(f"{where}: prompt_token_ids is empty: a prompt needs at least one token")
+        raise ConfigError(f"{where}: prompt_token_ids is empty: a prompt needs at least one token")
     for pos, t in enumerate(ids):
         if not is_int(t) or not 0 <= t < vocab:
-            raise WorkloadError(
+            raise ConfigError(
                 f"{where}: prompt_token_ids[{pos}]={t!r} is invalid: must be an integer in [0, {vocab})"
             )
     return [int(t) for t in ids]
 
 
-def _unicode(text: str, where: str) -> str:
-    """A prompt's text; a lone surrogate (JSON "\\ud800" without its pair) is not text."""
-    try:
+def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
+    try:  # a lone surrogate (JSON "\\ud800" without its pair) is not text
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        raise WorkloadError(
+        raise ConfigError(
             f"{where}: the prompt holds a lone surrogate ({text[err.start]!r} at character "
             f"{err.start}), which is not valid Unicode text"
         ) from None
-    return text
-
-
-def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
     if tokenize is None:
-        raise WorkloadError(
+        raise ConfigError(
             f"{where}: a text prompt, but the model has no tokenizer "
             "(dummy weights): use prompt_token_ids or a real checkpoint"
         )
     ids = tokenize(text)
     if not ids:
-        raise WorkloadError(f"{where}: the prompt is empty (no tokens)")
+        raise ConfigError(f"{where}: the prompt is empty (no tokens)")
     return ids
 
 
@@ -233,12 +200,6 @@ def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> list
 
 
 def _sampling_params(w: WorkloadConfig, s: SamplerConfig, max_tokens: int, i: int) -> SamplingParams:
-    return SamplingParams(
-        temperature=s.temperature if w.temperature is None else w.temperature,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        min_p=s.min_p,
-        max_tokens=max_tokens,
-        ignore_eos=w.ignore_eos,
-        seed=None if s.seed is None else s.seed + i,
-    )
+    temperature = s.temperature if w.temperature is None else w.temperature  # set by the workload: pinned
+    knobs = s.knobs() | {"temperature": temperature, "seed": None if s.seed is None else s.seed + i}
+    return SamplingParams(**knobs, max_tokens=max_tokens, ignore_eos=w.ignore_eos)
