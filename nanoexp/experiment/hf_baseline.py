@@ -18,13 +18,14 @@ class HFBaseline:
     def __init__(self, arch: dict, path: str | None, dtype: str, device: str, seed: int, max_batch: int):
         """The model from the checkpoint at `path`, or with random weights from `arch`."""
         self.device = pick_device(device, 0)
-        self.dtype = pick_dtype(dtype, None, self.device)  # auto: float32 on a CPU, else bfloat16
+        config = _config(arch, path)
+        self.dtype = pick_dtype(dtype, config, self.device)  # auto: as the engine picks it
         self.max_batch, self.eos, self._next_id = max_batch, int(arch["eos_token_id"]), 0
         self.load_format = "safetensors" if path else "dummy"
         self.peak_memory_kind = reset_peak_memory(self.device)
         torch.manual_seed(seed)
         start = time.perf_counter()
-        self.model = _load(arch, path, self.dtype).to(self.device).eval()
+        self.model = _load(config, path, self.dtype).to(self.device).eval()
         self.load_s = time.perf_counter() - start
 
     def reset_prefix_cache(self) -> None: ...  # generate keeps no cache between calls
@@ -149,11 +150,18 @@ def _left_pad(batch: list[Request], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def _load(arch: dict, checkpoint: str | None, dtype: torch.dtype):
-    from transformers import AutoConfig, AutoModelForCausalLM
+def _config(arch: dict, checkpoint: str | None):
+    from transformers import AutoConfig
 
     if checkpoint:
-        return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype, attn_implementation="sdpa")
-    fields = {k: v for k, v in arch.items() if k != "model_type"}
-    config = AutoConfig.for_model(arch["model_type"], **fields)
-    return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        return AutoConfig.from_pretrained(checkpoint)
+    return AutoConfig.for_model(arch["model_type"], **{k: v for k, v in arch.items() if k != "model_type"})
+
+
+def _load(config, checkpoint: str | None, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    options = dict(dtype=dtype, attn_implementation="sdpa")
+    if checkpoint:
+        return AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **options)
+    return AutoModelForCausalLM.from_config(config, **options)
