@@ -447,6 +447,7 @@ def test_gpu_decode_replays_in_cuda_graph():
         out = backend.decode(q, k_cache, v_cache, md, 0.088)
     for lens in ([1, 2, 3, 4, 5, 6, 7, 8], [1024, 17, 999, 256, 1, 640, 300, 1000]):
         md.context_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        md.max_seqlen_k = max(lens)  # read by the reference only (the graph's kernel takes none)
         q.copy_(torch.randn(q.shape, generator=gen))
         graph.replay()
         ref = TorchAttentionBackend().decode(q.float(), k_cache.float(), v_cache.float(), md, 0.088)
