@@ -21,13 +21,12 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from nanoexp.experiment import interrupts
+from nanoexp.experiment import interrupts, sweep_plots
 from nanoexp.experiment.job import sweep_group, sweep_overrides
 from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results
 from nanoexp.experiment.metrics import HEADLINE, spread
 from nanoexp.experiment.schema import LoggerConfig, LoggerKind
 from nanoexp.experiment.summary_table import interval_suffix
-from nanoexp.experiment.sweep_plots import SERVING_METRICS, plot_latency_cdf, plot_param, serving_report
 from nanoexp.experiment.wandb_logger import finish_run, run_dir, start_run
 
 HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
@@ -148,14 +147,14 @@ def write_report(
     swept = swept_keys(table)
     table.to_csv(sweep_dir / "sweep_summary.csv", index=False)
     title = plot_title(table, swept)
-    serving = serving_report(table, swept, title, sweep_dir)
+    serving = sweep_plots.serving_report(table, swept, title, sweep_dir)
     (sweep_dir / "sweep_summary.md").write_text(markdown(table, swept, str(sweep_dir), title, serving, extra))
     for key in swept:
         others = [k for k in swept if k != key]
         slug = key.removeprefix("param:").replace("/", "_").replace(".", "_")
-        plot_param(table, [*METRICS, *extra], key, others, title, sweep_dir / f"sweep_{slug}.png")
+        sweep_plots.plot_param(table, [*METRICS, *extra], key, others, title, sweep_dir / f"sweep_{slug}.png")
     cdf = sweep_dir / "sweep_latency_cdf.png"
-    plot_latency_cdf(job_requests(sweep_dir, jobs, swept_keys(jobs)), title, cdf)
+    sweep_plots.plot_latency_cdf(job_requests(sweep_dir, jobs, swept_keys(jobs)), title, cdf)
     return table
 
 
@@ -323,7 +322,7 @@ def _row(path: Path, sweep_dir: Path, extra: list[str] = ()) -> dict:
     row = {"job_num": job.get("job_num", -1), "job_dir": str(job_dir)}
     row |= _parse_overrides(job.get("overrides", []))
     row |= {"status": results.get("status", "?"), "error": summary.get("error", "")}
-    metrics = [*dict.fromkeys([*TABLE_METRICS, *SERVING_METRICS, *extra])]
+    metrics = [*dict.fromkeys([*TABLE_METRICS, *sweep_plots.SERVING_METRICS, *extra])]
     keys = [*CONTEXT, *metrics, *(m + s for m in metrics for s in CI)]
     row |= {k: _infinite(summary[k]) for k in keys if k in summary}
     row[NOISE] = summary.get(NOISE, "")
