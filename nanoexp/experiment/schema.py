@@ -219,6 +219,9 @@ class LaunchConfig:
     # >0: each job of a local sweep takes its own slice of the visible GPUs, picked by job number
     gpus_per_job: int = 0
 
+    def __post_init__(self) -> None:
+        integer("launch.gpus_per_job", self.gpus_per_job, 0)
+
 
 @dataclass
 class SloConfig:
