@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
+from nanoexp.runner.inputs import prepare_inputs, prepare_sampling, prepare_step
 from nanoexp.runner.step_input import StepInput
 
 
@@ -53,6 +53,19 @@ def test_prepared_inputs_match_the_per_token_reference():
         width = max(len(t) for t in step.block_tables)
         assert got.md.block_tables.tolist() == [t + [0] * (width - len(t)) for t in step.block_tables]
         assert got.md.has_cached_prefix == (step.is_prefill and step.query_lens != step.context_lens)
+
+
+def test_a_lossy_cache_makes_every_prefill_read_the_cache():
+    """With an fp8 cache a fresh prompt attends to its K/V as stored, as step graphs read them;
+    decode steps are unchanged."""
+    fresh = StepInput(True, [1, 2, 3], [3], [3], [[0]], [0], temperatures=[0.0], top_k=[-1],
+                      top_p=[1.0], min_p=[0.0], seeds=[None])  # fmt: skip
+    decode = StepInput(False, [4], [1], [4], [[0]], [0], temperatures=[0.0], top_k=[-1], top_p=[1.0],
+                       min_p=[0.0], seeds=[None])  # fmt: skip
+    cpu = torch.device("cpu")
+    assert prepare_step(fresh, 16, 8, cpu)[0].md.has_cached_prefix is False
+    assert prepare_step(fresh, 16, 8, cpu, lossy_cache=True)[0].md.has_cached_prefix is True
+    assert prepare_step(decode, 16, 8, cpu, lossy_cache=True)[0].md.has_cached_prefix is False
 
 
 def test_sampling_columns_become_sampling_tensors():

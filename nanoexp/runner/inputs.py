@@ -92,9 +92,10 @@ def prepare_step(
     device: torch.device,
     fresh: Callable[[int], np.ndarray] | None = None,
     tile_block_m: int | None = None,
+    lossy_cache: bool = False,
 ) -> tuple[ModelInputs, SamplingTensors | None]:
     """prepare_inputs and (when the step samples) prepare_sampling through one upload."""
-    columns, assemble = input_columns(step, block_size, tile_block_m)
+    columns, assemble = input_columns(step, block_size, tile_block_m, lossy_cache)
     if not step.sample_seq_indices:
         return assemble(upload(columns, device)), None
     sampling_cols, assemble_sampling = sampling_columns(step, vocab_size, fresh)
@@ -103,10 +104,12 @@ def prepare_step(
 
 
 def input_columns(
-    step: StepInput, block_size: int, tile_block_m: int | None = None
+    step: StepInput, block_size: int, tile_block_m: int | None = None, lossy_cache: bool = False
 ) -> tuple[list[tuple[Any, torch.dtype]], Callable[[list[torch.Tensor]], ModelInputs]]:
     """The step's model inputs as host columns, and how their uploaded tensors make ModelInputs;
-    tile_block_m: a prefill step that runs in a step graph, whose tile table has these rows a tile."""
+    tile_block_m: a prefill step that runs in a step graph, whose tile table has these rows a tile;
+    lossy_cache (fp8): every prefill attends to its K/V as the cache stores them, as step graphs and
+    decodes read them, not to the step's unquantized K/V."""
     query_lens = np.asarray(step.query_lens, dtype=np.int64)
     context_lens = np.asarray(step.context_lens, dtype=np.int64)
     cu_q = np.concatenate([[0], np.cumsum(query_lens)])
@@ -130,6 +133,7 @@ def input_columns(
     samples, num_rows = step.sample_seq_indices, len(step.token_ids)
     # row i samples (decode); the length test first keeps a long prefill from building the range
     all_rows = len(samples) == num_rows and samples == list(range(num_rows))
+    reads_cache = step.is_prefill and (lossy_cache or step.query_lens[d:] != step.context_lens[d:])
 
     def assemble(tensors: list[torch.Tensor]) -> ModelInputs:
         input_ids, positions_t, logits_indices, slots_t, context_t, tables_t, *rest = tensors
@@ -145,7 +149,7 @@ def input_columns(
             cu_seqlens_k=cu_k_t,
             max_seqlen_q=int(query_lens[d:].max()) if step.is_prefill else 1,
             max_seqlen_k=int(context_lens[d:].max()),
-            has_cached_prefix=step.is_prefill and step.query_lens[d:] != step.context_lens[d:],
+            has_cached_prefix=reads_cache,
             num_decodes=d,
             max_decode_seqlen_k=int(context_lens[:d].max()) if d else 0,
         )

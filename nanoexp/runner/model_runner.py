@@ -235,13 +235,10 @@ class ModelRunner:
         """The step's model inputs and, when it samples, its sampling tensors, in one upload."""
         fresh = self.fresh_seeds() if step.sample_seq_indices else None
         tile_block_m = self.step_graphs.tile_block_m if self.uses_step_graph(step) else None
-        inputs, sampling = prepare_step(
-            step, self.block_size, self.hf_config.vocab_size, self.device, fresh, tile_block_m
+        lossy = self.config.cache.kv_cache_dtype != "auto"
+        return prepare_step(
+            step, self.block_size, self.hf_config.vocab_size, self.device, fresh, tile_block_m, lossy
         )
-        if step.is_prefill and self.config.cache.kv_cache_dtype != "auto":
-            # a lossy cache: prompts attend to their K/V as stored, as step graphs and decodes read them
-            inputs.md.has_cached_prefix = True
-        return inputs, sampling
 
     def fresh_seeds(self) -> Callable[[int], np.ndarray] | None:
         """The seeds of a step's unseeded rows: under TP keyed by the step count (the same on every
