@@ -59,7 +59,9 @@ def test_prompts_file_saves_outputs_and_reports_goodput(tmp_path: Path) -> None:
     assert summary["good_requests"] == 3
     assert summary["request_goodput"] == pytest.approx(summary["request_throughput"])
     assert "request goodput" in proc.stdout
-    header = proc.stdout.splitlines()[:3]
+    out = proc.stdout.splitlines()  # log lines (a noise or compile warning) may come before the table
+    start = next(i for i, line in enumerate(out) if line.startswith("nanoexp | "))
+    header = out[start : start + 3]
     assert header[1] == "TP 1, block size 256, rate inf, attention torch"
     changed = header[2].removeprefix("changed from the defaults: ").split()
     for setting in (
