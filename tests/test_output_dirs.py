@@ -17,7 +17,7 @@ from hydra.experimental.callback import Callback
 
 from nanoexp.experiment.job import JobInfo
 from nanoexp.experiment.loggers import LocalSink
-from nanoexp.experiment.sweep_report import lock_sweep_dir
+from nanoexp.experiment.sweep_callback import lock_sweep_dir
 from tests.test_errors_run import TINY, error_lines
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,8 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from nanoexp.experiment.sweep_report import expected_jobs, wait_for_local_jobs, write_report
+from nanoexp.experiment.sweep_callback import wait_for_local_jobs
+from nanoexp.experiment.sweep_report import expected_jobs, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,0 +1,126 @@
+"""The sweep's Hydra callback: locks the sweep dir, and reports every job of a multirun when it ends,
+even after an abort. The report itself (pandas, plots) is imported only then: Hydra builds this
+callback in every single job too."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from nanoexp.experiment import interrupts
+from nanoexp.experiment.loggers import RESULTS_FILE
+
+STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselves
+
+
+class SweepReport(Callback):
+    def __init__(self) -> None:
+        self.sweep_dir, self.reported = None, False  # the rest is set when the sweep starts
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from nanoexp.experiment import sweep_report
+
+        self.report = sweep_report.report
+        self.sweep_dir = Path(config.hydra.sweep.dir)
+        self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))
+        self.expected = sweep_report.expected_jobs(config)
+        self.metrics = list(config.report.metrics) if config.get("report") is not None else []
+        wait_s = 60.0 * float(config.hydra.launcher.get("timeout_min", 0) or 0) + 60.0
+        atexit.register(self._report_after_abort, wait_s)
+        self.wandb = sweep_report.wandb_target(config)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self.reported = True
+        if self.report(Path(config.hydra.sweep.dir), self.expected, self.wandb, self.metrics):
+            sys.exit(1)
+
+    def _report_after_abort(self, wait_s: float) -> None:
+        """The launcher raised, so on_multirun_end never ran: report what the jobs left."""
+        if self.reported or self.sweep_dir is None:
+            return
+        if interrupts.received() is not None:  # the sweep was signalled: its jobs stop too
+            stop_local_jobs(self.sweep_dir, STOP_GRACE_S)
+        else:
+            wait_for_local_jobs(self.sweep_dir, wait_s)
+        self.report(self.sweep_dir, self.expected, self.wandb, self.metrics)
+
+
+def lock_sweep_dir(sweep_dir: Path, append: bool = False):
+    """Holds a lock file in the sweep dir while the sweep lives; a second sweep into it, or one into a dir
+    with earlier results (unless `append`), exits 2 with one line (a callback's raise only warns)."""
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        lock = (sweep_dir / ".sweep.lock").open("a+")
+    except OSError as err:
+        _refuse(f"hydra.sweep.dir={sweep_dir}: cannot write there ({err.strerror or err})")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        _refuse(
+            f"hydra.sweep.dir={sweep_dir}: another sweep ({holder}) is writing there; "
+            "wait for it or choose another hydra.sweep.dir"
+        )
+    earlier = None if append else next(sweep_dir.rglob(RESULTS_FILE), None)
+    if earlier is not None:
+        _refuse(
+            f"hydra.sweep.dir={sweep_dir} already holds an earlier sweep's results "
+            f"({earlier.relative_to(sweep_dir)}); choose another hydra.sweep.dir, or add this "
+            "sweep's jobs to it with append_to_sweep=true"
+        )
+    lock.truncate(0)  # its writes go to the end, now its start
+    lock.write(f"pid {os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def _refuse(line: str) -> None:
+    print(f"nanoexp: error: {line}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> list[int]:
+    """Waits at most `wait_s` for this process's submitit jobs, then terminates them; returns those."""
+    deadline = time.monotonic() + wait_s
+    pids = _local_jobs(sweep_dir)
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _running_child(pid)]
+        time.sleep(0.2 if pids else 0)
+    pids = [pid for pid in pids if _running_child(pid)]
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    return pids
+
+
+def stop_local_jobs(sweep_dir: Path, grace_s: float) -> None:
+    """SIGTERM to this process's submitit jobs, then after `grace_s` SIGKILL to what is left of them."""
+    for pid in _local_jobs(sweep_dir):
+        if _running_child(pid):
+            os.kill(pid, signal.SIGTERM)
+    for pid in wait_for_local_jobs(sweep_dir, grace_s):
+        for member in interrupts.process_tree(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _local_jobs(sweep_dir: Path) -> list[int]:
+    return [int(p.name) for p in (sweep_dir / ".submitit").glob("*") if p.name.isdigit()]
+
+
+def _running_child(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:  # not our child, or already reaped
+        return False
