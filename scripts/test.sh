@@ -11,6 +11,10 @@ export WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # than it gives, and on a busy machine it waits for a core at every op (tests/test_engine_parity.py:
 # 28 s on one thread, 87 s on two, at load 3 on 2 cores).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# Bytecode of the project's own modules is kept (in __pycache__, which git ignores): where the
+# environment says not to write it, each of the suite's processes (run.py jobs, TP workers) compiled
+# nanoexp again, ~0.8 s of CPU each.
+unset PYTHONDONTWRITEBYTECODE
 
 # Whether the arguments leave the worker count to this script: no test files or ids (a few tests
 # run faster in one process), no GPU marker (the GPU tests share one device), no -n/--dist/-p of
