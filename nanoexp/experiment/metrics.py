@@ -6,7 +6,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 from nanoexp.config.checks import is_real
 from nanoexp.engine.outputs import RequestOutput, StepStats
@@ -77,6 +76,8 @@ def aggregate_repeats(summaries: Sequence[dict]) -> dict:
 def spread(key: str, values: Sequence[float]) -> dict[str, float]:
     """`<key>_std` (ddof=1) and `<key>_ci95_low/high`: the t-interval of the mean cut to the values the
     metric can take (>= 0, a fraction <= 1), which keeps its coverage: a latency's would reach below 0."""
+    from scipy import stats as scipy_stats  # here: its import costs a job of one repeat ~0.8 s
+
     arr = np.asarray(values, dtype=float)
     mean, sem = float(arr.mean()), float(scipy_stats.sem(arr))
     if not np.isfinite(sem):
