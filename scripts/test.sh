@@ -13,7 +13,7 @@ export WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # Bytecode of the project's own modules is kept (in __pycache__, which git ignores): where the
 # environment says not to write it, each of the suite's processes (run.py jobs, TP workers) compiled
-# nanoexp again, ~0.8 s of CPU each.
+# nanoexp again, ~0.2 s of CPU each.
 unset PYTHONDONTWRITEBYTECODE
 
 # Whether the arguments leave the worker count to this script: no test files or ids (a few tests
