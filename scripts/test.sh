@@ -17,13 +17,13 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 unset PYTHONDONTWRITEBYTECODE
 
 # Whether the arguments leave the worker count to this script: no test files or ids (a few tests
-# run faster in one process), no GPU marker (the GPU tests share one device), no -n/--dist/-p of
-# the caller's own.
+# run faster in one process), no GPU marker (the GPU tests share one device), no debugger (xdist
+# refuses it), no -n/--dist/-p of the caller's own.
 wants_parallel() {
   local arg previous=""
   for arg in "$@"; do
     case "$arg" in
-      -n*|--numprocesses*|--dist*|-pno:xdist|-mgpu*) return 1 ;;
+      -n*|--numprocesses*|--dist*|-pno:xdist|-mgpu*|--pdb|--trace) return 1 ;;
     esac
     case "$previous" in
       -m) [[ "$arg" != *gpu* || "$arg" == *"not gpu"* ]] || return 1 ;;
