@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # The test suite (CPU by default; pass `-m gpu` on a CUDA machine): sets up .venv if needed.
+# The CPU suite runs on every core through pytest-xdist (`-n auto`): one worker per core, one torch
+# thread each. A run given test files or ids, `-m gpu` or its own `-n` / `--dist` / `-p no:xdist`
+# runs as asked (one process: no worker start-up), and so does a venv without xdist.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" test
 cd "$root"
@@ -8,4 +11,33 @@ export WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # than it gives, and on a busy machine it waits for a core at every op (tests/test_engine_parity.py:
 # 28 s on one thread, 87 s on two, at load 3 on 2 cores).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec python -m pytest -q "$@"
+# Bytecode of the project's own modules is kept (in __pycache__, which git ignores): where the
+# environment says not to write it, each of the suite's processes (run.py jobs, TP workers) compiled
+# nanoexp again, ~0.2 s of CPU each.
+unset PYTHONDONTWRITEBYTECODE
+
+# Whether the arguments leave the worker count to this script: no test files or ids (a few tests
+# run faster in one process), no GPU marker (the GPU tests share one device), no debugger (xdist
+# refuses it), no -n/--dist/-p of the caller's own.
+wants_parallel() {
+  local arg previous=""
+  for arg in "$@"; do
+    case "$arg" in
+      -n*|--numprocesses*|--dist*|-pno:xdist|-mgpu*|--pdb|--trace) return 1 ;;
+    esac
+    case "$previous" in
+      -m) [[ "$arg" != *gpu* || "$arg" == *"not gpu"* ]] || return 1 ;;
+      -p) [ "$arg" != no:xdist ] || return 1 ;;
+    esac
+    [ ! -f "${arg%%::*}" ] || return 1
+    previous="$arg"
+  done
+  python -c "import xdist" 2>/dev/null
+}
+
+# worksteal: idle workers take queued tests from busy ones, so one slow test does not end the run alone
+parallel=()
+if wants_parallel "$@"; then
+  parallel=(-n auto --dist worksteal)
+fi
+exec python -m pytest -q "${parallel[@]}" "$@"

@@ -36,13 +36,26 @@ def wandb_records(run_dir: Path, *flags: str) -> str:
     return proc.stdout
 
 
+# A busy loop from the job's start (Hydra makes its dir once run.py's imports are done) until its
+# results.json: the timed repeats run beside it, and no core is spent on it while the job imports.
+BUSY_DURING_THE_JOB = """
+import os, sys, time
+job = sys.argv[1]
+while not os.path.isdir(job):
+    time.sleep(0.05)
+while not os.path.exists(os.path.join(job, "results.json")):
+    for _ in range(100_000):
+        pass
+"""
+
+
 @pytest.fixture(scope="module")
 def profiled_job(tmp_path_factory) -> Path:
     """One job, two repeats, every profile knob on, logged to an offline W&B run, with a busy loop
     running beside it."""
     tmp = tmp_path_factory.mktemp("profiled")
     job = tmp / "job"
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = subprocess.Popen([sys.executable, "-c", BUSY_DURING_THE_JOB, str(job)])
     try:
         run_py(tmp / "home", f"hydra.run.dir={job}", *TINY, "profile=all", "repeats=2", "sampler=greedy")
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nanoexp.experiment import sweep_plots
+from nanoexp.experiment import sweep_plots, sweep_report
 from nanoexp.experiment.schema import STEP_AGGREGATES
 from nanoexp.experiment.sweep_report import collect, job_requests, swept_keys, write_report
 
@@ -101,11 +101,12 @@ def test_latency_cdf_has_one_curve_per_job_and_repeat(sweeps) -> None:
     assert all(part["repeat"].nunique() == 1 for _, part in curves)
 
 
-def test_redraw_writes_the_same_report_from_the_job_dirs(sweeps, tmp_path: Path) -> None:
+def test_redraw_writes_the_same_report_from_the_job_dirs(sweeps, tmp_path: Path, capsys) -> None:
+    """The command (`python -m`, once) and its options (through `cli`, the same code in this process)."""
     a, _ = sweeps
     copy = tmp_path / "a"
     shutil.copytree(a, copy)
-    python(tmp_path / "home", "-m", "nanoexp.experiment.sweep_report", str(copy))  # the sweep's own, here
+    assert sweep_report.cli([str(copy)]) == 0  # the sweep's own report, here
     before = {name: (copy / name).read_bytes() for name in REPORT_FILES}
     for name in REPORT_FILES:
         (copy / name).unlink()
@@ -114,15 +115,12 @@ def test_redraw_writes_the_same_report_from_the_job_dirs(sweeps, tmp_path: Path)
     for name in ("sweep_summary.csv", "sweep_summary.md"):
         assert (copy / name).read_bytes() == before[name], name
     assert all((copy / name).is_file() for name in REPORT_FILES)
-    python(
-        tmp_path / "home", "-m", "nanoexp.experiment.sweep_report", str(copy), "--metrics", "decode_time_s"
-    )
+    assert sweep_report.cli([str(copy), "--metrics", "decode_time_s"]) == 0
     md = (copy / "sweep_summary.md").read_text()
     assert "decode_time_s" in md and "peak_kv_blocks_used" not in md
-    bad = python(
-        tmp_path / "home", "-m", "nanoexp.experiment.sweep_report", str(tmp_path / "nope"), check=False
-    )
-    assert bad.returncode == 2 and "no such sweep dir" in bad.stderr
+    with pytest.raises(SystemExit) as bad:
+        sweep_report.cli([str(tmp_path / "nope")])
+    assert bad.value.code == 2 and "no such sweep dir" in capsys.readouterr().err
 
 
 def test_wandb_sweep_table_is_typed_with_one_column_per_key(sweeps) -> None:

@@ -176,7 +176,8 @@ def test_tp2_with_triton_gemm_matches_tp1_torch_gemm(checkpoints):
     replicated hidden state on every rank."""
     path, _ = checkpoints["qwen3_gqa2_tied"]
     prompts = random_prompts([7, 12], seed=5)
-    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    # a prefill and two decode steps: each interpreted step costs seconds on every rank
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     outs = {}
     for backend, tp in (("torch", 1), ("triton", 2)):
         with LLM(path, device="cpu", dtype="float32", gemm_backend=backend, tensor_parallel_size=tp,

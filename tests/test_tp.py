@@ -87,6 +87,10 @@ def assert_no_workers() -> None:
     assert child_pids() == []
 
 
+def frozen_objects(runner) -> int:
+    return gc.get_freeze_count()
+
+
 def prefill_step() -> StepInput:
     """All prompts as one prefill into disjoint blocks of a fresh cache."""
     lens = [len(p) for p in PROMPTS[:3]]
@@ -97,8 +101,10 @@ def prefill_step() -> StepInput:
 
 
 def run(model: str, tp: int) -> tuple[torch.Tensor, list]:
-    """Prefill logits (first, while the cache is fresh), then greedy generation."""
+    """Prefill logits (first, while the cache is fresh), then greedy generation. Workers have frozen
+    their start-up heap: a full collection in one rank stalls every rank's step."""
     with LLM(model, tensor_parallel_size=tp, **ENGINE) as llm:
+        assert tp == 1 or llm.engine.executor.call(frozen_objects) > 0
         logits = prefill_logits(llm, prefill_step())
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         assert llm.stats()["sharded_sampling"] is (tp > 1)
@@ -124,7 +130,8 @@ def assert_same_generation(got: list, want: list) -> None:
     "name,tp", [("qwen3_kv4", 2), ("qwen3_kv4", 4), ("qwen3_kv2_pad", 4), ("qwen2_bias", 2)]
 )
 def test_tp_matches_tp1(models, name, tp):
-    """Greedy steps are drawn from each rank's vocabulary shard (the default)."""
+    """Greedy steps are drawn from each rank's vocabulary shard (the default); each worker froze what
+    it built at start-up (run)."""
     want_logits, want = reference(models[name])
     logits, got = run(models[name], tp)
     assert logits.shape == want_logits.shape == (sum(len(p) for p in PROMPTS[:3]), MODELS[name][2])
@@ -218,18 +225,6 @@ def test_killed_worker_raises_quickly_and_leaves_no_processes(models):
         llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
     llm.close()
     llm.close()
-
-
-def frozen_objects(runner) -> int:
-    return gc.get_freeze_count()
-
-
-def test_workers_freeze_their_start_up_heap(models):
-    """A full collection in one rank stalls every rank's step; each worker freezes what it built."""
-    with LLM(models["qwen3_kv4"], tensor_parallel_size=2, **ENGINE) as llm:
-        assert llm.engine.executor.call(frozen_objects) > 0
-        got = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert_same_generation(got, reference(models["qwen3_kv4"])[1])
 
 
 def test_close_is_idempotent_and_reaps_workers(models):

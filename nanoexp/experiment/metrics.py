@@ -76,7 +76,7 @@ def aggregate_repeats(summaries: Sequence[dict]) -> dict:
 def spread(key: str, values: Sequence[float]) -> dict[str, float]:
     """`<key>_std` (ddof=1) and `<key>_ci95_low/high`: the t-interval of the mean cut to the values the
     metric can take (>= 0, a fraction <= 1), which keeps its coverage: a latency's would reach below 0."""
-    from scipy import stats as scipy_stats  # here: its import costs every job ~1 s, only repeats need it
+    from scipy import stats as scipy_stats  # here: its import costs a job of one repeat ~1 s of CPU
 
     arr = np.asarray(values, dtype=float)
     mean, sem = float(arr.mean()), float(scipy_stats.sem(arr))
