@@ -18,6 +18,9 @@ export PYTHONPATH="/tmp/site:$here" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB
 SWEEP=(workload=random workload.num_requests=256 workload.input_len=512 workload.output_len=128
        workload.request_rate=${RATES:-32,128,inf} model.load_format=dummy model.dtype=bfloat16 logger=none)
 parts="${*:-tests profile sweep}"
+# A job's printed summary (from its header line to the end), or its last lines when it printed none
+summary_or_tail() { awk '/^nanoexp \|/ { on = 1 } on { print } { last[NR % 12] = $0 }
+  END { if (!on) for (i = NR - 11; i <= NR; i++) if (i > 0) print last[i % 12] }'; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
 for part in $parts; do
   case "$part" in
@@ -35,7 +38,7 @@ for part in $parts; do
              cold="/tmp/cold_$(basename "$tree")"; start=$(date +%s)
              (cd "$tree" && TRITON_CACHE_DIR="$cold/triton" TORCHINDUCTOR_CACHE_DIR="$cold/inductor" \
                PYTHONPATH="/tmp/site:$tree" timeout 240 python3 run.py experiment=nanovllm_bench logger=none \
-               hydra.run.dir=/tmp/bench_$(basename "$tree") 2>&1 | tail -12)
+               hydra.run.dir=/tmp/bench_$(basename "$tree") 2>&1 | summary_or_tail)
              echo "$(basename "$tree"): job wall $(( $(date +%s) - start )) s"
            done | tee "$OUT/bench.log" ;;
     latency) for tree in "$BASE" "$here"; do
