@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite (CPU by default; pass `-m gpu` on a CUDA machine): sets up .venv if needed.
-# The CPU suite runs on every core through pytest-xdist (`-n auto`): one worker per core, one torch
+# The CPU suite runs on every core through pytest-xdist: one worker per core (worker_count), one torch
 # thread each. A run given test files or ids, `-m gpu` or its own `-n` / `--dist` / `-p no:xdist`
 # runs as asked (one process: no worker start-up), and so does a venv without xdist.
 set -euo pipefail
@@ -35,9 +35,20 @@ wants_parallel() {
   python -c "import xdist" 2>/dev/null
 }
 
+# One worker per core this process may use: the cores it may run on, fewer where a cgroup's CPU quota
+# says so, at most 8 (each worker's subprocess jobs and TP workers need memory too).
+worker_count() {
+  local cores quota period
+  cores="$(nproc)"
+  if read -r quota period 2>/dev/null < /sys/fs/cgroup/cpu.max && [ "$quota" != max ]; then
+    cores=$(( (quota + period - 1) / period < cores ? (quota + period - 1) / period : cores ))
+  fi
+  echo $(( cores < 1 ? 1 : cores > 8 ? 8 : cores ))
+}
+
 # worksteal: idle workers take queued tests from busy ones, so one slow test does not end the run alone
 parallel=()
-if wants_parallel "$@"; then
-  parallel=(-n auto --dist worksteal)
+if wants_parallel "$@" && [ "$(worker_count)" -gt 1 ]; then
+  parallel=(-n "$(worker_count)" --dist worksteal)
 fi
 exec python -m pytest -q "${parallel[@]}" "$@"
