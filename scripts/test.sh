@@ -39,7 +39,7 @@ wants_parallel() {
 # says so, at most 8 (each worker's subprocess jobs and TP workers need memory too).
 worker_count() {
   local cores quota period
-  cores="$(nproc)"
+  cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"  # nproc reports OMP_NUM_THREADS where set
   if read -r quota period 2>/dev/null < /sys/fs/cgroup/cpu.max && [ "$quota" != max ]; then
     cores=$(( (quota + period - 1) / period < cores ? (quota + period - 1) / period : cores ))
   fi
