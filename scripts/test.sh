@@ -48,7 +48,8 @@ worker_count() {
 
 # worksteal: idle workers take queued tests from busy ones, so one slow test does not end the run alone
 parallel=()
-if wants_parallel "$@" && [ "$(worker_count)" -gt 1 ]; then
-  parallel=(-n "$(worker_count)" --dist worksteal)
+if wants_parallel "$@"; then
+  workers="$(worker_count)"
+  [ "$workers" -le 1 ] || parallel=(-n "$workers" --dist worksteal)
 fi
 exec python -m pytest -q "${parallel[@]}" "$@"

@@ -37,3 +37,8 @@ class CacheConfig:
         allowed = f"a number in (0, {memory:.4g}] (this machine's memory in GiB)"
         number("cache.cpu_kv_cache_gb", self.cpu_kv_cache_gb, lambda x: 0 < x <= memory, allowed)
         choice("cache.kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+
+    @property
+    def lossy(self) -> bool:
+        """The cache stores K/V in fewer bits than the model computes them (fp8)."""
+        return self.kv_cache_dtype != "auto"

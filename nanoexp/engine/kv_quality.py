@@ -85,7 +85,7 @@ def probe_groups(
     tokens = blocks = 0
     for i, n in enumerate(lengths):
         need = -(-(n + num_tokens - 1) // block_size)
-        full = groups and (tokens + n + num_tokens > budget or blocks + need > num_blocks)
+        full = tokens + n + num_tokens > budget or blocks + need > num_blocks
         if not groups or full or len(groups[-1]) >= max_seqs:
             groups.append([])
             tokens = blocks = 0

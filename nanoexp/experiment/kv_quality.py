@@ -14,8 +14,8 @@ SHOWN = ("greedy_agreement", "kl_mean", "kl_p99", "kl_max", "num_positions", "nu
 def wanted(spec: NanoexpConfig) -> bool:
     """Our engine (the baseline has no paged cache) probes a lossy cache, or any with `lossless`."""
     cfg = spec.metrics.kv_quality
-    lossy = spec.cache.kv_cache_dtype != "auto"
-    return spec.engine.kind is not EngineKind.hf and cfg.num_requests > 0 and (lossy or cfg.lossless)
+    ours = spec.engine.kind is not EngineKind.hf
+    return ours and cfg.num_requests > 0 and (spec.cache.lossy or cfg.lossless)
 
 
 def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:

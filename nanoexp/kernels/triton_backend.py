@@ -71,13 +71,6 @@ class TritonAttentionBackend(AttentionBackend):
         # The split count is a function of static shapes only, so CUDA-graph capture stays valid.
         max_len = md.block_tables.shape[1] * k_cache.shape[1]
         return paged_decode(
-            q,
-            k_cache,
-            v_cache,
-            md.block_tables,
-            md.context_lens,
-            scale,
-            max_len,
-            k_scale=k_scale,
-            v_scale=v_scale,
-        )
+            q, k_cache, v_cache, md.block_tables, md.context_lens, scale, max_len,
+            k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip

@@ -72,7 +72,7 @@ class ModelRunner:
         )
         self.pending: deque[PendingStep] = deque()  # launched, not collected (rank 0)
         self.readback = ReadbackPool()
-        if config.cache.kv_cache_dtype != "auto":
+        if config.cache.lossy:
             self.calibrate_kv_scales()
         reserve = 2**30 if self.uses_graphs() else 2**28  # graph pool, logits and sampler buffers
         cache = create_kv_cache(config, self.model, self.dtype, self.device, self.profile_memory, reserve)
@@ -235,10 +235,10 @@ class ModelRunner:
         """The step's model inputs and, when it samples, its sampling tensors, in one upload."""
         fresh = self.fresh_seeds() if step.sample_seq_indices else None
         tile_block_m = self.step_graphs.tile_block_m if self.uses_step_graph(step) else None
-        lossy = self.config.cache.kv_cache_dtype != "auto"
         return prepare_step(
-            step, self.block_size, self.hf_config.vocab_size, self.device, fresh, tile_block_m, lossy
-        )
+            step, self.block_size, self.hf_config.vocab_size, self.device, fresh, tile_block_m,
+            self.config.cache.lossy,
+        )  # fmt: skip
 
     def fresh_seeds(self) -> Callable[[int], np.ndarray] | None:
         """The seeds of a step's unseeded rows: under TP keyed by the step count (the same on every

@@ -275,9 +275,9 @@ class WorkerGroup:
     def raise_dead(self, rank: int, startup: bool = False):
         self.procs[rank].join(0.5)
         code = self.procs[rank].exitcode
-        how = f"exit code {code}" + (
-            f", {signal.Signals(-code).name}" if code is not None and code < 0 else ""
-        )
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            how += f", {signal.Signals(-code).name}"
         hint = STARTUP_HINT if startup else ""
         self.kill()
         raise RuntimeError(
