@@ -136,7 +136,81 @@ def test_substituting_every_row_is_one_gather_with_the_general_result():
 
     prev = torch.tensor([11, 12, 13, 14])
     rows = torch.tensor([2, 0, 3])
-    ids = torch.tensor([-5, -5, -5])
-    assert substitute_tokens(ids, rows, prev, every_row=True).tolist() == [13, 11, 14]
-    assert substitute_tokens(ids, rows, prev).tolist() == [13, 11, 14]
-    assert substitute_tokens(ids, torch.tensor([2, -1, 0]), prev).tolist() == [13, -5, 11]
+    ids = lambda: torch.tensor([-5, -5, -5])  # noqa: E731
+    assert substitute_tokens(ids(), rows, prev, every_row=True).tolist() == [13, 11, 14]
+    assert substitute_tokens(ids(), rows, prev).tolist() == [13, 11, 14]
+    assert substitute_tokens(ids(), torch.tensor([2, -1, 0]), prev).tolist() == [13, -5, 11]
+    in_place = ids()
+    substitute_tokens(in_place[1:], torch.tensor([3, -1]), prev)  # a captured graph reads them there
+    assert in_place.tolist() == [-5, 14, -5]
+
+
+def sampled_step(rng: random.Random, block_size: int, is_prefill: bool, max_seqs: int) -> StepInput:
+    """A step whose every sequence has cache blocks; a decode step's query lengths are 1; a prefill
+    step leads with up to two decodes (a mixed step); some rows sample with filters or seeds."""
+    num_seqs = rng.randint(1, max_seqs)
+    decodes = min(rng.randint(0, 2), num_seqs - 1) if is_prefill else 0
+    context = [rng.randint(1, 200) for _ in range(num_seqs)]
+    query = [1 if i < decodes or not is_prefill else rng.randint(1, c) for i, c in enumerate(context)]
+    tables = [rng.sample(range(500), -(-c // block_size)) for c in context]
+    sampled = sorted(rng.sample(range(num_seqs), rng.randint(0, num_seqs)))
+    filtered, seeded = rng.random() < 0.5, rng.random() < 0.5
+    return StepInput(
+        is_prefill, [rng.randrange(1000) for _ in range(sum(query))], query, context, tables, sampled,
+        temperatures=[0.7 if seeded else 0.0 for _ in sampled],
+        top_k=[5 if filtered else -1 for _ in sampled], top_p=[0.9 if filtered else 1.0 for _ in sampled],
+        min_p=[0.0 for _ in sampled], seeds=[rng.randrange(100) for _ in sampled], num_decodes=decodes,
+        prev_sample_rows=[rng.choice([-1, 0]) for _ in range(sum(query))] if rng.random() < 0.5 else None,
+    )  # fmt: skip
+
+
+def test_graph_inputs_equal_the_eager_upload_and_pad_the_graph():
+    """A graph's static buffers, written through a pinned mirror ring whose buffers held other
+    sizes' layouts, hold what the eager upload gives, and padding that stores and reads nothing."""
+    from nanoexp.kernels.prefill_tiles import prefill_tiles
+    from nanoexp.runner.cuda_graphs import DecodeGraphs, StepGraphs
+
+    cpu, block_size, vocab = torch.device("cpu"), 16, 1000
+    decode = DecodeGraphs(None, 8, max_num_seqs=20, max_blocks_per_seq=13, dtype=torch.float32, device=cpu)
+    steps = StepGraphs(None, 8, head_dim=64, max_num_seqs=6, max_num_batched_tokens=700,
+                       max_blocks_per_seq=13, dtype=torch.float32, device=cpu)  # fmt: skip
+    rng = random.Random(1)
+    for _ in range(60):
+        is_prefill = rng.random() < 0.5
+        graphs = steps if is_prefill else decode
+        step = sampled_step(rng, block_size, is_prefill, 6 if is_prefill else 20)
+        if is_prefill and step.num_tokens > steps.max_tokens:
+            continue
+        got, sampling = graphs.prepare(step, block_size, vocab)
+        want, want_sampling = prepare_step(step, block_size, vocab, cpu)
+        n, seqs, md = step.num_tokens, len(step.query_lens), got.md
+        size = steps.size_for(n) if is_prefill else next(s for s in decode.sizes if s >= n)
+        slots = md.slot_mapping
+        assert got.input_ids.tolist() == step.token_ids and got.positions.tolist() == want.positions.tolist()
+        assert slots[:n].tolist() == want.md.slot_mapping.tolist() and (slots[n:size] == -1).all()
+        context = md.context_lens[: steps.seq_slots(size) if is_prefill else size]
+        assert context[:seqs].tolist() == step.context_lens and (context[seqs:] == 0).all()
+        for row, blocks in enumerate(step.block_tables):
+            assert md.block_tables[row, : len(blocks)].tolist() == blocks
+        assert got.logits_indices.tolist() == want.logits_indices.tolist() and got.all_rows == want.all_rows
+        if step.prev_sample_rows is None:
+            assert got.prev_sample_rows is None
+        else:
+            assert got.prev_sample_rows.tolist() == step.prev_sample_rows
+        if is_prefill:
+            tiles = prefill_tiles(step.query_lens, step.context_lens, step.num_decodes, steps.tile_block_m)
+            table = md.prefill_tiles[: steps.tile_slots(size)]
+            assert table[: len(tiles)].tolist() == tiles.tolist() and (table[len(tiles) :] == -1).all()
+            assert got.graph_key == (size, step.num_decodes > 0)
+            decode_lens = steps.arenas[size].tensors["decode_context_lens"][: steps.seq_slots(size)]
+            assert decode_lens.tolist()[: step.num_decodes] == step.context_lens[: step.num_decodes]
+            assert (decode_lens[step.num_decodes :] == 0).all()
+        assert (sampling is None) == (want_sampling is None)
+        if sampling is not None:
+            for field in ("temperatures", "top_k", "top_p", "min_p", "row_seeds"):
+                mine, theirs = getattr(sampling, field), getattr(want_sampling, field)
+                assert (mine is None) == (theirs is None)
+                if mine is not None and field != "row_seeds":
+                    assert mine.tolist() == theirs.tolist()
+            flags = (sampling.all_greedy, sampling.needs_filter)
+            assert flags == (want_sampling.all_greedy, want_sampling.needs_filter)

@@ -7,7 +7,9 @@ fp16/fp32 (the interpreter mishandles bf16 dots). The `gpu` tests use real Qwen3
 from __future__ import annotations
 
 import itertools
+import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -363,6 +365,24 @@ def test_prefill_tiles_cover_each_prefill_row_once_longest_first():
     assert tiles.tolist() == [
         [4, 77, 129, 2], [4, 77, 129, 1], [2, 2, 70, 1], [2, 2, 70, 0], [4, 77, 129, 0], [3, 72, 5, 0],
     ]  # fmt: skip
+
+
+def test_prefill_tiles_of_the_python_loop_equal_numpys(monkeypatch):
+    """Few tiles take a Python loop, more take numpy: both give the same table."""
+    from nanoexp.kernels import prefill_tiles as tiles_module
+
+    rng = random.Random(0)
+    for _ in range(300):
+        n = rng.randint(1, 12)
+        first = rng.randint(0, n - 1)
+        query = [1 if i < first else rng.randint(1, 900) for i in range(n)]
+        context = [q + rng.randint(0, 500) for q in query]
+        block_m = rng.choice([16, 64])
+        loop = tiles_module.few_prefill_tiles(query, context, first, block_m)
+        monkeypatch.setattr(tiles_module, "PYTHON_TILES", -1)
+        vectorized = tiles_module.prefill_tiles(query, context, first, block_m)
+        monkeypatch.undo()
+        assert loop.dtype == vectorized.dtype == np.int32 and loop.tolist() == vectorized.tolist()
 
 
 def test_prefill_rejects_too_small_max_seqlen_q():

@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from nanoexp import LLM
-from nanoexp.runner.inputs import prepare_inputs, prepare_sampling
+from nanoexp.runner.inputs import prepare_sampling
 from nanoexp.runner.step_input import StepInput
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -112,11 +112,11 @@ def main() -> None:
             if batch * -(-(context + ROTATIONS - 1) // args.block_size) > runner.num_blocks:
                 continue
             steps = decode_steps(batch, context, args.block_size, runner.num_blocks, ROTATIONS)
-            rotation = itertools.cycle([prepare_inputs(s, args.block_size, runner.device) for s in steps])
+            rotation = itertools.cycle(steps)
             sampling = prepare_sampling(steps[0], arch["vocab_size"], runner.device)
-            hidden = runner.graphs.replay(next(rotation))
+            hidden = replay(runner, next(rotation))
             logits = runner.model.compute_logits(hidden)
-            fwd = time_ms(lambda rotation=rotation: runner.graphs.replay(next(rotation)))
+            fwd = time_ms(lambda rotation=rotation: replay(runner, next(rotation)))
             head = time_ms(lambda hidden=hidden: runner.model.compute_logits(hidden))
             samp = time_ms(lambda logits=logits, sampling=sampling: runner.sampler(logits, sampling))
             whole = time_ms(lambda rot=rotation, sampling=sampling: whole_step(runner, rot, sampling))
@@ -135,10 +135,17 @@ def main() -> None:
             f.write(table + "\n")
 
 
+def replay(runner, step) -> torch.Tensor:
+    """The step's inputs uploaded into its decode graph's buffers, and the graph replayed."""
+    return runner.graphs.replay(
+        runner.graphs.prepare(step, runner.block_size, runner.hf_config.vocab_size)[0]
+    )
+
+
 def whole_step(runner, rotation, sampling) -> torch.Tensor:
     """Forward, LM head and sampler enqueued back to back, as the engine's decode step runs them:
     the eager launches of the head and sampler overlap the graph instead of being timed alone."""
-    return runner.sampler(runner.model.compute_logits(runner.graphs.replay(next(rotation))), sampling)
+    return runner.sampler(runner.model.compute_logits(replay(runner, next(rotation))), sampling)
 
 
 def profile(runner, arch: dict, block_size: int) -> None:
@@ -147,13 +154,12 @@ def profile(runner, arch: dict, block_size: int) -> None:
 
     for batch, context in ((1, 1024), (128, 1024)):
         (step,) = decode_steps(batch, context, block_size, runner.num_blocks)
-        inputs = prepare_inputs(step, block_size, runner.device)
         sampling = prepare_sampling(step, arch["vocab_size"], runner.device)
         for _ in range(3):
-            runner.graphs.replay(inputs)
+            replay(runner, step)
         torch.cuda.synchronize()
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            hidden = runner.graphs.replay(inputs)
+            hidden = replay(runner, step)
             logits = runner.model.compute_logits(hidden)
             runner.sampler(logits, sampling)
             torch.cuda.synchronize()

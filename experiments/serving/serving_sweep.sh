@@ -2,11 +2,12 @@
 # One device call for the serving study: GPU tests of the mixed-step paths, the prefill-step
 # profile, and the rate sweep under both batching policies; everything under $OUT.
 # Usage (repo root on the GPU machine, wheels from ../shared/tools/device-wheels.sh in .whl):
-#   bash experiments/serving/serving_sweep.sh [parts]   parts: tests profile sweep base bench latency trace
+#   bash experiments/serving/serving_sweep.sh [parts]   parts: tests profile sweep base bench latency trace lone
 #   (default: tests profile sweep)
 # tests runs TESTS (a pytest -m expression, default gpu_quick; TESTS_TIMEOUT seconds, default 240); bench starts each checkout with cold caches;
 # latency is batch-1 TPOT of BASE and this checkout; trace is a profiled sweep (profile=all) whose Chrome
-# traces are checked for a decode-graph replay and a prefill step's kernels.
+# traces are checked for a decode-graph replay and a prefill step's kernels; lone is an online job of lone
+# 16- and 512-token prompts at 8 req/s from BASE and this checkout, the medians of its steps.csv by step kind.
 # `base DIR`-style parts run the same sweep from another checkout: BASE=dir.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -47,6 +48,22 @@ for part in $parts; do
                  logger=none hydra.run.dir=/tmp/latency_$(basename "$tree") 2>&1 | grep -iE "tpot|latency|duration" | head -6)
                echo "^ $(basename "$tree")"
              done | tee "$OUT/latency.log" ;;
+    lone) for tree in "$BASE" "$here"; do
+            (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 200 python3 run.py -m "${SWEEP[@]}" \
+              workload.num_requests=48 workload.input_len=16,512 workload.output_len=4 workload.request_rate=8 \
+              hydra.sweep.dir=/tmp/lone_$(basename "$tree") 'hydra.sweep.subdir=${hydra.job.num}' > /dev/null 2>&1)
+            python3 - "/tmp/lone_$(basename "$tree")" <<'PY'
+import csv, glob, statistics, sys
+for path in sorted(glob.glob(sys.argv[1] + "/*/steps.csv")):
+    rows = list(csv.DictReader(open(path)))
+    kind = lambda r: "prefill-only" if int(float(r["num_decode_tokens"])) == 0 else "decode" if int(float(r["num_prefill_tokens"])) == 0 else "mixed"
+    for name in ("prefill-only", "mixed", "decode"):
+        times = [float(r["step_time_ms"]) for r in rows if kind(r) == name]
+        if times:
+            print(f"{path}: {name} steps median {statistics.median(times):.2f} ms (n={len(times)})")
+PY
+            echo "^ $(basename "$tree")"
+          done | tee "$OUT/lone.log" ;;
     trace) timeout 240 python3 run.py -m "${SWEEP[@]}" workload.num_requests=64 workload.request_rate=32,inf \
              profile=all hydra.sweep.dir=/tmp/trace 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/trace.log" 2>&1
            tail -3 "$OUT/trace.log"

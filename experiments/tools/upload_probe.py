@@ -2,10 +2,10 @@
 
 Builds the engine as prefill_profile.py does, records the StepInput of a lone prefill of each size,
 then times each piece of the runner's path for it on the host (perf_counter, the device idle
-before each repeat, median of --repeats): the numpy columns, the pinned staging buffer, its fill,
-the host-to-device copy, the views, the step graph's input copies, the graph launch, the LM head
-and the sampler; and, to calibrate, one tiny device op, one device copy and one copy from a kept
-pinned buffer.
+before each repeat, median of --repeats): the numpy layout, the tile table, the whole input
+upload, the graph launch, the LM head and the sampler; and, to calibrate, one tiny device op.
+(The version that timed the upload before step graphs read their inputs from pinned mirrors, and
+its log, are in git history: `../serving/runs/upload_probe_b6da9ef.log`.)
 
     python experiments/tools/upload_probe.py [--sizes 16,512,8x512] [--repeats 200]
 """
@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 
 from nanoexp import LLM, SamplingParams
+from nanoexp.kernels.prefill_tiles import prefill_tiles
 from nanoexp.runner import inputs as runner_inputs
 from nanoexp.runner.model_runner import ModelRunner
 
@@ -54,71 +54,28 @@ def timed(fn, repeats: int) -> float:
 
 
 def pieces(runner: ModelRunner, step, repeats: int) -> dict[str, float]:
-    device, graphs = runner.device, runner.step_graphs
-    tile_m = graphs.tile_block_m if runner.uses_step_graph(step) else None
-    vocab = runner.hf_config.vocab_size
-    columns_of = lambda: (
-        runner_inputs.input_columns(step, runner.block_size, tile_m)[0]
-        + (  # noqa: E731
-            runner_inputs.sampling_columns(step, vocab)[0]
-        )
-    )
-    columns = columns_of()
-    arrays = [np.ascontiguousarray(d, dtype=runner_inputs.NUMPY_DTYPES[t]) for d, t in columns]
-    nbytes = sum(-(-a.nbytes // 64) * 64 for a in arrays)
-    staging = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    kept = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-    def fill():
-        flat, start = staging.numpy(), 0
-        for a in arrays:
-            flat[start : start + a.nbytes] = a.reshape(-1).view(np.uint8)
-            start += -(-a.nbytes // 64) * 64
-
-    packed = staging.to(device)
-
-    def views():
-        typed = {t: packed.view(t) for t in {t for _, t in columns}}
-        return [typed[t][:4] for _, t in columns]
-
+    """The pieces of the runner's path for a step that runs in a step graph: its inputs written
+    into a pinned mirror of the graph's buffers and uploaded in one copy (runner.prepare), then
+    the replay, the LM head and the sampler."""
+    graphs, device = runner.step_graphs, runner.device
     model_inputs, sampling = runner.prepare(step)
-    graph = graphs.graphs[graphs.size_for(step.num_tokens), step.num_decodes > 0]
-    replay, graphs_replay = graphs.replay, type(graph).replay
+    graph = graphs.graphs[model_inputs.graph_key]
     tiny = torch.zeros(4, device=device)
     hidden = graphs.replay(model_inputs)
     last = hidden[model_inputs.logits_indices]
     logits = runner.model.compute_logits(last)
-
-    def copies_only():
-        type(graph).replay = lambda self: None
-        try:
-            replay(model_inputs)
-        finally:
-            type(graph).replay = graphs_replay
-
+    tile_m = graphs.tile_block_m
     return {
-        "input_columns+sampling_columns (numpy)": timed(columns_of, repeats),
-        "arrays (np.ascontiguousarray)": timed(
-            lambda: [np.ascontiguousarray(d, dtype=runner_inputs.NUMPY_DTYPES[t]) for d, t in columns],
-            repeats,
+        "token_layout (numpy)": timed(lambda: runner_inputs.token_layout(step), repeats),
+        "prefill_tiles": timed(
+            lambda: prefill_tiles(step.query_lens, step.context_lens, step.num_decodes, tile_m), repeats
         ),
-        "torch.empty(pin_memory=True)": timed(
-            lambda: torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), repeats
-        ),
-        "fill staging": timed(fill, repeats),
-        "staging.to(device, non_blocking)": timed(lambda: staging.to(device, non_blocking=True), repeats),
-        "kept pinned -> kept device copy_": timed(lambda: dev.copy_(kept, non_blocking=True), repeats),
-        "views": timed(views, repeats),
-        "whole runner.prepare": timed(lambda: runner.prepare(step), repeats),
-        "step graph input copies": timed(copies_only, repeats),
+        "whole runner.prepare (mirror, one copy)": timed(lambda: runner.prepare(step), repeats),
         "graph.replay()": timed(graph.replay, repeats),
         "hidden[logits_indices]": timed(lambda: hidden[model_inputs.logits_indices], repeats),
         "LM head": timed(lambda: runner.model.compute_logits(last), repeats),
         "sampler": timed(lambda: runner.sampler(logits, sampling), repeats),
         "tiny add_": timed(lambda: tiny.add_(1), repeats),
-        "tiny device copy_": timed(lambda: tiny[:2].copy_(tiny[2:]), repeats),
-        "torch.cuda.Event().record()": timed(lambda: torch.cuda.Event().record(), repeats),
     }
 
 

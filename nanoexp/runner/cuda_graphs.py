@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 from torch import nn
 
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionMetadata
-from nanoexp.kernels.prefill_tiles import prefill_block_m
+from nanoexp.kernels.prefill_tiles import prefill_block_m, prefill_tiles
+from nanoexp.runner.graph_inputs import (
+    Fields,
+    Fresh,
+    GraphStep,
+    GraphTarget,
+    InputArena,
+    PinnedMirrors,
+    token_fields,
+    upload_graph_step,
+)
 from nanoexp.runner.inputs import ModelInputs
+from nanoexp.runner.step_input import StepInput
 
 MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly
 MAX_STEP_GRAPH_TOKENS = 4096  # steps with prefill tokens up to this many run in step graphs
@@ -43,7 +55,8 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     """Captures model(input_ids, positions, md) for decode batches; replays the smallest graph
-    that fits, padding the extra rows (slot -1: nothing stored; context 0: nothing read)."""
+    that fits, padding the extra rows (slot -1: nothing stored; context 0: nothing read). Each
+    batch size's graph reads its own InputArena, which `prepare` fills with one copy."""
 
     def __init__(
         self,
@@ -56,50 +69,44 @@ class DecodeGraphs:
     ):
         self.model = model
         self.sizes = graph_batch_sizes(max_num_seqs)
-        top = self.sizes[-1]
-        self.input_ids = torch.zeros(top, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(top, dtype=torch.int64, device=device)
-        self.md = AttentionMetadata(
-            is_prefill=False,
-            slot_mapping=torch.full((top,), -1, dtype=torch.int64, device=device),
-            context_lens=torch.zeros(top, dtype=torch.int32, device=device),
-            block_tables=torch.zeros(top, max_blocks_per_seq, dtype=torch.int32, device=device),
-        )
-        self.output = torch.zeros(top, hidden_size, dtype=dtype, device=device)
+        self.arenas = {bs: InputArena(self.fields(bs, max_blocks_per_seq), device) for bs in self.sizes}
+        for arena in self.arenas.values():  # what the capture runs stores: nothing
+            arena.tensors["slot_mapping"].fill_(-1)
+        self.mirrors = PinnedMirrors(max(arena.nbytes for arena in self.arenas.values()), device)
+        self.output = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.views = {bs: self.view(bs) for bs in self.sizes}
+
+    @staticmethod
+    def fields(bs: int, max_blocks: int) -> Fields:
+        head, tables = token_fields(bs, bs, max_blocks)
+        return head + tables
 
     @property
     def max_batch(self) -> int:
         return self.sizes[-1]
 
     def view(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        t = self.arenas[bs].tensors
         md = AttentionMetadata(
-            is_prefill=False,
-            slot_mapping=self.md.slot_mapping[:bs],
-            context_lens=self.md.context_lens[:bs],
-            block_tables=self.md.block_tables[:bs],
-        )
-        return self.input_ids[:bs], self.positions[:bs], md
+            is_prefill=False, slot_mapping=t["slot_mapping"], context_lens=t["context_lens"],
+            block_tables=t["block_tables"],
+        )  # fmt: skip
+        return t["input_ids"], t["positions"], md
 
     @torch.inference_mode()
     def capture(self) -> None:
         with pdl.graph_launches():
             self.graphs = capture_ladder(self.model, self.sizes, self.view, self.output)
 
+    def prepare(self, step: StepInput, block_size: int, vocab_size: int, fresh: Fresh = None) -> GraphStep:
+        bs = next(size for size in self.sizes if size >= step.num_tokens)
+        target = GraphTarget(self.arenas[bs], self.views[bs], bs, bs, bs)
+        return upload_graph_step(target, self.mirrors, step, block_size, vocab_size, fresh)
+
     def replay(self, inputs: ModelInputs) -> torch.Tensor:
-        n = inputs.input_ids.shape[0]
-        bs = next(size for size in self.sizes if size >= n)
-        self.input_ids[:n] = inputs.input_ids
-        self.positions[:n] = inputs.positions
-        self.md.slot_mapping[:n] = inputs.md.slot_mapping
-        self.md.context_lens[:n] = inputs.md.context_lens
-        if n < bs:  # each op costs the host microseconds; a full graph has no padding rows
-            self.md.slot_mapping[n:bs] = -1
-            self.md.context_lens[n:bs] = 0
-        width = inputs.md.block_tables.shape[1]
-        self.md.block_tables[:n, :width] = inputs.md.block_tables
-        self.graphs[bs].replay()
-        return self.output[:n]
+        self.graphs[inputs.graph_key].replay()
+        return self.output[: inputs.input_ids.shape[0]]
 
 
 def step_graph_sizes(max_num_batched_tokens: int) -> list[int]:
@@ -122,18 +129,21 @@ class StepGraphs:
         self.model, self.head_dim, self.max_num_seqs = model, head_dim, max_num_seqs
         self.with_decodes = (False, True) if mixed else (False,)
         self.sizes = step_graph_sizes(max_num_batched_tokens)
-        top, seqs = self.sizes[-1], self.seq_slots(self.sizes[-1])
-        int32 = {"dtype": torch.int32, "device": device}
-        self.input_ids = torch.zeros(top, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(top, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((top,), -1, dtype=torch.int64, device=device)
-        self.context_lens = torch.zeros(seqs, **int32)
-        self.decode_context_lens = torch.zeros(seqs, **int32)
-        self.block_tables = torch.zeros(seqs, max_blocks_per_seq, **int32)
-        self.cu_seqlens_q = torch.zeros(seqs + 1, **int32)  # unread by the tiled kernel
-        self.tiles = torch.full((max(self.tile_slots(size) for size in self.sizes), 4), -1, **int32)
-        self.output = torch.zeros(top, hidden_size, dtype=dtype, device=device)
+        self.arenas = {size: InputArena(self.fields(size, max_blocks_per_seq), device) for size in self.sizes}
+        for arena in self.arenas.values():  # what the capture runs reads: nothing stored, no tiles
+            arena.tensors["slot_mapping"].fill_(-1)
+            arena.tensors["tiles"].fill_(-1)
+        self.mirrors = PinnedMirrors(max(arena.nbytes for arena in self.arenas.values()), device)
+        self.output = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.views = {(size, d): self.view(size, d) for size in self.sizes for d in self.with_decodes}
+
+    def fields(self, size: int, max_blocks: int) -> Fields:
+        seqs, int32 = self.seq_slots(size), torch.int32
+        head, tables = token_fields(size, seqs, max_blocks)
+        own = [("decode_context_lens", (seqs,), int32), ("cu_seqlens_q", (seqs + 1,), int32),
+               ("tiles", (self.tile_slots(size), 4), int32)]  # fmt: skip
+        return head + own + tables
 
     @property
     def max_tokens(self) -> int:
@@ -155,16 +165,15 @@ class StepGraphs:
         return prefill_block_m(self.head_dim)
 
     def view(self, size: int, with_decodes: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        seqs = self.seq_slots(size)
+        t, seqs = self.arenas[size].tensors, self.seq_slots(size)
         decode_slots = seqs if with_decodes else 0
         md = AttentionMetadata(
-            is_prefill=True, slot_mapping=self.slot_mapping[:size], context_lens=self.context_lens[:seqs],
-            block_tables=self.block_tables[:seqs], cu_seqlens_q=self.cu_seqlens_q[: seqs + 1],
-            max_seqlen_q=size, has_cached_prefix=True, num_decodes=decode_slots,
-            prefill_tiles=self.tiles[: self.tile_slots(size)],
-            decode_context_lens=self.decode_context_lens[:decode_slots],
+            is_prefill=True, slot_mapping=t["slot_mapping"], context_lens=t["context_lens"],
+            block_tables=t["block_tables"], cu_seqlens_q=t["cu_seqlens_q"], max_seqlen_q=size,
+            has_cached_prefix=True, num_decodes=decode_slots, prefill_tiles=t["tiles"],
+            decode_context_lens=t["decode_context_lens"][:decode_slots],
         )  # fmt: skip
-        return self.input_ids[:size], self.positions[:size], md
+        return t["input_ids"], t["positions"], md
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -176,21 +185,20 @@ class StepGraphs:
                 pool = pool or graphs[self.sizes[-1]].pool()
                 self.graphs.update({(size, with_decodes): graph for size, graph in graphs.items()})
 
+    def prepare(self, step: StepInput, block_size: int, vocab_size: int, fresh: Fresh = None) -> GraphStep:
+        size, decodes = self.size_for(step.num_tokens), step.num_decodes
+        seqs, key = self.seq_slots(size), (size, decodes > 0)
+
+        def write_attention(host: dict[str, np.ndarray]) -> None:
+            host["decode_context_lens"][:decodes] = step.context_lens[:decodes]
+            host["decode_context_lens"][decodes:seqs] = 0
+            tiles = prefill_tiles(step.query_lens, step.context_lens, decodes, self.tile_block_m)
+            host["tiles"][: len(tiles)] = tiles
+            host["tiles"][len(tiles) : self.tile_slots(size)] = -1
+
+        target = GraphTarget(self.arenas[size], self.views[key], size, seqs, key)
+        return upload_graph_step(target, self.mirrors, step, block_size, vocab_size, fresh, write_attention)
+
     def replay(self, inputs: ModelInputs) -> torch.Tensor:
-        n, md = inputs.input_ids.shape[0], inputs.md
-        size = self.size_for(n)
-        seqs, decodes, tiles = md.context_lens.shape[0], md.num_decodes, inputs.prefill_tiles.shape[0]
-        self.input_ids[:n] = inputs.input_ids
-        self.positions[:n] = inputs.positions
-        self.slot_mapping[:n] = md.slot_mapping
-        self.slot_mapping[n:size] = -1
-        self.context_lens[:seqs] = md.context_lens
-        self.context_lens[seqs : self.seq_slots(size)] = 0
-        if decodes:
-            self.decode_context_lens[:decodes] = md.context_lens[:decodes]
-            self.decode_context_lens[decodes : self.seq_slots(size)] = 0
-        self.block_tables[:seqs, : md.block_tables.shape[1]] = md.block_tables
-        self.tiles[:tiles] = inputs.prefill_tiles
-        self.tiles[tiles : self.tile_slots(size)] = -1
-        self.graphs[size, decodes > 0].replay()
-        return self.output[:n]
+        self.graphs[inputs.graph_key].replay()
+        return self.output[: inputs.input_ids.shape[0]]

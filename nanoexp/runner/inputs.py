@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from nanoexp.kernels.base import AttentionMetadata
-from nanoexp.kernels.prefill_tiles import prefill_tiles
 from nanoexp.layers.sampler import SamplingTensors
 from nanoexp.runner.step_input import StepInput
 
@@ -23,7 +22,7 @@ class ModelInputs:
     logits_indices: torch.Tensor  # rows of the hidden states whose logits are needed
     prev_sample_rows: torch.Tensor | None = None  # step.prev_sample_rows on the device
     all_rows: bool = False  # every row's logits are needed (logits_indices is 0..n-1)
-    prefill_tiles: torch.Tensor | None = None  # the prefill kernel's tile table, for a step graph
+    graph_key: tuple | None = None  # the captured graph whose static buffers hold these inputs
 
 
 NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
@@ -78,10 +77,8 @@ def slot_mapping(
     return np.where(has_blocks[seq_of_token], slots, -1)
 
 
-def prepare_inputs(
-    step: StepInput, block_size: int, device: torch.device, tile_block_m: int | None = None
-) -> ModelInputs:
-    columns, assemble = input_columns(step, block_size, tile_block_m)
+def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> ModelInputs:
+    columns, assemble = input_columns(step, block_size)
     return assemble(upload(columns, device))
 
 
@@ -91,11 +88,10 @@ def prepare_step(
     vocab_size: int,
     device: torch.device,
     fresh: Callable[[int], np.ndarray] | None = None,
-    tile_block_m: int | None = None,
     lossy_cache: bool = False,
 ) -> tuple[ModelInputs, SamplingTensors | None]:
     """prepare_inputs and (when the step samples) prepare_sampling through one upload."""
-    columns, assemble = input_columns(step, block_size, tile_block_m, lossy_cache)
+    columns, assemble = input_columns(step, block_size, lossy_cache)
     if not step.sample_seq_indices:
         return assemble(upload(columns, device)), None
     sampling_cols, assemble_sampling = sampling_columns(step, vocab_size, fresh)
@@ -103,24 +99,49 @@ def prepare_step(
     return assemble(tensors[: len(columns)]), assemble_sampling(tensors[len(columns) :])
 
 
-def input_columns(
-    step: StepInput, block_size: int, tile_block_m: int | None = None, lossy_cache: bool = False
-) -> tuple[list[tuple[Any, torch.dtype]], Callable[[list[torch.Tensor]], ModelInputs]]:
-    """The step's model inputs as host columns, and how their uploaded tensors make ModelInputs;
-    tile_block_m: a prefill step that runs in a step graph, whose tile table has these rows a tile;
-    lossy_cache (fp8): every prefill attends to its K/V as the cache stores them, as step graphs and
-    decodes read them, not to the step's unquantized K/V."""
+@dataclass
+class TokenLayout:
+    """A step's rows: per sequence its query and context lengths and their prefix sums, per token
+    its sequence and position."""
+
+    query_lens: np.ndarray
+    context_lens: np.ndarray
+    cu_q: np.ndarray
+    cu_k: np.ndarray
+    seq_of_token: np.ndarray
+    positions: np.ndarray
+
+
+def token_layout(step: StepInput) -> TokenLayout:
     query_lens = np.asarray(step.query_lens, dtype=np.int64)
     context_lens = np.asarray(step.context_lens, dtype=np.int64)
     cu_q = np.concatenate([[0], np.cumsum(query_lens)])
     cu_k = np.concatenate([[0], np.cumsum(context_lens)])
     seq_of_token = np.repeat(np.arange(len(query_lens)), query_lens)
     positions = np.arange(cu_q[-1]) - cu_q[seq_of_token] + (context_lens - query_lens)[seq_of_token]
+    return TokenLayout(query_lens, context_lens, cu_q, cu_k, seq_of_token, positions)
+
+
+def reads_cache(step: StepInput, lossy_cache: bool) -> bool:
+    """Whether a prefill step's attention reads K/V from the cache: some sequence has a cached
+    prefix, or (lossy_cache, fp8) every prefill attends to its K/V as the cache stores them, as
+    step graphs and decodes read them, not to the step's unquantized K/V."""
+    d = step.num_decodes
+    return step.is_prefill and (lossy_cache or step.query_lens[d:] != step.context_lens[d:])
+
+
+def input_columns(
+    step: StepInput, block_size: int, lossy_cache: bool = False
+) -> tuple[list[tuple[Any, torch.dtype]], Callable[[list[torch.Tensor]], ModelInputs]]:
+    """The step's model inputs as host columns, and how their uploaded tensors make ModelInputs
+    (an eager step; a captured one writes them into its graph's buffers, runner/graph_inputs.py)."""
+    layout = token_layout(step)
+    query_lens, context_lens, cu_q, cu_k = layout.query_lens, layout.context_lens, layout.cu_q, layout.cu_k
     tables = padded_tables(step.block_tables)
-    slots = slot_mapping(step, tables, seq_of_token, positions, block_size)
+    slots = slot_mapping(step, tables, layout.seq_of_token, layout.positions, block_size)
     last_rows = cu_q[np.asarray(step.sample_seq_indices, dtype=np.int64) + 1] - 1
     columns = [
-        (step.token_ids, torch.int64), (positions, torch.int64), (last_rows, torch.int64),
+        (step.token_ids, torch.int64), (layout.positions, torch.int64), (last_rows, torch.int64),
         (slots, torch.int64), (context_lens, torch.int32), (tables, torch.int32),
     ]  # fmt: skip
     d = step.num_decodes
@@ -128,18 +149,12 @@ def input_columns(
         columns += [(cu_q[d:] - cu_q[d], torch.int32), (cu_k[d:] - cu_k[d], torch.int32)]
     if step.prev_sample_rows is not None:
         columns.append((step.prev_sample_rows, torch.int64))
-    if tile_block_m is not None:
-        columns.append((prefill_tiles(query_lens, context_lens, d, tile_block_m), torch.int32))
-    samples, num_rows = step.sample_seq_indices, len(step.token_ids)
-    # row i samples (decode); the length test first keeps a long prefill from building the range
-    all_rows = len(samples) == num_rows and samples == list(range(num_rows))
-    reads_cache = step.is_prefill and (lossy_cache or step.query_lens[d:] != step.context_lens[d:])
+    all_rows = samples_every_row(step)
 
     def assemble(tensors: list[torch.Tensor]) -> ModelInputs:
         input_ids, positions_t, logits_indices, slots_t, context_t, tables_t, *rest = tensors
         cu_q_t, cu_k_t = rest[:2] if step.is_prefill else (None, None)
         rows = rest[2:] if step.is_prefill else rest
-        tiles = rows.pop() if tile_block_m is not None else None
         md = AttentionMetadata(
             is_prefill=step.is_prefill,
             slot_mapping=slots_t,
@@ -149,14 +164,21 @@ def input_columns(
             cu_seqlens_k=cu_k_t,
             max_seqlen_q=int(query_lens[d:].max()) if step.is_prefill else 1,
             max_seqlen_k=int(context_lens[d:].max()),
-            has_cached_prefix=reads_cache,
+            has_cached_prefix=reads_cache(step, lossy_cache),
             num_decodes=d,
             max_decode_seqlen_k=int(context_lens[:d].max()) if d else 0,
         )
         prev_rows = rows[0] if rows else None
-        return ModelInputs(input_ids, positions_t, md, logits_indices, prev_rows, all_rows, tiles)
+        return ModelInputs(input_ids, positions_t, md, logits_indices, prev_rows, all_rows)
 
     return columns, assemble
+
+
+def samples_every_row(step: StepInput) -> bool:
+    """Row i samples for every row i (a decode step): the logits of every row are needed."""
+    samples, num_rows = step.sample_seq_indices, step.num_tokens
+    # the length test first keeps a long prefill from building the range
+    return len(samples) == num_rows and samples == list(range(num_rows))
 
 
 def row_seeds(seeds: list[int | None], fresh: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
@@ -190,37 +212,54 @@ def prepare_sampling(
     return assemble(upload(columns, device))
 
 
-def sampling_columns(
+SAMPLING_FIELDS = {
+    "temperatures": torch.float32, "top_k": torch.int64, "top_p": torch.float32, "min_p": torch.float32,
+    "row_seeds": torch.int64,
+}  # fmt: skip
+
+
+def sampling_arrays(
     step: StepInput, vocab_size: int, fresh: Callable[[int], np.ndarray] | None = None
-) -> tuple[list[tuple[Any, torch.dtype]], Callable[[list[torch.Tensor]], SamplingTensors]]:
-    """prepare_sampling's host columns, and how their uploaded tensors make SamplingTensors."""
+) -> tuple[dict[str, Any], bool, bool]:
+    """The step's sampling parameters by SAMPLING_FIELDS name (the filters only where some row uses
+    one, the seeds only where some row samples at random), all_greedy and needs_filter."""
     all_greedy = all(t == 0 for t in step.temperatures)
     needs_filter = (
         any(k > 0 for k in step.top_k) or any(p < 1 for p in step.top_p) or any(p > 0 for p in step.min_p)
     )
-    columns = [(step.temperatures, torch.float32)]
+    arrays: dict[str, Any] = {"temperatures": step.temperatures}
     if needs_filter:
-        columns += [
-            ([k if k > 0 else vocab_size for k in step.top_k], torch.int64),
-            (step.top_p, torch.float32),
-            (step.min_p, torch.float32),
-        ]
+        arrays["top_k"] = [k if k > 0 else vocab_size for k in step.top_k]
+        arrays["top_p"], arrays["min_p"] = step.top_p, step.min_p
     if not all_greedy:
-        columns.append((row_seeds(step.seeds, fresh), torch.int64))
+        arrays["row_seeds"] = row_seeds(step.seeds, fresh)
+    return arrays, all_greedy, needs_filter
+
+
+def sampling_tensors(
+    step: StepInput, tensors: dict[str, torch.Tensor], all_greedy: bool, needs_filter: bool
+) -> SamplingTensors:
+    return SamplingTensors(
+        temperatures=tensors["temperatures"],
+        top_k=tensors["top_k"] if needs_filter else None,
+        top_p=tensors["top_p"] if needs_filter else None,
+        min_p=tensors["min_p"] if needs_filter else None,
+        seeds=list(step.seeds),
+        all_greedy=all_greedy,
+        needs_filter=needs_filter,
+        row_seeds=None if all_greedy else tensors["row_seeds"],
+    )
+
+
+def sampling_columns(
+    step: StepInput, vocab_size: int, fresh: Callable[[int], np.ndarray] | None = None
+) -> tuple[list[tuple[Any, torch.dtype]], Callable[[list[torch.Tensor]], SamplingTensors]]:
+    """prepare_sampling's host columns, and how their uploaded tensors make SamplingTensors."""
+    arrays, all_greedy, needs_filter = sampling_arrays(step, vocab_size, fresh)
+    names = list(arrays)
+    columns = [(arrays[name], SAMPLING_FIELDS[name]) for name in names]
 
     def assemble(tensors: list[torch.Tensor]) -> SamplingTensors:
-        temperatures, *rest = tensors
-        top_k, top_p, min_p = rest[:3] if needs_filter else (None, None, None)
-        seeds = rest[3:] if needs_filter else rest
-        return SamplingTensors(
-            temperatures=temperatures,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seeds=list(step.seeds),
-            all_greedy=all_greedy,
-            needs_filter=needs_filter,
-            row_seeds=seeds[0] if seeds else None,
-        )
+        return sampling_tensors(step, dict(zip(names, tensors)), all_greedy, needs_filter)
 
     return columns, assemble

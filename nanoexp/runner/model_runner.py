@@ -31,11 +31,12 @@ from nanoexp.runner.step_input import StepInput, blockless_prefill
 def substitute_tokens(
     input_ids: torch.Tensor, rows: torch.Tensor, prev_tokens: torch.Tensor, every_row: bool = False
 ) -> torch.Tensor:
-    """input_ids with each row r >= 0 of `rows` taken from prev_tokens[r], on the device;
-    every_row: the host knows every r is >= 0 (one gather instead of four ops)."""
+    """Each row of input_ids whose entry r in `rows` is >= 0 set to prev_tokens[r], in place (a
+    captured graph reads input_ids where they are), on the device; every_row: the host knows every
+    r is >= 0 (one gather instead of four ops). Returns input_ids."""
     if every_row:
-        return prev_tokens[rows]
-    return torch.where(rows >= 0, prev_tokens[rows.clamp(min=0)], input_ids)
+        return torch.index_select(prev_tokens, 0, rows, out=input_ids)
+    return torch.where(rows >= 0, prev_tokens[rows.clamp(min=0)], input_ids, out=input_ids)
 
 
 def exchange_winners(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -90,9 +91,14 @@ class ModelRunner:
     def model_head_dim(self) -> int:
         return attention_layers(self.model)[0].head_dim
 
-    def uses_step_graph(self, step: StepInput) -> bool:
-        graphs = self.step_graphs
-        return graphs is not None and step.is_prefill and step.num_tokens <= graphs.max_tokens
+    def graphs_for(self, step: StepInput) -> DecodeGraphs | StepGraphs | None:
+        """The captured graphs that run `step`, or None (an eager step)."""
+        if not self.graphs:
+            return None
+        if not step.is_prefill:
+            return self.graphs if step.num_tokens <= self.graphs.max_batch else None
+        step_graphs = self.step_graphs
+        return step_graphs if step_graphs is not None and step.num_tokens <= step_graphs.max_tokens else None
 
     def uses_graphs(self) -> bool:
         return self.device.type == "cuda" and not self.config.scheduler.enforce_eager
@@ -218,8 +224,7 @@ class ModelRunner:
         inputs, sampling = self.prepare(step)
         if step.prev_sample_rows is not None:
             every_row = all(row >= 0 for row in step.prev_sample_rows)
-            rows = inputs.prev_sample_rows
-            inputs.input_ids = substitute_tokens(inputs.input_ids, rows, prev_tokens, every_row)
+            substitute_tokens(inputs.input_ids, inputs.prev_sample_rows, prev_tokens, every_row)
         hidden = self.forward_hidden(step, inputs)
         if sampling is None:
             return torch.empty(0, dtype=torch.int64, device=self.device), True
@@ -232,13 +237,13 @@ class ModelRunner:
             return (None if logits is None else self.sampler(logits, sampling)), False
 
     def prepare(self, step: StepInput) -> tuple[ModelInputs, SamplingTensors | None]:
-        """The step's model inputs and, when it samples, its sampling tensors, in one upload."""
+        """The step's model inputs and, when it samples, its sampling tensors, in one upload (into
+        the static buffers of the graph that will run the step, where one does)."""
         fresh = self.fresh_seeds() if step.sample_seq_indices else None
-        tile_block_m = self.step_graphs.tile_block_m if self.uses_step_graph(step) else None
-        return prepare_step(
-            step, self.block_size, self.hf_config.vocab_size, self.device, fresh, tile_block_m,
-            self.config.cache.lossy,
-        )  # fmt: skip
+        vocab, graphs = self.hf_config.vocab_size, self.graphs_for(step)
+        if graphs is not None:
+            return graphs.prepare(step, self.block_size, vocab, fresh)
+        return prepare_step(step, self.block_size, vocab, self.device, fresh, self.config.cache.lossy)
 
     def fresh_seeds(self) -> Callable[[int], np.ndarray] | None:
         """The seeds of a step's unseeded rows: under TP keyed by the step count (the same on every
@@ -257,10 +262,8 @@ class ModelRunner:
 
     def forward_hidden(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor:
         """The last layer's hidden states, through a captured graph where the step fits one."""
-        if self.graphs and not step.is_prefill and step.num_tokens <= self.graphs.max_batch:
-            return self.graphs.replay(inputs)
-        if inputs.prefill_tiles is not None:
-            return self.step_graphs.replay(inputs)
+        if inputs.graph_key is not None:
+            return self.graphs_for(step).replay(inputs)
         with use_compiled(self.uses_graphs()):
             return self.model(inputs.input_ids, inputs.positions, inputs.md)
 
