@@ -164,11 +164,16 @@ def sampled_step(rng: random.Random, block_size: int, is_prefill: bool, max_seqs
     )  # fmt: skip
 
 
-def test_graph_inputs_equal_the_eager_upload_and_pad_the_graph():
+@pytest.mark.parametrize("python_tokens", [0, 64, 10**6], ids=["numpy", "both", "python"])
+def test_graph_inputs_equal_the_eager_upload_and_pad_the_graph(monkeypatch, python_tokens):
     """A graph's static buffers, written through a pinned mirror ring whose buffers held other
-    sizes' layouts, hold what the eager upload gives, and padding that stores and reads nothing."""
+    sizes' layouts, hold what the eager upload gives, and padding that stores and reads nothing;
+    whether a step is laid out by numpy or by a Python loop."""
     from nanoexp.kernels.prefill_tiles import prefill_tiles
+    from nanoexp.runner import graph_inputs
     from nanoexp.runner.cuda_graphs import DecodeGraphs, StepGraphs
+
+    monkeypatch.setattr(graph_inputs, "PYTHON_TOKENS", python_tokens)
 
     cpu, block_size, vocab = torch.device("cpu"), 16, 1000
     decode = DecodeGraphs(None, 8, max_num_seqs=20, max_blocks_per_seq=13, dtype=torch.float32, device=cpu)

@@ -101,9 +101,12 @@ def prompt_sizes(size: str) -> list[int]:
     return [int(length)] * int(count or 1)
 
 
-def prefill_step_times(llm: LLM, size: str, repeats: int, decodes: int, salt: int) -> list[float]:
-    """StepStats.step_time_s of the prefill steps that admit the `size` requests, with `decodes`
-    long requests running beside them."""
+def prefill_step_times(
+    llm: LLM, size: str, repeats: int, decodes: int, salt: int, output_len: int = 1
+) -> list[float]:
+    """StepStats.step_time_s of the prefill steps that admit the `size` requests (of `output_len`
+    tokens each: beyond 1 their next step is enqueued before the prefill's tokens are read back, as
+    in an online job), with `decodes` long requests running beside them."""
     engine, times = llm.engine, []
     background = SamplingParams(max_tokens=3000, ignore_eos=True)
     for i in range(decodes):
@@ -114,13 +117,15 @@ def prefill_step_times(llm: LLM, size: str, repeats: int, decodes: int, salt: in
         engine.step()
     for r in range(repeats):
         for i, length in enumerate(prompt_sizes(size)):
-            one_token = SamplingParams(max_tokens=1, ignore_eos=True)
-            engine.add_request(prompt(length, salt + 100 * r + i), one_token)
+            params = SamplingParams(max_tokens=output_len, ignore_eos=True)
+            engine.add_request(prompt(length, salt + 100 * r + i), params)
         for _ in range(8):
             _, stats = engine.step()
             if stats.phase == "prefill" or getattr(stats, "num_prefill_tokens", 0):
                 times.append(stats.step_time_s)
                 break
+        while engine.has_unfinished() and not decodes:
+            engine.step()
         engine.step()
     engine.abort_all()
     while engine.has_unfinished():
@@ -158,6 +163,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--kwargs", default="{}", help="extra LLM kwargs as JSON")
+    parser.add_argument("--output-len", type=int, default=1, help="of the prompts timed alone")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
@@ -183,7 +189,8 @@ def main() -> None:
     for decodes in (0, args.decodes):
         for size in sizes:
             salt = sum(prompt_sizes(size)) + decodes
-            times = prefill_step_times(llm, size, args.repeats, decodes, salt)
+            output_len = 1 if decodes else args.output_len
+            times = prefill_step_times(llm, size, args.repeats, decodes, salt, output_len)
             med = statistics.median(times) * 1e3
             rows.append((decodes, size, med, min(times) * 1e3, max(times) * 1e3))
             print(
@@ -206,9 +213,9 @@ def main() -> None:
     for size in sizes:
         PHASES.clear()
         n = args.repeats
-        prefill_step_times(llm, size, n, 0, salt=sum(prompt_sizes(size)) + 77)
+        prefill_step_times(llm, size, n, 0, sum(prompt_sizes(size)) + 77, args.output_len)
         print(
-            f"host phases, prefill {size} alone (mean per step, ms): "
+            f"host phases, prefill {size} alone, {args.output_len} output tokens (mean per prompt, ms): "
             + ", ".join(f"{k} {v / n * 1e3:.2f}" for k, v in PHASES.items()),
             flush=True,
         )

@@ -48,7 +48,7 @@ for part in $parts; do
                  logger=none hydra.run.dir=/tmp/latency_$(basename "$tree") 2>&1 | grep -iE "tpot|latency|duration" | head -6)
                echo "^ $(basename "$tree")"
              done | tee "$OUT/latency.log" ;;
-    lone) for tree in "$BASE" "$here"; do
+    lone) for tree in ${LONE_TREES:-"$BASE" "$here"}; do
             (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 200 python3 run.py -m "${SWEEP[@]}" \
               workload.num_requests=48 workload.input_len=16,512 workload.output_len=4 workload.request_rate=8 \
               hydra.sweep.dir=/tmp/lone_$(basename "$tree") 'hydra.sweep.subdir=${hydra.job.num}' > /dev/null 2>&1)
@@ -59,8 +59,9 @@ for path in sorted(glob.glob(sys.argv[1] + "/*/steps.csv")):
     kind = lambda r: "prefill-only" if int(float(r["num_decode_tokens"])) == 0 else "decode" if int(float(r["num_prefill_tokens"])) == 0 else "mixed"
     for name in ("prefill-only", "mixed", "decode"):
         times = [float(r["step_time_ms"]) for r in rows if kind(r) == name]
-        if times:
-            print(f"{path}: {name} steps median {statistics.median(times):.2f} ms (n={len(times)})")
+        if len(times) > 1:
+            q1, med, q3 = statistics.quantiles(times, n=4)
+            print(f"{path}: {name} steps median {med:.2f} ms (quartiles {q1:.2f}, {q3:.2f}; n={len(times)})")
 PY
             echo "^ $(basename "$tree")"
           done | tee "$OUT/lone.log" ;;
