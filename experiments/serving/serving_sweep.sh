@@ -7,7 +7,7 @@
 # tests runs TESTS (a pytest -m expression, default gpu_quick; TESTS_TIMEOUT seconds, default 240); bench starts each checkout with cold caches;
 # latency is batch-1 TPOT of BASE and this checkout; trace is a profiled sweep (profile=all) whose Chrome
 # traces are checked for a decode-graph replay and a prefill step's kernels; lone is an online job of lone
-# 16- and 512-token prompts at 8 req/s from BASE and this checkout, the medians of its steps.csv by step kind.
+# 16- and 512-token prompts at 8 req/s from BASE and this checkout (LONE_TREES), its step_medians.
 # `base DIR`-style parts run the same sweep from another checkout: BASE=dir.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -22,6 +22,27 @@ parts="${*:-tests profile sweep}"
 # A job's printed summary (from its header line to the end), or its last lines when it printed none
 summary_or_tail() { awk '/^nanoexp \|/ { on = 1 } on { print } { last[NR % 12] = $0 }
   END { if (!on) for (i = NR - 11; i <= NR; i++) if (i > 0) print last[i % 12] }'; }
+# Each job's step times from its steps.csv: medians and quartiles by step kind (prefill-only, mixed,
+# decode), and of prefill-only steps by their most common prefill token counts
+step_medians() { python3 - "$1" <<'PY'
+import collections, csv, glob, statistics, sys
+def show(label, times):
+    if len(times) > 1:
+        q1, med, q3 = statistics.quantiles(times, n=4)
+        print(f"  {label}: median {med:.2f} ms (quartiles {q1:.2f}, {q3:.2f}; n={len(times)})")
+for path in sorted(glob.glob(sys.argv[1] + "/*/steps.csv")):
+    rows = list(csv.DictReader(open(path)))
+    prefill, decode = (lambda r: int(float(r["num_prefill_tokens"]))), (lambda r: int(float(r["num_decode_tokens"])))
+    kind = lambda r: "prefill-only" if decode(r) == 0 else "decode" if prefill(r) == 0 else "mixed"
+    print(path)
+    for name in ("prefill-only", "mixed", "decode"):
+        show(f"{name} steps", [float(r["step_time_ms"]) for r in rows if kind(r) == name])
+    counts = collections.Counter(prefill(r) for r in rows if kind(r) == "prefill-only")
+    for tokens, _ in counts.most_common(3):
+        show(f"prefill-only steps of {tokens} tokens",
+             [float(r["step_time_ms"]) for r in rows if kind(r) == "prefill-only" and prefill(r) == tokens])
+PY
+}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
 for part in $parts; do
   case "$part" in
@@ -31,6 +52,7 @@ for part in $parts; do
     sweep) timeout 420 python3 run.py -m "${SWEEP[@]}" scheduler.batching=${BATCHING:-prefill_first,mixed} \
              hydra.sweep.dir=/tmp/sweep 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/sweep.log" 2>&1
            tail -5 "$OUT/sweep.log"; cat /tmp/sweep/sweep_summary.md 2>/dev/null | head -30
+           step_medians /tmp/sweep | tee "$OUT/sweep_steps.log"
            tar czf "$OUT/sweep.tgz" -C /tmp sweep ;;
     base) (cd "$BASE" && PYTHONPATH="/tmp/site:$BASE" timeout 300 python3 run.py -m "${SWEEP[@]}" \
              hydra.sweep.dir=/tmp/base 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/base.log" 2>&1)
@@ -52,17 +74,7 @@ for part in $parts; do
             (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 200 python3 run.py -m "${SWEEP[@]}" \
               workload.num_requests=48 workload.input_len=16,512 workload.output_len=4 workload.request_rate=8 \
               hydra.sweep.dir=/tmp/lone_$(basename "$tree") 'hydra.sweep.subdir=${hydra.job.num}' > /dev/null 2>&1)
-            python3 - "/tmp/lone_$(basename "$tree")" <<'PY'
-import csv, glob, statistics, sys
-for path in sorted(glob.glob(sys.argv[1] + "/*/steps.csv")):
-    rows = list(csv.DictReader(open(path)))
-    kind = lambda r: "prefill-only" if int(float(r["num_decode_tokens"])) == 0 else "decode" if int(float(r["num_prefill_tokens"])) == 0 else "mixed"
-    for name in ("prefill-only", "mixed", "decode"):
-        times = [float(r["step_time_ms"]) for r in rows if kind(r) == name]
-        if len(times) > 1:
-            q1, med, q3 = statistics.quantiles(times, n=4)
-            print(f"{path}: {name} steps median {med:.2f} ms (quartiles {q1:.2f}, {q3:.2f}; n={len(times)})")
-PY
+            step_medians "/tmp/lone_$(basename "$tree")"
             echo "^ $(basename "$tree")"
           done | tee "$OUT/lone.log" ;;
     trace) timeout 240 python3 run.py -m "${SWEEP[@]}" workload.num_requests=64 workload.request_rate=32,inf \
