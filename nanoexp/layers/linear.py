@@ -21,8 +21,7 @@ def rows(loaded, start: int, size: int, dim: int = 0) -> torch.Tensor:
 
 
 def divide(total: int, parts: int) -> int:
-    """Each rank's share; the model's sizes passed `nanoexp.config.parallel.check_split` before it
-    was built, so a remainder here is a bug."""
+    """Each rank's share; the sizes passed `config.parallel.check_split`, so a remainder is a bug."""
     assert total % parts == 0, f"{total} does not split {parts} ways"
     return total // parts
 

@@ -50,18 +50,16 @@ class Qwen3Attention(nn.Module):
         norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else None
         out = self.attn.forward_qkv(qkv, positions, self.rotary_emb.cos_sin, norm, md)
         if out is None:
-            out = self.attn(*self.norm_rope(positions, qkv), md)
+            out = self.attn(*self.norm_rope(positions, qkv, norm), md)
         return self.o_proj(out.flatten(1))
 
-    def norm_rope(self, positions: torch.Tensor, qkv: torch.Tensor):
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if not self.qk_norm:
+    def norm_rope(self, positions: torch.Tensor, qkv: torch.Tensor, norm: tuple | None):
+        """(q, k, v) as [tokens, heads, head_dim], q and k normed (`norm`: q/k weights, eps) and rotated."""
+        sizes = [self.q_size, self.kv_size, self.kv_size]
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in qkv.split(sizes, dim=-1))
+        if norm is None:
             return (*self.rotary_emb(positions, q, k), v)
-        weights = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
-        return (*qk_norm_rope(positions, q, k, *weights, self.rotary_emb.cos_sin), v)
+        return (*qk_norm_rope(positions, q, k, *norm, self.rotary_emb.cos_sin), v)
 
 
 class Qwen3MLP(nn.Module):
@@ -127,12 +125,9 @@ class Qwen3Model(nn.Module):
 class Qwen3ForCausalLM(nn.Module):
     qk_norm = True
     packed_modules_mapping = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }  # fmt: skip
 
     def __init__(self, config: PretrainedConfig, max_position: int):
         super().__init__()
