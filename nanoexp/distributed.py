@@ -24,10 +24,7 @@ def init_all_reduce(
     """Installs this rank's all-reduce for `parallel.all_reduce=choice` (a collective call: every rank,
     after init_process_group, before CUDA-graph capture). A no-op returning None without TP."""
     global _all_reduce
-    if tp_size() == 1:
-        _all_reduce = None
-        return None
-    _all_reduce = setup_all_reduce(choice, None, device, dtype, max_bytes)
+    _all_reduce = setup_all_reduce(choice, None, device, dtype, max_bytes) if tp_size() > 1 else None
     return _all_reduce
 
 

@@ -29,10 +29,8 @@ def resolve_model_dir(model: str) -> str:
 
         return snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
     except Exception as err:  # noqa: BLE001 - any hub failure means "not available"
-        raise FileNotFoundError(
-            f"model={model!r} is neither a local checkpoint directory nor a reachable hub id "
-            f"({err.__class__.__name__})"
-        ) from None
+        raise FileNotFoundError(f"model={model!r} is neither a local checkpoint directory nor a reachable "
+                                f"hub id ({err.__class__.__name__})") from None  # fmt: skip
 
 
 def load_hf_config(model: str, overrides: dict | None) -> PretrainedConfig:
@@ -83,10 +81,8 @@ def load_tokenizer(path: str):
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as err:  # noqa: BLE001 - any failure of the tokenizer's files, named
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise CheckpointError(
-            f"{path}: the tokenizer cannot be loaded ({type(err).__name__}: {reason})"
-        ) from None
+        reason = f"{type(err).__name__}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}"
+        raise CheckpointError(f"{path}: the tokenizer cannot be loaded ({reason})") from None
 
 
 def load_safetensors(model: nn.Module, path: str) -> None:
@@ -116,14 +112,11 @@ def load_file(model: nn.Module, params: dict, packed: dict, file: str, seen: dic
                     unused.append(name)
     except (SafetensorError, OSError) as err:
         reason = " ".join(str(err).split())
-        raise CheckpointError(
-            f"checkpoint file {file} is unreadable (truncated or corrupt?): {reason}"
-        ) from None
+        raise CheckpointError(f"checkpoint file {file} is unreadable (truncated or corrupt?): "
+                              f"{reason}") from None  # fmt: skip
     if unused:
-        raise CheckpointError(
-            f"checkpoint file {file} has {len(unused)} tensor(s) the model built from config.json "
-            f"does not have, e.g. {sorted(unused)[:3]}"
-        )
+        raise CheckpointError(f"checkpoint file {file} has {len(unused)} tensor(s) the model built from "
+                              f"config.json does not have, e.g. {sorted(unused)[:3]}")  # fmt: skip
     return loaded
 
 
@@ -134,10 +127,8 @@ def check_tensor(name: str, tensor, file: str, seen: dict[str, str]):
     seen[name] = file
     dtype = tensor.get_dtype()
     if dtype not in WEIGHT_DTYPES:
-        raise CheckpointError(
-            f"checkpoint tensor {name} in {file} has dtype {dtype}; "
-            f"weights are one of {', '.join(WEIGHT_DTYPES)}"
-        )
+        raise CheckpointError(f"checkpoint tensor {name} in {file} has dtype {dtype}; "
+                              f"weights are one of {', '.join(WEIGHT_DTYPES)}")  # fmt: skip
     return tensor
 
 
@@ -154,10 +145,8 @@ def load_one(model: nn.Module, params: dict, packed: dict, name: str, tensor, fi
     param = params[target]
     expected = checkpoint_shape(model.get_submodule(target.rpartition(".")[0]), param, shard_id)
     if shape_of(tensor) != expected:
-        raise CheckpointError(
-            f"checkpoint tensor {name} in {file} has shape {shape_of(tensor)}, but the model built from "
-            f"config.json needs {expected}"
-        )
+        raise CheckpointError(f"checkpoint tensor {name} in {file} has shape {shape_of(tensor)}, but the "
+                              f"model built from config.json needs {expected}")  # fmt: skip
     loader = getattr(param, "weight_loader", None)
     if shard_id is not None:
         loader(param, tensor, shard_id)

@@ -1,8 +1,6 @@
-"""Hydra-free settings, one dataclass per concern; each holds its defaults and checks its fields.
-
-Every layer may import these; they import no other layer. The experiment layer registers the
-same classes as Hydra config groups, and `LLM(model, **kwargs)` maps its flat keywords onto them.
-"""
+"""Hydra-free settings, one dataclass per concern; each holds its defaults and checks its fields. Every
+layer may import these; they import no other layer. The experiment layer registers the same classes as
+Hydra config groups, and `LLM(model, **kwargs)` maps its flat keywords onto them."""
 
 from nanoexp.config.cache import CacheConfig
 from nanoexp.config.checks import KnobError
@@ -13,13 +11,5 @@ from nanoexp.config.parallel import ParallelConfig
 from nanoexp.config.sampling import SamplingParams
 from nanoexp.config.scheduler import SchedulerConfig
 
-__all__ = [
-    "CacheConfig",
-    "EngineConfig",
-    "ExecutionConfig",
-    "KnobError",
-    "ModelConfig",
-    "ParallelConfig",
-    "SamplingParams",
-    "SchedulerConfig",
-]
+__all__ = ["CacheConfig", "EngineConfig", "ExecutionConfig", "KnobError", "ModelConfig", "ParallelConfig",
+           "SamplingParams", "SchedulerConfig"]  # fmt: skip

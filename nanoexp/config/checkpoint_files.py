@@ -23,10 +23,8 @@ def regular_file(path: str, checkpoint_dir: str) -> str:
     except OSError as err:
         raise CheckpointError(f"checkpoint file {path} cannot be read: {err.strerror or err}") from None
     if not stat.S_ISREG(mode):
-        raise CheckpointError(
-            f"checkpoint file {path} is not a regular file (a FIFO, device or directory); "
-            "a checkpoint holds regular files only"
-        )
+        raise CheckpointError(f"checkpoint file {path} is not a regular file (a FIFO, device or directory); "
+                              "a checkpoint holds regular files only")  # fmt: skip
     real = os.path.realpath(path)
     if not any(os.path.commonpath([real, root]) == root for root in _roots(checkpoint_dir)):
         raise CheckpointError(f"checkpoint file {path} links to {real}, outside the checkpoint directory")
@@ -41,24 +39,19 @@ def _roots(checkpoint_dir: str) -> list[str]:
     return roots
 
 
-def read_json(path: str, checkpoint_dir: str) -> object:
-    """A JSON side file of the checkpoint; errors name the file, the line and the column."""
+def json_object(path: str, checkpoint_dir: str) -> dict:
+    """A JSON side file of the checkpoint holding an object; errors name the file, the line and the column."""
     regular_file(path, checkpoint_dir)
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            data = json.load(f)
     except json.JSONDecodeError as err:
-        raise CheckpointError(
-            f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
-        ) from None
+        msg = f"{err.msg} at line {err.lineno} column {err.colno}"
+        raise CheckpointError(f"{path}: not valid JSON ({msg})") from None
     except UnicodeDecodeError as err:
         raise CheckpointError(f"{path}: not UTF-8 text (byte {err.start})") from None
     except RecursionError:
         raise CheckpointError(f"{path}: JSON nested too deeply") from None
-
-
-def json_object(path: str, checkpoint_dir: str) -> dict:
-    data = read_json(path, checkpoint_dir)
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: must hold a JSON object, got {type(data).__name__}")
     return data
@@ -81,7 +74,6 @@ def _weight_map(index: str, checkpoint_dir: str) -> dict[str, str]:
     for tensor, name in weight_map.items():
         parts = name.replace("\\", "/").split("/")
         if os.path.isabs(name) or ".." in parts or not name:
-            raise CheckpointError(
-                f"{index}: weight_map[{tensor!r}] = {name!r} points outside the checkpoint directory"
-            )
+            where = f"{index}: weight_map[{tensor!r}] = {name!r}"
+            raise CheckpointError(f"{where} points outside the checkpoint directory")
     return weight_map

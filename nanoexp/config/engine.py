@@ -12,29 +12,17 @@ from nanoexp.config.model import ModelConfig
 from nanoexp.config.parallel import ParallelConfig
 from nanoexp.config.scheduler import SchedulerConfig
 
-SECTIONS = {
-    "model": ModelConfig,
-    "cache": CacheConfig,
-    "scheduler": SchedulerConfig,
-    "parallel": ParallelConfig,
-    "execution": ExecutionConfig,
-}
+SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
+            "parallel": ParallelConfig, "execution": ExecutionConfig}  # fmt: skip
 # flat keyword -> field, where vLLM's keyword differs from the field's name
-RENAMED = {
-    "kvcache_block_size": ("cache", "block_size"),
-    "num_kvcache_blocks": ("cache", "num_blocks"),
-    "hf_config": ("model", "arch"),
-}
+RENAMED = {"kvcache_block_size": ("cache", "block_size"), "num_kvcache_blocks": ("cache", "num_blocks"),
+           "hf_config": ("model", "arch")}  # fmt: skip
 
 
 def flat_keywords() -> dict[str, tuple[str, str]]:
     """Every keyword `LLM(model, **kwargs)` accepts, and the field it sets."""
-    keywords = {
-        f.name: (section, f.name)
-        for section, cls in SECTIONS.items()
-        for f in fields(cls)
-        if section != "model" or f.name != "path"
-    }
+    keywords = {f.name: (section, f.name) for section, cls in SECTIONS.items() for f in fields(cls)
+                if section != "model" or f.name != "path"}  # fmt: skip
     for keyword, target in RENAMED.items():
         keywords.pop(target[1], None)
         keywords[keyword] = target

@@ -29,24 +29,21 @@ class ParallelConfig:
         boolean("parallel.sharded_sampling", self.sharded_sampling)
 
 
-def kv_heads_fit(num_kv_heads: int, size: int) -> bool:
-    """KV heads are split evenly, or replicated when the ranks are a multiple of them."""
-    return num_kv_heads % size == 0 or size % num_kv_heads == 0
-
-
-def fits(arch: Mapping[str, Any], size: int) -> bool:
-    heads, inter = arch["num_attention_heads"], arch["intermediate_size"]
-    return heads % size == 0 and inter % size == 0 and kv_heads_fit(arch["num_key_value_heads"], size)
+def unsplit_dim(arch: Mapping[str, Any], size: int) -> str | None:
+    """The first dimension `size` ranks cannot split, or None; KV heads split evenly, or are replicated
+    when the ranks are a multiple of them."""
+    for dim in ("num_attention_heads", "intermediate_size", "num_key_value_heads"):
+        n = arch[dim]
+        if n % size and not (dim == "num_key_value_heads" and size % n == 0):
+            return dim
+    return None
 
 
 def check_split(arch: Mapping[str, Any], size: int) -> None:
     """Raises naming the first dimension that `size` ranks cannot split, and the sizes that can."""
-    if fits(arch, size):
+    dim = unsplit_dim(arch, size)
+    if dim is None:
         return
-    allowed = [d for d in range(1, arch["num_attention_heads"] + 1) if fits(arch, d)]
+    allowed = [d for d in range(1, arch["num_attention_heads"] + 1) if unsplit_dim(arch, d) is None]
     sizes = f"one of {', '.join(map(str, allowed))}"
-    for dim in ("num_attention_heads", "intermediate_size", "num_key_value_heads"):
-        n = arch[dim]
-        if n % size and not (dim == "num_key_value_heads" and kv_heads_fit(n, size)):
-            raise KnobError("parallel.tensor_parallel_size", size, f"{sizes} ({dim}={n} is not divisible)")
-    raise KnobError("parallel.tensor_parallel_size", size, sizes)
+    raise KnobError("parallel.tensor_parallel_size", size, f"{sizes} ({dim}={arch[dim]} is not divisible)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanoexp.config.checks import MAX_INT64, KnobError, is_int, number
+from nanoexp.config.checks import MAX_INT64, KnobError, is_int, is_number
 
 
 @dataclass(frozen=True)
@@ -21,26 +21,23 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        self._number("temperature", lambda t: t >= 0, ">= 0 (0 = greedy)")
-        self._integer("top_k", lambda k: k == -1 or k >= 1, "-1 (off) or an integer >= 1")
-        self._number("top_p", lambda p: 0 < p <= 1, "a number in (0, 1]")
-        self._number("min_p", lambda p: 0 <= p <= 1, "a number in [0, 1]")
-        self._integer("max_tokens", lambda n: n >= 1, "an integer >= 1")
+        self._check("temperature", float, lambda t: t >= 0, ">= 0 (0 = greedy)")
+        self._check("top_k", int, lambda k: k == -1 or k >= 1, "-1 (off) or an integer >= 1")
+        self._check("top_p", float, lambda p: 0 < p <= 1, "a number in (0, 1]")
+        self._check("min_p", float, lambda p: 0 <= p <= 1, "a number in [0, 1]")
+        self._check("max_tokens", int, lambda n: n >= 1, "an integer >= 1")
         if not isinstance(self.ignore_eos, bool):
             raise KnobError("SamplingParams.ignore_eos", self.ignore_eos, "True or False")
         if self.seed is not None:
-            self._integer("seed", lambda s: 0 <= s <= MAX_INT64, f"None or an integer in [0, {MAX_INT64}]")
+            self._check("seed", int, lambda s: 0 <= s <= MAX_INT64, f"None or an integer in [0, {MAX_INT64}]")
         self._stop_tokens()
 
-    def _number(self, name: str, ok, allowed: str) -> None:
-        number(f"SamplingParams.{name}", getattr(self, name), ok, allowed)
-        object.__setattr__(self, name, float(getattr(self, name)))
-
-    def _integer(self, name: str, ok, allowed: str) -> None:
+    def _check(self, name: str, cast: type, ok, allowed: str) -> None:
+        """Stores the field as a plain `cast` (a finite number for float, an integer for int)."""
         value = getattr(self, name)
-        if not (is_int(value) and ok(value)):
+        if not ((is_number(value) if cast is float else is_int(value)) and ok(value)):
             raise KnobError(f"SamplingParams.{name}", value, allowed)
-        object.__setattr__(self, name, int(value))
+        object.__setattr__(self, name, cast(value))
 
     def _stop_tokens(self) -> None:
         ids = self.stop_token_ids

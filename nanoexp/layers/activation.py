@@ -16,8 +16,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 class SiluAndMul(nn.Module):
-    """`kernel` (bound by `bind_activation_kernel`) takes 2-D inputs on its device; anything else,
-    and every input where none is bound, takes the torch op."""
+    """`kernel` (bound by `bind_activation_kernel`) takes 2-D inputs; the rest take the torch op."""
 
     kernel: Callable[[torch.Tensor], torch.Tensor] | None = None
 

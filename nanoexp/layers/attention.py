@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
 
@@ -22,18 +22,16 @@ class Attention(nn.Module):
         self.k_scale = torch.ones(1, dtype=torch.float32)
         self.v_scale = torch.ones(1, dtype=torch.float32)
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, md: AttentionMetadata) -> Tensor:
         if self.k_cache.numel():  # no cache before it is sized (memory profiling): store nothing
             scales = self.k_scale, self.v_scale
             self.backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping, *scales)
         return self._attend(q, k, v, md)
 
     def forward_qkv(
-        self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None, md: AttentionMetadata,
-    ) -> torch.Tensor | None:  # fmt: skip
+        self, qkv: Tensor, positions: Tensor, cos_sin: Tensor,
+        qk_norm: tuple[Tensor, Tensor, float] | None, md: AttentionMetadata,
+    ) -> Tensor | None:  # fmt: skip
         """From the fused qkv projection: q/k norm + RoPE + K/V store in one backend op, then
         attention; None when the backend has no such op (the caller runs the unfused path)."""
         if not self.k_cache.numel():  # memory profiling and fp8 calibration take the unfused path
@@ -50,7 +48,7 @@ class Attention(nn.Module):
         v = qkv[:, qkv.shape[1] - self.num_kv_heads * self.head_dim :]
         return self._attend(q, k, v.view(-1, self.num_kv_heads, self.head_dim), md)
 
-    def _attend(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
+    def _attend(self, q, k, v, md: AttentionMetadata) -> Tensor:
         backend, k_scale, v_scale = self.backend, self.k_scale, self.v_scale
         if md.is_prefill and md.num_decodes:
             return backend.mixed(q, k, v, self.k_cache, self.v_cache, md, self.scale, k_scale, v_scale)

@@ -1,8 +1,6 @@
-"""Small elementwise ops (norms, RoPE, SwiGLU, sampling) run as `torch.compile`d kernels on GPUs.
-
-Each op is a plain function; `compilable` routes calls to a `torch.compile`d copy while
-`use_compiled(True)` is active (the runner turns it on for CUDA-graph capture and sampling), and
-to the plain function otherwise (CPU, eager mode, prefill)."""
+"""Small elementwise ops (norms, RoPE, SwiGLU, sampling) as plain functions; `compilable` routes calls to
+a `torch.compile`d copy while `use_compiled(True)` is active (the runner turns it on for CUDA-graph capture
+and sampling), and to the plain function otherwise (CPU, eager mode, prefill)."""
 
 from __future__ import annotations
 

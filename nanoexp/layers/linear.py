@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from nanoexp.distributed import all_reduce, tp_rank, tp_size
 from nanoexp.kernels.gemm_select import NormFirst, SkinnyGemm
@@ -12,17 +12,16 @@ from nanoexp.kernels.gemm_select import NormFirst, SkinnyGemm
 
 def shape_of(loaded) -> list[int]:
     """Shape of a tensor or of a lazily read safetensors slice."""
-    return list(loaded.shape) if isinstance(loaded, torch.Tensor) else loaded.get_shape()
+    return list(loaded.shape) if isinstance(loaded, Tensor) else loaded.get_shape()
 
 
-def rows(loaded, start: int, size: int, dim: int = 0) -> torch.Tensor:
+def rows(loaded, start: int, size: int, dim: int = 0) -> Tensor:
     """Reads only [start, start + size) along `dim` (a lazy slice reads just those bytes)."""
     return loaded[(slice(None),) * dim + (slice(start, start + size),)]
 
 
 def divide(total: int, parts: int) -> int:
-    """Each rank's share; the model's sizes passed `nanoexp.config.parallel.check_split` before it
-    was built, so a remainder here is a bug."""
+    """Each rank's share; the sizes passed `config.parallel.check_split`, so a remainder is a bug."""
     assert total % parts == 0, f"{total} does not split {parts} ways"
     return total // parts
 
@@ -43,7 +42,7 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def shard_of(self, loaded, dim: int) -> torch.Tensor:
+    def shard_of(self, loaded, dim: int) -> Tensor:
         size = shape_of(loaded)[dim] // self.tp_size
         return rows(loaded, self.tp_rank * size, size, dim)
 
@@ -53,18 +52,17 @@ class LinearBase(nn.Module):
         else:
             param.data.copy_(loaded[:])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         return self.linear(x, self.bias)
 
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
         if self.skinny is not None and self.skinny.applies(x, self.weight):
             return self.skinny(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
 
     def norm_linear(
-        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-        gated: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
+        self, x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, gated: bool = False
+    ) -> tuple[Tensor, Tensor] | None:
         """(self(RMSNorm(x + residual)), x + residual) in one skinny-GEMM kernel, gated: with
         silu(gate) * up as its epilogue; None where that path does not apply."""
         usable = self.skinny is not None and self.skinny.applies(x, self.weight)
@@ -126,7 +124,7 @@ class RowParallelLinear(LinearBase):
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(divide(in_features, tp_size()), out_features, bias, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         bias = self.bias if self.tp_rank == 0 else None
         return all_reduce(self.linear(x, bias))
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from nanoexp.layers.compiled import compilable
 
 
-def rms_norm_uncompiled(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_uncompiled(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -18,9 +18,7 @@ rms_norm = compilable(rms_norm_uncompiled)
 
 
 @compilable
-def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     summed = x.float() + residual.float()
     normed = summed * torch.rsqrt(summed.pow(2).mean(dim=-1, keepdim=True) + eps)
     return weight * normed.to(x.dtype), summed.to(x.dtype)
@@ -32,9 +30,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
 
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Without residual: norm(x). With residual: (norm(x + residual), x + residual)."""
         if residual is None:
             return rms_norm(x, self.weight, self.eps)

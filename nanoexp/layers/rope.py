@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from nanoexp.layers.compiled import compilable
 from nanoexp.layers.norm import rms_norm_uncompiled
@@ -17,15 +17,11 @@ class RotaryEmbedding(nn.Module):
         cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
         self.register_buffer("cos_sin", cos_sin, persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return apply_rope(positions, q, k, self.cos_sin)
 
 
-def apply_rope_uncompiled(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope_uncompiled(positions: Tensor, q: Tensor, k: Tensor, cos_sin: Tensor) -> tuple[Tensor, Tensor]:
     cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
     return rotate(q, cos, sin), rotate(k, cos, sin)
 
@@ -35,14 +31,13 @@ apply_rope = compilable(apply_rope_uncompiled)
 
 @compilable
 def qk_norm_rope(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
-    k_weight: torch.Tensor, eps: float, cos_sin: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    positions: Tensor, q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, cos_sin: Tensor
+) -> tuple[Tensor, Tensor]:
     """Per-head RMSNorm of q and k, then RoPE (Qwen3), as one op."""
     q, k = rms_norm_uncompiled(q, q_weight, eps), rms_norm_uncompiled(k, k_weight, eps)
     return apply_rope_uncompiled(positions, q, k, cos_sin)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from nanoexp.layers.compiled import compilable
 
@@ -14,15 +14,15 @@ from nanoexp.layers.compiled import compilable
 class SamplingTensors:
     """One row per sequence that samples this step."""
 
-    temperatures: torch.Tensor  # float32 [n]; 0 = greedy
+    temperatures: Tensor  # float32 [n]; 0 = greedy
     # the filters, None unless some row uses one (needs_filter)
-    top_k: torch.Tensor | None  # int64 [n]; vocab size when off
-    top_p: torch.Tensor | None  # float32 [n]
-    min_p: torch.Tensor | None  # float32 [n]
+    top_k: Tensor | None  # int64 [n]; vocab size when off
+    top_p: Tensor | None  # float32 [n]
+    min_p: Tensor | None  # float32 [n]
     seeds: list[int | None]  # per-row seed mixed with the row's output position, or None
     all_greedy: bool
     needs_filter: bool  # some row uses top-k, top-p or min-p
-    row_seeds: torch.Tensor | None = None  # int64 [n]: the seed, or a fresh random one (one-pass kernel)
+    row_seeds: Tensor | None = None  # int64 [n]: the seed, or a fresh random one (one-pass kernel)
 
 
 class Sampler(nn.Module):
@@ -42,16 +42,14 @@ class Sampler(nn.Module):
     def can_shard(self, st: SamplingTensors) -> bool:
         return st.all_greedy or (self.one_pass and not st.needs_filter and st.row_seeds is not None)
 
-    def shard_winners(
-        self, logits, st: SamplingTensors, vocab_offset: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def shard_winners(self, logits, st: SamplingTensors, vocab_offset: int) -> tuple[Tensor, Tensor]:
         """Per row of this shard's logits: the winner's score (float32) and its token id."""
         if st.all_greedy:
             index = logits.argmax(dim=-1)
             return logits.gather(1, index.unsqueeze(1)).squeeze(1).float(), index + vocab_offset
         return self.one_pass_shard(logits, st.temperatures, st.row_seeds, vocab_offset)
 
-    def forward(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    def forward(self, logits: Tensor, st: SamplingTensors) -> Tensor:
         if st.all_greedy:
             return logits.argmax(dim=-1)
         if self.one_pass and not st.needs_filter and st.row_seeds is not None:
@@ -68,7 +66,7 @@ class Sampler(nn.Module):
         return torch.where(st.temperatures == 0, greedy_tokens, sampled)
 
 
-def pick_shard_winner(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def pick_shard_winner(scores: Tensor, tokens: Tensor) -> Tensor:
     """The token per row from every shard's winner ([shards, rows] each, shards in vocabulary
     order): the best score, ties to the first shard, i.e. the lowest token id, as argmax does."""
     best = scores.argmax(dim=0, keepdim=True)
@@ -76,16 +74,14 @@ def pick_shard_winner(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tenso
 
 
 @compilable
-def sample_with_temperature(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+def sample_with_temperature(logits: Tensor, temperatures: Tensor) -> Tensor:
     """One categorical draw per row from softmax(logits / temperature): argmax(probs / Exp(1))."""
     probs = torch.softmax(logits.float() / temperatures.clamp_min(1e-6).unsqueeze(1), dim=-1)
     noise = -torch.log1p(-torch.rand_like(probs))  # Exp(1)
     return (probs / noise.clamp_min(1e-20)).argmax(dim=-1)
 
 
-def filter_logits(
-    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
-) -> torch.Tensor:
+def filter_logits(logits: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
     """Masks to -inf every token outside the top-k, then the top-p nucleus, then min-p."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     rank = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
@@ -98,7 +94,7 @@ def filter_logits(
     return torch.full_like(logits, float("-inf")).scatter_(1, order, sorted_logits)
 
 
-def exponential_noise(probs: torch.Tensor, seeds: list[int | None]) -> torch.Tensor:
+def exponential_noise(probs: Tensor, seeds: list[int | None]) -> Tensor:
     """Exp(1) noise; argmax(probs / noise) is a sample from probs. Seeded rows draw from their own
     generator so their tokens do not depend on the rest of the batch."""
     noise = torch.empty_like(probs).exponential_()

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from torch import Tensor, nn
 from transformers import PretrainedConfig
 
 from nanoexp.kernels.base import AttentionMetadata
@@ -45,23 +44,21 @@ class Qwen3Attention(nn.Module):
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, md: AttentionMetadata):
+    def forward(self, positions: Tensor, qkv: Tensor, md: AttentionMetadata):
         """Attention output (after o_proj) of the fused q/k/v projection `qkv`."""
         norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else None
         out = self.attn.forward_qkv(qkv, positions, self.rotary_emb.cos_sin, norm, md)
         if out is None:
-            out = self.attn(*self.norm_rope(positions, qkv), md)
+            out = self.attn(*self.norm_rope(positions, qkv, norm), md)
         return self.o_proj(out.flatten(1))
 
-    def norm_rope(self, positions: torch.Tensor, qkv: torch.Tensor):
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if not self.qk_norm:
+    def norm_rope(self, positions: Tensor, qkv: Tensor, norm: tuple | None):
+        """(q, k, v) as [tokens, heads, head_dim], q and k normed (`norm`: q/k weights, eps) and rotated."""
+        sizes = [self.q_size, self.kv_size, self.kv_size]
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in qkv.split(sizes, dim=-1))
+        if norm is None:
             return (*self.rotary_emb(positions, q, k), v)
-        weights = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
-        return (*qk_norm_rope(positions, q, k, *weights, self.rotary_emb.cos_sin), v)
+        return (*qk_norm_rope(positions, q, k, *norm, self.rotary_emb.cos_sin), v)
 
 
 class Qwen3MLP(nn.Module):
@@ -72,9 +69,7 @@ class Qwen3MLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, config.hidden_size)
         self.act_fn = SiluAndMul()
 
-    def forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden: Tensor, residual: Tensor, norm: RMSNorm) -> tuple[Tensor, Tensor]:
         """(down(SwiGLU(gate_up(norm(hidden + residual)))), hidden + residual)."""
         act, residual = norm_then_linear(norm, self.gate_up_proj, hidden, residual, self.act_fn)
         return self.down_proj(act), residual
@@ -95,9 +90,8 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 def norm_then_linear(
-    norm: RMSNorm, linear: LinearBase, x: torch.Tensor, residual: torch.Tensor | None,
-    act_fn: SiluAndMul | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    norm: RMSNorm, linear: LinearBase, x: Tensor, residual: Tensor | None, act_fn: SiluAndMul | None = None
+) -> tuple[Tensor, Tensor]:
     """(act_fn(linear(norm(x + residual))), x + residual); one kernel where the skinny GEMM applies."""
     fused = linear.norm_linear(x, residual, norm.weight, norm.eps, gated=act_fn is not None)
     if fused is not None:
@@ -111,12 +105,11 @@ class Qwen3Model(nn.Module):
     def __init__(self, config: PretrainedConfig, max_position: int, qk_norm: bool):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            Qwen3DecoderLayer(config, max_position, qk_norm) for _ in range(config.num_hidden_layers)
-        )
+        layers = (Qwen3DecoderLayer(config, max_position, qk_norm) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids, positions, md: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids, positions, md: AttentionMetadata) -> Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, md)
@@ -127,12 +120,9 @@ class Qwen3Model(nn.Module):
 class Qwen3ForCausalLM(nn.Module):
     qk_norm = True
     packed_modules_mapping = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }  # fmt: skip
 
     def __init__(self, config: PretrainedConfig, max_position: int):
         super().__init__()
@@ -142,13 +132,13 @@ class Qwen3ForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids, positions, md: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids, positions, md: AttentionMetadata) -> Tensor:
         return self.model(input_ids, positions, md)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    def compute_logits(self, hidden: Tensor) -> Tensor | None:
         return self.lm_head(hidden)
 
-    def compute_local_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def compute_local_logits(self, hidden: Tensor) -> tuple[Tensor, int]:
         """This rank's vocabulary shard of the logits, and the token id of its column 0."""
         return self.lm_head.local_logits(hidden), self.lm_head.vocab_start
 

@@ -7,16 +7,12 @@ from transformers import PretrainedConfig
 
 from nanoexp.models.qwen3 import Qwen2ForCausalLM, Qwen3ForCausalLM
 
-MODELS: dict[str, type[nn.Module]] = {
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-}
+MODELS: dict[str, type[nn.Module]] = {cls.__name__: cls for cls in (Qwen3ForCausalLM, Qwen2ForCausalLM)}
 
 
 def model_class(config: PretrainedConfig) -> type[nn.Module]:
-    for arch in getattr(config, "architectures", None) or []:
+    archs = getattr(config, "architectures", None)
+    for arch in archs or []:
         if arch in MODELS:
             return MODELS[arch]
-    raise ValueError(
-        f"unsupported architecture {getattr(config, 'architectures', None)}; supported: {', '.join(MODELS)}"
-    )
+    raise ValueError(f"unsupported architecture {archs}; supported: {', '.join(MODELS)}")
