@@ -35,13 +35,9 @@ AUTO_CUDA_ORDER = ("triton", "flash_attn")
 
 
 def make_attention_backend(
-    name: str,
-    device: torch.device,
-    block_size: int,
-    dtype: torch.dtype | None = None,
-    head_dim: int = 128,
+    name: str, device: torch.device, block_size: int, dtype: torch.dtype | None = None, head_dim: int = 128,
     kv_cache_dtype: str = "auto",
-) -> AttentionBackend:
+) -> AttentionBackend:  # fmt: skip
     """Build backend `name`; "auto" takes the first self-checked of `auto_candidates`, else torch.
     `dtype` and `head_dim` are the model's (the self-check runs in them; dtype defaults to bfloat16
     on CUDA, float32 on CPU). `kv_cache_dtype`: flash_attn has no fp8 cache."""

@@ -55,13 +55,9 @@ class TorchAttentionBackend(AttentionBackend):
         k = readable(rows_at(k_cache, slots), k_scale, fp8).to(q.dtype).view(num_seqs, width, -1, head_dim)
         v = readable(rows_at(v_cache, slots), v_scale, fp8).to(q.dtype).view(num_seqs, width, -1, head_dim)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_mask=mask[:, None, None, :],
-            scale=scale,
-            enable_gqa=True,
-        )
+            q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None, None, :],
+            scale=scale, enable_gqa=True,
+        )  # fmt: skip
         return out.squeeze(2)
 
 

@@ -83,27 +83,10 @@ def _online_softmax_step(s, m, den, acc, v):
 
 @triton.jit
 def _attend_tile(
-    q,
-    m,
-    den,
-    acc,
-    k_cache_ptr,
-    v_cache_ptr,
-    table,
-    n0,
-    end,
-    dims,
-    kv_head,
-    qk_scale,
-    stride_cb,
-    stride_cp,
-    stride_ch,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    q, m, den, acc, k_cache_ptr, v_cache_ptr, table, n0, end, dims, kv_head, qk_scale, stride_cb, stride_cp,
+    stride_ch, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FP8: tl.constexpr,
-):
+):  # fmt: skip
     """Fold the keys n0 .. n0 + BLOCK_N (those below end) of one kv head into (m, den, acc)."""
     pos = n0 + tl.arange(0, BLOCK_N)
     key_mask = pos < end
@@ -119,36 +102,12 @@ def _attend_tile(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    block_tables_ptr,
-    context_lens_ptr,
-    out_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    qk_scale,
-    num_splits,
-    stride_qb,
-    stride_qh,
-    stride_cb,
-    stride_cp,
-    stride_ch,
-    stride_bt,
-    stride_ob,
-    stride_oh,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_SPLIT: tl.constexpr,
-    KV_FP8: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    k_scale_ptr, v_scale_ptr, qk_scale, num_splits, stride_qb, stride_qh, stride_cb, stride_cp, stride_ch,
+    stride_bt, stride_ob, stride_oh, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    KV_FP8: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
     """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
     wait_for_previous(PDL)
     if KV_FP8:
@@ -231,21 +190,11 @@ def _is_hopper_or_newer(device: torch.device) -> bool:
 
 
 def paged_decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    max_len: int | None = None,
-    num_splits: int | None = None,
-    block_n: int | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    cuda_cores: bool | None = None,
-) -> torch.Tensor:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, max_len: int | None = None, num_splits: int | None = None,
+    block_n: int | None = None, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    num_warps: int | None = None, num_stages: int | None = None, cuda_cores: bool | None = None,
+) -> torch.Tensor:  # fmt: skip
     """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
 
     max_len bounds context_lens (default: the block table's capacity) and only steers the split
@@ -297,86 +246,29 @@ def paged_decode(
         )  # fmt: skip
     else:
         _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            context_lens,
-            out,
-            part_out,
-            part_lse,
-            k_scale if fp8 else context_lens,  # unused unless KV_FP8
-            v_scale if fp8 else context_lens,
-            scale * LOG2E,
-            num_splits,
-            q.stride(0),
-            q.stride(1),
-            k_cache.stride(0),
-            k_cache.stride(1),
-            k_cache.stride(2),
-            block_tables.stride(0),
-            out.stride(0),
-            out.stride(1),
-            GROUP=group,
-            GROUP_PAD=max(16, triton.next_power_of_2(group)),
-            HEAD_DIM=head_dim,
-            DIM_PAD=dim_pad,
-            BLOCK_SIZE=block_size,
-            BLOCK_N=block_n,
-            SINGLE_SPLIT=num_splits == 1,
-            KV_FP8=fp8,
-            num_warps=num_warps,
-            num_stages=num_stages,
-            **launch_options(),
-        )
+            q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
+            k_scale if fp8 else context_lens, v_scale if fp8 else context_lens,  # unused unless KV_FP8
+            scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), GROUP=group,
+            GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+            BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1, KV_FP8=fp8,
+            num_warps=num_warps, num_stages=num_stages, **launch_options(),
+        )  # fmt: skip
     if num_splits > 1:
         decode_reduce_kernel[(batch, num_heads)](
-            part_out,
-            part_lse,
-            out,
-            num_splits,
-            out.stride(0),
-            out.stride(1),
-            HEAD_DIM=head_dim,
-            DIM_PAD=dim_pad,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            num_warps=4,
-            **launch_options(),
-        )
+            part_out, part_lse, out, num_splits, out.stride(0), out.stride(1), HEAD_DIM=head_dim,
+            DIM_PAD=dim_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **launch_options(),
+        )  # fmt: skip
     return out
 
 
 @triton.jit
 def _prefill_tiles(
-    q,
-    m,
-    den,
-    acc,
-    k_ptr,
-    v_ptr,
-    table,
-    k_base,
-    v_base,
-    q_pos,
-    dims,
-    n_start,
-    n_end,
-    ctx,
-    qk_scale,
-    stride_kt,
-    stride_vt,
-    stride_cb,
-    stride_cp,
-    stride_vb,
-    stride_vp,
-    stride_vd,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr,
+    q, m, den, acc, k_ptr, v_ptr, table, k_base, v_base, q_pos, dims, n_start, n_end, ctx, qk_scale,
+    stride_kt, stride_vt, stride_cb, stride_cp, stride_vb, stride_vp, stride_vd, HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
-):
+):  # fmt: skip
     """Fold keys [n_start, n_end) into the running softmax; n_start is a multiple of BLOCK_N."""
     for n0 in range(n_start, n_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -400,41 +292,13 @@ def _prefill_tiles(
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    out_ptr,
-    cu_seqlens_q_ptr,
-    context_lens_ptr,
-    block_tables_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    tiles_ptr,
-    qk_scale,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_cb,
-    stride_cp,
-    stride_vb,
-    stride_vp,
-    stride_vd,
-    stride_ot,
-    stride_oh,
-    stride_bt,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr,
-    KV_FP8: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, out_ptr, cu_seqlens_q_ptr, context_lens_ptr, block_tables_ptr, k_scale_ptr,
+    v_scale_ptr, tiles_ptr, qk_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cb, stride_cp, stride_vb, stride_vp, stride_vd, stride_ot, stride_oh, stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, KV_FP8: tl.constexpr,
     TILED: tl.constexpr,
-):
+):  # fmt: skip
     """One (query tile, sequence, head). Query j sits at position ctx - q_len + j (causal).
 
     PAGED reads K/V through the block table (k_ptr/v_ptr are the caches, fp8 when KV_FP8);
@@ -509,23 +373,12 @@ def _prefill_kernel(
 
 
 def varlen_prefill(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    max_seqlen_q: int,
-    context_lens: torch.Tensor | None,
-    block_tables: torch.Tensor | None,
-    scale: float,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    tiles: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int,
+    context_lens: torch.Tensor | None, block_tables: torch.Tensor | None, scale: float,
+    block_m: int | None = None, block_n: int | None = None, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None, tiles: torch.Tensor | None = None, out: torch.Tensor | None = None,
+    num_warps: int | None = None, num_stages: int | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Causal attention of packed queries q [T, H, D].
 
     With block_tables, k/v are the paged caches and sequence i's context is its first
@@ -563,43 +416,20 @@ def varlen_prefill(
         assert paged and tiles.dtype == torch.int32 and tiles.shape[1] == 4
         grid = (num_heads, tiles.shape[0])
     _prefill_kernel[grid](
-        q,
-        k,
-        v,
-        out,
-        cu_seqlens_q,
-        context_lens if paged else cu_seqlens_q,
-        block_tables if paged else cu_seqlens_q,
-        k_scale if fp8 else cu_seqlens_q,  # unused unless KV_FP8
-        v_scale if fp8 else cu_seqlens_q,
+        q, k, v, out, cu_seqlens_q,
+        context_lens if paged else cu_seqlens_q, block_tables if paged else cu_seqlens_q,
+        k_scale if fp8 else cu_seqlens_q, v_scale if fp8 else cu_seqlens_q,  # unused unless KV_FP8
         cu_seqlens_q if tiles is None else tiles,  # unused unless TILED
-        scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        0 if paged else k.stride(0),
-        k.stride(2) if paged else k.stride(1),
-        0 if paged else v.stride(0),
-        v.stride(2) if paged else v.stride(1),
-        k.stride(0) if paged else 0,
-        k.stride(1) if paged else 0,
-        v.stride(0) if paged else 0,
-        v.stride(1) if paged else 0,
-        v.stride(3) if paged else 1,
-        out.stride(0),
-        out.stride(1),
-        block_tables.stride(0) if paged else 0,
-        GROUP=num_heads // num_kv_heads,
-        HEAD_DIM=head_dim,
-        DIM_PAD=dim_pad,
-        BLOCK_SIZE=k.shape[1] if paged else 1,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        PAGED=paged,
-        KV_FP8=fp8,
-        TILED=tiles is not None,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
+        scale * LOG2E, q.stride(0), q.stride(1),
+        0 if paged else k.stride(0), k.stride(2) if paged else k.stride(1),  # stride_kt, stride_kh
+        0 if paged else v.stride(0), v.stride(2) if paged else v.stride(1),  # stride_vt, stride_vh
+        k.stride(0) if paged else 0, k.stride(1) if paged else 0,  # stride_cb, stride_cp
+        v.stride(0) if paged else 0, v.stride(1) if paged else 0, v.stride(3) if paged else 1,  # vb, vp, vd
+        out.stride(0), out.stride(1), block_tables.stride(0) if paged else 0,
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+        BLOCK_SIZE=k.shape[1] if paged else 1, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, KV_FP8=fp8,
+        TILED=tiles is not None, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
     return out
 
 

@@ -147,33 +147,11 @@ def _sum_splits(part_ptr, rows, cols, out_mask, N, m_pad, BLOCK_M: tl.constexpr,
 
 @triton.jit
 def _skinny_gemm_kernel(
-    x_ptr,
-    w_ptr,
-    bias_ptr,
-    y_ptr,
-    part_ptr,
-    ticket_ptr,
-    residual_ptr,
-    norm_w_ptr,
-    sum_ptr,
-    eps,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_ym,
-    HAS_BIAS: tl.constexpr,
-    GATED: tl.constexpr,
-    NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    NORM_IN_LOOP: tl.constexpr = False,
-    PDL: tl.constexpr = False,
-):
+    x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, residual_ptr, norm_w_ptr, sum_ptr, eps, M, N, K,
+    stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, NORM_IN_LOOP: tl.constexpr = False, PDL: tl.constexpr = False,
+):  # fmt: skip
     """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
     NORM: x is first replaced by RMSNorm(x + residual) * norm_w; the programs of column tile 0 and
     split 0 write x + residual to sum_ptr (the next residual). Every program computes its rows' rms

@@ -60,14 +60,9 @@ def quantize_fp8(x, scale, dtype: tl.constexpr):
 
 
 def store_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> None:
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+) -> None:  # fmt: skip
     """Copy k/v [tokens, kv_heads, head_dim] to caches [blocks, block_size, kv_heads, head_dim] (of
     the same strides); an fp8 cache gets clamp(k / k_scale, +-448) and clamp(v / v_scale, +-448)."""
     num_tokens, num_kv_heads, head_dim = k.shape
