@@ -1,15 +1,13 @@
 """The attention backend contract, the per-step metadata it reads, and the fp8 KV-cache convention.
 
-fp8 KV cache (`cache.kv_cache_dtype=fp8_e4m3`): the caches are `torch.float8_e4m3fn` and each
-attention layer owns float32 [1] device tensors `k_scale` and `v_scale` (1.0 for a cache in the
-model's dtype). Kernels load the scales through their pointers, never as Python floats, so a
-captured CUDA graph stays valid when they are recalibrated in place.
+Every cache is [num_blocks, block_size, kv_heads, head_dim]. fp8 (`cache.kv_cache_dtype=fp8_e4m3`):
+`torch.float8_e4m3fn` caches; each layer owns float32 [1] device tensors `k_scale`, `v_scale` (1.0
+for a cache in the model's dtype). Kernels load the scales through pointers, never as Python floats,
+so a captured CUDA graph stays valid when they are recalibrated in place. Readers may fold them into
+scores and output.
 
     quantize:   cache = clamp(x.float() / scale, -FP8_MAX, FP8_MAX).to(float8_e4m3fn)  (round to nearest even)
     dequantize: x = cache.float() * scale
-
-Readers may fold the scales instead: scores = (q . k_fp8) * (softmax_scale * k_scale), output =
-(p @ v_fp8) * v_scale. Every cache is [num_blocks, block_size, kv_heads, head_dim], stored in that order.
 """
 
 from __future__ import annotations
@@ -30,17 +28,12 @@ def is_fp8(cache: torch.Tensor) -> bool:
 
 @dataclass
 class AttentionMetadata:
-    """One model step's batch, prepared once per step by the runner.
-
-    Tokens are packed along dim 0: sequence i's new tokens are rows cu_seqlens_q[i]:cu_seqlens_q[i+1];
-    its context (cached prefix plus new tokens) has context_lens[i] tokens in the blocks of
-    block_tables[i]. Position p lives at slot block_tables[i][p // block_size] * block_size +
-    p % block_size; slot -1 means "do not store" (padding rows).
-
-    A mixed step (a prefill step with num_decodes > 0) packs num_decodes one-token decodes first;
-    cu_seqlens_*, max_seqlen_* and has_cached_prefix then describe the prefill sequences only
-    (cu_seqlens_q[0] = 0 at row num_decodes), max_decode_seqlen_k the decodes.
-    """
+    """One model step's batch. Sequence i's new tokens are rows cu_seqlens_q[i]:cu_seqlens_q[i+1], its
+    context (cached prefix plus new tokens) context_lens[i] tokens; position p lives at slot
+    block_tables[i][p // block_size] * block_size + p % block_size; slot -1: not stored (padding).
+    A mixed step (num_decodes > 0) packs that many one-token decodes first; cu_seqlens_*,
+    max_seqlen_* and has_cached_prefix then describe the prefill sequences only (cu_seqlens_q[0] = 0
+    at row num_decodes), max_decode_seqlen_k the decodes."""
 
     is_prefill: bool
     slot_mapping: torch.Tensor  # int64 [num_tokens]
@@ -83,9 +76,8 @@ Tensor = torch.Tensor
 
 
 class AttentionBackend:
-    """Stores new K/V by slot mapping, then attends. For an fp8 cache `k_scale`/`v_scale` are
-    required: store_kv quantizes with them, prefill/decode dequantize what they read from the cache
-    (prefill without a cached prefix attends to this step's k/v as given). Other caches ignore them."""
+    """Stores new K/V by slot mapping, then attends. An fp8 cache requires `k_scale`/`v_scale` (other
+    caches ignore them); prefill without a cached prefix attends to this step's k/v as given."""
 
     name = "base"
     captures_mixed_steps = False  # mixed() honours AttentionMetadata.prefill_tiles (step graphs)

@@ -1,11 +1,9 @@
-"""Attention backend on the `flash_attn` package (CUDA, fp16/bf16; paged KV needs blocks of 256*k;
-no fp8 KV cache).
+"""Attention backend on the `flash_attn` package (CUDA, fp16/bf16, paged KV in blocks of 256*k, no fp8).
 
-Prefill calls `flash_attn_varlen_func` (with `block_table` after a cached prefix: flash-attn's
-split-KV kernels; without: its plain forward kernels), decode `flash_attn_with_kvcache` with
-`block_table`. flash-attn drops the causal mask for a single query, so both causal and non-causal
-kernels are used; the lean build in experiments/kernels/build_flash_attn.sh keeps exactly these,
-for head dim 128.
+Prefill: `flash_attn_varlen_func` (split-KV kernels with `block_table` after a cached prefix, else
+plain forward); decode: `flash_attn_with_kvcache`. flash-attn drops the causal mask for a single
+query, so causal and non-causal kernels are used: experiments/kernels/build_flash_attn.sh's lean
+build keeps exactly these, for head dim 128.
 """
 
 from __future__ import annotations

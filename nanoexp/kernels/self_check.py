@@ -1,9 +1,8 @@
 """A one-time check of an attention backend against the torch reference on a small paged case.
 
-Through the backend's real interface: store_kv into a paged cache, then a decode batch, a prefill
-after a cached prefix (next to a sequence without one) and a plain prefill. The reference runs in
-float32 on the same dtype-rounded inputs, so the tolerance covers only the backend's own rounding.
-With an fp8 cache, store_kv must write the reference's bytes exactly. Results are cached per process.
+Through the real interface: store_kv, a decode batch, a prefill after a cached prefix (next to one
+without) and a plain prefill. The reference runs in float32 on the same dtype-rounded inputs, so the
+tolerance covers only the backend's rounding; store_kv must write the reference's exact bytes.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ def check_backend(
     backend: AttentionBackend, device: torch.device, dtype: torch.dtype, head_dim: int, block_size: int,
     kv_fp8: bool = False,
 ) -> CheckResult:  # fmt: skip
-    """Compare `backend` with the reference once per process per (backend, dtype, head_dim,
-    block_size, fp8 cache or not)."""
+    """Compare `backend` with the reference, once per process per backend and case shape."""
     key = (type(backend), backend.name, torch.device(device), dtype, head_dim, block_size, kv_fp8)
     if key not in _results:
         _results[key] = _run_check(backend, torch.device(device), dtype, head_dim, block_size, kv_fp8)
@@ -69,8 +67,7 @@ def describe(exc: BaseException) -> str:
 
 
 class PagedCase:
-    """Random paged K/V caches (fp8 with `kv_fp8`, scaled by k_scale/v_scale) and block tables for
-    sequences with the given context lengths."""
+    """Random paged K/V caches (fp8 with `kv_fp8`) and block tables for the given context lengths."""
 
     def __init__(self, ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8=False):
         self.block_size, self.device, self.ctx_lens = block_size, device, ctx_lens
@@ -120,8 +117,7 @@ class PagedCase:
 
 
 def default_cases(block_size: int) -> list[tuple[list[int], list[int], bool]]:
-    """(context lengths, new tokens per sequence, is_prefill): a decode batch, a prefill after a
-    cached prefix next to one without, and a plain prefill."""
+    """(context lengths, new tokens per sequence, is_prefill) of the three cases."""
     return [
         ([1, block_size + 3, 37], [1, 1, 1], False),
         ([block_size + 30, 9], [30, 9], True),  # 30 new tokens after one cached block

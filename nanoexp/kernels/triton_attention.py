@@ -1,20 +1,10 @@
 """Triton paged attention: split-K decode (flash-decoding) and varlen causal prefill.
 
-K/V caches are [num_blocks, block_size, kv_heads, head_dim] with a contiguous last dim and the same
-strides. Key position p of sequence i lives in page block_tables[i, p // block_size] at row
-p % block_size.
-Softmax runs in fp32 in the log2 domain (scores are pre-multiplied by log2(e)).
-
-fp8 caches read by 1-2 query heads per kv head take the CUDA-core decode of
-kernels/triton_decode_fma.py from 8 sequences (`uses_cuda_cores`).
-
-An fp8 cache (kernels/base.py) is read as is and widened to q's dtype in registers (exact); its
-scales are folded in rather than multiplied into every element: k_scale into the score scale and
-v_scale into the output. The KV_FP8 constexpr removes both for other caches, whose numerics are
-unchanged.
-
-The kernels avoid tl.max, tl.sum and the other @jit helpers of triton.language.standard
-(kernels/triton_splits.py says why).
+Caches are [num_blocks, block_size, kv_heads, head_dim], contiguous last dim, K and V of the same
+strides. Softmax is fp32 in the log2 domain (scores pre-multiplied by log2(e)). An fp8 cache
+(kernels/base.py) is widened in registers (exact), its scales folded in: k_scale into the score
+scale, v_scale into the output (KV_FP8; other caches unchanged). No tl.max / tl.sum or other
+@jit helpers of triton.language.standard (kernels/triton_splits.py says why).
 """
 
 from __future__ import annotations
@@ -60,13 +50,9 @@ def _load_rows(ptr, rows, dims, row_mask, HEAD_DIM: tl.constexpr, DIM_PAD: tl.co
 
 @triton.jit
 def _widen_fp8_values(v, key_mask):
-    """An fp8 V tile [keys, dims] as fp16, widened before it is staged for the dot.
-
-    P @ V reads V along keys, across its rows. Widened after staging, as Triton arranges a bare
-    conversion, every thread gathers single bytes from shared memory (ldmatrix has no 8-bit
-    transpose); the product with the (exact) key mask keeps the conversion here, so V is staged as
-    fp16 and read back with a transposing ldmatrix. Measured in experiments/kernels/runs.
-    """
+    """An fp8 V tile [keys, dims] as fp16, widened before it is staged for P @ V. A bare conversion
+    is placed after staging, where every thread gathers single bytes (ldmatrix has no 8-bit
+    transpose); the product with the exact key mask keeps it here (experiments/kernels/runs)."""
     return v.to(tl.float16) * key_mask.to(tl.float16)[:, None]
 
 
@@ -155,9 +141,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int)
 
 
 def supports_cuda_cores(fp8: bool, group: int, head_dim: int) -> bool:
-    """Whether the CUDA-core kernel can serve a cache: fp8, at most CUDA_CORE_MAX_GROUP query heads
-    per kv head, head_dim up to CUDA_CORE_MAX_HEAD_DIM (a thread holds a tile's keys in registers;
-    larger heads would spill)."""
+    """fp8, few query heads per kv head, head_dim small enough (larger heads would spill registers)."""
     return fp8 and group <= CUDA_CORE_MAX_GROUP and head_dim <= CUDA_CORE_MAX_HEAD_DIM
 
 
@@ -195,14 +179,9 @@ def paged_decode(
     block_n: int | None = None, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
     num_warps: int | None = None, num_stages: int | None = None, cuda_cores: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
-
-    max_len bounds context_lens (default: the block table's capacity) and only steers the split
-    count; any num_splits >= 1 gives the same result (several are combined by a second kernel).
-    An fp8 cache needs k_scale and v_scale. cuda_cores picks the split kernel (None:
-    `uses_cuda_cores`); block_n (keys per tile), num_warps and num_stages tune it (benchmarks sweep
-    them).
-    """
+    """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D]. max_len
+    (default: the block table's capacity) only steers the split count, which does not change the
+    result. cuda_cores: None = `uses_cuda_cores`; block_n, num_warps, num_stages: benchmark sweeps."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     _check_cache(q, k_cache, v_cache, num_heads, num_kv_heads)
@@ -299,16 +278,10 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, KV_FP8: tl.constexpr,
     TILED: tl.constexpr,
 ):  # fmt: skip
-    """One (query tile, sequence, head). Query j sits at position ctx - q_len + j (causal).
-
-    PAGED reads K/V through the block table (k_ptr/v_ptr are the caches, fp8 when KV_FP8);
-    otherwise K/V are this step's packed rows (each with its own strides: v is usually a view
-    into the fused qkv projection) and the context is exactly the new tokens.
-    TILED: program (head, t) runs the query tile of row t of the tile table, int32
-    (sequence, first row, query length, tile index) with sequence -1 for no work: a fixed grid
-    whatever the step's sequences, as a CUDA graph needs. Heads vary fastest, so the table's
-    leading (real) rows are dispatched before its padding.
-    """
+    """One (query tile, sequence, head); query j sits at position ctx - q_len + j. PAGED: K/V through
+    the block table, else this step's packed rows (own strides: v is often a view into qkv).
+    TILED: program (head, t) runs row t of the tile table (`prefill_tiles`; sequence -1: no work), a
+    fixed grid for CUDA graphs; heads vary fastest, so real rows are dispatched before padding."""
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     if TILED:
@@ -379,19 +352,11 @@ def varlen_prefill(
     v_scale: torch.Tensor | None = None, tiles: torch.Tensor | None = None, out: torch.Tensor | None = None,
     num_warps: int | None = None, num_stages: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Causal attention of packed queries q [T, H, D].
-
-    With block_tables, k/v are the paged caches and sequence i's context is its first
-    context_lens[i] cached positions (an fp8 cache needs k_scale and v_scale). Without, k/v
-    [T, kv_heads, D] are packed like q and each sequence attends to its own new tokens only.
-    max_seqlen_q must bound every q length.
-
-    tiles (paged only; int32 [n, 4], `prefill_tiles` builds it for BLOCK_M =
-    `prefill_block_m(head_dim)`) lists the query tiles to run instead of
-    cu_seqlens_q: a grid of n x heads whatever the sequences. Rows of `out` (default: a new
-    tensor) that no tile covers are left as they were. block_m, block_n, num_warps and
-    num_stages override the tile shape (benchmarks sweep them).
-    """
+    """Causal attention of packed queries q [T, H, D]. With block_tables, k/v are the paged caches
+    and sequence i's context its first context_lens[i] positions; without, k/v [T, kv_heads, D] are
+    packed like q and each sequence sees only its new tokens. max_seqlen_q bounds every q length.
+    tiles (paged only; `prefill_tiles` at BLOCK_M = `prefill_block_m(head_dim)`) replaces the grid
+    by n x heads; rows of `out` no tile covers are left as they were. block_m etc.: benchmark sweeps."""
     num_tokens, num_heads, head_dim = q.shape
     paged = block_tables is not None
     num_kv_heads = k.shape[2] if paged else k.shape[1]

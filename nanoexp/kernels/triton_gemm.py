@@ -1,17 +1,14 @@
 """Skinny GEMM for decode: y[M, N] = x[M, K] @ w[N, K]^T (+ bias) with M of 1 to 256 rows.
 
-At a few rows a linear layer is a weight read: the kernel streams w once, in tiles of BLOCK_N
-output features, and splits K across SPLIT_K programs when N alone gives too few programs to
-keep every SM loading. Split partials go to an fp32 workspace; the last program of a column
-tile to finish (an atomic ticket) sums them, adds the bias, writes y and resets its ticket, so
-one launch does the whole product and CUDA-graph replays start clean. Above MAX_BLOCK_M rows the
-rows are tiled too (a third grid dimension).
+The kernel streams w once in tiles of BLOCK_N output features, splitting K across SPLIT_K programs
+when N alone gives too few programs to keep every SM loading. The last program of a column tile
+(an atomic ticket) sums the fp32 split partials, adds the bias, writes y and resets its ticket: one
+launch, and CUDA-graph replays start clean. Above MAX_BLOCK_M rows, rows are tiled too (grid dim 2).
 
-The RMSNorm it can apply first is computed one of two ways. Up to NORM_PREPASS_MAX_ROWS rows each
-program first computes its rows' rms in a pass of its own, then normalizes x as the unfused op
-rounds it. Above, the pass would re-read every row once per column tile, so the sums of squares
-are taken in the product's own K loop and 1 / rms scales the product afterwards (x * norm_w is
-what is rounded to 16 bits; the result differs from the unfused op's by that rounding).
+The RMSNorm it can apply first: up to NORM_PREPASS_MAX_ROWS rows each program takes its rows' rms in
+a pass of its own and rounds as the unfused op. Above, that pass would re-read x per column tile, so
+squares are summed in the product's K loop and 1 / rms scales the product (x * norm_w is what is
+rounded to 16 bits: the result differs from the unfused op's by that rounding).
 """
 
 from __future__ import annotations
@@ -152,10 +149,9 @@ def _skinny_gemm_kernel(
     HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, NORM_IN_LOOP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
-    NORM: x is first replaced by RMSNorm(x + residual) * norm_w; the programs of column tile 0 and
-    split 0 write x + residual to sum_ptr (the next residual). Every program computes its rows' rms
-    itself: in a pass of its own, or with NORM_IN_LOOP (SPLIT_K == 1) in the product's K loop."""
+    """GATED: w is [gate; up] (2N rows), y = silu(x @ gate^T) * (x @ up^T). NORM: x -> RMSNorm(x +
+    residual) * norm_w, column tile 0 / split 0 writing x + residual to sum_ptr; each program takes
+    its rows' rms in a pass of its own, or with NORM_IN_LOOP (SPLIT_K == 1) in the product's K loop."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     row_tile = tl.program_id(2)
@@ -232,11 +228,9 @@ def skinny_gemm(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     config: GemmConfig | GemvConfig | None = None, gated: bool = False, norm: NormFirst | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (M <= MAX_ROWS, contiguous rows) times w [N, K]^T, plus bias [N]; returns [M, N].
-    gated: w holds [gate; up] (2N rows, no bias) and the result is silu(x gate^T) * (x up^T).
-    norm: x is RMS-normed first (after adding norm.residual); returns (y, the new residual: x +
-    norm.residual, or x itself without one). Up to triton_gemv.AUTO_ROWS rows the GEMV kernel runs
-    (unless a GemmConfig is given), above them the tensor-core kernel."""
+    """x [M <= MAX_ROWS, K] @ w [N, K]^T + bias -> [M, N]. gated: w is [gate; up] (no bias), result
+    silu(x gate^T) * (x up^T). norm: x RMS-normed first, returns (y, x + norm.residual or x). Up to
+    triton_gemv.AUTO_ROWS rows (without a GemmConfig) the GEMV kernel runs, above the tensor-core one."""
     m, k = x.shape
     n = w.shape[0] // 2 if gated else w.shape[0]
     assert m <= MAX_ROWS and w.shape[1] == k and x.stride(-1) == 1 and w.stride(-1) == 1

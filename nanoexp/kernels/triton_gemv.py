@@ -1,14 +1,10 @@
 """GEMV for decode at a few rows: y[M, N] = x[M, K] @ w[N, K]^T (+ bias), M of 1 to MAX_ROWS.
 
-At a few rows a linear layer is a weight read. Each program loads its whole weight tile (BLOCK_N
-outputs by K_TILE inputs) in one load straight into registers, and only then reads x, so the
+Each program loads its whole weight tile (BLOCK_N x K_TILE) into registers before reading x, so the
 weight bytes are in flight while x is loaded and normed; fp32 FMAs. Small tiles keep several
-programs per SM and many bytes in flight, where the tensor-core kernel (triton_gemm.py) reached
-~1.2 TB/s at one row (experiments/kernels/README.md, "The GEMV for 1-2 rows").
-
-K longer than K_TILE is split; partials go to an fp32 workspace and the last program of a column
-tile (an atomic ticket) sums them. Norm, SwiGLU and bias round as triton_gemm.py does, so both
-kernels agree up to the order of the fp32 sums.
+programs per SM, where the tensor-core kernel (triton_gemm.py) reached ~1.2 TB/s at one row
+(experiments/kernels/README.md, "The GEMV for 1-2 rows"). Longer K is split; the last program of a
+column tile (an atomic ticket) sums the fp32 partials. Rounds as triton_gemm.py does.
 """
 
 from __future__ import annotations
@@ -74,9 +70,8 @@ def _input_chunk(x_row, r_row, sum_row, norm_w_ptr, write_sum, kk, k_mask, K, ep
 
 @triton.jit
 def _split_input_chunk(x_row, r_row, sum_row, norm_w_ptr, write_sum, kk, k_mask, HAS_RESIDUAL: tl.constexpr):
-    """For a split K with the norm first: this program's inputs (x + residual) * norm_w, not yet
-    scaled by 1 / rms, and their sum of squares; the ticket's last program applies 1 / rms once the
-    splits' sums are in. Writes this slice of x + residual (the next residual) when write_sum."""
+    """Split K, norm first: (x + residual) * norm_w of this slice (1 / rms is applied once the
+    splits' sums are in) and its sum of squares; writes x + residual when write_sum."""
     x = tl.load(x_row + kk, mask=k_mask, other=0.0)
     v = x.to(tl.float32)
     if HAS_RESIDUAL:
@@ -114,12 +109,9 @@ def _gemv_kernel(
     HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, K_TILE: tl.constexpr,
     SPLIT_K: tl.constexpr, NORM_SPLIT: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N]. NORM: each
-    row of x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0) writes x + residual
-    to sum_ptr (the next residual). ROWS >= M rows are unrolled. NORM_SPLIT (NORM with K split):
-    each program sums the squares of its own K slice only, into a workspace after the partials;
-    1 / rms scales the summed product. It rounds x * norm_w once, not the normed x first, so it
-    matches the unfused ops to rounding."""
+    """GATED and NORM as in triton_gemm's kernel; ROWS >= M rows are unrolled. NORM_SPLIT (NORM, K
+    split): each program sums its slice's squares into a workspace after the partials and 1 / rms
+    scales the summed product (x * norm_w rounded once: matches the unfused ops to rounding)."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
