@@ -185,8 +185,7 @@ def agree(flag: bool, group: dist.ProcessGroup | None, device: torch.device) -> 
 def setup_all_reduce(
     choice: str, group: dist.ProcessGroup | None, device: torch.device, dtype: torch.dtype, max_bytes: int
 ) -> AllReduce:
-    """This rank's all-reduce; collective (every rank, before CUDA-graph capture). `max_bytes`: the
-    largest message for the symmetric buffer (decode: max_num_seqs x hidden_size x dtype bytes)."""
+    """This rank's all-reduce (collective, before CUDA-graph capture); max_bytes: the symmetric buffer's."""
     group = group or dist.group.WORLD
     world_size = dist.get_world_size(group)
     usable = device.type == "cuda" and agree(symm_mem_usable(device, world_size), group, device)

@@ -97,16 +97,14 @@ class AttentionBackend:
         num_heads: int, num_kv_heads: int, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
         write_k: bool, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None] | None:  # fmt: skip
-        """Optional: per-head q/k RMSNorm (if qk_norm), RoPE and store_kv as one op. Returns (q, k),
-        k only if write_k, or None where there is no such op (the caller runs the torch ops)."""
+        """Optional fused q/k RMSNorm + RoPE + store_kv: (q, k if write_k), or None (use the torch ops)."""
         return None
 
     def prefill(
         self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, md: AttentionMetadata,
         scale: float, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> Tensor:  # fmt: skip
-        """Causal attention of each sequence's new tokens (q [tokens, heads, dim]; k/v this step's
-        [tokens, kv_heads, dim]) over its whole context."""
+        """Causal attention of each sequence's new tokens (q, k, v packed by token) over its context."""
         raise NotImplementedError
 
     def mixed(
@@ -124,8 +122,7 @@ class AttentionBackend:
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, md: AttentionMetadata, scale: float,
         k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> Tensor:  # fmt: skip
-        """Attention of each sequence's newest token (q [seqs, heads, dim]) over its context_lens[i]
-        cached tokens."""
+        """Attention of each sequence's newest token (q [seqs, heads, dim]) over its cached context."""
         raise NotImplementedError
 
 

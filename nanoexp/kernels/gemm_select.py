@@ -34,8 +34,7 @@ class SkinnyGemm:
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False,
         norm: NormFirst | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """x @ weight^T + bias; gated: weight is [gate; up] and the result silu(gate) * up; norm:
-        x is RMS-normed first and the new residual is returned too."""
+        """x @ weight^T + bias; gated and norm as in triton_gemm.skinny_gemm."""
         return self.kernel(x, weight, bias, gated=gated, norm=norm)
 
     def describe(self) -> str:
@@ -44,8 +43,7 @@ class SkinnyGemm:
 
 
 def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> SkinnyGemm | None:
-    """`engine.gemm_backend`: torch -> None; triton -> always for up to 256 rows; auto -> the
-    measured range (rows and weight size) on CUDA in bf16/fp16 when Triton is installed, else None."""
+    """`engine.gemm_backend`: torch: None; triton: up to 256 rows; auto: the measured range, or None."""
     if choice == "torch":
         return None
     if choice == "triton":

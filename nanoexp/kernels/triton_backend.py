@@ -50,8 +50,7 @@ class TritonAttentionBackend(AttentionBackend):
         return varlen_prefill(q, k, v, md.cu_seqlens_q, md.max_seqlen_q, None, None, scale)
 
     def mixed(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
-        """With md.prefill_tiles (a step graph): the decode kernel over the leading decode slots,
-        then the prefill kernel over the tile table, each on a fixed grid, into one output."""
+        """With md.prefill_tiles (step graphs): decode then prefill kernel, fixed grids, one output."""
         if md.prefill_tiles is None:
             return super().mixed(q, k, v, k_cache, v_cache, md, scale, k_scale, v_scale)
         slots = md.decode_context_lens.shape[0]  # 0: a graph of steps without decodes

@@ -88,8 +88,7 @@ def _prepass_product(x_rows, w_rows, r_rows, sum_rows, norm_w_ptr, write_sum, ep
                      k_start, k_end, K, up_offset, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                      GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr):
-    """x @ w^T over [k_start, k_end) (and @ up^T when GATED), x RMS-normed first when NORM, its
-    rows' rms from a pass of their own over all of K."""
+    """x @ w^T (and @ up^T) over [k_start, k_end), x RMS-normed (rms from a pass of its own) if NORM."""
     rstd = tl.full([BLOCK_M], 1.0, tl.float32)
     if NORM:
         rstd = _row_rstd(x_rows, r_rows, sum_rows, write_sum, row_mask, ks, K, eps, HAS_RESIDUAL, BLOCK_M,
@@ -107,8 +106,7 @@ def _prepass_product(x_rows, w_rows, r_rows, sum_rows, norm_w_ptr, write_sum, ep
 def _normed_tile_product(x_rows, w_rows, up_offset, r_rows, sum_rows, norm_w_ptr, write_sum, row_mask,
                          col_mask, ks, K, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(x * norm_w) @ w^T over all of K (and @ up^T when GATED), with x = x + residual written to
-    sum_rows when write_sum, and the rows' sums of squares of x, all in one pass over K."""
+    """(x * norm_w) @ w^T (and @ up^T) and the rows' sums of squares, in one pass over all of K."""
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     up = acc
     squares = tl.full([BLOCK_M], 0.0, tl.float32)

@@ -55,8 +55,7 @@ def _row_rstd(x_row, r_row, sum_row, write_sum, K, eps, HAS_RESIDUAL: tl.constex
 @triton.jit
 def _input_chunk(x_row, r_row, sum_row, norm_w_ptr, write_sum, kk, k_mask, K, eps, NORM: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr, K_TILE: tl.constexpr):  # fmt: skip
-    """This program's K_TILE inputs of one row, RMS-normed (after adding the residual) when NORM,
-    rounded where the unfused ops round: the normed row, then its product with the norm weight."""
+    """This program's inputs of one row; NORM: RMS-normed, rounded as the unfused ops round."""
     x = tl.load(x_row + kk, mask=k_mask, other=0.0)
     if NORM:
         rstd = _row_rstd(x_row, r_row, sum_row, write_sum, K, eps, HAS_RESIDUAL, K_TILE)
@@ -92,8 +91,7 @@ def _finish_row(acc, up, y_row, bias_ptr, cols, col_mask, HAS_BIAS: tl.constexpr
 
 @triton.jit
 def rounded_swiglu(acc, up, dtype: tl.constexpr, GATED: tl.constexpr):
-    """acc in dtype, or (GATED) silu(acc) * up rounded where the unfused ops round: each product,
-    then silu, then the product."""
+    """acc in dtype, or (GATED) silu(acc) * up, rounded as the unfused ops round."""
     out = acc.to(dtype)
     if GATED:
         gate = out.to(tl.float32)
@@ -197,8 +195,7 @@ def gemv(
     x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None, gated: bool,
     norm: NormFirst | None, summed: torch.Tensor, tickets: torch.Tensor, config: GemvConfig | None = None,
 ) -> None:  # fmt: skip
-    """y = x @ w^T (+ bias) for x [M <= MAX_ROWS, K], into y; gated and norm as in
-    triton_gemm.skinny_gemm, which allocates y and summed (x + norm.residual) and calls this."""
+    """Into y (and summed): triton_gemm.skinny_gemm's product for x [M <= MAX_ROWS, K]."""
     m, k = x.shape
     n = y.shape[1]
     assert m <= MAX_ROWS

@@ -61,8 +61,7 @@ def store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, seq, split, nu
 def decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_ob, stride_oh,
                          HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
                          PDL: tl.constexpr = False):  # fmt: skip
-    """Combine one (sequence, head)'s splits. Partials are read through L2 (.cg): another SM wrote
-    them, maybe after this SM cached the same addresses in an earlier launch."""
+    """Combine one (sequence, head)'s splits; read through L2 (.cg): this SM may hold stale lines."""
     wait_for_previous(PDL)
     seq, head, num_heads = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     splits = tl.arange(0, SPLITS_PAD)
