@@ -3,8 +3,7 @@
 Symmetric memory (buffers peers read and write over NVLink): one-shot for decode-sized messages,
 two-shot (reduce-scatter, all-gather) for larger ones, NCCL above the buffer. Point-to-point only:
 NVLink multicast (NVLS, `multimem` ops) can take a shared host's GPUs out of service, so it is never
-called and the environment must keep it off. Buffers are allocated once, before CUDA-graph capture.
-"""
+called and the environment must keep it off. Buffers are allocated once, before CUDA-graph capture."""
 
 from __future__ import annotations
 

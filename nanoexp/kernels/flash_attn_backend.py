@@ -3,8 +3,7 @@
 Prefill: `flash_attn_varlen_func` (split-KV kernels with `block_table` after a cached prefix, else
 plain forward); decode: `flash_attn_with_kvcache`. flash-attn drops the causal mask for a single
 query, so causal and non-causal kernels are used: experiments/kernels/build_flash_attn.sh's lean
-build keeps exactly these, for head dim 128.
-"""
+build keeps exactly these, for head dim 128."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ in a CUDA graph is launched as its predecessor exits, overlapping that one's las
 The rule: every such kernel first calls `griddepcontrol.wait`, so dependencies stay transitive. None
 launches dependents early: that made the batch-1 step 20% slower on an H200, launching at exit 4%
 faster (experiments/nanovllm_bench/README.md). Eager launches (sampler, prefill) measured slower
-with PDL and do not use it; kernels without it (torch's, cuBLAS) serialize as usual.
-"""
+with PDL and do not use it; kernels without it (torch's, cuBLAS) serialize as usual."""
 
 from __future__ import annotations
 

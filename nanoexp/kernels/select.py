@@ -2,8 +2,7 @@
 
 `auto` takes a non-reference backend only once it passes a one-time self-check against the torch
 reference (kernels/self_check.py), else warns and skips it; an explicit request is built as asked.
-Every backend returned carries `selection`, a one-line note of why it was chosen.
-"""
+Every backend returned carries `selection`, a one-line note of why it was chosen."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Through the real interface: store_kv, a decode batch, a prefill after a cached prefix (next to one
 without) and a plain prefill. The reference runs in float32 on the same dtype-rounded inputs, so the
-tolerance covers only the backend's rounding; store_kv must write the reference's exact bytes.
-"""
+tolerance covers only the backend's rounding; store_kv must write the reference's exact bytes."""
 
 from __future__ import annotations
 

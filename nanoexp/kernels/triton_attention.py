@@ -4,8 +4,7 @@ Caches are [num_blocks, block_size, kv_heads, head_dim], contiguous last dim, K 
 strides. Softmax is fp32 in the log2 domain (scores pre-multiplied by log2(e)). An fp8 cache
 (kernels/base.py) is widened in registers (exact), its scales folded in: k_scale into the score
 scale, v_scale into the output (KV_FP8; other caches unchanged). No tl.max / tl.sum or other
-@jit helpers of triton.language.standard (kernels/triton_splits.py says why).
-"""
+@jit helpers of triton.language.standard (kernels/triton_splits.py says why)."""
 
 from __future__ import annotations
 

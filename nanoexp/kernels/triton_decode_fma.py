@@ -7,8 +7,7 @@ own online softmax, and the lanes are merged after the loop as splits are.
 Numerics (experiments/kernels/runs/decode_cuda_cores.md): e4m3 widens to fp16 exactly; products and
 a thread's sums over 16 dims (q . k) and ROWS keys (p . v, p <= 1) are fp16, the rest fp32: 2^-11
 relative, below the cache's 2^-4. No overflow: q carries the softmax and k scales (a partial q . k
-is a piece of the log2 score), and p . v sums at most ROWS values <= 448.
-"""
+is a piece of the log2 score), and p . v sums at most ROWS values <= 448."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ launch, and CUDA-graph replays start clean. Above MAX_BLOCK_M rows, rows are til
 The RMSNorm it can apply first: up to NORM_PREPASS_MAX_ROWS rows each program takes its rows' rms in
 a pass of its own and rounds as the unfused op. Above, that pass would re-read x per column tile, so
 squares are summed in the product's K loop and 1 / rms scales the product (x * norm_w is what is
-rounded to 16 bits: the result differs from the unfused op's by that rounding).
-"""
+rounded to 16 bits: the result differs from the unfused op's by that rounding)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ Each program loads its whole weight tile (BLOCK_N x K_TILE) into registers befor
 weight bytes are in flight while x is loaded and normed; fp32 FMAs. Small tiles keep several
 programs per SM, where the tensor-core kernel (triton_gemm.py) reached ~1.2 TB/s at one row
 (experiments/kernels/README.md, "The GEMV for 1-2 rows"). Longer K is split; the last program of a
-column tile (an atomic ticket) sums the fp32 partials. Rounds as triton_gemm.py does.
-"""
+column tile (an atomic ticket) sums the fp32 partials. Rounds as triton_gemm.py does."""
 
 from __future__ import annotations
 

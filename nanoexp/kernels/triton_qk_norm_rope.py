@@ -1,7 +1,6 @@
 """One Triton kernel from the qkv projection to attention inputs: per-head RMSNorm of q and k
 (Qwen3; skipped for Qwen2), NeoX RoPE, q written out, roped k and raw v stored in the paged cache.
-Rounds as the torch ops it replaces (`qk_norm_rope` / `apply_rope`, then `store_kv`) round.
-"""
+Rounds as the torch ops it replaces (`qk_norm_rope` / `apply_rope`, then `store_kv`) round."""
 
 from __future__ import annotations
 

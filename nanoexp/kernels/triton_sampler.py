@@ -6,8 +6,7 @@ the batch. GPU logs are the approximate lg2 (~1e-7 relative; the accurate log ma
 arithmetic-bound, experiments/nanovllm_bench/README.md). Programs scan slices of a row (best sample
 and best logit per lane); a second kernel picks across slices (ties to the lowest index, as
 torch.argmax). A TP rank scans its vocabulary shard (`shard_winners`): the noise is keyed by the
-full-vocabulary index, so the best of the ranks' winners is the whole-vocabulary draw.
-"""
+full-vocabulary index, so the best of the ranks' winners is the whole-vocabulary draw."""
 
 from __future__ import annotations
 

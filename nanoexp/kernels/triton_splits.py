@@ -1,8 +1,7 @@
 """What the paged attention kernels share: key offsets, split bounds and stores, the split reduce.
 
 The kernels avoid the @jit helpers of triton.language.standard (tl.max, tl.sum, tl.zeros, tl.cdiv):
-they break the CPU interpreter when triton was imported before TRITON_INTERPRET=1 was set.
-"""
+they break the CPU interpreter when triton was imported before TRITON_INTERPRET=1 was set."""
 
 from __future__ import annotations
 
