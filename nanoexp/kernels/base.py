@@ -43,13 +43,11 @@ class AttentionMetadata:
     cu_seqlens_k: torch.Tensor | None = None  # int32 [num_seqs + 1], prefill only
     max_seqlen_q: int = 1
     max_seqlen_k: int = 0  # bounds every context_lens entry it describes; 0: unknown (a captured graph's)
-    # some prefill sequence attends to tokens from earlier steps, or (a lossy cache) every prefill
-    # reads its K/V as the cache stores them
+    # a prefill sequence attends to earlier steps' tokens, or (lossy cache) prefill reads K/V from the cache
     has_cached_prefix: bool = False
     num_decodes: int = 0  # leading one-token decode sequences of a prefill step (a mixed step)
     max_decode_seqlen_k: int = 0  # a mixed step's longest decode context; 0: unknown
-    # A step graph's fixed-shape mixed step: the prefill tile table (int32 [n, 4], see
-    # triton_attention.varlen_prefill), and each leading decode slot's context (0: no decode)
+    # A step graph's mixed step: the prefill tile table and each leading decode slot's context (0: none)
     prefill_tiles: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
 

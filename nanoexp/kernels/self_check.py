@@ -13,12 +13,10 @@ import torch
 from nanoexp.kernels.base import FP8_DTYPE, AttentionBackend, AttentionMetadata, is_fp8
 from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8
 
-# Max abs error allowed on outputs of magnitude ~1 (random q/k/v, softmax-weighted sums of N(0,1)).
-# A wrong mask, page or scale shows up as errors of 0.1 and more.
+# Max abs error on outputs of magnitude ~1; a wrong mask, page or scale shows as 0.1 and more.
 TOLERANCE = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 NUM_HEADS, NUM_KV_HEADS = 8, 2  # grouped-query, as in the Qwen3 models
-# fp8 cache scales of the check: N(0, 1) values use most of e4m3's range; K and V differ so a
-# swapped scale shows.
+# fp8 scales: N(0, 1) values use most of e4m3's range; K and V differ so a swapped scale shows.
 FP8_K_SCALE, FP8_V_SCALE = 0.02, 0.03
 
 
@@ -103,16 +101,13 @@ class PagedCase:
         cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
         cu_k = torch.tensor([0, *torch.tensor(self.ctx_lens).cumsum(0).tolist()], dtype=torch.int32)
         return AttentionMetadata(
-            is_prefill=is_prefill,
-            slot_mapping=self.slots(q_lens),
+            is_prefill=is_prefill, slot_mapping=self.slots(q_lens),
             context_lens=torch.tensor(self.ctx_lens, dtype=torch.int32, device=self.device),
-            block_tables=self.block_tables,
-            cu_seqlens_q=cu_q.to(self.device) if is_prefill else None,
-            cu_seqlens_k=cu_k.to(self.device) if is_prefill else None,
-            max_seqlen_q=max(q_lens),
+            block_tables=self.block_tables, cu_seqlens_q=cu_q.to(self.device) if is_prefill else None,
+            cu_seqlens_k=cu_k.to(self.device) if is_prefill else None, max_seqlen_q=max(q_lens),
             max_seqlen_k=max(self.ctx_lens),
             has_cached_prefix=is_prefill and any(c > q for c, q in zip(self.ctx_lens, q_lens, strict=True)),
-        )
+        )  # fmt: skip
 
 
 def default_cases(block_size: int) -> list[tuple[list[int], list[int], bool]]:

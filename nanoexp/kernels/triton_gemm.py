@@ -70,8 +70,7 @@ def _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, 
         k_mask = kk[None, :] < k_end
         x = tl.load(x_rows + kk[None, :], mask=row_mask[:, None] & k_mask, other=0.0)
         if NORM:
-            # RMSNorm rounded where the unfused op rounds: the normed row, then its product with
-            # the norm weight
+            # rounded where the unfused op rounds: the normed row, then its product with the weight
             v = x.to(tl.float32)
             if HAS_RESIDUAL:
                 v += tl.load(r_rows + kk[None, :], mask=row_mask[:, None] & k_mask, other=0.0).to(tl.float32)

@@ -20,10 +20,9 @@ from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_pdl import wait_for_previous
 
 MAX_ROWS = 4  # the kernel's limit
-# Up to where skinny_gemm takes this kernel, measured on an H200 against the tensor-core kernel
-# (experiments/kernels/runs/gemv_*.md): at 1-2 rows it wins every Qwen3-0.6B shape (norm + gate/up
-# + SwiGLU 11.1 -> 6.4 us at one row), at 4 rows it loses (12.1 -> 16.4 us): each row is a
-# dependent pass of loads and reductions.
+# Up to where skinny_gemm takes this kernel, on an H200 vs the tensor-core kernel: at 1-2 rows it wins
+# every Qwen3-0.6B shape (norm + gate/up + SwiGLU 11.1 -> 6.4 us at one row), at 4 it loses (12.1 ->
+# 16.4 us: each row is a dependent pass of loads and reductions; experiments/kernels/runs/gemv_*.md).
 AUTO_ROWS = 2
 MAX_K_TILE = 1024
 
