@@ -31,9 +31,8 @@ class AttentionMetadata:
     """One model step's batch. Sequence i's new tokens are rows cu_seqlens_q[i]:cu_seqlens_q[i+1], its
     context (cached prefix plus new tokens) context_lens[i] tokens; position p lives at slot
     block_tables[i][p // block_size] * block_size + p % block_size; slot -1: not stored (padding).
-    A mixed step (num_decodes > 0) packs that many one-token decodes first; cu_seqlens_*,
-    max_seqlen_* and has_cached_prefix then describe the prefill sequences only (cu_seqlens_q[0] = 0
-    at row num_decodes), max_decode_seqlen_k the decodes."""
+    A mixed step packs num_decodes one-token decodes first; cu_seqlens_*, max_seqlen_* and
+    has_cached_prefix then describe only the prefills (cu_seqlens_q[0] = 0 at row num_decodes)."""
 
     is_prefill: bool
     slot_mapping: torch.Tensor  # int64 [num_tokens]

@@ -62,10 +62,9 @@ class TorchAttentionBackend(AttentionBackend):
 
 
 def context_slots(block_tables, context_lens, block_size: int, width: int):
-    """The cache slots of each sequence's first `width` positions, flattened, and which of them lie
-    inside its context ([num_seqs, width]). Positions past a context read the sequence's last
-    token instead (masked out): a slot never written may hold any bytes, even NaN, which the
-    mask alone would not keep out of the softmax or of P @ V."""
+    """Flat cache slots of each sequence's first `width` positions, and the [num_seqs, width] mask of
+    those in its context. Positions past it read its last token: a slot never written may hold NaN,
+    which the mask alone would not keep out of the softmax or of P @ V."""
     positions = torch.arange(width, device=context_lens.device)[None, :]
     lens = context_lens.long()[:, None]
     read = torch.minimum(positions, (lens - 1).clamp(min=0))

@@ -145,20 +145,18 @@ def supports_cuda_cores(fp8: bool, group: int, head_dim: int) -> bool:
 
 
 def uses_cuda_cores(fp8: bool, group: int, head_dim: int, batch: int) -> bool:
-    """Whether paged_decode runs the CUDA-core kernel (kernels/triton_decode_fma.py): where it can
-    (supports_cuda_cores), from CUDA_CORE_MIN_BATCH sequences. On an H200 at Qwen3-0.6B's shapes it
-    takes 256 x 1,024 from 185 to 146-151 us (1.14-1.18x its floor), 64 x 2,048 from 102 to 72;
-    at 1-4 sequences the tensor-core kernel is as fast or faster, and with 4 query heads per kv
-    head the tensor-core kernel wins everywhere (experiments/kernels/runs/decode_cuda_cores.md)."""
+    """Whether paged_decode runs kernels/triton_decode_fma.py: on an H200 at Qwen3-0.6B's shapes it
+    takes 256 x 1,024 from 185 to 146-151 us (1.14-1.18x its floor), 64 x 2,048 from 102 to 72; at
+    1-4 sequences, or 4 query heads per kv head, the tensor-core kernel is as fast or faster
+    (experiments/kernels/runs/decode_cuda_cores.md)."""
     return supports_cuda_cores(fp8, group, head_dim) and batch >= CUDA_CORE_MIN_BATCH
 
 
 def decode_tile(dim_pad: int, fp8: bool, device: torch.device, batch: int) -> tuple[int, int]:
-    """(keys per tile, pipeline stages) of the split kernel, measured on an H200 for head_dim 128
-    (experiments/kernels/runs/decode_tiles.md). 16-bit tiles gain a third stage where shared
-    memory allows (Hopper: 252 -> 243 us at 256 x 1,024). fp8 tiles, whose V is widened before
-    staging, take 3 stages on Hopper, and 128 keys above batch 64 (198 -> 185 us at 256 x 1,024),
-    64 keys up to it (62 -> 54 us at 64 x 1,024)."""
+    """(keys per tile, pipeline stages), measured on an H200 at head_dim 128: 16-bit tiles take a
+    third stage on Hopper (252 -> 243 us at 256 x 1,024); fp8 tiles 3 stages on Hopper, and 128 keys
+    above batch 64 (198 -> 185 us at 256 x 1,024), 64 up to it (62 -> 54 us at 64 x 1,024;
+    experiments/kernels/runs/decode_tiles.md)."""
     if dim_pad > 128:
         return 32, 2
     hopper = _is_hopper_or_newer(device)

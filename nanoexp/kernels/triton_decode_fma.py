@@ -1,8 +1,7 @@
 """Split-K decode on CUDA cores for fp8 caches read by 1-2 query heads per kv head, where a 16-row
 tensor-core tile is mostly padding and an 8-bit V tile would be transposed through shared memory.
-Products are packed fp16 FMAs in registers, on K and V as loaded. A tile is [ROWS x LANES keys,
-dims]: each thread holds ROWS keys of one lane, 16 dims each (one 16-byte load); each lane runs its
-own online softmax, and the lanes are merged after the loop as splits are.
+Products are packed fp16 FMAs in registers. A tile is [ROWS x LANES keys, dims]: each thread holds
+ROWS keys of one lane, 16 dims each (one 16-byte load); lanes run own online softmaxes, merged last.
 
 Numerics (experiments/kernels/runs/decode_cuda_cores.md): e4m3 widens to fp16 exactly; products and
 a thread's sums over 16 dims (q . k) and ROWS keys (p . v, p <= 1) are fp16, the rest fp32: 2^-11

@@ -207,9 +207,8 @@ def _tickets(device: torch.device) -> torch.Tensor:
 
 
 def default_config(n: int, k: int, num_sms: int, rows: int = 1) -> GemmConfig:
-    """Tiles of 32 output features, 256-wide K steps; K is split only when the tiles alone would
-    leave over half the SMs idle (on an H200, splitting 128 tiles 4 ways was slower than not).
-    Above MAX_BLOCK_M rows the row tiles count as tiles."""
+    """K is split only when the (column and row) tiles alone would leave over half the SMs idle: on
+    an H200, splitting 128 tiles 4 ways was slower than not."""
     block_n = 32
     block_k = 256 if k >= 1024 else 128
     tiles = triton.cdiv(n, block_n) * triton.cdiv(rows, MAX_BLOCK_M)

@@ -3,10 +3,10 @@
 A draw from softmax(x / t) is argmax(x / t + g), g = -log(-log(u)) Gumbel noise, u from Philox keyed
 by the row's seed and the vocabulary index: nothing materialized, a seeded row's draw independent of
 the batch. GPU logs are the approximate lg2 (~1e-7 relative; the accurate log made the kernel
-arithmetic-bound, experiments/nanovllm_bench/README.md). Programs scan slices of a row (best sample
-and best logit per lane); a second kernel picks across slices (ties to the lowest index, as
-torch.argmax). A TP rank scans its vocabulary shard (`shard_winners`): the noise is keyed by the
-full-vocabulary index, so the best of the ranks' winners is the whole-vocabulary draw."""
+arithmetic-bound, experiments/nanovllm_bench/README.md). A second kernel picks across a row's
+slices (ties to the lowest index, as torch.argmax). A TP rank scans its vocabulary shard
+(`shard_winners`): noise keyed by the full-vocabulary index makes the best of the ranks' winners
+the whole-vocabulary draw."""
 
 from __future__ import annotations
 
