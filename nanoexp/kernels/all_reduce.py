@@ -1,12 +1,9 @@
 """Tensor-parallel all-reduce: NCCL (gloo on CPU), or symmetric memory for small messages.
 
-Symmetric memory gives each rank a buffer its peers load from and store to over NVLink: one-shot
-(every rank reads all peers' buffers and sums) for decode-sized messages, two-shot (reduce-scatter
-then all-gather through the buffers) for larger ones, NCCL above the buffer. Only point-to-point
-loads and stores: NVLink multicast (NVLS, `multimem` ops) can take a shared host's GPUs out of
-service, so it is never called and the environment must keep it off. The buffers are allocated
-once, before CUDA-graph capture, so captured kernels see fixed addresses.
-"""
+Symmetric memory (buffers peers read and write over NVLink): one-shot for decode-sized messages,
+two-shot (reduce-scatter, all-gather) for larger ones, NCCL above the buffer. Point-to-point only:
+NVLink multicast (NVLS, `multimem` ops) can take a shared host's GPUs out of service, so it is never
+called and the environment must keep it off. Buffers are allocated once, before CUDA-graph capture."""
 
 from __future__ import annotations
 
@@ -73,8 +70,7 @@ def symm_mem_usable(device: torch.device, world_size: int) -> bool:
 
 
 def resolve_choice(choice: str, device: torch.device, world_size: int, usable: bool) -> str:
-    """The implementation a rank uses: gloo on CPU whatever the knob says (symm_mem forced on CPU is
-    an error), symm_mem where it is usable under `auto`, NCCL otherwise."""
+    """gloo on CPU (symm_mem forced there is an error), symm_mem where usable under `auto`, else NCCL."""
     if choice not in ALL_REDUCES:
         raise KnobError("parallel.all_reduce", choice, f"one of {', '.join(ALL_REDUCES)}")
     if device.type != "cuda":
@@ -157,12 +153,11 @@ class AllReduce:
     def describe(self) -> dict:
         """What results and W&B record: the knob, what it resolved to, thresholds, paths taken."""
         return {
-            "all_reduce": self.choice,
-            "all_reduce_impl": self.impl,
+            "all_reduce": self.choice, "all_reduce_impl": self.impl,
             "all_reduce_one_shot_max_bytes": self.one_shot_max_bytes,
             "all_reduce_symm_mem_max_bytes": self.symm_mem_max_bytes,
             "all_reduce_paths": {str(n): p for n, p in sorted(self.paths.items())},
-        }
+        }  # fmt: skip
 
 
 def allocate_symmetric(group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype, numel: int):
@@ -188,9 +183,7 @@ def agree(flag: bool, group: dist.ProcessGroup | None, device: torch.device) -> 
 def setup_all_reduce(
     choice: str, group: dist.ProcessGroup | None, device: torch.device, dtype: torch.dtype, max_bytes: int
 ) -> AllReduce:
-    """Builds this rank's all-reduce; a collective call (every rank, after the process group exists,
-    before CUDA-graph capture). `max_bytes`: the largest message the symmetric buffer takes (larger
-    ones go to NCCL); decode needs max_num_seqs x hidden_size x dtype bytes."""
+    """This rank's all-reduce (collective, before CUDA-graph capture); max_bytes: the symmetric buffer's."""
     group = group or dist.group.WORLD
     world_size = dist.get_world_size(group)
     usable = device.type == "cuda" and agree(symm_mem_usable(device, world_size), group, device)

@@ -1,15 +1,13 @@
 """The attention backend contract, the per-step metadata it reads, and the fp8 KV-cache convention.
 
-fp8 KV cache (`cache.kv_cache_dtype=fp8_e4m3`): the caches are `torch.float8_e4m3fn` and each
-attention layer owns float32 [1] device tensors `k_scale` and `v_scale` (1.0 for a cache in the
-model's dtype). Kernels load the scales through their pointers, never as Python floats, so a
-captured CUDA graph stays valid when they are recalibrated in place.
+Every cache is [num_blocks, block_size, kv_heads, head_dim]. fp8 (`cache.kv_cache_dtype=fp8_e4m3`):
+`torch.float8_e4m3fn` caches; each layer owns float32 [1] device tensors `k_scale`, `v_scale` (1.0
+for a cache in the model's dtype). Kernels load the scales through pointers, never as Python floats,
+so a captured CUDA graph stays valid when they are recalibrated in place. Readers may fold them into
+scores and output.
 
     quantize:   cache = clamp(x.float() / scale, -FP8_MAX, FP8_MAX).to(float8_e4m3fn)  (round to nearest even)
     dequantize: x = cache.float() * scale
-
-Readers may fold the scales instead: scores = (q . k_fp8) * (softmax_scale * k_scale), output =
-(p @ v_fp8) * v_scale. Every cache is [num_blocks, block_size, kv_heads, head_dim], stored in that order.
 """
 
 from __future__ import annotations
@@ -30,17 +28,11 @@ def is_fp8(cache: torch.Tensor) -> bool:
 
 @dataclass
 class AttentionMetadata:
-    """One model step's batch, prepared once per step by the runner.
-
-    Tokens are packed along dim 0: sequence i's new tokens are rows cu_seqlens_q[i]:cu_seqlens_q[i+1];
-    its context (cached prefix plus new tokens) has context_lens[i] tokens in the blocks of
-    block_tables[i]. Position p lives at slot block_tables[i][p // block_size] * block_size +
-    p % block_size; slot -1 means "do not store" (padding rows).
-
-    A mixed step (a prefill step with num_decodes > 0) packs num_decodes one-token decodes first;
-    cu_seqlens_*, max_seqlen_* and has_cached_prefix then describe the prefill sequences only
-    (cu_seqlens_q[0] = 0 at row num_decodes), max_decode_seqlen_k the decodes.
-    """
+    """One model step's batch. Sequence i's new tokens are rows cu_seqlens_q[i]:cu_seqlens_q[i+1], its
+    context (cached prefix plus new tokens) context_lens[i] tokens; position p lives at slot
+    block_tables[i][p // block_size] * block_size + p % block_size; slot -1: not stored (padding).
+    A mixed step packs num_decodes one-token decodes first; cu_seqlens_*, max_seqlen_* and
+    has_cached_prefix then describe only the prefills (cu_seqlens_q[0] = 0 at row num_decodes)."""
 
     is_prefill: bool
     slot_mapping: torch.Tensor  # int64 [num_tokens]
@@ -50,13 +42,11 @@ class AttentionMetadata:
     cu_seqlens_k: torch.Tensor | None = None  # int32 [num_seqs + 1], prefill only
     max_seqlen_q: int = 1
     max_seqlen_k: int = 0  # bounds every context_lens entry it describes; 0: unknown (a captured graph's)
-    # some prefill sequence attends to tokens from earlier steps, or (a lossy cache) every prefill
-    # reads its K/V as the cache stores them
+    # a prefill sequence attends to earlier steps' tokens, or (lossy cache) prefill reads K/V from the cache
     has_cached_prefix: bool = False
     num_decodes: int = 0  # leading one-token decode sequences of a prefill step (a mixed step)
     max_decode_seqlen_k: int = 0  # a mixed step's longest decode context; 0: unknown
-    # A step graph's fixed-shape mixed step: the prefill tile table (int32 [n, 4], see
-    # triton_attention.varlen_prefill), and each leading decode slot's context (0: no decode)
+    # A step graph's mixed step: the prefill tile table and each leading decode slot's context (0: none)
     prefill_tiles: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
 
@@ -83,9 +73,8 @@ Tensor = torch.Tensor
 
 
 class AttentionBackend:
-    """Stores new K/V by slot mapping, then attends. For an fp8 cache `k_scale`/`v_scale` are
-    required: store_kv quantizes with them, prefill/decode dequantize what they read from the cache
-    (prefill without a cached prefix attends to this step's k/v as given). Other caches ignore them."""
+    """Stores new K/V by slot mapping, then attends. An fp8 cache requires `k_scale`/`v_scale` (other
+    caches ignore them); prefill without a cached prefix attends to this step's k/v as given."""
 
     name = "base"
     captures_mixed_steps = False  # mixed() honours AttentionMetadata.prefill_tiles (step graphs)
@@ -105,16 +94,14 @@ class AttentionBackend:
         num_heads: int, num_kv_heads: int, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
         write_k: bool, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None] | None:  # fmt: skip
-        """Optional: per-head q/k RMSNorm (if qk_norm), RoPE and store_kv as one op. Returns (q, k),
-        k only if write_k, or None where there is no such op (the caller runs the torch ops)."""
+        """Optional fused q/k RMSNorm + RoPE + store_kv: (q, k if write_k), or None (use the torch ops)."""
         return None
 
     def prefill(
         self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, md: AttentionMetadata,
         scale: float, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> Tensor:  # fmt: skip
-        """Causal attention of each sequence's new tokens (q [tokens, heads, dim]; k/v this step's
-        [tokens, kv_heads, dim]) over its whole context."""
+        """Causal attention of each sequence's new tokens (q, k, v packed by token) over its context."""
         raise NotImplementedError
 
     def mixed(
@@ -132,8 +119,7 @@ class AttentionBackend:
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, md: AttentionMetadata, scale: float,
         k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> Tensor:  # fmt: skip
-        """Attention of each sequence's newest token (q [seqs, heads, dim]) over its context_lens[i]
-        cached tokens."""
+        """Attention of each sequence's newest token (q [seqs, heads, dim]) over its cached context."""
         raise NotImplementedError
 
 

@@ -1,12 +1,9 @@
-"""Attention backend on the `flash_attn` package (CUDA, fp16/bf16; paged KV needs blocks of 256*k;
-no fp8 KV cache).
+"""Attention backend on the `flash_attn` package (CUDA, fp16/bf16, paged KV in blocks of 256*k, no fp8).
 
-Prefill calls `flash_attn_varlen_func` (with `block_table` after a cached prefix: flash-attn's
-split-KV kernels; without: its plain forward kernels), decode `flash_attn_with_kvcache` with
-`block_table`. flash-attn drops the causal mask for a single query, so both causal and non-causal
-kernels are used; the lean build in experiments/kernels/build_flash_attn.sh keeps exactly these,
-for head dim 128.
-"""
+Prefill: `flash_attn_varlen_func` (split-KV kernels with `block_table` after a cached prefix, else
+plain forward); decode: `flash_attn_with_kvcache`. flash-attn drops the causal mask for a single
+query, so causal and non-causal kernels are used: experiments/kernels/build_flash_attn.sh's lean
+build keeps exactly these, for head dim 128."""
 
 from __future__ import annotations
 
@@ -67,26 +64,22 @@ class FlashAttnBackend(AttentionBackend):
 
         check_cache(k_cache, paged=md.has_cached_prefix)
         if not md.has_cached_prefix:
-            return flash_attn_varlen_func(
-                q, k, v, md.cu_seqlens_q, md.cu_seqlens_q, md.max_seqlen_q, md.max_seqlen_q,
-                softmax_scale=scale, causal=True,
-            )  # fmt: skip
+            return flash_attn_varlen_func(q, k, v, md.cu_seqlens_q, md.cu_seqlens_q, md.max_seqlen_q,
+                                          md.max_seqlen_q, softmax_scale=scale, causal=True)  # fmt: skip
         cu_k = md.cu_seqlens_k
         if cu_k is None:
             cu_k = torch.nn.functional.pad(md.context_lens.cumsum(0, dtype=torch.int32), (1, 0))
         max_k = md.max_seqlen_k or int(md.context_lens.max())
         # flash-attn aligns the causal mask bottom-right, i.e. query j sits at ctx - q_len + j.
-        return flash_attn_varlen_func(
-            q, k_cache, v_cache, md.cu_seqlens_q, cu_k, md.max_seqlen_q, max_k,
-            softmax_scale=scale, causal=True, block_table=md.block_tables,
-        )  # fmt: skip
+        return flash_attn_varlen_func(q, k_cache, v_cache, md.cu_seqlens_q, cu_k, md.max_seqlen_q, max_k,
+                                      softmax_scale=scale, causal=True,
+                                      block_table=md.block_tables)  # fmt: skip
 
     def decode(self, q, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         from flash_attn import flash_attn_with_kvcache
 
         check_cache(k_cache)
-        out = flash_attn_with_kvcache(
-            q.unsqueeze(1), k_cache, v_cache, cache_seqlens=md.context_lens,
-            block_table=md.block_tables, softmax_scale=scale, causal=True,
-        )  # fmt: skip
+        out = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=md.context_lens,
+                                      block_table=md.block_tables, softmax_scale=scale,
+                                      causal=True)  # fmt: skip
         return out.squeeze(1)

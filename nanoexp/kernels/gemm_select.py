@@ -7,9 +7,9 @@ import torch
 from nanoexp.kernels.norm_first import NormFirst
 from nanoexp.kernels.select import require_triton, triton_half_precision
 
-# Where `auto` takes the Triton kernel, measured on an H200 in bf16 against cuBLAS: up to 16 rows and
-# weights up to 12 MiB (all of Qwen3-0.6B's layers); cuBLAS wins every Qwen3-8B shape but one tie
-# (experiments/kernels/runs/skinny_gemm_8b.md: 8B batch-1 TPOT 5.51 ms with the kernel, 4.95 without).
+# Where `auto` takes the Triton kernel (H200, bf16, vs cuBLAS): all of Qwen3-0.6B's layers; cuBLAS wins
+# every Qwen3-8B shape but one tie (8B batch-1 TPOT 5.51 ms with the kernel, 4.95 without;
+# experiments/kernels/runs/skinny_gemm_8b.md).
 AUTO_MAX_ROWS = 16
 AUTO_MAX_WEIGHT_BYTES = 12 * 2**20
 MAX_ROWS = 256  # the kernel's limit (triton_gemm.MAX_ROWS); `triton` takes every size up to it
@@ -34,8 +34,7 @@ class SkinnyGemm:
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False,
         norm: NormFirst | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """x @ weight^T + bias; gated: weight is [gate; up] and the result silu(gate) * up; norm:
-        x is RMS-normed first and the new residual is returned too."""
+        """x @ weight^T + bias; gated and norm as in triton_gemm.skinny_gemm."""
         return self.kernel(x, weight, bias, gated=gated, norm=norm)
 
     def describe(self) -> str:
@@ -44,8 +43,7 @@ class SkinnyGemm:
 
 
 def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> SkinnyGemm | None:
-    """`engine.gemm_backend`: torch -> None; triton -> always for up to 256 rows; auto -> the
-    measured range (rows and weight size) on CUDA in bf16/fp16 when Triton is installed, else None."""
+    """`engine.gemm_backend`: torch: None; triton: up to 256 rows; auto: the measured range, or None."""
     if choice == "torch":
         return None
     if choice == "triton":

@@ -1,12 +1,10 @@
 """Programmatic dependent launch (PDL, `engine.pdl`): on Hopper and newer, a Triton kernel captured
 in a CUDA graph is launched as its predecessor exits, overlapping that one's last memory flush.
 
-The rule: every such kernel first calls `griddepcontrol.wait` (returns once the previous kernel has
-finished and its writes are visible), so dependencies stay transitive. None launches dependents
-early: that made the batch-1 step 20% slower on an H200, launching at exit 4% faster
-(experiments/nanovllm_bench/README.md). Eager launches (sampler, prefill) do not use PDL, where it
-measured slower; kernels without it (torch's own, cuBLAS) serialize as usual.
-"""
+The rule: every such kernel first calls `griddepcontrol.wait`, so dependencies stay transitive. None
+launches dependents early: that made the batch-1 step 20% slower on an H200, launching at exit 4%
+faster (experiments/nanovllm_bench/README.md). Eager launches (sampler, prefill) measured slower
+with PDL and do not use it; kernels without it (torch's, cuBLAS) serialize as usual."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ def supported(device: torch.device) -> bool:
 
 
 def configure(choice: str, device: torch.device, has_triton: bool) -> bool:
-    """Apply `engine.pdl` (auto, on or off) to this process's kernels; returns whether PDL is on.
-    auto = on where supported."""
+    """Apply `engine.pdl` (auto = on where supported, on, off); returns whether PDL is on."""
     global _enabled
     usable = has_triton and supported(device)
     if choice == "on" and not usable:

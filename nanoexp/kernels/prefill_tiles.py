@@ -1,5 +1,4 @@
-"""The prefill kernel's tile shape and its tile table: plain host code (no Triton), shared by the
-kernel's launcher and the runner, which builds a step graph's table on the host."""
+"""The prefill kernel's tile shape and tile table, host code shared by its launcher and the runner."""
 
 from __future__ import annotations
 
@@ -11,17 +10,16 @@ def dim_pad(head_dim: int) -> int:
 
 
 def prefill_config(dim_pad: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) sized to fit shared memory. At head size 128 one
-    shape for every length: on an H200 64 x 64 tiles beat 128 x 64 by 31% on a 512-token prompt,
-    22% on 8 x 512 and 13% on one 4,096-token prompt, and are within 1% of the best shape
-    swept (experiments/tools/prefill_kernel_sweep.py; the serving study's README)."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) sized to fit shared memory. At head size 128 on an
+    H200, 64 x 64 beat 128 x 64 by 13-31% (4,096- to 512-token prompts) and are within 1% of the best
+    shape swept (experiments/tools/prefill_kernel_sweep.py)."""
     if dim_pad > 128:
         return 64, 32, 4, 2
     return 64, 64, 4, 3
 
 
 def prefill_block_m(head_dim: int) -> int:
-    """The query rows per tile that varlen_prefill runs at this head size and longest query."""
+    """The query rows per tile that varlen_prefill runs at this head size."""
     return prefill_config(dim_pad(head_dim))[0]
 
 
@@ -33,9 +31,8 @@ PYTHON_TILES = 48
 def prefill_tiles(
     query_lens: list[int], context_lens: list[int], first_seq: int, block_m: int
 ) -> np.ndarray:
-    """varlen_prefill's tile table for sequences first_seq.. of a packed step (those before are
-    skipped, e.g. a mixed step's decodes): int32 rows (sequence, first row, query length, tile),
-    the tiles that read the most keys first, so that the longest programs start in the first wave."""
+    """varlen_prefill's int32 tile rows (sequence, first row, query length, tile) for sequences
+    first_seq.. of a packed step, those reading the most keys first (they start in the first wave)."""
     query_lens, context_lens = list(query_lens), list(context_lens)
     prefill_seqs = len(query_lens) - first_seq
     if sum(query_lens[first_seq:]) // block_m + prefill_seqs <= PYTHON_TILES:

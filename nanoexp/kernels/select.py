@@ -1,10 +1,8 @@
 """Pick the attention backend for a device, KV block size, dtype, head size and KV-cache dtype.
 
-`auto` takes a backend other than the torch reference only after it passes a one-time self-check
-against the reference (kernels/self_check.py); one that fails is skipped with a warning. An
-explicitly requested backend is built as asked. Every backend returned carries `selection`, a
-one-line note of why it was chosen.
-"""
+`auto` takes a non-reference backend only once it passes a one-time self-check against the torch
+reference (kernels/self_check.py), else warns and skips it; an explicit request is built as asked.
+Every backend returned carries `selection`, a one-line note of why it was chosen."""
 
 from __future__ import annotations
 
@@ -35,16 +33,11 @@ AUTO_CUDA_ORDER = ("triton", "flash_attn")
 
 
 def make_attention_backend(
-    name: str,
-    device: torch.device,
-    block_size: int,
-    dtype: torch.dtype | None = None,
-    head_dim: int = 128,
+    name: str, device: torch.device, block_size: int, dtype: torch.dtype | None = None, head_dim: int = 128,
     kv_cache_dtype: str = "auto",
-) -> AttentionBackend:
-    """Build backend `name`; "auto" takes the first self-checked of `auto_candidates`, else torch.
-    `dtype` and `head_dim` are the model's (the self-check runs in them; dtype defaults to bfloat16
-    on CUDA, float32 on CPU). `kv_cache_dtype`: flash_attn has no fp8 cache."""
+) -> AttentionBackend:  # fmt: skip
+    """Build backend `name`; "auto": the first self-checked of `auto_candidates`, else torch. `dtype`
+    and `head_dim` are the model's (the self-check runs in them; dtype default: bf16 on CUDA, else fp32)."""
     device = torch.device(device)
     if name == "auto":
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -115,8 +108,7 @@ def triton_available() -> bool:
 
 
 def triton_half_precision(device: torch.device, dtype: torch.dtype) -> bool:
-    """Where the Triton fast paths that `auto` picks run: CUDA, bf16/fp16, Triton installed
-    (float32 keeps torch's ops, the parity reference)."""
+    """Where `auto` picks the Triton fast paths (float32 keeps torch's ops, the parity reference)."""
     return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and triton_available()
 
 

@@ -1,10 +1,8 @@
 """A one-time check of an attention backend against the torch reference on a small paged case.
 
-Through the backend's real interface: store_kv into a paged cache, then a decode batch, a prefill
-after a cached prefix (next to a sequence without one) and a plain prefill. The reference runs in
-float32 on the same dtype-rounded inputs, so the tolerance covers only the backend's own rounding.
-With an fp8 cache, store_kv must write the reference's bytes exactly. Results are cached per process.
-"""
+Through the real interface: store_kv, a decode batch, a prefill after a cached prefix (next to one
+without) and a plain prefill. The reference runs in float32 on the same dtype-rounded inputs, so the
+tolerance covers only the backend's rounding; store_kv must write the reference's exact bytes."""
 
 from __future__ import annotations
 
@@ -15,12 +13,10 @@ import torch
 from nanoexp.kernels.base import FP8_DTYPE, AttentionBackend, AttentionMetadata, is_fp8
 from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8
 
-# Max abs error allowed on outputs of magnitude ~1 (random q/k/v, softmax-weighted sums of N(0,1)).
-# A wrong mask, page or scale shows up as errors of 0.1 and more.
+# Max abs error on outputs of magnitude ~1; a wrong mask, page or scale shows as 0.1 and more.
 TOLERANCE = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 NUM_HEADS, NUM_KV_HEADS = 8, 2  # grouped-query, as in the Qwen3 models
-# fp8 cache scales of the check: N(0, 1) values use most of e4m3's range; K and V differ so a
-# swapped scale shows.
+# fp8 scales: N(0, 1) values use most of e4m3's range; K and V differ so a swapped scale shows.
 FP8_K_SCALE, FP8_V_SCALE = 0.02, 0.03
 
 
@@ -41,8 +37,7 @@ def check_backend(
     backend: AttentionBackend, device: torch.device, dtype: torch.dtype, head_dim: int, block_size: int,
     kv_fp8: bool = False,
 ) -> CheckResult:  # fmt: skip
-    """Compare `backend` with the reference once per process per (backend, dtype, head_dim,
-    block_size, fp8 cache or not)."""
+    """Compare `backend` with the reference, once per process per backend and case shape."""
     key = (type(backend), backend.name, torch.device(device), dtype, head_dim, block_size, kv_fp8)
     if key not in _results:
         _results[key] = _run_check(backend, torch.device(device), dtype, head_dim, block_size, kv_fp8)
@@ -69,8 +64,7 @@ def describe(exc: BaseException) -> str:
 
 
 class PagedCase:
-    """Random paged K/V caches (fp8 with `kv_fp8`, scaled by k_scale/v_scale) and block tables for
-    sequences with the given context lengths."""
+    """Random paged K/V caches (fp8 with `kv_fp8`) and block tables for the given context lengths."""
 
     def __init__(self, ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8=False):
         self.block_size, self.device, self.ctx_lens = block_size, device, ctx_lens
@@ -107,21 +101,17 @@ class PagedCase:
         cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
         cu_k = torch.tensor([0, *torch.tensor(self.ctx_lens).cumsum(0).tolist()], dtype=torch.int32)
         return AttentionMetadata(
-            is_prefill=is_prefill,
-            slot_mapping=self.slots(q_lens),
+            is_prefill=is_prefill, slot_mapping=self.slots(q_lens),
             context_lens=torch.tensor(self.ctx_lens, dtype=torch.int32, device=self.device),
-            block_tables=self.block_tables,
-            cu_seqlens_q=cu_q.to(self.device) if is_prefill else None,
-            cu_seqlens_k=cu_k.to(self.device) if is_prefill else None,
-            max_seqlen_q=max(q_lens),
+            block_tables=self.block_tables, cu_seqlens_q=cu_q.to(self.device) if is_prefill else None,
+            cu_seqlens_k=cu_k.to(self.device) if is_prefill else None, max_seqlen_q=max(q_lens),
             max_seqlen_k=max(self.ctx_lens),
             has_cached_prefix=is_prefill and any(c > q for c, q in zip(self.ctx_lens, q_lens, strict=True)),
-        )
+        )  # fmt: skip
 
 
 def default_cases(block_size: int) -> list[tuple[list[int], list[int], bool]]:
-    """(context lengths, new tokens per sequence, is_prefill): a decode batch, a prefill after a
-    cached prefix next to one without, and a plain prefill."""
+    """(context lengths, new tokens per sequence, is_prefill) of the three cases."""
     return [
         ([1, block_size + 3, 37], [1, 1, 1], False),
         ([block_size + 30, 9], [30, 9], True),  # 30 new tokens after one cached block

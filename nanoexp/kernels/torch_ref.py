@@ -55,21 +55,16 @@ class TorchAttentionBackend(AttentionBackend):
         k = readable(rows_at(k_cache, slots), k_scale, fp8).to(q.dtype).view(num_seqs, width, -1, head_dim)
         v = readable(rows_at(v_cache, slots), v_scale, fp8).to(q.dtype).view(num_seqs, width, -1, head_dim)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_mask=mask[:, None, None, :],
-            scale=scale,
-            enable_gqa=True,
-        )
+            q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None, None, :],
+            scale=scale, enable_gqa=True,
+        )  # fmt: skip
         return out.squeeze(2)
 
 
 def context_slots(block_tables, context_lens, block_size: int, width: int):
-    """The cache slots of each sequence's first `width` positions, flattened, and which of them lie
-    inside its context ([num_seqs, width]). Positions past a context read the sequence's last
-    token instead (masked out): a slot never written may hold any bytes, even NaN, which the
-    mask alone would not keep out of the softmax or of P @ V."""
+    """Flat cache slots of each sequence's first `width` positions, and the [num_seqs, width] mask of
+    those in its context. Positions past it read its last token: a slot never written may hold NaN,
+    which the mask alone would not keep out of the softmax or of P @ V."""
     positions = torch.arange(width, device=context_lens.device)[None, :]
     lens = context_lens.long()[:, None]
     read = torch.minimum(positions, (lens - 1).clamp(min=0))

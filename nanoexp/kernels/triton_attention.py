@@ -1,21 +1,10 @@
 """Triton paged attention: split-K decode (flash-decoding) and varlen causal prefill.
 
-K/V caches are [num_blocks, block_size, kv_heads, head_dim] with a contiguous last dim and the same
-strides. Key position p of sequence i lives in page block_tables[i, p // block_size] at row
-p % block_size.
-Softmax runs in fp32 in the log2 domain (scores are pre-multiplied by log2(e)).
-
-fp8 caches read by 1-2 query heads per kv head take the CUDA-core decode of
-kernels/triton_decode_fma.py from 8 sequences (`uses_cuda_cores`).
-
-An fp8 cache (kernels/base.py) is read as is and widened to q's dtype in registers (exact); its
-scales are folded in rather than multiplied into every element: k_scale into the score scale and
-v_scale into the output. The KV_FP8 constexpr removes both for other caches, whose numerics are
-unchanged.
-
-The kernels avoid tl.max, tl.sum and the other @jit helpers of triton.language.standard
-(kernels/triton_splits.py says why).
-"""
+Caches are [num_blocks, block_size, kv_heads, head_dim], contiguous last dim, K and V of the same
+strides. Softmax is fp32 in the log2 domain (scores pre-multiplied by log2(e)). An fp8 cache
+(kernels/base.py) is widened in registers (exact), its scales folded in: k_scale into the score
+scale, v_scale into the output (KV_FP8; other caches unchanged). No tl.max / tl.sum or other
+@jit helpers of triton.language.standard (kernels/triton_splits.py says why)."""
 
 from __future__ import annotations
 
@@ -60,13 +49,9 @@ def _load_rows(ptr, rows, dims, row_mask, HEAD_DIM: tl.constexpr, DIM_PAD: tl.co
 
 @triton.jit
 def _widen_fp8_values(v, key_mask):
-    """An fp8 V tile [keys, dims] as fp16, widened before it is staged for the dot.
-
-    P @ V reads V along keys, across its rows. Widened after staging, as Triton arranges a bare
-    conversion, every thread gathers single bytes from shared memory (ldmatrix has no 8-bit
-    transpose); the product with the (exact) key mask keeps the conversion here, so V is staged as
-    fp16 and read back with a transposing ldmatrix. Measured in experiments/kernels/runs.
-    """
+    """An fp8 V tile [keys, dims] as fp16, widened before it is staged for P @ V. A bare conversion
+    is placed after staging, where every thread gathers single bytes (ldmatrix has no 8-bit
+    transpose); the product with the exact key mask keeps it here (experiments/kernels/runs)."""
     return v.to(tl.float16) * key_mask.to(tl.float16)[:, None]
 
 
@@ -83,27 +68,10 @@ def _online_softmax_step(s, m, den, acc, v):
 
 @triton.jit
 def _attend_tile(
-    q,
-    m,
-    den,
-    acc,
-    k_cache_ptr,
-    v_cache_ptr,
-    table,
-    n0,
-    end,
-    dims,
-    kv_head,
-    qk_scale,
-    stride_cb,
-    stride_cp,
-    stride_ch,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    q, m, den, acc, k_cache_ptr, v_cache_ptr, table, n0, end, dims, kv_head, qk_scale, stride_cb, stride_cp,
+    stride_ch, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FP8: tl.constexpr,
-):
+):  # fmt: skip
     """Fold the keys n0 .. n0 + BLOCK_N (those below end) of one kv head into (m, den, acc)."""
     pos = n0 + tl.arange(0, BLOCK_N)
     key_mask = pos < end
@@ -119,36 +87,12 @@ def _attend_tile(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    block_tables_ptr,
-    context_lens_ptr,
-    out_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    qk_scale,
-    num_splits,
-    stride_qb,
-    stride_qh,
-    stride_cb,
-    stride_cp,
-    stride_ch,
-    stride_bt,
-    stride_ob,
-    stride_oh,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_SPLIT: tl.constexpr,
-    KV_FP8: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    k_scale_ptr, v_scale_ptr, qk_scale, num_splits, stride_qb, stride_qh, stride_cb, stride_cp, stride_ch,
+    stride_bt, stride_ob, stride_oh, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    KV_FP8: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
     """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
     wait_for_previous(PDL)
     if KV_FP8:
@@ -196,27 +140,23 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int)
 
 
 def supports_cuda_cores(fp8: bool, group: int, head_dim: int) -> bool:
-    """Whether the CUDA-core kernel can serve a cache: fp8, at most CUDA_CORE_MAX_GROUP query heads
-    per kv head, head_dim up to CUDA_CORE_MAX_HEAD_DIM (a thread holds a tile's keys in registers;
-    larger heads would spill)."""
+    """fp8, few query heads per kv head, head_dim small enough (larger heads would spill registers)."""
     return fp8 and group <= CUDA_CORE_MAX_GROUP and head_dim <= CUDA_CORE_MAX_HEAD_DIM
 
 
 def uses_cuda_cores(fp8: bool, group: int, head_dim: int, batch: int) -> bool:
-    """Whether paged_decode runs the CUDA-core kernel (kernels/triton_decode_fma.py): where it can
-    (supports_cuda_cores), from CUDA_CORE_MIN_BATCH sequences. On an H200 at Qwen3-0.6B's shapes it
-    takes 256 x 1,024 from 185 to 146-151 us (1.14-1.18x its floor), 64 x 2,048 from 102 to 72;
-    at 1-4 sequences the tensor-core kernel is as fast or faster, and with 4 query heads per kv
-    head the tensor-core kernel wins everywhere (experiments/kernels/runs/decode_cuda_cores.md)."""
+    """Whether paged_decode runs kernels/triton_decode_fma.py: on an H200 at Qwen3-0.6B's shapes it
+    takes 256 x 1,024 from 185 to 146-151 us (1.14-1.18x its floor), 64 x 2,048 from 102 to 72; at
+    1-4 sequences, or 4 query heads per kv head, the tensor-core kernel is as fast or faster
+    (experiments/kernels/runs/decode_cuda_cores.md)."""
     return supports_cuda_cores(fp8, group, head_dim) and batch >= CUDA_CORE_MIN_BATCH
 
 
 def decode_tile(dim_pad: int, fp8: bool, device: torch.device, batch: int) -> tuple[int, int]:
-    """(keys per tile, pipeline stages) of the split kernel, measured on an H200 for head_dim 128
-    (experiments/kernels/runs/decode_tiles.md). 16-bit tiles gain a third stage where shared
-    memory allows (Hopper: 252 -> 243 us at 256 x 1,024). fp8 tiles, whose V is widened before
-    staging, take 3 stages on Hopper, and 128 keys above batch 64 (198 -> 185 us at 256 x 1,024),
-    64 keys up to it (62 -> 54 us at 64 x 1,024)."""
+    """(keys per tile, pipeline stages), measured on an H200 at head_dim 128: 16-bit tiles take a
+    third stage on Hopper (252 -> 243 us at 256 x 1,024); fp8 tiles 3 stages on Hopper, and 128 keys
+    above batch 64 (198 -> 185 us at 256 x 1,024), 64 up to it (62 -> 54 us at 64 x 1,024;
+    experiments/kernels/runs/decode_tiles.md)."""
     if dim_pad > 128:
         return 32, 2
     hopper = _is_hopper_or_newer(device)
@@ -231,29 +171,14 @@ def _is_hopper_or_newer(device: torch.device) -> bool:
 
 
 def paged_decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    max_len: int | None = None,
-    num_splits: int | None = None,
-    block_n: int | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    cuda_cores: bool | None = None,
-) -> torch.Tensor:
-    """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D].
-
-    max_len bounds context_lens (default: the block table's capacity) and only steers the split
-    count; any num_splits >= 1 gives the same result (several are combined by a second kernel).
-    An fp8 cache needs k_scale and v_scale. cuda_cores picks the split kernel (None:
-    `uses_cuda_cores`); block_n (keys per tile), num_warps and num_stages tune it (benchmarks sweep
-    them).
-    """
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, max_len: int | None = None, num_splits: int | None = None,
+    block_n: int | None = None, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    num_warps: int | None = None, num_stages: int | None = None, cuda_cores: bool | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D]. max_len
+    (default: the block table's capacity) only steers the split count, which does not change the
+    result. cuda_cores: None = `uses_cuda_cores`; block_n, num_warps, num_stages: benchmark sweeps."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     _check_cache(q, k_cache, v_cache, num_heads, num_kv_heads)
@@ -297,86 +222,29 @@ def paged_decode(
         )  # fmt: skip
     else:
         _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            context_lens,
-            out,
-            part_out,
-            part_lse,
-            k_scale if fp8 else context_lens,  # unused unless KV_FP8
-            v_scale if fp8 else context_lens,
-            scale * LOG2E,
-            num_splits,
-            q.stride(0),
-            q.stride(1),
-            k_cache.stride(0),
-            k_cache.stride(1),
-            k_cache.stride(2),
-            block_tables.stride(0),
-            out.stride(0),
-            out.stride(1),
-            GROUP=group,
-            GROUP_PAD=max(16, triton.next_power_of_2(group)),
-            HEAD_DIM=head_dim,
-            DIM_PAD=dim_pad,
-            BLOCK_SIZE=block_size,
-            BLOCK_N=block_n,
-            SINGLE_SPLIT=num_splits == 1,
-            KV_FP8=fp8,
-            num_warps=num_warps,
-            num_stages=num_stages,
-            **launch_options(),
-        )
+            q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
+            k_scale if fp8 else context_lens, v_scale if fp8 else context_lens,  # unused unless KV_FP8
+            scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), GROUP=group,
+            GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+            BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1, KV_FP8=fp8,
+            num_warps=num_warps, num_stages=num_stages, **launch_options(),
+        )  # fmt: skip
     if num_splits > 1:
         decode_reduce_kernel[(batch, num_heads)](
-            part_out,
-            part_lse,
-            out,
-            num_splits,
-            out.stride(0),
-            out.stride(1),
-            HEAD_DIM=head_dim,
-            DIM_PAD=dim_pad,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            num_warps=4,
-            **launch_options(),
-        )
+            part_out, part_lse, out, num_splits, out.stride(0), out.stride(1), HEAD_DIM=head_dim,
+            DIM_PAD=dim_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **launch_options(),
+        )  # fmt: skip
     return out
 
 
 @triton.jit
 def _prefill_tiles(
-    q,
-    m,
-    den,
-    acc,
-    k_ptr,
-    v_ptr,
-    table,
-    k_base,
-    v_base,
-    q_pos,
-    dims,
-    n_start,
-    n_end,
-    ctx,
-    qk_scale,
-    stride_kt,
-    stride_vt,
-    stride_cb,
-    stride_cp,
-    stride_vb,
-    stride_vp,
-    stride_vd,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr,
+    q, m, den, acc, k_ptr, v_ptr, table, k_base, v_base, q_pos, dims, n_start, n_end, ctx, qk_scale,
+    stride_kt, stride_vt, stride_cb, stride_cp, stride_vb, stride_vp, stride_vd, HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
-):
+):  # fmt: skip
     """Fold keys [n_start, n_end) into the running softmax; n_start is a multiple of BLOCK_N."""
     for n0 in range(n_start, n_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -400,51 +268,17 @@ def _prefill_tiles(
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    out_ptr,
-    cu_seqlens_q_ptr,
-    context_lens_ptr,
-    block_tables_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    tiles_ptr,
-    qk_scale,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_cb,
-    stride_cp,
-    stride_vb,
-    stride_vp,
-    stride_vd,
-    stride_ot,
-    stride_oh,
-    stride_bt,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr,
-    KV_FP8: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, out_ptr, cu_seqlens_q_ptr, context_lens_ptr, block_tables_ptr, k_scale_ptr,
+    v_scale_ptr, tiles_ptr, qk_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cb, stride_cp, stride_vb, stride_vp, stride_vd, stride_ot, stride_oh, stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, KV_FP8: tl.constexpr,
     TILED: tl.constexpr,
-):
-    """One (query tile, sequence, head). Query j sits at position ctx - q_len + j (causal).
-
-    PAGED reads K/V through the block table (k_ptr/v_ptr are the caches, fp8 when KV_FP8);
-    otherwise K/V are this step's packed rows (each with its own strides: v is usually a view
-    into the fused qkv projection) and the context is exactly the new tokens.
-    TILED: program (head, t) runs the query tile of row t of the tile table, int32
-    (sequence, first row, query length, tile index) with sequence -1 for no work: a fixed grid
-    whatever the step's sequences, as a CUDA graph needs. Heads vary fastest, so the table's
-    leading (real) rows are dispatched before its padding.
-    """
+):  # fmt: skip
+    """One (query tile, sequence, head); query j sits at position ctx - q_len + j. PAGED: K/V through
+    the block table, else this step's packed rows (own strides: v is often a view into qkv).
+    TILED: program (head, t) runs row t of the tile table (`prefill_tiles`; sequence -1: no work), a
+    fixed grid for CUDA graphs; heads vary fastest, so real rows are dispatched before padding."""
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     if TILED:
@@ -509,36 +343,17 @@ def _prefill_kernel(
 
 
 def varlen_prefill(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    max_seqlen_q: int,
-    context_lens: torch.Tensor | None,
-    block_tables: torch.Tensor | None,
-    scale: float,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    tiles: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-) -> torch.Tensor:
-    """Causal attention of packed queries q [T, H, D].
-
-    With block_tables, k/v are the paged caches and sequence i's context is its first
-    context_lens[i] cached positions (an fp8 cache needs k_scale and v_scale). Without, k/v
-    [T, kv_heads, D] are packed like q and each sequence attends to its own new tokens only.
-    max_seqlen_q must bound every q length.
-
-    tiles (paged only; int32 [n, 4], `prefill_tiles` builds it for BLOCK_M =
-    `prefill_block_m(head_dim)`) lists the query tiles to run instead of
-    cu_seqlens_q: a grid of n x heads whatever the sequences. Rows of `out` (default: a new
-    tensor) that no tile covers are left as they were. block_m, block_n, num_warps and
-    num_stages override the tile shape (benchmarks sweep them).
-    """
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int,
+    context_lens: torch.Tensor | None, block_tables: torch.Tensor | None, scale: float,
+    block_m: int | None = None, block_n: int | None = None, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None, tiles: torch.Tensor | None = None, out: torch.Tensor | None = None,
+    num_warps: int | None = None, num_stages: int | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Causal attention of packed queries q [T, H, D]. With block_tables, k/v are the paged caches
+    and sequence i's context its first context_lens[i] positions; without, k/v [T, kv_heads, D] are
+    packed like q and each sequence sees only its new tokens. max_seqlen_q bounds every q length.
+    tiles (paged only; `prefill_tiles` at BLOCK_M = `prefill_block_m(head_dim)`) replaces the grid
+    by n x heads; rows of `out` no tile covers are left as they were. block_m etc.: benchmark sweeps."""
     num_tokens, num_heads, head_dim = q.shape
     paged = block_tables is not None
     num_kv_heads = k.shape[2] if paged else k.shape[1]
@@ -563,43 +378,20 @@ def varlen_prefill(
         assert paged and tiles.dtype == torch.int32 and tiles.shape[1] == 4
         grid = (num_heads, tiles.shape[0])
     _prefill_kernel[grid](
-        q,
-        k,
-        v,
-        out,
-        cu_seqlens_q,
-        context_lens if paged else cu_seqlens_q,
-        block_tables if paged else cu_seqlens_q,
-        k_scale if fp8 else cu_seqlens_q,  # unused unless KV_FP8
-        v_scale if fp8 else cu_seqlens_q,
+        q, k, v, out, cu_seqlens_q,
+        context_lens if paged else cu_seqlens_q, block_tables if paged else cu_seqlens_q,
+        k_scale if fp8 else cu_seqlens_q, v_scale if fp8 else cu_seqlens_q,  # unused unless KV_FP8
         cu_seqlens_q if tiles is None else tiles,  # unused unless TILED
-        scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        0 if paged else k.stride(0),
-        k.stride(2) if paged else k.stride(1),
-        0 if paged else v.stride(0),
-        v.stride(2) if paged else v.stride(1),
-        k.stride(0) if paged else 0,
-        k.stride(1) if paged else 0,
-        v.stride(0) if paged else 0,
-        v.stride(1) if paged else 0,
-        v.stride(3) if paged else 1,
-        out.stride(0),
-        out.stride(1),
-        block_tables.stride(0) if paged else 0,
-        GROUP=num_heads // num_kv_heads,
-        HEAD_DIM=head_dim,
-        DIM_PAD=dim_pad,
-        BLOCK_SIZE=k.shape[1] if paged else 1,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        PAGED=paged,
-        KV_FP8=fp8,
-        TILED=tiles is not None,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
+        scale * LOG2E, q.stride(0), q.stride(1),
+        0 if paged else k.stride(0), k.stride(2) if paged else k.stride(1),  # stride_kt, stride_kh
+        0 if paged else v.stride(0), v.stride(2) if paged else v.stride(1),  # stride_vt, stride_vh
+        k.stride(0) if paged else 0, k.stride(1) if paged else 0,  # stride_cb, stride_cp
+        v.stride(0) if paged else 0, v.stride(1) if paged else 0, v.stride(3) if paged else 1,  # vb, vp, vd
+        out.stride(0), out.stride(1), block_tables.stride(0) if paged else 0,
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+        BLOCK_SIZE=k.shape[1] if paged else 1, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, KV_FP8=fp8,
+        TILED=tiles is not None, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
     return out
 
 

@@ -13,8 +13,7 @@ from nanoexp.kernels.triton_qk_norm_rope import qk_norm_rope_store
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     captures_mixed_steps = True
-    # The one-kernel q/k norm + RoPE + KV store; None = on CUDA only (the CPU interpreter is slower
-    # than the torch ops it replaces).
+    # The fused q/k norm + RoPE + KV store; None = on CUDA only (the CPU interpreter is slower than torch)
     fuse_qk_norm_rope: bool | None = None
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
@@ -28,10 +27,9 @@ class TritonAttentionBackend(AttentionBackend):
         if not (qkv.is_cuda if fuse is None else fuse):
             return None
         q_weight, k_weight, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
-        return qk_norm_rope_store(
-            qkv, positions, cos_sin, q_weight, k_weight, eps, num_heads, num_kv_heads,
-            k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale, write_k=write_k,
-        )  # fmt: skip
+        return qk_norm_rope_store(qkv, positions, cos_sin, q_weight, k_weight, eps, num_heads, num_kv_heads,
+                                  k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale,
+                                  write_k=write_k)  # fmt: skip
 
     def prefill(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         if md.prefill_tiles is not None:  # a step graph's step without decodes
@@ -43,15 +41,12 @@ class TritonAttentionBackend(AttentionBackend):
                 f"{q.shape[0]} tokens in {num_seqs} sequences"
             )
         if md.has_cached_prefix:
-            return varlen_prefill(
-                q, k_cache, v_cache, md.cu_seqlens_q, md.max_seqlen_q,
-                md.context_lens, md.block_tables, scale, k_scale=k_scale, v_scale=v_scale,
-            )  # fmt: skip
+            return varlen_prefill(q, k_cache, v_cache, md.cu_seqlens_q, md.max_seqlen_q, md.context_lens,
+                                  md.block_tables, scale, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
         return varlen_prefill(q, k, v, md.cu_seqlens_q, md.max_seqlen_q, None, None, scale)
 
     def mixed(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
-        """With md.prefill_tiles (a step graph): the decode kernel over the leading decode slots,
-        then the prefill kernel over the tile table, each on a fixed grid, into one output."""
+        """With md.prefill_tiles (step graphs): decode then prefill kernel, fixed grids, one output."""
         if md.prefill_tiles is None:
             return super().mixed(q, k, v, k_cache, v_cache, md, scale, k_scale, v_scale)
         slots = md.decode_context_lens.shape[0]  # 0: a graph of steps without decodes
@@ -70,7 +65,5 @@ class TritonAttentionBackend(AttentionBackend):
     def decode(self, q, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         # The split count is a function of static shapes only, so CUDA-graph capture stays valid.
         max_len = md.block_tables.shape[1] * k_cache.shape[1]
-        return paged_decode(
-            q, k_cache, v_cache, md.block_tables, md.context_lens, scale, max_len,
-            k_scale=k_scale, v_scale=v_scale,
-        )  # fmt: skip
+        return paged_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, max_len,
+                            k_scale=k_scale, v_scale=v_scale)  # fmt: skip

@@ -1,16 +1,12 @@
-"""Split-K decode on CUDA cores, for fp8 caches read by one or two query heads per kv head.
+"""Split-K decode on CUDA cores for fp8 caches read by 1-2 query heads per kv head, where a 16-row
+tensor-core tile is mostly padding and an 8-bit V tile would be transposed through shared memory.
+Products are packed fp16 FMAs in registers. A tile is [ROWS x LANES keys, dims]: each thread holds
+ROWS keys of one lane, 16 dims each (one 16-byte load); lanes run own online softmaxes, merged last.
 
-With such groups a tensor-core tile of 16 query rows is mostly padding, and an 8-bit V tile would
-be transposed through shared memory. Here every product is a packed fp16 FMA in registers, on K
-and V in the layout they are loaded in. A tile is [ROWS x LANES keys, dims]: each thread holds
-ROWS keys of one lane and 16 dims (one 16-byte load per key); each lane runs its own online
-softmax, and the lanes are merged once after the loop, as the splits of a split-K decode are.
-
-Numerics: e4m3 widens to fp16 exactly; products and a thread's sums over its 16 dims (q . k) and
-ROWS keys (p . v, p <= 1) are fp16, the rest fp32: 2^-11 relative, below the cache's own 2^-4
-(experiments/kernels/runs/decode_cuda_cores.md). No overflow: q carries the softmax and k scales,
-so a partial q . k is a piece of the log2-domain score, and p . v sums at most ROWS values <= 448.
-"""
+Numerics (experiments/kernels/runs/decode_cuda_cores.md): e4m3 widens to fp16 exactly; products and
+a thread's sums over 16 dims (q . k) and ROWS keys (p . v, p <= 1) are fp16, the rest fp32: 2^-11
+relative, below the cache's 2^-4. No overflow: q carries the softmax and k scales (a partial q . k
+is a piece of the log2 score), and p . v sums at most ROWS values <= 448."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ DIMS_PER_LOAD = 16  # fp8 dims in one 16-byte load: Triton's layout gives each t
 
 
 def tile_shape(keys: int, dim_pad: int, num_warps: int) -> tuple[int, int, int]:
-    """(ROWS, LANES, PER_LOAD) of a tile of `keys` keys: LANES keys are what one pass of the
-    threads covers, each thread PER_LOAD dims of a key; ROWS are each thread's keys."""
+    """(ROWS, LANES, PER_LOAD): keys per thread, keys one pass of the threads covers, dims per thread."""
     per_load = min(DIMS_PER_LOAD, dim_pad)
     lanes = 32 // min(32, dim_pad // per_load) * num_warps
     return max(1, keys // lanes), lanes, per_load
@@ -70,8 +65,7 @@ def cuda_core_split_kernel(
     BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, PER_LOAD: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """One (sequence, kv head, split): the GROUP (1 or 2) query heads attend to one slice of the
-    context; K and V caches share their strides."""
+    """One (sequence, kv head, split): the GROUP (1 or 2) query heads over one slice of the context."""
     TILE: tl.constexpr = ROWS * LANES
     wait_for_previous(PDL)
     seq = tl.program_id(0)

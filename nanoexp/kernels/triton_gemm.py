@@ -1,18 +1,14 @@
 """Skinny GEMM for decode: y[M, N] = x[M, K] @ w[N, K]^T (+ bias) with M of 1 to 256 rows.
 
-At a few rows a linear layer is a weight read: the kernel streams w once, in tiles of BLOCK_N
-output features, and splits K across SPLIT_K programs when N alone gives too few programs to
-keep every SM loading. Split partials go to an fp32 workspace; the last program of a column
-tile to finish (an atomic ticket) sums them, adds the bias, writes y and resets its ticket, so
-one launch does the whole product and CUDA-graph replays start clean. Above MAX_BLOCK_M rows the
-rows are tiled too (a third grid dimension).
+The kernel streams w once in tiles of BLOCK_N output features, splitting K across SPLIT_K programs
+when N alone gives too few programs to keep every SM loading. The last program of a column tile
+(an atomic ticket) sums the fp32 split partials, adds the bias, writes y and resets its ticket: one
+launch, and CUDA-graph replays start clean. Above MAX_BLOCK_M rows, rows are tiled too (grid dim 2).
 
-The RMSNorm it can apply first is computed one of two ways. Up to NORM_PREPASS_MAX_ROWS rows each
-program first computes its rows' rms in a pass of its own, then normalizes x as the unfused op
-rounds it. Above, the pass would re-read every row once per column tile, so the sums of squares
-are taken in the product's own K loop and 1 / rms scales the product afterwards (x * norm_w is
-what is rounded to 16 bits; the result differs from the unfused op's by that rounding).
-"""
+The RMSNorm it can apply first: up to NORM_PREPASS_MAX_ROWS rows each program takes its rows' rms in
+a pass of its own and rounds as the unfused op. Above, that pass would re-read x per column tile, so
+squares are summed in the product's K loop and 1 / rms scales the product (x * norm_w is what is
+rounded to 16 bits: the result differs from the unfused op's by that rounding)."""
 
 from __future__ import annotations
 
@@ -74,8 +70,7 @@ def _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, 
         k_mask = kk[None, :] < k_end
         x = tl.load(x_rows + kk[None, :], mask=row_mask[:, None] & k_mask, other=0.0)
         if NORM:
-            # RMSNorm rounded where the unfused op rounds: the normed row, then its product with
-            # the norm weight
+            # rounded where the unfused op rounds: the normed row, then its product with the weight
             v = x.to(tl.float32)
             if HAS_RESIDUAL:
                 v += tl.load(r_rows + kk[None, :], mask=row_mask[:, None] & k_mask, other=0.0).to(tl.float32)
@@ -91,8 +86,7 @@ def _prepass_product(x_rows, w_rows, r_rows, sum_rows, norm_w_ptr, write_sum, ep
                      k_start, k_end, K, up_offset, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                      GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr):
-    """x @ w^T over [k_start, k_end) (and @ up^T when GATED), x RMS-normed first when NORM, its
-    rows' rms from a pass of their own over all of K."""
+    """x @ w^T (and @ up^T) over [k_start, k_end), x RMS-normed (rms from a pass of its own) if NORM."""
     rstd = tl.full([BLOCK_M], 1.0, tl.float32)
     if NORM:
         rstd = _row_rstd(x_rows, r_rows, sum_rows, write_sum, row_mask, ks, K, eps, HAS_RESIDUAL, BLOCK_M,
@@ -110,8 +104,7 @@ def _prepass_product(x_rows, w_rows, r_rows, sum_rows, norm_w_ptr, write_sum, ep
 def _normed_tile_product(x_rows, w_rows, up_offset, r_rows, sum_rows, norm_w_ptr, write_sum, row_mask,
                          col_mask, ks, K, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(x * norm_w) @ w^T over all of K (and @ up^T when GATED), with x = x + residual written to
-    sum_rows when write_sum, and the rows' sums of squares of x, all in one pass over K."""
+    """(x * norm_w) @ w^T (and @ up^T) and the rows' sums of squares, in one pass over all of K."""
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     up = acc
     squares = tl.full([BLOCK_M], 0.0, tl.float32)
@@ -147,37 +140,14 @@ def _sum_splits(part_ptr, rows, cols, out_mask, N, m_pad, BLOCK_M: tl.constexpr,
 
 @triton.jit
 def _skinny_gemm_kernel(
-    x_ptr,
-    w_ptr,
-    bias_ptr,
-    y_ptr,
-    part_ptr,
-    ticket_ptr,
-    residual_ptr,
-    norm_w_ptr,
-    sum_ptr,
-    eps,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_ym,
-    HAS_BIAS: tl.constexpr,
-    GATED: tl.constexpr,
-    NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    NORM_IN_LOOP: tl.constexpr = False,
-    PDL: tl.constexpr = False,
-):
-    """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N].
-    NORM: x is first replaced by RMSNorm(x + residual) * norm_w; the programs of column tile 0 and
-    split 0 write x + residual to sum_ptr (the next residual). Every program computes its rows' rms
-    itself: in a pass of its own, or with NORM_IN_LOOP (SPLIT_K == 1) in the product's K loop."""
+    x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, residual_ptr, norm_w_ptr, sum_ptr, eps, M, N, K,
+    stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, NORM_IN_LOOP: tl.constexpr = False, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """GATED: w is [gate; up] (2N rows), y = silu(x @ gate^T) * (x @ up^T). NORM: x -> RMSNorm(x +
+    residual) * norm_w, column tile 0 / split 0 writing x + residual to sum_ptr; each program takes
+    its rows' rms in a pass of its own, or with NORM_IN_LOOP (SPLIT_K == 1) in the product's K loop."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     row_tile = tl.program_id(2)
@@ -237,9 +207,8 @@ def _tickets(device: torch.device) -> torch.Tensor:
 
 
 def default_config(n: int, k: int, num_sms: int, rows: int = 1) -> GemmConfig:
-    """Tiles of 32 output features, 256-wide K steps; K is split only when the tiles alone would
-    leave over half the SMs idle (on an H200, splitting 128 tiles 4 ways was slower than not).
-    Above MAX_BLOCK_M rows the row tiles count as tiles."""
+    """K is split only when the (column and row) tiles alone would leave over half the SMs idle: on
+    an H200, splitting 128 tiles 4 ways was slower than not."""
     block_n = 32
     block_k = 256 if k >= 1024 else 128
     tiles = triton.cdiv(n, block_n) * triton.cdiv(rows, MAX_BLOCK_M)
@@ -254,11 +223,9 @@ def skinny_gemm(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     config: GemmConfig | GemvConfig | None = None, gated: bool = False, norm: NormFirst | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (M <= MAX_ROWS, contiguous rows) times w [N, K]^T, plus bias [N]; returns [M, N].
-    gated: w holds [gate; up] (2N rows, no bias) and the result is silu(x gate^T) * (x up^T).
-    norm: x is RMS-normed first (after adding norm.residual); returns (y, the new residual: x +
-    norm.residual, or x itself without one). Up to triton_gemv.AUTO_ROWS rows the GEMV kernel runs
-    (unless a GemmConfig is given), above them the tensor-core kernel."""
+    """x [M <= MAX_ROWS, K] @ w [N, K]^T + bias -> [M, N]. gated: w is [gate; up] (no bias), result
+    silu(x gate^T) * (x up^T). norm: x RMS-normed first, returns (y, x + norm.residual or x). Up to
+    triton_gemv.AUTO_ROWS rows (without a GemmConfig) the GEMV kernel runs, above the tensor-core one."""
     m, k = x.shape
     n = w.shape[0] // 2 if gated else w.shape[0]
     assert m <= MAX_ROWS and w.shape[1] == k and x.stride(-1) == 1 and w.stride(-1) == 1

@@ -1,15 +1,10 @@
 """GEMV for decode at a few rows: y[M, N] = x[M, K] @ w[N, K]^T (+ bias), M of 1 to MAX_ROWS.
 
-At a few rows a linear layer is a weight read. Each program loads its whole weight tile (BLOCK_N
-outputs by K_TILE inputs) in one load straight into registers, and only then reads x, so the
+Each program loads its whole weight tile (BLOCK_N x K_TILE) into registers before reading x, so the
 weight bytes are in flight while x is loaded and normed; fp32 FMAs. Small tiles keep several
-programs per SM and many bytes in flight, where the tensor-core kernel (triton_gemm.py) reached
-~1.2 TB/s at one row (experiments/kernels/README.md, "The GEMV for 1-2 rows").
-
-K longer than K_TILE is split; partials go to an fp32 workspace and the last program of a column
-tile (an atomic ticket) sums them. Norm, SwiGLU and bias round as triton_gemm.py does, so both
-kernels agree up to the order of the fp32 sums.
-"""
+programs per SM, where the tensor-core kernel (triton_gemm.py) reached ~1.2 TB/s at one row
+(experiments/kernels/README.md, "The GEMV for 1-2 rows"). Longer K is split; the last program of a
+column tile (an atomic ticket) sums the fp32 partials. Rounds as triton_gemm.py does."""
 
 from __future__ import annotations
 
@@ -25,10 +20,9 @@ from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_pdl import wait_for_previous
 
 MAX_ROWS = 4  # the kernel's limit
-# Up to where skinny_gemm takes this kernel, measured on an H200 against the tensor-core kernel
-# (experiments/kernels/runs/gemv_*.md): at 1-2 rows it wins every Qwen3-0.6B shape (norm + gate/up
-# + SwiGLU 11.1 -> 6.4 us at one row), at 4 rows it loses (12.1 -> 16.4 us): each row is a
-# dependent pass of loads and reductions.
+# Up to where skinny_gemm takes this kernel, on an H200 vs the tensor-core kernel: at 1-2 rows it wins
+# every Qwen3-0.6B shape (norm + gate/up + SwiGLU 11.1 -> 6.4 us at one row), at 4 it loses (12.1 ->
+# 16.4 us: each row is a dependent pass of loads and reductions; experiments/kernels/runs/gemv_*.md).
 AUTO_ROWS = 2
 MAX_K_TILE = 1024
 
@@ -59,8 +53,7 @@ def _row_rstd(x_row, r_row, sum_row, write_sum, K, eps, HAS_RESIDUAL: tl.constex
 @triton.jit
 def _input_chunk(x_row, r_row, sum_row, norm_w_ptr, write_sum, kk, k_mask, K, eps, NORM: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr, K_TILE: tl.constexpr):  # fmt: skip
-    """This program's K_TILE inputs of one row, RMS-normed (after adding the residual) when NORM,
-    rounded where the unfused ops round: the normed row, then its product with the norm weight."""
+    """This program's inputs of one row; NORM: RMS-normed, rounded as the unfused ops round."""
     x = tl.load(x_row + kk, mask=k_mask, other=0.0)
     if NORM:
         rstd = _row_rstd(x_row, r_row, sum_row, write_sum, K, eps, HAS_RESIDUAL, K_TILE)
@@ -74,9 +67,8 @@ def _input_chunk(x_row, r_row, sum_row, norm_w_ptr, write_sum, kk, k_mask, K, ep
 
 @triton.jit
 def _split_input_chunk(x_row, r_row, sum_row, norm_w_ptr, write_sum, kk, k_mask, HAS_RESIDUAL: tl.constexpr):
-    """For a split K with the norm first: this program's inputs (x + residual) * norm_w, not yet
-    scaled by 1 / rms, and their sum of squares; the ticket's last program applies 1 / rms once the
-    splits' sums are in. Writes this slice of x + residual (the next residual) when write_sum."""
+    """Split K, norm first: (x + residual) * norm_w of this slice (1 / rms is applied once the
+    splits' sums are in) and its sum of squares; writes x + residual when write_sum."""
     x = tl.load(x_row + kk, mask=k_mask, other=0.0)
     v = x.to(tl.float32)
     if HAS_RESIDUAL:
@@ -97,8 +89,7 @@ def _finish_row(acc, up, y_row, bias_ptr, cols, col_mask, HAS_BIAS: tl.constexpr
 
 @triton.jit
 def rounded_swiglu(acc, up, dtype: tl.constexpr, GATED: tl.constexpr):
-    """acc in dtype, or (GATED) silu(acc) * up rounded where the unfused ops round: each product,
-    then silu, then the product."""
+    """acc in dtype, or (GATED) silu(acc) * up, rounded as the unfused ops round."""
     out = acc.to(dtype)
     if GATED:
         gate = out.to(tl.float32)
@@ -114,12 +105,9 @@ def _gemv_kernel(
     HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, K_TILE: tl.constexpr,
     SPLIT_K: tl.constexpr, NORM_SPLIT: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """GATED: w is [gate; up], 2N rows, and y = silu(x @ gate^T) * (x @ up^T), [M, N]. NORM: each
-    row of x is first replaced by RMSNorm(x + residual) * norm_w; program (0, 0) writes x + residual
-    to sum_ptr (the next residual). ROWS >= M rows are unrolled. NORM_SPLIT (NORM with K split):
-    each program sums the squares of its own K slice only, into a workspace after the partials;
-    1 / rms scales the summed product. It rounds x * norm_w once, not the normed x first, so it
-    matches the unfused ops to rounding."""
+    """GATED and NORM as in triton_gemm's kernel; ROWS >= M rows are unrolled. NORM_SPLIT (NORM, K
+    split): each program sums its slice's squares into a workspace after the partials and 1 / rms
+    scales the summed product (x * norm_w rounded once: matches the unfused ops to rounding)."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -188,9 +176,8 @@ def _gemv_kernel(
 
 
 def default_gemv_config(n: int, k: int, sms: int, max_split_tiles: int = 8192) -> GemvConfig:
-    """K in one tile up to MAX_K_TILE (longer K is split), output tiles narrow enough that the
-    programs fill every SM about three times (and, where K is split, few enough for the tickets),
-    and 8 warps where K is split (H200, one row: o_proj 4.6 -> 4.0 us, down_proj 5.1 -> 4.7)."""
+    """Output tiles narrow enough to fill every SM about three times (few enough for the tickets where
+    K is split); 8 warps where K is split (H200, one row: o_proj 4.6 -> 4.0 us, down_proj 5.1 -> 4.7)."""
     k_tile = min(triton.next_power_of_2(k), MAX_K_TILE)
     splits = triton.cdiv(k, k_tile)
     block_n = 16
@@ -205,8 +192,7 @@ def gemv(
     x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None, gated: bool,
     norm: NormFirst | None, summed: torch.Tensor, tickets: torch.Tensor, config: GemvConfig | None = None,
 ) -> None:  # fmt: skip
-    """y = x @ w^T (+ bias) for x [M <= MAX_ROWS, K], into y; gated and norm as in
-    triton_gemm.skinny_gemm, which allocates y and summed (x + norm.residual) and calls this."""
+    """Into y (and summed): triton_gemm.skinny_gemm's product for x [M <= MAX_ROWS, K]."""
     m, k = x.shape
     n = y.shape[1]
     assert m <= MAX_ROWS

@@ -1,5 +1,4 @@
-"""Triton kernel that writes new K/V rows into the paged cache by slot mapping (quantizing them
-for an fp8 cache, as kernels/base.py defines)."""
+"""Triton kernel writing new K/V rows into the paged cache by slot mapping (fp8: kernels/base.py)."""
 
 from __future__ import annotations
 
@@ -44,11 +43,9 @@ def _store_kv_kernel(
 
 @triton.jit
 def quantize_fp8(x, scale, dtype: tl.constexpr):
-    """x as the fp8 cache stores it (kernels/base.py): clamp(x / scale, +-448), rounded to nearest
-    even. The rounding to e4m3's 3 mantissa bits happens here in fp32 (add and subtract 1.5 x 2^k,
-    where k puts the fp32 ulp at e4m3's ulp for x's binade, never below the subnormal step 2^-9),
-    so the final cast is exact: the same bits on the GPU and in the CPU interpreter, whose own
-    fp32 -> fp8 cast does not round correctly."""
+    """clamp(x / scale, +-448) rounded to e4m3 in fp32 (add and subtract 1.5 x 2^k, k putting the
+    fp32 ulp at e4m3's for x's binade, at least the subnormal step 2^-9), so the final cast is exact:
+    the same bits on the GPU and in the CPU interpreter, whose fp32 -> fp8 cast rounds wrongly."""
     x = tl.math.div_rn(x.to(tl.float32), scale)
     x = tl.minimum(tl.maximum(x, -_FP8_MAX), _FP8_MAX)
     bits = x.to(tl.int32, bitcast=True)
@@ -60,16 +57,10 @@ def quantize_fp8(x, scale, dtype: tl.constexpr):
 
 
 def store_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> None:
-    """Copy k/v [tokens, kv_heads, head_dim] to caches [blocks, block_size, kv_heads, head_dim] (of
-    the same strides); an fp8 cache gets clamp(k / k_scale, +-448) and clamp(v / v_scale, +-448)."""
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+) -> None:  # fmt: skip
+    """Copy k/v [tokens, kv_heads, head_dim] into the caches at slot_mapping (-1: skipped)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return

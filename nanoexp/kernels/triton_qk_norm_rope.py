@@ -1,10 +1,6 @@
 """One Triton kernel from the qkv projection to attention inputs: per-head RMSNorm of q and k
 (Qwen3; skipped for Qwen2), NeoX RoPE, q written out, roped k and raw v stored in the paged cache.
-
-Numerics follow the torch ops it replaces (`qk_norm_rope` / `apply_rope` then `store_kv`): fp32
-math, the norm output cast to the model dtype and scaled by the weight before RoPE, the RoPE
-output cast to the model dtype. An fp8 e4m3 cache stores what `store_kv` stores (kernels/base.py).
-"""
+Rounds as the torch ops it replaces (`qk_norm_rope` / `apply_rope`, then `store_kv`) round."""
 
 from __future__ import annotations
 
@@ -103,11 +99,8 @@ def qk_norm_rope_store(
     v_cache: torch.Tensor, slot_mapping: torch.Tensor, write_k: bool = False,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, heads_block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """qkv [T, (H + 2 Hkv) * D] -> (q [T, H, D], roped k [T, Hkv, D] if write_k else None).
-
-    q/k are RMS-normed per head when q_weight/k_weight are given, roped with cos_sin[positions]
-    ([max_pos, D] fp32: cos halves then sin halves), and k plus the raw v are stored in the caches
-    at slot_mapping (-1: not stored); an fp8 cache needs k_scale/v_scale."""
+    """qkv [T, (H + 2 Hkv) * D] -> (q [T, H, D], roped k [T, Hkv, D] if write_k else None); k and
+    raw v stored at slot_mapping (-1: not). cos_sin: [max_pos, D] fp32, cos halves then sin halves."""
     num_tokens, width = qkv.shape
     head_dim = cos_sin.shape[1]
     assert width == (num_heads + 2 * num_kv_heads) * head_dim and head_dim % 2 == 0

@@ -1,16 +1,12 @@
 """One-pass sampling kernel: greedy and temperature draws read the logits once.
 
-A draw from softmax(x / t) is argmax(x / t + g), g standard Gumbel noise (-log(-log(u))), with the
-uniforms from Philox in registers keyed by the row's seed and the vocabulary index: nothing is
-materialized and a seeded row's draw does not depend on the batch. On the GPU the logs are the
-hardware's approximate log2 (relative error ~1e-7, far below what sampling can tell; the accurate
-log bounded the kernel by its arithmetic, experiments/nanovllm_bench/README.md).
-
-Each program scans one slice of a row, keeping per lane the best sampled and the best raw logit; a
-second kernel picks each row's winner across slices (ties to the lowest index, as torch.argmax).
-A tensor-parallel rank scans its vocabulary shard (`shard_winners`); the noise is keyed by the
-full-vocabulary index, so the best of the ranks' winners is what the whole-vocabulary scan draws.
-"""
+A draw from softmax(x / t) is argmax(x / t + g), g = -log(-log(u)) Gumbel noise, u from Philox keyed
+by the row's seed and the vocabulary index: nothing materialized, a seeded row's draw independent of
+the batch. GPU logs are the approximate lg2 (~1e-7 relative; the accurate log made the kernel
+arithmetic-bound, experiments/nanovllm_bench/README.md). A second kernel picks across a row's
+slices (ties to the lowest index, as torch.argmax). A TP rank scans its vocabulary shard
+(`shard_winners`): noise keyed by the full-vocabulary index makes the best of the ranks' winners
+the whole-vocabulary draw."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ def _best(values, indices):
 
 @triton.jit
 def _uniforms(seed, first_group, BLOCK: tl.constexpr):
-    """BLOCK uniforms in [0, 1) for tokens 4 * first_group onwards: token 4g + j takes output j of
-    Philox(seed, counter g)."""
+    """BLOCK uniforms in [0, 1) from token 4 * first_group: token 4g + j takes Philox(seed, g)[j]."""
     groups = first_group + tl.arange(0, BLOCK // 4)
     r0, r1, r2, r3 = tl.randint4x(seed, groups)
     bits = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK])
@@ -113,8 +108,7 @@ def _pick_kernel(
     part_ptr, part_index_ptr, temperature_ptr, out_ptr, value_ptr, num_slices, SLICES_PAD: tl.constexpr,
     WRITE_VALUE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """Each row's winner across slices: the sampled one, or the largest logit where t = 0; with
-    WRITE_VALUE also its score (or logit), which ranks compare across vocabulary shards."""
+    """Each row's winner across slices (largest logit where t = 0); WRITE_VALUE: also its score."""
     wait_for_previous(PDL)
     row = tl.program_id(0)
     slices = tl.arange(0, SLICES_PAD)
@@ -138,16 +132,14 @@ def slicing(rows: int, vocab_size: int) -> tuple[int, int]:
 
 
 def sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
-    """Token per row: argmax where the temperature is 0, else a draw from softmax(logits / t)
-    with Philox noise seeded by `seeds` (int64, one per row). Returns int64 [rows]."""
+    """int64 token per row: argmax where t = 0, else a draw from softmax(logits / t) seeded by `seeds`."""
     return _scan(logits, temperatures, seeds, 0, None)
 
 
 def shard_winners(
     logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, vocab_offset: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample` over one vocabulary shard whose column 0 is token `vocab_offset`: per row the
-    winner's score (float32; the logit where t = 0) and its full-vocabulary index (int64)."""
+    """`sample` over a shard starting at token `vocab_offset`: per row (score, full-vocabulary index)."""
     values = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
     return values, _scan(logits, temperatures, seeds, vocab_offset, values)
 

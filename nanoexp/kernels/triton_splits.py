@@ -1,9 +1,7 @@
-"""What the paged attention kernels share: a key's place in the paged cache, each split's keys and
-output and the kernel that combines a (sequence, head)'s splits, and tl.max / tl.sum equivalents.
+"""What the paged attention kernels share: key offsets, split bounds and stores, the split reduce.
 
 The kernels avoid the @jit helpers of triton.language.standard (tl.max, tl.sum, tl.zeros, tl.cdiv):
-they break the CPU interpreter when triton was imported before TRITON_INTERPRET=1 was set.
-"""
+they break the CPU interpreter when triton was imported before TRITON_INTERPRET=1 was set."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ def key_offsets(
 
 @triton.jit
 def split_bounds(context_lens_ptr, seq, split, num_splits, TILE: tl.constexpr):
-    """[start, end) of one split's keys: the context cut into num_splits slices whose lengths are
-    multiples of TILE (the last ones may be short or empty)."""
+    """[start, end) of one split's keys: slices of a multiple of TILE (the last ones short or empty)."""
     ctx = tl.load(context_lens_ptr + seq)
     per_split = (ctx + num_splits - 1) // num_splits
     split_len = (per_split + TILE - 1) // TILE * TILE
@@ -46,10 +43,8 @@ def split_bounds(context_lens_ptr, seq, split, num_splits, TILE: tl.constexpr):
 def store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, seq, split, num_splits, heads, row_mask,
                 dims, stride_ob, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                 DIM_PAD: tl.constexpr, SINGLE_SPLIT: tl.constexpr):  # fmt: skip
-    """Store one split's normalized output rows `out` ([len(heads), DIM_PAD], fp32) of the query
-    heads `heads`, whose softmax had log2-domain max m and denominator den: the final output with
-    one split, else the partials and their lse ([num_seqs, num_heads, num_splits, (DIM_PAD)]
-    contiguous fp32) for decode_reduce_kernel."""
+    """One split's normalized rows `out` of query heads `heads` (softmax max m, denominator den): the
+    output with one split, else partials and lse ([seqs, heads, splits, (DIM_PAD)] fp32)."""
     store_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
     if SINGLE_SPLIT:
         o_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dims[None, :]
@@ -65,10 +60,7 @@ def store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, seq, split, nu
 def decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_ob, stride_oh,
                          HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
                          PDL: tl.constexpr = False):  # fmt: skip
-    """Combine the per-split (normalized out, lse) of one (sequence, head) into out.
-
-    Partials are read through L2 (.cg): another SM wrote them, maybe after this SM cached the
-    same addresses in an earlier launch."""
+    """Combine one (sequence, head)'s splits; read through L2 (.cg): this SM may hold stale lines."""
     wait_for_previous(PDL)
     seq, head, num_heads = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     splits = tl.arange(0, SPLITS_PAD)
