@@ -55,12 +55,9 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def generate(
-        self,
-        prompts: Seq[str] | Seq[list[int]] | str,
-        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-        use_tqdm: bool | None = None,
-    ) -> list[RequestOutput]:
+    def generate(self, prompts: Seq[str] | Seq[list[int]] | str,
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool | None = None) -> list[RequestOutput]:  # fmt: skip
         """Runs all prompts to completion; outputs in prompt order. The engine must be idle (requests queued
         with `engine.add_request` would lose their outputs); `use_tqdm` None: the constructor's."""
         with self.alone("generate"):

@@ -71,9 +71,8 @@ class LLMEngine:
         if self.closed:
             raise RuntimeError("the engine is closed")
 
-    def add_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
-    ) -> int:
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> int:  # fmt: skip
         """Queues one request; raises ValueError (and queues nothing) if it can never run."""
         self.check_open()
         seq_id = next(self.ids)

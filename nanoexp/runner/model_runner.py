@@ -39,8 +39,7 @@ def substitute_tokens(
 
 
 def exchange_winners(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Every rank's per-row winner (score, token id as float32, exact below 2^24) to every rank in one
-    all-gather; returns the best per row."""
+    """One all-gather of every rank's per-row (score, token id as float32: exact below 2^24); the best."""
     winners = all_gather_stacked(torch.stack([scores, tokens.float()]))
     return pick_shard_winner(winners[:, 0], winners[:, 1]).long()
 
@@ -181,8 +180,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up_sampler(self) -> None:
-        """Compiles the sampler for one row and for many (size 1 is specialized): on rank 0 over
-        the whole vocabulary, and under TP over each rank's shard."""
+        """Compiles the sampler for 1 row and for 2 (size 1 is specialized), on rank 0 and per TP shard."""
         vocab = self.hf_config.vocab_size
         for rows in (1, 2):
             step = StepInput(

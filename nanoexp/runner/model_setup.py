@@ -44,8 +44,7 @@ class LoadedModel:
 
 
 def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = None) -> LoadedModel:
-    """Checks the model fits the config, joins the process group, builds and loads this rank's shard, binds
-    the attention backend, GEMM and SwiGLU kernels."""
+    """Checks the config, joins the process group, loads this rank's shard and binds its kernels."""
     hf_config = checked_hf_config(config)
     max_model_len = model_len(config, hf_config)
     device = pick_device(config.execution.device, rank)

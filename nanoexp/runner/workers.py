@@ -112,8 +112,7 @@ def die_with_parent(sig: int) -> bool:
 
 def watch_parent_during_start_up(parent: int, started: threading.Event, dist_init: str,
                                  ring_handle: RingHandle) -> None:  # fmt: skip
-    """Without a parent-death signal: a worker whose main process died during start-up cleans up and exits
-    (once serving, the command loop watches the parent)."""
+    """Without a parent-death signal: a worker whose main process dies during start-up cleans up, exits."""
 
     def watch() -> None:
         while not started.wait(PARENT_POLL_S):
@@ -324,8 +323,7 @@ class WorkerGroup:
 
 
 def start_janitor(tmpdir: str, ring_name: str) -> subprocess.Popen | None:
-    """A small process (no torch) that removes the rendezvous dir and ring once the main process is gone;
-    None where /dev/shm does not hold the rings."""
+    """A process (no torch) removing the rendezvous dir and ring once main is gone; None without /dev/shm."""
     if not os.path.isdir("/dev/shm"):
         return None
     return subprocess.Popen(
