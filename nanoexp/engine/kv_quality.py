@@ -1,11 +1,7 @@
-"""The KV-cache quality probe: what the cache's storage costs in accuracy.
-
-Each prompt is continued greedily for `num_tokens` decode steps that read the paged cache; each
-position's next-token distribution is scored against one plain prefill of prompt + continuation
-over fresh K/V in the model dtype. The engine side (`measure`) packs the prompts into groups that
-fit one step and the cache and takes their blocks; the rank side (`probe_group`, on every rank)
-runs the passes, and rank 0 reduces the logits to per-position numbers.
-"""
+"""The KV-cache quality probe: what the cache's storage costs in accuracy. Each prompt is continued
+greedily for `num_tokens` decode steps that read the paged cache; each position's next-token distribution
+is scored against one plain prefill of prompt + continuation over fresh K/V in the model dtype. `measure`
+packs the prompts into groups that fit one step and the cache; `probe_group` runs them on every rank."""
 
 from __future__ import annotations
 
@@ -32,9 +28,8 @@ class ProbeResult:
 
 
 def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
-    """LLMEngine.kv_cache_quality: greedy_agreement, kl_mean, kl_p99, kl_max, num_positions and
-    num_requests over these prompts. Only on an idle engine; the prefix cache is emptied before
-    and after, and every block is returned."""
+    """LLMEngine.kv_cache_quality: greedy_agreement, kl_mean, kl_p99, kl_max, num_positions, num_requests.
+    The prefix cache is emptied before and after; every block is returned."""
     engine.check_open()
     if engine.has_unfinished():
         raise RuntimeError("kv_cache_quality needs an idle engine: requests are still running")
@@ -65,10 +60,8 @@ def check_prompt(engine, index: int, prompt, num_tokens: int) -> list[int]:
     prompt = engine.check_request(name, prompt, SamplingParams(max_tokens=num_tokens))
     budget = engine.config.scheduler.max_num_batched_tokens
     if len(prompt) + num_tokens > budget:  # its reference is one prefill of the whole sequence
-        raise ValueError(
-            f"{name}: prompt ({len(prompt)} tokens) + num_tokens ({num_tokens}) exceeds "
-            f"max_num_batched_tokens={budget}: the reference is one prefill of both"
-        )
+        raise ValueError(f"{name}: prompt ({len(prompt)} tokens) + num_tokens ({num_tokens}) exceeds "
+                         f"max_num_batched_tokens={budget}: the reference is one prefill of both")
     return prompt
 
 
@@ -76,9 +69,8 @@ def max_group_seqs(max_num_seqs: int, num_tokens: int) -> int:
     return max(1, min(max_num_seqs, MAX_REFERENCE_ROWS // num_tokens))
 
 
-def probe_groups(
-    lengths: list[int], num_tokens: int, budget: int, max_seqs: int, block_size: int, num_blocks: int
-) -> list[list[int]]:
+def probe_groups(lengths: list[int], num_tokens: int, budget: int, max_seqs: int, block_size: int,
+                 num_blocks: int) -> list[list[int]]:  # fmt: skip
     """Request indices in order, packed so each group's prefill of prompt + continuation fits
     `budget` tokens, `max_seqs` sequences and the cache's blocks (each request fits alone, checked)."""
     groups: list[list[int]] = []
@@ -110,8 +102,7 @@ def run_group(engine, prompts: list[list[int]], num_tokens: int) -> ProbeResult:
 
 
 def summarize(results: list[ProbeResult]) -> dict:
-    """Over every probed position: how often the decode path's argmax agrees with the reference's,
-    and KL(reference || decode) mean / p99 / max (nats)."""
+    """Over every position: argmax agreement with the reference, and KL(reference || decode) in nats."""
     kl = np.array([x for r in results for row in r.kl for x in row], dtype=np.float64)
     agree = np.array([x for r in results for row in r.agree for x in row], dtype=bool)
     return {
@@ -128,12 +119,10 @@ def summarize(results: list[ProbeResult]) -> dict:
 
 
 @torch.inference_mode()
-def probe_group(
-    runner, prompts: list[list[int]], num_tokens: int, block_tables: list[list[int]]
-) -> ProbeResult | None:
-    """One group of requests whose blocks (prompt + num_tokens - 1 tokens each) the engine
-    allocated: greedy decode steps reading the cache, then one plain prefill of prompt +
-    continuation as the reference at the same positions. Rank 0's result, None elsewhere."""
+def probe_group(runner, prompts: list[list[int]], num_tokens: int,
+                block_tables: list[list[int]]) -> ProbeResult | None:  # fmt: skip
+    """Greedy decode steps reading the cache (blocks for prompt + num_tokens - 1 tokens each), then one
+    plain prefill of prompt + continuation as the reference. Rank 0's result, None elsewhere."""
     fill_cache(runner, prompts, block_tables)
     continuations: list[list[int]] = [[] for _ in prompts]
     decoded = []
@@ -159,8 +148,7 @@ def greedy_tokens(runner, log_probs: torch.Tensor | None, count: int) -> list[in
 
 
 def logits_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.Tensor | None:
-    """The step's float32 logits at `rows` of its packed tokens (default: each sequence's last), through
-    the runner's forward path; None on ranks other than 0."""
+    """The step's float32 logits at `rows` (default: each sequence's last token); None off rank 0."""
     inputs = prepare_inputs(step, runner.block_size, runner.device)
     if rows is not None:
         inputs.logits_indices = torch.tensor(rows, dtype=torch.int64, device=runner.device)
@@ -169,8 +157,7 @@ def logits_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.T
 
 
 def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
-    """[requests, positions, vocab] log-probs of ONE plain prefill of prompt + continuation, at the
-    positions that predict each continuation token."""
+    """[requests, positions, vocab] log-probs of ONE plain prefill predicting each continuation token."""
     rows, start = [], 0
     for p, c in zip(prompts, continuations):
         rows += range(start + len(p) - 1, start + len(p) - 1 + len(c))
@@ -182,8 +169,7 @@ def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
 
 
 def fill_cache(runner, prompts, block_tables) -> None:
-    """Prefills every prompt but its last token into the cache, so every probed position is
-    computed by a decode step."""
+    """Prefills all but each prompt's last token, so every probed position is computed by a decode step."""
     ready = [i for i, p in enumerate(prompts) if len(p) > 1]
     if not ready:
         return
@@ -194,8 +180,7 @@ def fill_cache(runner, prompts, block_tables) -> None:
 
 
 def decode_log_probs(runner, prompts, continuations, block_tables, t: int) -> torch.Tensor | None:
-    """[requests, vocab] log-probs of the decode step that feeds token t - 1 of the continuation
-    (the prompt's last token for t = 0) and reads everything before it from the cache."""
+    """[requests, vocab] log-probs of the decode step feeding token t - 1 of the continuation (or prompt)."""
     tokens = [p[-1] if t == 0 else c[t - 1] for p, c in zip(prompts, continuations)]
     context = [len(p) + t for p in prompts]
     step = StepInput(False, tokens, [1] * len(prompts), context, block_tables, list(range(len(prompts))))
@@ -204,7 +189,6 @@ def decode_log_probs(runner, prompts, continuations, block_tables, t: int) -> to
 
 
 def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """KL(reference || other) per row from log-probs, in float64, floored at 0 (rounding can make
-    the sum of two near-equal distributions slightly negative)."""
+    """KL(reference || other) per row from log-probs in float64, floored at 0 (rounding can go negative)."""
     reference, other = reference.double(), other.double()
     return (reference.exp() * (reference - other)).sum(-1).clamp_min(0.0)

@@ -30,8 +30,7 @@ def check_use_tqdm(value) -> bool:
 
 class LLM:
     def __init__(self, model: str, use_tqdm: bool = True, **kwargs):
-        """vLLM's edge: a checkpoint and flat keywords (`kvcache_block_size=16`, ...); `use_tqdm`
-        is generate's default for its progress bar."""
+        """vLLM's edge: a checkpoint and flat keywords (`kvcache_block_size=16`, ...); generate's use_tqdm."""
         self._start(EngineConfig.from_kwargs(model, **kwargs), use_tqdm)
 
     @classmethod
@@ -56,15 +55,11 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def generate(
-        self,
-        prompts: Seq[str] | Seq[list[int]] | str,
-        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-        use_tqdm: bool | None = None,
-    ) -> list[RequestOutput]:
-        """Runs all prompts to completion; outputs in prompt order. The engine must be idle (requests
-        queued with `engine.add_request` would lose their outputs) and not in use by another thread.
-        `use_tqdm`: the progress bar (None: as given to the constructor)."""
+    def generate(self, prompts: Seq[str] | Seq[list[int]] | str,
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool | None = None) -> list[RequestOutput]:  # fmt: skip
+        """Runs all prompts to completion; outputs in prompt order. The engine must be idle (requests queued
+        with `engine.add_request` would lose their outputs); `use_tqdm` None: the constructor's."""
         with self.alone("generate"):
             return self.generate_alone(prompts, sampling_params, use_tqdm)
 
@@ -89,8 +84,7 @@ class LLM:
 
     @contextmanager
     def alone(self, what: str) -> Iterator[None]:
-        """A second thread calling in while another call runs gets EngineBusyError at once instead
-        of corrupting the first call's batch."""
+        """A second thread calling in gets EngineBusyError at once instead of corrupting the first's batch."""
         if not self.lock.acquire(blocking=False):
             raise EngineBusyError(
                 f"{what}: the engine is busy with another call (LLM serves one caller at a time; "
@@ -125,8 +119,7 @@ class LLM:
             raise type(e)(f"prompt {index}: {e}") from None
 
     def encode(self, prompt: str | Seq[int]) -> list[int]:
-        """A text prompt's token ids (needs the checkpoint's tokenizer), or a sequence of token ids
-        (list, tuple, 1-D array) as a list; the engine checks their range."""
+        """A text prompt's token ids (via the tokenizer), or token ids (list, tuple, 1-D array) as a list."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer in the checkpoint; pass token ids")
@@ -194,9 +187,8 @@ def as_prompt_list(prompts) -> list:
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, Mapping | set | frozenset | bytes) or not isinstance(prompts, Iterable):
-        raise TypeError(
-            f"prompts: got {type(prompts).__name__}; pass a str or a list of prompts ({PROMPT_KINDS})"
-        )
+        kind = type(prompts).__name__
+        raise TypeError(f"prompts: got {kind}; pass a str or a list of prompts ({PROMPT_KINDS})")
     return list(prompts)
 
 

@@ -29,13 +29,13 @@ class InFlight:
 
 
 _open_engines: weakref.WeakSet = weakref.WeakSet()  # their start-up objects stay frozen
+StepResult = tuple[list[RequestOutput], StepStats]
 
 
 def freeze_start_up(engine: LLMEngine) -> weakref.finalize:
-    """What start-up built (the model, the block lists of a cache of up to ~1M blocks) lives as
-    long as the engine: frozen, no full garbage collection walks it inside a step (one paused a
-    step of the tiny fp8 job by 41 ms on an H200 host). Returns the unfreeze, which close() runs,
-    or the engine's finalizer when it is dropped unclosed, so the model's cycles stay collectable."""
+    """Freezes what start-up built (model, block lists of up to ~1M blocks) so no full garbage collection
+    walks it inside a step (one paused a tiny fp8 step by 41 ms on an H200). Returns the unfreeze that
+    close() runs, or the finalizer runs when the engine is dropped unclosed (its cycles stay collectable)."""
     _open_engines.add(engine)
     gc.freeze()
     return weakref.finalize(engine, gc.unfreeze)
@@ -49,17 +49,13 @@ class LLMEngine:
         self.vocab_size = info["vocab_size"]
         self.max_model_len = info["max_model_len"]
         self.eos_token_ids = set(info["eos_token_ids"])
+        cache, sched = config.cache, config.scheduler
         self.block_manager = BlockManager(
-            info["num_kv_blocks"], config.cache.block_size, config.cache.enable_prefix_caching
+            info["num_kv_blocks"], cache.block_size, cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(
-            self.block_manager,
-            config.scheduler.max_num_seqs,
-            config.scheduler.max_num_batched_tokens,
-            config.scheduler.enable_chunked_prefill,
-            config.scheduler.batching,
-            info.get("max_mixed_step_tokens"),
-        )
+        self.scheduler = Scheduler(self.block_manager, sched.max_num_seqs, sched.max_num_batched_tokens,
+                                   sched.enable_chunked_prefill, sched.batching,
+                                   info.get("max_mixed_step_tokens"))  # fmt: skip
         self.ids = itertools.count()
         self.in_flight: InFlight | None = None
         self.last_step_end = 0.0  # overlapped steps are timed from the later of this and their start
@@ -75,9 +71,8 @@ class LLMEngine:
         if self.closed:
             raise RuntimeError("the engine is closed")
 
-    def add_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
-    ) -> int:
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> int:  # fmt: skip
         """Queues one request; raises ValueError (and queues nothing) if it can never run."""
         self.check_open()
         seq_id = next(self.ids)
@@ -97,22 +92,18 @@ class LLMEngine:
             raise ValueError(f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
-            raise ValueError(
-                f"{name}: prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) "
-                f"= {total} exceeds max_model_len={self.max_model_len}"
-            )
+            raise ValueError(f"{name}: prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) "
+                             f"= {total} exceeds max_model_len={self.max_model_len}")  # fmt: skip
         capacity = self.block_manager.num_blocks * self.block_manager.block_size
         if total > capacity:
-            raise ValueError(
-                f"{name}: prompt + max_tokens = {total} tokens exceeds the whole KV cache "
-                f"({capacity} tokens); raise num_kvcache_blocks or the memory budget"
-            )
+            raise ValueError(f"{name}: prompt + max_tokens = {total} tokens exceeds the whole KV cache "
+                             f"({capacity} tokens); raise num_kvcache_blocks or the memory budget")
         return prompt
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.in_flight is not None
 
-    def step(self) -> tuple[list[RequestOutput], StepStats]:
+    def step(self) -> StepResult:
         self.check_open()
         if self.config.scheduler.async_scheduling:
             return self.overlapped_step()
@@ -122,14 +113,12 @@ class LLMEngine:
     def prefix_counters(self) -> tuple[int, int]:
         return self.block_manager.queries, self.block_manager.hits
 
-    def run_synchronously(
-        self, batch: ScheduledBatch, start: float, counters: tuple[int, int]
-    ) -> tuple[list[RequestOutput], StepStats]:
+    def run_synchronously(self, batch: ScheduledBatch, start: float, counters: tuple[int, int]) -> StepResult:
         sampled = self.executor.run(step_input_from(batch)) if batch.seqs else []
         samplers = self.advance(batch, start)
         return self.complete(batch, samplers, sampled, start, counters)
 
-    def overlapped_step(self) -> tuple[list[RequestOutput], StepStats]:
+    def overlapped_step(self) -> StepResult:
         """Step n+1 is scheduled and enqueued before step n's tokens are read back, so the host's
         bookkeeping overlaps the device's work. Under prefill_first batching only decode steps
         overlap (prefill steps run synchronously); under mixed batching every step does."""
@@ -146,8 +135,7 @@ class LLMEngine:
         following = self.schedule_following(current.batch)
         if following.seqs:
             rows = {seq.seq_id: row for row, seq in enumerate(samplers) if seq is not None}
-            step = step_input_from(following, rows)
-            self.executor.launch(step)
+            self.executor.launch(step_input_from(following, rows))
             self.in_flight = InFlight(following, following_start, counters)
         sampled = self.executor.collect()
         return self.complete(current.batch, samplers, sampled, current.start, current.counters)
@@ -177,14 +165,8 @@ class LLMEngine:
                 samplers.append(seq)
         return samplers
 
-    def complete(
-        self,
-        batch: ScheduledBatch,
-        samplers: list[Sequence | None],
-        sampled: list[int],
-        start: float,
-        counters: tuple[int, int],
-    ) -> tuple[list[RequestOutput], StepStats]:
+    def complete(self, batch: ScheduledBatch, samplers: list[Sequence | None], sampled: list[int],
+                 start: float, counters: tuple[int, int]) -> StepResult:  # fmt: skip
         """Fills the placeholders with the sampled tokens and finishes what ended."""
         now = time.perf_counter()
         for seq in batch.seqs:
@@ -216,37 +198,24 @@ class LLMEngine:
 
     def output_of(self, seq: Sequence) -> RequestOutput:
         return RequestOutput(
-            request_id=seq.seq_id,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            token_ids=seq.output_token_ids,
-            finish_reason=seq.finish_reason,
-            arrival_time=seq.arrival_time,
-            first_scheduled_time=seq.first_scheduled_time,
-            first_token_time=seq.token_times[0],
-            token_times=list(seq.token_times),
-            finish_time=seq.finish_time,
-            num_cached_tokens=seq.num_cached_tokens,
-            num_preemptions=seq.num_preemptions,
-        )
+            request_id=seq.seq_id, prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            token_ids=seq.output_token_ids, finish_reason=seq.finish_reason, arrival_time=seq.arrival_time,
+            first_scheduled_time=seq.first_scheduled_time, first_token_time=seq.token_times[0],
+            token_times=list(seq.token_times), finish_time=seq.finish_time,
+            num_cached_tokens=seq.num_cached_tokens, num_preemptions=seq.num_preemptions,
+        )  # fmt: skip
 
     def step_stats(self, batch, finished, elapsed, queries, hits, num_sampled) -> StepStats:
+        manager = self.block_manager
         return StepStats(
-            phase=step_phase(batch),
-            num_seqs=len(batch.seqs),
-            num_tokens=batch.num_tokens,
-            num_decode_tokens=batch.num_decodes,
-            num_prefill_tokens=batch.num_tokens - batch.num_decodes,
-            num_output_tokens=num_sampled,
-            step_time_s=elapsed,
-            kv_blocks_used=self.block_manager.num_used,
-            kv_blocks_total=self.block_manager.num_blocks,
-            prefix_cache_queries=self.block_manager.queries - queries,
-            prefix_cache_hits=self.block_manager.hits - hits,
-            num_preemptions=batch.num_preemptions,
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
-            num_finished=len(finished),
-        )
+            phase=step_phase(batch), num_seqs=len(batch.seqs), num_tokens=batch.num_tokens,
+            num_decode_tokens=batch.num_decodes, num_prefill_tokens=batch.num_tokens - batch.num_decodes,
+            num_output_tokens=num_sampled, step_time_s=elapsed,
+            kv_blocks_used=manager.num_used, kv_blocks_total=manager.num_blocks,
+            prefix_cache_queries=manager.queries - queries, prefix_cache_hits=manager.hits - hits,
+            num_preemptions=batch.num_preemptions, num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting), num_finished=len(finished),
+        )  # fmt: skip
 
     def stats(self) -> dict:
         return self.executor.stats()
@@ -258,15 +227,12 @@ class LLMEngine:
         self.block_manager.reset_prefix_cache()
 
     def kv_cache_quality(self, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
-        """What the KV cache's storage costs in accuracy on these prompts: greedy agreement and
-        KL of `num_tokens` decode steps reading the cache against one plain prefill over fresh
-        K/V (engine/kv_quality.py). Only on an idle engine; every block is returned."""
+        """The KV cache's accuracy cost on these prompts (engine/kv_quality.py); only on an idle engine."""
         return kv_quality.measure(self, prompt_token_ids, num_tokens)
 
     def abort_all(self) -> None:
-        """Drops every queued, running or in-flight request, returning their blocks. A step
-        launched but not read back is waited for and its tokens dropped, so the next step's
-        tokens are its own. If the executor cannot do that (a dead worker), the engine closes."""
+        """Drops every queued, running or in-flight request and their blocks. A launched step's tokens are
+        waited for and dropped, so the next step's are its own; if that fails (a dead worker), it closes."""
         self.in_flight = None
         self.scheduler.abort_all()
         if self.closed or not self.config.scheduler.async_scheduling:
@@ -295,8 +261,7 @@ def step_phase(batch: ScheduledBatch) -> str:
 
 
 def _token_id(name: str, token) -> int:
-    """A token id as a Python int: ints and numpy/torch integers pass, anything else (bool, float,
-    str) is an error rather than a guess."""
+    """A token id as a Python int: ints and numpy/torch integers pass; bool, float, str are errors."""
     if type(token) is int:
         return token
     try:

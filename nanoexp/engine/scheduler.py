@@ -33,18 +33,11 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(
-        self,
-        block_manager: BlockManager,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        enable_chunked_prefill: bool,
-        batching: str = "mixed",
-        max_mixed_step_tokens: int | None = None,
-    ):
-        """max_mixed_step_tokens caps a step that carries decodes (the largest step the runner runs
-        in a CUDA graph): a larger one would run eagerly, each new shape compiling kernels while
-        the running requests wait."""
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 enable_chunked_prefill: bool, batching: str = "mixed",
+                 max_mixed_step_tokens: int | None = None):  # fmt: skip
+        """max_mixed_step_tokens caps a step that carries decodes (the largest the runner runs in a CUDA
+        graph): a larger one would run eagerly, each new shape compiling kernels while requests wait."""
         self.block_manager = block_manager
         self.mixed = batching == "mixed"
         self.max_mixed_step_tokens = min(
@@ -66,7 +59,8 @@ class Scheduler:
         """The next step; sequences in `skip` (ended by a token not read yet) get no decode."""
         if self.mixed:
             return self.schedule_mixed(skip)
-        batch = self.schedule_prefill()
+        batch = ScheduledBatch(is_prefill=True)
+        self.fill_prefill(batch, self.max_num_batched_tokens)
         return batch if batch.seqs else self.schedule_decode(skip)
 
     def schedule_mixed(self, skip: frozenset[int]) -> ScheduledBatch:
@@ -76,11 +70,6 @@ class Scheduler:
         budget = self.max_mixed_step_tokens if batch.seqs else self.max_num_batched_tokens
         self.fill_prefill(batch, max(0, budget - batch.num_tokens))
         batch.is_prefill = len(batch.seqs) > batch.num_decodes
-        return batch
-
-    def schedule_prefill(self) -> ScheduledBatch:
-        batch = ScheduledBatch(is_prefill=True)
-        self.fill_prefill(batch, self.max_num_batched_tokens)
         return batch
 
     def fill_prefill(self, batch: ScheduledBatch, budget: int) -> None:
@@ -102,9 +91,7 @@ class Scheduler:
         manager = self.block_manager
         cached = manager.cached_prefix(seq)
         remaining = len(seq) - len(cached) * manager.block_size
-        if remaining > budget and not self.enable_chunked_prefill:
-            return 0
-        if not manager.can_allocate(seq, cached):
+        if (remaining > budget and not self.enable_chunked_prefill) or not manager.can_allocate(seq, cached):
             return 0
         manager.allocate(seq, cached)
         if seq.num_preemptions == 0:

@@ -9,9 +9,8 @@ from nanoexp.runner.step_input import StepInput
 
 
 def step_input_from(batch: ScheduledBatch, prev_rows: dict[int, int] | None = None) -> StepInput:
-    """The step's plain-data description. A placeholder input token (the last token of a sequence
-    whose sample is not read yet) is taken on the device from row prev_rows[seq_id] of the
-    previous step's samples."""
+    """The step's plain-data description. A placeholder input token (a sample not read yet) is taken on
+    the device from row prev_rows[seq_id] of the previous step's samples."""
     num_decodes = batch.num_decodes if batch.is_prefill else 0
     step = StepInput(batch.is_prefill, [], [], [], [], [], num_decodes=num_decodes)
     from_prev: list[int] = []
@@ -41,8 +40,7 @@ def add_sampling_row(step: StepInput, seq: Sequence) -> None:
 
 
 def mixed_seed(params: SamplingParams, output_position: int) -> int | None:
-    """The request's seed mixed with the position of the token being sampled, so each position
-    draws differently yet reproducibly."""
+    """The seed mixed with the output position, so each position draws differently yet reproducibly."""
     if params.seed is None:
         return None
     return (params.seed * 1_000_003 + output_position) % (2**63)

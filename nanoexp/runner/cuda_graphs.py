@@ -32,8 +32,8 @@ MAX_STEP_GRAPH_TOKENS = 4096  # steps with prefill tokens up to this many run in
 def capture_ladder(
     model: nn.Module, sizes: list[int], view, output: torch.Tensor, pool=None
 ) -> dict[int, torch.cuda.CUDAGraph]:
-    """model(*view(size)) into output[:size] captured at each size, largest first, in one memory
-    pool (`pool`, or a new one); each is run once outside its graph first (compiles, warms up)."""
+    """model(*view(size)) into output[:size] captured at each size, largest first, in one memory pool;
+    each is run once outside its graph first (compiles, warms up)."""
     graphs = {}
     for size in reversed(sizes):
         input_ids, positions, md = view(size)
@@ -54,9 +54,8 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Captures model(input_ids, positions, md) for decode batches; replays the smallest graph
-    that fits, padding the extra rows (slot -1: nothing stored; context 0: nothing read). Each
-    batch size's graph reads its own InputArena, which `prepare` fills with one copy."""
+    """Decode graphs at a ladder of batch sizes; replays the smallest that fits, padding rows (slot -1,
+    context 0: nothing stored or read). Each size reads its own InputArena, filled by one copy."""
 
     def __init__(
         self,
@@ -115,13 +114,11 @@ def step_graph_sizes(max_num_batched_tokens: int) -> list[int]:
 
 
 class StepGraphs:
-    """Captures model(input_ids, positions, md) for steps with prefill tokens, keyed by padded
-    token count and whether the step carries decodes. Attention runs the prefill kernel over a
-    fixed-size tile table (AttentionMetadata.prefill_tiles) and, in the graphs of steps with
-    decodes (`mixed` batching only), first the decode kernel over a fixed number of leading decode
-    slots, so a graph serves any mix of decodes and prefill chunks up to its size; steps without
-    decodes skip the empty decode slots (~6 us a layer on an H200). Padding tokens store nothing
-    (slot -1), padding sequences read nothing (context 0), padding tiles run nothing."""
+    """Graphs of steps with prefill tokens, keyed by padded token count and whether the step has decodes.
+    Attention runs the prefill kernel over a fixed-size tile table (AttentionMetadata.prefill_tiles) and,
+    with decodes (`mixed` batching only), first the decode kernel over fixed leading decode slots, so a
+    graph serves any mix up to its size; steps without decodes skip the empty slots (~6 us a layer on an
+    H200). Padding stores nothing (slot -1), reads nothing (context 0), runs no tiles."""
 
     def __init__(self, model: nn.Module, hidden_size: int, head_dim: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_blocks_per_seq: int, dtype: torch.dtype,

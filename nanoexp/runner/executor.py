@@ -51,8 +51,7 @@ class InProcessExecutor:
         return self.runner is None
 
     def close(self) -> None:
-        """Releases the runner's weights, KV cache and graphs now: a later engine in this process
-        sizes its KV cache from the free device memory."""
+        """Releases weights, KV cache and graphs now: a later engine here sizes its cache from free memory."""
         if self.runner is None:
             return
         self.final_stats = self.runner.stats()
@@ -77,8 +76,7 @@ def _close_all() -> None:
 
 
 def _on_sigterm(signum: int, frame) -> None:
-    """Stops the workers and removes the rendezvous directory and ring, then does what SIGTERM
-    did before (by default: terminate)."""
+    """Stops the workers, removes the rendezvous dir and ring, then does what SIGTERM did before."""
     for executor in list(_live):
         executor.kill()
     previous = _previous_sigterm[0]
@@ -112,9 +110,8 @@ class MultiprocExecutor:
     """Same interface as InProcessExecutor; every rank lives in its own worker process."""
 
     def __init__(self, config: EngineConfig):
-        """A worker past its deadline is an error, as a dead one: a step's is
-        $NANOEXP_TP_STEP_TIMEOUT_S (default 60 s) plus 10x the slowest step so far, start-up's
-        $NANOEXP_TP_STARTUP_TIMEOUT_S (default 1800 s)."""
+        """A worker past its deadline is an error, as a dead one: a step's is $NANOEXP_TP_STEP_TIMEOUT_S
+        (default 60 s) + 10x the slowest step so far, start-up's $NANOEXP_TP_STARTUP_TIMEOUT_S (1800 s)."""
         checked_hf_config(config)  # fail before spawning: the split, the length
         check_devices(config)
         self.size = config.parallel.tensor_parallel_size
@@ -129,8 +126,7 @@ class MultiprocExecutor:
             raise
 
     def call(self, method: str | Callable, *args, reply: bool = True):
-        """As InProcessExecutor.call on every rank (`method` a name or a module-level function, so it
-        pickles); rank 0's result, None when `reply` is False."""
+        """InProcessExecutor.call on every rank (a module-level `method` pickles); rank 0's result or None."""
         if not self.finalizer.alive:
             raise RuntimeError("the engine is closed (its tensor-parallel workers were shut down)")
         try:

@@ -37,9 +37,8 @@ def aligned(offset: int) -> int:
 
 
 class InputArena:
-    """Named tensors at aligned offsets of one device byte buffer, the static inputs of one graph.
-    The last field (the block tables, the widest) ends the copy early: only the rows a step uses
-    travel."""
+    """Named tensors at aligned offsets of one device byte buffer, the static inputs of one graph. The last
+    field (the block tables, the widest) ends the copy early: only the rows a step uses travel."""
 
     def __init__(self, fields: Fields, device: torch.device):
         self.layout: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
@@ -55,8 +54,7 @@ class InputArena:
         self.prefixes: dict[tuple[str, int], torch.Tensor] = {}
 
     def rows(self, name: str, count: int) -> torch.Tensor:
-        """The first `count` rows of a field, a view made once (slicing costs the host microseconds
-        on every step, a dictionary lookup does not)."""
+        """The first `count` rows of a field, a view made once (slicing costs microseconds, a lookup not)."""
         view = self.prefixes.get((name, count))
         if view is None:  # "": the arena's bytes
             field = self.tensors[name] if name else self.buffer
@@ -131,8 +129,7 @@ PYTHON_TOKENS = 64
 
 
 def python_layout(step: StepInput, block_size: int) -> tuple[list[int], list[int], list[int]]:
-    """Each token's position and cache slot (-1: a sequence without blocks stores nothing), and
-    each sequence's last row, by a Python loop (few tokens)."""
+    """Each token's position and cache slot (-1: no blocks) and each sequence's last row, by a Python loop."""
     positions: list[int] = []
     slots: list[int] = []
     last_rows: list[int] = []
@@ -155,9 +152,8 @@ def numpy_layout(step: StepInput, block_size: int, tables: np.ndarray) -> tuple[
 
 
 def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, size: int, seqs: int) -> None:
-    """The step's token and sequence fields into a mirror, padding rows up to the graph's `size`
-    tokens and `seqs` sequences (token 0 at position 0, slot -1: nothing stored; context 0: nothing
-    read)."""
+    """The step's token and sequence fields into a mirror, padded to the graph's `size` tokens and `seqs`
+    sequences (token 0 at position 0, slot -1: nothing stored; context 0: nothing read)."""
     n, num_seqs = step.num_tokens, len(step.query_lens)
     tables = host["block_tables"][:num_seqs]
     for row, blocks in zip(tables, step.block_tables):
@@ -183,8 +179,7 @@ def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, 
 
 @dataclass
 class GraphTarget:
-    """Where one step's inputs go: the arena of the graph that runs it, the graph's (input_ids,
-    positions, md) views of it, its padded token and sequence counts, and its key."""
+    """Where a step's inputs go: its graph's arena, (input_ids, positions, md) views, padded sizes and key."""
 
     arena: InputArena
     view: tuple[torch.Tensor, torch.Tensor, AttentionMetadata]
@@ -197,9 +192,8 @@ def upload_graph_step(
     target: GraphTarget, mirrors: PinnedMirrors, step: StepInput, block_size: int, vocab_size: int,
     fresh: Fresh = None, write_extra: Callable[[dict[str, np.ndarray]], None] | None = None,
 ) -> GraphStep:  # fmt: skip
-    """The step's inputs written into a pinned mirror of the target's arena (`write_extra(host)` adds
-    a graph kind's own fields) and uploaded by one copy; the ModelInputs and SamplingTensors are
-    views of the arena."""
+    """The step's inputs written into a pinned mirror of the target's arena (`write_extra(host)`: a graph
+    kind's own fields), uploaded by one copy; the ModelInputs and SamplingTensors are views of the arena."""
     arena, md = target.arena, target.view[2]
     index, host = mirrors.acquire(arena)
     write_tokens(host, step, block_size, target.size, target.seqs)

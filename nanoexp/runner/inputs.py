@@ -25,18 +25,18 @@ class ModelInputs:
     graph_key: tuple | None = None  # the captured graph whose static buffers hold these inputs
 
 
+Columns = list[tuple[Any, torch.dtype]]  # (list or array, dtype) pairs to upload
+Fresh = Callable[[int], np.ndarray] | None  # draws n seeds for unseeded rows; None: torch's host generator
 NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
 # Packed arrays start this many bytes apart at least, so every view is as aligned as a tensor of
 # its own would be for what reads it (Triton specializes kernels on 16-byte aligned pointers).
 UPLOAD_ALIGN = 64
 
 
-def upload(columns: list[tuple[Any, torch.dtype]], device: torch.device) -> list[torch.Tensor]:
-    """Each (list or array, dtype) as a tensor on `device`, all through one host-to-device copy:
-    packed at aligned offsets into one host buffer (pinned on CUDA), copied once, returned as views
-    of the copy. A step's dozen small inputs then cost one copy's fixed cost instead of a dozen,
-    and each view one slice of the copy viewed once per dtype (every tensor op costs the host
-    microseconds, which a batch-1 decode step cannot spare)."""
+def upload(columns: Columns, device: torch.device) -> list[torch.Tensor]:
+    """Each column as a tensor on `device`, all packed into one host buffer (pinned on CUDA), copied once
+    and returned as views: a step's dozen small inputs cost one copy's fixed cost, and each view one slice
+    viewed once per dtype (every tensor op costs the host microseconds a batch-1 decode cannot spare)."""
     arrays = [np.ascontiguousarray(data, dtype=NUMPY_DTYPES[dtype]) for data, dtype in columns]
     offsets, end = [], 0
     for array in arrays:
@@ -64,11 +64,9 @@ def padded_tables(tables: list[list[int]]) -> np.ndarray:
     return table
 
 
-def slot_mapping(
-    step: StepInput, tables: np.ndarray, seq_of_token: np.ndarray, positions: np.ndarray, block_size: int
-) -> np.ndarray:
-    """Cache slot of each new token; -1 (store nothing) for a sequence without cache blocks, as
-    in the memory-profiling run."""
+def slot_mapping(step: StepInput, tables: np.ndarray, seq_of_token: np.ndarray, positions: np.ndarray,
+                 block_size: int) -> np.ndarray:  # fmt: skip
+    """Cache slot of each new token; -1 (store nothing) for a sequence without cache blocks."""
     if tables.shape[1] == 0:
         return np.full(len(positions), -1, dtype=np.int64)
     block_index = np.minimum(positions // block_size, tables.shape[1] - 1)
@@ -82,14 +80,8 @@ def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> Mo
     return assemble(upload(columns, device))
 
 
-def prepare_step(
-    step: StepInput,
-    block_size: int,
-    vocab_size: int,
-    device: torch.device,
-    fresh: Callable[[int], np.ndarray] | None = None,
-    lossy_cache: bool = False,
-) -> tuple[ModelInputs, SamplingTensors | None]:
+def prepare_step(step: StepInput, block_size: int, vocab_size: int, device: torch.device, fresh: Fresh = None,
+                 lossy_cache: bool = False) -> tuple[ModelInputs, SamplingTensors | None]:  # fmt: skip
     """prepare_inputs and (when the step samples) prepare_sampling through one upload."""
     columns, assemble = input_columns(step, block_size, lossy_cache)
     if not step.sample_seq_indices:
@@ -101,8 +93,7 @@ def prepare_step(
 
 @dataclass
 class TokenLayout:
-    """A step's rows: per sequence its query and context lengths and their prefix sums, per token
-    its sequence and position."""
+    """Per sequence: query and context lengths and their prefix sums; per token: sequence and position."""
 
     query_lens: np.ndarray
     context_lens: np.ndarray
@@ -123,16 +114,15 @@ def token_layout(step: StepInput) -> TokenLayout:
 
 
 def reads_cache(step: StepInput, lossy_cache: bool) -> bool:
-    """Whether a prefill step's attention reads K/V from the cache: some sequence has a cached
-    prefix, or (lossy_cache, fp8) every prefill attends to its K/V as the cache stores them, as
-    step graphs and decodes read them, not to the step's unquantized K/V."""
+    """Whether a prefill step's attention reads K/V from the cache: some sequence has a cached prefix, or
+    (lossy_cache, fp8) prefills attend to K/V as stored, as step graphs and decodes do, not unquantized."""
     d = step.num_decodes
     return step.is_prefill and (lossy_cache or step.query_lens[d:] != step.context_lens[d:])
 
 
 def input_columns(
     step: StepInput, block_size: int, lossy_cache: bool = False
-) -> tuple[list[tuple[Any, torch.dtype]], Callable[[list[torch.Tensor]], ModelInputs]]:
+) -> tuple[Columns, Callable[[list[torch.Tensor]], ModelInputs]]:
     """The step's model inputs as host columns, and how their uploaded tensors make ModelInputs
     (an eager step; a captured one writes them into its graph's buffers, runner/graph_inputs.py)."""
     layout = token_layout(step)
@@ -156,18 +146,12 @@ def input_columns(
         cu_q_t, cu_k_t = rest[:2] if step.is_prefill else (None, None)
         rows = rest[2:] if step.is_prefill else rest
         md = AttentionMetadata(
-            is_prefill=step.is_prefill,
-            slot_mapping=slots_t,
-            context_lens=context_t,
-            block_tables=tables_t,
-            cu_seqlens_q=cu_q_t,
-            cu_seqlens_k=cu_k_t,
+            is_prefill=step.is_prefill, slot_mapping=slots_t, context_lens=context_t, block_tables=tables_t,
+            cu_seqlens_q=cu_q_t, cu_seqlens_k=cu_k_t,
             max_seqlen_q=int(query_lens[d:].max()) if step.is_prefill else 1,
-            max_seqlen_k=int(context_lens[d:].max()),
-            has_cached_prefix=reads_cache(step, lossy_cache),
-            num_decodes=d,
-            max_decode_seqlen_k=int(context_lens[:d].max()) if d else 0,
-        )
+            max_seqlen_k=int(context_lens[d:].max()), has_cached_prefix=reads_cache(step, lossy_cache),
+            num_decodes=d, max_decode_seqlen_k=int(context_lens[:d].max()) if d else 0,
+        )  # fmt: skip
         prev_rows = rows[0] if rows else None
         return ModelInputs(input_ids, positions_t, md, logits_indices, prev_rows, all_rows)
 
@@ -181,9 +165,8 @@ def samples_every_row(step: StepInput) -> bool:
     return len(samples) == num_rows and samples == list(range(num_rows))
 
 
-def row_seeds(seeds: list[int | None], fresh: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
-    """Each row's seed, or a fresh one: from `fresh(n)` when given, else from torch's host
-    generator (seeded by the engine seed)."""
+def row_seeds(seeds: list[int | None], fresh: Fresh = None) -> np.ndarray:
+    """Each row's seed, or a fresh one from `fresh(n)`, else from torch's host generator (engine seed)."""
     n = len(seeds)
     fresh_seeds = fresh(n) if fresh else torch.randint(0, 2**62, (n,), dtype=torch.int64).numpy()
     chosen = [fresh_seeds[i] if seed is None else seed for i, seed in enumerate(seeds)]
@@ -204,10 +187,9 @@ def counter_seeds(base: int, serial: int, n: int) -> np.ndarray:
 
 
 def prepare_sampling(
-    step: StepInput, vocab_size: int, device: torch.device, fresh: Callable[[int], np.ndarray] | None = None
+    step: StepInput, vocab_size: int, device: torch.device, fresh: Fresh = None
 ) -> SamplingTensors:
-    """The step's sampling parameters on the device; `fresh` draws the seeds of unseeded rows
-    (default: torch's host generator)."""
+    """The step's sampling parameters on the device."""
     columns, assemble = sampling_columns(step, vocab_size, fresh)
     return assemble(upload(columns, device))
 
@@ -219,14 +201,13 @@ SAMPLING_FIELDS = {
 
 
 def sampling_arrays(
-    step: StepInput, vocab_size: int, fresh: Callable[[int], np.ndarray] | None = None
+    step: StepInput, vocab_size: int, fresh: Fresh = None
 ) -> tuple[dict[str, Any], bool, bool]:
-    """The step's sampling parameters by SAMPLING_FIELDS name (the filters only where some row uses
-    one, the seeds only where some row samples at random), all_greedy and needs_filter."""
+    """The step's sampling parameters by SAMPLING_FIELDS name (the filters only where some row uses one,
+    the seeds only where some row samples at random), all_greedy and needs_filter."""
     all_greedy = all(t == 0 for t in step.temperatures)
-    needs_filter = (
-        any(k > 0 for k in step.top_k) or any(p < 1 for p in step.top_p) or any(p > 0 for p in step.min_p)
-    )
+    top_k, top_p, min_p = step.top_k, step.top_p, step.min_p
+    needs_filter = any(k > 0 for k in top_k) or any(p < 1 for p in top_p) or any(p > 0 for p in min_p)
     arrays: dict[str, Any] = {"temperatures": step.temperatures}
     if needs_filter:
         arrays["top_k"] = [k if k > 0 else vocab_size for k in step.top_k]
@@ -236,24 +217,19 @@ def sampling_arrays(
     return arrays, all_greedy, needs_filter
 
 
-def sampling_tensors(
-    step: StepInput, tensors: dict[str, torch.Tensor], all_greedy: bool, needs_filter: bool
-) -> SamplingTensors:
+def sampling_tensors(step: StepInput, tensors: dict[str, torch.Tensor], all_greedy: bool,
+                     needs_filter: bool) -> SamplingTensors:  # fmt: skip
     return SamplingTensors(
-        temperatures=tensors["temperatures"],
-        top_k=tensors["top_k"] if needs_filter else None,
-        top_p=tensors["top_p"] if needs_filter else None,
-        min_p=tensors["min_p"] if needs_filter else None,
-        seeds=list(step.seeds),
-        all_greedy=all_greedy,
-        needs_filter=needs_filter,
+        temperatures=tensors["temperatures"], top_k=tensors["top_k"] if needs_filter else None,
+        top_p=tensors["top_p"] if needs_filter else None, min_p=tensors["min_p"] if needs_filter else None,
+        seeds=list(step.seeds), all_greedy=all_greedy, needs_filter=needs_filter,
         row_seeds=None if all_greedy else tensors["row_seeds"],
-    )
+    )  # fmt: skip
 
 
 def sampling_columns(
-    step: StepInput, vocab_size: int, fresh: Callable[[int], np.ndarray] | None = None
-) -> tuple[list[tuple[Any, torch.dtype]], Callable[[list[torch.Tensor]], SamplingTensors]]:
+    step: StepInput, vocab_size: int, fresh: Fresh = None
+) -> tuple[Columns, Callable[[list[torch.Tensor]], SamplingTensors]]:
     """prepare_sampling's host columns, and how their uploaded tensors make SamplingTensors."""
     arrays, all_greedy, needs_filter = sampling_arrays(step, vocab_size, fresh)
     names = list(arrays)

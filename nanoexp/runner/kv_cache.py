@@ -42,10 +42,8 @@ def create_kv_cache(
         check_blocks_fit(num_blocks, bytes_per_block, device)
     num_blocks = agree_on(num_blocks, device, config.parallel.tensor_parallel_size)
     if num_blocks < 1:
-        raise ValueError(
-            "no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gb "
-            "or lower max_num_batched_tokens"
-        )
+        raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gb "
+                         "or lower max_num_batched_tokens")
     tensor = allocate_kv_cache(model, num_blocks, config.cache.block_size, dtype, device)
     return KVCache(tensor, num_blocks, num_blocks * bytes_per_block)
 
@@ -54,13 +52,10 @@ def check_blocks_fit(num_blocks: int, bytes_per_block: int, device: torch.device
     """cache.num_blocks set by hand must fit in the device's whole memory (before allocating it)."""
     capacity = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else machine_memory_gb() * 2**30
     if num_blocks * bytes_per_block > capacity:
-        raise KnobError(
-            "cache.num_blocks",
-            num_blocks,
-            f"<= {int(capacity // bytes_per_block)} (or -1 = from memory): a block takes "
-            f"{bytes_per_block} bytes on this rank and the {device.type} device has "
-            f"{capacity / 2**30:.1f} GiB",
-        )
+        raise KnobError("cache.num_blocks", num_blocks,
+                        f"<= {int(capacity // bytes_per_block)} (or -1 = from memory): a block takes "
+                        f"{bytes_per_block} bytes on this rank and the {device.type} device has "
+                        f"{capacity / 2**30:.1f} GiB")  # fmt: skip
 
 
 def block_bytes(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
@@ -100,9 +95,8 @@ def agree_on(num_blocks: int, device: torch.device, tp_size: int) -> int:
     return int(t.item())
 
 
-def allocate_kv_cache(
-    model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
+def allocate_kv_cache(model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,
+                      device: torch.device) -> torch.Tensor:  # fmt: skip
     """One tensor [layers, 2, blocks, block_size, kv_heads, head_dim]; each layer gets views."""
     layers = attention_layers(model)
     first = layers[0]

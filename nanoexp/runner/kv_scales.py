@@ -1,10 +1,7 @@
-"""Per-layer scales of an fp8 KV cache, calibrated once at start-up.
-
-One eager prefill of a fixed pseudo-random token sequence (no cache bound, nothing stored) records
-the largest |K| and |V| (after q/k norm and RoPE) each attention layer receives; each layer's
-scale is amax / 448 x HEADROOM, written in place into `Attention.k_scale`/`v_scale` (CUDA graphs
-hold their addresses). Under TP every rank runs the same prefill and calibrates its own heads.
-"""
+"""Per-layer scales of an fp8 KV cache, calibrated once at start-up: one eager prefill of a fixed
+pseudo-random token sequence (nothing stored) records the largest |K| and |V| (after q/k norm and RoPE)
+each attention layer receives; its scale, amax / 448 x HEADROOM, is written in place into
+`Attention.k_scale`/`v_scale` (CUDA graphs hold their addresses). Under TP each rank calibrates its heads."""
 
 from __future__ import annotations
 

@@ -31,17 +31,15 @@ from nanoexp.runner.step_input import StepInput, blockless_prefill
 def substitute_tokens(
     input_ids: torch.Tensor, rows: torch.Tensor, prev_tokens: torch.Tensor, every_row: bool = False
 ) -> torch.Tensor:
-    """Each row of input_ids whose entry r in `rows` is >= 0 set to prev_tokens[r], in place (a
-    captured graph reads input_ids where they are), on the device; every_row: the host knows every
-    r is >= 0 (one gather instead of four ops). Returns input_ids."""
+    """Each row of input_ids whose entry r in `rows` is >= 0 set to prev_tokens[r], in place (a captured
+    graph reads input_ids where they are); every_row: all r >= 0 (one gather instead of four ops)."""
     if every_row:
         return torch.index_select(prev_tokens, 0, rows, out=input_ids)
     return torch.where(rows >= 0, prev_tokens[rows.clamp(min=0)], input_ids, out=input_ids)
 
 
 def exchange_winners(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Every rank's per-row winner (score, token id) to every rank, in one all-gather; returns the
-    best per row. Token ids travel as float32, exact below 2^24."""
+    """One all-gather of every rank's per-row (score, token id as float32: exact below 2^24); the best."""
     winners = all_gather_stacked(torch.stack([scores, tokens.float()]))
     return pick_shard_winner(winners[:, 0], winners[:, 1]).long()
 
@@ -59,18 +57,15 @@ class ModelRunner:
         self.skinny_gemm = loaded.skinny_gemm
         self.swiglu_kernel = loaded.swiglu_kernel
         self.max_model_len = loaded.max_model_len
-        self.all_reduce = init_all_reduce(
-            config.parallel.all_reduce, self.device, self.dtype, self.decode_message_bytes()
-        )
+        self.all_reduce = init_all_reduce(config.parallel.all_reduce, self.device, self.dtype,
+                                          self.decode_message_bytes())  # fmt: skip
         self.timings: dict[str, float] = {"load_s": loaded.load_s}
         self.sampler = Sampler(one_pass=self.device.type == "cuda" and triton_available())
         self.last_sampled: torch.Tensor | None = None  # the last launched step's ids, on every rank
         self.tp = config.parallel.tensor_parallel_size
         self.steps_sampled = 0  # every rank counts the same steps: the key of TP's fresh seeds
-        # the ranks exchange token ids as float32, exact below 2^24
-        self.shards_sampling = (
-            self.tp > 1 and config.parallel.sharded_sampling and (self.hf_config.vocab_size < 2**24)
-        )
+        exact = self.hf_config.vocab_size < 2**24  # the ranks exchange token ids as float32, exact below 2^24
+        self.shards_sampling = self.tp > 1 and config.parallel.sharded_sampling and exact
         self.pending: deque[PendingStep] = deque()  # launched, not collected (rank 0)
         self.readback = ReadbackPool()
         if config.cache.lossy:
@@ -112,8 +107,7 @@ class ModelRunner:
     # ---- start-up runs ------------------------------------------------------------------------
 
     def capture_graphs(self) -> DecodeGraphs:
-        """Decode graphs, and step graphs for steps with prefill tokens where the attention
-        backend runs them on a fixed grid."""
+        """Decode graphs, and step graphs where the attention backend runs prefills on a fixed grid."""
         start = time.perf_counter()
         max_blocks = -(-self.max_model_len // self.block_size)
         scheduler = self.config.scheduler
@@ -151,8 +145,7 @@ class ModelRunner:
         self.timings["kv_calibration_s"] = time.perf_counter() - start
 
     def blockless_prefill(self, tokens: int) -> StepInput:
-        """A prefill of about `tokens` tokens in as few sequences as the limits allow, with no cache
-        blocks: its K/V are not stored."""
+        """A prefill of about `tokens` tokens in as few sequences as allowed, without blocks: none stored."""
         max_len = self.max_model_len
         num_seqs = max(1, min(-(-tokens // max_len), self.config.scheduler.max_num_seqs))
         length = min(max_len, max(1, tokens // num_seqs))
@@ -175,9 +168,8 @@ class ModelRunner:
         self.timings["warmup_s"] = time.perf_counter() - start
 
     def warm_up_prefill_kernels(self) -> None:
-        """Prefills at the sizes where kernels that run only with a KV cache bound (the fused q/k
-        norm + RoPE + store picks its tiling by token count) change variant, so that no timed step
-        compiles one; nothing is stored."""
+        """Prefills at the sizes where kernels bound to a KV cache (the fused q/k norm + RoPE + store tiles by
+        token count) change variant, so no timed step compiles one; nothing is stored."""
         start = time.perf_counter()
         budget = self.config.scheduler.max_num_batched_tokens
         captured = MAX_STEP_GRAPH_TOKENS if self.uses_graphs() and self.backend.captures_mixed_steps else 0
@@ -188,8 +180,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up_sampler(self) -> None:
-        """Compiles the sampler for one row and for many (size 1 is specialized): on rank 0 over
-        the whole vocabulary, and under TP over each rank's shard."""
+        """Compiles the sampler for 1 row and for 2 (size 1 is specialized), on rank 0 and per TP shard."""
         vocab = self.hf_config.vocab_size
         for rows in (1, 2):
             step = StepInput(
@@ -217,10 +208,8 @@ class ModelRunner:
     def forward_step(
         self, step: StepInput, prev_tokens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, bool]:
-        """Enqueues one step's forward pass and sampling: the sampled ids as a device tensor (not
-        waited for) on rank 0, and on every rank when the step was drawn shard by shard (the
-        second value). `prev_tokens` are the previous step's samples, for inputs not known on the
-        host yet."""
+        """Enqueues one step's forward pass and sampling: the sampled ids (not waited for) on rank 0, or on
+        every rank when drawn shard by shard (the bool). `prev_tokens`: the previous step's samples."""
         inputs, sampling = self.prepare(step)
         if step.prev_sample_rows is not None:
             every_row = all(row >= 0 for row in step.prev_sample_rows)
@@ -237,8 +226,7 @@ class ModelRunner:
             return (None if logits is None else self.sampler(logits, sampling)), False
 
     def prepare(self, step: StepInput) -> tuple[ModelInputs, SamplingTensors | None]:
-        """The step's model inputs and, when it samples, its sampling tensors, in one upload (into
-        the static buffers of the graph that will run the step, where one does)."""
+        """Inputs and (if it samples) sampling tensors in one upload, into its graph's buffers if any."""
         fresh = self.fresh_seeds() if step.sample_seq_indices else None
         vocab, graphs = self.hf_config.vocab_size, self.graphs_for(step)
         if graphs is not None:
@@ -246,8 +234,8 @@ class ModelRunner:
         return prepare_step(step, self.block_size, vocab, self.device, fresh, self.config.cache.lossy)
 
     def fresh_seeds(self) -> Callable[[int], np.ndarray] | None:
-        """The seeds of a step's unseeded rows: under TP keyed by the step count (the same on every
-        rank, so shard-by-shard draws agree), else None (torch's host generator)."""
+        """Unseeded rows' seeds: under TP keyed by the step count (the same on every rank, so shard-by-shard
+        draws agree), else None (torch's host generator)."""
         if self.tp == 1:
             return None
         serial = self.steps_sampled
@@ -255,8 +243,7 @@ class ModelRunner:
         return lambda n: counter_seeds(self.config.execution.seed, serial, n)
 
     def sample_shards(self, hidden: torch.Tensor, sampling: SamplingTensors) -> torch.Tensor:
-        """Each rank draws from its vocabulary shard; one all-gather of (score, token) per row
-        gives every rank the step's tokens."""
+        """Each rank draws from its vocabulary shard; one all-gather gives every rank the step's tokens."""
         logits, vocab_offset = self.model.compute_local_logits(hidden)
         return exchange_winners(*self.sampler.shard_winners(logits, sampling, vocab_offset))
 
@@ -273,9 +260,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, step: StepInput) -> None:
-        """Enqueues a step without waiting for it. Inputs marked in `step.prev_sample_rows` come from
-        the previous launched step's samples, which every rank holds (drawn shard by shard, or
-        broadcast by rank 0)."""
+        """Enqueues a step without waiting. Inputs marked in `step.prev_sample_rows` come from the previous
+        launched step's samples, which every rank holds (drawn shard by shard, or broadcast by rank 0)."""
         tokens, on_every_rank = self.forward_step(step, self.last_sampled)
         if self.tp > 1 and not on_every_rank:
             tokens = self.share_sampled(tokens, len(step.sample_seq_indices))
@@ -288,8 +274,7 @@ class ModelRunner:
         return self.pending.popleft().result() if self.rank == 0 else None
 
     def discard_launched(self) -> int:
-        """Waits for every launched step not collected yet and drops its ids, so that the next
-        launch starts from a clean queue (an abort mid-step); returns how many were dropped."""
+        """Waits for and drops every launched, uncollected step (an abort mid-step); returns how many."""
         dropped = len(self.pending)
         while self.pending:
             self.pending.popleft().result()
@@ -308,31 +293,18 @@ class ModelRunner:
     def stats(self) -> dict:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return {
-            "weights_bytes": weights,
-            "kv_cache_bytes": self.kv_cache_bytes,
-            "kv_cache_dtype": str(self.kv_cache.dtype).removeprefix("torch."),
-            **scales_summary(self.model),
-            "num_kv_blocks": self.num_blocks,
-            "kv_block_size": self.block_size,
-            "peak_memory_bytes": peak_memory_bytes(self.device),
-            "peak_memory_kind": self.peak_memory_kind,
-            "device": self.device.type,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "attention_backend": self.backend.name,
-            "attention_backend_selection": self.backend.selection,
+            "weights_bytes": weights, "kv_cache_bytes": self.kv_cache_bytes,
+            "kv_cache_dtype": str(self.kv_cache.dtype).removeprefix("torch."), **scales_summary(self.model),
+            "num_kv_blocks": self.num_blocks, "kv_block_size": self.block_size,
+            "peak_memory_bytes": peak_memory_bytes(self.device), "peak_memory_kind": self.peak_memory_kind,
+            "device": self.device.type, "dtype": str(self.dtype).removeprefix("torch."),
+            "attention_backend": self.backend.name, "attention_backend_selection": self.backend.selection,
             "gemm_backend": self.skinny_gemm.describe() if self.skinny_gemm else "torch",
-            "swiglu_kernel": self.swiglu_kernel,
-            "pdl": pdl.enabled(),
-            "cuda_graphs": self.graphs is not None,
-            "sampler_kernel": self.sampler.one_pass,
-            "sharded_sampling": self.shards_sampling,
-            "load_s": 0.0,
-            "warmup_s": 0.0,
-            "graph_capture_s": 0.0,
-            "kv_calibration_s": 0.0,
-            **(self.all_reduce.describe() if self.all_reduce else {}),
-            **self.timings,
-        }
+            "swiglu_kernel": self.swiglu_kernel, "pdl": pdl.enabled(), "cuda_graphs": self.graphs is not None,
+            "sampler_kernel": self.sampler.one_pass, "sharded_sampling": self.shards_sampling,
+            "load_s": 0.0, "warmup_s": 0.0, "graph_capture_s": 0.0, "kv_calibration_s": 0.0,
+            **(self.all_reduce.describe() if self.all_reduce else {}), **self.timings,
+        }  # fmt: skip
 
     def close(self) -> None:
         reset_all_reduce()

@@ -44,8 +44,7 @@ class LoadedModel:
 
 
 def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = None) -> LoadedModel:
-    """Checks the model fits the config, joins the process group, builds and loads this rank's
-    shard and binds the attention backend to its attention layers."""
+    """Checks the config, joins the process group, loads this rank's shard and binds its kernels."""
     hf_config = checked_hf_config(config)
     max_model_len = model_len(config, hf_config)
     device = pick_device(config.execution.device, rank)
@@ -58,9 +57,8 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     load_s = time.perf_counter() - start
     layers = attention_layers(model)
     execution, cache = config.execution, config.cache
-    backend = make_attention_backend(
-        execution.attention_backend, device, cache.block_size, dtype, layers[0].head_dim, cache.kv_cache_dtype
-    )
+    backend = make_attention_backend(execution.attention_backend, device, cache.block_size, dtype,
+                                     layers[0].head_dim, cache.kv_cache_dtype)  # fmt: skip
     for layer in layers:
         layer.backend = backend
     skinny = make_skinny_gemm(execution.gemm_backend, device, dtype)
@@ -68,9 +66,8 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     bind_gemm_backend(model, skinny)
     swiglu = swiglu_kernel(device, dtype)
     bind_activation_kernel(model, swiglu)
-    return LoadedModel(
-        model, hf_config, device, dtype, backend, load_s, max_model_len, skinny, swiglu is not None
-    )
+    return LoadedModel(model, hf_config, device, dtype, backend, load_s, max_model_len, skinny,
+                       swiglu is not None)  # fmt: skip
 
 
 def swiglu_kernel(device: torch.device, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -116,9 +113,8 @@ def pick_dtype(choice: str, hf_config: PretrainedConfig, device: torch.device) -
 
 
 def cpu_has_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there a bfloat16 decode
-    step reads half the bytes and takes about half the time of a float32 one
-    (experiments/cpu_path); elsewhere bfloat16 is emulated and slower than float32."""
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there a bfloat16 decode step takes
+    about half a float32 one's time (experiments/cpu_path); elsewhere it is emulated and slower."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, check, lambda: False)() for check in checks)
 
@@ -135,10 +131,8 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def build_model(
-    config: EngineConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
-    max_model_len: int,
-) -> nn.Module:  # fmt: skip
+def build_model(config: EngineConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
+                max_model_len: int) -> nn.Module:  # fmt: skip
     """This rank's shard of the model, with the checkpoint's weights or seeded random ones."""
     torch.manual_seed(config.execution.seed)
     cls = model_class(hf_config)
@@ -173,13 +167,8 @@ def as_list(ids: int | list[int] | None) -> list[int]:
     return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
 
 
-def runner_info(
-    config: EngineConfig, hf_config: PretrainedConfig, max_model_len: int, num_blocks: int
-) -> dict:
+def runner_info(config: EngineConfig, hf_config: PretrainedConfig, max_model_len: int,
+                num_blocks: int) -> dict:  # fmt: skip
     """What the control plane needs to know about the model and its KV cache."""
-    return {
-        "vocab_size": hf_config.vocab_size,
-        "max_model_len": max_model_len,
-        "eos_token_ids": eos_token_ids(hf_config, config.model),
-        "num_kv_blocks": num_blocks,
-    }
+    return {"vocab_size": hf_config.vocab_size, "max_model_len": max_model_len,
+            "eos_token_ids": eos_token_ids(hf_config, config.model), "num_kv_blocks": num_blocks}  # fmt: skip

@@ -27,8 +27,7 @@ class ReadbackPool:
 
 
 class PendingStep:
-    """Starts a non-blocking copy of `tokens` (int64) to pinned host memory; `result()` waits for it
-    and hands the buffer back to `pool`."""
+    """A non-blocking copy of `tokens` (int64) to pinned host memory; `result()` waits, then frees it."""
 
     def __init__(self, tokens: torch.Tensor, pool: ReadbackPool | None = None):
         self.tokens = tokens

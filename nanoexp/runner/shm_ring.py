@@ -1,12 +1,9 @@
-"""A shared-memory broadcast ring: the control plane writes each message once and every worker
-reads it, so sending a step costs the same at any tensor-parallel size.
-
-One segment: int64 counters, then `slots` fixed-size data slots. Message n (from 1) goes to slot
-(n - 1) % slots: the writer copies payload and length, then publishes n as the slot's sequence
-number; a reader copies the payload once the slot shows n, then records n as read. A slot is
-reused once every reader has read past it. A message larger than a slot is published as OVERFLOW
-and travels over the readers' pipes instead.
-"""
+"""A shared-memory broadcast ring: the control plane writes each message once and every worker reads it,
+so sending a step costs the same at any tensor-parallel size. One segment: int64 counters, then `slots`
+fixed-size slots. Message n (from 1) goes to slot (n - 1) % slots: the writer copies payload and length,
+then publishes n as the slot's sequence number; a reader copies the payload once the slot shows n, then
+records n as read. A slot is reused once every reader has read past it; a message larger than a slot is
+published as OVERFLOW and travels over the readers' pipes instead."""
 
 from __future__ import annotations
 
@@ -69,9 +66,8 @@ class ShmRing:
         return cls(handle, shared_memory.SharedMemory(name=handle.name), reader)
 
     def write(self, data: bytes | memoryview, check: Callable[[], None]) -> bool:
-        """Publishes one message; False when it is too large for a slot (published as OVERFLOW: the
-        caller sends it another way). `check` runs now and then while every slot is unread and may
-        raise to give up."""
+        """Publishes one message; False when too large for a slot (OVERFLOW: the caller sends it another way).
+        `check` runs now and then while every slot is unread and may raise to give up."""
         seq = self.next_seq
         slot = (seq - 1) % self.handle.slots
         wait_until(lambda: int(self.reader_done.min()) >= seq - self.handle.slots, check, spin_s=0.0)

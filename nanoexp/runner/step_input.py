@@ -32,14 +32,7 @@ class StepInput:
 
 
 def blockless_prefill(sequences: list[list[int]]) -> StepInput:
-    """A prefill of whole sequences without cache blocks: attention over the step's fresh K/V only,
-    nothing stored, the last token of every sequence sampled (or its logits read)."""
+    """A prefill of whole sequences without cache blocks (nothing stored), each one's last token sampled."""
     lens = [len(s) for s in sequences]
-    return StepInput(
-        True,
-        [t for s in sequences for t in s],
-        lens,
-        lens,
-        [[] for _ in sequences],
-        list(range(len(sequences))),
-    )
+    return StepInput(True, [t for s in sequences for t in s], lens, lens, [[] for _ in sequences],
+                     list(range(len(sequences))))  # fmt: skip

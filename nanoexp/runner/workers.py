@@ -1,10 +1,7 @@
-"""Tensor parallelism: one spawned worker process per rank, the shared-memory ring that carries
-each command to all of them at once, and the pipes that carry replies (and oversized commands).
-
-The main process runs no rank itself, so it never blocks inside a collective: it waits on the
-workers' pipes and process sentinels together, notices a dead worker at once and a stuck one at
-the step deadline.
-"""
+"""Tensor parallelism: a spawned worker process per rank, a shared-memory ring carrying each command to
+all of them, pipes carrying replies (and oversized commands). The main process runs no rank, so it never
+blocks in a collective: waiting on pipes and process sentinels together, it notices a dead worker at
+once and a stuck one at the step deadline."""
 
 from __future__ import annotations
 
@@ -57,10 +54,8 @@ except OSError:
     pass
 """  # removes the rendezvous dir and the ring when the main process dies without releasing them
 UNANSWERED = frozenset({"launch"})  # enqueued without a reply; its result comes with "collect"
-STARTUP_HINT = (
-    " (its traceback is above; a script that builds the engine at import time must guard that"
-    " with `if __name__ == '__main__':` because workers are spawned)"
-)
+STARTUP_HINT = (" (its traceback is above; a script that builds the engine at import time must guard that"
+                " with `if __name__ == '__main__':` because workers are spawned)")  # fmt: skip
 
 
 # ---- worker side -----------------------------------------------------------------------------
@@ -70,9 +65,8 @@ class Orphaned(Exception):
     """The main process is gone."""
 
 
-def worker_main(
-    config: EngineConfig, rank: int, dist_init: str, conn: Connection, parent: int, ring_handle: RingHandle
-) -> None:
+def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connection, parent: int,
+                ring_handle: RingHandle) -> None:  # fmt: skip
     """Entry point of one rank: build the runner, then serve commands until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     for key, value in NO_MULTICAST_ENV.items():
@@ -107,9 +101,8 @@ def worker_main(
 
 
 def die_with_parent(sig: int) -> bool:
-    """Linux: the kernel sends `sig` when the thread that started this process exits (0: never), even
-    while start-up sits in C++ holding the GIL; the janitor then removes what the group shared.
-    False where prctl is not available."""
+    """Linux: the kernel sends `sig` when the thread that started this process exits (0: never), even while
+    start-up sits in C++ holding the GIL (the janitor then cleans up); False without prctl."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
@@ -117,11 +110,9 @@ def die_with_parent(sig: int) -> bool:
         return False
 
 
-def watch_parent_during_start_up(
-    parent: int, started: threading.Event, dist_init: str, ring_handle: RingHandle
-) -> None:
-    """Where there is no parent-death signal: workers whose main process died during start-up remove
-    what it left and exit (once serving, the command loop watches the parent)."""
+def watch_parent_during_start_up(parent: int, started: threading.Event, dist_init: str,
+                                 ring_handle: RingHandle) -> None:  # fmt: skip
+    """Without a parent-death signal: a worker whose main process dies during start-up cleans up, exits."""
 
     def watch() -> None:
         while not started.wait(PARENT_POLL_S):
@@ -179,8 +170,7 @@ def send_error(conn: Connection, err: BaseException) -> None:
 
 
 class WorkerGroup:
-    """The processes, ring, pipes and rendezvous directory; holds no reference to the executor, so a
-    finalizer can shut it down when the executor is collected."""
+    """Processes, ring, pipes, rendezvous dir; no reference to the executor, so its finalizer can stop it."""
 
     def __init__(self, config: EngineConfig):
         self.step_floor_s = timeout_from(STEP_TIMEOUT_ENV, STEP_TIMEOUT_FLOOR_S)
@@ -280,9 +270,8 @@ class WorkerGroup:
             how += f", {signal.Signals(-code).name}"
         hint = STARTUP_HINT if startup else ""
         self.kill()
-        raise RuntimeError(
-            f"tensor-parallel worker rank {rank} died ({how}); all workers were shut down{hint}"
-        ) from None
+        raise RuntimeError(f"tensor-parallel worker rank {rank} died ({how}); "
+                           f"all workers were shut down{hint}") from None  # fmt: skip
 
     def raise_stuck(self, awaited: list[int], timeout: float, startup: bool):
         """A worker that neither answers nor dies (stopped, deadlocked, hung in a collective)."""
@@ -334,8 +323,7 @@ class WorkerGroup:
 
 
 def start_janitor(tmpdir: str, ring_name: str) -> subprocess.Popen | None:
-    """A small process (no torch) that removes the rendezvous dir and the ring once the main process
-    is gone; None where /dev/shm does not hold the rings."""
+    """A process (no torch) removing the rendezvous dir and ring once main is gone; None without /dev/shm."""
     if not os.path.isdir("/dev/shm"):
         return None
     return subprocess.Popen(
