@@ -180,7 +180,6 @@ class StepProfiler:
 def _torch_profiler(first: int, count: int, path: Path):
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     warmup = min(1, first)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,6 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from nanoexp.experiment import sweep_report
-
         self.report = sweep_report.report
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))

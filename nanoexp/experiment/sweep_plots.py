@@ -185,19 +185,16 @@ def sort_key(value) -> tuple:
 
 def pyplot():
     import matplotlib
-
     matplotlib.use("Agg")
     sizes = {"axes.titlesize": 9, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7}
     matplotlib.rcParams.update(sizes)
     import matplotlib.pyplot as plt
-
     return plt
 
 
 def save_figure(fig, title: str, path: Path, legend_title: str | None = None) -> None:
     """Saves with the title on top and the first panel's legend below the panels (inside, it hides data)."""
     import matplotlib.pyplot as plt
-
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])

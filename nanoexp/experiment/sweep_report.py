@@ -280,7 +280,6 @@ def log_sweep(
     """The sweep-level W&B run (table, plots, swept values); None after one warning line if W&B failed."""
     try:
         import wandb
-
         config = {k.removeprefix("param:"): _values(table[k]) for k in swept}
         config |= {"sweep_dir": str(sweep_dir), "num_jobs": len(table)}
         config["swept_keys"] = [k.removeprefix("param:") for k in swept]
