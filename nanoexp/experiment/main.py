@@ -294,14 +294,12 @@ def objective(cfg: DictConfig) -> float:
 
 def objective_of(results: dict, search: dict) -> float:
     """`search.objective`, or `search.infeasible_value` for a failed job or a p99 TTFT above the limit."""
-    infeasible = float(search.get("infeasible_value", 0.0))
     summary = results.get("summary", {})
     value = summary.get(search.get("objective", "output_throughput"))
-    if results.get("status") != "ok" or not is_number(value):
-        return infeasible
     limit, p99 = search.get("max_p99_ttft_ms"), summary.get("p99_ttft_ms")
-    if limit is not None and not (is_number(p99) and p99 <= limit):
-        return infeasible
+    too_slow = limit is not None and not (is_number(p99) and p99 <= limit)
+    if results.get("status") != "ok" or not is_number(value) or too_slow:
+        return float(search.get("infeasible_value", 0.0))
     return float(value)
 
 
