@@ -1,6 +1,5 @@
-"""The sweep's Hydra callback: locks the sweep dir, and reports every job of a multirun when it ends,
-even after an abort. The report itself (pandas, plots) is imported only then: Hydra builds this
-callback in every single job too."""
+"""The sweep's Hydra callback: locks the sweep dir and reports every job of a multirun when it ends, even
+after an abort. Hydra builds it in every job too, so the report (pandas, plots) is imported only then."""
 
 from __future__ import annotations
 
