@@ -74,7 +74,6 @@ def find_checkpoint(path: str | None, hub_id: str | None) -> tuple[str | None, s
         return (str(p), "path") if any(p.glob("*.safetensors")) else (None, "none")
     if hub_id:
         from huggingface_hub import snapshot_download
-
         try:
             cached = snapshot_download(hub_id, local_files_only=True)
         except Exception:  # noqa: BLE001 - not cached or an invalid id: both mean "absent"
@@ -133,7 +132,6 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
     """Our LLM (through the engine factory), or the transformers baseline (engine=hf)."""
     if spec.engine.kind is EngineKind.hf:
         from nanoexp.experiment.hf_baseline import HFBaseline
-
         e = config.execution
         dtype, max_batch = config.model.dtype, config.scheduler.max_num_seqs
         max_batch = min(max_batch, spec.workload.max_concurrency or max_batch)
@@ -153,13 +151,11 @@ def build_tokenizer(checkpoint: Checkpoint):
     if checkpoint.path is None:
         return None
     from nanoexp.loader import load_tokenizer
-
     return load_tokenizer(checkpoint.path)
 
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
     from nanoexp.experiment.workloads import build_workload
-
     tokenize = (lambda text: tokenizer.encode(text)) if tokenizer is not None else None
     try:
         workload = build_workload(spec.workload, spec.sampler, spec.model.arch.vocab_size, tokenize)
@@ -178,6 +174,5 @@ def build_logger(spec: NanoexpConfig):
     """The selected logger fanned out with the always-on local sink."""
     if spec.logger.kind is LoggerKind.wandb:
         from nanoexp.experiment.wandb_logger import WandbLogger
-
         return FanoutLogger([WandbLogger(spec.logger), LocalSink()])
     return FanoutLogger([LocalSink()])

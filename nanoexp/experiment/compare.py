@@ -88,12 +88,9 @@ def compare(sweep_a: Path, sweep_b: Path, metrics: list[str] = METRICS) -> tuple
         rows += [_metric_row(config, metric, a, b) for metric in metrics]
     table = pd.DataFrame([r for r in rows if r is not None])
     names = ", ".join(k.removeprefix("param:") for k in keys) or "nothing swept"
-    header = [
-        f"A: {sweep_a} ({_commits(jobs_a)})",
-        f"B: {sweep_b} ({_commits(jobs_b)})",
-        f"{len(pairs)} configurations matched on {names}; "
-        f"{len(jobs_a) - len(pairs)} of A and {len(jobs_b) - len(pairs)} of B unmatched",
-    ]
+    unmatched = f"{len(jobs_a) - len(pairs)} of A and {len(jobs_b) - len(pairs)} of B unmatched"
+    header = [f"A: {sweep_a} ({_commits(jobs_a)})", f"B: {sweep_b} ({_commits(jobs_b)})",
+              f"{len(pairs)} configurations matched on {names}; {unmatched}"]  # fmt: skip
     return table, header
 
 
@@ -112,17 +109,10 @@ def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
     else:
         verdict = "higher" if value > 1 else "lower"
     return {
-        "config": config,
-        "metric": metric,
-        "a": float(np.mean(values_a)),
-        "b": float(np.mean(values_b)),
-        "ratio": value,
-        "ratio_ci95_low": low,
-        "ratio_ci95_high": high,
-        "significant": significant,
-        "verdict": verdict,
-        "repeats": f"{len(values_a)}/{len(values_b)}",
-    }
+        "config": config, "metric": metric, "a": float(np.mean(values_a)), "b": float(np.mean(values_b)),
+        "ratio": value, "ratio_ci95_low": low, "ratio_ci95_high": high, "significant": significant,
+        "verdict": verdict, "repeats": f"{len(values_a)}/{len(values_b)}",
+    }  # fmt: skip
 
 
 def _values(summary: dict, metric: str) -> list[float]:
@@ -152,7 +142,7 @@ def markdown(table: pd.DataFrame, header: list[str]) -> str:
     return "\n".join([*lines, "", "**bold**: the interval excludes 1 (beyond noise)", ""])
 
 
-def plot(table: pd.DataFrame, header: list[str], path: Path) -> None:
+def plot(table: pd.DataFrame, path: Path) -> None:
     """One panel per metric: B/A per configuration with its interval, a line at 1."""
     if table.empty:
         return
@@ -165,15 +155,14 @@ def plot(table: pd.DataFrame, header: list[str], path: Path) -> None:
         err = np.nan_to_num(np.abs(np.stack([y - part["ratio_ci95_low"], part["ratio_ci95_high"] - y])))
         ax.errorbar(range(len(part)), y, yerr=err, fmt="o", capsize=3)
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_xticks(range(len(part)))
-        ax.set_xticklabels(part["config"], rotation=30, ha="right", fontsize=6)
+        ax.set_xticks(range(len(part)), part["config"], rotation=30, ha="right", fontsize=6)
         ax.set(title=metric, ylabel="B / A")
     save_figure(fig, "B / A with 95% CI", path)
 
 
 def cli(argv: list[str] | None = None) -> int:
     description = "Two sweeps side by side: each metric's ratio B/A with a 95% CI from the repeats."
-    parser = argparse.ArgumentParser(prog="python -m nanoexp.experiment.compare", description=description)
+    parser = argparse.ArgumentParser("python -m nanoexp.experiment.compare", description=description)
     parser.add_argument("sweep_a", type=Path)
     parser.add_argument("sweep_b", type=Path)
     parser.add_argument("--metrics", default=",".join(METRICS), help="comma-separated summary keys")
@@ -188,7 +177,7 @@ def cli(argv: list[str] | None = None) -> int:
     text = markdown(table, header)
     (out / "compare.md").write_text(text)
     table.to_csv(out / "compare.csv", index=False)
-    plot(table, header, out / "compare.png")
+    plot(table, out / "compare.png")
     print(text, end="")
     return 0
 

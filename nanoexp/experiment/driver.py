@@ -61,7 +61,6 @@ class EngineDriver:
 @dataclass
 class RunRecord:
     """One timed pass of the workload (one repeat)."""
-
     repeat: int = 0
     outputs: list[RequestOutput] = field(default_factory=list)
     steps: list[StepStats] = field(default_factory=list)

@@ -47,21 +47,15 @@ class HFBaseline:
         ids, mask = _left_pad(batch, pad_id=self.eos)
         times: list[float] = []
 
-        def clock(
-            input_ids: torch.Tensor, scores, **kwargs
-        ) -> torch.Tensor:  # never stops: stamps each token
+        def clock(input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:  # never stops; times each token
             times.append(time.perf_counter())
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
         start = time.perf_counter()
         generated = self.model.generate(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            stopping_criteria=[clock],
-            pad_token_id=self.eos,
-            eos_token_id=self.eos,
-            **_generate_kwargs(batch),
-        )[:, ids.shape[1] :].cpu()
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), stopping_criteria=[clock],
+            pad_token_id=self.eos, eos_token_id=self.eos, **_generate_kwargs(batch),
+        )[:, ids.shape[1] :].cpu()  # fmt: skip
         outs = [self._output(r, generated[i].tolist(), times, t0) for i, r in enumerate(batch)]
         for stats in _step_stats(batch, outs, ids.numel(), start, times):
             on_step(stats)
@@ -74,33 +68,23 @@ class HFBaseline:
         self._next_id += 1
         arrival = t0 + r.arrival_offset_s
         return RequestOutput(
-            request_id=self._next_id - 1,
-            prompt_token_ids=list(r.prompt_token_ids),
-            token_ids=tokens,
+            request_id=self._next_id - 1, prompt_token_ids=list(r.prompt_token_ids), token_ids=tokens,
             finish_reason="length" if len(tokens) == r.sampling_params.max_tokens else "stop",
-            arrival_time=arrival,
-            first_scheduled_time=times[0] if times else arrival,
-            first_token_time=times[0],
-            token_times=times[: len(tokens)],
-            finish_time=times[len(tokens) - 1],
-            num_cached_tokens=0,
-            num_preemptions=0,
-        )
+            arrival_time=arrival, first_scheduled_time=times[0] if times else arrival,
+            first_token_time=times[0], token_times=times[: len(tokens)], finish_time=times[len(tokens) - 1],
+            num_cached_tokens=0, num_preemptions=0,
+        )  # fmt: skip
 
     def stats(self) -> dict:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return {
             "weights_bytes": weights,
             **dict.fromkeys(("kv_cache_bytes", "num_kv_blocks", "kv_block_size"), 0),  # grown per batch
-            "peak_memory_bytes": peak_memory_bytes(self.device),
-            "peak_memory_kind": self.peak_memory_kind,
-            "load_s": self.load_s,
-            **dict.fromkeys(("warmup_s", "graph_capture_s"), 0.0),
-            "device": self.device.type,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "attention_backend": "sdpa",
-            "load_format": self.load_format,
-        }
+            "peak_memory_bytes": peak_memory_bytes(self.device), "peak_memory_kind": self.peak_memory_kind,
+            "load_s": self.load_s, **dict.fromkeys(("warmup_s", "graph_capture_s"), 0.0),
+            "device": self.device.type, "dtype": str(self.dtype).removeprefix("torch."),
+            "attention_backend": "sdpa", "load_format": self.load_format,
+        }  # fmt: skip
 
     def close(self) -> None:
         self.model = None
@@ -109,23 +93,15 @@ class HFBaseline:
 def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[float]) -> list[StepStats]:
     stats, prev = [], start
     for i, t in enumerate(times):
-        active = sum(len(o.token_ids) > i for o in outs)
-        stats.append(
-            StepStats(
-                phase="prefill" if i == 0 else "decode",
-                num_seqs=len(batch),
-                num_tokens=prefill_tokens if i == 0 else len(batch),
-                num_prefill_tokens=prefill_tokens if i == 0 else 0,
-                num_decode_tokens=0 if i == 0 else len(batch),
-                num_output_tokens=active,
-                step_time_s=t - prev,
-                **dict.fromkeys(("kv_blocks_used", "kv_blocks_total", "num_preemptions"), 0),
-                **dict.fromkeys(("prefix_cache_queries", "prefix_cache_hits"), 0),
-                num_running=len(batch),
-                num_waiting=0,
-                num_finished=sum(len(o.token_ids) == i + 1 for o in outs),
-            )
-        )
+        stats.append(StepStats(
+            phase="prefill" if i == 0 else "decode", num_seqs=len(batch),
+            num_tokens=prefill_tokens if i == 0 else len(batch),
+            num_prefill_tokens=prefill_tokens if i == 0 else 0, num_decode_tokens=0 if i == 0 else len(batch),
+            num_output_tokens=sum(len(o.token_ids) > i for o in outs), step_time_s=t - prev,
+            **dict.fromkeys(("kv_blocks_used", "kv_blocks_total", "num_preemptions"), 0),
+            **dict.fromkeys(("prefix_cache_queries", "prefix_cache_hits"), 0),
+            num_running=len(batch), num_waiting=0, num_finished=sum(len(o.token_ids) == i + 1 for o in outs),
+        ))  # fmt: skip
         prev = t
     return stats
 
@@ -152,7 +128,6 @@ def _left_pad(batch: list[Request], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 def _config(arch: dict, checkpoint: str | None):
     from transformers import AutoConfig
-
     if checkpoint:
         return AutoConfig.from_pretrained(checkpoint)
     return AutoConfig.for_model(arch["model_type"], **{k: v for k, v in arch.items() if k != "model_type"})
@@ -160,7 +135,6 @@ def _config(arch: dict, checkpoint: str | None):
 
 def _load(config, checkpoint: str | None, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
-
     options = dict(dtype=dtype, attn_implementation="sdpa")
     if checkpoint:
         return AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **options)

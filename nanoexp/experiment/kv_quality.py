@@ -27,11 +27,9 @@ def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
     result = llm.engine.kv_cache_quality([p[:limit] for p in prompts], cfg.num_tokens)
     metrics = {PREFIX + k: result[k] for k in SHOWN}
     return metrics | {
-        PREFIX + "num_cut_prompts": cut,
-        PREFIX + "num_tokens": cfg.num_tokens,
-        "kv_quality_s": time.perf_counter() - start,
-        "kv_cache_dtype": llm.engine.config.cache.kv_cache_dtype,
-    }
+        PREFIX + "num_cut_prompts": cut, PREFIX + "num_tokens": cfg.num_tokens,
+        "kv_quality_s": time.perf_counter() - start, "kv_cache_dtype": llm.engine.config.cache.kv_cache_dtype,
+    }  # fmt: skip
 
 
 def prompt_limit(engine, num_tokens: int) -> int:

@@ -84,7 +84,7 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> int:
         summary = experiment(spec, config, checkpoint, logger, job)
     except BaseException as e:
         code = _exit_code(e)
-        summary |= {"error": _one_line(e), **_signal_of(e)}
+        summary |= _failure(e)
         try:
             logger.finish(summary, code)
         except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
@@ -104,9 +104,8 @@ def _claim_gpus(spec: NanoexpConfig, job: JobInfo) -> dict:
     return {"gpus": claimed, "cuda_visible_devices": visible, "gpus_claimed_at": time.time()}
 
 
-def experiment(
-    spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpoint, logger, job: JobInfo
-) -> dict:
+def experiment(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpoint, logger,
+               job: JobInfo) -> dict:  # fmt: skip
     """Build, warm up, run the workload `repeats` times, summarize. Returns the flat summary."""
     tokenizer = build.build_tokenizer(checkpoint)
     workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
@@ -138,18 +137,13 @@ def experiment(
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
     return summary | {
-        "build_s": build_s,
-        "bench_warmup_s": warmup_s,
-        "engine_kind": spec.engine.kind.value,
-        "model": spec.model.name,
-        "workload": spec.workload.name,
+        "build_s": build_s, "bench_warmup_s": warmup_s, "engine_kind": spec.engine.kind.value,
+        "model": spec.model.name, "workload": spec.workload.name,
         "offered_request_rate": spec.workload.request_rate,  # achieved: request_throughput
-        "max_concurrency": spec.workload.max_concurrency,
-        "load_format_requested": checkpoint.requested,
-        "load_format": checkpoint.load_format,
-        "checkpoint_path": checkpoint.path or "",
+        "max_concurrency": spec.workload.max_concurrency, "load_format_requested": checkpoint.requested,
+        "load_format": checkpoint.load_format, "checkpoint_path": checkpoint.path or "",
         "arch_mismatches": len(arch_diffs),
-    }
+    }  # fmt: skip
 
 
 class JobMemory:
@@ -195,7 +189,7 @@ def _warm_up(driver, workload) -> float:
 
 def _log_early_failure(cfg: DictConfig, job: JobInfo, error: BaseException) -> None:
     """Starts and finishes the loggers of a job that failed before they started, so it too leaves results."""
-    code, line = _exit_code(error), _one_line(error)
+    code, failure = _exit_code(error), _failure(error)
     try:
         logger_cfg = OmegaConf.to_object(cfg.logger)
     except Exception:  # noqa: BLE001 - an invalid logger section: only the local sink
@@ -209,10 +203,10 @@ def _log_early_failure(cfg: DictConfig, job: JobInfo, error: BaseException) -> N
     logger = build.build_logger(NanoexpConfig(logger=logger_cfg))
     try:
         logger.start(plain, job)
-        logger.finish({"error": line, **_signal_of(error)}, code)
+        logger.finish(failure, code)
     except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
         error.add_note(f"recording the failure failed too: {_one_line(err)}")
-        _record_failure(job, code, line, _signal_of(error), replace=True)
+        _record_failure(job, code, failure, replace=True)
 
 
 def _report_error(e: BaseException, job: JobInfo | None) -> int:
@@ -227,7 +221,7 @@ def _report_error(e: BaseException, job: JobInfo | None) -> int:
             job.out_dir.mkdir(parents=True, exist_ok=True)
             write_atomically(job.out_dir / "error.txt", f"{line}\n\n{traceback.format_exc()}")
             where = f" (traceback: {job.out_dir / 'error.txt'})" if code == RUNTIME_EXIT else ""
-        _record_failure(job, code, line, _signal_of(e))
+        _record_failure(job, code, _failure(e, line))
     record = logging.LogRecord("nanoexp", logging.ERROR, __file__, 0, f"nanoexp: error: {line}", None, None)
     for handler in logging.getLogger().handlers:  # run.log; stderr gets the line below
         if isinstance(handler, logging.FileHandler):
@@ -236,20 +230,17 @@ def _report_error(e: BaseException, job: JobInfo | None) -> int:
     return code
 
 
-def _record_failure(job: JobInfo, code: int, error: str, signalled: dict, replace: bool = False) -> None:
+def _record_failure(job: JobInfo, code: int, failure: dict, replace: bool = False) -> None:
     """A results.json whose status and exit code agree with the process's (the loggers' kept, if any)."""
-    path = job.out_dir / RESULTS_FILE
-    results = {"status": "failed", "exit_code": code, "job": job.as_dict(), "summary": {"error": error}}
+    path, status = job.out_dir / RESULTS_FILE, "terminated" if "signal" in failure else "failed"
+    results = {"status": status, "exit_code": code, "job": job.as_dict(), "summary": failure}
     try:
         written = read_results(path) if path.exists() and not replace else None  # unreadable: {}, kept
         if written is not None and written.get("exit_code", code) == code:
             return
         if written is not None:
-            results = written | {"status": "failed", "exit_code": code}
-            results["summary"] = written.get("summary", {}) | {"error": error}
-        if signalled:
-            results["status"] = "terminated"
-            results["summary"] |= signalled
+            results = written | {"status": status, "exit_code": code}
+            results["summary"] = written.get("summary", {}) | failure
         job.out_dir.mkdir(parents=True, exist_ok=True)
         # its own temporary name: the loggers' may be what could not be written
         write_atomically(path, json.dumps(results, indent=2) + "\n", ".failure.partial")
@@ -266,11 +257,11 @@ def append_run_log(job: JobInfo, text: str) -> None:
         f.write(text.rstrip("\n") + "\n")
 
 
-def _signal_of(error: BaseException) -> dict:
-    """{"signal": "SIGTERM"} for a job stopped by a signal, {} otherwise."""
-    if isinstance(error, KeyboardInterrupt):
-        return {"signal": interrupts.as_interrupted(error).signal_name}
-    return {}
+def _failure(error: BaseException, line: str | None = None) -> dict:
+    """A failed job's summary: its error line and, for a job stopped by a signal, the signal's name."""
+    stopped = isinstance(error, KeyboardInterrupt)
+    signal = {"signal": interrupts.as_interrupted(error).signal_name} if stopped else {}
+    return {"error": _one_line(error) if line is None else line, **signal}
 
 
 def _exit_code(e: BaseException) -> int:
@@ -303,14 +294,12 @@ def objective(cfg: DictConfig) -> float:
 
 def objective_of(results: dict, search: dict) -> float:
     """`search.objective`, or `search.infeasible_value` for a failed job or a p99 TTFT above the limit."""
-    infeasible = float(search.get("infeasible_value", 0.0))
     summary = results.get("summary", {})
     value = summary.get(search.get("objective", "output_throughput"))
-    if results.get("status") != "ok" or not is_number(value):
-        return infeasible
     limit, p99 = search.get("max_p99_ttft_ms"), summary.get("p99_ttft_ms")
-    if limit is not None and not (is_number(p99) and p99 <= limit):
-        return infeasible
+    too_slow = limit is not None and not (is_number(p99) and p99 <= limit)
+    if results.get("status") != "ok" or not is_number(value) or too_slow:
+        return float(search.get("infeasible_value", 0.0))
     return float(value)
 
 

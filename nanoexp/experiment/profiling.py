@@ -180,15 +180,12 @@ class StepProfiler:
 def _torch_profiler(first: int, count: int, path: Path):
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     warmup = min(1, first)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return profile(
-        activities=activities,
-        schedule=schedule(wait=first - warmup, warmup=warmup, active=count, repeat=1),
-        on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
-    )
+    steps = schedule(wait=first - warmup, warmup=warmup, active=count, repeat=1)
+    export = lambda prof: prof.export_chrome_trace(str(path))
+    return profile(activities=activities, schedule=steps, on_trace_ready=export)
 
 
 def _torch_graphs() -> int:

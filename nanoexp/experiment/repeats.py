@@ -33,14 +33,9 @@ def repeat_specs(spec: NanoexpConfig) -> list[NanoexpConfig]:
     return specs
 
 
-def measure(
-    driver: Driver,
-    workloads: list[Workload],
-    logger,
-    progress: Progress,
-    profile: ProfileConfig | None = None,
-    out_dir: Path | None = None,
-) -> list[RunRecord]:
+def measure(driver: Driver, workloads: list[Workload], logger, progress: Progress,
+            profile: ProfileConfig | None = None, out_dir: Path | None = None,
+) -> list[RunRecord]:  # fmt: skip
     """Every repeat in turn, on an empty prefix cache; its steps logged after it (a failed one's too)."""
     profiler = _profiler(profile, driver, out_dir)
     columns = profiler.columns if profiler else {}  # filled as the steps run
@@ -82,9 +77,8 @@ def progress_total(workloads: list[Workload]) -> int:
     return sum(len(w.requests) * (w.num_iters if w.latency_mode else 1) for w in workloads)
 
 
-def summarize_repeats(
-    records: list[RunRecord], slo: dict[str, float], noise: NoiseConfig | None = None
-) -> dict:
+def summarize_repeats(records: list[RunRecord], slo: dict[str, float],
+                      noise: NoiseConfig | None = None) -> dict:  # fmt: skip
     """The job's summary over its repeats, each repeat's headline metrics and load, and the noise flags."""
     latency = lambda r: latency_summary(r.iteration_latencies_s) if r.iteration_latencies_s else {}
     summaries = [summarize(r.outputs, r.steps, r.duration_s, slo) | r.facts | latency(r) for r in records]

@@ -53,7 +53,6 @@ class LoggerKind(Enum):
 @dataclass
 class ArchConfig:
     """The architecture fields of the model's config.json (the engine's `model.arch` with dummy weights)."""
-
     architectures: list[str] = MISSING
     model_type: str = MISSING
     hidden_size: int = MISSING
@@ -77,7 +76,6 @@ class ArchConfig:
 class ModelSpec(ModelConfig):
     """The engine's ModelConfig plus a name, a hub id and a typed `arch`; `load_format` has one more
     value, the default `dummy_if_missing`: dummy weights, loudly, when no checkpoint is found."""
-
     load_formats: ClassVar[tuple[str, ...]] = (*LOAD_FORMATS, DUMMY_IF_MISSING)
 
     name: str = MISSING
@@ -89,7 +87,6 @@ class ModelSpec(ModelConfig):
 @dataclass
 class EngineSpec(ExecutionConfig):
     """The engine's ExecutionConfig plus which engine runs the workload and how the job drives it."""
-
     kind: EngineKind = EngineKind.nanoexp
     warmup: bool = True  # one short untimed request before the workload
     use_tqdm: bool = True  # a progress line while the workload runs (only on a terminal)
@@ -103,7 +100,6 @@ class EngineSpec(ExecutionConfig):
 @dataclass
 class SamplerConfig:
     """The sampling knobs a workload's requests share; checked by building a SamplingParams."""
-
     name: str = "default"
     temperature: float = SamplingParams.temperature
     top_k: int = SamplingParams.top_k
@@ -160,7 +156,6 @@ def length_range(length: int, ratio: float) -> tuple[int, int]:
 @dataclass
 class WorkloadConfig:
     """One schema for all workloads; `kind` says which fields apply (see conf/workload/*.yaml)."""
-
     name: str = MISSING
     kind: WorkloadKind = WorkloadKind.random
     seed: int = 0
@@ -181,8 +176,7 @@ class WorkloadConfig:
     num_iters: int = 30  # latency: timed iterations
     num_iters_warmup: int = 10  # latency: untimed iterations
 
-    def __post_init__(self) -> None:
-        """Every field the workload's kind uses; the first bad one is reported."""
+    def __post_init__(self) -> None:  # checks every field the workload's kind uses; reports the first bad one
         for name, (ok, allowed) in (ARRIVALS | FIELDS_BY_KIND[WorkloadKind(self.kind)]).items():
             value = getattr(self, name)
             if not ok(value):
@@ -226,7 +220,6 @@ class LaunchConfig:
 @dataclass
 class SloConfig:
     """Service-level objectives as vLLM's `--goodput`: a request is good when it meets every one set."""
-
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2el_ms: float | None = None
@@ -243,7 +236,6 @@ class SloConfig:
 @dataclass
 class KvQualityConfig:
     """The KV-cache quality probe: `num_requests` prompts (0 = off), `num_tokens` greedy tokens each."""
-
     num_requests: int = 4
     num_tokens: int = 8
     lossless: bool = False
@@ -257,7 +249,6 @@ class KvQualityConfig:
 @dataclass
 class NoiseConfig:
     """When a job is flagged noisy: other load above `busy_cores`, or a CI wider than `max_ci_share`."""
-
     busy_cores: float = 0.5
     max_ci_share: float = 0.1
 
@@ -278,18 +269,15 @@ RATES = ("output_throughput", "total_token_throughput", "request_throughput", "r
 RATES += ("slo_attainment", "duration_s")
 # the job summary's metrics a search can optimize (metrics.summarize, kv_quality, latency mode)
 SEARCH_OBJECTIVES = (
-    *RATES,
-    *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "std", "p90", "p99")),
-    "mean_latency_ms",
-    *(f"p{p}_latency_ms" for p in (10, 25, 50, 75, 90, 99)),
+    *RATES, *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "std", "p90", "p99")),
+    "mean_latency_ms", *(f"p{p}_latency_ms" for p in (10, 25, 50, 75, 90, 99)),
     *(f"kv_quality/{k}" for k in ("greedy_agreement", "kl_mean", "kl_p99", "kl_max")),
-)
+)  # fmt: skip
 
 
 @dataclass
 class SearchConfig:
     """What run.py returns to a search sweeper (see main.objective_of)."""
-
     objective: str = "output_throughput"
     max_p99_ttft_ms: float | None = None
     infeasible_value: float = 0.0
@@ -304,7 +292,6 @@ class SearchConfig:
 @dataclass
 class ProfileConfig:
     """What to profile in the timed passes (experiment/profiling.py); off, it costs nothing."""
-
     trace_steps: int = 0  # a torch profiler Chrome trace of this many timed steps (0 = none)
     trace_first_step: int = 0  # the first traced step, counted from the start of the pass
     trace_repeat: int = 0  # the pass (repeat) traced
@@ -323,15 +310,13 @@ class ProfileConfig:
         return bool(self.trace_steps or self.host_phases or self.events)
 
 
-STEP_AGGREGATES = (
-    "prefill_time_s decode_time_s prefix_cache_hit_rate peak_kv_blocks_used num_preemptions".split()
-)
+STEP_AGGREGATES = ["prefill_time_s", "decode_time_s", "prefix_cache_hit_rate", "peak_kv_blocks_used",
+                   "num_preemptions"]  # fmt: skip
 
 
 @dataclass
 class ReportConfig:
     """Summary keys the sweep report shows beside its main metrics."""
-
     metrics: list[str] = field(default_factory=lambda: list(STEP_AGGREGATES))
 
 

@@ -39,19 +39,15 @@ ROWS = [  # label, summary keys, number format, unit; a name alone: a row built 
 ]
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
 PEAK_KINDS = {"allocated": "allocated", "resident": "resident", "resident_lifetime": "process, resident"}
-# always in the header, whether or not they differ from the defaults
-SHOWN = {
-    "parallel.tensor_parallel_size": "TP",
-    "cache.block_size": "block size",
-    "workload.request_rate": "rate",
-}
+SHOWN = {  # always in the header, whether or not they differ from the defaults
+    "parallel.tensor_parallel_size": "TP", "cache.block_size": "block size", "workload.request_rate": "rate",
+}  # fmt: skip
 BASELINE_UNUSED = ("parallel.tensor_parallel_size", "cache.block_size")  # transformers runs neither
 SKIPPED_GROUPS = ("hydra", "experiment")  # experiment presets show as the keys they change
 
 
-def format_summary(
-    summary: dict, job: JobInfo | None = None, shown: dict | None = None, changed: dict | None = None
-) -> str:
+def format_summary(summary: dict, job: JobInfo | None = None, shown: dict | None = None,
+                   changed: dict | None = None) -> str:  # fmt: skip
     """The table; the header names `shown` (see SHOWN) and every `changed` setting (key -> value)."""
     get = lambda k: summary.get(k, "?")
     unused = BASELINE_UNUSED if summary.get("engine_kind") == "hf" else ()
@@ -111,9 +107,8 @@ def _cell(summary: dict, key: str, fmt: str) -> str | None:
     if value is None:
         return None
     low, high = _value(summary, f"{key}_ci95_low"), _value(summary, f"{key}_ci95_high")
-    if low is None or high is None:
-        return fmt.format(value)
-    return fmt.format(value) + interval_suffix(value, low, high, fmt.format)
+    suffix = "" if low is None or high is None else interval_suffix(value, low, high, fmt.format)
+    return fmt.format(value) + suffix
 
 
 def interval_suffix(value: float, low: float, high: float, fmt: Callable[[float], str]) -> str:
@@ -134,9 +129,8 @@ def changed_settings(plain: dict, overrides: list[str]) -> dict[str, Any]:
     """The settings that differ from conf/config.yaml's (the command-line overrides outside a Hydra app)."""
 
     def choices(found) -> dict[str, str]:
-        return {
-            g: str(o) for g, o in dict(found).items() if o is not None and not g.startswith(SKIPPED_GROUPS)
-        }
+        chosen = dict(found).items()
+        return {g: str(o) for g, o in chosen if o is not None and not g.startswith(SKIPPED_GROUPS)}
 
     try:
         if not (HydraConfig.initialized() and GlobalHydra.instance().is_initialized()):
@@ -155,8 +149,5 @@ def changed_settings(plain: dict, overrides: list[str]) -> dict[str, Any]:
 def flatten(values: dict, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in values.items():
-        if isinstance(value, dict):
-            out |= flatten(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
+        out |= flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
     return out

@@ -1,6 +1,5 @@
-"""The sweep's Hydra callback: locks the sweep dir, and reports every job of a multirun when it ends,
-even after an abort. The report itself (pandas, plots) is imported only then: Hydra builds this
-callback in every single job too."""
+"""The sweep's Hydra callback: locks the sweep dir and reports every job of a multirun when it ends, even
+after an abort. Hydra builds it in every job too, so the report (pandas, plots) is imported only then."""
 
 from __future__ import annotations
 
@@ -28,7 +27,6 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from nanoexp.experiment import sweep_report
-
         self.report = sweep_report.report
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))

@@ -1,8 +1,6 @@
-"""The sweep report's plots: each main metric against one swept parameter (lines for numbers, grouped
-bars for categories, 95% CI error bars with repeats), the TTFT and TPOT CDFs, one curve per job, and
-for a sweep over `workload.request_rate` the serving view: latencies, achieved rate, goodput and SLO
-attainment against the offered rate, and the highest offered rate up to which every rate meets the
-SLOs (at least MIN_ATTAINMENT of its requests meet every SLO set)."""
+"""The sweep report's plots: each main metric against each swept parameter, the TTFT and TPOT CDFs and,
+for a sweep over `workload.request_rate`, the serving view against the offered rate with the highest rate
+up to which every rate meets the SLOs (at least MIN_ATTAINMENT of its requests meet every SLO set)."""
 
 from __future__ import annotations
 
@@ -17,12 +15,10 @@ METRIC_LABELS = {  # metric -> its name in a panel title, its unit and the divis
     "output_throughput": ("output throughput", "tok/s", 1.0),
     "total_token_throughput": ("total token throughput", "tok/s", 1.0),
     "request_throughput": ("achieved request rate", "req/s", 1.0),
-    "request_goodput": ("request goodput", "req/s", 1.0),
-    "peak_memory_bytes": ("peak memory", "GB", 1e9),
+    "request_goodput": ("request goodput", "req/s", 1.0), "peak_memory_bytes": ("peak memory", "GB", 1e9),
     "offered_request_rate": ("offered request rate", "req/s", 1.0),
-    "slo_attainment": ("SLO attainment", "fraction of requests", 1.0),
-    "duration_s": ("duration", "s", 1.0),
-}
+    "slo_attainment": ("SLO attainment", "fraction of requests", 1.0), "duration_s": ("duration", "s", 1.0),
+}  # fmt: skip
 LATENCIES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end latency"}
 LATENCIES["latency"] = "iteration latency"
 INF_LABELS = {"workload.request_rate": "all at t0"}  # what an infinite value of a parameter means
@@ -56,9 +52,8 @@ def unit(metric: str) -> tuple[str, float]:
     return ("ms" if metric.endswith("_ms") else "", 1.0)
 
 
-def plot_param(
-    table: pd.DataFrame, metrics: list[str], key: str, others: list[str], title: str, path: Path
-) -> None:
+def plot_param(table: pd.DataFrame, metrics: list[str], key: str, others: list[str], title: str,
+               path: Path) -> None:  # fmt: skip
     """One panel per metric against `key`; one line (or bar series) per combination of `others`."""
     plt = pyplot()
     ok = table[table["status"] == "ok"]
@@ -131,8 +126,7 @@ def _bars(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> Non
         y, err = metric_values(part, metric)
         positions = [c + (i - (len(series) - 1) / 2) * width for c in range(len(categories))]
         ax.bar(positions, y, width=width, yerr=err, capsize=3, label=label)
-    ax.set_xticks(range(len(categories)))
-    ax.set_xticklabels(categories)
+    ax.set_xticks(range(len(categories)), categories)
 
 
 def metric_values(part: pd.DataFrame, metric: str):
@@ -185,19 +179,16 @@ def sort_key(value) -> tuple:
 
 def pyplot():
     import matplotlib
-
     matplotlib.use("Agg")
     sizes = {"axes.titlesize": 9, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7}
     matplotlib.rcParams.update(sizes)
     import matplotlib.pyplot as plt
-
     return plt
 
 
 def save_figure(fig, title: str, path: Path, legend_title: str | None = None) -> None:
     """Saves with the title on top and the first panel's legend below the panels (inside, it hides data)."""
     import matplotlib.pyplot as plt
-
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
@@ -241,11 +232,8 @@ def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
             if not met:
                 break
             best = rate
-        rates = [
-            {"offered_request_rate": _json_rate(row["_rate"]), "status": row["status"]}
-            | {k: to_number(row.get(k)) for k in RATE_METRICS}
-            for _, row in part.iterrows()
-        ]
+        rates = [{"offered_request_rate": _json_rate(row["_rate"]), "status": row["status"]}
+                 | {k: to_number(row.get(k)) for k in RATE_METRICS} for _, row in part.iterrows()]
         out.append({"group": label, "max_rate": _json_rate(best), "rates": rates})
     return out
 
@@ -267,9 +255,8 @@ def _json_rate(rate: float | None) -> float | str | None:
     return "inf" if rate is not None and math.isinf(rate) else rate
 
 
-def plot_serving(
-    table: pd.DataFrame, others: list[str], slo: dict[str, float], title: str, path: Path
-) -> None:
+def plot_serving(table: pd.DataFrame, others: list[str], slo: dict[str, float], title: str,
+                 path: Path) -> None:  # fmt: skip
     """Latency panels (median solid, p99 dashed, the SLO dotted), request rates and SLO attainment."""
     ok = table[table["status"] == "ok"]
     if ok.empty:

@@ -23,9 +23,8 @@ from nanoexp.experiment.summary_table import interval_suffix
 from nanoexp.experiment.wandb_logger import finish_run, run_dir, start_run
 
 HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
-LOWER_IS_BETTER = tuple(
-    "mean_ttft_ms p99_ttft_ms mean_tpot_ms p99_itl_ms mean_e2el_ms mean_latency_ms".split()
-)
+LOWER_IS_BETTER = ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms",
+                   "mean_latency_ms")  # fmt: skip
 METRICS = [*HIGHER_IS_BETTER, *LOWER_IS_BETTER[:-1], "peak_memory_bytes"]  # the plots' and the table's
 RATES = ["offered_request_rate", "request_throughput", "slo_attainment"]  # slo_attainment only with SLOs
 TABLE_METRICS = [*RATES, *METRICS, "mean_latency_ms", "duration_s", "num_preemptions"]
@@ -73,9 +72,8 @@ def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metric
     return failed
 
 
-def write_report(
-    sweep_dir: Path, expected: list[list[str]] | None = None, metrics: list[str] = ()
-) -> pd.DataFrame | None:
+def write_report(sweep_dir: Path, expected: list[list[str]] | None = None,
+                 metrics: list[str] = ()) -> pd.DataFrame | None:  # fmt: skip
     """sweep_summary.csv and .md and the plots from the jobs' results.json, with `metrics` beside the main."""
     extra = [m for m in metrics if m not in METRICS]
     jobs = collect(sweep_dir, expected, extra)
@@ -168,9 +166,8 @@ def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def collect(
-    sweep_dir: Path, expected: list[list[str]] | None = None, metrics: list[str] = ()
-) -> pd.DataFrame:
+def collect(sweep_dir: Path, expected: list[list[str]] | None = None,
+            metrics: list[str] = ()) -> pd.DataFrame:  # fmt: skip
     """One row per job (its swept values, status, the table's metrics and `metrics`), vanished ones too."""
     # at any depth: an override value with a slash (workload.path=a/b.jsonl) nests Hydra's job dir
     rows = [_row(p, sweep_dir, metrics) for p in sorted(sweep_dir.rglob(RESULTS_FILE))]
@@ -237,9 +234,8 @@ def swept_keys(table: pd.DataFrame) -> list[str]:
     return [c for c in params if table[c].astype(str).nunique() > 1]
 
 
-def markdown(
-    table: pd.DataFrame, swept: list, title: str, where: str = "", lines: list | None = None, extra: list = ()
-) -> str:
+def markdown(table: pd.DataFrame, swept: list, title: str, where: str = "", lines: list | None = None,
+             extra: list = ()) -> str:  # fmt: skip
     """The table with `mean ± CI half-width` cells (**bold**: a metric's best row, ≈: within noise of
     it); `lines` (such as the max rate meeting the SLOs) above it, `extra` metrics after the main."""
     metrics = [m for m in dict.fromkeys([*TABLE_METRICS, *extra]) if m in table.columns]
@@ -263,10 +259,8 @@ def markdown(
 
 def _metric_cell(row: pd.Series, column: str) -> str:
     v = row.get(column)
-    if isinstance(v, float) and v != v:  # NaN: a failed job has no metrics
-        text = ""
-    else:
-        text = f"{v:.4g}" if isinstance(v, float) else "" if v is None else str(v)
+    missing = v is None or (isinstance(v, float) and v != v)  # NaN: a failed job has no metrics
+    text = "" if missing else f"{v:.4g}" if isinstance(v, float) else str(v)
     low, high = row.get(f"{column}{CI[0]}"), row.get(f"{column}{CI[1]}")
     if text and isinstance(low, float) and isinstance(high, float) and low == low and high == high:
         text += interval_suffix(float(row[column]), low, high, lambda v: f"{v:.3g}")
@@ -274,13 +268,11 @@ def _metric_cell(row: pd.Series, column: str) -> str:
     return f"**{text}**" if mark == "best" else f"≈{text}" if mark == "within noise" else text
 
 
-def log_sweep(
-    sweep_dir: Path, table: pd.DataFrame, swept: list[str], images: list[Path], cfg: LoggerConfig, group: str
-) -> str | None:
+def log_sweep(sweep_dir: Path, table: pd.DataFrame, swept: list[str], images: list[Path], cfg: LoggerConfig,
+              group: str) -> str | None:  # fmt: skip
     """The sweep-level W&B run (table, plots, swept values); None after one warning line if W&B failed."""
     try:
         import wandb
-
         config = {k.removeprefix("param:"): _values(table[k]) for k in swept}
         config |= {"sweep_dir": str(sweep_dir), "num_jobs": len(table)}
         config["swept_keys"] = [k.removeprefix("param:") for k in swept]
@@ -349,9 +341,7 @@ def redraw(sweep_dir: Path, metrics: list[str] | None = None, wandb: bool = Fals
 
 def cli(argv: list[str] | None = None) -> int:
     description = "Redraw a sweep's report (sweep_summary.csv/.md and plots) from its job dirs."
-    parser = argparse.ArgumentParser(
-        prog="python -m nanoexp.experiment.sweep_report", description=description
-    )
+    parser = argparse.ArgumentParser("python -m nanoexp.experiment.sweep_report", description=description)
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--metrics", help="comma-separated summary keys (default: the jobs' report.metrics)")
     parser.add_argument("--wandb", action="store_true", help="also log a sweep-level W&B run")

@@ -53,7 +53,6 @@ class WandbLogger:
 
     def log_requests(self, rows: list[dict]) -> None:
         import wandb
-
         if rows:
             columns = list(rows[0])
             table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
@@ -74,7 +73,6 @@ class WandbLogger:
     def _upload_results(self) -> None:
         """results.json and the profile.trace_steps Chrome traces as artifacts."""
         import wandb
-
         results = [self.job.out_dir / RESULTS_FILE] if self.cfg.upload_results else []
         traces = sorted((self.job.out_dir / PROFILE_DIR).glob("*.json"))
         for kind, files in (("results", [p for p in results if p.is_file()]), ("profile", traces)):

@@ -16,6 +16,7 @@ from nanoexp.config.checks import is_int
 from nanoexp.experiment.schema import ConfigError, SamplerConfig, WorkloadConfig, WorkloadKind, length_range
 
 Tokenize = Callable[[str], list[int]]
+Prompts = tuple[list[list[int]], list[int]]  # each request's prompt token ids and max_tokens
 TOKEN_ID_HIGH = 10000  # random prompts use ids below this (ordinary tokens), as nano-vLLM's bench
 
 
@@ -38,9 +39,8 @@ class Workload:
         return self.num_iters > 1 or self.num_iters_warmup > 0
 
 
-def build_workload(
-    w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int, tokenize: Tokenize | None = None
-) -> Workload:
+def build_workload(w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int,
+                   tokenize: Tokenize | None = None) -> Workload:  # fmt: skip
     """Build the requests of workload `w`; random token ids are drawn inside [0, vocab_size)."""
     prompts, max_tokens = _prompts(w, vocab_size, tokenize)
     params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
@@ -50,7 +50,7 @@ def build_workload(
     return Workload(w.name, requests, *iters)
 
 
-def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None):
+def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None) -> Prompts:
     if w.kind is WorkloadKind.nanovllm_bench:
         return nanovllm_bench_prompts(w.num_requests, w.input_len, w.output_len, w.seed, vocab)
     if w.kind is WorkloadKind.random:
@@ -66,9 +66,8 @@ def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None):
     return file_prompts(w, tokenize, vocab)
 
 
-def nanovllm_bench_prompts(
-    num: int = 256, max_input: int = 1024, max_output: int = 1024, seed: int = 0, vocab: int | None = None
-) -> tuple[list[list[int]], list[int]]:
+def nanovllm_bench_prompts(num: int = 256, max_input: int = 1024, max_output: int = 1024, seed: int = 0,
+                           vocab: int | None = None) -> Prompts:  # fmt: skip
     """nano-vLLM's bench.py, call for call (ids below a smaller vocabulary than 10000 change its lengths)."""
     rng = random.Random(seed)
     top = TOKEN_ID_HIGH if vocab is None else min(TOKEN_ID_HIGH, vocab - 1)
@@ -77,7 +76,7 @@ def nanovllm_bench_prompts(
     return prompts, max_tokens
 
 
-def random_prompts(w: WorkloadConfig, num: int, vocab: int) -> tuple[list[list[int]], list[int]]:
+def random_prompts(w: WorkloadConfig, num: int, vocab: int) -> Prompts:
     """vLLM's random dataset: lengths uniform in [len * (1 - r), len * (1 + r)]."""
     rng = np.random.default_rng(w.seed)
     out_ratio = w.range_ratio if w.output_range_ratio is None else w.output_range_ratio
@@ -86,9 +85,7 @@ def random_prompts(w: WorkloadConfig, num: int, vocab: int) -> tuple[list[list[i
     return [rng.integers(0, min(vocab, TOKEN_ID_HIGH), size=n).tolist() for n in in_lens], out_lens
 
 
-def file_prompts(
-    w: WorkloadConfig, tokenize: Tokenize | None, vocab: int
-) -> tuple[list[list[int]], list[int]]:
+def file_prompts(w: WorkloadConfig, tokenize: Tokenize | None, vocab: int) -> Prompts:
     """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines."""
     path = Path(w.path or "")
     limit = w.num_requests if w.num_requests > 0 else None  # -1: every prompt
@@ -117,9 +114,8 @@ def _text_lines(path: Path) -> list[tuple[int, str]]:
     return lines
 
 
-def _file_request(
-    path: Path, line_no: int, line: str, default_max: int, tokenize: Tokenize | None, vocab: int
-) -> tuple[list[int], int]:
+def _file_request(path: Path, line_no: int, line: str, default_max: int, tokenize: Tokenize | None,
+                  vocab: int) -> tuple[list[int], int]:  # fmt: skip
     where = f"{path}:{line_no}"
     if path.suffix != ".jsonl":
         return _tokenized(line, tokenize, where), default_max
