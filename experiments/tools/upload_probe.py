@@ -5,7 +5,7 @@ then times each piece of the runner's path for it on the host (perf_counter, the
 before each repeat, median of --repeats): the numpy layout, the tile table, the whole input
 upload, the graph launch, the LM head and the sampler; and, to calibrate, one tiny device op.
 (The version that timed the upload before step graphs read their inputs from pinned mirrors, and
-its log, are in git history: `../serving/runs/upload_probe_b6da9ef.log`.)
+its log, are in git history; the log is the first call in `../serving/runs/device_calls_1bbedc8.log`.)
 
     python experiments/tools/upload_probe.py [--sizes 16,512,8x512] [--repeats 200]
 """
