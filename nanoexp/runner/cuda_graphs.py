@@ -14,7 +14,6 @@ from nanoexp.kernels.base import AttentionMetadata
 from nanoexp.kernels.prefill_tiles import prefill_block_m, prefill_tiles
 from nanoexp.runner.graph_inputs import (
     Fields,
-    Fresh,
     GraphStep,
     GraphTarget,
     InputArena,
@@ -22,7 +21,7 @@ from nanoexp.runner.graph_inputs import (
     token_fields,
     upload_graph_step,
 )
-from nanoexp.runner.inputs import ModelInputs
+from nanoexp.runner.inputs import Fresh, ModelInputs
 from nanoexp.runner.step_input import StepInput
 
 MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly
@@ -74,7 +73,7 @@ class DecodeGraphs:
         self.mirrors = PinnedMirrors(max(arena.nbytes for arena in self.arenas.values()), device)
         self.output = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.views = {bs: self.view(bs) for bs in self.sizes}
+        self.mds = {bs: self.view(bs)[2] for bs in self.sizes}  # what a replay reads
 
     @staticmethod
     def fields(bs: int, max_blocks: int) -> Fields:
@@ -100,7 +99,7 @@ class DecodeGraphs:
 
     def prepare(self, step: StepInput, block_size: int, vocab_size: int, fresh: Fresh = None) -> GraphStep:
         bs = next(size for size in self.sizes if size >= step.num_tokens)
-        target = GraphTarget(self.arenas[bs], self.views[bs], bs, bs, bs)
+        target = GraphTarget(self.arenas[bs], self.mds[bs], bs, bs, bs)
         return upload_graph_step(target, self.mirrors, step, block_size, vocab_size, fresh)
 
     def replay(self, inputs: ModelInputs) -> torch.Tensor:
@@ -133,7 +132,7 @@ class StepGraphs:
         self.mirrors = PinnedMirrors(max(arena.nbytes for arena in self.arenas.values()), device)
         self.output = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
-        self.views = {(size, d): self.view(size, d) for size in self.sizes for d in self.with_decodes}
+        self.mds = {(size, d): self.view(size, d)[2] for size in self.sizes for d in self.with_decodes}
 
     def fields(self, size: int, max_blocks: int) -> Fields:
         seqs, int32 = self.seq_slots(size), torch.int32
@@ -193,7 +192,7 @@ class StepGraphs:
             host["tiles"][: len(tiles)] = tiles
             host["tiles"][len(tiles) : self.tile_slots(size)] = -1
 
-        target = GraphTarget(self.arenas[size], self.views[key], size, seqs, key)
+        target = GraphTarget(self.arenas[size], self.mds[key], size, seqs, key)
         return upload_graph_step(target, self.mirrors, step, block_size, vocab_size, fresh, write_attention)
 
     def replay(self, inputs: ModelInputs) -> torch.Tensor:

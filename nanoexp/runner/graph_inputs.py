@@ -17,8 +17,9 @@ from nanoexp.layers.sampler import SamplingTensors
 from nanoexp.runner.inputs import (
     NUMPY_DTYPES,
     SAMPLING_FIELDS,
-    UPLOAD_ALIGN,
+    Fresh,
     ModelInputs,
+    aligned,
     samples_every_row,
     sampling_arrays,
     sampling_tensors,
@@ -28,12 +29,7 @@ from nanoexp.runner.inputs import (
 from nanoexp.runner.step_input import StepInput
 
 Fields = list[tuple[str, tuple[int, ...], torch.dtype]]
-Fresh = Callable[[int], np.ndarray] | None
 GraphStep = tuple[ModelInputs, SamplingTensors | None]
-
-
-def aligned(offset: int) -> int:
-    return -(-offset // UPLOAD_ALIGN) * UPLOAD_ALIGN
 
 
 class InputArena:
@@ -56,21 +52,21 @@ class InputArena:
     def rows(self, name: str, count: int) -> torch.Tensor:
         """The first `count` rows of a field, a view made once (slicing costs microseconds, a lookup not)."""
         view = self.prefixes.get((name, count))
-        if view is None:  # "": the arena's bytes
-            field = self.tensors[name] if name else self.buffer
-            view = self.prefixes[name, count] = field[:count]
+        if view is None:
+            view = self.prefixes[name, count] = self.tensors[name][:count]
         return view
 
-    def view(self, buffer: torch.Tensor, name: str) -> torch.Tensor:
+    def span(self, name: str) -> slice:
         start, shape, dtype = self.layout[name]
-        return buffer[start : start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+        return slice(start, start + math.prod(shape) * dtype.itemsize)
+
+    def view(self, buffer: torch.Tensor, name: str) -> torch.Tensor:
+        _, shape, dtype = self.layout[name]
+        return buffer[self.span(name)].view(dtype).view(shape)
 
     def host_views(self, host: np.ndarray) -> dict[str, np.ndarray]:
-        views = {}
-        for name, (start, shape, dtype) in self.layout.items():
-            size = math.prod(shape) * dtype.itemsize
-            views[name] = host[start : start + size].view(NUMPY_DTYPES[dtype]).reshape(shape)
-        return views
+        return {name: host[self.span(name)].view(NUMPY_DTYPES[dtype]).reshape(shape)
+                for name, (_, shape, dtype) in self.layout.items()}  # fmt: skip
 
     def copy_end(self, last_rows: int) -> int:
         """The bytes to copy when `last_rows` rows of the last field are used."""
@@ -88,7 +84,7 @@ class PinnedMirrors:
         self.events = [torch.cuda.Event() if cuda else None for _ in range(count)]
         self.recorded = [False] * count
         self.views: dict[tuple[int, int], dict[str, np.ndarray]] = {}
-        self.sources: dict[tuple[int, int], torch.Tensor] = {}
+        self.copies: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (source, target)
         self.next = 0
 
     def acquire(self, arena: InputArena) -> tuple[int, dict[str, np.ndarray]]:
@@ -102,10 +98,12 @@ class PinnedMirrors:
         return index, self.views[key]
 
     def upload(self, index: int, arena: InputArena, nbytes: int) -> None:
-        source = self.sources.get((index, nbytes))
-        if source is None:
-            source = self.sources[index, nbytes] = self.buffers[index][:nbytes]
-        arena.rows("", nbytes).copy_(source, non_blocking=True)
+        """The first `nbytes` of buffer `index` into the arena (the two slices made once)."""
+        key = (id(arena), index, nbytes)
+        if key not in self.copies:
+            self.copies[key] = (self.buffers[index][:nbytes], arena.buffer[:nbytes])
+        source, target = self.copies[key]
+        target.copy_(source, non_blocking=True)
         if self.events[index] is not None:
             self.events[index].record()
             self.recorded[index] = True
@@ -179,10 +177,10 @@ def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, 
 
 @dataclass
 class GraphTarget:
-    """Where a step's inputs go: its graph's arena, (input_ids, positions, md) views, padded sizes and key."""
+    """Where a step's inputs go: its graph's arena and metadata, padded sizes and key."""
 
     arena: InputArena
-    view: tuple[torch.Tensor, torch.Tensor, AttentionMetadata]
+    md: AttentionMetadata
     size: int
     seqs: int
     key: Any
@@ -194,7 +192,7 @@ def upload_graph_step(
 ) -> GraphStep:  # fmt: skip
     """The step's inputs written into a pinned mirror of the target's arena (`write_extra(host)`: a graph
     kind's own fields), uploaded by one copy; the ModelInputs and SamplingTensors are views of the arena."""
-    arena, md = target.arena, target.view[2]
+    arena, md = target.arena, target.md
     index, host = mirrors.acquire(arena)
     write_tokens(host, step, block_size, target.size, target.seqs)
     flags = None

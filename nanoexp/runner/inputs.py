@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ class ModelInputs:
     logits_indices: torch.Tensor  # rows of the hidden states whose logits are needed
     prev_sample_rows: torch.Tensor | None = None  # step.prev_sample_rows on the device
     all_rows: bool = False  # every row's logits are needed (logits_indices is 0..n-1)
-    graph_key: tuple | None = None  # the captured graph whose static buffers hold these inputs
+    graph_key: Hashable | None = None  # the captured graph whose static buffers hold these inputs
 
 
 Columns = list[tuple[Any, torch.dtype]]  # (list or array, dtype) pairs to upload
@@ -33,6 +33,11 @@ NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.
 UPLOAD_ALIGN = 64
 
 
+def aligned(offset: int) -> int:
+    """`offset` rounded up to UPLOAD_ALIGN bytes."""
+    return -(-offset // UPLOAD_ALIGN) * UPLOAD_ALIGN
+
+
 def upload(columns: Columns, device: torch.device) -> list[torch.Tensor]:
     """Each column as a tensor on `device`, all packed into one host buffer (pinned on CUDA), copied once
     and returned as views: a step's dozen small inputs cost one copy's fixed cost, and each view one slice
@@ -40,9 +45,9 @@ def upload(columns: Columns, device: torch.device) -> list[torch.Tensor]:
     arrays = [np.ascontiguousarray(data, dtype=NUMPY_DTYPES[dtype]) for data, dtype in columns]
     offsets, end = [], 0
     for array in arrays:
-        start = -(-end // UPLOAD_ALIGN) * UPLOAD_ALIGN
+        start = aligned(end)
         offsets.append(start)
-        end = -(-(start + array.nbytes) // UPLOAD_ALIGN) * UPLOAD_ALIGN
+        end = aligned(start + array.nbytes)
     staging = torch.empty(max(end, UPLOAD_ALIGN), dtype=torch.uint8, pin_memory=device.type == "cuda")
     flat = staging.numpy()
     for array, start in zip(arrays, offsets):
