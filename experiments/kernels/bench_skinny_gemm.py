@@ -12,6 +12,7 @@ larger of the bytes at --bandwidth and the FLOPs at --tflops.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
+from nanoexp.kernels import pdl
 from nanoexp.kernels.norm_first import NormFirst
 from nanoexp.kernels.triton_gemm import TICKETS, GemmConfig, default_config, skinny_gemm
 from nanoexp.kernels.triton_gemv import MAX_ROWS as GEMV_MAX_ROWS
@@ -191,11 +193,23 @@ def main() -> None:
         default=None,
         help="also search block and split sizes (of the GEMV only: gemv)",
     )
+    parser.add_argument("--pdl", action="store_true", help="Triton kernels with PDL, as in the engine graphs")
     parser.add_argument("--out", default=None)
     parser.add_argument("--all-out", default=None, help="every timed config, one JSON per line")
     parser.add_argument("--only", default="", help="shapes whose name contains one of these, comma-separated")
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     args = parser.parse_args()
+    if args.pdl:
+        pdl.configure("on", torch.device("cuda"), has_triton=True)
+    with pdl.graph_launches() if args.pdl else contextlib.nullcontext():
+        table = bench(args)
+    if args.out:
+        with open(args.out, "w") as f:
+            legend = "config = [m block_m/]block_n/block_k/split_k/stages/warps; GEMV: block_n/k_tile/warps"
+            f.write(f"{legend}; PDL {'on' if args.pdl else 'off'}\n\n{table}\n")
+
+
+def bench(args: argparse.Namespace) -> str:
     lines = [
         "| shape | N x K | rows | cuBLAS us | Triton us (config) | best us (config) | GEMV us (config) | "
         "best GEMV us (config) | floor us | err | GEMV err |",
@@ -221,11 +235,7 @@ def main() -> None:
             if args.all_out:  # rewritten after every row, so a cut run keeps what it timed
                 with open(args.all_out, "w") as f:
                     f.writelines(json.dumps(t) + "\n" for t in ALL_TIMINGS)
-    table = "\n".join(lines)
-    if args.out:
-        with open(args.out, "w") as f:
-            legend = "config = [m block_m/]block_n/block_k/split_k/stages/warps; GEMV: block_n/k_tile/warps"
-            f.write(legend + "\n\n" + table + "\n")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
