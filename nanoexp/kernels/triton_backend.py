@@ -52,18 +52,15 @@ class TritonAttentionBackend(AttentionBackend):
         slots = md.decode_context_lens.shape[0]  # 0: a graph of steps without decodes
         out = torch.empty_like(q)
         if slots:  # the decode rows are copied in, not the whole step (as torch.cat would)
-            max_len = md.block_tables.shape[1] * k_cache.shape[1]
-            out[:slots] = paged_decode(
-                q[:slots], k_cache, v_cache, md.block_tables[:slots], md.decode_context_lens, scale, max_len,
-                k_scale=k_scale, v_scale=v_scale,
-            )  # fmt: skip
+            out[:slots] = paged_decode(q[:slots], k_cache, v_cache, md.block_tables[:slots],
+                                       md.decode_context_lens, scale, k_scale=k_scale,
+                                       v_scale=v_scale)  # fmt: skip
         return varlen_prefill(
             q, k_cache, v_cache, md.cu_seqlens_q, md.max_seqlen_q, md.context_lens, md.block_tables,
             scale, k_scale=k_scale, v_scale=v_scale, tiles=md.prefill_tiles, out=out,
         )  # fmt: skip
 
     def decode(self, q, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
-        # The split count is a function of static shapes only, so CUDA-graph capture stays valid.
-        max_len = md.block_tables.shape[1] * k_cache.shape[1]
-        return paged_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, max_len,
+        # The split count (by default) is a function of static shapes only: CUDA-graph capture stays valid.
+        return paged_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, scale,
                             k_scale=k_scale, v_scale=v_scale)  # fmt: skip
