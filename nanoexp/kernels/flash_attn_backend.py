@@ -25,25 +25,19 @@ class FlashAttnBackend(AttentionBackend):
 
     def __init__(self, block_size: int, kv_cache_dtype: str = "auto", device: torch.device | None = None):
         """Refuses what flash-attn cannot serve: an fp8 cache, a CPU `device`, pages not of 256*k."""
-        if kv_cache_dtype != "auto":
-            raise ValueError(
-                f"attention_backend='flash_attn' does not support kv_cache_dtype={kv_cache_dtype!r}; "
-                "use attention_backend='triton' (or 'auto') or kv_cache_dtype='auto'"
-            )
-        if device is not None and device.type != "cuda":
-            raise ValueError(
-                f"attention_backend='flash_attn' needs a CUDA device, got {device}; use 'torch' or 'auto'"
-            )
-        if not flash_attn_available():
-            raise ValueError(
-                "attention_backend='flash_attn' needs the flash_attn package; use 'triton' or 'auto'"
-            )
-        if block_size % FLASH_ATTN_PAGE_MULTIPLE != 0:
-            raise ValueError(
-                f"attention_backend='flash_attn' needs kvcache_block_size divisible by "
-                f"{FLASH_ATTN_PAGE_MULTIPLE} (paged KV in flash-attn), got {block_size}; "
-                "use attention_backend='triton' for other block sizes"
-            )
+        page = FLASH_ATTN_PAGE_MULTIPLE
+        refusals = [
+            (kv_cache_dtype != "auto", f"does not support kv_cache_dtype={kv_cache_dtype!r}; use "
+             "attention_backend='triton' (or 'auto') or kv_cache_dtype='auto'"),
+            (device is not None and device.type != "cuda",
+             f"needs a CUDA device, got {device}; use 'torch' or 'auto'"),
+            (not flash_attn_available(), "needs the flash_attn package; use 'triton' or 'auto'"),
+            (block_size % page != 0, f"needs kvcache_block_size divisible by {page} (paged KV in "
+             f"flash-attn), got {block_size}; use attention_backend='triton' for other block sizes"),
+        ]  # fmt: skip
+        for refused, why in refusals:
+            if refused:
+                raise ValueError(f"attention_backend='flash_attn' {why}")
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
         from nanoexp.kernels.triton_kv import store_kv

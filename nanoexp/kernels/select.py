@@ -75,8 +75,7 @@ def choose_auto(
     for name, build in auto_candidates(device, block_size, dtype, kv_fp8):
         try:
             backend = build()
-            result = check_backend(backend, device, dtype, head_dim, block_size, kv_fp8)
-            ok, reason = result.ok, result.reason
+            ok, reason = check_backend(backend, device, dtype, head_dim, block_size, kv_fp8)
         except Exception as exc:  # a backend that cannot even be built is rejected like a wrong one
             ok, reason = False, describe(exc)
         if ok:
