@@ -194,9 +194,8 @@ def paged_decode(
     else:
         tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch)
         block_n, num_stages, num_warps = block_n or tile_keys, num_stages or tile_stages, num_warps or 4
-    if max_len is None:
-        max_len = block_tables.shape[1] * block_size
     if num_splits is None:
+        max_len = max_len or block_tables.shape[1] * block_size
         num_splits = choose_num_splits(batch, num_kv_heads, max_len, num_sms(q.device))
     if num_splits > 1:
         part_out = torch.empty((batch, num_heads, num_splits, dim_pad), dtype=torch.float32, device=q.device)

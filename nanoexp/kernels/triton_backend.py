@@ -15,9 +15,7 @@ class TritonAttentionBackend(AttentionBackend):
     captures_mixed_steps = True
     # The fused q/k norm + RoPE + KV store; None = on CUDA only (the CPU interpreter is slower than torch)
     fuse_qk_norm_rope: bool | None = None
-
-    def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
-        store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    store_kv = staticmethod(store_kv)
 
     def qk_norm_rope_store(
         self, qkv, positions, cos_sin, qk_norm, num_heads, num_kv_heads, k_cache, v_cache,
@@ -26,7 +24,7 @@ class TritonAttentionBackend(AttentionBackend):
         fuse = self.fuse_qk_norm_rope
         if not (qkv.is_cuda if fuse is None else fuse):
             return None
-        q_weight, k_weight, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
+        q_weight, k_weight, eps = qk_norm or (None, None, 0.0)
         return qk_norm_rope_store(qkv, positions, cos_sin, q_weight, k_weight, eps, num_heads, num_kv_heads,
                                   k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale,
                                   write_k=write_k)  # fmt: skip
