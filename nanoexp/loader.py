@@ -91,24 +91,25 @@ def load_safetensors(model: nn.Module, path: str) -> None:
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path} (load_format=safetensors)")
     params = dict(model.named_parameters(remove_duplicate=False))
-    packed = getattr(model, "packed_modules_mapping", {})
     loaded: set[str] = set()
     seen: dict[str, str] = {}  # tensor name -> the file it came from
     for file in files:
-        loaded |= load_file(model, params, packed, file, seen)
+        loaded |= load_file(model, params, file, seen)
     check_all_loaded(model, params, loaded)
 
 
-def load_file(model: nn.Module, params: dict, packed: dict, file: str, seen: dict[str, str]) -> set[str]:
+def load_file(model: nn.Module, params: dict, file: str, seen: dict[str, str]) -> set[str]:
     loaded, unused = set(), []
+    tied = getattr(model, "tie_word_embeddings", False)
     try:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
                 tensor = check_tensor(name, f.get_slice(name), file, seen)
-                target = load_one(model, params, packed, name, tensor, file)
+                target = load_one(model, params, name, tensor, file)
                 if target:
                     loaded.add(target)
-                elif not ignorable(model, name):
+                # tensors a checkpoint may hold that the model computes or shares instead
+                elif not (name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight")):
                     unused.append(name)
     except (SafetensorError, OSError) as err:
         reason = " ".join(str(err).split())
@@ -132,38 +133,27 @@ def check_tensor(name: str, tensor, file: str, seen: dict[str, str]):
     return tensor
 
 
-def ignorable(model: nn.Module, name: str) -> bool:
-    """Tensors a checkpoint may hold that the model computes or shares instead."""
-    tied = getattr(model, "tie_word_embeddings", False)
-    return name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight")
-
-
-def load_one(model: nn.Module, params: dict, packed: dict, name: str, tensor, file: str) -> str | None:
-    target, shard_id = packed_target(packed, name)
+def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> str | None:
+    """Copies one checkpoint tensor into its parameter (q/k/v and gate/up into their part of the fused
+    one); the parameter's name, or None where the model has none."""
+    target, shard = name, ()
+    for source, (dest, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
+        if f".{source}." in name:
+            target, shard = name.replace(f".{source}.", f".{dest}."), (shard_id,)
+            break
     if target not in params:
         return None  # the caller decides whether the model may ignore it
     param = params[target]
-    expected = checkpoint_shape(model.get_submodule(target.rpartition(".")[0]), param, shard_id)
+    expected = checkpoint_shape(model.get_submodule(target.rpartition(".")[0]), param, *shard)
     if shape_of(tensor) != expected:
         raise CheckpointError(f"checkpoint tensor {name} in {file} has shape {shape_of(tensor)}, but the "
                               f"model built from config.json needs {expected}")  # fmt: skip
     loader = getattr(param, "weight_loader", None)
-    if shard_id is not None:
-        loader(param, tensor, shard_id)
-    else:
-        loader(param, tensor) if loader else param.data.copy_(tensor[:])
+    loader(param, tensor, *shard) if loader else param.data.copy_(tensor[:])
     return target
 
 
-def packed_target(packed: dict, name: str) -> tuple[str, str | int | None]:
-    """(parameter name, shard id) of a checkpoint tensor; q/k/v and gate/up map onto fused params."""
-    for source, (dest, shard_id) in packed.items():
-        if f".{source}." in name:
-            return name.replace(f".{source}.", f".{dest}."), shard_id
-    return name, None
-
-
-def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id) -> list[int]:
+def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id=None) -> list[int]:
     """The whole (unsharded) shape the checkpoint tensor of `param` must have."""
     local = list(param.shape)
     if isinstance(module, VocabParallelEmbedding):

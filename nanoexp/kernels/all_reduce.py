@@ -23,8 +23,7 @@ KiB, MiB = 1024, 1024 * 1024
 # More ranks (not measured here): vLLM's point-to-point custom all-reduce cut-offs on Hopper.
 ONE_SHOT_MAX_BYTES = {2: 1 * MiB, 4: 512 * KiB, 6: 256 * KiB, 8: 256 * KiB}
 SYMM_MEM_MAX_BYTES = {2: 64 * MiB, 4: 32 * MiB, 6: 512 * KiB, 8: 256 * KiB}
-DEFAULT_ONE_SHOT_MAX_BYTES = 256 * KiB  # other world sizes: the most conservative entries above
-DEFAULT_SYMM_MEM_MAX_BYTES = 256 * KiB
+DEFAULT_MAX_BYTES = 256 * KiB  # both limits at other world sizes: the most conservative entries above
 
 SYMM_MEM_DTYPES = (torch.bfloat16, torch.float32)  # what torch's symm_mem reduction kernels support
 TWO_SHOT_OUT_WORLD_SIZES = (2, 4, 8)  # two_shot_all_reduce_out has kernels only for these
@@ -32,7 +31,7 @@ TWO_SHOT_OUT_WORLD_SIZES = (2, 4, 8)  # two_shot_all_reduce_out has kernels only
 # Read by NCCL and torch's symmetric-memory allocator; symmetric memory is refused without them.
 NO_MULTICAST_ENV = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
 
-NCCL, ONE_SHOT, TWO_SHOT = "nccl", "one_shot", "two_shot"
+NCCL, ONE_SHOT, TWO_SHOT = "nccl", "one_shot", "two_shot"  # each path's name is its AllReduce method
 
 
 def check_no_multicast_env() -> None:
@@ -56,17 +55,13 @@ def symm_mem_module():
     return symm_mem
 
 
-def peers_reachable(device: torch.device, world_size: int) -> bool:
-    """Every rank's GPU (cuda:0..N-1 on one host, as the runner places them) is peer-accessible."""
-    if world_size > torch.cuda.device_count():
+def symm_mem_usable(device: torch.device, world_size: int) -> bool:
+    """A torch build with symmetric memory, and every rank's GPU (cuda:0..N-1 on one host, as the
+    runner places them) peer-accessible from this one."""
+    if not (1 < world_size <= torch.cuda.device_count()) or symm_mem_module() is None:
         return False
     me = device.index if device.index is not None else torch.cuda.current_device()
     return all(torch.cuda.can_device_access_peer(me, other) for other in range(world_size) if other != me)
-
-
-def symm_mem_usable(device: torch.device, world_size: int) -> bool:
-    usable = device.type == "cuda" and world_size > 1 and symm_mem_module() is not None
-    return usable and peers_reachable(device, world_size)
 
 
 def resolve_choice(choice: str, device: torch.device, world_size: int, usable: bool) -> str:
@@ -103,11 +98,7 @@ class AllReduce:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         path = self.path_for(x)
         self.paths.setdefault(x.numel() * x.element_size(), "gloo" if self.impl == "gloo" else path)
-        if path == ONE_SHOT:
-            return self.one_shot(x)
-        if path == TWO_SHOT:
-            return self.two_shot(x)
-        return self.nccl(x)
+        return getattr(self, path)(x)
 
     def path_for(self, x: torch.Tensor) -> str:
         nbytes = x.numel() * x.element_size()
@@ -194,10 +185,9 @@ def setup_all_reduce(
         )
     if impl != "symm_mem" or dtype not in SYMM_MEM_DTYPES:
         return AllReduce(group, choice, "nccl" if impl == "symm_mem" else impl, world_size)
-    limit = min(max_bytes, SYMM_MEM_MAX_BYTES.get(world_size, DEFAULT_SYMM_MEM_MAX_BYTES))
-    if choice == "symm_mem":  # forced: symmetric memory up to the whole buffer
-        limit = max_bytes
+    limit = min(max_bytes, SYMM_MEM_MAX_BYTES.get(world_size, DEFAULT_MAX_BYTES))
+    limit = max_bytes if choice == "symm_mem" else limit  # forced: symmetric memory up to the whole buffer
     numel = -(-max(limit, 16) // 16) * 16 // dtype.itemsize
     buffer, group_name = allocate_symmetric(group, device, dtype, numel)
-    one_shot = min(limit, ONE_SHOT_MAX_BYTES.get(world_size, DEFAULT_ONE_SHOT_MAX_BYTES))
+    one_shot = min(limit, ONE_SHOT_MAX_BYTES.get(world_size, DEFAULT_MAX_BYTES))
     return AllReduce(group, choice, impl, world_size, dtype, buffer, group_name, one_shot, limit)

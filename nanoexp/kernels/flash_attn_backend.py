@@ -11,7 +11,7 @@ import importlib.util
 
 import torch
 
-from nanoexp.kernels.base import AttentionBackend, is_fp8
+from nanoexp.kernels.base import AttentionBackend
 
 FLASH_ATTN_PAGE_MULTIPLE = 256
 
@@ -20,65 +20,45 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def check_block_size(block_size: int) -> None:
-    if block_size % FLASH_ATTN_PAGE_MULTIPLE != 0:
-        raise ValueError(
-            f"attention_backend='flash_attn' needs kvcache_block_size divisible by "
-            f"{FLASH_ATTN_PAGE_MULTIPLE} (paged KV in flash-attn), got {block_size}; "
-            "use attention_backend='triton' for other block sizes"
-        )
-
-
-def check_no_fp8_cache(kv_cache_dtype: str) -> None:
-    if kv_cache_dtype != "auto":
-        raise ValueError(
-            f"attention_backend='flash_attn' does not support kv_cache_dtype={kv_cache_dtype!r}; "
-            "use attention_backend='triton' (or 'auto') or kv_cache_dtype='auto'"
-        )
-
-
-def check_cache(k_cache: torch.Tensor, paged: bool = True) -> None:
-    if is_fp8(k_cache):
-        check_no_fp8_cache("fp8_e4m3")
-    if paged:
-        check_block_size(k_cache.shape[1])
-
-
 class FlashAttnBackend(AttentionBackend):
     name = "flash_attn"
 
-    def __init__(self, block_size: int | None = None) -> None:
-        if not flash_attn_available():
-            raise ImportError("attention_backend='flash_attn' needs the flash_attn package")
-        if block_size is not None:
-            check_block_size(block_size)
+    def __init__(self, block_size: int, kv_cache_dtype: str = "auto", device: torch.device | None = None):
+        """Refuses what flash-attn cannot serve: an fp8 cache, a CPU `device`, pages not of 256*k."""
+        page = FLASH_ATTN_PAGE_MULTIPLE
+        refusals = [
+            (kv_cache_dtype != "auto", f"does not support kv_cache_dtype={kv_cache_dtype!r}; use "
+             "attention_backend='triton' (or 'auto') or kv_cache_dtype='auto'"),
+            (device is not None and device.type != "cuda",
+             f"needs a CUDA device, got {device}; use 'torch' or 'auto'"),
+            (not flash_attn_available(), "needs the flash_attn package; use 'triton' or 'auto'"),
+            (block_size % page != 0, f"needs kvcache_block_size divisible by {page} (paged KV in "
+             f"flash-attn), got {block_size}; use attention_backend='triton' for other block sizes"),
+        ]  # fmt: skip
+        for refused, why in refusals:
+            if refused:
+                raise ValueError(f"attention_backend='flash_attn' {why}")
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
         from nanoexp.kernels.triton_kv import store_kv
 
-        check_cache(k_cache, paged=False)
         store_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def prefill(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         from flash_attn import flash_attn_varlen_func
 
-        check_cache(k_cache, paged=md.has_cached_prefix)
         if not md.has_cached_prefix:
             return flash_attn_varlen_func(q, k, v, md.cu_seqlens_q, md.cu_seqlens_q, md.max_seqlen_q,
                                           md.max_seqlen_q, softmax_scale=scale, causal=True)  # fmt: skip
-        cu_k = md.cu_seqlens_k
-        if cu_k is None:
-            cu_k = torch.nn.functional.pad(md.context_lens.cumsum(0, dtype=torch.int32), (1, 0))
         max_k = md.max_seqlen_k or int(md.context_lens.max())
         # flash-attn aligns the causal mask bottom-right, i.e. query j sits at ctx - q_len + j.
-        return flash_attn_varlen_func(q, k_cache, v_cache, md.cu_seqlens_q, cu_k, md.max_seqlen_q, max_k,
-                                      softmax_scale=scale, causal=True,
+        return flash_attn_varlen_func(q, k_cache, v_cache, md.cu_seqlens_q, md.cu_seqlens_k, md.max_seqlen_q,
+                                      max_k, softmax_scale=scale, causal=True,
                                       block_table=md.block_tables)  # fmt: skip
 
     def decode(self, q, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         from flash_attn import flash_attn_with_kvcache
 
-        check_cache(k_cache)
         out = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=md.context_lens,
                                       block_table=md.block_tables, softmax_scale=scale,
                                       causal=True)  # fmt: skip

@@ -8,6 +8,7 @@ with PDL and do not use it; kernels without it (torch's, cuBLAS) serialize as us
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,8 +20,9 @@ _enabled = False
 _graph_launches = False
 
 
+@functools.lru_cache(maxsize=8)
 def supported(device: torch.device) -> bool:
-    """Whether `device` can launch dependents early (a CUDA GPU of compute capability 9.0+)."""
+    """Whether `device` can launch dependents early: a CUDA GPU of compute capability 9.0+ (Hopper on)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
 
 

@@ -17,7 +17,6 @@ from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.flash_attn_backend import (
     FLASH_ATTN_PAGE_MULTIPLE,
     FlashAttnBackend,
-    check_no_fp8_cache,
     flash_attn_available,
 )
 from nanoexp.kernels.self_check import check_backend, describe
@@ -48,16 +47,7 @@ def make_attention_backend(
         require_triton("attention_backend", device)
         backend = _triton_backend()
     elif name == "flash_attn":
-        check_no_fp8_cache(kv_cache_dtype)
-        if device.type != "cuda":
-            raise ValueError(
-                f"attention_backend='flash_attn' needs a CUDA device, got {device}; use 'torch' or 'auto'"
-            )
-        if not flash_attn_available():
-            raise ValueError(
-                "attention_backend='flash_attn' needs the flash_attn package; use 'triton' or 'auto'"
-            )
-        backend = FlashAttnBackend(block_size)
+        backend = FlashAttnBackend(block_size, kv_cache_dtype, device)
     else:
         raise ValueError(f"attention_backend={name!r} is invalid: must be one of {', '.join(BACKEND_NAMES)}")
     backend.selection = f"{name}: requested explicitly (not self-checked)"
@@ -85,8 +75,7 @@ def choose_auto(
     for name, build in auto_candidates(device, block_size, dtype, kv_fp8):
         try:
             backend = build()
-            result = check_backend(backend, device, dtype, head_dim, block_size, kv_fp8)
-            ok, reason = result.ok, result.reason
+            ok, reason = check_backend(backend, device, dtype, head_dim, block_size, kv_fp8)
         except Exception as exc:  # a backend that cannot even be built is rejected like a wrong one
             ok, reason = False, describe(exc)
         if ok:

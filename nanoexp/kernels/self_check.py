@@ -6,7 +6,9 @@ tolerance covers only the backend's rounding; store_kv must write the reference'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from itertools import accumulate
+from typing import NamedTuple
 
 import torch
 
@@ -20,8 +22,7 @@ NUM_HEADS, NUM_KV_HEADS = 8, 2  # grouped-query, as in the Qwen3 models
 FP8_K_SCALE, FP8_V_SCALE = 0.02, 0.03
 
 
-@dataclass(frozen=True)
-class CheckResult:
+class CheckResult(NamedTuple):
     ok: bool
     reason: str  # "max error E <= tolerance T", "max error E > tolerance T" or the exception
 
@@ -63,51 +64,33 @@ def describe(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {first_line}"
 
 
-class PagedCase:
-    """Random paged K/V caches (fp8 with `kv_fp8`) and block tables for the given context lengths."""
-
-    def __init__(self, ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8=False):
-        self.block_size, self.device, self.ctx_lens = block_size, device, ctx_lens
-        need = [-(-n // block_size) for n in ctx_lens]
-        num_blocks = sum(need) + 2
-        shape = (num_blocks, block_size, kv_heads, head_dim)
-        self.k_cache = torch.randn(shape, generator=gen).to(device, dtype)
-        self.v_cache = torch.randn(shape, generator=gen).to(device, dtype)
-        self.k_scale = self.v_scale = None
-        if kv_fp8:
-            self.k_scale = torch.tensor([FP8_K_SCALE], device=device)
-            self.v_scale = torch.tensor([FP8_V_SCALE], device=device)
-            self.k_cache = quantize_fp8(self.k_cache, self.k_scale)
-            self.v_cache = quantize_fp8(self.v_cache, self.v_scale)
-        pages = torch.randperm(num_blocks, generator=gen).tolist()
-        table = torch.zeros(len(ctx_lens), max(need), dtype=torch.int32)
-        for i, n in enumerate(need):
-            table[i, :n] = torch.tensor(pages[:n], dtype=torch.int32)
-            pages = pages[n:]
-        self.block_tables = table.to(device)
-
-    def slots(self, q_lens) -> torch.Tensor:
-        if any(q > ctx for q, ctx in zip(q_lens, self.ctx_lens, strict=True)):
-            raise ValueError(f"new tokens {q_lens} exceed context lengths {self.ctx_lens}")
-        table, bs = self.block_tables.cpu(), self.block_size
-        slots = [
-            int(table[i, p // bs]) * bs + p % bs
-            for i, (ctx, q) in enumerate(zip(self.ctx_lens, q_lens, strict=True))
-            for p in range(ctx - q, ctx)
-        ]
-        return torch.tensor(slots, dtype=torch.int64, device=self.device)
-
-    def metadata(self, q_lens, is_prefill: bool) -> AttentionMetadata:
-        cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-        cu_k = torch.tensor([0, *torch.tensor(self.ctx_lens).cumsum(0).tolist()], dtype=torch.int32)
-        return AttentionMetadata(
-            is_prefill=is_prefill, slot_mapping=self.slots(q_lens),
-            context_lens=torch.tensor(self.ctx_lens, dtype=torch.int32, device=self.device),
-            block_tables=self.block_tables, cu_seqlens_q=cu_q.to(self.device) if is_prefill else None,
-            cu_seqlens_k=cu_k.to(self.device) if is_prefill else None, max_seqlen_q=max(q_lens),
-            max_seqlen_k=max(self.ctx_lens),
-            has_cached_prefix=is_prefill and any(c > q for c, q in zip(self.ctx_lens, q_lens, strict=True)),
-        )  # fmt: skip
+def paged_case(ctx_lens, q_lens, is_prefill, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8):
+    """Random paged K/V caches (fp8 with `kv_fp8`, then with their scales) of sequences of ctx_lens
+    tokens, and the metadata of a step adding the last q_lens of them: (k_cache, v_cache, scales, md)."""
+    need = [-(-n // block_size) for n in ctx_lens]
+    num_blocks = sum(need) + 2
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(device, dtype)
+    v_cache = torch.randn(shape, generator=gen).to(device, dtype)
+    scales = ()
+    if kv_fp8:
+        scales = (torch.tensor([FP8_K_SCALE], device=device), torch.tensor([FP8_V_SCALE], device=device))
+        k_cache, v_cache = quantize_fp8(k_cache, scales[0]), quantize_fp8(v_cache, scales[1])
+    pages = torch.randperm(num_blocks, generator=gen).tolist()
+    table = torch.zeros(len(ctx_lens), max(need), dtype=torch.int32)
+    slots = []
+    for i, (n, ctx, q) in enumerate(zip(need, ctx_lens, q_lens, strict=True)):
+        table[i, :n] = torch.tensor(pages[:n], dtype=torch.int32)
+        slots += [pages[p // block_size] * block_size + p % block_size for p in range(ctx - q, ctx)]
+        pages = pages[n:]
+    cu_q, cu_k = ([0, *accumulate(lens)] for lens in (q_lens, ctx_lens))
+    ints = functools.partial(torch.tensor, dtype=torch.int32, device=device)
+    md = AttentionMetadata(
+        is_prefill, ints(slots, dtype=torch.int64), ints(ctx_lens), table.to(device),
+        ints(cu_q) if is_prefill else None, ints(cu_k) if is_prefill else None, max(q_lens), max(ctx_lens),
+        has_cached_prefix=is_prefill and any(c > q for c, q in zip(ctx_lens, q_lens, strict=True)),
+    )  # fmt: skip
+    return k_cache, v_cache, scales, md
 
 
 def default_cases(block_size: int) -> list[tuple[list[int], list[int], bool]]:
@@ -128,35 +111,30 @@ def max_error(
     scale = head_dim**-0.5
     num_heads, kv_heads = heads
     errors = []
-    for ctx_lens, q_lens, is_prefill in cases or default_cases(block_size):
-        case = PagedCase(ctx_lens, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8)
-        md = case.metadata(q_lens, is_prefill)
-        n = sum(q_lens)
+    for case in cases or default_cases(block_size):
+        *caches, md = paged_case(*case, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8)
+        n = md.slot_mapping.shape[0]
         q = torch.randn(n, num_heads, head_dim, generator=gen).to(device, dtype)
         k = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
         v = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
-        errors.append(_compare(backend, case, md, q, k, v, scale))
+        errors.append(_compare(backend, *caches, md, q, k, v, scale))
     return max(errors)
 
 
-def _compare(backend, case: PagedCase, md: AttentionMetadata, q, k, v, scale: float) -> float:
+def _compare(backend, k_cache, v_cache, scales: tuple, md: AttentionMetadata, q, k, v, scale: float) -> float:
     reference = TorchAttentionBackend()
-    fp8 = is_fp8(case.k_cache)
-    scales = (case.k_scale, case.v_scale) if fp8 else ()
     # copy=True: for float32 caches .float() would alias them, and the reference would store into them.
-    cache_dtype = FP8_DTYPE if fp8 else torch.float32
-    k_ref = case.k_cache.to(cache_dtype, copy=True)
-    v_ref = case.v_cache.to(cache_dtype, copy=True)
+    k_ref, v_ref = (c.to(FP8_DTYPE if scales else torch.float32, copy=True) for c in (k_cache, v_cache))
     reference.store_kv(k.float(), v.float(), k_ref, v_ref, md.slot_mapping, *scales)
-    backend.store_kv(k, v, case.k_cache, case.v_cache, md.slot_mapping, *scales)
-    if not (_same(case.k_cache, k_ref) and _same(case.v_cache, v_ref)):
+    backend.store_kv(k, v, k_cache, v_cache, md.slot_mapping, *scales)
+    if not (_same(k_cache, k_ref) and _same(v_cache, v_ref)):
         raise SelfCheckError("store_kv wrote different K/V than the reference (it must copy exactly)")
     if md.is_prefill:
         want = reference.prefill(q.float(), k.float(), v.float(), k_ref, v_ref, md, scale, *scales)
-        got = backend.prefill(q, k, v, case.k_cache, case.v_cache, md, scale, *scales)
+        got = backend.prefill(q, k, v, k_cache, v_cache, md, scale, *scales)
     else:
         want = reference.decode(q.float(), k_ref, v_ref, md, scale, *scales)
-        got = backend.decode(q, case.k_cache, case.v_cache, md, scale, *scales)
+        got = backend.decode(q, k_cache, v_cache, md, scale, *scales)
     kind = "prefill" if md.is_prefill else "decode"
     if got.shape != want.shape:
         raise SelfCheckError(f"{kind} returned shape {tuple(got.shape)}, expected {tuple(want.shape)}")

@@ -74,10 +74,8 @@ def context_slots(block_tables, context_lens, block_size: int, width: int):
 
 def rows_at(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """The cache's rows [len(slots), kv_heads, head_dim] at flat slot indices (block * block_size +
-    offset); one index_select where the pages are contiguous, as advanced indexing costs ~5x more."""
-    if cache.is_contiguous():
-        return cache.flatten(0, 1).index_select(0, slots)
-    return cache[slots // cache.shape[1], slots % cache.shape[1]]
+    offset): one index_select (advanced indexing costs ~5x more)."""
+    return cache.flatten(0, 1).index_select(0, slots)
 
 
 def gather_context(k_cache, v_cache, block_table, length: int):

@@ -8,14 +8,12 @@ scale, v_scale into the output (KV_FP8; other caches unchanged). No tl.max / tl.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from nanoexp.kernels import pdl
 from nanoexp.kernels.base import check_scales, num_sms
-from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.prefill_tiles import prefill_config as _prefill_config
 from nanoexp.kernels.triton_decode_fma import cuda_core_split_kernel, tile_shape
 from nanoexp.kernels.triton_pdl import wait_for_previous
@@ -159,15 +157,10 @@ def decode_tile(dim_pad: int, fp8: bool, device: torch.device, batch: int) -> tu
     experiments/kernels/runs/decode_tiles.md)."""
     if dim_pad > 128:
         return 32, 2
-    hopper = _is_hopper_or_newer(device)
+    hopper = pdl.supported(device)
     if fp8:
         return (128 if batch > FP8_SMALL_TILE_MAX_BATCH else 64), (3 if hopper else 2)
     return 64, 3 if hopper else 2
-
-
-@functools.lru_cache(maxsize=8)
-def _is_hopper_or_newer(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def paged_decode(
@@ -201,39 +194,34 @@ def paged_decode(
     else:
         tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch)
         block_n, num_stages, num_warps = block_n or tile_keys, num_stages or tile_stages, num_warps or 4
-    if max_len is None:
-        max_len = block_tables.shape[1] * block_size
     if num_splits is None:
+        max_len = max_len or block_tables.shape[1] * block_size
         num_splits = choose_num_splits(batch, num_kv_heads, max_len, num_sms(q.device))
     if num_splits > 1:
         part_out = torch.empty((batch, num_heads, num_splits, dim_pad), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out
+    args = (
+        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
+        k_scale if fp8 else context_lens, v_scale if fp8 else context_lens,  # unused unless fp8
+        scale * LOG2E, num_splits, q.stride(0), q.stride(1), *k_cache.stride()[:3], block_tables.stride(0),
+        out.stride(0), out.stride(1),
+    )  # fmt: skip
+    grid, launch = (batch, num_kv_heads, num_splits), pdl.launch_options()
+    shared = dict(GROUP=group, HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
+                  SINGLE_SPLIT=num_splits == 1, num_warps=num_warps, **launch)  # fmt: skip
     if cuda_cores:
         rows, lanes, per_load = tile_shape(block_n, dim_pad, num_warps)
-        cuda_core_split_kernel[(batch, num_kv_heads, num_splits)](
-            q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, k_scale, v_scale,
-            scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-            k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), GROUP=group,
-            HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size, ROWS=rows, LANES=lanes,
-            PER_LOAD=per_load, SINGLE_SPLIT=num_splits == 1, num_warps=num_warps,
-            num_stages=num_stages or 1, **launch_options(),
-        )  # fmt: skip
+        cuda_core_split_kernel[grid](*args, ROWS=rows, LANES=lanes, PER_LOAD=per_load,
+                                     num_stages=num_stages or 1, **shared)  # fmt: skip
     else:
-        _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-            q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-            k_scale if fp8 else context_lens, v_scale if fp8 else context_lens,  # unused unless KV_FP8
-            scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-            k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), GROUP=group,
-            GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, DIM_PAD=dim_pad,
-            BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1, KV_FP8=fp8,
-            num_warps=num_warps, num_stages=num_stages, **launch_options(),
-        )  # fmt: skip
+        _decode_split_kernel[grid](*args, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+                                   KV_FP8=fp8, num_stages=num_stages, **shared)  # fmt: skip
     if num_splits > 1:
         decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, out, num_splits, out.stride(0), out.stride(1), HEAD_DIM=head_dim,
-            DIM_PAD=dim_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **launch_options(),
+            DIM_PAD=dim_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **launch,
         )  # fmt: skip
     return out
 
@@ -358,11 +346,13 @@ def varlen_prefill(
     paged = block_tables is not None
     num_kv_heads = k.shape[2] if paged else k.shape[1]
     fp8 = paged and check_scales(k, k_scale, v_scale)
-    if paged:
+    if paged:  # stride_kt, stride_kh, stride_vt, stride_vh, then the caches' cb, cp, vb, vp, vd
         _check_cache(q, k, v, num_heads, num_kv_heads)
+        kv_strides = (0, k.stride(2), 0, v.stride(2), *k.stride()[:2], *v.stride()[:2], v.stride(3))
     else:
         k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
         assert q.stride(-1) == 1 and num_heads % num_kv_heads == 0
+        kv_strides = (*k.stride()[:2], *v.stride()[:2], 0, 0, 0, 0, 1)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     num_seqs = cu_seqlens_q.shape[0] - 1
@@ -382,12 +372,8 @@ def varlen_prefill(
         context_lens if paged else cu_seqlens_q, block_tables if paged else cu_seqlens_q,
         k_scale if fp8 else cu_seqlens_q, v_scale if fp8 else cu_seqlens_q,  # unused unless KV_FP8
         cu_seqlens_q if tiles is None else tiles,  # unused unless TILED
-        scale * LOG2E, q.stride(0), q.stride(1),
-        0 if paged else k.stride(0), k.stride(2) if paged else k.stride(1),  # stride_kt, stride_kh
-        0 if paged else v.stride(0), v.stride(2) if paged else v.stride(1),  # stride_vt, stride_vh
-        k.stride(0) if paged else 0, k.stride(1) if paged else 0,  # stride_cb, stride_cp
-        v.stride(0) if paged else 0, v.stride(1) if paged else 0, v.stride(3) if paged else 1,  # vb, vp, vd
-        out.stride(0), out.stride(1), block_tables.stride(0) if paged else 0,
+        scale * LOG2E, q.stride(0), q.stride(1), *kv_strides, out.stride(0), out.stride(1),
+        block_tables.stride(0) if paged else 0,
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
         BLOCK_SIZE=k.shape[1] if paged else 1, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, KV_FP8=fp8,
         TILED=tiles is not None, num_warps=num_warps, num_stages=num_stages,

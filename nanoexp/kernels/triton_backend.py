@@ -15,9 +15,7 @@ class TritonAttentionBackend(AttentionBackend):
     captures_mixed_steps = True
     # The fused q/k norm + RoPE + KV store; None = on CUDA only (the CPU interpreter is slower than torch)
     fuse_qk_norm_rope: bool | None = None
-
-    def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
-        store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    store_kv = staticmethod(store_kv)
 
     def qk_norm_rope_store(
         self, qkv, positions, cos_sin, qk_norm, num_heads, num_kv_heads, k_cache, v_cache,
@@ -26,7 +24,7 @@ class TritonAttentionBackend(AttentionBackend):
         fuse = self.fuse_qk_norm_rope
         if not (qkv.is_cuda if fuse is None else fuse):
             return None
-        q_weight, k_weight, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
+        q_weight, k_weight, eps = qk_norm or (None, None, 0.0)
         return qk_norm_rope_store(qkv, positions, cos_sin, q_weight, k_weight, eps, num_heads, num_kv_heads,
                                   k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale,
                                   write_k=write_k)  # fmt: skip
@@ -52,18 +50,15 @@ class TritonAttentionBackend(AttentionBackend):
         slots = md.decode_context_lens.shape[0]  # 0: a graph of steps without decodes
         out = torch.empty_like(q)
         if slots:  # the decode rows are copied in, not the whole step (as torch.cat would)
-            max_len = md.block_tables.shape[1] * k_cache.shape[1]
-            out[:slots] = paged_decode(
-                q[:slots], k_cache, v_cache, md.block_tables[:slots], md.decode_context_lens, scale, max_len,
-                k_scale=k_scale, v_scale=v_scale,
-            )  # fmt: skip
+            out[:slots] = paged_decode(q[:slots], k_cache, v_cache, md.block_tables[:slots],
+                                       md.decode_context_lens, scale, k_scale=k_scale,
+                                       v_scale=v_scale)  # fmt: skip
         return varlen_prefill(
             q, k_cache, v_cache, md.cu_seqlens_q, md.max_seqlen_q, md.context_lens, md.block_tables,
             scale, k_scale=k_scale, v_scale=v_scale, tiles=md.prefill_tiles, out=out,
         )  # fmt: skip
 
     def decode(self, q, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
-        # The split count is a function of static shapes only, so CUDA-graph capture stays valid.
-        max_len = md.block_tables.shape[1] * k_cache.shape[1]
-        return paged_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, max_len,
+        # The split count (by default) is a function of static shapes only: CUDA-graph capture stays valid.
+        return paged_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, scale,
                             k_scale=k_scale, v_scale=v_scale)  # fmt: skip

@@ -87,12 +87,6 @@ def _qk_norm_rope_store_kernel(
     _store_cache(v_cache_ptr, v_dst, v, v_scale_ptr, store_mask, FP8)
 
 
-def default_heads_block(num_tokens: int, total_heads: int) -> int:
-    """Few heads per program while tokens are few (spread one token over many SMs), more later."""
-    want = 1 if num_tokens <= 16 else 2 if num_tokens <= 64 else 8
-    return min(want, triton.next_power_of_2(total_heads))
-
-
 def qk_norm_rope_store(
     qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, q_weight: torch.Tensor | None,
     k_weight: torch.Tensor | None, eps: float, num_heads: int, num_kv_heads: int, k_cache: torch.Tensor,
@@ -118,7 +112,9 @@ def qk_norm_rope_store(
     if num_tokens == 0:
         return q, k
     total = num_heads + num_kv_heads
-    heads_block = heads_block or default_heads_block(num_tokens, total)
+    # few heads per program while tokens are few (one token spread over many SMs), more later
+    want = 1 if num_tokens <= 16 else 2 if num_tokens <= 64 else 8
+    heads_block = heads_block or min(want, triton.next_power_of_2(total))
     _qk_norm_rope_store_kernel[(num_tokens, triton.cdiv(total, heads_block))](
         qkv, positions, cos_sin,
         q_weight if norm else cos_sin, k_weight if norm else cos_sin,

@@ -131,20 +131,20 @@ def slicing(rows: int, vocab_size: int) -> tuple[int, int]:
     return slice_len, triton.cdiv(vocab_size, slice_len)
 
 
-def sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
-    """int64 token per row: argmax where t = 0, else a draw from softmax(logits / t) seeded by `seeds`."""
-    return _scan(logits, temperatures, seeds, 0, None)
-
-
 def shard_winners(
     logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, vocab_offset: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sample` over a shard starting at token `vocab_offset`: per row (score, full-vocabulary index)."""
     values = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-    return values, _scan(logits, temperatures, seeds, vocab_offset, values)
+    return values, sample(logits, temperatures, seeds, vocab_offset, values)
 
 
-def _scan(logits, temperatures, seeds, vocab_offset: int, values: torch.Tensor | None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, vocab_offset: int = 0,
+    values: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """int64 token per row: argmax where t = 0, else a draw from softmax(logits / t) seeded by `seeds`;
+    columns start at token `vocab_offset`, and `values` (if given) receives each winner's score."""
     rows, vocab_size = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows == 0:

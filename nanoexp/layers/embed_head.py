@@ -50,6 +50,4 @@ class ParallelLMHead(VocabParallelEmbedding):
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
             dist.gather(logits, parts, dst=0)
             logits = torch.cat(parts, dim=-1) if self.tp_rank == 0 else None
-        if logits is None or logits.shape[-1] == self.vocab_size:
-            return logits
-        return logits[..., : self.vocab_size]
+        return None if logits is None else logits[..., : self.vocab_size]  # a view without the padding

@@ -8,6 +8,8 @@ from torch import Tensor, nn
 
 from nanoexp.distributed import all_reduce, tp_rank, tp_size
 from nanoexp.kernels.gemm_select import NormFirst, SkinnyGemm
+from nanoexp.layers.activation import SiluAndMul
+from nanoexp.layers.norm import RMSNorm
 
 
 def shape_of(loaded) -> list[int]:
@@ -61,33 +63,27 @@ class LinearBase(nn.Module):
         return F.linear(x, self.weight, bias)
 
     def norm_linear(
-        self, x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, gated: bool = False
-    ) -> tuple[Tensor, Tensor] | None:
-        """(self(RMSNorm(x + residual)), x + residual) in one skinny-GEMM kernel, gated: with
-        silu(gate) * up as its epilogue; None where that path does not apply."""
-        usable = self.skinny is not None and self.skinny.applies(x, self.weight)
-        usable = usable and (residual is None or residual.stride() == x.stride())
-        if not usable or (gated and self.bias is not None):
-            return None
-        norm = NormFirst(norm_weight, eps, residual)
-        return self.skinny(x, self.weight, self.bias, gated=gated, norm=norm)
+        self, norm: RMSNorm, x: Tensor, residual: Tensor | None, act_fn: SiluAndMul | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(act_fn(self(norm(x + residual))), x + residual); one skinny-GEMM kernel where it applies,
+        with silu(gate) * up as its epilogue when there is `act_fn`."""
+        skinny, gated = self.skinny, act_fn is not None
+        fits = (residual is None or residual.stride() == x.stride()) and not (gated and self.bias is not None)
+        if fits and skinny is not None and skinny.applies(x, self.weight):
+            first = NormFirst(norm.weight, norm.eps, residual)
+            return skinny(x, self.weight, self.bias, gated=gated, norm=first)
+        normed, residual = (norm(x), x) if residual is None else norm(x, residual)
+        out = self(normed)
+        return (out if act_fn is None else act_fn(out)), residual
 
 
-class ColumnParallelLinear(LinearBase):
-    """Splits output features across ranks; no communication."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__(in_features, divide(out_features, tp_size()), bias, 0)
-
-
-class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel outputs (e.g. gate and up) stored side by side per rank."""
+class MergedColumnParallelLinear(LinearBase):
+    """Column-parallel outputs (split across ranks, no communication), several (e.g. gate and up)
+    stored side by side per rank."""
 
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
         self.output_sizes = output_sizes
-        for size in output_sizes:
-            divide(size, tp_size())
-        super().__init__(in_features, sum(output_sizes), bias)
+        super().__init__(in_features, sum(divide(size, tp_size()) for size in output_sizes), bias, 0)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
@@ -95,9 +91,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         param.data.narrow(0, offset, size).copy_(self.shard_of(loaded, 0))
 
 
-class QKVParallelLinear(ColumnParallelLinear):
-    """Fused q/k/v projection; each rank holds its query heads and KV heads (replicated when
-    there are fewer KV heads than ranks)."""
+class QKVParallelLinear(LinearBase):
+    """Fused q/k/v projection, column-parallel: each rank holds its query heads and KV heads
+    (replicated when there are fewer KV heads than ranks)."""
 
     def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool):
         size = tp_size()
@@ -105,8 +101,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_heads = divide(num_heads, size)
         self.num_kv_heads = max(1, num_kv_heads // size)
         self.total_kv_heads = num_kv_heads
-        local_out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
-        super().__init__(hidden, local_out * size, bias)
+        super().__init__(hidden, (self.num_heads + 2 * self.num_kv_heads) * head_dim, bias, 0)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: str) -> None:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim

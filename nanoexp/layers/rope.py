@@ -15,10 +15,7 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float), inv_freq)
         cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
-        self.register_buffer("cos_sin", cos_sin, persistent=False)
-
-    def forward(self, positions: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        return apply_rope(positions, q, k, self.cos_sin)
+        self.register_buffer("cos_sin", cos_sin, persistent=False)  # apply_rope's table
 
 
 def apply_rope_uncompiled(positions: Tensor, q: Tensor, k: Tensor, cos_sin: Tensor) -> tuple[Tensor, Tensor]:

@@ -57,12 +57,12 @@ class Sampler(nn.Module):
         greedy_tokens = logits.argmax(dim=-1)
         if not st.needs_filter and all(seed is None for seed in st.seeds):
             sampled = sample_with_temperature(logits, st.temperatures)
-            return torch.where(st.temperatures == 0, greedy_tokens, sampled)
-        logits = logits.float() / st.temperatures.clamp_min(1e-6).unsqueeze(1)
-        if st.needs_filter:
-            logits = filter_logits(logits, st.top_k, st.top_p, st.min_p)
-        probs = torch.softmax(logits, dim=-1)
-        sampled = (probs / exponential_noise(probs, st.seeds)).argmax(dim=-1)
+        else:
+            logits = logits.float() / st.temperatures.clamp_min(1e-6).unsqueeze(1)
+            if st.needs_filter:
+                logits = filter_logits(logits, st.top_k, st.top_p, st.min_p)
+            probs = torch.softmax(logits, dim=-1)
+            sampled = (probs / exponential_noise(probs, st.seeds)).argmax(dim=-1)
         return torch.where(st.temperatures == 0, greedy_tokens, sampled)
 
 

@@ -9,9 +9,9 @@ from nanoexp.kernels.base import AttentionMetadata
 from nanoexp.layers.activation import SiluAndMul
 from nanoexp.layers.attention import Attention
 from nanoexp.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
-from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanoexp.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanoexp.layers.norm import RMSNorm
-from nanoexp.layers.rope import RotaryEmbedding, qk_norm_rope
+from nanoexp.layers.rope import RotaryEmbedding, apply_rope, qk_norm_rope
 
 
 def rope_theta_of(config: PretrainedConfig) -> float:
@@ -22,23 +22,18 @@ def rope_theta_of(config: PretrainedConfig) -> float:
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
-def head_dim_of(config: PretrainedConfig) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 class Qwen3Attention(nn.Module):
     def __init__(self, config: PretrainedConfig, max_position: int, qk_norm: bool):
         super().__init__()
-        head_dim = head_dim_of(config)
-        bias = getattr(config, "attention_bias", not qk_norm)
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        bias = getattr(config, "attention_bias", not qk_norm)
         self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, heads, kv_heads, bias)
-        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
-        self.head_dim = head_dim
+        heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads  # this rank's
+        self.sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]  # of q, k and v in qkv
         self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size)
         self.rotary_emb = RotaryEmbedding(head_dim, max_position, rope_theta_of(config))
-        self.attn = Attention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5)
+        self.attn = Attention(heads, kv_heads, head_dim, head_dim**-0.5)
         self.qk_norm = qk_norm
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
@@ -54,10 +49,9 @@ class Qwen3Attention(nn.Module):
 
     def norm_rope(self, positions: Tensor, qkv: Tensor, norm: tuple | None):
         """(q, k, v) as [tokens, heads, head_dim], q and k normed (`norm`: q/k weights, eps) and rotated."""
-        sizes = [self.q_size, self.kv_size, self.kv_size]
-        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in qkv.split(sizes, dim=-1))
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in qkv.split(self.sizes, dim=-1))
         if norm is None:
-            return (*self.rotary_emb(positions, q, k), v)
+            return (*apply_rope(positions, q, k, self.rotary_emb.cos_sin), v)
         return (*qk_norm_rope(positions, q, k, *norm, self.rotary_emb.cos_sin), v)
 
 
@@ -71,7 +65,7 @@ class Qwen3MLP(nn.Module):
 
     def forward(self, hidden: Tensor, residual: Tensor, norm: RMSNorm) -> tuple[Tensor, Tensor]:
         """(down(SwiGLU(gate_up(norm(hidden + residual)))), hidden + residual)."""
-        act, residual = norm_then_linear(norm, self.gate_up_proj, hidden, residual, self.act_fn)
+        act, residual = self.gate_up_proj.norm_linear(norm, hidden, residual, self.act_fn)
         return self.down_proj(act), residual
 
 
@@ -84,21 +78,9 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, positions, hidden, residual, md: AttentionMetadata):
-        qkv, residual = norm_then_linear(self.input_layernorm, self.self_attn.qkv_proj, hidden, residual)
+        qkv, residual = self.self_attn.qkv_proj.norm_linear(self.input_layernorm, hidden, residual)
         hidden = self.self_attn(positions, qkv, md)
         return self.mlp(hidden, residual, self.post_attention_layernorm)
-
-
-def norm_then_linear(
-    norm: RMSNorm, linear: LinearBase, x: Tensor, residual: Tensor | None, act_fn: SiluAndMul | None = None
-) -> tuple[Tensor, Tensor]:
-    """(act_fn(linear(norm(x + residual))), x + residual); one kernel where the skinny GEMM applies."""
-    fused = linear.norm_linear(x, residual, norm.weight, norm.eps, gated=act_fn is not None)
-    if fused is not None:
-        return fused
-    normed, residual = (norm(x), x) if residual is None else norm(x, residual)
-    out = linear(normed)
-    return (out if act_fn is None else act_fn(out)), residual
 
 
 class Qwen3Model(nn.Module):
