@@ -64,9 +64,8 @@ class WandbLogger:
         if self.run is None:
             return
         try:
-            kept = {k: v for k, v in summary.items() if isinstance(v, int | float | str | bool)}
-            per_repeat = {"per_repeat": summary["per_repeat"]} if "per_repeat" in summary else {}
-            self.run.summary.update(kept | per_repeat)
+            logged = lambda k, v: isinstance(v, int | float | str | bool) or k == "per_repeat"
+            self.run.summary.update({k: v for k, v in summary.items() if logged(k, v)})
             self._upload_results()
         finally:
             run, self.run = self.run, None
