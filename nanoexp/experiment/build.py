@@ -132,10 +132,9 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
     """Our LLM (through the engine factory), or the transformers baseline (engine=hf)."""
     if spec.engine.kind is EngineKind.hf:
         from nanoexp.experiment.hf_baseline import HFBaseline
-        e = config.execution
-        dtype, max_batch = config.model.dtype, config.scheduler.max_num_seqs
-        max_batch = min(max_batch, spec.workload.max_concurrency or max_batch)
-        return HFBaseline(arch_dict(spec.model), checkpoint.path, dtype, e.device, e.seed, max_batch)
+        e, batch = config.execution, config.scheduler.max_num_seqs
+        batch = min(batch, spec.workload.max_concurrency or batch)
+        return HFBaseline(arch_dict(spec.model), checkpoint.path, config.model.dtype, e.device, e.seed, batch)
     return factory.build_engine(config)
 
 
@@ -156,7 +155,7 @@ def build_tokenizer(checkpoint: Checkpoint):
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
     from nanoexp.experiment.workloads import build_workload
-    tokenize = (lambda text: tokenizer.encode(text)) if tokenizer is not None else None
+    tokenize = tokenizer.encode if tokenizer is not None else None
     try:
         workload = build_workload(spec.workload, spec.sampler, spec.model.arch.vocab_size, tokenize)
     except ValueError as e:  # ConfigError, or a value SamplingParams rejects

@@ -23,28 +23,21 @@ LOWER = {*LOWER_IS_BETTER, "duration_s", "p99_tpot_ms", "median_ttft_ms"}
 
 
 def load_jobs(sweep_dir: Path) -> list[dict]:
-    """Each finished job: its overrides as `param:` keys, its summary and its commit."""
-    jobs = []
+    """Each finished configuration: its overrides as `param:` keys, its summary and its commit; the jobs
+    that differ only in `trial` are one, whose per_repeat holds every trial's repeats."""
+    jobs: dict[tuple, dict] = {}
     for path in sorted(sweep_dir.rglob(RESULTS_FILE)):
         results = read_results(path)
         if results.get("status") != "ok":
             continue
         git = results.get("config", {}).get("resolved", {}).get("provenance", {}).get("git", {})
         params = _parse_overrides(results.get("job", {}).get("overrides", []))
-        jobs.append({"params": params, "summary": results.get("summary", {}), "commit": git.get("commit")})
-    return jobs
-
-
-def merge_trials(jobs: list[dict]) -> list[dict]:
-    """Jobs that differ only in `trial` as one job whose per_repeat holds every trial's repeats."""
-    merged: dict[tuple, dict] = {}
-    for job in jobs:
-        params = {k: v for k, v in job["params"].items() if k != TRIAL}
-        key = tuple(sorted(params.items()))
-        if key not in merged:
-            merged[key] = job | {"params": params, "summary": dict(job["summary"], per_repeat=[])}
-        merged[key]["summary"]["per_repeat"] += job["summary"].get("per_repeat") or []
-    return list(merged.values())
+        params.pop(TRIAL, None)
+        summary = results.get("summary", {})
+        first = {"params": params, "summary": dict(summary, per_repeat=[]), "commit": git.get("commit")}
+        job = jobs.setdefault(tuple(sorted(params.items())), first)
+        job["summary"]["per_repeat"] += summary.get("per_repeat") or []
+    return list(jobs.values())
 
 
 def match(jobs_a: list[dict], jobs_b: list[dict]) -> tuple[list[str], list[tuple[dict, dict]]]:
@@ -80,7 +73,7 @@ def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
 
 def compare(sweep_a: Path, sweep_b: Path, metrics: list[str] = METRICS) -> tuple[pd.DataFrame, list[str]]:
     """One row per matched job and metric; and the header lines (sweeps, commits, unmatched jobs)."""
-    jobs_a, jobs_b = merge_trials(load_jobs(sweep_a)), merge_trials(load_jobs(sweep_b))
+    jobs_a, jobs_b = load_jobs(sweep_a), load_jobs(sweep_b)
     keys, pairs = match(jobs_a, jobs_b)
     rows = []
     for a, b in pairs:

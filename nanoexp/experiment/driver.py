@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,10 +73,9 @@ class Progress:
     """The live progress line of a job, only on a terminal and with engine.use_tqdm=true."""
 
     def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, desc: str = "requests"):
-        stream = sys.stderr if stream is None else stream
-        self.enabled = enabled and bool(getattr(stream, "isatty", None) and stream.isatty())
-        self.bar = tqdm(total=total, desc=desc, unit="req", file=stream, disable=not self.enabled,
+        self.bar = tqdm(total=total, desc=desc, unit="req", file=stream, disable=None if enabled else True,
                         dynamic_ncols=True, mininterval=REFRESH_S, leave=True)  # fmt: skip
+        self.enabled = not self.bar.disable  # disable=None: tqdm turns itself off off a terminal
         self.done = self.tokens = self.preemptions = 0
         self.started, self.next_draw = None, 0.0  # the first step's start; the next redraw
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import glob
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -84,5 +83,5 @@ def physical_gpus() -> list[str]:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
         count = sum(line.startswith("GPU") for line in listing.splitlines())
     else:
-        count = sum(bool(re.fullmatch(r"/dev/nvidia\d+", p)) for p in glob.glob("/dev/nvidia*"))
+        count = len(glob.glob("/dev/nvidia[0-9]*"))  # not nvidiactl, nvidia-uvm, ...
     return [str(i) for i in range(count)]

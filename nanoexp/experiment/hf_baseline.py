@@ -66,12 +66,11 @@ class HFBaseline:
         if not r.sampling_params.ignore_eos and self.eos in tokens:
             tokens = tokens[: tokens.index(self.eos) + 1]
         self._next_id += 1
-        arrival = t0 + r.arrival_offset_s
         return RequestOutput(
             request_id=self._next_id - 1, prompt_token_ids=list(r.prompt_token_ids), token_ids=tokens,
             finish_reason="length" if len(tokens) == r.sampling_params.max_tokens else "stop",
-            arrival_time=arrival, first_scheduled_time=times[0] if times else arrival,
-            first_token_time=times[0], token_times=times[: len(tokens)], finish_time=times[len(tokens) - 1],
+            arrival_time=t0 + r.arrival_offset_s, first_scheduled_time=times[0], first_token_time=times[0],
+            token_times=times[: len(tokens)], finish_time=times[len(tokens) - 1],
             num_cached_tokens=0, num_preemptions=0,
         )  # fmt: skip
 

@@ -38,19 +38,16 @@ class FanoutLogger:
         self.started: list[Logger] = []
 
     def start(self, config: dict, job: JobInfo) -> None:
-        errors = []
-        for logger in self.loggers:
-            try:
-                logger.start(config, job)
-                self.started.append(logger)
-            except Exception as err:  # noqa: BLE001 - raised below, after the others started
-                errors.append(err)
-        if errors:
-            line = first_line(errors[0], limit=None)
+        def start(logger: Logger) -> None:
+            logger.start(config, job)
+            self.started.append(logger)
+
+        try:
+            _call_each(self.loggers, start)
+        except Exception as err:
             with contextlib.suppress(Exception):  # the start's error is the one to raise
-                _call_each(reversed(self.started), lambda lg: lg.finish({"error": line}, 1))
-            self.started.clear()
-            raise errors[0]
+                self.finish({"error": first_line(err, limit=None)}, 1)
+            raise
 
     def log_step(self, step: int, row: dict) -> None:
         _call_each(self.started, lambda lg: lg.log_step(step, row))

@@ -8,7 +8,6 @@ import gc
 import json
 import logging
 import os
-import re
 import sys
 import time
 import traceback
@@ -153,12 +152,10 @@ class JobMemory:
         reset = reset_peak_memory(CPU) == "resident"
         self.scope = "job" if reset else "process lifetime (no /proc/self/clear_refs)"
         try:
-            status = Path("/proc/self/status").read_text()
+            resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
         except OSError:  # not Linux
-            status = ""
-        match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
-        self.rss_at_start = int(match.group(1)) * 1024 if match else 0
-        self.device = torch.cuda.is_available()
+            resident_pages = 0
+        self.rss_at_start = resident_pages * os.sysconf("SC_PAGE_SIZE")
         if torch.cuda.is_initialized():  # by an earlier job of the sweep; otherwise it starts now anyway
             torch.cuda.reset_peak_memory_stats()
 
@@ -169,7 +166,7 @@ class JobMemory:
         out = {"job_memory_scope": self.scope, "job_peak_rss_bytes": peak_rss}
         out["job_rss_at_start_bytes"] = self.rss_at_start
         out |= {"memory_weights_bytes": weights, "memory_kv_cache_bytes": kv}
-        if self.device and stats.get("device") == "cuda":
+        if stats.get("device") == "cuda":
             peak = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_initialized() else 0
             out["job_peak_device_bytes"] = peak
             out["memory_other_bytes"] = max(0, peak - weights - kv)

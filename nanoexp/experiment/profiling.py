@@ -59,8 +59,7 @@ class StepProfiler:
         if not self.cfg.events:
             return {}
         steps = [c for i, c in self.columns.items() if i >= since]
-        out = {f"profile_{k}": sum(c[k] for c in steps) for k in EVENTS}
-        return out | {"profile_gc_ms": sum(c["gc_ms"] for c in steps)}
+        return {f"profile_{k}": sum(c[k] for c in steps) for k in (*EVENTS, "gc_ms")}
 
     def job_summary(self) -> dict:
         """The traces written and the timed steps that compiled (with a warning line naming them)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -83,9 +84,7 @@ def cpu_facts() -> dict:
     """The CPU model, its logical CPUs and how many of them this process may run on."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     model = platform.processor() or platform.machine() or "unknown"
-    try:
+    with contextlib.suppress(OSError):  # not Linux
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), model)
-    except OSError:
-        pass
     return {"model": model, "count": os.cpu_count(), "usable": usable}

@@ -225,9 +225,8 @@ class SloConfig:
     e2el_ms: float | None = None
 
     def __post_init__(self) -> None:
-        for name, value in vars(self).items():
-            if value is not None:
-                number(f"metrics.slo.{name}", value, lambda v: v > 0, "null or a number > 0 (milliseconds)")
+        for name, value in self.as_dict().items():
+            number(f"metrics.slo.{name}", value, lambda v: v > 0, "null or a number > 0 (milliseconds)")
 
     def as_dict(self) -> dict[str, float]:
         return {k: v for k, v in vars(self).items() if v is not None}

@@ -13,30 +13,6 @@ from omegaconf import OmegaConf
 
 from nanoexp.experiment.job import JobInfo
 
-KL = tuple(f"kv_quality/kl_{s}" for s in ("mean", "p99", "max"))
-ROWS = [  # label, summary keys, number format, unit; a name alone: a row built per summary (_row)
-    ("requests", ("completed",), "{:.0f}", ""),
-    ("input / output tokens", ("total_input_tokens", "total_output_tokens"), "{:.0f}", ""),
-    ("duration", ("duration_s",), "{:.2f}", "s"),
-    ("output throughput", ("output_throughput",), "{:.1f}", "tok/s"),
-    ("total throughput", ("total_token_throughput",), "{:.1f}", "tok/s"),
-    ("offered / achieved rate", ("offered_request_rate", "request_throughput"), "{:.2f}", "req/s"),
-    ("request goodput", ("request_goodput",), "{:.2f}", "req/s"),
-    ("SLO attainment", ("slo_attainment",), "{:.1%}", ""),
-    ("TTFT mean / p99", ("mean_ttft_ms", "p99_ttft_ms"), "{:.1f}", "ms"),
-    ("TPOT mean / p99", ("mean_tpot_ms", "p99_tpot_ms"), "{:.2f}", "ms"),
-    ("ITL mean / p99", ("mean_itl_ms", "p99_itl_ms"), "{:.2f}", "ms"),
-    ("E2E mean / p99", ("mean_e2el_ms", "p99_e2el_ms"), "{:.1f}", "ms"),
-    ("iteration latency mean / p99", ("mean_latency_ms", "p99_latency_ms"), "{:.1f}", "ms"),
-    ("prefix cache hit rate", ("prefix_cache_hit_rate",), "{:.1%}", ""),
-    ("preemptions", ("num_preemptions",), "{:.0f}", ""),
-    "memory",
-    "peak memory",
-    "start-up",
-    "warm-up",
-    ("KV cache greedy agreement", ("kv_quality/greedy_agreement",), "{:.2%}", ""),
-    ("KV cache KL mean / p99 / max", KL, "{:.3g}", "nats"),
-]
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
 PEAK_KINDS = {"allocated": "allocated", "resident": "resident", "resident_lifetime": "process, resident"}
 SHOWN = {  # always in the header, whether or not they differ from the defaults
@@ -58,7 +34,7 @@ def format_summary(summary: dict, job: JobInfo | None = None, shown: dict | None
         f"changed from the defaults: {' '.join(f'{k}={v}' for k, v in (changed or {}).items()) or 'nothing'}",
     ]
     lines.append("-" * max(len(line) for line in lines))
-    for label, keys, fmt, unit in filter(None, (_row(summary, row) for row in ROWS)):
+    for label, keys, fmt, unit in _rows(summary):
         cells = [_cell(summary, k, fmt) for k in keys]
         if all(c is not None for c in cells):
             lines.append(f"{label:<30}{' / '.join(cells)}{' ' + unit if unit else ''}")
@@ -71,27 +47,36 @@ def format_summary(summary: dict, job: JobInfo | None = None, shown: dict | None
     return "\n".join(lines)
 
 
-def _row(summary: dict, row) -> tuple[str, tuple[str, ...], str, str] | None:
-    """A row of ROWS, or one built from what this job did (None: no row)."""
-    if row == "memory":  # the KV cache only where there is one (not for the transformers baseline)
-        has_cache = summary.get("kv_cache_bytes", 0) > 0
-        keys = ("weights_bytes", "kv_cache_bytes") if has_cache else ("weights_bytes",)
-        return ("weights / KV cache" if has_cache else "weights"), keys, "{:.3g}", "GB"
-    if row == "peak memory":
-        kind = PEAK_KINDS.get(summary.get("peak_memory_kind"))
-        label = f"peak memory ({kind})" if kind else "peak memory"
-        return label, ("peak_memory_bytes",), "{:.3g}", "GB"
-    if row == "start-up":  # the engine's warm-up and graph capture only where they ran
-        parts = [("load", "load_s")]
-        if summary.get("warmup_s", 0) > 0:
-            parts.append(("warm-up", "warmup_s"))
-        if summary.get("cuda_graphs"):
-            parts.append(("graphs", "graph_capture_s"))
-        return " / ".join(name for name, _ in parts), tuple(key for _, key in parts), "{:.2f}", "s"
-    if row == "warm-up":
-        ran = summary.get("bench_warmup_s", 0) > 0
-        return ("warm-up request", ("bench_warmup_s",), "{:.2f}", "s") if ran else None
-    return row
+def _rows(s: dict) -> list[tuple[str, tuple[str, ...], str, str]]:
+    """(label, summary keys, number format, unit) of each row; memory and start-up rows show only what ran."""
+    memory = ("weights_bytes", "kv_cache_bytes")[: 1 + (s.get("kv_cache_bytes", 0) > 0)]  # hf: no KV cache
+    peak = PEAK_KINDS.get(s.get("peak_memory_kind"))
+    start = [("load", "load_s"), *[("warm-up", "warmup_s")] * (s.get("warmup_s", 0) > 0)]
+    start += [("graphs", "graph_capture_s")] * bool(s.get("cuda_graphs"))
+    return [
+        ("requests", ("completed",), "{:.0f}", ""),
+        ("input / output tokens", ("total_input_tokens", "total_output_tokens"), "{:.0f}", ""),
+        ("duration", ("duration_s",), "{:.2f}", "s"),
+        ("output throughput", ("output_throughput",), "{:.1f}", "tok/s"),
+        ("total throughput", ("total_token_throughput",), "{:.1f}", "tok/s"),
+        ("offered / achieved rate", ("offered_request_rate", "request_throughput"), "{:.2f}", "req/s"),
+        ("request goodput", ("request_goodput",), "{:.2f}", "req/s"),
+        ("SLO attainment", ("slo_attainment",), "{:.1%}", ""),
+        ("TTFT mean / p99", ("mean_ttft_ms", "p99_ttft_ms"), "{:.1f}", "ms"),
+        ("TPOT mean / p99", ("mean_tpot_ms", "p99_tpot_ms"), "{:.2f}", "ms"),
+        ("ITL mean / p99", ("mean_itl_ms", "p99_itl_ms"), "{:.2f}", "ms"),
+        ("E2E mean / p99", ("mean_e2el_ms", "p99_e2el_ms"), "{:.1f}", "ms"),
+        ("iteration latency mean / p99", ("mean_latency_ms", "p99_latency_ms"), "{:.1f}", "ms"),
+        ("prefix cache hit rate", ("prefix_cache_hit_rate",), "{:.1%}", ""),
+        ("preemptions", ("num_preemptions",), "{:.0f}", ""),
+        ("weights / KV cache" if len(memory) > 1 else "weights", memory, "{:.3g}", "GB"),
+        (f"peak memory ({peak})" if peak else "peak memory", ("peak_memory_bytes",), "{:.3g}", "GB"),
+        (" / ".join(name for name, _ in start), tuple(key for _, key in start), "{:.2f}", "s"),
+        *[("warm-up request", ("bench_warmup_s",), "{:.2f}", "s")] * (s.get("bench_warmup_s", 0) > 0),
+        ("KV cache greedy agreement", ("kv_quality/greedy_agreement",), "{:.2%}", ""),
+        ("KV cache KL mean / p99 / max", tuple(f"kv_quality/kl_{k}" for k in ("mean", "p99", "max")),
+         "{:.3g}", "nats"),
+    ]  # fmt: skip
 
 
 def print_summary(summary: dict, job: JobInfo, plain: dict) -> str:

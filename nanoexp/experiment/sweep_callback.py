@@ -91,10 +91,8 @@ def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> list[int]:
     """Waits at most `wait_s` for this process's submitit jobs, then terminates them; returns those."""
     deadline = time.monotonic() + wait_s
     pids = _local_jobs(sweep_dir)
-    while pids and time.monotonic() < deadline:
-        pids = [pid for pid in pids if _running_child(pid)]
-        time.sleep(0.2 if pids else 0)
-    pids = [pid for pid in pids if _running_child(pid)]
+    while (pids := [pid for pid in pids if _running_child(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
     return pids

@@ -35,13 +35,9 @@ HEADROOM = 1.08  # the y axis ends this far above the highest point (error bars 
 def metric_title(metric: str) -> str:
     """The panel title: the metric in words and its unit, `p99 TTFT (ms)`, `peak memory (GB)`."""
     stat, _, rest = metric.partition("_")
-    if metric in METRIC_LABELS:
-        name = METRIC_LABELS[metric][0]
-    elif metric.endswith("_ms") and rest.removesuffix("_ms") in LATENCIES:
-        name = f"{stat} {LATENCIES[rest.removesuffix('_ms')]}"
-    else:
-        name = metric.replace("_", " ")
-    label = unit(metric)[0]
+    latency = LATENCIES.get(rest.removesuffix("_ms")) if metric.endswith("_ms") else None
+    name = f"{stat} {latency}" if latency else metric.replace("_", " ")
+    name, label = METRIC_LABELS.get(metric, (name,))[0], unit(metric)[0]
     return f"{name} ({label})" if label else name
 
 
@@ -227,11 +223,8 @@ def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
     for label, part in groups(table, others):
         part = part.assign(_rate=pd.to_numeric(part[RATE])).sort_values("_rate")
         attainment = pd.to_numeric(part.get("slo_attainment", pd.Series(dtype=float)), errors="coerce")
-        best = None
-        for rate, met in zip(part["_rate"], attainment.reindex(part.index) >= MIN_ATTAINMENT):
-            if not met:
-                break
-            best = rate
+        met = (attainment.reindex(part.index) >= MIN_ATTAINMENT).cummin()  # every rate up to it met them
+        best = part.loc[met, "_rate"].iloc[-1] if met.any() else None
         rates = [{"offered_request_rate": _json_rate(row["_rate"]), "status": row["status"]}
                  | {k: to_number(row.get(k)) for k in RATE_METRICS} for _, row in part.iterrows()]
         out.append({"group": label, "max_rate": _json_rate(best), "rates": rates})

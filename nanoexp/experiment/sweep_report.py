@@ -107,7 +107,8 @@ def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
         row |= {c: part[c].mean() for c in numeric if not c.endswith(CI)}
         if NOISE in part.columns:
             row[NOISE] = "; ".join(dict.fromkeys(w for w in part[NOISE].fillna("") if w))
-        repeats = [r for d in part["job_dir"] for r in _per_repeat(sweep_dir / str(d) / RESULTS_FILE)]
+        results = [read_results(sweep_dir / str(d) / RESULTS_FILE) for d in part["job_dir"]]
+        repeats = [r for res in results for r in res.get("summary", {}).get("per_repeat") or []]
         row["repeats"] = len(repeats)
         for key in HEADLINE:
             values = [r[key] for r in repeats if isinstance(r.get(key), int | float)]
@@ -117,10 +118,6 @@ def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
         pooled.append(row)
     rest = table[table["status"] != "ok"]
     return pd.concat([pd.DataFrame(pooled), rest], ignore_index=True).sort_values("job_num", kind="stable")
-
-
-def _per_repeat(path: Path) -> list[dict]:
-    return read_results(path).get("summary", {}).get("per_repeat") or []
 
 
 def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
@@ -212,15 +209,11 @@ def _row(path: Path, sweep_dir: Path, extra: list[str] = ()) -> dict:
     row |= {"status": results.get("status", "?"), "error": summary.get("error", "")}
     metrics = [*dict.fromkeys([*TABLE_METRICS, *sweep_plots.SERVING_METRICS, *extra])]
     keys = [*CONTEXT, *metrics, *(m + s for m in metrics for s in CI)]
-    row |= {k: _infinite(summary[k]) for k in keys if k in summary}
+    number = lambda v: float(v) if v in ("inf", "-inf") else v  # results.json spells inf "inf" (strict JSON)
+    row |= {k: number(summary[k]) for k in keys if k in summary}
     row[NOISE] = summary.get(NOISE, "")
     slo = results.get("config", {}).get("metrics", {}).get("slo") or {}
     return row | {f"slo:{k}": v for k, v in slo.items() if v is not None}
-
-
-def _infinite(value):
-    """results.json spells inf as "inf" (strict JSON); the table holds it as a number."""
-    return float(value) if value in ("inf", "-inf") else value
 
 
 def _parse_overrides(overrides: list[str]) -> dict:
@@ -301,9 +294,7 @@ def typed(column: pd.Series) -> pd.Series:
     present = column.dropna().astype(str)
     numbers = pd.to_numeric(present, errors="coerce")
     if len(present) and numbers.notna().all():
-        whole = numbers[numbers.map(lambda v: v == v and abs(v) != float("inf"))]
-        as_int = (whole == whole.round()).all() and present.str.fullmatch(r"[+-]?\d+").all()
-        convert = int if as_int else float
+        convert = int if present.str.fullmatch(r"[+-]?\d+").all() else float
     elif len(present) and present.str.lower().isin(("true", "false")).all():
         convert = lambda v: str(v).lower() == "true"
     else:

@@ -23,6 +23,8 @@ MAX_SOCKET_DIR = 60  # characters; a Unix socket's path has room for about 107
 SYSTEM_METRICS = {"x_stats_sampling_interval": 1.0, "x_stats_track_process_tree": True}
 INIT_TIMEOUT_S = 10.0  # wandb waits 90 s by default, then fails the job
 FINISH_TIMEOUT_S = 300.0  # wandb's default waits for the upload forever
+TIMEOUTS = {"init_timeout": ("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S)}  # setting -> wandb's variable, ours
+TIMEOUTS["finish_timeout"] = ("WANDB_FINISH_TIMEOUT", FINISH_TIMEOUT_S)
 # wandb's variable -> subdir of <out>/wandb/local
 LOCAL_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", "WANDB_ARTIFACT_DIR": "artifacts"}
 STEP_PREFIX = "step/"
@@ -62,9 +64,8 @@ class WandbLogger:
         if self.run is None:
             return
         try:
-            kept = {k: v for k, v in summary.items() if isinstance(v, int | float | str | bool)}
-            per_repeat = {"per_repeat": summary["per_repeat"]} if "per_repeat" in summary else {}
-            self.run.summary.update(kept | per_repeat)
+            logged = lambda k, v: isinstance(v, int | float | str | bool) or k == "per_repeat"
+            self.run.summary.update({k: v for k, v in summary.items() if logged(k, v)})
             self._upload_results()
         finally:
             run, self.run = self.run, None
@@ -97,12 +98,8 @@ def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None,
         restore_env(env_set)
         raise
     where = run_dir(run)
-    if fallback:
-        try:
-            timeout_s = float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
-        except ValueError:
-            timeout_s = INIT_TIMEOUT_S
-        print(f"wandb: warning: no online run within {timeout_s:g} s ({fallback}); logging "
+    if fallback:  # the offline run's settings hold the timeout the online one had
+        print(f"wandb: warning: no online run within {run.settings.init_timeout:g} s ({fallback}); logging "
               f"offline instead, upload later with `wandb sync {where}`", file=sys.stderr)  # fmt: skip
     elif run.settings.mode == "offline":
         print(f"wandb: offline run; upload it with `wandb sync {where}`", file=sys.stderr)
@@ -119,7 +116,8 @@ def _init(cfg: LoggerConfig, out_dir: Path, fields: dict):
     import wandb
 
     def init(mode: str | None):
-        settings = wandb.Settings(console="off", silent=True, **bounded_timeouts(), **SYSTEM_METRICS)
+        timeouts = {k: v for k, (var, v) in TIMEOUTS.items() if var not in os.environ}  # else the user's
+        settings = wandb.Settings(console="off", silent=True, **timeouts, **SYSTEM_METRICS)
         tags = list(cfg.tags) or None
         return wandb.init(project=cfg.project, entity=cfg.entity, tags=tags, dir=str(out_dir), mode=mode,
                           settings=settings, **fields)  # fmt: skip
@@ -147,13 +145,6 @@ def choose_mode() -> str | None:
     except (FileNotFoundError, netrc.NetrcParseError):
         logged_in = False
     return "online" if logged_in else "offline"
-
-
-def bounded_timeouts() -> dict:
-    """init/finish timeouts, unless the user set wandb's own variables for them."""
-    bounds = {"init_timeout": ("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S)}
-    bounds["finish_timeout"] = ("WANDB_FINISH_TIMEOUT", FINISH_TIMEOUT_S)
-    return {k: v for k, (var, v) in bounds.items() if var not in os.environ}
 
 
 def finish_run(run, env_set: list[str], exit_code: int = 0) -> None:
