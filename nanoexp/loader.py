@@ -69,15 +69,21 @@ def check_hf_config(config: PretrainedConfig, source: str) -> PretrainedConfig:
 
 
 def load_tokenizer(path: str):
-    """The checkpoint's tokenizer; None only when it has no tokenizer files. A tokenizer file that
-    cannot be loaded is an error naming the directory, not a checkpoint "without a tokenizer"."""
+    """A local checkpoint's tokenizer, None only when it has no tokenizer files (a tokenizer file that cannot
+    be loaded is an error naming the directory, not a checkpoint "without a tokenizer"); for a hub id, the
+    hub model's when one can be had, else None (a checkpoint without a tokenizer still serves token ids)."""
+    from transformers import AutoTokenizer
+
+    if not os.path.isdir(path):
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except Exception:  # noqa: BLE001 - any failure: no tokenizer
+            return None
     present = [os.path.join(path, n) for n in TOKENIZER_FILES if os.path.lexists(os.path.join(path, n))]
     if not present:
         return None
     for file in present:
         regular_file(file, path)
-    from transformers import AutoTokenizer
-
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as err:  # noqa: BLE001 - any failure of the tokenizer's files, named

@@ -33,7 +33,8 @@ def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
     engine.check_open()
     if engine.has_unfinished():
         raise RuntimeError("kv_cache_quality needs an idle engine: requests are still running")
-    num_tokens = check_num_tokens(num_tokens)
+    if type(num_tokens) is not int or num_tokens < 1:
+        raise ValueError(f"kv_cache_quality: num_tokens={num_tokens!r} is invalid: must be an int >= 1")
     prompts = [check_prompt(engine, i, p, num_tokens) for i, p in enumerate(prompt_token_ids)]
     if not prompts:
         raise ValueError("kv_cache_quality: no prompts given")
@@ -47,12 +48,6 @@ def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
     finally:
         manager.reset_prefix_cache()
     return summarize(results)
-
-
-def check_num_tokens(num_tokens) -> int:
-    if type(num_tokens) is not int or num_tokens < 1:
-        raise ValueError(f"kv_cache_quality: num_tokens={num_tokens!r} is invalid: must be an int >= 1")
-    return num_tokens
 
 
 def check_prompt(engine, index: int, prompt, num_tokens: int) -> list[int]:

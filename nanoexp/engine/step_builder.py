@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from nanoexp.config import SamplingParams
 from nanoexp.engine.scheduler import ScheduledBatch
-from nanoexp.engine.sequence import PLACEHOLDER, Sequence
+from nanoexp.engine.sequence import PLACEHOLDER
 from nanoexp.runner.step_input import StepInput
 
 
@@ -24,23 +23,14 @@ def step_input_from(batch: ScheduledBatch, prev_rows: dict[int, int] | None = No
         step.context_lens.append(end)
         step.block_tables.append(seq.block_table)
         if end == len(seq):
+            params = seq.params
             step.sample_seq_indices.append(i)
-            add_sampling_row(step, seq)
+            step.temperatures.append(params.temperature)
+            step.top_k.append(params.top_k)
+            step.top_p.append(params.top_p)
+            step.min_p.append(params.min_p)
+            # the seed mixed with the output position: each position draws differently yet reproducibly
+            seed = params.seed
+            step.seeds.append(None if seed is None else (seed * 1_000_003 + seq.num_output_tokens) % 2**63)
     step.prev_sample_rows = from_prev if any(r >= 0 for r in from_prev) else None
     return step
-
-
-def add_sampling_row(step: StepInput, seq: Sequence) -> None:
-    params = seq.params
-    step.temperatures.append(params.temperature)
-    step.top_k.append(params.top_k)
-    step.top_p.append(params.top_p)
-    step.min_p.append(params.min_p)
-    step.seeds.append(mixed_seed(params, seq.num_output_tokens))
-
-
-def mixed_seed(params: SamplingParams, output_position: int) -> int | None:
-    """The seed mixed with the output position, so each position draws differently yet reproducibly."""
-    if params.seed is None:
-        return None
-    return (params.seed * 1_000_003 + output_position) % (2**63)
