@@ -22,7 +22,7 @@ from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, D
 from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_sampling, prepare_step
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
-from nanoexp.runner.model_setup import leave_process_group, runner_info, set_up_model
+from nanoexp.runner.model_setup import eos_token_ids, leave_process_group, set_up_model
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 from nanoexp.runner.pending import PendingStep, ReadbackPool
 from nanoexp.runner.step_input import StepInput, blockless_prefill
@@ -83,23 +83,19 @@ class ModelRunner:
         rows = min(self.config.scheduler.max_num_seqs, MAX_GRAPH_BATCH)
         return rows * self.hf_config.hidden_size * self.dtype.itemsize
 
-    def model_head_dim(self) -> int:
-        return attention_layers(self.model)[0].head_dim
-
     def graphs_for(self, step: StepInput) -> DecodeGraphs | StepGraphs | None:
         """The captured graphs that run `step`, or None (an eager step)."""
-        if not self.graphs:
-            return None
-        if not step.is_prefill:
-            return self.graphs if step.num_tokens <= self.graphs.max_batch else None
-        step_graphs = self.step_graphs
-        return step_graphs if step_graphs is not None and step.num_tokens <= step_graphs.max_tokens else None
+        graphs = self.step_graphs if step.is_prefill else self.graphs
+        return graphs if graphs is not None and step.num_tokens <= graphs.max_tokens else None
 
     def uses_graphs(self) -> bool:
         return self.device.type == "cuda" and not self.config.scheduler.enforce_eager
 
     def info(self) -> dict:
-        info = runner_info(self.config, self.hf_config, self.max_model_len, self.num_blocks)
+        """What the control plane needs to know about the model and its KV cache."""
+        eos = eos_token_ids(self.hf_config, self.config.model)
+        info = {"vocab_size": self.hf_config.vocab_size, "max_model_len": self.max_model_len,
+                "eos_token_ids": eos, "num_kv_blocks": self.num_blocks}  # fmt: skip
         if self.step_graphs is not None:  # mixed steps beyond them would run eagerly
             info["max_mixed_step_tokens"] = self.step_graphs.max_tokens
         return info
@@ -120,8 +116,9 @@ class ModelRunner:
             self.device,
         )
         if self.backend.captures_mixed_steps:
+            head_dim = attention_layers(self.model)[0].head_dim
             self.step_graphs = StepGraphs(
-                self.model, self.hf_config.hidden_size, self.model_head_dim(), scheduler.max_num_seqs,
+                self.model, self.hf_config.hidden_size, head_dim, scheduler.max_num_seqs,
                 scheduler.max_num_batched_tokens, max_blocks, self.dtype, self.device,
                 mixed=scheduler.batching == "mixed",
             )  # fmt: skip
@@ -220,8 +217,9 @@ class ModelRunner:
         if not inputs.all_rows:
             hidden = hidden[inputs.logits_indices]
         with use_compiled(self.graphs is not None):
-            if self.shards_sampling and self.sampler.can_shard(sampling):
-                return self.sample_shards(hidden, sampling), True
+            if self.shards_sampling and self.sampler.can_shard(sampling):  # each rank draws from its shard
+                logits, vocab_offset = self.model.compute_local_logits(hidden)
+                return exchange_winners(*self.sampler.shard_winners(logits, sampling, vocab_offset)), True
             logits = self.model.compute_logits(hidden)
             return (None if logits is None else self.sampler(logits, sampling)), False
 
@@ -241,11 +239,6 @@ class ModelRunner:
         serial = self.steps_sampled
         self.steps_sampled += 1
         return lambda n: counter_seeds(self.config.execution.seed, serial, n)
-
-    def sample_shards(self, hidden: torch.Tensor, sampling: SamplingTensors) -> torch.Tensor:
-        """Each rank draws from its vocabulary shard; one all-gather gives every rank the step's tokens."""
-        logits, vocab_offset = self.model.compute_local_logits(hidden)
-        return exchange_winners(*self.sampler.shard_winners(logits, sampling, vocab_offset))
 
     def forward_hidden(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor:
         """The last layer's hidden states, through a captured graph where the step fits one."""
