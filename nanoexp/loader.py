@@ -102,10 +102,18 @@ def load_safetensors(model: nn.Module, path: str) -> None:
     seen: dict[str, str] = {}  # tensor name -> the file it came from
     for file in files:
         loaded |= load_file(model, params, packed, file, seen)
-    check_all_loaded(model, params, loaded)
+    missing = set(params) - loaded
+    tied = {"lm_head.weight", "model.embed_tokens.weight"}
+    if getattr(model, "tie_word_embeddings", False) and loaded & tied:
+        missing -= tied
+    if missing:
+        raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {sorted(missing)[:3]}")
 
 
 def load_file(model: nn.Module, params: dict, packed: dict, file: str, seen: dict[str, str]) -> set[str]:
+    """Loads the tensors of one file; those the model does not have are an error, but for the ones it
+    computes or shares instead."""
+    tied = getattr(model, "tie_word_embeddings", False)
     loaded, unused = set(), []
     try:
         with safe_open(file, framework="pt") as f:
@@ -114,7 +122,7 @@ def load_file(model: nn.Module, params: dict, packed: dict, file: str, seen: dic
                 target = load_one(model, params, packed, name, tensor, file)
                 if target:
                     loaded.add(target)
-                elif not ignorable(model, name):
+                elif not (name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight")):
                     unused.append(name)
     except (SafetensorError, OSError) as err:
         reason = " ".join(str(err).split())
@@ -136,12 +144,6 @@ def check_tensor(name: str, tensor, file: str, seen: dict[str, str]):
         raise CheckpointError(f"checkpoint tensor {name} in {file} has dtype {dtype}; "
                               f"weights are one of {', '.join(WEIGHT_DTYPES)}")  # fmt: skip
     return tensor
-
-
-def ignorable(model: nn.Module, name: str) -> bool:
-    """Tensors a checkpoint may hold that the model computes or shares instead."""
-    tied = getattr(model, "tie_word_embeddings", False)
-    return name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight")
 
 
 def load_one(model: nn.Module, params: dict, packed: dict, name: str, tensor, file: str) -> str | None:
@@ -182,15 +184,6 @@ def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id) -> list[i
     if isinstance(module, LinearBase) and module.tp_dim is not None and module.tp_dim < len(local):
         local[module.tp_dim] *= module.tp_size
     return local
-
-
-def check_all_loaded(model: nn.Module, params: dict, loaded: set[str]) -> None:
-    missing = set(params) - loaded
-    tied = {"lm_head.weight", "model.embed_tokens.weight"}
-    if getattr(model, "tie_word_embeddings", False) and loaded & tied:
-        missing -= tied
-    if missing:
-        raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {sorted(missing)[:3]}")
 
 
 @torch.no_grad()

@@ -98,23 +98,17 @@ def install_sigterm_cleanup() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def check_devices(config: EngineConfig) -> None:
-    if config.execution.device == "cpu" or not torch.cuda.is_available():
-        return
-    size, have = config.parallel.tensor_parallel_size, torch.cuda.device_count()
-    if have < size:
-        raise ValueError(f"tensor_parallel_size={size} needs that many CUDA devices; {have} available")
-
-
 class MultiprocExecutor:
     """Same interface as InProcessExecutor; every rank lives in its own worker process."""
 
     def __init__(self, config: EngineConfig):
         """A worker past its deadline is an error, as a dead one: a step's is $NANOEXP_TP_STEP_TIMEOUT_S
         (default 60 s) + 10x the slowest step so far, start-up's $NANOEXP_TP_STARTUP_TIMEOUT_S (1800 s)."""
-        checked_hf_config(config)  # fail before spawning: the split, the length
-        check_devices(config)
-        self.size = config.parallel.tensor_parallel_size
+        checked_hf_config(config)  # fail before spawning: the split, the length, the devices
+        size = self.size = config.parallel.tensor_parallel_size
+        have = torch.cuda.device_count()  # 0 without CUDA
+        if config.execution.device != "cpu" and torch.cuda.is_available() and have < size:
+            raise ValueError(f"tensor_parallel_size={size} needs that many CUDA devices; {have} available")
         install_sigterm_cleanup()
         self.group = WorkerGroup(config)
         self.finalizer = weakref.finalize(self, stop_group, self.group)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
-from typing import Any
 
 import numpy as np
 import torch
@@ -142,13 +141,6 @@ def python_layout(step: StepInput, block_size: int) -> tuple[list[int], list[int
     return positions, slots, last_rows
 
 
-def numpy_layout(step: StepInput, block_size: int, tables: np.ndarray) -> tuple[Any, Any, np.ndarray]:
-    """python_layout by numpy, from the step's block tables as rows of `tables`."""
-    layout = token_layout(step)
-    slots = slot_mapping(step, tables, layout.seq_of_token, layout.positions, block_size)
-    return layout.positions, slots, layout.cu_q[1:] - 1
-
-
 def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, size: int, seqs: int) -> None:
     """The step's token and sequence fields into a mirror, padded to the graph's `size` tokens and `seqs`
     sequences (token 0 at position 0, slot -1: nothing stored; context 0: nothing read)."""
@@ -160,9 +152,11 @@ def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, 
     if n <= PYTHON_TOKENS:
         positions, slots, last_rows = python_layout(step, block_size)
         host["logits_indices"][: len(sampled)] = [last_rows[i] for i in sampled]
-    else:
-        positions, slots, last_rows = numpy_layout(step, block_size, tables)
-        host["logits_indices"][: len(sampled)] = last_rows[np.asarray(sampled, dtype=np.int64)]
+    else:  # python_layout by numpy
+        layout = token_layout(step)
+        positions = layout.positions
+        slots = slot_mapping(step, tables, layout.seq_of_token, positions, block_size)
+        host["logits_indices"][: len(sampled)] = layout.cu_q[np.asarray(sampled, dtype=np.int64) + 1] - 1
     host["input_ids"][:n] = step.token_ids
     host["input_ids"][n:size] = 0  # the mirror may hold another layout's bytes: padding reads token 0
     host["positions"][:n] = positions

@@ -45,9 +45,8 @@ def upload(columns: Columns, device: torch.device) -> list[torch.Tensor]:
     arrays = [np.ascontiguousarray(data, dtype=NUMPY_DTYPES[dtype]) for data, dtype in columns]
     offsets, end = [], 0
     for array in arrays:
-        start = aligned(end)
-        offsets.append(start)
-        end = aligned(start + array.nbytes)
+        offsets.append(end)
+        end = aligned(end + array.nbytes)
     staging = torch.empty(max(end, UPLOAD_ALIGN), dtype=torch.uint8, pin_memory=device.type == "cuda")
     flat = staging.numpy()
     for array, start in zip(arrays, offsets):
@@ -60,13 +59,6 @@ def upload(columns: Columns, device: torch.device) -> list[torch.Tensor]:
         view = typed[dtype][start // size : (start + array.nbytes) // size]
         views.append(view if array.ndim == 1 else view.view(array.shape))
     return views
-
-
-def padded_tables(tables: list[list[int]]) -> np.ndarray:
-    table = np.zeros((len(tables), max((len(t) for t in tables), default=0)), dtype=np.int32)
-    for row, blocks in zip(table, tables):
-        row[: len(blocks)] = blocks
-    return table
 
 
 def slot_mapping(step: StepInput, tables: np.ndarray, seq_of_token: np.ndarray, positions: np.ndarray,
@@ -132,7 +124,9 @@ def input_columns(
     (an eager step; a captured one writes them into its graph's buffers, runner/graph_inputs.py)."""
     layout = token_layout(step)
     query_lens, context_lens, cu_q, cu_k = layout.query_lens, layout.context_lens, layout.cu_q, layout.cu_k
-    tables = padded_tables(step.block_tables)
+    tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables), default=0)), dtype=np.int32)
+    for row, blocks in zip(tables, step.block_tables):
+        row[: len(blocks)] = blocks
     slots = slot_mapping(step, tables, layout.seq_of_token, layout.positions, block_size)
     last_rows = cu_q[np.asarray(step.sample_seq_indices, dtype=np.int64) + 1] - 1
     columns = [

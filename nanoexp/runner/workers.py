@@ -5,6 +5,7 @@ once and a stuck one at the step deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import multiprocessing as mp
@@ -90,7 +91,8 @@ def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connectio
     except Orphaned:
         clean_up_after(dist_init, ring_handle)
     except BaseException as err:  # noqa: BLE001 - every failure goes back to the control plane
-        send_error(conn, err)
+        with contextlib.suppress(Exception):  # the pipe may be gone; the sentinel reports the death then
+            conn.send(("error", type(err), str(err)))
         if os.getppid() != parent:
             clean_up_after(dist_init, ring_handle)
     ring.close()
@@ -159,13 +161,6 @@ def clean_up_after(dist_init: str, ring_handle: RingHandle) -> None:
     unlink(ring_handle.name)
 
 
-def send_error(conn: Connection, err: BaseException) -> None:
-    try:
-        conn.send(("error", type(err), str(err)))
-    except Exception:  # noqa: BLE001 - the pipe may be gone; the sentinel reports the death then
-        pass
-
-
 # ---- control plane ---------------------------------------------------------------------------
 
 
@@ -209,7 +204,7 @@ class WorkerGroup:
         """Publishes one command to every rank: once in the ring, or over each pipe if too large."""
         data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
         deadline = time.monotonic() + (timeout or self.step_deadline_s())
-        if self.ring.write(data, lambda: self.check_workers(deadline, range(len(self.procs)))):
+        if self.ring.write(data, lambda: self.check_workers(deadline)):
             return
         for rank, conn in enumerate(self.conns):
             try:
@@ -217,13 +212,13 @@ class WorkerGroup:
             except OSError:
                 self.raise_dead(rank)
 
-    def check_workers(self, deadline: float, awaited) -> None:
+    def check_workers(self, deadline: float) -> None:
         """Raises if a worker died or the deadline passed (while the ring is full)."""
         for rank, proc in enumerate(self.procs):
             if not proc.is_alive():
                 self.raise_dead(rank)
         if time.monotonic() > deadline:
-            self.raise_stuck(list(awaited), self.step_deadline_s(), startup=False)
+            self.raise_stuck(list(range(len(self.procs))), self.step_deadline_s(), startup=False)
 
     def receive(self, ranks: list[int], startup: bool = False) -> list:
         """Waits for one reply from each of `ranks`; an error, a death or the deadline aborts."""
@@ -295,10 +290,8 @@ class WorkerGroup:
         self.reap(JOIN_TIMEOUT_S)
 
     def shutdown(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # a worker already gone: kill() below stops the rest
             self.send("close", timeout=JOIN_TIMEOUT_S)
-        except RuntimeError:
-            pass  # a worker is already gone; kill() below takes care of the rest
         self.reap(JOIN_TIMEOUT_S)
         for proc in self.procs:
             if proc.is_alive():
@@ -360,10 +353,8 @@ def name_of(cls: type) -> str:
 def rebuild_error(rank: int, cls: type, message: str) -> BaseException:
     """A startup error in the main process: same type and message, so the user sees one line."""
     if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
+        with contextlib.suppress(Exception):  # a constructor with other arguments
             return cls(message)
-        except Exception:  # noqa: BLE001 - a constructor with other arguments
-            pass
     return RuntimeError(f"tensor-parallel worker rank {rank} failed at startup: {name_of(cls)}: {message}")
 
 
