@@ -15,7 +15,6 @@ from nanoexp.engine.block_manager import BlockManager
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
 from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
-from nanoexp.engine.step_builder import step_input_from
 from nanoexp.runner.executor import make_executor
 
 
@@ -113,9 +112,9 @@ class LLMEngine:
             batch = self.scheduler.schedule()
             overlaps = self.scheduler.mixed or not batch.is_prefill
             if not (batch.seqs and overlaps and self.config.scheduler.async_scheduling):
-                sampled = self.executor.run(step_input_from(batch)) if batch.seqs else []
+                sampled = self.executor.run(batch.step_input()) if batch.seqs else []
                 return self.complete(batch, self.advance(batch, start), sampled, start, counters)
-            self.executor.launch(step_input_from(batch))
+            self.executor.launch(batch.step_input())
             self.in_flight = InFlight(batch, start, counters)
         current, self.in_flight = self.in_flight, None
         samplers = self.advance(current.batch, current.start)
@@ -123,7 +122,7 @@ class LLMEngine:
         following = self.schedule_following(current.batch)
         if following.seqs:
             rows = {seq.seq_id: row for row, seq in enumerate(samplers) if seq is not None}
-            self.executor.launch(step_input_from(following, rows))
+            self.executor.launch(following.step_input(rows))
             self.in_flight = InFlight(following, following_start, counters)
         sampled = self.executor.collect()
         return self.complete(current.batch, samplers, sampled, current.start, current.counters)

@@ -57,8 +57,10 @@ class ModelRunner:
         self.skinny_gemm = loaded.skinny_gemm
         self.swiglu_kernel = loaded.swiglu_kernel
         self.max_model_len = loaded.max_model_len
+        # sized for the largest all-reduce of a captured decode step: one hidden row per sequence
+        message_bytes = min(config.scheduler.max_num_seqs, MAX_GRAPH_BATCH) * self.hf_config.hidden_size
         self.all_reduce = init_all_reduce(config.parallel.all_reduce, self.device, self.dtype,
-                                          self.decode_message_bytes())  # fmt: skip
+                                          message_bytes * self.dtype.itemsize)  # fmt: skip
         self.timings: dict[str, float] = {"load_s": loaded.load_s}
         self.sampler = Sampler(one_pass=self.device.type == "cuda" and triton_available())
         self.last_sampled: torch.Tensor | None = None  # the last launched step's ids, on every rank
@@ -77,11 +79,6 @@ class ModelRunner:
             self.warm_up_prefill_kernels()
         self.step_graphs: StepGraphs | None = None
         self.graphs = self.capture_graphs() if self.uses_graphs() else None
-
-    def decode_message_bytes(self) -> int:
-        """The largest all-reduce of a captured decode step: one hidden row per sequence."""
-        rows = min(self.config.scheduler.max_num_seqs, MAX_GRAPH_BATCH)
-        return rows * self.hf_config.hidden_size * self.dtype.itemsize
 
     def graphs_for(self, step: StepInput) -> DecodeGraphs | StepGraphs | None:
         """The captured graphs that run `step`, or None (an eager step)."""

@@ -22,19 +22,15 @@ class ReadbackPool:
         host = torch.empty(max(count, MIN_CAPACITY), dtype=torch.int64, pin_memory=True)
         return host, torch.cuda.Event()
 
-    def give(self, slot: tuple[torch.Tensor, torch.cuda.Event]) -> None:
-        self.free.append(slot)
-
 
 class PendingStep:
     """A non-blocking copy of `tokens` (int64) to pinned host memory; `result()` waits, then frees it."""
 
-    def __init__(self, tokens: torch.Tensor, pool: ReadbackPool | None = None):
-        self.tokens = tokens
+    def __init__(self, tokens: torch.Tensor, pool: ReadbackPool):
+        self.tokens, self.pool = tokens, pool
         self.slot = None
         if tokens.is_cuda:
-            self.pool = pool or ReadbackPool()
-            self.slot = self.pool.take(tokens.numel())
+            self.slot = pool.take(tokens.numel())
             host, event = self.slot
             self.host = host[: tokens.numel()]
             self.host.copy_(tokens, non_blocking=True)
@@ -45,6 +41,6 @@ class PendingStep:
             return self.tokens.tolist()
         self.slot[1].synchronize()
         ids = self.host.tolist()
-        self.pool.give(self.slot)
+        self.pool.free.append(self.slot)
         self.slot = None
         return ids

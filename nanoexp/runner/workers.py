@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -328,13 +329,10 @@ def start_janitor(tmpdir: str, ring_name: str) -> subprocess.Popen | None:
 def timeout_from(env: str, default: float) -> float:
     """The environment variable, else the default; must be > 0."""
     raw = os.environ.get(env, default)
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{env}={raw!r} is invalid: must be a positive number of seconds")
-    return value
+    with contextlib.suppress(TypeError, ValueError):
+        if 0 < float(raw) < math.inf:
+            return float(raw)
+    raise ValueError(f"{env}={raw!r} is invalid: must be a positive number of seconds")
 
 
 def process_state(pid: int) -> str:
