@@ -142,13 +142,13 @@ def greedy_tokens(runner, log_probs: torch.Tensor | None, count: int) -> list[in
     return tokens.tolist()
 
 
-def logits_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.Tensor | None:
-    """The step's float32 logits at `rows` (default: each sequence's last token); None off rank 0."""
+def log_probs_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.Tensor | None:
+    """The step's float32 log-probs at `rows` (default: each sequence's last token); None off rank 0."""
     inputs = prepare_inputs(step, runner.block_size, runner.device)
     if rows is not None:
         inputs.logits_indices = torch.tensor(rows, dtype=torch.int64, device=runner.device)
     logits = runner.forward_logits(step, inputs)
-    return None if logits is None else logits.float()
+    return None if logits is None else logits.float().log_softmax(-1)
 
 
 def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
@@ -157,10 +157,8 @@ def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
     for p, c in zip(prompts, continuations):
         rows += range(start + len(p) - 1, start + len(p) - 1 + len(c))
         start += len(p) + len(c)
-    logits = logits_of(runner, blockless_prefill([p + c for p, c in zip(prompts, continuations)]), rows)
-    if logits is None:
-        return None
-    return logits.log_softmax(-1).view(len(prompts), len(continuations[0]), -1)
+    log_probs = log_probs_of(runner, blockless_prefill([p + c for p, c in zip(prompts, continuations)]), rows)
+    return None if log_probs is None else log_probs.view(len(prompts), len(continuations[0]), -1)
 
 
 def fill_cache(runner, prompts, block_tables) -> None:
@@ -178,9 +176,8 @@ def decode_log_probs(runner, prompts, continuations, block_tables, t: int) -> to
     """[requests, vocab] log-probs of the decode step feeding token t - 1 of the continuation (or prompt)."""
     tokens = [p[-1] if t == 0 else c[t - 1] for p, c in zip(prompts, continuations)]
     context = [len(p) + t for p in prompts]
-    step = StepInput(False, tokens, [1] * len(prompts), context, block_tables, list(range(len(prompts))))
-    logits = logits_of(runner, step)
-    return None if logits is None else logits.log_softmax(-1)
+    return log_probs_of(runner, StepInput(False, tokens, [1] * len(prompts), context, block_tables,
+                                          list(range(len(prompts)))))  # fmt: skip
 
 
 def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

@@ -38,24 +38,14 @@ def capture_ladder(
     return graphs
 
 
-def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    top = min(max_num_seqs, MAX_GRAPH_BATCH)
-    sizes = [bs for bs in (1, 2, 4, 8) if bs < top] + list(range(16, top, 16)) + [top]
-    return sorted(set(sizes))
-
-
-def step_graph_sizes(max_num_batched_tokens: int) -> list[int]:
-    top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
-    return sorted({size for size in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if size < top} | {top})
-
-
 class DecodeGraphs(GraphLadder):
     """Decode graphs at a ladder of batch sizes; padding rows have slot -1 and context 0 (nothing stored
     or read)."""
 
     def __init__(self, model: nn.Module, hidden_size: int, max_num_seqs: int, max_blocks_per_seq: int,
                  dtype: torch.dtype, device: torch.device):  # fmt: skip
-        sizes = graph_batch_sizes(max_num_seqs)
+        top = min(max_num_seqs, MAX_GRAPH_BATCH)
+        sizes = sorted({bs for bs in (1, 2, 4, 8) if bs < top} | set(range(16, top, 16)) | {top})
         super().__init__(model, sizes, max_blocks_per_seq, hidden_size, dtype, device)
         self.mds = {bs: self.view(bs)[2] for bs in self.sizes}
 
@@ -92,7 +82,8 @@ class StepGraphs(GraphLadder):
                  device: torch.device, mixed: bool = True):  # fmt: skip
         self.head_dim, self.max_num_seqs = head_dim, max_num_seqs
         self.with_decodes = (False, True) if mixed else (False,)
-        sizes = step_graph_sizes(max_num_batched_tokens)
+        top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
+        sizes = sorted({size for size in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if size < top} | {top})
         super().__init__(model, sizes, max_blocks_per_seq, hidden_size, dtype, device)
         for arena in self.arenas.values():  # what the capture runs read: no tiles
             arena.tensors["tiles"].fill_(-1)

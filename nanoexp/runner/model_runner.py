@@ -103,21 +103,13 @@ class ModelRunner:
         """Decode graphs, and step graphs where the attention backend runs prefills on a fixed grid."""
         start = time.perf_counter()
         max_blocks = -(-self.max_model_len // self.block_size)
-        scheduler = self.config.scheduler
-        graphs = DecodeGraphs(
-            self.model,
-            self.hf_config.hidden_size,
-            scheduler.max_num_seqs,
-            max_blocks,
-            self.dtype,
-            self.device,
-        )
+        scheduler, hidden = self.config.scheduler, self.hf_config.hidden_size
+        graphs = DecodeGraphs(self.model, hidden, scheduler.max_num_seqs, max_blocks, self.dtype, self.device)
         if self.backend.captures_mixed_steps:
             head_dim = attention_layers(self.model)[0].head_dim
             self.step_graphs = StepGraphs(
-                self.model, self.hf_config.hidden_size, head_dim, scheduler.max_num_seqs,
-                scheduler.max_num_batched_tokens, max_blocks, self.dtype, self.device,
-                mixed=scheduler.batching == "mixed",
+                self.model, hidden, head_dim, scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
+                max_blocks, self.dtype, self.device, mixed=scheduler.batching == "mixed",
             )  # fmt: skip
         with use_compiled(True):
             if self.step_graphs is not None:
