@@ -65,7 +65,11 @@ class LLM:
             self.check_idle("generate")
             use_tqdm = self.use_tqdm if use_tqdm is None else check_use_tqdm(use_tqdm)
             prompts = as_prompt_list(prompts)
-            params = self.params_per_prompt(sampling_params or SamplingParams(), len(prompts))
+            params = sampling_params or SamplingParams()
+            params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts; "
+                                 "give one or one per prompt")
             token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(prompts)]
             for i, (tokens, sp) in enumerate(zip(token_lists, params)):
                 self.engine.check_request(f"prompt {i}", tokens, sp)  # all checked before any is queued
@@ -77,7 +81,10 @@ class LLM:
             except BaseException:
                 self.engine.abort_all()
                 raise
-            return [self.with_text(outputs[i]) for i in ids]
+            if self.tokenizer is not None:
+                for i in ids:
+                    outputs[i].text = self.tokenizer.decode(outputs[i].token_ids)
+            return [outputs[i] for i in ids]
 
     @contextmanager
     def alone(self, what: str) -> Iterator[None]:
@@ -100,14 +107,6 @@ class LLM:
                 "step them to completion (engine.step()) or drop them (engine.abort_all()) first"
             )
 
-    def params_per_prompt(self, params, n: int) -> list[SamplingParams]:
-        if isinstance(params, SamplingParams):
-            return [params] * n
-        params = list(params)
-        if len(params) != n:
-            raise ValueError(f"got {len(params)} sampling_params for {n} prompts; give one or one per prompt")
-        return params
-
     def prompt_tokens(self, index: int, prompt) -> list[int]:
         """`encode`, with errors naming the prompt's index."""
         try:
@@ -128,11 +127,6 @@ class LLM:
         if getattr(prompt, "ndim", 1) != 1:
             raise TypeError(f"got a {prompt.ndim}-D array; {PROMPT_KINDS}")
         return list(prompt)
-
-    def with_text(self, out: RequestOutput) -> RequestOutput:
-        if self.tokenizer is not None:
-            out.text = self.tokenizer.decode(out.token_ids)
-        return out
 
     def run_to_completion(self, use_tqdm: bool) -> dict[int, RequestOutput]:
         outputs: dict[int, RequestOutput] = {}

@@ -44,7 +44,8 @@ class InputArena:
             end = start + math.prod(shape) * dtype.itemsize
         self.nbytes = aligned(end)
         self.buffer = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
-        self.tensors = {name: self.view(self.buffer, name) for name in self.layout}
+        self.tensors = {name: self.buffer[self.span(name)].view(dtype).view(shape)
+                        for name, (_, shape, dtype) in self.layout.items()}  # fmt: skip
         self.last = fields[-1][0]
         self.prefixes: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -58,10 +59,6 @@ class InputArena:
     def span(self, name: str) -> slice:
         start, shape, dtype = self.layout[name]
         return slice(start, start + math.prod(shape) * dtype.itemsize)
-
-    def view(self, buffer: torch.Tensor, name: str) -> torch.Tensor:
-        _, shape, dtype = self.layout[name]
-        return buffer[self.span(name)].view(dtype).view(shape)
 
     def host_views(self, host: np.ndarray) -> dict[str, np.ndarray]:
         return {name: host[self.span(name)].view(NUMPY_DTYPES[dtype]).reshape(shape)

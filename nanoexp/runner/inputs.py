@@ -164,14 +164,6 @@ def samples_every_row(step: StepInput) -> bool:
     return len(samples) == num_rows and samples == list(range(num_rows))
 
 
-def row_seeds(seeds: list[int | None], fresh: Fresh = None) -> np.ndarray:
-    """Each row's seed, or a fresh one from `fresh(n)`, else from torch's host generator (engine seed)."""
-    n = len(seeds)
-    fresh_seeds = fresh(n) if fresh else torch.randint(0, 2**62, (n,), dtype=torch.int64).numpy()
-    chosen = [fresh_seeds[i] if seed is None else seed for i, seed in enumerate(seeds)]
-    return np.array(chosen, dtype=np.int64)
-
-
 def counter_seeds(base: int, serial: int, n: int) -> np.ndarray:
     """n seeds in [0, 2^62) that depend only on (base, serial, row): every tensor-parallel rank
     computes the same ones without sharing a generator's state (splitmix64 of a counter)."""
@@ -211,8 +203,11 @@ def sampling_arrays(
     if needs_filter:
         arrays["top_k"] = [k if k > 0 else vocab_size for k in step.top_k]
         arrays["top_p"], arrays["min_p"] = step.top_p, step.min_p
-    if not all_greedy:
-        arrays["row_seeds"] = row_seeds(step.seeds, fresh)
+    if not all_greedy:  # each row's seed, or a fresh one from `fresh(n)`, else torch's host generator's
+        n = len(step.seeds)
+        fresh_seeds = fresh(n) if fresh else torch.randint(0, 2**62, (n,), dtype=torch.int64).numpy()
+        chosen = [fresh_seeds[i] if seed is None else seed for i, seed in enumerate(step.seeds)]
+        arrays["row_seeds"] = np.array(chosen, dtype=np.int64)
     return arrays, all_greedy, needs_filter
 
 

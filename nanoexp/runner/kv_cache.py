@@ -36,7 +36,10 @@ def create_kv_cache(
         num_blocks = blocks_from_memory(config, bytes_per_block, device, profile, reserve_bytes)
     else:
         check_blocks_fit(num_blocks, bytes_per_block, device)
-    num_blocks = agree_on(num_blocks, device, config.parallel.tensor_parallel_size)
+    if config.parallel.tensor_parallel_size > 1:  # every rank uses the smallest number any rank can afford
+        agreed = torch.tensor([num_blocks], device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        num_blocks = int(agreed.item())
     if num_blocks < 1:
         raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gb "
                          "or lower max_num_batched_tokens")
@@ -69,15 +72,6 @@ def blocks_from_memory(
         by_utilization = total * config.cache.gpu_memory_utilization - peak
         budget = min(by_utilization, free - (peak - current)) - reserve_bytes
     return max(int(budget // bytes_per_block), 0)
-
-
-def agree_on(num_blocks: int, device: torch.device, tp_size: int) -> int:
-    """Every rank must use the same number of blocks: the smallest any rank can afford."""
-    if tp_size == 1:
-        return num_blocks
-    t = torch.tensor([num_blocks], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
 
 
 def allocate_kv_cache(model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,

@@ -22,7 +22,7 @@ from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, D
 from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_sampling, prepare_step
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
-from nanoexp.runner.model_setup import eos_token_ids, leave_process_group, set_up_model
+from nanoexp.runner.model_setup import eos_token_ids, set_up_model
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 from nanoexp.runner.pending import PendingStep, ReadbackPool
 from nanoexp.runner.step_input import StepInput, blockless_prefill
@@ -290,4 +290,5 @@ class ModelRunner:
 
     def close(self) -> None:
         reset_all_reduce()
-        leave_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -117,11 +117,6 @@ def cpu_has_bfloat16() -> bool:
     return any(getattr(torch.cpu, check, lambda: False)() for check in checks)
 
 
-def leave_process_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def build_model(config: EngineConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
                 max_model_len: int) -> nn.Module:  # fmt: skip
     """This rank's shard of the model, with the checkpoint's weights or seeded random ones."""
