@@ -83,9 +83,10 @@ def prepare_step(step: StepInput, block_size: int, vocab_size: int, device: torc
     columns, assemble = input_columns(step, block_size, lossy_cache)
     if not step.sample_seq_indices:
         return assemble(upload(columns, device)), None
-    sampling_cols, assemble_sampling = sampling_columns(step, vocab_size, fresh)
-    tensors = upload(columns + sampling_cols, device)
-    return assemble(tensors[: len(columns)]), assemble_sampling(tensors[len(columns) :])
+    arrays, all_greedy, needs_filter = sampling_arrays(step, vocab_size, fresh)
+    tensors = upload(columns + [(values, SAMPLING_FIELDS[name]) for name, values in arrays.items()], device)
+    sampling = sampling_tensors(step, dict(zip(arrays, tensors[len(columns) :])), all_greedy, needs_filter)
+    return assemble(tensors[: len(columns)]), sampling
 
 
 @dataclass
@@ -181,8 +182,9 @@ def prepare_sampling(
     step: StepInput, vocab_size: int, device: torch.device, fresh: Fresh = None
 ) -> SamplingTensors:
     """The step's sampling parameters on the device."""
-    columns, assemble = sampling_columns(step, vocab_size, fresh)
-    return assemble(upload(columns, device))
+    arrays, all_greedy, needs_filter = sampling_arrays(step, vocab_size, fresh)
+    tensors = upload([(values, SAMPLING_FIELDS[name]) for name, values in arrays.items()], device)
+    return sampling_tensors(step, dict(zip(arrays, tensors)), all_greedy, needs_filter)
 
 
 SAMPLING_FIELDS = {
@@ -219,17 +221,3 @@ def sampling_tensors(step: StepInput, tensors: dict[str, torch.Tensor], all_gree
         seeds=list(step.seeds), all_greedy=all_greedy, needs_filter=needs_filter,
         row_seeds=None if all_greedy else tensors["row_seeds"],
     )  # fmt: skip
-
-
-def sampling_columns(
-    step: StepInput, vocab_size: int, fresh: Fresh = None
-) -> tuple[Columns, Callable[[list[torch.Tensor]], SamplingTensors]]:
-    """prepare_sampling's host columns, and how their uploaded tensors make SamplingTensors."""
-    arrays, all_greedy, needs_filter = sampling_arrays(step, vocab_size, fresh)
-    names = list(arrays)
-    columns = [(arrays[name], SAMPLING_FIELDS[name]) for name in names]
-
-    def assemble(tensors: list[torch.Tensor]) -> SamplingTensors:
-        return sampling_tensors(step, dict(zip(names, tensors)), all_greedy, needs_filter)
-
-    return columns, assemble
