@@ -119,13 +119,15 @@ def probe_group(runner, prompts: list[list[int]], num_tokens: int,
     """Greedy decode steps reading the cache (blocks for prompt + num_tokens - 1 tokens each), then one
     plain prefill of prompt + continuation as the reference. Rank 0's result, None elsewhere."""
     fill_cache(runner, prompts, block_tables)
+    n = len(prompts)
     continuations: list[list[int]] = [[] for _ in prompts]
     decoded = []
-    for t in range(num_tokens):
-        log_probs = decode_log_probs(runner, prompts, continuations, block_tables, t)
-        for c, token in zip(continuations, greedy_tokens(runner, log_probs, len(prompts))):
+    for t in range(num_tokens):  # the decode step feeding continuation token t - 1 (or the prompt's last)
+        tokens = [p[-1] if t == 0 else c[t - 1] for p, c in zip(prompts, continuations)]
+        step = StepInput(False, tokens, [1] * n, [len(p) + t for p in prompts], block_tables, list(range(n)))
+        decoded.append(log_probs_of(runner, step))
+        for c, token in zip(continuations, greedy_tokens(runner, decoded[-1], n)):
             c.append(token)
-        decoded.append(log_probs)
     reference = reference_log_probs(runner, prompts, continuations)
     if runner.rank != 0:
         return None
@@ -170,14 +172,6 @@ def fill_cache(runner, prompts, block_tables) -> None:
     step = StepInput(True, [t for i in ready for t in prompts[i][:-1]], lens, lens,
                      [block_tables[i] for i in ready], [])  # fmt: skip
     runner.forward_logits(step, prepare_inputs(step, runner.block_size, runner.device))
-
-
-def decode_log_probs(runner, prompts, continuations, block_tables, t: int) -> torch.Tensor | None:
-    """[requests, vocab] log-probs of the decode step feeding token t - 1 of the continuation (or prompt)."""
-    tokens = [p[-1] if t == 0 else c[t - 1] for p, c in zip(prompts, continuations)]
-    context = [len(p) + t for p in prompts]
-    return log_probs_of(runner, StepInput(False, tokens, [1] * len(prompts), context, block_tables,
-                                          list(range(len(prompts)))))  # fmt: skip
 
 
 def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

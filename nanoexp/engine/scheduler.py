@@ -143,19 +143,15 @@ class Scheduler:
     def make_room(self, seq: Sequence, batch: ScheduledBatch) -> bool:
         """Grows seq by one token's block, preempting the newest unscheduled sequences if needed."""
         while not self.block_manager.grow(seq, len(seq)):
-            victim = self.running[-1]
-            self.preempt(victim)
+            victim = self.running.pop()
+            self.block_manager.free_seq(victim)
+            victim.status = Status.WAITING
+            victim.num_preemptions += 1
+            self.waiting.appendleft(victim)
             batch.num_preemptions += 1
             if victim is seq:
                 return False
         return True
-
-    def preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.block_manager.free_seq(seq)
-        seq.status = Status.WAITING
-        seq.num_preemptions += 1
-        self.waiting.appendleft(seq)
 
     def abort_all(self) -> None:
         """Drops every queued or running request, returning their blocks."""
