@@ -16,7 +16,7 @@ from nanoexp.config import EngineConfig
 from nanoexp.runner.model_runner import ModelRunner
 from nanoexp.runner.model_setup import checked_hf_config
 from nanoexp.runner.step_input import StepInput
-from nanoexp.runner.workers import WorkerGroup, invoke, stop_group
+from nanoexp.runner.workers import WorkerGroup, invoke
 
 
 class InProcessExecutor:
@@ -111,7 +111,7 @@ class MultiprocExecutor:
             raise ValueError(f"tensor_parallel_size={size} needs that many CUDA devices; {have} available")
         install_sigterm_cleanup()
         self.group = WorkerGroup(config)
-        self.finalizer = weakref.finalize(self, stop_group, self.group)
+        self.finalizer = weakref.finalize(self, self.group.stop)
         _live.add(self)
         try:
             self.info = self.group.receive(list(range(self.size)), startup=True)[0]
@@ -154,10 +154,7 @@ class MultiprocExecutor:
     def kill(self) -> None:
         """Stops the workers at once (no goodbye) and removes what they shared."""
         if self.finalizer.detach():
-            try:
-                self.group.kill()
-            finally:
-                self.group.release()
+            self.group.stop(graceful=False)
         _live.discard(self)
 
 

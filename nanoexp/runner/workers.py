@@ -182,8 +182,7 @@ class WorkerGroup:
             self.janitor = start_janitor(self.tmpdir, self.ring.handle.name)
             self.start_workers(config)
         except BaseException:  # e.g. spawning from a module without a __main__ guard, or a signal
-            self.kill()
-            self.release()
+            self.stop(graceful=False)
             raise
 
     def start_workers(self, config: EngineConfig) -> None:
@@ -290,15 +289,21 @@ class WorkerGroup:
                 proc.kill()
         self.reap(JOIN_TIMEOUT_S)
 
-    def shutdown(self) -> None:
-        with contextlib.suppress(RuntimeError):  # a worker already gone: kill() below stops the rest
-            self.send("close", timeout=JOIN_TIMEOUT_S)
-        self.reap(JOIN_TIMEOUT_S)
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.terminate()
-        self.reap(2.0)
-        self.kill()
+    def stop(self, graceful: bool = True) -> None:
+        """Stops the workers (graceful: told to close, then terminated, before any is killed) and removes
+        what they shared."""
+        try:
+            if graceful:
+                with contextlib.suppress(RuntimeError):  # a worker already gone: kill() below stops the rest
+                    self.send("close", timeout=JOIN_TIMEOUT_S)
+                self.reap(JOIN_TIMEOUT_S)
+                for proc in self.procs:
+                    if proc.is_alive():
+                        proc.terminate()
+                self.reap(2.0)
+            self.kill()
+        finally:
+            self.release()
 
     def reap(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -354,10 +359,3 @@ def rebuild_error(rank: int, cls: type, message: str) -> BaseException:
         with contextlib.suppress(Exception):  # a constructor with other arguments
             return cls(message)
     return RuntimeError(f"tensor-parallel worker rank {rank} failed at startup: {name_of(cls)}: {message}")
-
-
-def stop_group(group: WorkerGroup) -> None:
-    try:
-        group.shutdown()
-    finally:
-        group.release()
