@@ -123,10 +123,13 @@ def probe_group(runner, prompts: list[list[int]], num_tokens: int,
     continuations: list[list[int]] = [[] for _ in prompts]
     decoded = []
     for t in range(num_tokens):  # the decode step feeding continuation token t - 1 (or the prompt's last)
-        tokens = [p[-1] if t == 0 else c[t - 1] for p, c in zip(prompts, continuations)]
-        step = StepInput(False, tokens, [1] * n, [len(p) + t for p in prompts], block_tables, list(range(n)))
+        inputs = [p[-1] if t == 0 else c[t - 1] for p, c in zip(prompts, continuations)]
+        step = StepInput(False, inputs, [1] * n, [len(p) + t for p in prompts], block_tables, list(range(n)))
         decoded.append(log_probs_of(runner, step))
-        for c, token in zip(continuations, greedy_tokens(runner, decoded[-1], n)):
+        greedy = decoded[-1].argmax(-1) if decoded[-1] is not None else None
+        if runner.config.parallel.tensor_parallel_size > 1:  # rank 0's, so every rank feeds the same inputs
+            greedy = runner.share_sampled(greedy, n)
+        for c, token in zip(continuations, greedy.tolist()):
             c.append(token)
     reference = reference_log_probs(runner, prompts, continuations)
     if runner.rank != 0:
@@ -134,14 +137,6 @@ def probe_group(runner, prompts: list[list[int]], num_tokens: int,
     kl = [kl_divergence(reference[:, t], d) for t, d in enumerate(decoded)]
     agree = [reference[:, t].argmax(-1) == d.argmax(-1) for t, d in enumerate(decoded)]
     return ProbeResult(torch.stack(kl, 1).tolist(), torch.stack(agree, 1).tolist())
-
-
-def greedy_tokens(runner, log_probs: torch.Tensor | None, count: int) -> list[int]:
-    """Rank 0's argmax per row, shared so every rank feeds the same next inputs."""
-    tokens = log_probs.argmax(-1) if log_probs is not None else None
-    if runner.config.parallel.tensor_parallel_size > 1:
-        tokens = runner.share_sampled(tokens, count)
-    return tokens.tolist()
 
 
 def log_probs_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.Tensor | None:

@@ -159,6 +159,4 @@ class MultiprocExecutor:
 
 
 def make_executor(config: EngineConfig) -> InProcessExecutor | MultiprocExecutor:
-    if config.parallel.tensor_parallel_size == 1:
-        return InProcessExecutor(config)
-    return MultiprocExecutor(config)
+    return (InProcessExecutor if config.parallel.tensor_parallel_size == 1 else MultiprocExecutor)(config)

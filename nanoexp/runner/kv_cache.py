@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -15,17 +14,10 @@ from nanoexp.kernels.base import FP8_DTYPE
 from nanoexp.layers.attention import attention_layers
 
 
-@dataclass
-class KVCache:
-    tensor: torch.Tensor  # [layers, 2, blocks, block_size, kv_heads, head_dim]
-    num_blocks: int
-    num_bytes: int
-
-
 def create_kv_cache(
     config: EngineConfig, model: nn.Module, dtype: torch.dtype, device: torch.device,
     profile: Callable[[], None], reserve_bytes: int,
-) -> KVCache:  # fmt: skip
+) -> torch.Tensor:  # fmt: skip
     """As many blocks as the config asks for, or as fit in memory after `profile` (a largest-size
     forward pass on CUDA) and a reserve; the same number on every rank. `dtype` is the model's."""
     dtype = FP8_DTYPE if config.cache.lossy else dtype
@@ -43,8 +35,7 @@ def create_kv_cache(
     if num_blocks < 1:
         raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gb "
                          "or lower max_num_batched_tokens")
-    tensor = allocate_kv_cache(model, num_blocks, config.cache.block_size, dtype, device)
-    return KVCache(tensor, num_blocks, num_blocks * bytes_per_block)
+    return allocate_kv_cache(model, num_blocks, config.cache.block_size, dtype, device)
 
 
 def check_blocks_fit(num_blocks: int, bytes_per_block: int, device: torch.device) -> None:

@@ -74,7 +74,7 @@ class ModelRunner:
             self.calibrate_kv_scales()
         reserve = 2**30 if self.uses_graphs() else 2**28  # graph pool, logits and sampler buffers
         cache = create_kv_cache(config, self.model, self.dtype, self.device, self.profile_memory, reserve)
-        self.kv_cache, self.num_blocks, self.kv_cache_bytes = cache.tensor, cache.num_blocks, cache.num_bytes
+        self.kv_cache, self.num_blocks = cache, cache.shape[2]  # [layers, 2, blocks, block_size, heads, dim]
         if self.device.type == "cuda":
             self.warm_up_prefill_kernels()
         self.step_graphs: StepGraphs | None = None
@@ -275,7 +275,7 @@ class ModelRunner:
     def stats(self) -> dict:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return {
-            "weights_bytes": weights, "kv_cache_bytes": self.kv_cache_bytes,
+            "weights_bytes": weights, "kv_cache_bytes": self.kv_cache.nbytes,
             "kv_cache_dtype": str(self.kv_cache.dtype).removeprefix("torch."), **scales_summary(self.model),
             "num_kv_blocks": self.num_blocks, "kv_block_size": self.block_size,
             "peak_memory_bytes": peak_memory_bytes(self.device), "peak_memory_kind": self.peak_memory_kind,
