@@ -73,10 +73,8 @@ class LLM:
             token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(prompts)]
             for i, (tokens, sp) in enumerate(zip(token_lists, params)):
                 self.engine.check_request(f"prompt {i}", tokens, sp)  # all checked before any is queued
-            ids = []
             try:
-                for tokens, sp in zip(token_lists, params):
-                    ids.append(self.engine.add_request(tokens, sp))
+                ids = [self.engine.add_request(tokens, sp) for tokens, sp in zip(token_lists, params)]
                 outputs = self.run_to_completion(use_tqdm)
             except BaseException:
                 self.engine.abort_all()

@@ -48,13 +48,11 @@ class LLMEngine:
         self.vocab_size = info["vocab_size"]
         self.max_model_len = info["max_model_len"]
         self.eos_token_ids = set(info["eos_token_ids"])
-        cache, sched = config.cache, config.scheduler
+        cache = config.cache
         self.block_manager = BlockManager(
             info["num_kv_blocks"], cache.block_size, cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(self.block_manager, sched.max_num_seqs, sched.max_num_batched_tokens,
-                                   sched.enable_chunked_prefill, sched.batching,
-                                   info.get("max_mixed_step_tokens"))  # fmt: skip
+        self.scheduler = Scheduler(self.block_manager, config.scheduler, info.get("max_mixed_step_tokens"))
         self.ids = itertools.count()
         self.in_flight: InFlight | None = None
         self.last_step_end = 0.0  # overlapped steps are timed from the later of this and their start

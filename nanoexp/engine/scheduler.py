@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from nanoexp.config import SchedulerConfig
 from nanoexp.engine.block_manager import BlockManager
 from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
 from nanoexp.runner.step_input import StepInput
@@ -62,19 +63,16 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool, batching: str = "mixed",
-                 max_mixed_step_tokens: int | None = None):  # fmt: skip
+    def __init__(self, block_manager: BlockManager, config: SchedulerConfig,
+                 max_mixed_step_tokens: int | None):  # fmt: skip
         """max_mixed_step_tokens caps a step that carries decodes (the largest the runner runs in a CUDA
         graph): a larger one would run eagerly, each new shape compiling kernels while requests wait."""
         self.block_manager = block_manager
-        self.mixed = batching == "mixed"
-        self.max_mixed_step_tokens = min(
-            max_num_batched_tokens, max_mixed_step_tokens or max_num_batched_tokens
-        )
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.enable_chunked_prefill = enable_chunked_prefill
+        self.mixed = config.batching == "mixed"
+        self.max_num_seqs, budget = config.max_num_seqs, config.max_num_batched_tokens
+        self.max_num_batched_tokens = budget
+        self.max_mixed_step_tokens = min(budget, max_mixed_step_tokens or budget)
+        self.enable_chunked_prefill = config.enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
 
