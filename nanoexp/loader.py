@@ -147,7 +147,12 @@ def check_tensor(name: str, tensor, file: str, seen: dict[str, str]):
 
 
 def load_one(model: nn.Module, params: dict, packed: dict, name: str, tensor, file: str) -> str | None:
-    target, shard_id = packed_target(packed, name)
+    """Copies the tensor into its parameter; q/k/v and gate/up load into shards of fused parameters."""
+    target, shard_id = name, None
+    for source, (dest, shard) in packed.items():
+        if f".{source}." in name:
+            target, shard_id = name.replace(f".{source}.", f".{dest}."), shard
+            break
     if target not in params:
         return None  # the caller decides whether the model may ignore it
     param = params[target]
@@ -161,14 +166,6 @@ def load_one(model: nn.Module, params: dict, packed: dict, name: str, tensor, fi
     else:
         loader(param, tensor) if loader else param.data.copy_(tensor[:])
     return target
-
-
-def packed_target(packed: dict, name: str) -> tuple[str, str | int | None]:
-    """(parameter name, shard id) of a checkpoint tensor; q/k/v and gate/up map onto fused params."""
-    for source, (dest, shard_id) in packed.items():
-        if f".{source}." in name:
-            return name.replace(f".{source}.", f".{dest}."), shard_id
-    return name, None
 
 
 def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id) -> list[int]:

@@ -83,17 +83,14 @@ class BlockManager:
         need = self.blocks_needed(num_tokens) - len(seq.block_table)
         if need > self.num_free:
             return False
-        seq.block_table.extend(self.fresh_block() for _ in range(need))
+        for _ in range(need):  # the least recently freed blocks, their cached content forgotten
+            block_id, _ = self.free.popitem(last=False)
+            old = self.cached_hash[block_id]
+            if old is not None and self.hash_to_block.get(old) == block_id:
+                del self.hash_to_block[old]
+            self.cached_hash[block_id], self.cached_tokens[block_id], self.ref_counts[block_id] = None, (), 1
+            seq.block_table.append(block_id)
         return True
-
-    def fresh_block(self) -> int:
-        """The least recently freed block, its cached content forgotten."""
-        block_id, _ = self.free.popitem(last=False)
-        old = self.cached_hash[block_id]
-        if old is not None and self.hash_to_block.get(old) == block_id:
-            del self.hash_to_block[old]
-        self.cached_hash[block_id], self.cached_tokens[block_id], self.ref_counts[block_id] = None, (), 1
-        return block_id
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Publishes seq's newly computed full blocks to the prefix cache."""
