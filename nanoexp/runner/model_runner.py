@@ -24,8 +24,9 @@ from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import eos_token_ids, set_up_model
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
-from nanoexp.runner.pending import PendingStep, ReadbackPool
 from nanoexp.runner.step_input import StepInput, blockless_prefill
+
+MIN_READBACK_IDS = 256  # ids per pinned buffer; a larger step gets a buffer of its own size
 
 
 def substitute_tokens(
@@ -42,6 +43,45 @@ def exchange_winners(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
     """One all-gather of every rank's per-row (score, token id as float32: exact below 2^24); the best."""
     winners = all_gather_stacked(torch.stack([scores, tokens.float()]))
     return pick_shard_winner(winners[:, 0], winners[:, 1]).long()
+
+
+class ReadbackPool:
+    """Pinned host buffers and CUDA events for launched steps' read-back, reused: allocating them
+    every step costs tens of microseconds a batch-1 decode step cannot spare
+    (experiments/nanovllm_bench/runs/host_phases_53dfc1e.md)."""
+
+    def __init__(self) -> None:
+        self.free: list[tuple[torch.Tensor, torch.cuda.Event]] = []
+
+    def take(self, count: int) -> tuple[torch.Tensor, torch.cuda.Event]:
+        for i, slot in enumerate(self.free):
+            if slot[0].numel() >= count:
+                return self.free.pop(i)
+        host = torch.empty(max(count, MIN_READBACK_IDS), dtype=torch.int64, pin_memory=True)
+        return host, torch.cuda.Event()
+
+
+class PendingStep:
+    """A non-blocking copy of `tokens` (int64) to pinned host memory; `result()` waits, then frees it."""
+
+    def __init__(self, tokens: torch.Tensor, pool: ReadbackPool):
+        self.tokens, self.pool = tokens, pool
+        self.slot = None
+        if tokens.is_cuda:
+            self.slot = pool.take(tokens.numel())
+            host, event = self.slot
+            self.host = host[: tokens.numel()]
+            self.host.copy_(tokens, non_blocking=True)
+            event.record()
+
+    def result(self) -> list[int]:
+        if self.slot is None:
+            return self.tokens.tolist()
+        self.slot[1].synchronize()
+        ids = self.host.tolist()
+        self.pool.free.append(self.slot)
+        self.slot = None
+        return ids
 
 
 class ModelRunner:
