@@ -69,15 +69,21 @@ def check_hf_config(config: PretrainedConfig, source: str) -> PretrainedConfig:
 
 
 def load_tokenizer(path: str):
-    """The checkpoint's tokenizer; None only when it has no tokenizer files. A tokenizer file that
-    cannot be loaded is an error naming the directory, not a checkpoint "without a tokenizer"."""
+    """A local checkpoint's tokenizer, None only when it has no tokenizer files (a tokenizer file that cannot
+    be loaded is an error naming the directory, not a checkpoint "without a tokenizer"); for a hub id, the
+    hub model's when one can be had, else None (a checkpoint without a tokenizer still serves token ids)."""
+    from transformers import AutoTokenizer
+
+    if not os.path.isdir(path):
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except Exception:  # noqa: BLE001 - any failure: no tokenizer
+            return None
     present = [os.path.join(path, n) for n in TOKENIZER_FILES if os.path.lexists(os.path.join(path, n))]
     if not present:
         return None
     for file in present:
         regular_file(file, path)
-    from transformers import AutoTokenizer
-
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as err:  # noqa: BLE001 - any failure of the tokenizer's files, named
@@ -95,7 +101,12 @@ def load_safetensors(model: nn.Module, path: str) -> None:
     seen: dict[str, str] = {}  # tensor name -> the file it came from
     for file in files:
         loaded |= load_file(model, params, file, seen)
-    check_all_loaded(model, params, loaded)
+    missing = set(params) - loaded
+    tied = {"lm_head.weight", "model.embed_tokens.weight"}
+    if getattr(model, "tie_word_embeddings", False) and loaded & tied:
+        missing -= tied
+    if missing:
+        raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {sorted(missing)[:3]}")
 
 
 def load_file(model: nn.Module, params: dict, file: str, seen: dict[str, str]) -> set[str]:
@@ -166,15 +177,6 @@ def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id=None) -> l
     if isinstance(module, LinearBase) and module.tp_dim is not None and module.tp_dim < len(local):
         local[module.tp_dim] *= module.tp_size
     return local
-
-
-def check_all_loaded(model: nn.Module, params: dict, loaded: set[str]) -> None:
-    missing = set(params) - loaded
-    tied = {"lm_head.weight", "model.embed_tokens.weight"}
-    if getattr(model, "tie_word_embeddings", False) and loaded & tied:
-        missing -= tied
-    if missing:
-        raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {sorted(missing)[:3]}")
 
 
 @torch.no_grad()

@@ -89,9 +89,9 @@ def test_an_fp8_cache_holds_twice_the_blocks_of_bf16_in_the_same_budget():
         )
         caches[kv_dtype] = create_kv_cache(config, model, torch.bfloat16, torch.device("cpu"), lambda: 0, 0)
     auto, fp8 = caches["auto"], caches["fp8"]
-    assert auto.tensor.dtype == torch.bfloat16 and fp8.tensor.dtype == FP8_DTYPE
-    assert fp8.num_blocks == 2 * auto.num_blocks == 2 * (2**24 // (2 * 2 * 2 * 32 * 16 * 2))
-    assert fp8.num_bytes == fp8.tensor.nbytes == auto.num_bytes
+    assert auto.dtype == torch.bfloat16 and fp8.dtype == FP8_DTYPE
+    assert fp8.shape[2] == 2 * auto.shape[2] == 2 * (2**24 // (2 * 2 * 2 * 32 * 16 * 2))  # blocks
+    assert fp8.nbytes == auto.nbytes
     assert all(layer.k_cache.dtype == FP8_DTYPE for layer in attention_layers(model))
 
 

@@ -25,18 +25,13 @@ def regular_file(path: str, checkpoint_dir: str) -> str:
     if not stat.S_ISREG(mode):
         raise CheckpointError(f"checkpoint file {path} is not a regular file (a FIFO, device or directory); "
                               "a checkpoint holds regular files only")  # fmt: skip
-    real = os.path.realpath(path)
-    if not any(os.path.commonpath([real, root]) == root for root in _roots(checkpoint_dir)):
-        raise CheckpointError(f"checkpoint file {path} links to {real}, outside the checkpoint directory")
-    return path
-
-
-def _roots(checkpoint_dir: str) -> list[str]:
-    roots = [os.path.realpath(checkpoint_dir)]
+    real, roots = os.path.realpath(path), [os.path.realpath(checkpoint_dir)]
     parent = os.path.dirname(os.path.abspath(checkpoint_dir))
     if os.path.basename(parent) == "snapshots":  # <repo cache>/snapshots/<revision> -> ../../blobs
         roots.append(os.path.realpath(os.path.dirname(parent)))
-    return roots
+    if not any(os.path.commonpath([real, root]) == root for root in roots):
+        raise CheckpointError(f"checkpoint file {path} links to {real}, outside the checkpoint directory")
+    return path
 
 
 def json_object(path: str, checkpoint_dir: str) -> dict:
@@ -60,14 +55,9 @@ def json_object(path: str, checkpoint_dir: str) -> dict:
 def safetensors_files(checkpoint_dir: str) -> list[str]:
     """The files the index names (each inside the directory), else every *.safetensors there."""
     index = os.path.join(checkpoint_dir, INDEX_FILE)
-    if os.path.lexists(index):
-        names = sorted(set(_weight_map(index, checkpoint_dir).values()))
-        return [regular_file(os.path.join(checkpoint_dir, name), checkpoint_dir) for name in names]
-    files = sorted(glob.glob(os.path.join(glob.escape(checkpoint_dir), "*.safetensors")))
-    return [regular_file(f, checkpoint_dir) for f in files]
-
-
-def _weight_map(index: str, checkpoint_dir: str) -> dict[str, str]:
+    if not os.path.lexists(index):
+        files = sorted(glob.glob(os.path.join(glob.escape(checkpoint_dir), "*.safetensors")))
+        return [regular_file(f, checkpoint_dir) for f in files]
     weight_map = json_object(index, checkpoint_dir).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f'{index}: needs "weight_map", an object of tensor name -> file name')
@@ -76,4 +66,5 @@ def _weight_map(index: str, checkpoint_dir: str) -> dict[str, str]:
         if os.path.isabs(name) or ".." in parts or not name:
             where = f"{index}: weight_map[{tensor!r}] = {name!r}"
             raise CheckpointError(f"{where} points outside the checkpoint directory")
-    return weight_map
+    names = sorted(set(weight_map.values()))
+    return [regular_file(os.path.join(checkpoint_dir, name), checkpoint_dir) for name in names]

@@ -21,12 +21,9 @@ RENAMED = {"kvcache_block_size": ("cache", "block_size"), "num_kvcache_blocks": 
 
 def flat_keywords() -> dict[str, tuple[str, str]]:
     """Every keyword `LLM(model, **kwargs)` accepts, and the field it sets."""
-    keywords = {f.name: (section, f.name) for section, cls in SECTIONS.items() for f in fields(cls)
-                if section != "model" or f.name != "path"}  # fmt: skip
-    for keyword, target in RENAMED.items():
-        keywords.pop(target[1], None)
-        keywords[keyword] = target
-    return keywords
+    renamed = {target: keyword for keyword, target in RENAMED.items()}
+    return {renamed.get((section, f.name), f.name): (section, f.name) for section, cls in SECTIONS.items()
+            for f in fields(cls) if (section, f.name) != ("model", "path")}  # fmt: skip
 
 
 @dataclass

@@ -30,7 +30,12 @@ class SamplingParams:
             raise KnobError("SamplingParams.ignore_eos", self.ignore_eos, "True or False")
         if self.seed is not None:
             self._check("seed", int, lambda s: 0 <= s <= MAX_INT64, f"None or an integer in [0, {MAX_INT64}]")
-        self._stop_tokens()
+        ids = self.stop_token_ids
+        iterable = hasattr(ids, "__iter__") and not isinstance(ids, str | bytes)
+        ids = tuple(ids) if iterable else ids
+        if not iterable or not all(is_int(t) and t >= 0 for t in ids):
+            raise KnobError("SamplingParams.stop_token_ids", ids, "a sequence of token ids >= 0")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
 
     def _check(self, name: str, cast: type, ok, allowed: str) -> None:
         """Stores the field as a plain `cast` (a finite number for float, an integer for int)."""
@@ -38,14 +43,6 @@ class SamplingParams:
         if not ((is_number(value) if cast is float else is_int(value)) and ok(value)):
             raise KnobError(f"SamplingParams.{name}", value, allowed)
         object.__setattr__(self, name, cast(value))
-
-    def _stop_tokens(self) -> None:
-        ids = self.stop_token_ids
-        iterable = hasattr(ids, "__iter__") and not isinstance(ids, str | bytes)
-        ids = tuple(ids) if iterable else ids
-        if not iterable or not all(is_int(t) and t >= 0 for t in ids):
-            raise KnobError("SamplingParams.stop_token_ids", ids, "a sequence of token ids >= 0")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
 
     @property
     def greedy(self) -> bool:

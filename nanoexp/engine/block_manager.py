@@ -46,9 +46,6 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def chain_hash(self, prev: int | None, tokens: tuple[int, ...]) -> int:
-        return hash((prev, tokens))
-
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids holding the longest cached run of seq's full blocks (never its last token)."""
         if not self.enable_prefix_caching:
@@ -56,7 +53,7 @@ class BlockManager:
         hits, prev = [], None
         for start in range(0, len(seq) - 1 - self.block_size + 1, self.block_size):
             tokens = tuple(seq.token_ids[start : start + self.block_size])
-            prev = self.chain_hash(prev, tokens)
+            prev = hash((prev, tokens))  # chained: a block's hash covers the whole prefix
             block_id = self.hash_to_block.get(prev)
             if block_id is None or self.cached_tokens[block_id] != tokens:
                 break
@@ -71,7 +68,11 @@ class BlockManager:
     def allocate(self, seq: Sequence, cached: list[int]) -> None:
         """Gives an admitted sequence its cached prefix plus fresh blocks for the rest."""
         assert not seq.block_table
-        seq.block_table = [self.take(block_id) for block_id in cached]
+        for block_id in cached:
+            if self.ref_counts[block_id] == 0:
+                del self.free[block_id]
+            self.ref_counts[block_id] += 1
+        seq.block_table = list(cached)
         seq.num_computed_tokens = len(cached) * self.block_size
         self.grow(seq, len(seq))
         self.queries += len(seq)
@@ -82,23 +83,14 @@ class BlockManager:
         need = self.blocks_needed(num_tokens) - len(seq.block_table)
         if need > self.num_free:
             return False
-        seq.block_table.extend(self.fresh_block() for _ in range(need))
+        for _ in range(need):  # the least recently freed blocks, their cached content forgotten
+            block_id, _ = self.free.popitem(last=False)
+            old = self.cached_hash[block_id]
+            if old is not None and self.hash_to_block.get(old) == block_id:
+                del self.hash_to_block[old]
+            self.cached_hash[block_id], self.cached_tokens[block_id], self.ref_counts[block_id] = None, (), 1
+            seq.block_table.append(block_id)
         return True
-
-    def fresh_block(self) -> int:
-        """The least recently freed block, its cached content forgotten."""
-        block_id, _ = self.free.popitem(last=False)
-        old = self.cached_hash[block_id]
-        if old is not None and self.hash_to_block.get(old) == block_id:
-            del self.hash_to_block[old]
-        self.cached_hash[block_id], self.cached_tokens[block_id], self.ref_counts[block_id] = None, (), 1
-        return block_id
-
-    def take(self, block_id: int) -> int:
-        if self.ref_counts[block_id] == 0:
-            del self.free[block_id]
-        self.ref_counts[block_id] += 1
-        return block_id
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Publishes seq's newly computed full blocks to the prefix cache."""
@@ -108,7 +100,7 @@ class BlockManager:
         for index in range(len(hashes), seq.num_computed_tokens // self.block_size):
             block_id = seq.block_table[index]
             tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
-            hashes.append(self.chain_hash(hashes[-1] if hashes else None, tokens))
+            hashes.append(hash((hashes[-1] if hashes else None, tokens)))
             if self.cached_hash[block_id] is None:
                 self.cached_hash[block_id], self.cached_tokens[block_id] = hashes[-1], tokens
                 self.hash_to_block.setdefault(hashes[-1], block_id)

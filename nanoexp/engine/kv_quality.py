@@ -33,7 +33,8 @@ def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
     engine.check_open()
     if engine.has_unfinished():
         raise RuntimeError("kv_cache_quality needs an idle engine: requests are still running")
-    num_tokens = check_num_tokens(num_tokens)
+    if type(num_tokens) is not int or num_tokens < 1:
+        raise ValueError(f"kv_cache_quality: num_tokens={num_tokens!r} is invalid: must be an int >= 1")
     prompts = [check_prompt(engine, i, p, num_tokens) for i, p in enumerate(prompt_token_ids)]
     if not prompts:
         raise ValueError("kv_cache_quality: no prompts given")
@@ -47,12 +48,6 @@ def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
     finally:
         manager.reset_prefix_cache()
     return summarize(results)
-
-
-def check_num_tokens(num_tokens) -> int:
-    if type(num_tokens) is not int or num_tokens < 1:
-        raise ValueError(f"kv_cache_quality: num_tokens={num_tokens!r} is invalid: must be an int >= 1")
-    return num_tokens
 
 
 def check_prompt(engine, index: int, prompt, num_tokens: int) -> list[int]:
@@ -124,13 +119,18 @@ def probe_group(runner, prompts: list[list[int]], num_tokens: int,
     """Greedy decode steps reading the cache (blocks for prompt + num_tokens - 1 tokens each), then one
     plain prefill of prompt + continuation as the reference. Rank 0's result, None elsewhere."""
     fill_cache(runner, prompts, block_tables)
+    n = len(prompts)
     continuations: list[list[int]] = [[] for _ in prompts]
     decoded = []
-    for t in range(num_tokens):
-        log_probs = decode_log_probs(runner, prompts, continuations, block_tables, t)
-        for c, token in zip(continuations, greedy_tokens(runner, log_probs, len(prompts))):
+    for t in range(num_tokens):  # the decode step feeding continuation token t - 1 (or the prompt's last)
+        inputs = [p[-1] if t == 0 else c[t - 1] for p, c in zip(prompts, continuations)]
+        step = StepInput(False, inputs, [1] * n, [len(p) + t for p in prompts], block_tables, list(range(n)))
+        decoded.append(log_probs_of(runner, step))
+        greedy = decoded[-1].argmax(-1) if decoded[-1] is not None else None
+        if runner.config.parallel.tensor_parallel_size > 1:  # rank 0's, so every rank feeds the same inputs
+            greedy = runner.share_sampled(greedy, n)
+        for c, token in zip(continuations, greedy.tolist()):
             c.append(token)
-        decoded.append(log_probs)
     reference = reference_log_probs(runner, prompts, continuations)
     if runner.rank != 0:
         return None
@@ -139,21 +139,13 @@ def probe_group(runner, prompts: list[list[int]], num_tokens: int,
     return ProbeResult(torch.stack(kl, 1).tolist(), torch.stack(agree, 1).tolist())
 
 
-def greedy_tokens(runner, log_probs: torch.Tensor | None, count: int) -> list[int]:
-    """Rank 0's argmax per row, shared so every rank feeds the same next inputs."""
-    tokens = log_probs.argmax(-1) if log_probs is not None else None
-    if runner.config.parallel.tensor_parallel_size > 1:
-        tokens = runner.share_sampled(tokens, count)
-    return tokens.tolist()
-
-
-def logits_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.Tensor | None:
-    """The step's float32 logits at `rows` (default: each sequence's last token); None off rank 0."""
+def log_probs_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.Tensor | None:
+    """The step's float32 log-probs at `rows` (default: each sequence's last token); None off rank 0."""
     inputs = prepare_inputs(step, runner.block_size, runner.device)
     if rows is not None:
         inputs.logits_indices = torch.tensor(rows, dtype=torch.int64, device=runner.device)
     logits = runner.forward_logits(step, inputs)
-    return None if logits is None else logits.float()
+    return None if logits is None else logits.float().log_softmax(-1)
 
 
 def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
@@ -162,10 +154,8 @@ def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
     for p, c in zip(prompts, continuations):
         rows += range(start + len(p) - 1, start + len(p) - 1 + len(c))
         start += len(p) + len(c)
-    logits = logits_of(runner, blockless_prefill([p + c for p, c in zip(prompts, continuations)]), rows)
-    if logits is None:
-        return None
-    return logits.log_softmax(-1).view(len(prompts), len(continuations[0]), -1)
+    log_probs = log_probs_of(runner, blockless_prefill([p + c for p, c in zip(prompts, continuations)]), rows)
+    return None if log_probs is None else log_probs.view(len(prompts), len(continuations[0]), -1)
 
 
 def fill_cache(runner, prompts, block_tables) -> None:
@@ -177,15 +167,6 @@ def fill_cache(runner, prompts, block_tables) -> None:
     step = StepInput(True, [t for i in ready for t in prompts[i][:-1]], lens, lens,
                      [block_tables[i] for i in ready], [])  # fmt: skip
     runner.forward_logits(step, prepare_inputs(step, runner.block_size, runner.device))
-
-
-def decode_log_probs(runner, prompts, continuations, block_tables, t: int) -> torch.Tensor | None:
-    """[requests, vocab] log-probs of the decode step feeding token t - 1 of the continuation (or prompt)."""
-    tokens = [p[-1] if t == 0 else c[t - 1] for p, c in zip(prompts, continuations)]
-    context = [len(p) + t for p in prompts]
-    step = StepInput(False, tokens, [1] * len(prompts), context, block_tables, list(range(len(prompts))))
-    logits = logits_of(runner, step)
-    return None if logits is None else logits.log_softmax(-1)
 
 
 def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

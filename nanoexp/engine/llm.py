@@ -47,7 +47,7 @@ class LLM:
             raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
         self.lock = threading.Lock()  # one caller at a time, as vLLM's LLM
         self.engine = LLMEngine(config)
-        self.tokenizer = load_tokenizer(model) if config.model.arch is None else None
+        self.tokenizer = loader.load_tokenizer(model) if config.model.arch is None else None
 
     def __enter__(self) -> LLM:
         return self
@@ -61,26 +61,28 @@ class LLM:
         """Runs all prompts to completion; outputs in prompt order. The engine must be idle (requests queued
         with `engine.add_request` would lose their outputs); `use_tqdm` None: the constructor's."""
         with self.alone("generate"):
-            return self.generate_alone(prompts, sampling_params, use_tqdm)
-
-    def generate_alone(self, prompts, sampling_params, use_tqdm: bool | None) -> list[RequestOutput]:
-        self.engine.check_open()
-        self.check_idle("generate")
-        use_tqdm = self.use_tqdm if use_tqdm is None else check_use_tqdm(use_tqdm)
-        prompts = as_prompt_list(prompts)
-        params = self.params_per_prompt(sampling_params or SamplingParams(), len(prompts))
-        token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(prompts)]
-        for i, (tokens, sp) in enumerate(zip(token_lists, params)):
-            self.engine.check_request(f"prompt {i}", tokens, sp)  # all checked before any is queued
-        ids = []
-        try:
-            for tokens, sp in zip(token_lists, params):
-                ids.append(self.engine.add_request(tokens, sp))
-            outputs = self.run_to_completion(use_tqdm)
-        except BaseException:
-            self.engine.abort_all()
-            raise
-        return [self.with_text(outputs[i]) for i in ids]
+            self.engine.check_open()
+            self.check_idle("generate")
+            use_tqdm = self.use_tqdm if use_tqdm is None else check_use_tqdm(use_tqdm)
+            prompts = as_prompt_list(prompts)
+            params = sampling_params or SamplingParams()
+            params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts; "
+                                 "give one or one per prompt")
+            token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(prompts)]
+            for i, (tokens, sp) in enumerate(zip(token_lists, params)):
+                self.engine.check_request(f"prompt {i}", tokens, sp)  # all checked before any is queued
+            try:
+                ids = [self.engine.add_request(tokens, sp) for tokens, sp in zip(token_lists, params)]
+                outputs = self.run_to_completion(use_tqdm)
+            except BaseException:
+                self.engine.abort_all()
+                raise
+            if self.tokenizer is not None:
+                for i in ids:
+                    outputs[i].text = self.tokenizer.decode(outputs[i].token_ids)
+            return [outputs[i] for i in ids]
 
     @contextmanager
     def alone(self, what: str) -> Iterator[None]:
@@ -103,14 +105,6 @@ class LLM:
                 "step them to completion (engine.step()) or drop them (engine.abort_all()) first"
             )
 
-    def params_per_prompt(self, params, n: int) -> list[SamplingParams]:
-        if isinstance(params, SamplingParams):
-            return [params] * n
-        params = list(params)
-        if len(params) != n:
-            raise ValueError(f"got {len(params)} sampling_params for {n} prompts; give one or one per prompt")
-        return params
-
     def prompt_tokens(self, index: int, prompt) -> list[int]:
         """`encode`, with errors naming the prompt's index."""
         try:
@@ -125,15 +119,12 @@ class LLM:
                 raise ValueError("text prompts need a tokenizer in the checkpoint; pass token ids")
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, Mapping | bytes | bytearray) or not isinstance(prompt, Iterable):
-            raise TypeError(f"got {type(prompt).__name__} {_short(prompt)}; {PROMPT_KINDS}")
+            text = repr(prompt)
+            short = text if len(text) <= 40 else text[:37] + "..."
+            raise TypeError(f"got {type(prompt).__name__} {short}; {PROMPT_KINDS}")
         if getattr(prompt, "ndim", 1) != 1:
             raise TypeError(f"got a {prompt.ndim}-D array; {PROMPT_KINDS}")
         return list(prompt)
-
-    def with_text(self, out: RequestOutput) -> RequestOutput:
-        if self.tokenizer is not None:
-            out.text = self.tokenizer.decode(out.token_ids)
-        return out
 
     def run_to_completion(self, use_tqdm: bool) -> dict[int, RequestOutput]:
         outputs: dict[int, RequestOutput] = {}
@@ -170,18 +161,6 @@ class LLM:
         self.engine.close()
 
 
-def load_tokenizer(model: str):
-    """A local checkpoint's tokenizer (None when it has none), or a hub model's when one can be had."""
-    if os.path.isdir(model):
-        return loader.load_tokenizer(model)
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(model)
-    except Exception:  # noqa: BLE001 - a checkpoint without a tokenizer still serves token ids
-        return None
-
-
 def as_prompt_list(prompts) -> list:
     """One str, or a sequence of prompts (not a dict or a set, whose order would be guessed), as a list."""
     if isinstance(prompts, str):
@@ -190,8 +169,3 @@ def as_prompt_list(prompts) -> list:
         kind = type(prompts).__name__
         raise TypeError(f"prompts: got {kind}; pass a str or a list of prompts ({PROMPT_KINDS})")
     return list(prompts)
-
-
-def _short(value, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

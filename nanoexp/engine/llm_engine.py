@@ -15,7 +15,6 @@ from nanoexp.engine.block_manager import BlockManager
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
 from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
-from nanoexp.engine.step_builder import step_input_from
 from nanoexp.runner.executor import make_executor
 
 
@@ -49,13 +48,11 @@ class LLMEngine:
         self.vocab_size = info["vocab_size"]
         self.max_model_len = info["max_model_len"]
         self.eos_token_ids = set(info["eos_token_ids"])
-        cache, sched = config.cache, config.scheduler
+        cache = config.cache
         self.block_manager = BlockManager(
             info["num_kv_blocks"], cache.block_size, cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(self.block_manager, sched.max_num_seqs, sched.max_num_batched_tokens,
-                                   sched.enable_chunked_prefill, sched.batching,
-                                   info.get("max_mixed_step_tokens"))  # fmt: skip
+        self.scheduler = Scheduler(self.block_manager, config.scheduler, info.get("max_mixed_step_tokens"))
         self.ids = itertools.count()
         self.in_flight: InFlight | None = None
         self.last_step_end = 0.0  # overlapped steps are timed from the later of this and their start
@@ -104,30 +101,18 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or self.in_flight is not None
 
     def step(self) -> StepResult:
-        self.check_open()
-        if self.config.scheduler.async_scheduling:
-            return self.overlapped_step()
-        start, counters = time.perf_counter(), self.prefix_counters()
-        return self.run_synchronously(self.scheduler.schedule(), start, counters)
-
-    def prefix_counters(self) -> tuple[int, int]:
-        return self.block_manager.queries, self.block_manager.hits
-
-    def run_synchronously(self, batch: ScheduledBatch, start: float, counters: tuple[int, int]) -> StepResult:
-        sampled = self.executor.run(step_input_from(batch)) if batch.seqs else []
-        samplers = self.advance(batch, start)
-        return self.complete(batch, samplers, sampled, start, counters)
-
-    def overlapped_step(self) -> StepResult:
-        """Step n+1 is scheduled and enqueued before step n's tokens are read back, so the host's
-        bookkeeping overlaps the device's work. Under prefill_first batching only decode steps
+        """With async scheduling, step n+1 is scheduled and enqueued before step n's tokens are read back, so
+        the host's bookkeeping overlaps the device's work. Under prefill_first batching only decode steps
         overlap (prefill steps run synchronously); under mixed batching every step does."""
+        self.check_open()
         if self.in_flight is None:
             start, counters = time.perf_counter(), self.prefix_counters()
             batch = self.scheduler.schedule()
-            if not batch.seqs or (batch.is_prefill and not self.scheduler.mixed):
-                return self.run_synchronously(batch, start, counters)
-            self.executor.launch(step_input_from(batch))
+            overlaps = self.scheduler.mixed or not batch.is_prefill
+            if not (batch.seqs and overlaps and self.config.scheduler.async_scheduling):
+                sampled = self.executor.run(batch.step_input()) if batch.seqs else []
+                return self.complete(batch, self.advance(batch, start), sampled, start, counters)
+            self.executor.launch(batch.step_input())
             self.in_flight = InFlight(batch, start, counters)
         current, self.in_flight = self.in_flight, None
         samplers = self.advance(current.batch, current.start)
@@ -135,10 +120,13 @@ class LLMEngine:
         following = self.schedule_following(current.batch)
         if following.seqs:
             rows = {seq.seq_id: row for row, seq in enumerate(samplers) if seq is not None}
-            self.executor.launch(step_input_from(following, rows))
+            self.executor.launch(following.step_input(rows))
             self.in_flight = InFlight(following, following_start, counters)
         sampled = self.executor.collect()
         return self.complete(current.batch, samplers, sampled, current.start, current.counters)
+
+    def prefix_counters(self) -> tuple[int, int]:
+        return self.block_manager.queries, self.block_manager.hits
 
     def schedule_following(self, batch: ScheduledBatch) -> ScheduledBatch:
         """The next step; under prefill_first, an empty batch when a prefill must come first."""
@@ -207,8 +195,9 @@ class LLMEngine:
 
     def step_stats(self, batch, finished, elapsed, queries, hits, num_sampled) -> StepStats:
         manager = self.block_manager
+        phase = ("mixed" if batch.num_decodes else "prefill") if batch.is_prefill else "decode"
         return StepStats(
-            phase=step_phase(batch), num_seqs=len(batch.seqs), num_tokens=batch.num_tokens,
+            phase=phase, num_seqs=len(batch.seqs), num_tokens=batch.num_tokens,
             num_decode_tokens=batch.num_decodes, num_prefill_tokens=batch.num_tokens - batch.num_decodes,
             num_output_tokens=num_sampled, step_time_s=elapsed,
             kv_blocks_used=manager.num_used, kv_blocks_total=manager.num_blocks,
@@ -251,13 +240,6 @@ class LLMEngine:
             self.executor.close()
             if _open_engines:  # what the engines still open built, frozen again
                 gc.freeze()
-
-
-def step_phase(batch: ScheduledBatch) -> str:
-    """prefill, decode or mixed (a step with both decodes and prefill chunks)."""
-    if not batch.is_prefill:
-        return "decode"
-    return "mixed" if batch.num_decodes else "prefill"
 
 
 def _token_id(name: str, token) -> int:

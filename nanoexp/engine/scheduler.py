@@ -8,8 +8,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from nanoexp.config import SchedulerConfig
 from nanoexp.engine.block_manager import BlockManager
-from nanoexp.engine.sequence import Sequence, Status
+from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
+from nanoexp.runner.step_input import StepInput
 
 
 @dataclass
@@ -31,21 +33,46 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
+    def step_input(self, prev_rows: dict[int, int] | None = None) -> StepInput:
+        """The step's plain-data description. A placeholder input token (a sample not read yet) is taken on
+        the device from row prev_rows[seq_id] of the previous step's samples."""
+        num_decodes = self.num_decodes if self.is_prefill else 0
+        step = StepInput(self.is_prefill, [], [], [], [], [], num_decodes=num_decodes)
+        from_prev: list[int] = []
+        for i, (seq, n) in enumerate(zip(self.seqs, self.num_new_tokens)):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            tokens = seq.token_ids[start:end]
+            from_prev += [-1] * (n - 1)
+            from_prev.append(prev_rows[seq.seq_id] if tokens[-1] == PLACEHOLDER else -1)
+            step.token_ids.extend(tokens[:-1] + [max(tokens[-1], 0)])
+            step.query_lens.append(n)
+            step.context_lens.append(end)
+            step.block_tables.append(seq.block_table)
+            if end == len(seq):
+                params = seq.params
+                step.sample_seq_indices.append(i)
+                step.temperatures.append(params.temperature)
+                step.top_k.append(params.top_k)
+                step.top_p.append(params.top_p)
+                step.min_p.append(params.min_p)
+                # the seed mixed with the output position: each position draws differently yet reproducibly
+                seed = params.seed
+                step.seeds.append(None if seed is None else (seed * 1000003 + seq.num_output_tokens) % 2**63)
+        step.prev_sample_rows = from_prev if any(r >= 0 for r in from_prev) else None
+        return step
+
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool, batching: str = "mixed",
-                 max_mixed_step_tokens: int | None = None):  # fmt: skip
+    def __init__(self, block_manager: BlockManager, config: SchedulerConfig,
+                 max_mixed_step_tokens: int | None):  # fmt: skip
         """max_mixed_step_tokens caps a step that carries decodes (the largest the runner runs in a CUDA
         graph): a larger one would run eagerly, each new shape compiling kernels while requests wait."""
         self.block_manager = block_manager
-        self.mixed = batching == "mixed"
-        self.max_mixed_step_tokens = min(
-            max_num_batched_tokens, max_mixed_step_tokens or max_num_batched_tokens
-        )
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.enable_chunked_prefill = enable_chunked_prefill
+        self.mixed = config.batching == "mixed"
+        self.max_num_seqs, budget = config.max_num_seqs, config.max_num_batched_tokens
+        self.max_num_batched_tokens = budget
+        self.max_mixed_step_tokens = min(budget, max_mixed_step_tokens or budget)
+        self.enable_chunked_prefill = config.enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
 
@@ -56,16 +83,13 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self, skip: frozenset[int] = frozenset()) -> ScheduledBatch:
-        """The next step; sequences in `skip` (ended by a token not read yet) get no decode."""
-        if self.mixed:
-            return self.schedule_mixed(skip)
-        batch = ScheduledBatch(is_prefill=True)
-        self.fill_prefill(batch, self.max_num_batched_tokens)
-        return batch if batch.seqs else self.schedule_decode(skip)
-
-    def schedule_mixed(self, skip: frozenset[int]) -> ScheduledBatch:
-        """Every running decode's token first (vLLM V1's rule), then prefill chunks in the rest of
-        the budget, so an arrival never stalls the running requests."""
+        """The next step; sequences in `skip` (ended by a token not read yet) get no decode. Mixed: every
+        running decode's token first (vLLM V1's rule), then prefill chunks in the rest of the budget, so an
+        arrival never stalls the running requests; prefill_first: prefill chunks if any, else decodes."""
+        if not self.mixed:
+            batch = ScheduledBatch(is_prefill=True)
+            self.fill_prefill(batch, self.max_num_batched_tokens)
+            return batch if batch.seqs else self.schedule_decode(skip)
         batch = self.schedule_decode(skip)
         budget = self.max_mixed_step_tokens if batch.seqs else self.max_num_batched_tokens
         self.fill_prefill(batch, max(0, budget - batch.num_tokens))
@@ -117,19 +141,15 @@ class Scheduler:
     def make_room(self, seq: Sequence, batch: ScheduledBatch) -> bool:
         """Grows seq by one token's block, preempting the newest unscheduled sequences if needed."""
         while not self.block_manager.grow(seq, len(seq)):
-            victim = self.running[-1]
-            self.preempt(victim)
+            victim = self.running.pop()
+            self.block_manager.free_seq(victim)
+            victim.status = Status.WAITING
+            victim.num_preemptions += 1
+            self.waiting.appendleft(victim)
             batch.num_preemptions += 1
             if victim is seq:
                 return False
         return True
-
-    def preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.block_manager.free_seq(seq)
-        seq.status = Status.WAITING
-        seq.num_preemptions += 1
-        self.waiting.appendleft(seq)
 
     def abort_all(self) -> None:
         """Drops every queued or running request, returning their blocks."""

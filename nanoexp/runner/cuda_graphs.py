@@ -12,16 +12,8 @@ from torch import nn
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionMetadata
 from nanoexp.kernels.prefill_tiles import prefill_block_m, prefill_tiles
-from nanoexp.runner.graph_inputs import (
-    Fields,
-    GraphStep,
-    GraphTarget,
-    InputArena,
-    PinnedMirrors,
-    token_fields,
-    upload_graph_step,
-)
-from nanoexp.runner.inputs import Fresh, ModelInputs
+from nanoexp.runner.graph_inputs import Fields, GraphLadder, GraphStep, token_fields
+from nanoexp.runner.inputs import Fresh
 from nanoexp.runner.step_input import StepInput
 
 MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly
@@ -46,43 +38,19 @@ def capture_ladder(
     return graphs
 
 
-def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    top = min(max_num_seqs, MAX_GRAPH_BATCH)
-    sizes = [bs for bs in (1, 2, 4, 8) if bs < top] + list(range(16, top, 16)) + [top]
-    return sorted(set(sizes))
+class DecodeGraphs(GraphLadder):
+    """Decode graphs at a ladder of batch sizes; padding rows have slot -1 and context 0 (nothing stored
+    or read)."""
 
+    def __init__(self, model: nn.Module, hidden_size: int, max_num_seqs: int, max_blocks_per_seq: int,
+                 dtype: torch.dtype, device: torch.device):  # fmt: skip
+        top = min(max_num_seqs, MAX_GRAPH_BATCH)
+        sizes = sorted({bs for bs in (1, 2, 4, 8) if bs < top} | set(range(16, top, 16)) | {top})
+        super().__init__(model, sizes, max_blocks_per_seq, hidden_size, dtype, device)
+        self.mds = {bs: self.view(bs)[2] for bs in self.sizes}
 
-class DecodeGraphs:
-    """Decode graphs at a ladder of batch sizes; replays the smallest that fits, padding rows (slot -1,
-    context 0: nothing stored or read). Each size reads its own InputArena, filled by one copy."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        hidden_size: int,
-        max_num_seqs: int,
-        max_blocks_per_seq: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ):
-        self.model = model
-        self.sizes = graph_batch_sizes(max_num_seqs)
-        self.arenas = {bs: InputArena(self.fields(bs, max_blocks_per_seq), device) for bs in self.sizes}
-        for arena in self.arenas.values():  # what the capture runs stores: nothing
-            arena.tensors["slot_mapping"].fill_(-1)
-        self.mirrors = PinnedMirrors(max(arena.nbytes for arena in self.arenas.values()), device)
-        self.output = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.mds = {bs: self.view(bs)[2] for bs in self.sizes}  # what a replay reads
-
-    @staticmethod
-    def fields(bs: int, max_blocks: int) -> Fields:
-        head, tables = token_fields(bs, bs, max_blocks)
-        return head + tables
-
-    @property
-    def max_batch(self) -> int:
-        return self.sizes[-1]
+    def fields(self, bs: int, max_blocks: int) -> Fields:
+        return token_fields(bs, bs, max_blocks)
 
     def view(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         t = self.arenas[bs].tensors
@@ -98,21 +66,11 @@ class DecodeGraphs:
             self.graphs = capture_ladder(self.model, self.sizes, self.view, self.output)
 
     def prepare(self, step: StepInput, block_size: int, vocab_size: int, fresh: Fresh = None) -> GraphStep:
-        bs = next(size for size in self.sizes if size >= step.num_tokens)
-        target = GraphTarget(self.arenas[bs], self.mds[bs], bs, bs, bs)
-        return upload_graph_step(target, self.mirrors, step, block_size, vocab_size, fresh)
-
-    def replay(self, inputs: ModelInputs) -> torch.Tensor:
-        self.graphs[inputs.graph_key].replay()
-        return self.output[: inputs.input_ids.shape[0]]
+        bs = self.size_for(step.num_tokens)
+        return self.upload(step, bs, bs, bs, block_size, vocab_size, fresh)
 
 
-def step_graph_sizes(max_num_batched_tokens: int) -> list[int]:
-    top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
-    return sorted({size for size in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if size < top} | {top})
-
-
-class StepGraphs:
+class StepGraphs(GraphLadder):
     """Graphs of steps with prefill tokens, keyed by padded token count and whether the step has decodes.
     Attention runs the prefill kernel over a fixed-size tile table (AttentionMetadata.prefill_tiles) and,
     with decodes (`mixed` batching only), first the decode kernel over fixed leading decode slots, so a
@@ -122,28 +80,20 @@ class StepGraphs:
     def __init__(self, model: nn.Module, hidden_size: int, head_dim: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_blocks_per_seq: int, dtype: torch.dtype,
                  device: torch.device, mixed: bool = True):  # fmt: skip
-        self.model, self.head_dim, self.max_num_seqs = model, head_dim, max_num_seqs
+        self.head_dim, self.max_num_seqs = head_dim, max_num_seqs
         self.with_decodes = (False, True) if mixed else (False,)
-        self.sizes = step_graph_sizes(max_num_batched_tokens)
-        self.arenas = {size: InputArena(self.fields(size, max_blocks_per_seq), device) for size in self.sizes}
-        for arena in self.arenas.values():  # what the capture runs reads: nothing stored, no tiles
-            arena.tensors["slot_mapping"].fill_(-1)
+        top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
+        sizes = sorted({size for size in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if size < top} | {top})
+        super().__init__(model, sizes, max_blocks_per_seq, hidden_size, dtype, device)
+        for arena in self.arenas.values():  # what the capture runs read: no tiles
             arena.tensors["tiles"].fill_(-1)
-        self.mirrors = PinnedMirrors(max(arena.nbytes for arena in self.arenas.values()), device)
-        self.output = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device)
-        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.mds = {(size, d): self.view(size, d)[2] for size in self.sizes for d in self.with_decodes}
 
     def fields(self, size: int, max_blocks: int) -> Fields:
         seqs, int32 = self.seq_slots(size), torch.int32
-        head, tables = token_fields(size, seqs, max_blocks)
         own = [("decode_context_lens", (seqs,), int32), ("cu_seqlens_q", (seqs + 1,), int32),
                ("tiles", (self.tile_slots(size), 4), int32)]  # fmt: skip
-        return head + own + tables
-
-    @property
-    def max_tokens(self) -> int:
-        return self.sizes[-1]
+        return token_fields(size, seqs, max_blocks, own)
 
     def seq_slots(self, tokens: int) -> int:
         return min(tokens, self.max_num_seqs)
@@ -151,9 +101,6 @@ class StepGraphs:
     def tile_slots(self, tokens: int) -> int:
         """Tiles of at most `tokens` rows in at most seq_slots sequences: one partial tile each."""
         return -(-tokens // self.tile_block_m) + self.seq_slots(tokens)
-
-    def size_for(self, num_tokens: int) -> int:
-        return next(size for size in self.sizes if size >= num_tokens)
 
     @property
     def tile_block_m(self) -> int:
@@ -183,7 +130,7 @@ class StepGraphs:
 
     def prepare(self, step: StepInput, block_size: int, vocab_size: int, fresh: Fresh = None) -> GraphStep:
         size, decodes = self.size_for(step.num_tokens), step.num_decodes
-        seqs, key = self.seq_slots(size), (size, decodes > 0)
+        seqs = self.seq_slots(size)
 
         def write_attention(host: dict[str, np.ndarray]) -> None:
             host["decode_context_lens"][:decodes] = step.context_lens[:decodes]
@@ -192,9 +139,5 @@ class StepGraphs:
             host["tiles"][: len(tiles)] = tiles
             host["tiles"][len(tiles) : self.tile_slots(size)] = -1
 
-        target = GraphTarget(self.arenas[size], self.mds[key], size, seqs, key)
-        return upload_graph_step(target, self.mirrors, step, block_size, vocab_size, fresh, write_attention)
-
-    def replay(self, inputs: ModelInputs) -> torch.Tensor:
-        self.graphs[inputs.graph_key].replay()
-        return self.output[: inputs.input_ids.shape[0]]
+        key = (size, decodes > 0)
+        return self.upload(step, size, seqs, key, block_size, vocab_size, fresh, write_attention)

@@ -16,7 +16,7 @@ from nanoexp.config import EngineConfig
 from nanoexp.runner.model_runner import ModelRunner
 from nanoexp.runner.model_setup import checked_hf_config
 from nanoexp.runner.step_input import StepInput
-from nanoexp.runner.workers import WorkerGroup, invoke, stop_group
+from nanoexp.runner.workers import WorkerGroup, invoke
 
 
 class InProcessExecutor:
@@ -98,26 +98,20 @@ def install_sigterm_cleanup() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def check_devices(config: EngineConfig) -> None:
-    if config.execution.device == "cpu" or not torch.cuda.is_available():
-        return
-    size, have = config.parallel.tensor_parallel_size, torch.cuda.device_count()
-    if have < size:
-        raise ValueError(f"tensor_parallel_size={size} needs that many CUDA devices; {have} available")
-
-
 class MultiprocExecutor:
     """Same interface as InProcessExecutor; every rank lives in its own worker process."""
 
     def __init__(self, config: EngineConfig):
         """A worker past its deadline is an error, as a dead one: a step's is $NANOEXP_TP_STEP_TIMEOUT_S
         (default 60 s) + 10x the slowest step so far, start-up's $NANOEXP_TP_STARTUP_TIMEOUT_S (1800 s)."""
-        checked_hf_config(config)  # fail before spawning: the split, the length
-        check_devices(config)
-        self.size = config.parallel.tensor_parallel_size
+        checked_hf_config(config)  # fail before spawning: the split, the length, the devices
+        size = self.size = config.parallel.tensor_parallel_size
+        have = torch.cuda.device_count()  # 0 without CUDA
+        if config.execution.device != "cpu" and torch.cuda.is_available() and have < size:
+            raise ValueError(f"tensor_parallel_size={size} needs that many CUDA devices; {have} available")
         install_sigterm_cleanup()
         self.group = WorkerGroup(config)
-        self.finalizer = weakref.finalize(self, stop_group, self.group)
+        self.finalizer = weakref.finalize(self, self.group.stop)
         _live.add(self)
         try:
             self.info = self.group.receive(list(range(self.size)), startup=True)[0]
@@ -160,14 +154,9 @@ class MultiprocExecutor:
     def kill(self) -> None:
         """Stops the workers at once (no goodbye) and removes what they shared."""
         if self.finalizer.detach():
-            try:
-                self.group.kill()
-            finally:
-                self.group.release()
+            self.group.stop(graceful=False)
         _live.discard(self)
 
 
 def make_executor(config: EngineConfig) -> InProcessExecutor | MultiprocExecutor:
-    if config.parallel.tensor_parallel_size == 1:
-        return InProcessExecutor(config)
-    return MultiprocExecutor(config)
+    return (InProcessExecutor if config.parallel.tensor_parallel_size == 1 else MultiprocExecutor)(config)

@@ -5,12 +5,11 @@ graph's buffers (on an H200 host those cost ~0.3 ms in front of a lone prefill s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Hashable
 
 import numpy as np
 import torch
+from torch import nn
 
 from nanoexp.kernels.base import AttentionMetadata
 from nanoexp.layers.sampler import SamplingTensors
@@ -45,7 +44,8 @@ class InputArena:
             end = start + math.prod(shape) * dtype.itemsize
         self.nbytes = aligned(end)
         self.buffer = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
-        self.tensors = {name: self.view(self.buffer, name) for name in self.layout}
+        self.tensors = {name: self.buffer[self.span(name)].view(dtype).view(shape)
+                        for name, (_, shape, dtype) in self.layout.items()}  # fmt: skip
         self.last = fields[-1][0]
         self.prefixes: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -59,10 +59,6 @@ class InputArena:
     def span(self, name: str) -> slice:
         start, shape, dtype = self.layout[name]
         return slice(start, start + math.prod(shape) * dtype.itemsize)
-
-    def view(self, buffer: torch.Tensor, name: str) -> torch.Tensor:
-        _, shape, dtype = self.layout[name]
-        return buffer[self.span(name)].view(dtype).view(shape)
 
     def host_views(self, host: np.ndarray) -> dict[str, np.ndarray]:
         return {name: host[self.span(name)].view(NUMPY_DTYPES[dtype]).reshape(shape)
@@ -109,8 +105,8 @@ class PinnedMirrors:
             self.recorded[index] = True
 
 
-def token_fields(tokens: int, seqs: int, max_blocks: int) -> tuple[Fields, Fields]:
-    """The fields every graph step has: (per token and per sequence, the block tables)."""
+def token_fields(tokens: int, seqs: int, max_blocks: int, extra: Fields = ()) -> Fields:
+    """The fields every graph step has, per token and per sequence, then `extra`, then the block tables."""
     int32, int64, float32 = torch.int32, torch.int64, torch.float32
     head = [
         ("input_ids", (tokens,), int64), ("positions", (tokens,), int64), ("slot_mapping", (tokens,), int64),
@@ -118,7 +114,7 @@ def token_fields(tokens: int, seqs: int, max_blocks: int) -> tuple[Fields, Field
         ("logits_indices", (seqs,), int64), ("temperatures", (seqs,), float32), ("top_k", (seqs,), int64),
         ("top_p", (seqs,), float32), ("min_p", (seqs,), float32), ("row_seeds", (seqs,), int64),
     ]  # fmt: skip
-    return head, [("block_tables", (seqs, max_blocks), int32)]
+    return head + list(extra) + [("block_tables", (seqs, max_blocks), int32)]
 
 
 # Up to this many tokens a Python loop lays a step out faster than numpy's ~20 array operations
@@ -142,13 +138,6 @@ def python_layout(step: StepInput, block_size: int) -> tuple[list[int], list[int
     return positions, slots, last_rows
 
 
-def numpy_layout(step: StepInput, block_size: int, tables: np.ndarray) -> tuple[Any, Any, np.ndarray]:
-    """python_layout by numpy, from the step's block tables as rows of `tables`."""
-    layout = token_layout(step)
-    slots = slot_mapping(step, tables, layout.seq_of_token, layout.positions, block_size)
-    return layout.positions, slots, layout.cu_q[1:] - 1
-
-
 def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, size: int, seqs: int) -> None:
     """The step's token and sequence fields into a mirror, padded to the graph's `size` tokens and `seqs`
     sequences (token 0 at position 0, slot -1: nothing stored; context 0: nothing read)."""
@@ -160,9 +149,11 @@ def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, 
     if n <= PYTHON_TOKENS:
         positions, slots, last_rows = python_layout(step, block_size)
         host["logits_indices"][: len(sampled)] = [last_rows[i] for i in sampled]
-    else:
-        positions, slots, last_rows = numpy_layout(step, block_size, tables)
-        host["logits_indices"][: len(sampled)] = last_rows[np.asarray(sampled, dtype=np.int64)]
+    else:  # python_layout by numpy
+        layout = token_layout(step)
+        positions = layout.positions
+        slots = slot_mapping(step, tables, layout.seq_of_token, positions, block_size)
+        host["logits_indices"][: len(sampled)] = layout.cu_q[np.asarray(sampled, dtype=np.int64) + 1] - 1
     host["input_ids"][:n] = step.token_ids
     host["input_ids"][n:size] = 0  # the mirror may hold another layout's bytes: padding reads token 0
     host["positions"][:n] = positions
@@ -175,40 +166,60 @@ def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, 
         host["prev_sample_rows"][:n] = step.prev_sample_rows
 
 
-@dataclass
-class GraphTarget:
-    """Where a step's inputs go: its graph's arena and metadata, padded sizes and key."""
+class GraphLadder:
+    """The inputs and output of graphs captured at a ladder of padded token counts (runner/cuda_graphs.py); a
+    step replays the smallest that fits. Each size reads its own InputArena, filled by one copy from a
+    pinned mirror; what the capture runs store: nothing (slot -1)."""
 
-    arena: InputArena
-    md: AttentionMetadata
-    size: int
-    seqs: int
-    key: Any
+    def __init__(self, model: nn.Module, sizes: list[int], max_blocks_per_seq: int, hidden_size: int,
+                 dtype: torch.dtype, device: torch.device):  # fmt: skip
+        self.model, self.sizes = model, sizes
+        self.arenas = {size: InputArena(self.fields(size, max_blocks_per_seq), device) for size in sizes}
+        for arena in self.arenas.values():
+            arena.tensors["slot_mapping"].fill_(-1)
+        self.mirrors = PinnedMirrors(max(arena.nbytes for arena in self.arenas.values()), device)
+        self.output = torch.zeros(sizes[-1], hidden_size, dtype=dtype, device=device)
+        self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
+        self.mds: dict[Hashable, AttentionMetadata] = {}  # what a replay reads, by graph key
 
+    def fields(self, size: int, max_blocks: int) -> Fields:
+        """The arena fields of the graph of `size` tokens (each graph kind its own)."""
+        raise NotImplementedError
 
-def upload_graph_step(
-    target: GraphTarget, mirrors: PinnedMirrors, step: StepInput, block_size: int, vocab_size: int,
-    fresh: Fresh = None, write_extra: Callable[[dict[str, np.ndarray]], None] | None = None,
-) -> GraphStep:  # fmt: skip
-    """The step's inputs written into a pinned mirror of the target's arena (`write_extra(host)`: a graph
-    kind's own fields), uploaded by one copy; the ModelInputs and SamplingTensors are views of the arena."""
-    arena, md = target.arena, target.md
-    index, host = mirrors.acquire(arena)
-    write_tokens(host, step, block_size, target.size, target.seqs)
-    flags = None
-    if step.sample_seq_indices:
-        arrays, *flags = sampling_arrays(step, vocab_size, fresh)
-        for name, values in arrays.items():
-            host[name][: len(values)] = values
-    if write_extra is not None:
-        write_extra(host)
-    mirrors.upload(index, arena, arena.copy_end(len(step.query_lens)))
-    n, samples = step.num_tokens, len(step.sample_seq_indices)
-    prev_rows = None if step.prev_sample_rows is None else arena.rows("prev_sample_rows", n)
-    inputs = ModelInputs(arena.rows("input_ids", n), arena.rows("positions", n), md,
-                         arena.rows("logits_indices", samples), prev_rows, samples_every_row(step),
-                         graph_key=target.key)  # fmt: skip
-    if flags is None:
-        return inputs, None
-    fields = {name: arena.rows(name, samples) for name in SAMPLING_FIELDS}
-    return inputs, sampling_tensors(step, fields, *flags)
+    @property
+    def max_tokens(self) -> int:
+        return self.sizes[-1]
+
+    def size_for(self, num_tokens: int) -> int:
+        return next(size for size in self.sizes if size >= num_tokens)
+
+    def upload(self, step: StepInput, size: int, seqs: int, key: Hashable, block_size: int, vocab_size: int,
+               fresh: Fresh, write_extra: Callable[[dict[str, np.ndarray]], None] | None = None,
+               ) -> GraphStep:  # fmt: skip
+        """The step's inputs written into a pinned mirror of its size's arena, padded to `size` tokens and
+        `seqs` sequences (`write_extra(host)`: a graph kind's own fields), uploaded by one copy; the
+        ModelInputs and SamplingTensors are views of the arena."""
+        arena = self.arenas[size]
+        index, host = self.mirrors.acquire(arena)
+        write_tokens(host, step, block_size, size, seqs)
+        flags = None
+        if step.sample_seq_indices:
+            arrays, *flags = sampling_arrays(step, vocab_size, fresh)
+            for name, values in arrays.items():
+                host[name][: len(values)] = values
+        if write_extra is not None:
+            write_extra(host)
+        self.mirrors.upload(index, arena, arena.copy_end(len(step.query_lens)))
+        n, samples = step.num_tokens, len(step.sample_seq_indices)
+        prev_rows = None if step.prev_sample_rows is None else arena.rows("prev_sample_rows", n)
+        inputs = ModelInputs(arena.rows("input_ids", n), arena.rows("positions", n), self.mds[key],
+                             arena.rows("logits_indices", samples), prev_rows, samples_every_row(step),
+                             graph_key=key)  # fmt: skip
+        if flags is None:
+            return inputs, None
+        fields = {name: arena.rows(name, samples) for name in SAMPLING_FIELDS}
+        return inputs, sampling_tensors(step, fields, *flags)
+
+    def replay(self, inputs: ModelInputs) -> torch.Tensor:
+        self.graphs[inputs.graph_key].replay()
+        return self.output[: inputs.input_ids.shape[0]]

@@ -45,9 +45,8 @@ def upload(columns: Columns, device: torch.device) -> list[torch.Tensor]:
     arrays = [np.ascontiguousarray(data, dtype=NUMPY_DTYPES[dtype]) for data, dtype in columns]
     offsets, end = [], 0
     for array in arrays:
-        start = aligned(end)
-        offsets.append(start)
-        end = aligned(start + array.nbytes)
+        offsets.append(end)
+        end = aligned(end + array.nbytes)
     staging = torch.empty(max(end, UPLOAD_ALIGN), dtype=torch.uint8, pin_memory=device.type == "cuda")
     flat = staging.numpy()
     for array, start in zip(arrays, offsets):
@@ -60,13 +59,6 @@ def upload(columns: Columns, device: torch.device) -> list[torch.Tensor]:
         view = typed[dtype][start // size : (start + array.nbytes) // size]
         views.append(view if array.ndim == 1 else view.view(array.shape))
     return views
-
-
-def padded_tables(tables: list[list[int]]) -> np.ndarray:
-    table = np.zeros((len(tables), max((len(t) for t in tables), default=0)), dtype=np.int32)
-    for row, blocks in zip(table, tables):
-        row[: len(blocks)] = blocks
-    return table
 
 
 def slot_mapping(step: StepInput, tables: np.ndarray, seq_of_token: np.ndarray, positions: np.ndarray,
@@ -91,9 +83,10 @@ def prepare_step(step: StepInput, block_size: int, vocab_size: int, device: torc
     columns, assemble = input_columns(step, block_size, lossy_cache)
     if not step.sample_seq_indices:
         return assemble(upload(columns, device)), None
-    sampling_cols, assemble_sampling = sampling_columns(step, vocab_size, fresh)
-    tensors = upload(columns + sampling_cols, device)
-    return assemble(tensors[: len(columns)]), assemble_sampling(tensors[len(columns) :])
+    arrays, all_greedy, needs_filter = sampling_arrays(step, vocab_size, fresh)
+    tensors = upload(columns + [(values, SAMPLING_FIELDS[name]) for name, values in arrays.items()], device)
+    sampling = sampling_tensors(step, dict(zip(arrays, tensors[len(columns) :])), all_greedy, needs_filter)
+    return assemble(tensors[: len(columns)]), sampling
 
 
 @dataclass
@@ -132,7 +125,9 @@ def input_columns(
     (an eager step; a captured one writes them into its graph's buffers, runner/graph_inputs.py)."""
     layout = token_layout(step)
     query_lens, context_lens, cu_q, cu_k = layout.query_lens, layout.context_lens, layout.cu_q, layout.cu_k
-    tables = padded_tables(step.block_tables)
+    tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables), default=0)), dtype=np.int32)
+    for row, blocks in zip(tables, step.block_tables):
+        row[: len(blocks)] = blocks
     slots = slot_mapping(step, tables, layout.seq_of_token, layout.positions, block_size)
     last_rows = cu_q[np.asarray(step.sample_seq_indices, dtype=np.int64) + 1] - 1
     columns = [
@@ -170,14 +165,6 @@ def samples_every_row(step: StepInput) -> bool:
     return len(samples) == num_rows and samples == list(range(num_rows))
 
 
-def row_seeds(seeds: list[int | None], fresh: Fresh = None) -> np.ndarray:
-    """Each row's seed, or a fresh one from `fresh(n)`, else from torch's host generator (engine seed)."""
-    n = len(seeds)
-    fresh_seeds = fresh(n) if fresh else torch.randint(0, 2**62, (n,), dtype=torch.int64).numpy()
-    chosen = [fresh_seeds[i] if seed is None else seed for i, seed in enumerate(seeds)]
-    return np.array(chosen, dtype=np.int64)
-
-
 def counter_seeds(base: int, serial: int, n: int) -> np.ndarray:
     """n seeds in [0, 2^62) that depend only on (base, serial, row): every tensor-parallel rank
     computes the same ones without sharing a generator's state (splitmix64 of a counter)."""
@@ -195,8 +182,9 @@ def prepare_sampling(
     step: StepInput, vocab_size: int, device: torch.device, fresh: Fresh = None
 ) -> SamplingTensors:
     """The step's sampling parameters on the device."""
-    columns, assemble = sampling_columns(step, vocab_size, fresh)
-    return assemble(upload(columns, device))
+    arrays, all_greedy, needs_filter = sampling_arrays(step, vocab_size, fresh)
+    tensors = upload([(values, SAMPLING_FIELDS[name]) for name, values in arrays.items()], device)
+    return sampling_tensors(step, dict(zip(arrays, tensors)), all_greedy, needs_filter)
 
 
 SAMPLING_FIELDS = {
@@ -217,8 +205,11 @@ def sampling_arrays(
     if needs_filter:
         arrays["top_k"] = [k if k > 0 else vocab_size for k in step.top_k]
         arrays["top_p"], arrays["min_p"] = step.top_p, step.min_p
-    if not all_greedy:
-        arrays["row_seeds"] = row_seeds(step.seeds, fresh)
+    if not all_greedy:  # each row's seed, or a fresh one from `fresh(n)`, else torch's host generator's
+        n = len(step.seeds)
+        fresh_seeds = fresh(n) if fresh else torch.randint(0, 2**62, (n,), dtype=torch.int64).numpy()
+        chosen = [fresh_seeds[i] if seed is None else seed for i, seed in enumerate(step.seeds)]
+        arrays["row_seeds"] = np.array(chosen, dtype=np.int64)
     return arrays, all_greedy, needs_filter
 
 
@@ -230,17 +221,3 @@ def sampling_tensors(step: StepInput, tensors: dict[str, torch.Tensor], all_gree
         seeds=list(step.seeds), all_greedy=all_greedy, needs_filter=needs_filter,
         row_seeds=None if all_greedy else tensors["row_seeds"],
     )  # fmt: skip
-
-
-def sampling_columns(
-    step: StepInput, vocab_size: int, fresh: Fresh = None
-) -> tuple[Columns, Callable[[list[torch.Tensor]], SamplingTensors]]:
-    """prepare_sampling's host columns, and how their uploaded tensors make SamplingTensors."""
-    arrays, all_greedy, needs_filter = sampling_arrays(step, vocab_size, fresh)
-    names = list(arrays)
-    columns = [(arrays[name], SAMPLING_FIELDS[name]) for name in names]
-
-    def assemble(tensors: list[torch.Tensor]) -> SamplingTensors:
-        return sampling_tensors(step, dict(zip(names, tensors)), all_greedy, needs_filter)
-
-    return columns, assemble

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -15,37 +14,28 @@ from nanoexp.kernels.base import FP8_DTYPE
 from nanoexp.layers.attention import attention_layers
 
 
-@dataclass
-class KVCache:
-    tensor: torch.Tensor  # [layers, 2, blocks, block_size, kv_heads, head_dim]
-    num_blocks: int
-    num_bytes: int
-
-
-def cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The dtype the cache stores for the `cache.kv_cache_dtype` knob: auto = the model's."""
-    return model_dtype if kv_cache_dtype == "auto" else FP8_DTYPE
-
-
 def create_kv_cache(
     config: EngineConfig, model: nn.Module, dtype: torch.dtype, device: torch.device,
     profile: Callable[[], None], reserve_bytes: int,
-) -> KVCache:  # fmt: skip
+) -> torch.Tensor:  # fmt: skip
     """As many blocks as the config asks for, or as fit in memory after `profile` (a largest-size
     forward pass on CUDA) and a reserve; the same number on every rank. `dtype` is the model's."""
-    dtype = cache_dtype(config.cache.kv_cache_dtype, dtype)
-    bytes_per_block = block_bytes(model, config.cache.block_size, dtype)
+    dtype = FP8_DTYPE if config.cache.lossy else dtype
+    per_token = sum(2 * a.num_kv_heads * a.head_dim for a in attention_layers(model))  # K and V, every layer
+    bytes_per_block = per_token * config.cache.block_size * dtype.itemsize
     num_blocks = config.cache.num_blocks
     if num_blocks == -1:
         num_blocks = blocks_from_memory(config, bytes_per_block, device, profile, reserve_bytes)
     else:
         check_blocks_fit(num_blocks, bytes_per_block, device)
-    num_blocks = agree_on(num_blocks, device, config.parallel.tensor_parallel_size)
+    if config.parallel.tensor_parallel_size > 1:  # every rank uses the smallest number any rank can afford
+        agreed = torch.tensor([num_blocks], device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        num_blocks = int(agreed.item())
     if num_blocks < 1:
         raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gb "
                          "or lower max_num_batched_tokens")
-    tensor = allocate_kv_cache(model, num_blocks, config.cache.block_size, dtype, device)
-    return KVCache(tensor, num_blocks, num_blocks * bytes_per_block)
+    return allocate_kv_cache(model, num_blocks, config.cache.block_size, dtype, device)
 
 
 def check_blocks_fit(num_blocks: int, bytes_per_block: int, device: torch.device) -> None:
@@ -58,41 +48,21 @@ def check_blocks_fit(num_blocks: int, bytes_per_block: int, device: torch.device
                         f"{capacity / 2**30:.1f} GiB")  # fmt: skip
 
 
-def block_bytes(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of K and V for one block across all layers of this rank."""
-    per_token = sum(2 * a.num_kv_heads * a.head_dim for a in attention_layers(model))
-    return per_token * block_size * torch.empty(0, dtype=dtype).element_size()
-
-
 def blocks_from_memory(
     config: EngineConfig, bytes_per_block: int, device: torch.device, profile: Callable[[], None],
     reserve_bytes: int,
 ) -> int:  # fmt: skip
+    """cpu_kv_cache_gb on a CPU. On CUDA, after `profile`, this process's share: utilization x total memory,
+    minus its own peak usage so far and a reserve (CUDA graphs, sampler buffers), capped by what is free."""
     if device.type == "cpu":
         budget = config.cache.cpu_kv_cache_gb * 2**30
     else:
         profile()
-        budget = cuda_kv_budget(device, config.cache.gpu_memory_utilization, reserve_bytes)
+        free, total = torch.cuda.mem_get_info(device)
+        peak, current = torch.cuda.max_memory_allocated(device), torch.cuda.memory_allocated(device)
+        by_utilization = total * config.cache.gpu_memory_utilization - peak
+        budget = min(by_utilization, free - (peak - current)) - reserve_bytes
     return max(int(budget // bytes_per_block), 0)
-
-
-def cuda_kv_budget(device: torch.device, utilization: float, reserve_bytes: int) -> float:
-    """This process's share: utilization x total memory, minus its own peak usage so far and a
-    reserve (CUDA graphs, sampler buffers), capped by what the device has free."""
-    free, total = torch.cuda.mem_get_info(device)
-    peak = torch.cuda.max_memory_allocated(device)
-    current = torch.cuda.memory_allocated(device)
-    by_utilization = total * utilization - peak - reserve_bytes
-    return min(by_utilization, free - (peak - current) - reserve_bytes)
-
-
-def agree_on(num_blocks: int, device: torch.device, tp_size: int) -> int:
-    """Every rank must use the same number of blocks: the smallest any rank can afford."""
-    if tp_size == 1:
-        return num_blocks
-    t = torch.tensor([num_blocks], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
 
 
 def allocate_kv_cache(model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,

@@ -22,10 +22,11 @@ from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, D
 from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_sampling, prepare_step
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
-from nanoexp.runner.model_setup import leave_process_group, runner_info, set_up_model
+from nanoexp.runner.model_setup import eos_token_ids, set_up_model
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
-from nanoexp.runner.pending import PendingStep, ReadbackPool
 from nanoexp.runner.step_input import StepInput, blockless_prefill
+
+MIN_READBACK_IDS = 256  # ids per pinned buffer; a larger step gets a buffer of its own size
 
 
 def substitute_tokens(
@@ -44,6 +45,45 @@ def exchange_winners(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
     return pick_shard_winner(winners[:, 0], winners[:, 1]).long()
 
 
+class ReadbackPool:
+    """Pinned host buffers and CUDA events for launched steps' read-back, reused: allocating them
+    every step costs tens of microseconds a batch-1 decode step cannot spare
+    (experiments/nanovllm_bench/runs/host_phases_53dfc1e.md)."""
+
+    def __init__(self) -> None:
+        self.free: list[tuple[torch.Tensor, torch.cuda.Event]] = []
+
+    def take(self, count: int) -> tuple[torch.Tensor, torch.cuda.Event]:
+        for i, slot in enumerate(self.free):
+            if slot[0].numel() >= count:
+                return self.free.pop(i)
+        host = torch.empty(max(count, MIN_READBACK_IDS), dtype=torch.int64, pin_memory=True)
+        return host, torch.cuda.Event()
+
+
+class PendingStep:
+    """A non-blocking copy of `tokens` (int64) to pinned host memory; `result()` waits, then frees it."""
+
+    def __init__(self, tokens: torch.Tensor, pool: ReadbackPool):
+        self.tokens, self.pool = tokens, pool
+        self.slot = None
+        if tokens.is_cuda:
+            self.slot = pool.take(tokens.numel())
+            host, event = self.slot
+            self.host = host[: tokens.numel()]
+            self.host.copy_(tokens, non_blocking=True)
+            event.record()
+
+    def result(self) -> list[int]:
+        if self.slot is None:
+            return self.tokens.tolist()
+        self.slot[1].synchronize()
+        ids = self.host.tolist()
+        self.pool.free.append(self.slot)
+        self.slot = None
+        return ids
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, rank: int = 0, dist_init: str | None = None):
         self.config, self.rank = config, rank
@@ -57,8 +97,10 @@ class ModelRunner:
         self.skinny_gemm = loaded.skinny_gemm
         self.swiglu_kernel = loaded.swiglu_kernel
         self.max_model_len = loaded.max_model_len
+        # sized for the largest all-reduce of a captured decode step: one hidden row per sequence
+        message_bytes = min(config.scheduler.max_num_seqs, MAX_GRAPH_BATCH) * self.hf_config.hidden_size
         self.all_reduce = init_all_reduce(config.parallel.all_reduce, self.device, self.dtype,
-                                          self.decode_message_bytes())  # fmt: skip
+                                          message_bytes * self.dtype.itemsize)  # fmt: skip
         self.timings: dict[str, float] = {"load_s": loaded.load_s}
         self.sampler = Sampler(one_pass=self.device.type == "cuda" and triton_available())
         self.last_sampled: torch.Tensor | None = None  # the last launched step's ids, on every rank
@@ -72,34 +114,25 @@ class ModelRunner:
             self.calibrate_kv_scales()
         reserve = 2**30 if self.uses_graphs() else 2**28  # graph pool, logits and sampler buffers
         cache = create_kv_cache(config, self.model, self.dtype, self.device, self.profile_memory, reserve)
-        self.kv_cache, self.num_blocks, self.kv_cache_bytes = cache.tensor, cache.num_blocks, cache.num_bytes
+        self.kv_cache, self.num_blocks = cache, cache.shape[2]  # [layers, 2, blocks, block_size, heads, dim]
         if self.device.type == "cuda":
             self.warm_up_prefill_kernels()
         self.step_graphs: StepGraphs | None = None
         self.graphs = self.capture_graphs() if self.uses_graphs() else None
 
-    def decode_message_bytes(self) -> int:
-        """The largest all-reduce of a captured decode step: one hidden row per sequence."""
-        rows = min(self.config.scheduler.max_num_seqs, MAX_GRAPH_BATCH)
-        return rows * self.hf_config.hidden_size * self.dtype.itemsize
-
-    def model_head_dim(self) -> int:
-        return attention_layers(self.model)[0].head_dim
-
     def graphs_for(self, step: StepInput) -> DecodeGraphs | StepGraphs | None:
         """The captured graphs that run `step`, or None (an eager step)."""
-        if not self.graphs:
-            return None
-        if not step.is_prefill:
-            return self.graphs if step.num_tokens <= self.graphs.max_batch else None
-        step_graphs = self.step_graphs
-        return step_graphs if step_graphs is not None and step.num_tokens <= step_graphs.max_tokens else None
+        graphs = self.step_graphs if step.is_prefill else self.graphs
+        return graphs if graphs is not None and step.num_tokens <= graphs.max_tokens else None
 
     def uses_graphs(self) -> bool:
         return self.device.type == "cuda" and not self.config.scheduler.enforce_eager
 
     def info(self) -> dict:
-        info = runner_info(self.config, self.hf_config, self.max_model_len, self.num_blocks)
+        """What the control plane needs to know about the model and its KV cache."""
+        eos = eos_token_ids(self.hf_config, self.config.model)
+        info = {"vocab_size": self.hf_config.vocab_size, "max_model_len": self.max_model_len,
+                "eos_token_ids": eos, "num_kv_blocks": self.num_blocks}  # fmt: skip
         if self.step_graphs is not None:  # mixed steps beyond them would run eagerly
             info["max_mixed_step_tokens"] = self.step_graphs.max_tokens
         return info
@@ -110,20 +143,13 @@ class ModelRunner:
         """Decode graphs, and step graphs where the attention backend runs prefills on a fixed grid."""
         start = time.perf_counter()
         max_blocks = -(-self.max_model_len // self.block_size)
-        scheduler = self.config.scheduler
-        graphs = DecodeGraphs(
-            self.model,
-            self.hf_config.hidden_size,
-            scheduler.max_num_seqs,
-            max_blocks,
-            self.dtype,
-            self.device,
-        )
+        scheduler, hidden = self.config.scheduler, self.hf_config.hidden_size
+        graphs = DecodeGraphs(self.model, hidden, scheduler.max_num_seqs, max_blocks, self.dtype, self.device)
         if self.backend.captures_mixed_steps:
+            head_dim = attention_layers(self.model)[0].head_dim
             self.step_graphs = StepGraphs(
-                self.model, self.hf_config.hidden_size, self.model_head_dim(), scheduler.max_num_seqs,
-                scheduler.max_num_batched_tokens, max_blocks, self.dtype, self.device,
-                mixed=scheduler.batching == "mixed",
+                self.model, hidden, head_dim, scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
+                max_blocks, self.dtype, self.device, mixed=scheduler.batching == "mixed",
             )  # fmt: skip
         with use_compiled(True):
             if self.step_graphs is not None:
@@ -220,8 +246,9 @@ class ModelRunner:
         if not inputs.all_rows:
             hidden = hidden[inputs.logits_indices]
         with use_compiled(self.graphs is not None):
-            if self.shards_sampling and self.sampler.can_shard(sampling):
-                return self.sample_shards(hidden, sampling), True
+            if self.shards_sampling and self.sampler.can_shard(sampling):  # each rank draws from its shard
+                logits, vocab_offset = self.model.compute_local_logits(hidden)
+                return exchange_winners(*self.sampler.shard_winners(logits, sampling, vocab_offset)), True
             logits = self.model.compute_logits(hidden)
             return (None if logits is None else self.sampler(logits, sampling)), False
 
@@ -241,11 +268,6 @@ class ModelRunner:
         serial = self.steps_sampled
         self.steps_sampled += 1
         return lambda n: counter_seeds(self.config.execution.seed, serial, n)
-
-    def sample_shards(self, hidden: torch.Tensor, sampling: SamplingTensors) -> torch.Tensor:
-        """Each rank draws from its vocabulary shard; one all-gather gives every rank the step's tokens."""
-        logits, vocab_offset = self.model.compute_local_logits(hidden)
-        return exchange_winners(*self.sampler.shard_winners(logits, sampling, vocab_offset))
 
     def forward_hidden(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor:
         """The last layer's hidden states, through a captured graph where the step fits one."""
@@ -293,7 +315,7 @@ class ModelRunner:
     def stats(self) -> dict:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return {
-            "weights_bytes": weights, "kv_cache_bytes": self.kv_cache_bytes,
+            "weights_bytes": weights, "kv_cache_bytes": self.kv_cache.nbytes,
             "kv_cache_dtype": str(self.kv_cache.dtype).removeprefix("torch."), **scales_summary(self.model),
             "num_kv_blocks": self.num_blocks, "kv_block_size": self.block_size,
             "peak_memory_bytes": peak_memory_bytes(self.device), "peak_memory_kind": self.peak_memory_kind,
@@ -308,4 +330,5 @@ class ModelRunner:
 
     def close(self) -> None:
         reset_all_reduce()
-        leave_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -46,11 +46,14 @@ class LoadedModel:
 def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = None) -> LoadedModel:
     """Checks the config, joins the process group, loads this rank's shard and binds its kernels."""
     hf_config = checked_hf_config(config)
-    max_model_len = model_len(config, hf_config)
+    max_model_len = config.scheduler.model_len(hf_config.max_position_embeddings)
     device = pick_device(config.execution.device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    join_process_group(config, rank, device, dist_init)
+    size = config.parallel.tensor_parallel_size
+    if size > 1:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=dist_init, rank=rank, world_size=size)
     dtype = pick_dtype(config.model.dtype, hf_config, device)
     start = time.perf_counter()
     model = build_model(config, hf_config, dtype, device, max_model_len)
@@ -83,13 +86,8 @@ def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
     """The model's config, after checking that it can be split and is long enough for the config."""
     hf_config = load_hf_config(config.model.path, config.model.arch)
     check_split({dim: getattr(hf_config, dim) for dim in SPLIT_DIMS}, config.parallel.tensor_parallel_size)
-    model_len(config, hf_config)
+    config.scheduler.model_len(hf_config.max_position_embeddings)
     return hf_config
-
-
-def model_len(config: EngineConfig, hf_config: PretrainedConfig) -> int:
-    """The longest request this engine serves, checked against the model and the step budget."""
-    return config.scheduler.model_len(hf_config.max_position_embeddings)
 
 
 def pick_device(choice: str, rank: int) -> torch.device:
@@ -117,18 +115,6 @@ def cpu_has_bfloat16() -> bool:
     about half a float32 one's time (experiments/cpu_path); elsewhere it is emulated and slower."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, check, lambda: False)() for check in checks)
-
-
-def join_process_group(config: EngineConfig, rank: int, device: torch.device, dist_init: str | None) -> None:
-    size = config.parallel.tensor_parallel_size
-    if size > 1:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=dist_init, rank=rank, world_size=size)
-
-
-def leave_process_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def build_model(config: EngineConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
@@ -165,10 +151,3 @@ def eos_token_ids(hf_config: PretrainedConfig, model: ModelConfig) -> list[int]:
 
 def as_list(ids: int | list[int] | None) -> list[int]:
     return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-
-
-def runner_info(config: EngineConfig, hf_config: PretrainedConfig, max_model_len: int,
-                num_blocks: int) -> dict:  # fmt: skip
-    """What the control plane needs to know about the model and its KV cache."""
-    return {"vocab_size": hf_config.vocab_size, "max_model_len": max_model_len,
-            "eos_token_ids": eos_token_ids(hf_config, config.model), "num_kv_blocks": num_blocks}  # fmt: skip

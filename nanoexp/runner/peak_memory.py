@@ -32,7 +32,10 @@ def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     resident = _resident_peak()
-    return resident if resident is not None else _lifetime_resident_peak()
+    if resident is not None:
+        return resident
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the lifetime peak
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def _resident_peak() -> int | None:
@@ -42,8 +45,3 @@ def _resident_peak() -> int | None:
     except OSError:
         return None
     return int(match.group(1)) * 1024 if match else None
-
-
-def _lifetime_resident_peak() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere

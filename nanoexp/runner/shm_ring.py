@@ -7,6 +7,7 @@ published as OVERFLOW and travels over the readers' pipes instead."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -101,10 +102,8 @@ class ShmRing:
     def close(self) -> None:
         """Detaches; the writer, which owns the segment, also removes it."""
         self.slot_seq = self.slot_len = self.reader_done = self.counters = None
-        try:
+        with contextlib.suppress(BufferError):
             self.shm.close()
-        except BufferError:
-            pass
         if self.owner:
             unlink(self.handle.name)
 
@@ -115,10 +114,8 @@ def unlink(name: str) -> None:
     except FileNotFoundError:
         return
     segment.close()
-    try:
+    with contextlib.suppress(FileNotFoundError):
         segment.unlink()
-    except FileNotFoundError:
-        pass
 
 
 def wait_until(ready: Callable[[], bool], check: Callable[[], None], spin_s: float) -> None:

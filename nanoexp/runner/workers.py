@@ -5,8 +5,10 @@ once and a stuck one at the step deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -90,7 +92,8 @@ def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connectio
     except Orphaned:
         clean_up_after(dist_init, ring_handle)
     except BaseException as err:  # noqa: BLE001 - every failure goes back to the control plane
-        send_error(conn, err)
+        with contextlib.suppress(Exception):  # the pipe may be gone; the sentinel reports the death then
+            conn.send(("error", type(err), str(err)))
         if os.getppid() != parent:
             clean_up_after(dist_init, ring_handle)
     ring.close()
@@ -159,13 +162,6 @@ def clean_up_after(dist_init: str, ring_handle: RingHandle) -> None:
     unlink(ring_handle.name)
 
 
-def send_error(conn: Connection, err: BaseException) -> None:
-    try:
-        conn.send(("error", type(err), str(err)))
-    except Exception:  # noqa: BLE001 - the pipe may be gone; the sentinel reports the death then
-        pass
-
-
 # ---- control plane ---------------------------------------------------------------------------
 
 
@@ -186,8 +182,7 @@ class WorkerGroup:
             self.janitor = start_janitor(self.tmpdir, self.ring.handle.name)
             self.start_workers(config)
         except BaseException:  # e.g. spawning from a module without a __main__ guard, or a signal
-            self.kill()
-            self.release()
+            self.stop(graceful=False)
             raise
 
     def start_workers(self, config: EngineConfig) -> None:
@@ -209,7 +204,7 @@ class WorkerGroup:
         """Publishes one command to every rank: once in the ring, or over each pipe if too large."""
         data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
         deadline = time.monotonic() + (timeout or self.step_deadline_s())
-        if self.ring.write(data, lambda: self.check_workers(deadline, range(len(self.procs)))):
+        if self.ring.write(data, lambda: self.check_workers(deadline)):
             return
         for rank, conn in enumerate(self.conns):
             try:
@@ -217,13 +212,13 @@ class WorkerGroup:
             except OSError:
                 self.raise_dead(rank)
 
-    def check_workers(self, deadline: float, awaited) -> None:
+    def check_workers(self, deadline: float) -> None:
         """Raises if a worker died or the deadline passed (while the ring is full)."""
         for rank, proc in enumerate(self.procs):
             if not proc.is_alive():
                 self.raise_dead(rank)
         if time.monotonic() > deadline:
-            self.raise_stuck(list(awaited), self.step_deadline_s(), startup=False)
+            self.raise_stuck(list(range(len(self.procs))), self.step_deadline_s(), startup=False)
 
     def receive(self, ranks: list[int], startup: bool = False) -> list:
         """Waits for one reply from each of `ranks`; an error, a death or the deadline aborts."""
@@ -294,17 +289,21 @@ class WorkerGroup:
                 proc.kill()
         self.reap(JOIN_TIMEOUT_S)
 
-    def shutdown(self) -> None:
+    def stop(self, graceful: bool = True) -> None:
+        """Stops the workers (graceful: told to close, then terminated, before any is killed) and removes
+        what they shared."""
         try:
-            self.send("close", timeout=JOIN_TIMEOUT_S)
-        except RuntimeError:
-            pass  # a worker is already gone; kill() below takes care of the rest
-        self.reap(JOIN_TIMEOUT_S)
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.terminate()
-        self.reap(2.0)
-        self.kill()
+            if graceful:
+                with contextlib.suppress(RuntimeError):  # a worker already gone: kill() below stops the rest
+                    self.send("close", timeout=JOIN_TIMEOUT_S)
+                self.reap(JOIN_TIMEOUT_S)
+                for proc in self.procs:
+                    if proc.is_alive():
+                        proc.terminate()
+                self.reap(2.0)
+            self.kill()
+        finally:
+            self.release()
 
     def reap(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -335,13 +334,10 @@ def start_janitor(tmpdir: str, ring_name: str) -> subprocess.Popen | None:
 def timeout_from(env: str, default: float) -> float:
     """The environment variable, else the default; must be > 0."""
     raw = os.environ.get(env, default)
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{env}={raw!r} is invalid: must be a positive number of seconds")
-    return value
+    with contextlib.suppress(TypeError, ValueError):
+        if 0 < float(raw) < math.inf:
+            return float(raw)
+    raise ValueError(f"{env}={raw!r} is invalid: must be a positive number of seconds")
 
 
 def process_state(pid: int) -> str:
@@ -360,15 +356,6 @@ def name_of(cls: type) -> str:
 def rebuild_error(rank: int, cls: type, message: str) -> BaseException:
     """A startup error in the main process: same type and message, so the user sees one line."""
     if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
+        with contextlib.suppress(Exception):  # a constructor with other arguments
             return cls(message)
-        except Exception:  # noqa: BLE001 - a constructor with other arguments
-            pass
     return RuntimeError(f"tensor-parallel worker rank {rank} failed at startup: {name_of(cls)}: {message}")
-
-
-def stop_group(group: WorkerGroup) -> None:
-    try:
-        group.shutdown()
-    finally:
-        group.release()
