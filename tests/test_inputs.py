@@ -68,7 +68,7 @@ def test_a_lossy_cache_makes_every_prefill_read_the_cache():
     assert prepare_step(decode, 16, 8, cpu, lossy_cache=True)[0].md.has_cached_prefix is False
 
 
-def test_sampling_columns_become_sampling_tensors():
+def test_sampling_params_become_sampling_tensors():
     step = StepInput(False, [1, 2, 3], [1, 1, 1], [4, 5, 6], [[0], [1], [2]], [0, 2],
                      temperatures=[0.0, 0.7], top_k=[-1, 5], top_p=[1.0, 0.9], min_p=[0.0, 0.1],
                      seeds=[None, 42])
