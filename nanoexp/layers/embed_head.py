@@ -28,11 +28,13 @@ class VocabParallelEmbedding(nn.Module):
         param.data[mine.shape[0] :].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # indexing, not F.embedding: its CUDA kernel for up to 16 ids reads them one after another
+        # (12 us for 16 tokens on an H200, against ~3 us)
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self.weight[input_ids]
         local = input_ids - self.vocab_start
         mine = (local >= 0) & (local < self.per_rank)
-        out = F.embedding(local * mine, self.weight) * mine.unsqueeze(-1)
+        out = self.weight[local * mine] * mine.unsqueeze(-1)
         return all_reduce(out)
 
 
