@@ -52,9 +52,6 @@ def _qk_norm_rope_store_kernel(
     row = qkv_ptr + token * stride_qkv + heads[:, None] * HEAD_DIM
     x = tl.load(row + dims[None, :], mask=mask, other=0.0).to(tl.float32)
     xp = tl.load(row + partner[None, :], mask=mask, other=0.0).to(tl.float32)
-    kv_heads = heads - NUM_HEADS
-    k_mask = mask & (kv_heads >= 0)[:, None]
-    v = tl.load(row + (NUM_KV_HEADS * HEAD_DIM) + dims[None, :], mask=k_mask, other=0.0)  # with x: one trip
     if NORM:
         is_q = (heads < NUM_HEADS)[:, None]
         w = tl.where(is_q, tl.load(q_weight_ptr + dims, mask=dim_mask)[None, :],
@@ -74,6 +71,8 @@ def _qk_norm_rope_store_kernel(
     q_dst = q_out_ptr + token * NUM_HEADS * HEAD_DIM + heads[:, None] * HEAD_DIM + dims[None, :]
     tl.store(q_dst, roped, mask=q_mask)
 
+    kv_heads = heads - NUM_HEADS
+    k_mask = mask & (kv_heads >= 0)[:, None]
     if WRITE_K:
         k_dst = k_out_ptr + token * NUM_KV_HEADS * HEAD_DIM + kv_heads[:, None] * HEAD_DIM
         tl.store(k_dst + dims[None, :], roped, mask=k_mask)
@@ -83,6 +82,7 @@ def _qk_norm_rope_store_kernel(
     block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
     k_dst = block * stride_cb + offset * stride_cp + kv_heads[:, None] * stride_ch + dims[None, :]
     _store_cache(k_cache_ptr, k_dst, roped, k_scale_ptr, store_mask, FP8)
+    v = tl.load(row + (NUM_KV_HEADS * HEAD_DIM) + dims[None, :], mask=store_mask, other=0.0)
     v_dst = block * stride_vb + offset * stride_vp + kv_heads[:, None] * stride_vh + dims[None, :] * stride_vd
     _store_cache(v_cache_ptr, v_dst, v, v_scale_ptr, store_mask, FP8)
 
