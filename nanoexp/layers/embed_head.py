@@ -29,7 +29,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # indexing, not F.embedding: its CUDA kernel for up to 16 ids reads them one after another
-        # (12 us for 16 tokens on an H200, against ~3 us)
+        # (11.9 us for 16 tokens on an H200, against 1.5 us)
         if self.tp_size == 1:
             return self.weight[input_ids]
         local = input_ids - self.vocab_start
