@@ -27,7 +27,6 @@ from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve
 from nanoexp.models.registry import model_class
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-SPLIT_DIMS = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
 
 
 @dataclass
@@ -85,7 +84,7 @@ def swiglu_kernel(device: torch.device, dtype: torch.dtype) -> Callable[[torch.T
 def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
     """The model's config, after checking that it can be split and is long enough for the config."""
     hf_config = load_hf_config(config.model.path, config.model.arch)
-    check_split({dim: getattr(hf_config, dim) for dim in SPLIT_DIMS}, config.parallel.tensor_parallel_size)
+    check_split(hf_config.to_dict(), config.parallel.tensor_parallel_size)
     config.scheduler.model_len(hf_config.max_position_embeddings)
     return hf_config
 
@@ -105,16 +104,13 @@ def pick_dtype(choice: str, hf_config: PretrainedConfig, device: torch.device) -
         return DTYPES[choice]
     native = hf_config.dtype if hasattr(hf_config, "dtype") else getattr(hf_config, "torch_dtype", None)
     native = native if isinstance(native, torch.dtype) else torch.bfloat16
-    if device.type == "cpu" and not (native is torch.bfloat16 and cpu_has_bfloat16()):
+    # A CPU with native bfloat16 (AVX512-BF16 or AMX) runs a bfloat16 decode step in about half a float32
+    # one's time (experiments/cpu_path); elsewhere bfloat16 is emulated and slower.
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    cpu_bfloat16 = any(getattr(torch.cpu, check, lambda: False)() for check in checks)
+    if device.type == "cpu" and not (native is torch.bfloat16 and cpu_bfloat16):
         return torch.float32
     return native
-
-
-def cpu_has_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there a bfloat16 decode step takes
-    about half a float32 one's time (experiments/cpu_path); elsewhere it is emulated and slower."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, check, lambda: False)() for check in checks)
 
 
 def build_model(config: EngineConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
