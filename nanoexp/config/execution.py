@@ -9,11 +9,6 @@ from typing import ClassVar
 
 from nanoexp.config.checks import MAX_INT64, choice, integer
 
-DEVICES = ("auto", "cuda", "cpu")
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
-GEMM_BACKENDS = ("auto", "torch", "triton")
-PDL_CHOICES = ("auto", "on", "off")
-
 
 @dataclass
 class ExecutionConfig:
@@ -33,8 +28,8 @@ class ExecutionConfig:
     seed: int = 0  # dummy weights and unseeded sampling
 
     def __post_init__(self) -> None:
-        choice("engine.device", self.device, DEVICES)
-        choice("engine.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        choice("engine.gemm_backend", self.gemm_backend, GEMM_BACKENDS)
-        choice("engine.pdl", self.pdl, PDL_CHOICES)
+        choice("engine.device", self.device, ("auto", "cuda", "cpu"))
+        choice("engine.attention_backend", self.attention_backend, ("auto", "torch", "triton", "flash_attn"))
+        choice("engine.gemm_backend", self.gemm_backend, ("auto", "torch", "triton"))
+        choice("engine.pdl", self.pdl, ("auto", "on", "off"))
         integer("engine.seed", self.seed, 0, high=MAX_INT64)
