@@ -179,10 +179,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run_blockless_prefill(self, tokens: int) -> None:
-        inputs = prepare_inputs(self.blockless_prefill(tokens), self.block_size, self.device)
-        with use_compiled(self.uses_graphs()):
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.md)
-        self.model.compute_logits(hidden[inputs.logits_indices])
+        step = self.blockless_prefill(tokens)
+        self.forward_logits(step, prepare_inputs(step, self.block_size, self.device))
         torch.cuda.synchronize(self.device)
 
     def profile_memory(self) -> None:
@@ -295,13 +293,11 @@ class ModelRunner:
         """Rank 0: the sampled ids of the oldest launched step not collected yet."""
         return self.pending.popleft().result() if self.rank == 0 else None
 
-    def discard_launched(self) -> int:
-        """Waits for and drops every launched, uncollected step (an abort mid-step); returns how many."""
-        dropped = len(self.pending)
+    def discard_launched(self) -> None:
+        """Waits for and drops every launched, uncollected step (an abort mid-step)."""
         while self.pending:
             self.pending.popleft().result()
         self.last_sampled = None
-        return dropped
 
     def share_sampled(self, tokens: torch.Tensor | None, count: int) -> torch.Tensor:
         if self.rank != 0:
