@@ -94,8 +94,7 @@ class ModelRunner:
         self.device, self.dtype = loaded.device, loaded.dtype
         if self.device.type == "cuda":
             self.peak_memory_kind = reset_peak_memory(self.device)
-        self.skinny_gemm = loaded.skinny_gemm
-        self.swiglu_kernel = loaded.swiglu_kernel
+        self.skinny_gemm, self.swiglu_kernel = loaded.skinny_gemm, loaded.swiglu_kernel
         self.max_model_len = loaded.max_model_len
         # sized for the largest all-reduce of a captured decode step: one hidden row per sequence
         message_bytes = min(config.scheduler.max_num_seqs, MAX_GRAPH_BATCH) * self.hf_config.hidden_size
