@@ -80,7 +80,8 @@ class StepGraphs(GraphLadder):
     def __init__(self, model: nn.Module, hidden_size: int, head_dim: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_blocks_per_seq: int, dtype: torch.dtype,
                  device: torch.device, mixed: bool = True):  # fmt: skip
-        self.head_dim, self.max_num_seqs = head_dim, max_num_seqs
+        self.max_num_seqs = max_num_seqs
+        self.tile_block_m = prefill_block_m(head_dim)  # the tile height of every step graph's tile table
         self.with_decodes = (False, True) if mixed else (False,)
         top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
         sizes = sorted({size for size in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if size < top} | {top})
@@ -101,11 +102,6 @@ class StepGraphs(GraphLadder):
     def tile_slots(self, tokens: int) -> int:
         """Tiles of at most `tokens` rows in at most seq_slots sequences: one partial tile each."""
         return -(-tokens // self.tile_block_m) + self.seq_slots(tokens)
-
-    @property
-    def tile_block_m(self) -> int:
-        """The tile height of every step graph's tile table."""
-        return prefill_block_m(self.head_dim)
 
     def view(self, size: int, with_decodes: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         t, seqs = self.arenas[size].tensors, self.seq_slots(size)

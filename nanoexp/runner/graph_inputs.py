@@ -173,7 +173,7 @@ class GraphLadder:
 
     def __init__(self, model: nn.Module, sizes: list[int], max_blocks_per_seq: int, hidden_size: int,
                  dtype: torch.dtype, device: torch.device):  # fmt: skip
-        self.model, self.sizes = model, sizes
+        self.model, self.sizes, self.max_tokens = model, sizes, sizes[-1]
         self.arenas = {size: InputArena(self.fields(size, max_blocks_per_seq), device) for size in sizes}
         for arena in self.arenas.values():
             arena.tensors["slot_mapping"].fill_(-1)
@@ -185,10 +185,6 @@ class GraphLadder:
     def fields(self, size: int, max_blocks: int) -> Fields:
         """The arena fields of the graph of `size` tokens (each graph kind its own)."""
         raise NotImplementedError
-
-    @property
-    def max_tokens(self) -> int:
-        return self.sizes[-1]
 
     def size_for(self, num_tokens: int) -> int:
         return next(size for size in self.sizes if size >= num_tokens)
