@@ -13,7 +13,7 @@ class BlockManager:
     not in an object per block: a large cache has ~1M blocks, which garbage collections would walk."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
-        self.block_size = block_size
+        self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self.cached_hash: list[int | None] = [None] * num_blocks
@@ -22,10 +22,6 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         self.queries = 0  # prompt tokens looked up
         self.hits = 0  # prompt tokens served from the cache
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.ref_counts)
 
     @property
     def num_free(self) -> int:

@@ -111,21 +111,19 @@ class ModelRunner:
         self.readback = ReadbackPool()
         if config.cache.lossy:
             self.calibrate_kv_scales()
-        reserve = 2**30 if self.uses_graphs() else 2**28  # graph pool, logits and sampler buffers
+        self.uses_graphs = self.device.type == "cuda" and not config.scheduler.enforce_eager
+        reserve = 2**30 if self.uses_graphs else 2**28  # graph pool, logits and sampler buffers
         cache = create_kv_cache(config, self.model, self.dtype, self.device, self.profile_memory, reserve)
         self.kv_cache, self.num_blocks = cache, cache.shape[2]  # [layers, 2, blocks, block_size, heads, dim]
         if self.device.type == "cuda":
             self.warm_up_prefill_kernels()
         self.step_graphs: StepGraphs | None = None
-        self.graphs = self.capture_graphs() if self.uses_graphs() else None
+        self.graphs = self.capture_graphs() if self.uses_graphs else None
 
     def graphs_for(self, step: StepInput) -> DecodeGraphs | StepGraphs | None:
         """The captured graphs that run `step`, or None (an eager step)."""
         graphs = self.step_graphs if step.is_prefill else self.graphs
         return graphs if graphs is not None and step.num_tokens <= graphs.max_tokens else None
-
-    def uses_graphs(self) -> bool:
-        return self.device.type == "cuda" and not self.config.scheduler.enforce_eager
 
     def info(self) -> dict:
         """What the control plane needs to know about the model and its KV cache."""
@@ -195,7 +193,7 @@ class ModelRunner:
         token count) change variant, so no timed step compiles one; nothing is stored."""
         start = time.perf_counter()
         budget = self.config.scheduler.max_num_batched_tokens
-        captured = MAX_STEP_GRAPH_TOKENS if self.uses_graphs() and self.backend.captures_mixed_steps else 0
+        captured = MAX_STEP_GRAPH_TOKENS if self.uses_graphs and self.backend.captures_mixed_steps else 0
         for tokens in sorted({min(16, budget), min(64, budget), budget}):
             if tokens > captured:  # smaller steps run in step graphs, whose capture compiles their kernels
                 self.run_blockless_prefill(tokens)
@@ -270,7 +268,7 @@ class ModelRunner:
         """The last layer's hidden states, through a captured graph where the step fits one."""
         if inputs.graph_key is not None:
             return self.graphs_for(step).replay(inputs)
-        with use_compiled(self.uses_graphs()):
+        with use_compiled(self.uses_graphs):
             return self.model(inputs.input_ids, inputs.positions, inputs.md)
 
     def forward_logits(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor | None:
