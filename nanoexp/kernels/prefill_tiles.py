@@ -9,9 +9,7 @@ def prefill_config(head_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) sized to fit shared memory. At head size 128 on an
     H200, 64 x 64 beat 128 x 64 by 13-31% (4,096- to 512-token prompts) and are within 1% of the best
     shape swept (experiments/tools/prefill_kernel_sweep.py)."""
-    if head_dim > 128:
-        return 64, 32, 4, 2
-    return 64, 64, 4, 3
+    return (64, 32, 4, 2) if head_dim > 128 else (64, 64, 4, 3)
 
 
 def prefill_block_m(head_dim: int) -> int:

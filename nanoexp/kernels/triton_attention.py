@@ -157,10 +157,8 @@ def decode_tile(dim_pad: int, fp8: bool, device: torch.device, batch: int) -> tu
     experiments/kernels/runs/decode_tiles.md)."""
     if dim_pad > 128:
         return 32, 2
-    hopper = pdl.supported(device)
-    if fp8:
-        return (128 if batch > FP8_SMALL_TILE_MAX_BATCH else 64), (3 if hopper else 2)
-    return 64, 3 if hopper else 2
+    keys = 128 if fp8 and batch > FP8_SMALL_TILE_MAX_BATCH else 64
+    return keys, 3 if pdl.supported(device) else 2
 
 
 def paged_decode(

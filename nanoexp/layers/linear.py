@@ -49,10 +49,8 @@ class LinearBase(nn.Module):
         return rows(loaded, self.tp_rank * size, size, dim)
 
     def weight_loader(self, param: nn.Parameter, loaded) -> None:
-        if self.tp_dim < len(shape_of(loaded)):
-            param.data.copy_(self.shard_of(loaded, self.tp_dim))
-        else:
-            param.data.copy_(loaded[:])
+        sharded = self.tp_dim < len(shape_of(loaded))  # a row-parallel layer's bias is whole
+        param.data.copy_(self.shard_of(loaded, self.tp_dim) if sharded else loaded[:])
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear(x, self.bias)
