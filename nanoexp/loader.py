@@ -174,7 +174,7 @@ def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id=None) -> l
         return [heads * module.head_dim, *local[1:]]
     if isinstance(module, MergedColumnParallelLinear) and shard_id is not None:
         return [module.output_sizes[shard_id], *local[1:]]
-    if isinstance(module, LinearBase) and module.tp_dim is not None and module.tp_dim < len(local):
+    if isinstance(module, LinearBase) and module.tp_dim < len(local):
         local[module.tp_dim] *= module.tp_size
     return local
 

@@ -16,13 +16,14 @@ import functools
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 DEFAULT_NUM_SMS = 132  # an H100/H200, for sizing launches where there is no CUDA device
 
 
-def is_fp8(cache: torch.Tensor) -> bool:
+def is_fp8(cache: Tensor) -> bool:
     return cache.dtype == FP8_DTYPE
 
 
@@ -35,11 +36,11 @@ class AttentionMetadata:
     has_cached_prefix then describe only the prefills (cu_seqlens_q[0] = 0 at row num_decodes)."""
 
     is_prefill: bool
-    slot_mapping: torch.Tensor  # int64 [num_tokens]
-    context_lens: torch.Tensor  # int32 [num_seqs]
-    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq], padded with 0
-    cu_seqlens_q: torch.Tensor | None = None  # int32 [num_seqs + 1], prefill only
-    cu_seqlens_k: torch.Tensor | None = None  # int32 [num_seqs + 1], prefill only
+    slot_mapping: Tensor  # int64 [num_tokens]
+    context_lens: Tensor  # int32 [num_seqs]
+    block_tables: Tensor  # int32 [num_seqs, max_blocks_per_seq], padded with 0
+    cu_seqlens_q: Tensor | None = None  # int32 [num_seqs + 1], prefill only
+    cu_seqlens_k: Tensor | None = None  # int32 [num_seqs + 1], prefill only
     max_seqlen_q: int = 1
     max_seqlen_k: int = 0  # bounds every context_lens entry it describes; 0: unknown (a captured graph's)
     # a prefill sequence attends to earlier steps' tokens, or (lossy cache) prefill reads K/V from the cache
@@ -47,8 +48,8 @@ class AttentionMetadata:
     num_decodes: int = 0  # leading one-token decode sequences of a prefill step (a mixed step)
     max_decode_seqlen_k: int = 0  # a mixed step's longest decode context; 0: unknown
     # A step graph's mixed step: the prefill tile table and each leading decode slot's context (0: none)
-    prefill_tiles: torch.Tensor | None = None
-    decode_context_lens: torch.Tensor | None = None
+    prefill_tiles: Tensor | None = None
+    decode_context_lens: Tensor | None = None
 
     @functools.cached_property
     def decode_part(self) -> AttentionMetadata:
@@ -67,9 +68,6 @@ class AttentionMetadata:
             True, self.slot_mapping[d:], self.context_lens[d:], self.block_tables[d:], self.cu_seqlens_q,
             self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k, self.has_cached_prefix,
         )  # fmt: skip
-
-
-Tensor = torch.Tensor
 
 
 class AttentionBackend:

@@ -93,31 +93,27 @@ def paged_case(ctx_lens, q_lens, is_prefill, block_size, kv_heads, head_dim, dty
     return k_cache, v_cache, scales, md
 
 
-def default_cases(block_size: int) -> list[tuple[list[int], list[int], bool]]:
-    """(context lengths, new tokens per sequence, is_prefill) of the three cases."""
-    return [
-        ([1, block_size + 3, 37], [1, 1, 1], False),
-        ([block_size + 30, 9], [30, 9], True),  # 30 new tokens after one cached block
-        ([17, 5], [17, 5], True),
-    ]
-
-
 def max_error(
     backend, device, dtype, head_dim, block_size, cases=None, heads=(NUM_HEADS, NUM_KV_HEADS), seed=1234,
     kv_fp8=False,
 ) -> float:  # fmt: skip
-    """Largest abs difference from the reference over store_kv, decode and both prefill kinds."""
+    """Largest abs difference from the reference over store_kv, decode and both prefill kinds; cases:
+    (context lengths, new tokens per sequence, is_prefill)."""
+    cases = cases or [
+        ([1, block_size + 3, 37], [1, 1, 1], False),
+        ([block_size + 30, 9], [30, 9], True),  # 30 new tokens after one cached block
+        ([17, 5], [17, 5], True),
+    ]
     gen = torch.Generator().manual_seed(seed)
-    scale = head_dim**-0.5
     num_heads, kv_heads = heads
     errors = []
-    for case in cases or default_cases(block_size):
+    for case in cases:
         *caches, md = paged_case(*case, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8)
         n = md.slot_mapping.shape[0]
         q = torch.randn(n, num_heads, head_dim, generator=gen).to(device, dtype)
         k = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
         v = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
-        errors.append(_compare(backend, *caches, md, q, k, v, scale))
+        errors.append(_compare(backend, *caches, md, q, k, v, head_dim**-0.5))
     return max(errors)
 
 

@@ -38,13 +38,13 @@ class TorchAttentionBackend(AttentionBackend):
         cu_q = md.cu_seqlens_q.tolist()
         ctx = md.context_lens.tolist()
         for i in range(len(ctx)):
-            q_i = q[cu_q[i] : cu_q[i + 1]]
+            rows = slice(cu_q[i], cu_q[i + 1])
             if md.has_cached_prefix:
                 k_i, v_i = gather_context(k_cache, v_cache, md.block_tables[i], ctx[i])
                 k_i, v_i = readable(k_i, k_scale, fp8).to(q.dtype), readable(v_i, v_scale, fp8).to(q.dtype)
             else:
-                k_i, v_i = k[cu_q[i] : cu_q[i + 1]], v[cu_q[i] : cu_q[i + 1]]
-            out[cu_q[i] : cu_q[i + 1]] = causal_attention(q_i, k_i, v_i, scale)
+                k_i, v_i = k[rows], v[rows]
+            out[rows] = causal_attention(q[rows], k_i, v_i, scale)
         return out
 
     def decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float, k_scale=None, v_scale=None):

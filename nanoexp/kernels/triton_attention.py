@@ -157,10 +157,8 @@ def decode_tile(dim_pad: int, fp8: bool, device: torch.device, batch: int) -> tu
     experiments/kernels/runs/decode_tiles.md)."""
     if dim_pad > 128:
         return 32, 2
-    hopper = pdl.supported(device)
-    if fp8:
-        return (128 if batch > FP8_SMALL_TILE_MAX_BATCH else 64), (3 if hopper else 2)
-    return 64, 3 if hopper else 2
+    keys = 128 if fp8 and batch > FP8_SMALL_TILE_MAX_BATCH else 64
+    return keys, 3 if pdl.supported(device) else 2
 
 
 def paged_decode(
@@ -190,34 +188,29 @@ def paged_decode(
             f"per kv head, head_dim {head_dim}"
         )
     if cuda_cores:
-        block_n, num_warps = block_n or CUDA_CORE_TILE, num_warps or CUDA_CORE_WARPS
+        num_warps, num_stages = num_warps or CUDA_CORE_WARPS, num_stages or 1
+        rows, lanes, per_load = tile_shape(block_n or CUDA_CORE_TILE, dim_pad, num_warps)
+        kernel, variant = cuda_core_split_kernel, dict(ROWS=rows, LANES=lanes, PER_LOAD=per_load)
     else:
         tile_keys, tile_stages = decode_tile(dim_pad, fp8, q.device, batch)
-        block_n, num_stages, num_warps = block_n or tile_keys, num_stages or tile_stages, num_warps or 4
+        num_warps, num_stages = num_warps or 4, num_stages or tile_stages
+        kernel, block_n = _decode_split_kernel, block_n or tile_keys
+        variant = dict(GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, KV_FP8=fp8)
     if num_splits is None:
         max_len = max_len or block_tables.shape[1] * block_size
         num_splits = choose_num_splits(batch, num_kv_heads, max_len, num_sms(q.device))
+    part_out = part_lse = out
     if num_splits > 1:
         part_out = torch.empty((batch, num_heads, num_splits, dim_pad), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
-    else:
-        part_out = part_lse = out
-    args = (
+    launch = pdl.launch_options()
+    kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
         k_scale if fp8 else context_lens, v_scale if fp8 else context_lens,  # unused unless fp8
         scale * LOG2E, num_splits, q.stride(0), q.stride(1), *k_cache.stride()[:3], block_tables.stride(0),
-        out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1), GROUP=group, HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
+        SINGLE_SPLIT=num_splits == 1, num_warps=num_warps, num_stages=num_stages, **variant, **launch,
     )  # fmt: skip
-    grid, launch = (batch, num_kv_heads, num_splits), pdl.launch_options()
-    shared = dict(GROUP=group, HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
-                  SINGLE_SPLIT=num_splits == 1, num_warps=num_warps, **launch)  # fmt: skip
-    if cuda_cores:
-        rows, lanes, per_load = tile_shape(block_n, dim_pad, num_warps)
-        cuda_core_split_kernel[grid](*args, ROWS=rows, LANES=lanes, PER_LOAD=per_load,
-                                     num_stages=num_stages or 1, **shared)  # fmt: skip
-    else:
-        _decode_split_kernel[grid](*args, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-                                   KV_FP8=fp8, num_stages=num_stages, **shared)  # fmt: skip
     if num_splits > 1:
         decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, out, num_splits, out.stride(0), out.stride(1), HEAD_DIM=head_dim,
@@ -360,7 +353,7 @@ def varlen_prefill(
         return out
     max_seqlen_q = min(max_seqlen_q, num_tokens)
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    cfg_m, cfg_n, cfg_warps, cfg_stages = _prefill_config(dim_pad)
+    cfg_m, cfg_n, cfg_warps, cfg_stages = _prefill_config(head_dim)
     block_m, block_n = block_m or cfg_m, block_n or cfg_n
     num_warps, num_stages = num_warps or cfg_warps, num_stages or cfg_stages
     grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)

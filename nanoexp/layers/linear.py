@@ -31,7 +31,7 @@ def divide(total: int, parts: int) -> int:
 class LinearBase(nn.Module):
     """Holds a [out_local, in_local] weight (and bias); `tp_dim` is the sharded weight dim."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, tp_dim: int | None):
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp_dim: int):
         super().__init__()
         self.tp_dim = tp_dim
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
@@ -49,10 +49,8 @@ class LinearBase(nn.Module):
         return rows(loaded, self.tp_rank * size, size, dim)
 
     def weight_loader(self, param: nn.Parameter, loaded) -> None:
-        if self.tp_dim is not None and self.tp_dim < len(shape_of(loaded)):
-            param.data.copy_(self.shard_of(loaded, self.tp_dim))
-        else:
-            param.data.copy_(loaded[:])
+        sharded = self.tp_dim < len(shape_of(loaded))  # a row-parallel layer's bias is whole
+        param.data.copy_(self.shard_of(loaded, self.tp_dim) if sharded else loaded[:])
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear(x, self.bias)
