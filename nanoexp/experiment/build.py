@@ -122,7 +122,6 @@ def _narrow(section: Any, engine_class: type, **changes: Any) -> Any:
 
 
 def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint):
-    """Our LLM (through the engine factory), or the transformers baseline (engine=hf)."""
     if spec.engine.kind is EngineKind.hf:
         from nanoexp.experiment.hf_baseline import HFBaseline
         e, arch, batch = config.execution, asdict(spec.model.arch), config.scheduler.max_num_seqs
@@ -139,7 +138,6 @@ def build_driver(spec: NanoexpConfig, llm) -> Driver:
 
 
 def build_tokenizer(checkpoint: Checkpoint):
-    """The checkpoint's tokenizer (for text prompts); None with dummy weights."""
     if checkpoint.path is None:
         return None
     from nanoexp.loader import load_tokenizer
@@ -163,7 +161,6 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
 
 
 def build_logger(spec: NanoexpConfig):
-    """The selected logger fanned out with the always-on local sink."""
     if spec.logger.kind is LoggerKind.wandb:
         from nanoexp.experiment.wandb_logger import WandbLogger
         return FanoutLogger([WandbLogger(spec.logger), LocalSink()])
