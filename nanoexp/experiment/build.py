@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from dataclasses import asdict, dataclass, fields
@@ -67,12 +68,10 @@ def find_checkpoint(path: str | None, hub_id: str | None) -> tuple[str | None, s
         return (str(p), "path") if any(p.glob("*.safetensors")) else (None, "none")
     if hub_id:
         from huggingface_hub import snapshot_download
-        try:
+        with contextlib.suppress(Exception):  # not cached or an invalid id: both mean "absent"
             cached = snapshot_download(hub_id, local_files_only=True)
-        except Exception:  # noqa: BLE001 - not cached or an invalid id: both mean "absent"
-            cached = None
-        if cached and any(Path(cached).glob("*.safetensors")):
-            return cached, "hub_cache"
+            if any(Path(cached).glob("*.safetensors")):
+                return cached, "hub_cache"
     return None, "none"
 
 
