@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
-
-from omegaconf import OmegaConf
 
 from nanoexp import factory
 from nanoexp.config import EngineConfig, ExecutionConfig, KnobError, ModelConfig
@@ -34,11 +33,6 @@ class Checkpoint:
     path: str | None  # the checkpoint directory when real weights are used
     requested: str  # model.load_format as configured
     source: str  # "path", "hub_cache" or "none"
-
-
-def arch_dict(model: ModelSpec) -> dict:
-    """model.arch as the plain config.json fields the engine and transformers take."""
-    return OmegaConf.to_container(OmegaConf.structured(model.arch))
 
 
 def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
@@ -74,12 +68,10 @@ def find_checkpoint(path: str | None, hub_id: str | None) -> tuple[str | None, s
         return (str(p), "path") if any(p.glob("*.safetensors")) else (None, "none")
     if hub_id:
         from huggingface_hub import snapshot_download
-        try:
+        with contextlib.suppress(Exception):  # not cached or an invalid id: both mean "absent"
             cached = snapshot_download(hub_id, local_files_only=True)
-        except Exception:  # noqa: BLE001 - not cached or an invalid id: both mean "absent"
-            cached = None
-        if cached and any(Path(cached).glob("*.safetensors")):
-            return cached, "hub_cache"
+            if any(Path(cached).glob("*.safetensors")):
+                return cached, "hub_cache"
     return None, "none"
 
 
@@ -89,7 +81,7 @@ def check_arch(model: ModelSpec, checkpoint: Checkpoint) -> list[str]:
     if checkpoint.path is None or not config_file.is_file():
         return []
     disk = json_object(str(config_file), checkpoint.path)  # a malformed file, named
-    arch = arch_dict(model).items()
+    arch = asdict(model.arch).items()
     diffs = [f"{k}: config.json={disk[k]!r} model.arch={v!r}" for k, v in arch if k in disk and disk[k] != v]
     for d in diffs:
         log.warning("model.arch differs from %s/config.json: %s", checkpoint.path, d)
@@ -99,7 +91,7 @@ def check_arch(model: ModelSpec, checkpoint: Checkpoint) -> list[str]:
 def check(spec: NanoexpConfig) -> None:
     """Rules across groups that need the model's architecture."""
     try:
-        check_split(arch_dict(spec.model), spec.parallel.tensor_parallel_size)
+        check_split(asdict(spec.model.arch), spec.parallel.tensor_parallel_size)
         max_model_len(spec)
     except KnobError as e:
         raise ConfigError(f"{e} (model={spec.model.name})") from None
@@ -112,7 +104,7 @@ def max_model_len(spec: NanoexpConfig) -> int:
 
 def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
     """The sections are the engine's classes; `model.arch` goes along only with dummy weights."""
-    arch = arch_dict(spec.model) if checkpoint.load_format == "dummy" else None
+    arch = asdict(spec.model.arch) if checkpoint.load_format == "dummy" else None
     weights = {"path": checkpoint.path, "load_format": checkpoint.load_format, "arch": arch}
     model = _narrow(spec.model, ModelConfig, **weights)
     execution = _narrow(spec.engine, ExecutionConfig)
@@ -129,12 +121,11 @@ def _narrow(section: Any, engine_class: type, **changes: Any) -> Any:
 
 
 def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint):
-    """Our LLM (through the engine factory), or the transformers baseline (engine=hf)."""
     if spec.engine.kind is EngineKind.hf:
         from nanoexp.experiment.hf_baseline import HFBaseline
-        e, batch = config.execution, config.scheduler.max_num_seqs
+        e, arch, batch = config.execution, asdict(spec.model.arch), config.scheduler.max_num_seqs
         batch = min(batch, spec.workload.max_concurrency or batch)
-        return HFBaseline(arch_dict(spec.model), checkpoint.path, config.model.dtype, e.device, e.seed, batch)
+        return HFBaseline(arch, checkpoint.path, config.model.dtype, e.device, e.seed, batch)
     return factory.build_engine(config)
 
 
@@ -146,7 +137,6 @@ def build_driver(spec: NanoexpConfig, llm) -> Driver:
 
 
 def build_tokenizer(checkpoint: Checkpoint):
-    """The checkpoint's tokenizer (for text prompts); None with dummy weights."""
     if checkpoint.path is None:
         return None
     from nanoexp.loader import load_tokenizer
@@ -170,7 +160,6 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
 
 
 def build_logger(spec: NanoexpConfig):
-    """The selected logger fanned out with the always-on local sink."""
     if spec.logger.kind is LoggerKind.wandb:
         from nanoexp.experiment.wandb_logger import WandbLogger
         return FanoutLogger([WandbLogger(spec.logger), LocalSink()])

@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.experiment.driver import OnStep, _sleep_until
@@ -31,7 +32,6 @@ class HFBaseline:
     def reset_prefix_cache(self) -> None: ...  # generate keeps no cache between calls
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
-        """Run every request (waiting for its arrival offset), batch by batch."""
         outputs: list[RequestOutput] = []
         pending = list(requests)
         while pending:
@@ -90,19 +90,15 @@ class HFBaseline:
 
 
 def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[float]) -> list[StepStats]:
-    stats, prev = [], start
-    for i, t in enumerate(times):
-        stats.append(StepStats(
-            phase="prefill" if i == 0 else "decode", num_seqs=len(batch),
-            num_tokens=prefill_tokens if i == 0 else len(batch),
-            num_prefill_tokens=prefill_tokens if i == 0 else 0, num_decode_tokens=0 if i == 0 else len(batch),
-            num_output_tokens=sum(len(o.token_ids) > i for o in outs), step_time_s=t - prev,
-            **dict.fromkeys(("kv_blocks_used", "kv_blocks_total", "num_preemptions"), 0),
-            **dict.fromkeys(("prefix_cache_queries", "prefix_cache_hits"), 0),
-            num_running=len(batch), num_waiting=0, num_finished=sum(len(o.token_ids) == i + 1 for o in outs),
-        ))  # fmt: skip
-        prev = t
-    return stats
+    return [StepStats(
+        phase="prefill" if i == 0 else "decode", num_seqs=len(batch),
+        num_tokens=prefill_tokens if i == 0 else len(batch),
+        num_prefill_tokens=prefill_tokens if i == 0 else 0, num_decode_tokens=0 if i == 0 else len(batch),
+        num_output_tokens=sum(len(o.token_ids) > i for o in outs), step_time_s=t - prev,
+        **dict.fromkeys(("kv_blocks_used", "kv_blocks_total", "num_preemptions"), 0),
+        **dict.fromkeys(("prefix_cache_queries", "prefix_cache_hits"), 0),
+        num_running=len(batch), num_waiting=0, num_finished=sum(len(o.token_ids) == i + 1 for o in outs),
+    ) for i, (prev, t) in enumerate(zip([start, *times], times))]  # fmt: skip
 
 
 def _generate_kwargs(batch: list[Request]) -> dict:
@@ -118,11 +114,9 @@ def _generate_kwargs(batch: list[Request]) -> dict:
 
 
 def _left_pad(batch: list[Request], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    prompts = [list(r.prompt_token_ids) for r in batch]
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
-    return ids, mask
+    prompts = [torch.tensor(r.prompt_token_ids, dtype=torch.long) for r in batch]
+    ids = pad_sequence(prompts, batch_first=True, padding_value=pad_id, padding_side="left")
+    return ids, pad_sequence([torch.ones_like(p) for p in prompts], batch_first=True, padding_side="left")
 
 
 def _config(arch: dict, checkpoint: str | None):

@@ -40,7 +40,6 @@ def _on_signal(signum: int, frame) -> None:
 
 
 def received() -> int | None:
-    """The first signal this process received, or None."""
     return _received[0] if _received else None
 
 

@@ -58,12 +58,11 @@ def run_name(overrides: list[str], swept: set[str] | None = None) -> str:
 
 def swept_keys(sweep_dir: str | None) -> set[str] | None:
     """The keys a multirun sweeps, from the `multirun.yaml` it saves first; None when unknown."""
-    saved = Path(sweep_dir) / "multirun.yaml" if sweep_dir else None
-    if saved is None or not saved.is_file():
+    if not sweep_dir:
         return None
     try:
-        parsed = sweep_overrides(OmegaConf.load(saved))
-    except Exception:  # noqa: BLE001 - a name is never worth failing a job over
+        parsed = sweep_overrides(OmegaConf.load(Path(sweep_dir) / "multirun.yaml"))
+    except Exception:  # noqa: BLE001 - not saved (yet) or unreadable: a name is never worth failing a job over
         return None
     return {o.key_or_group for o in parsed if o.is_sweep_override()}
 

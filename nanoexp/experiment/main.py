@@ -51,7 +51,7 @@ def main(cfg: DictConfig) -> int:
         interrupts.die_with_sweep()
     try:
         job = current_job(cfg.logger)  # before the typed config, so a sweep lists its config errors
-        code = _run_job(cfg, job)
+        _run_job(cfg, job)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line and an exit code
         code = _report_error(e, job)
     except KeyboardInterrupt as e:  # recorded as failed; in a sweep's own process it stops the sweep too
@@ -65,7 +65,7 @@ def main(cfg: DictConfig) -> int:
     return code
 
 
-def _run_job(cfg: DictConfig, job: JobInfo) -> int:
+def _run_job(cfg: DictConfig, job: JobInfo) -> None:
     try:
         spec, plain = to_spec(cfg), to_plain(cfg)
         build.check(spec)
@@ -78,20 +78,16 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> int:
         raise
     logger = build.build_logger(spec)
     logger.start(plain, job)
-    summary, code = {"load_format": checkpoint.load_format}, 0
     try:
         summary = experiment(spec, config, checkpoint, logger, job)
     except BaseException as e:
-        code = _exit_code(e)
-        summary |= _failure(e)
         try:
-            logger.finish(summary, code)
+            logger.finish({"load_format": checkpoint.load_format} | _failure(e), _exit_code(e))
         except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
             e.add_note(f"finishing the loggers failed too: {_one_line(err)}")
         raise
-    logger.finish(summary, code)
+    logger.finish(summary, 0)
     append_run_log(job, print_summary(summary, job, plain))
-    return 0
 
 
 def _claim_gpus(spec: NanoexpConfig, job: JobInfo) -> dict:
@@ -166,13 +162,11 @@ class JobMemory:
         out = {"job_memory_scope": self.scope, "job_peak_rss_bytes": peak_rss}
         out["job_rss_at_start_bytes"] = self.rss_at_start
         out |= {"memory_weights_bytes": weights, "memory_kv_cache_bytes": kv}
+        used = peak_rss - self.rss_at_start
         if stats.get("device") == "cuda":
-            peak = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_initialized() else 0
-            out["job_peak_device_bytes"] = peak
-            out["memory_other_bytes"] = max(0, peak - weights - kv)
-        else:
-            out["memory_other_bytes"] = max(0, peak_rss - self.rss_at_start - weights - kv)
-        return out
+            used = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_initialized() else 0
+            out["job_peak_device_bytes"] = used
+        return out | {"memory_other_bytes": max(0, used - weights - kv)}
 
 
 def _warm_up(driver, workload) -> float:
@@ -187,11 +181,10 @@ def _warm_up(driver, workload) -> float:
 def _log_early_failure(cfg: DictConfig, job: JobInfo, error: BaseException) -> None:
     """Starts and finishes the loggers of a job that failed before they started, so it too leaves results."""
     code, failure = _exit_code(error), _failure(error)
-    try:
+    logger_cfg = None
+    with contextlib.suppress(Exception):
         logger_cfg = OmegaConf.to_object(cfg.logger)
-    except Exception:  # noqa: BLE001 - an invalid logger section: only the local sink
-        logger_cfg = None
-    if not isinstance(logger_cfg, LoggerConfig):
+    if not isinstance(logger_cfg, LoggerConfig):  # an invalid logger section: only the local sink
         logger_cfg = LoggerConfig(kind=LoggerKind.none)
     try:
         plain = to_plain(cfg)

@@ -85,10 +85,7 @@ def spread(key: str, values: Sequence[float]) -> dict[str, float]:
 
 def distribution(name: str, values: Sequence[float]) -> dict[str, float]:
     """mean_/median_/std_/pNN_ keys for one latency series (NaN when empty)."""
-    arr = np.asarray(values, dtype=float)
-    if arr.size == 0:
-        keys = ["mean", "median", "std", *(f"p{p}" for p in PERCENTILES)]
-        return {f"{k}_{name}": float("nan") for k in keys}
+    arr = np.asarray(values if len(values) else [math.nan], dtype=float)
     out = {f"mean_{name}": arr.mean(), f"median_{name}": np.median(arr), f"std_{name}": arr.std()}
     out |= {f"p{p}_{name}": np.percentile(arr, p) for p in PERCENTILES}
     return {k: float(v) for k, v in out.items()}

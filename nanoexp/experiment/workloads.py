@@ -6,7 +6,7 @@ import json
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +60,8 @@ def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None) -> Prompt
         prefixes = [rng.integers(0, high, size=w.prefix_len).tolist() for _ in range(w.num_prefixes)]
         suffixes, out_lens = random_prompts(w, w.num_requests, vocab)
         return [prefixes[i % w.num_prefixes] + s for i, s in enumerate(suffixes)], out_lens
-    if w.kind is WorkloadKind.latency:
-        fixed = WorkloadConfig(name=w.name, input_len=w.input_len, output_len=w.output_len, seed=w.seed)
-        return random_prompts(fixed, w.batch_size, vocab)
+    if w.kind is WorkloadKind.latency:  # one batch, every prompt and output of the same length
+        return random_prompts(replace(w, range_ratio=0.0, output_range_ratio=None), w.batch_size, vocab)
     return file_prompts(w, tokenize, vocab)
 
 
