@@ -95,7 +95,8 @@ def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None,
     try:
         run, fallback = _init(cfg, out_dir, dict(config=config, group=group, name=name, job_type=job_type))
     except BaseException:
-        restore_env(env_set)
+        for var in env_set:
+            os.environ.pop(var, None)
         raise
     where = run_dir(run)
     if fallback:  # the offline run's settings hold the timeout the online one had
@@ -152,12 +153,8 @@ def finish_run(run, env_set: list[str], exit_code: int = 0) -> None:
     try:
         run.finish(exit_code=exit_code)
     finally:
-        restore_env(env_set)
-
-
-def restore_env(names: list[str]) -> None:
-    for name in names:
-        os.environ.pop(name, None)
+        for var in env_set:
+            os.environ.pop(var, None)
 
 
 @contextmanager
