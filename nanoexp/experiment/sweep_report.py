@@ -176,8 +176,7 @@ def collect(sweep_dir: Path, expected: list[list[str]] | None = None,
     for num, overrides in enumerate(expected or []):
         if num not in nums:
             rows.append(_vanished(num, "", overrides, "no job dir: the job never started"))
-    table = pd.DataFrame(rows)
-    return table.sort_values("job_num", kind="stable") if not table.empty else table
+    return pd.DataFrame(sorted(rows, key=lambda row: row["job_num"]))
 
 
 def _vanished(num: int, job_dir: str, overrides: list[str], error: str) -> dict:

@@ -55,9 +55,8 @@ class WandbLogger:
 
     def log_requests(self, rows: list[dict]) -> None:
         import wandb
-        if rows:
-            columns = list(rows[0])
-            table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
+        if rows:  # every row has the same keys, in the same order
+            table = wandb.Table(columns=list(rows[0]), data=[list(row.values()) for row in rows])
             self.run.log({"requests": table})
 
     def finish(self, summary: dict, exit_code: int = 0) -> None:
