@@ -71,10 +71,10 @@ def plot_param(table: pd.DataFrame, metrics: list[str], key: str, others: list[s
     save_figure(fig, title, path, legend_title=legend)
 
 
-def from_zero(ax, top: float | None = None) -> None:
-    """The y axis from 0 (every metric is an amount) to `top`, or to just above the highest point."""
+def from_zero(ax) -> None:
+    """The y axis from 0 (every metric is an amount) to just above the highest point."""
     high = ax.dataLim.y1 if np.isfinite(ax.dataLim.y1) else 0.0
-    ax.set_ylim(0, top if top is not None else (high * HEADROOM if high > 0 else 1.0))
+    ax.set_ylim(0, high * HEADROOM if high > 0 else 1.0)
 
 
 def _lines(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> None:
@@ -268,7 +268,7 @@ def plot_serving(table: pd.DataFrame, others: list[str], slo: dict[str, float], 
         _decorate(ax, axis, f"{name} (ms)", slo.get(metric), f"SLO {slo.get(metric, 0):g} ms")
     _decorate(axes[3], axis, "requests/s")
     _decorate(axes[4], axis, "SLO attainment", MIN_ATTAINMENT if slo else None, f"{MIN_ATTAINMENT:.0%}")
-    from_zero(axes[4], top=HEADROOM)  # a fraction: up to 1, with room for the markers at 1
+    axes[4].set_ylim(0, HEADROOM)  # a fraction: up to 1, with room for the markers at 1
     save_figure(fig, title, path)
 
 

@@ -220,8 +220,7 @@ def _parse_overrides(overrides: list[str]) -> dict:
 
 def swept_keys(table: pd.DataFrame) -> list[str]:
     """Override columns whose value differs between jobs."""
-    params = [c for c in table.columns if c.startswith("param:")]
-    return [c for c in params if table[c].astype(str).nunique() > 1]
+    return [c for c in table.columns if c.startswith("param:") and table[c].astype(str).nunique() > 1]
 
 
 def markdown(table: pd.DataFrame, swept: list, title: str, where: str = "", lines: list | None = None,

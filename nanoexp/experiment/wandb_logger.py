@@ -29,8 +29,7 @@ TIMEOUTS["finish_timeout"] = ("WANDB_FINISH_TIMEOUT", FINISH_TIMEOUT_S)
 LOCAL_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", "WANDB_ARTIFACT_DIR": "artifacts"}
 STEP_PREFIX = "step/"
 STEP_AXIS = STEP_PREFIX + "index"
-# per-step series whose min/max/mean make sense in the run's summary
-STEP_SUMMARIES = {"step_time_ms": "min,max,mean", "num_waiting": "max"}
+STEP_SUMMARIES = {"step_time_ms": "min,max,mean", "num_waiting": "max"}  # in the run's summary
 STEP_SUMMARIES |= dict.fromkeys(("tokens_per_s", "kv_cache_usage", "num_seqs"), "max,mean")
 
 
