@@ -18,7 +18,6 @@ from nanoexp.experiment.sweep_plots import pyplot, save_figure
 from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL, _parse_overrides
 
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
-HIGHER = set(HIGHER_IS_BETTER)
 LOWER = {*LOWER_IS_BETTER, "duration_s", "p99_tpot_ms", "median_ttft_ms"}
 
 
@@ -97,8 +96,8 @@ def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
         verdict = "no CI (one repeat)"
     elif not significant:
         verdict = "within noise"
-    elif metric in HIGHER | LOWER:
-        verdict = "better" if (value > 1) == (metric in HIGHER) else "worse"
+    elif metric in LOWER or metric in HIGHER_IS_BETTER:
+        verdict = "better" if (value > 1) == (metric in HIGHER_IS_BETTER) else "worse"
     else:
         verdict = "higher" if value > 1 else "lower"
     return {

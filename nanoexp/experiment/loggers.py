@@ -98,7 +98,7 @@ class LocalSink:
             "exit_code": exit_code, "finished_at": time.time(), "job": self.job.as_dict(),
             "config": self.config, "summary": summary,
         }  # fmt: skip
-        write_atomically(self.job.out_dir / RESULTS_FILE, json.dumps(_json_safe(results), indent=2) + "\n")
+        write_atomically(self.job.out_dir / RESULTS_FILE, json.dumps(json_safe(results), indent=2) + "\n")
 
 
 def read_results(path: Path) -> dict:
@@ -136,12 +136,12 @@ def write_csv(path: Path, rows: list[dict]) -> None:
             writer.writerows(rows)
 
 
-def _json_safe(value):
+def json_safe(value):
     """NaN becomes null and inf "inf", so results.json stays strict JSON."""
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else "inf" if value > 0 else "-inf"
     return value

@@ -9,7 +9,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from nanoexp.experiment.schema import ProfileConfig
@@ -46,7 +46,7 @@ class StepProfiler:
             trace = _torch_profiler(self.cfg.trace_first_step, self.cfg.trace_steps, self.traces[-1])
         restore = self._wrap(log_steps, trace)
         try:
-            with self._event_hooks():
+            with self._event_hooks() if self.cfg.events else nullcontext():
                 yield
         finally:
             restore()
@@ -146,9 +146,6 @@ class StepProfiler:
 
     @contextmanager
     def _event_hooks(self):
-        if not self.cfg.events:
-            yield
-            return
         self.seen = Counter({**self.events, "torch_compiles": _torch_graphs()})
         triton_knobs = _triton_runtime_knobs()
         previous = triton_knobs.jit_post_compile_hook if triton_knobs else None

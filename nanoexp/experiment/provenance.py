@@ -52,10 +52,7 @@ def _run(*cmd: str) -> str:
 
 
 def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
+    return next((dist.version for dist in metadata.distributions(name=package)), None)
 
 
 def device_facts() -> dict:

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -27,18 +28,17 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from nanoexp.experiment import sweep_report
-        self.report = sweep_report.report
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))
-        self.expected = sweep_report.expected_jobs(config)
-        self.metrics = list(config.report.metrics) if config.get("report") is not None else []
+        metrics = list(config.report.metrics) if config.get("report") is not None else []
+        expected, wandb = sweep_report.expected_jobs(config), sweep_report.wandb_target(config)
+        self.report = partial(sweep_report.report, self.sweep_dir, expected, wandb, metrics)
         wait_s = 60.0 * float(config.hydra.launcher.get("timeout_min", 0) or 0) + 60.0
         atexit.register(self._report_after_abort, wait_s)
-        self.wandb = sweep_report.wandb_target(config)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self.reported = True
-        if self.report(Path(config.hydra.sweep.dir), self.expected, self.wandb, self.metrics):
+        if self.report():
             sys.exit(1)
 
     def _report_after_abort(self, wait_s: float) -> None:
@@ -49,7 +49,7 @@ class SweepReport(Callback):
             stop_local_jobs(self.sweep_dir, STOP_GRACE_S)
         else:
             wait_for_local_jobs(self.sweep_dir, wait_s)
-        self.report(self.sweep_dir, self.expected, self.wandb, self.metrics)
+        self.report()
 
 
 def lock_sweep_dir(sweep_dir: Path, append: bool = False):
@@ -90,7 +90,7 @@ def _refuse(line: str) -> None:
 def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> list[int]:
     """Waits at most `wait_s` for this process's submitit jobs, then terminates them; returns those."""
     deadline = time.monotonic() + wait_s
-    pids = _local_jobs(sweep_dir)
+    pids = [int(p.name) for p in (sweep_dir / ".submitit").glob("*") if p.name.isdigit()]
     while (pids := [pid for pid in pids if _running_child(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid in pids:
@@ -100,19 +100,13 @@ def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> list[int]:
 
 def stop_local_jobs(sweep_dir: Path, grace_s: float) -> None:
     """SIGTERM to this process's submitit jobs, then after `grace_s` SIGKILL to what is left of them."""
-    for pid in _local_jobs(sweep_dir):
-        if _running_child(pid):
-            os.kill(pid, signal.SIGTERM)
+    wait_for_local_jobs(sweep_dir, 0.0)  # SIGTERM to the running ones now
     for pid in wait_for_local_jobs(sweep_dir, grace_s):
         for member in interrupts.process_tree(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(member, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
-
-
-def _local_jobs(sweep_dir: Path) -> list[int]:
-    return [int(p.name) for p in (sweep_dir / ".submitit").glob("*") if p.name.isdigit()]
 
 
 def _running_child(pid: int) -> bool:

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from nanoexp.experiment.loggers import json_safe
+
 METRIC_LABELS = {  # metric -> its name in a panel title, its unit and the divisor of its values
     "output_throughput": ("output throughput", "tok/s", 1.0),
     "total_token_throughput": ("total token throughput", "tok/s", 1.0),
@@ -54,26 +56,25 @@ def plot_param(table: pd.DataFrame, metrics: list[str], key: str, others: list[s
     plt = pyplot()
     ok = table[table["status"] == "ok"]
     metrics = [m for m in metrics if m in ok.columns and ok[m].notna().any()]
-    if not metrics or ok.empty:
+    if not metrics:  # also when no job finished
         return
     ncols = min(4, len(metrics))
     nrows = -(-len(metrics) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 3.0 * nrows + 0.6), squeeze=False)
+    fig = plt.figure(figsize=(3.6 * ncols, 3.0 * nrows + 0.6))
     draw = _lines if pd.to_numeric(ok[key], errors="coerce").notna().all() else _bars
-    for ax, metric in zip(axes.flat, metrics):
+    for panel, metric in enumerate(metrics, start=1):
+        ax = fig.add_subplot(nrows, ncols, panel)
         draw(ax, ok, key, others, metric)
         ax.set(title=metric_title(metric), xlabel=key.removeprefix("param:"), ylabel=unit(metric)[0])
         from_zero(ax)
-    for ax in list(axes.flat)[len(metrics) :]:
-        ax.set_visible(False)
     legend = ", ".join(o.removeprefix("param:") for o in others) if others else None
     save_figure(fig, title, path, legend_title=legend)
 
 
-def from_zero(ax, top: float | None = None) -> None:
-    """The y axis from 0 (every metric is an amount) to `top`, or to just above the highest point."""
+def from_zero(ax) -> None:
+    """The y axis from 0 (every metric is an amount) to just above the highest point."""
     high = ax.dataLim.y1 if np.isfinite(ax.dataLim.y1) else 0.0
-    ax.set_ylim(0, top if top is not None else (high * HEADROOM if high > 0 else 1.0))
+    ax.set_ylim(0, high * HEADROOM if high > 0 else 1.0)
 
 
 def _lines(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> None:
@@ -225,10 +226,10 @@ def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
         attainment = pd.to_numeric(part.get("slo_attainment", pd.Series(dtype=float)), errors="coerce")
         met = (attainment.reindex(part.index) >= MIN_ATTAINMENT).cummin()  # every rate up to it met them
         best = part.loc[met, "_rate"].iloc[-1] if met.any() else None
-        rates = [{"offered_request_rate": _json_rate(row["_rate"]), "status": row["status"]}
+        rates = [{"offered_request_rate": row["_rate"], "status": row["status"]}
                  | {k: to_number(row.get(k)) for k in RATE_METRICS} for _, row in part.iterrows()]
-        out.append({"group": label, "max_rate": _json_rate(best), "rates": rates})
-    return out
+        out.append({"group": label, "max_rate": best, "rates": rates})
+    return json_safe(out)  # inf as "inf"
 
 
 def rate_line(slo: dict[str, float], entry: dict | None) -> str:
@@ -242,10 +243,6 @@ def rate_line(slo: dict[str, float], entry: dict | None) -> str:
     if rate is None:
         return f"{head}: none of the offered rates"
     return f"{head}: {'all at t0 (inf)' if rate == 'inf' else f'{rate:g} req/s'}"
-
-
-def _json_rate(rate: float | None) -> float | str | None:
-    return "inf" if rate is not None and math.isinf(rate) else rate
 
 
 def plot_serving(table: pd.DataFrame, others: list[str], slo: dict[str, float], title: str,
@@ -271,7 +268,7 @@ def plot_serving(table: pd.DataFrame, others: list[str], slo: dict[str, float], 
         _decorate(ax, axis, f"{name} (ms)", slo.get(metric), f"SLO {slo.get(metric, 0):g} ms")
     _decorate(axes[3], axis, "requests/s")
     _decorate(axes[4], axis, "SLO attainment", MIN_ATTAINMENT if slo else None, f"{MIN_ATTAINMENT:.0%}")
-    from_zero(axes[4], top=HEADROOM)  # a fraction: up to 1, with room for the markers at 1
+    axes[4].set_ylim(0, HEADROOM)  # a fraction: up to 1, with room for the markers at 1
     save_figure(fig, title, path)
 
 

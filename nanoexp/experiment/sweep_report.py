@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.experiment import sweep_plots
 from nanoexp.experiment.job import sweep_group, sweep_overrides
-from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results
+from nanoexp.experiment.loggers import RESULTS_FILE, first_line, json_safe, read_results
 from nanoexp.experiment.metrics import HEADLINE, spread
 from nanoexp.experiment.schema import LoggerConfig, LoggerKind
 from nanoexp.experiment.summary_table import interval_suffix
@@ -105,8 +104,7 @@ def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
         row = part.iloc[0].to_dict() | {TRIAL: ",".join(map(str, part[TRIAL]))}
         numeric = [c for c in part.columns if c != "job_num" and pd.api.types.is_numeric_dtype(part[c])]
         row |= {c: part[c].mean() for c in numeric if not c.endswith(CI)}
-        if NOISE in part.columns:
-            row[NOISE] = "; ".join(dict.fromkeys(w for w in part[NOISE].fillna("") if w))
+        row[NOISE] = "; ".join(dict.fromkeys(w for w in part[NOISE].fillna("") if w))
         results = [read_results(sweep_dir / str(d) / RESULTS_FILE) for d in part["job_dir"]]
         repeats = [r for res in results for r in res.get("summary", {}).get("per_repeat") or []]
         row["repeats"] = len(repeats)
@@ -178,8 +176,7 @@ def collect(sweep_dir: Path, expected: list[list[str]] | None = None,
     for num, overrides in enumerate(expected or []):
         if num not in nums:
             rows.append(_vanished(num, "", overrides, "no job dir: the job never started"))
-    table = pd.DataFrame(rows)
-    return table.sort_values("job_num", kind="stable") if not table.empty else table
+    return pd.DataFrame(sorted(rows, key=lambda row: row["job_num"]))
 
 
 def _vanished(num: int, job_dir: str, overrides: list[str], error: str) -> dict:
@@ -223,8 +220,7 @@ def _parse_overrides(overrides: list[str]) -> dict:
 
 def swept_keys(table: pd.DataFrame) -> list[str]:
     """Override columns whose value differs between jobs."""
-    params = [c for c in table.columns if c.startswith("param:")]
-    return [c for c in params if table[c].astype(str).nunique() > 1]
+    return [c for c in table.columns if c.startswith("param:") and table[c].astype(str).nunique() > 1]
 
 
 def markdown(table: pd.DataFrame, swept: list, title: str, where: str = "", lines: list | None = None,
@@ -251,11 +247,10 @@ def markdown(table: pd.DataFrame, swept: list, title: str, where: str = "", line
 
 
 def _metric_cell(row: pd.Series, column: str) -> str:
-    v = row.get(column)
-    missing = v is None or (isinstance(v, float) and v != v)  # NaN: a failed job has no metrics
-    text = "" if missing else f"{v:.4g}" if isinstance(v, float) else str(v)
+    v = row.get(column)  # NaN: a failed job has no metrics
+    text = "" if pd.isna(v) else f"{v:.4g}" if isinstance(v, float) else str(v)
     low, high = row.get(f"{column}{CI[0]}"), row.get(f"{column}{CI[1]}")
-    if text and isinstance(low, float) and isinstance(high, float) and low == low and high == high:
+    if text and pd.notna(low) and pd.notna(high):
         text += interval_suffix(float(row[column]), low, high, lambda v: f"{v:.3g}")
     mark = row.get(f"noise:{column}", "")
     return f"**{text}**" if mark == "best" else f"≈{text}" if mark == "within noise" else text
@@ -284,8 +279,7 @@ def log_sweep(sweep_dir: Path, table: pd.DataFrame, swept: list[str], images: li
 
 def _values(column: pd.Series) -> list:
     """The distinct swept values, typed as in the table (16, not '16'), JSON-safe."""
-    values = dict.fromkeys(typed(column).dropna())
-    return [str(v) if isinstance(v, float) and not math.isfinite(v) else v for v in values]
+    return json_safe(list(dict.fromkeys(typed(column).dropna())))
 
 
 def typed(column: pd.Series) -> pd.Series:
@@ -307,11 +301,10 @@ def _loggable(table: pd.DataFrame) -> pd.DataFrame:
     """What wandb.Table takes: one column per key, swept values typed, text as str, None for missing."""
     params = [c for c in table.columns if c.startswith("param:")]
     shadowed = [c.removeprefix("param:") for c in params if c.removeprefix("param:") in table.columns]
-    out = table.drop(columns=shadowed).copy()
-    as_text = lambda v: "" if v is None or (isinstance(v, float) and v != v) else str(v)
+    out = table.drop(columns=shadowed)
     for col in [c for c in out.columns if c not in params]:
         if not pd.api.types.is_numeric_dtype(out[col]):
-            out[col] = out[col].map(as_text)
+            out[col] = out[col].map(lambda v: "" if pd.isna(v) else str(v))
     for col in params:
         out[col] = typed(out[col]).astype(object)
     return out.rename(columns=lambda c: c.removeprefix("param:"))

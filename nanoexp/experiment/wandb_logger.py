@@ -29,8 +29,7 @@ TIMEOUTS["finish_timeout"] = ("WANDB_FINISH_TIMEOUT", FINISH_TIMEOUT_S)
 LOCAL_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", "WANDB_ARTIFACT_DIR": "artifacts"}
 STEP_PREFIX = "step/"
 STEP_AXIS = STEP_PREFIX + "index"
-# per-step series whose min/max/mean make sense in the run's summary
-STEP_SUMMARIES = {"step_time_ms": "min,max,mean", "num_waiting": "max"}
+STEP_SUMMARIES = {"step_time_ms": "min,max,mean", "num_waiting": "max"}  # in the run's summary
 STEP_SUMMARIES |= dict.fromkeys(("tokens_per_s", "kv_cache_usage", "num_seqs"), "max,mean")
 
 
@@ -55,9 +54,8 @@ class WandbLogger:
 
     def log_requests(self, rows: list[dict]) -> None:
         import wandb
-        if rows:
-            columns = list(rows[0])
-            table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
+        if rows:  # every row has the same keys, in the same order
+            table = wandb.Table(columns=list(rows[0]), data=[list(row.values()) for row in rows])
             self.run.log({"requests": table})
 
     def finish(self, summary: dict, exit_code: int = 0) -> None:
@@ -95,7 +93,8 @@ def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None,
     try:
         run, fallback = _init(cfg, out_dir, dict(config=config, group=group, name=name, job_type=job_type))
     except BaseException:
-        restore_env(env_set)
+        for var in env_set:
+            os.environ.pop(var, None)
         raise
     where = run_dir(run)
     if fallback:  # the offline run's settings hold the timeout the online one had
@@ -152,12 +151,8 @@ def finish_run(run, env_set: list[str], exit_code: int = 0) -> None:
     try:
         run.finish(exit_code=exit_code)
     finally:
-        restore_env(env_set)
-
-
-def restore_env(names: list[str]) -> None:
-    for name in names:
-        os.environ.pop(name, None)
+        for var in env_set:
+            os.environ.pop(var, None)
 
 
 @contextmanager
