@@ -38,19 +38,14 @@ class ScheduledBatch:
         the device from row prev_rows[seq_id] of the previous step's samples."""
         num_decodes = self.num_decodes if self.is_prefill else 0
         step = StepInput(self.is_prefill, [], [], [], [], [], num_decodes=num_decodes)
-        token_ids, from_prev = step.token_ids, None  # from_prev: built once a placeholder shows up
+        token_ids = step.token_ids
+        placeholders: list[tuple[int, int]] = []  # (token index, row of the previous step's samples)
         for i, (seq, n) in enumerate(zip(self.seqs, self.num_new_tokens)):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            if seq.token_ids[end - 1] == PLACEHOLDER:
-                from_prev = [-1] * len(token_ids) if from_prev is None else from_prev
-                from_prev += [-1] * (n - 1)
-                from_prev.append(prev_rows[seq.seq_id])
-                token_ids += seq.token_ids[start : end - 1]
-                token_ids.append(0)
-            else:
-                if from_prev is not None:
-                    from_prev += [-1] * n
-                token_ids += seq.token_ids[start:end]
+            token_ids += seq.token_ids[start:end]
+            if token_ids[-1] == PLACEHOLDER:
+                token_ids[-1] = 0
+                placeholders.append((len(token_ids) - 1, prev_rows[seq.seq_id]))
             step.query_lens.append(n)
             step.context_lens.append(end)
             step.block_tables.append(seq.block_table)
@@ -64,7 +59,10 @@ class ScheduledBatch:
                 # the seed mixed with the output position: each position draws differently yet reproducibly
                 seed = params.seed
                 step.seeds.append(None if seed is None else (seed * 1000003 + seq.num_output_tokens) % 2**63)
-        step.prev_sample_rows = from_prev
+        if placeholders:
+            step.prev_sample_rows = [-1] * len(token_ids)
+            for index, row in placeholders:
+                step.prev_sample_rows[index] = row
         return step
 
 
