@@ -104,13 +104,13 @@ def pick_dtype(choice: str, hf_config: PretrainedConfig, device: torch.device) -
         return DTYPES[choice]
     native = hf_config.dtype if hasattr(hf_config, "dtype") else getattr(hf_config, "torch_dtype", None)
     native = native if isinstance(native, torch.dtype) else torch.bfloat16
+    if device.type != "cpu":
+        return native
     # A CPU with native bfloat16 (AVX512-BF16 or AMX) runs a bfloat16 decode step in about half a float32
     # one's time (experiments/cpu_path); elsewhere bfloat16 is emulated and slower.
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    cpu_bfloat16 = any(getattr(torch.cpu, check, lambda: False)() for check in checks)
-    if device.type == "cpu" and not (native is torch.bfloat16 and cpu_bfloat16):
-        return torch.float32
-    return native
+    native_bfloat16 = native is torch.bfloat16 and any(getattr(torch.cpu, c, lambda: False)() for c in checks)
+    return native if native_bfloat16 else torch.float32
 
 
 def build_model(config: EngineConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
