@@ -1,4 +1,5 @@
-"""The typed Hydra config: the engine's config classes as groups, plus the experiment-only groups."""
+"""The typed Hydra config: the engine's config classes as groups, plus the experiment-only groups.
+OmegaConf checks each field's type (bool, int, enum) as it composes; `__post_init__` checks ranges."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from nanoexp.config import (
     SamplingParams,
     SchedulerConfig,
 )
-from nanoexp.config.checks import MAX_INT64, boolean, choice, integer, is_int, is_number, is_real, number
+from nanoexp.config.checks import MAX_INT64, choice, integer, is_int, is_number, is_real, number
 from nanoexp.config.model import LOAD_FORMATS
 
 DUMMY_IF_MISSING = "dummy_if_missing"
@@ -90,11 +91,6 @@ class EngineSpec(ExecutionConfig):
     kind: EngineKind = EngineKind.nanoexp
     warmup: bool = True  # one short untimed request before the workload
     use_tqdm: bool = True  # a progress line while the workload runs (only on a terminal)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        boolean("engine.warmup", self.warmup)
-        boolean("engine.use_tqdm", self.use_tqdm)
 
 
 @dataclass
@@ -205,7 +201,6 @@ class LoggerConfig:
 
     def __post_init__(self) -> None:
         integer("logger.log_every_n_steps", self.log_every_n_steps, 1)
-        boolean("logger.upload_results", self.upload_results)
 
 
 @dataclass
@@ -242,7 +237,6 @@ class KvQualityConfig:
     def __post_init__(self) -> None:
         integer("metrics.kv_quality.num_requests", self.num_requests, 0, " (0 = off)")
         integer("metrics.kv_quality.num_tokens", self.num_tokens, 1)
-        boolean("metrics.kv_quality.lossless", self.lossless)
 
 
 @dataclass
@@ -301,8 +295,6 @@ class ProfileConfig:
         integer("profile.trace_steps", self.trace_steps, 0, " (0 = no trace)")
         integer("profile.trace_first_step", self.trace_first_step, 0)
         integer("profile.trace_repeat", self.trace_repeat, 0)
-        boolean("profile.host_phases", self.host_phases)
-        boolean("profile.events", self.events)
 
     @property
     def enabled(self) -> bool:
@@ -347,11 +339,8 @@ class NanoexpConfig:
         if self.profile.trace_steps and self.profile.trace_repeat >= self.repeats:
             allowed = f"a repeat of this job: 0..{self.repeats - 1} (repeats={self.repeats})"
             raise KnobError("profile.trace_repeat", self.profile.trace_repeat, allowed)
-        boolean("reseed_repeats", self.reseed_repeats)
         if self.save_outputs is None:  # on for prompts files, whose text matters
             self.save_outputs = self.workload.kind is WorkloadKind.prompts_file
-        boolean("save_outputs", self.save_outputs)
-        boolean("append_to_sweep", self.append_to_sweep)
         baseline_only = (  # settings the transformers baseline cannot apply are errors, not labels
             ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size, 1),
             ("cache.kv_cache_dtype", self.cache.kv_cache_dtype, "auto"),
