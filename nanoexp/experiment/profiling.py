@@ -16,11 +16,13 @@ from nanoexp.experiment.schema import ProfileConfig
 
 log = logging.getLogger(__name__)
 PROFILE_DIR = "profile"
-PHASES = {  # wrapped attribute -> phase
-    "schedule": "schedule", "schedule_decode": "schedule", "run": "launch", "launch": "launch",
-    "collect": "collect", "prepare": "prepare", "forward_hidden": "forward", "advance": "bookkeeping",
-    "complete": "bookkeeping",
+PHASES = {  # (owner, method) wrapped -> phase; the runner only when it runs in this process
+    ("scheduler", "schedule"): "schedule", ("scheduler", "schedule_decode"): "schedule",
+    ("executor", "run"): "launch", ("executor", "launch"): "launch", ("executor", "collect"): "collect",
+    ("runner", "prepare"): "prepare", ("runner", "forward_hidden"): "forward",
+    ("engine", "advance"): "bookkeeping", ("engine", "complete"): "bookkeeping",
 }  # fmt: skip
+STEP_PARTS = ("schedule", "launch", "collect", "bookkeeping")  # disjoint; the rest of the step is "other"
 EVENTS = ("triton_compiles", "torch_compiles", "gc_collections", "gc_full_collections")
 
 
@@ -73,25 +75,21 @@ class StepProfiler:
 
     def _wrap(self, log_steps, trace):
         """Wraps the engine's methods for this pass; returns the function that removes the wrappers."""
-        engine, wrapped = self.engine, []
-        owners = [(engine, "step")]
+        engine = self.engine
+        wrapped = [(engine, "step", self._step(engine.step, log_steps, trace))]
         if self.cfg.host_phases:
             runner = getattr(engine.executor, "runner", None)
             self.runner_in_process = runner is not None
-            owners += [(engine.scheduler, "schedule"), (engine.scheduler, "schedule_decode")]
-            owners += [(engine.executor, n) for n in ("run", "launch", "collect")]
-            owners += [(runner, n) for n in ("prepare", "forward_hidden")] if runner is not None else []
-            owners += [(engine, "advance"), (engine, "complete")]
-        for owner, name in (o for o in owners if hasattr(*o)):
-            inner = getattr(owner, name)
-            wrapper = self._step(inner, log_steps, trace) if name == "step" else self._timer(inner, name)
+            owners = dict(engine=engine, scheduler=engine.scheduler, executor=engine.executor, runner=runner)
+            wrapped += [(owners[o], name, self._timer(getattr(owners[o], name), phase))
+                        for (o, name), phase in PHASES.items() if hasattr(owners[o], name)]  # fmt: skip
+        for owner, name, wrapper in wrapped:
             setattr(owner, name, wrapper)
-            wrapped.append((owner, name))
-        return lambda: [delattr(owner, name) for owner, name in wrapped]
+        return lambda: [delattr(owner, name) for owner, name, _ in wrapped]
 
-    def _timer(self, inner, name: str):
+    def _timer(self, inner, phase: str):
         """`inner` timed into its phase; a call inside another of the same phase counts once."""
-        phases, phase, active = self.phases, PHASES[name], self.active
+        phases, active = self.phases, self.active
 
         def timed(*args, **kwargs):
             if phase in active:
@@ -127,13 +125,12 @@ class StepProfiler:
         columns = {}
         if self.cfg.host_phases:
             p = self.phases
-            out = {"host_step_ms": elapsed, "host_schedule_ms": p["schedule"], "host_launch_ms": p["launch"]}
-            if self.runner_in_process:
-                out |= {"host_prepare_ms": p["prepare"], "host_forward_ms": p["forward"]}
-                out["host_sample_ms"] = p["launch"] - p["prepare"] - p["forward"]
-            out |= {"host_collect_ms": p["collect"], "host_bookkeeping_ms": p["bookkeeping"]}
-            out["host_other_ms"] = elapsed - p["schedule"] - p["launch"] - p["collect"] - p["bookkeeping"]
-            columns = {k: v * 1e3 for k, v in out.items()}
+            out = {"step": elapsed} | {k: p[k] for k in STEP_PARTS}
+            if self.runner_in_process:  # the launch's parts
+                out |= {"prepare": p["prepare"], "forward": p["forward"]}
+                out["sample"] = p["launch"] - p["prepare"] - p["forward"]
+            out["other"] = elapsed - sum(p[k] for k in STEP_PARTS)
+            columns = {f"host_{k}_ms": v * 1e3 for k, v in out.items()}
         if self.cfg.events:  # the events since the last timed step (between-step ones count in the next)
             current = {**self.events, "torch_compiles": _torch_graphs()}
             new = {k: current.get(k, 0) - self.seen.get(k, 0) for k in (*EVENTS, "gc_ns")}

@@ -77,14 +77,13 @@ def progress_total(workloads: list[Workload]) -> int:
     return sum(len(w.requests) * (w.num_iters if w.latency_mode else 1) for w in workloads)
 
 
-def summarize_repeats(records: list[RunRecord], slo: dict[str, float],
-                      noise: NoiseConfig | None = None) -> dict:  # fmt: skip
+def summarize_repeats(records: list[RunRecord], slo: dict[str, float], noise: NoiseConfig) -> dict:
     """The job's summary over its repeats, each repeat's headline metrics and load, and the noise flags."""
     latency = lambda r: latency_summary(r.iteration_latencies_s) if r.iteration_latencies_s else {}
     summaries = [summarize(r.outputs, r.steps, r.duration_s, slo) | r.facts | latency(r) for r in records]
     summary = aggregate_repeats(summaries)
     summary["per_repeat"] = [{k: s[k] for k in (*HEADLINE, *LOAD_KEYS) if k in s} for s in summaries]
-    return summary | noise_flags(summary, summary["per_repeat"], noise or NoiseConfig())
+    return summary | noise_flags(summary, summary["per_repeat"], noise)
 
 
 class LoadMeter:
@@ -92,20 +91,18 @@ class LoadMeter:
     CPU time less this process tree's over the wall time (unlike the load average, without the job)."""
 
     def __init__(self) -> None:
-        self.load_before = _load_avg()
+        self.load_before = os.getloadavg()[0]
         self.busy_before, self.tree_before = _busy_cpu_s(), _tree_cpu_s()
         self.start = time.perf_counter()
 
     def read(self) -> dict:
-        wall = time.perf_counter() - self.start
-        out = {"load_avg_1m_before": self.load_before, "load_avg_1m_after": _load_avg()}
-        out["cpu_count"] = os.cpu_count() or 0
-        own = _tree_cpu_s() - self.tree_before
-        out["process_cpu_cores"] = own / wall if wall > 0 else 0.0
-        busy = _busy_cpu_s()
-        known = busy is not None and self.busy_before is not None and wall > 0  # not on Linux: nan
-        out["other_cpu_cores"] = max(0.0, (busy - self.busy_before - own) / wall) if known else float("nan")
-        return out
+        wall, own, busy = time.perf_counter() - self.start, _tree_cpu_s() - self.tree_before, _busy_cpu_s()
+        known = None not in (busy, self.busy_before)  # not on Linux: nan
+        return {
+            "load_avg_1m_before": self.load_before, "load_avg_1m_after": os.getloadavg()[0],
+            "cpu_count": os.cpu_count() or 0, "process_cpu_cores": own / wall,
+            "other_cpu_cores": max(0.0, (busy - self.busy_before - own) / wall) if known else float("nan"),
+        }  # fmt: skip
 
 
 def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig) -> dict:
@@ -122,27 +119,17 @@ def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig) -> dict
 
 
 def _ci_share(summary: dict, metric: str) -> float:
-    """The CI's half-width over the mean (0 without a CI)."""
+    """The CI's half-width over the mean (0 without a CI: one repeat, or a NaN one)."""
     low, high, mean = (summary.get(k) for k in (f"{metric}_ci95_low", f"{metric}_ci95_high", metric))
-    if not all(isinstance(v, int | float) for v in (low, high, mean)) or not mean or low != low:
-        return 0.0
-    return abs(high - low) / 2 / abs(mean)
-
-
-def _load_avg() -> float:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return float("nan")
+    return abs(high - low) / 2 / abs(mean) if low is not None and mean and low == low else 0.0
 
 
 def _busy_cpu_s() -> float | None:
     """Seconds of CPU time every CPU spent busy since boot (all but idle and iowait); None off Linux."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    try:  # the first line: cpu user nice system idle iowait irq softirq steal ...
+        ticks = [int(f) for f in Path("/proc/stat").read_text().split()[1:9]]
     except OSError:
         return None
-    ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
