@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.experiment.driver import OnStep, _sleep_until
@@ -19,14 +20,19 @@ class HFBaseline:
     def __init__(self, arch: dict, path: str | None, dtype: str, device: str, seed: int, max_batch: int):
         """The model from the checkpoint at `path`, or with random weights from `arch`."""
         self.device = pick_device(device, 0)
-        config = _config(arch, path)
+        config = AutoConfig.from_pretrained(path) if path else AutoConfig.for_model(**arch)
         self.dtype = pick_dtype(dtype, config, self.device)  # auto: as the engine picks it
         self.max_batch, self.eos, self._next_id = max_batch, int(arch["eos_token_id"]), 0
         self.load_format = "safetensors" if path else "dummy"
         self.peak_memory_kind = reset_peak_memory(self.device)
         torch.manual_seed(seed)
         start = time.perf_counter()
-        self.model = _load(config, path, self.dtype).to(self.device).eval()
+        options = dict(config=config, dtype=self.dtype, attn_implementation="sdpa")
+        if path:
+            model = AutoModelForCausalLM.from_pretrained(path, **options)
+        else:
+            model = AutoModelForCausalLM.from_config(**options)
+        self.model = model.to(self.device).eval()
         self.load_s = time.perf_counter() - start
 
     def reset_prefix_cache(self) -> None: ...  # generate keeps no cache between calls
@@ -118,17 +124,3 @@ def _left_pad(batch: list[Request], pad_id: int) -> tuple[torch.Tensor, torch.Te
     ids = pad_sequence(prompts, batch_first=True, padding_value=pad_id, padding_side="left")
     return ids, pad_sequence([torch.ones_like(p) for p in prompts], batch_first=True, padding_side="left")
 
-
-def _config(arch: dict, checkpoint: str | None):
-    from transformers import AutoConfig
-    if checkpoint:
-        return AutoConfig.from_pretrained(checkpoint)
-    return AutoConfig.for_model(arch["model_type"], **{k: v for k, v in arch.items() if k != "model_type"})
-
-
-def _load(config, checkpoint: str | None, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
-    options = dict(dtype=dtype, attn_implementation="sdpa")
-    if checkpoint:
-        return AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **options)
-    return AutoModelForCausalLM.from_config(config, **options)
