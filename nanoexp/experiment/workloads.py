@@ -79,14 +79,14 @@ def random_prompts(w: WorkloadConfig, num: int, vocab: int) -> Prompts:
     """vLLM's random dataset: lengths uniform in [len * (1 - r), len * (1 + r)]."""
     rng = np.random.default_rng(w.seed)
     out_ratio = w.range_ratio if w.output_range_ratio is None else w.output_range_ratio
-    in_lens = _lengths(rng, w.input_len, w.range_ratio, num)
-    out_lens = _lengths(rng, w.output_len, out_ratio, num)
+    ranges = (length_range(w.input_len, w.range_ratio), length_range(w.output_len, out_ratio))
+    in_lens, out_lens = (rng.integers(low, high + 1, size=num).tolist() for low, high in ranges)
     return [rng.integers(0, min(vocab, TOKEN_ID_HIGH), size=n).tolist() for n in in_lens], out_lens
 
 
 def file_prompts(w: WorkloadConfig, tokenize: Tokenize | None, vocab: int) -> Prompts:
     """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines."""
-    path = Path(w.path or "")
+    path = Path(w.path)
     limit = w.num_requests if w.num_requests > 0 else None  # -1: every prompt
     numbered = [(i, ln) for i, ln in _text_lines(path) if ln.strip()][:limit]
     if not numbered:
@@ -118,26 +118,6 @@ def _file_request(path: Path, line_no: int, line: str, default_max: int, tokeniz
     where = f"{path}:{line_no}"
     if path.suffix != ".jsonl":
         return _tokenized(line, tokenize, where), default_max
-    item = _json_object(line, where)
-    max_tokens = item.get("max_tokens", default_max)
-    if not is_int(max_tokens) or max_tokens < 1:
-        raise ConfigError(f"{where}: max_tokens={max_tokens!r} is invalid: must be an integer >= 1")
-    if "prompt_token_ids" in item and "prompt" in item:
-        raise ConfigError(f"{where}: has both 'prompt' and 'prompt_token_ids'; give one")
-    if "prompt_token_ids" in item:
-        ids = item["prompt_token_ids"]
-        if not isinstance(ids, list):
-            raise ConfigError(f"{where}: prompt_token_ids must be a list of ints, got {ids!r:.80}")
-        return _checked_ids(ids, vocab, where), int(max_tokens)
-    prompt = item.get("prompt")
-    if isinstance(prompt, str):
-        return _tokenized(prompt, tokenize, where), int(max_tokens)
-    raise ConfigError(
-        f"{where}: needs 'prompt' (a string) or 'prompt_token_ids' (a list of ints), got {prompt!r:.80}"
-    )
-
-
-def _json_object(line: str, where: str) -> dict:
     try:
         item = json.loads(line)
     except json.JSONDecodeError as err:
@@ -146,10 +126,24 @@ def _json_object(line: str, where: str) -> dict:
         raise ConfigError(f"{where}: JSON nested too deeply; a line is one flat object") from None
     if not isinstance(item, dict):
         raise ConfigError(f'{where}: must be a JSON object like {{"prompt": "..."}}, got {line[:80]}')
-    return item
+    max_tokens = item.get("max_tokens", default_max)
+    if not is_int(max_tokens) or max_tokens < 1:
+        raise ConfigError(f"{where}: max_tokens={max_tokens!r} is invalid: must be an integer >= 1")
+    if "prompt_token_ids" in item and "prompt" in item:
+        raise ConfigError(f"{where}: has both 'prompt' and 'prompt_token_ids'; give one")
+    if "prompt_token_ids" in item:
+        return _checked_ids(item["prompt_token_ids"], vocab, where), int(max_tokens)
+    prompt = item.get("prompt")
+    if isinstance(prompt, str):
+        return _tokenized(prompt, tokenize, where), int(max_tokens)
+    raise ConfigError(
+        f"{where}: needs 'prompt' (a string) or 'prompt_token_ids' (a list of ints), got {prompt!r:.80}"
+    )
 
 
-def _checked_ids(ids: list, vocab: int, where: str) -> list[int]:
+def _checked_ids(ids: object, vocab: int, where: str) -> list[int]:
+    if not isinstance(ids, list):
+        raise ConfigError(f"{where}: prompt_token_ids must be a list of ints, got {ids!r:.80}")
     if not ids:
         raise ConfigError(f"{where}: prompt_token_ids is empty: a prompt needs at least one token")
     for pos, t in enumerate(ids):
@@ -177,11 +171,6 @@ def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
     if not ids:
         raise ConfigError(f"{where}: the prompt is empty (no tokens)")
     return ids
-
-
-def _lengths(rng: np.random.Generator, length: int, ratio: float, num: int) -> list[int]:
-    low, high = length_range(length, ratio)
-    return rng.integers(low, high + 1, size=num).tolist()
 
 
 def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> list[float]:
