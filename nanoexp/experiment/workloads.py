@@ -85,23 +85,13 @@ def random_prompts(w: WorkloadConfig, num: int, vocab: int) -> Prompts:
 
 
 def file_prompts(w: WorkloadConfig, tokenize: Tokenize | None, vocab: int) -> Prompts:
-    """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines."""
-    path = Path(w.path)
-    limit = w.num_requests if w.num_requests > 0 else None  # -1: every prompt
-    numbered = [(i, ln) for i, ln in _text_lines(path) if ln.strip()][:limit]
-    if not numbered:
-        raise ConfigError(f"workload.path={w.path!r}: no prompts in the file")
-    items = [_file_request(path, i, ln, w.output_len, tokenize, vocab) for i, ln in numbered]
-    return [p for p, _ in items], [m for _, m in items]
-
-
-def _text_lines(path: Path) -> list[tuple[int, str]]:
-    """The file's lines, numbered from 1; bytes that are not UTF-8 are an error naming where."""
+    """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines;
+    bytes that are not UTF-8 are an error naming the line, in any line of the file."""
+    path, lines = Path(w.path), []
     try:
         data = path.read_bytes()
     except OSError as err:
         raise ConfigError(f"workload.path={str(path)!r}: cannot read it ({err.strerror or err})") from None
-    lines = []
     for number, raw in enumerate(data.splitlines(), 1):
         try:
             lines.append((number, raw.decode("utf-8")))
@@ -110,7 +100,12 @@ def _text_lines(path: Path) -> list[tuple[int, str]]:
                 f"{path}:{number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
                 "a prompts file is JSONL or text, one prompt a line"
             ) from None
-    return lines
+    limit = w.num_requests if w.num_requests > 0 else None  # -1: every prompt
+    numbered = [(i, ln) for i, ln in lines if ln.strip()][:limit]
+    if not numbered:
+        raise ConfigError(f"workload.path={w.path!r}: no prompts in the file")
+    items = [_file_request(path, i, ln, w.output_len, tokenize, vocab) for i, ln in numbered]
+    return [p for p, _ in items], [m for _, m in items]
 
 
 def _file_request(path: Path, line_no: int, line: str, default_max: int, tokenize: Tokenize | None,
