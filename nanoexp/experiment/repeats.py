@@ -135,13 +135,11 @@ def _busy_cpu_s() -> float | None:
 
 def _tree_cpu_s() -> float:
     """CPU seconds of this process and its live descendants (tensor-parallel workers)."""
-    return sum(_process_cpu_s(pid) for pid in process_tree(os.getpid()))
+    workers = process_tree(os.getpid())[:-1]  # children first, this process last
+    return time.process_time() + sum(_process_cpu_s(pid) for pid in workers)
 
 
 def _process_cpu_s(pid: int) -> float:
-    if pid == os.getpid():
-        t = os.times()
-        return t.user + t.system
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
