@@ -83,11 +83,12 @@ def spread(key: str, values: Sequence[float]) -> dict[str, float]:
     return {f"{key}_std": std, f"{key}_ci95_low": float(low), f"{key}_ci95_high": float(high)}
 
 
-def distribution(name: str, values: Sequence[float]) -> dict[str, float]:
+def distribution(name: str, values: Sequence[float], percentiles: Sequence[int] = PERCENTILES,
+                 ) -> dict[str, float]:  # fmt: skip
     """mean_/median_/std_/pNN_ keys for one latency series (NaN when empty)."""
     arr = np.asarray(values if len(values) else [math.nan], dtype=float)
     out = {f"mean_{name}": arr.mean(), f"median_{name}": np.median(arr), f"std_{name}": arr.std()}
-    out |= {f"p{p}_{name}": np.percentile(arr, p) for p in PERCENTILES}
+    out |= {f"p{p}_{name}": np.percentile(arr, p) for p in percentiles}
     return {k: float(v) for k, v in out.items()}
 
 
@@ -110,10 +111,9 @@ def step_aggregates(steps: Sequence[StepStats]) -> dict[str, float]:
 
 
 def latency_summary(latencies_s: Sequence[float]) -> dict[str, float]:
-    """Per-iteration latency of the latency workload: mean and the percentiles vLLM reports."""
-    arr = np.asarray(latencies_s, dtype=float) * 1e3
-    out = {"mean_latency_ms": float(arr.mean()), "num_iters": int(arr.size)}
-    return out | {f"p{p}_latency_ms": float(np.percentile(arr, p)) for p in LATENCY_PERCENTILES}
+    """Per-iteration latency of the latency workload, with the percentiles `vllm bench latency` reports."""
+    latencies_ms = [t * 1e3 for t in latencies_s]
+    return distribution("latency_ms", latencies_ms, LATENCY_PERCENTILES) | {"num_iters": len(latencies_ms)}
 
 
 def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -> list[dict]:
