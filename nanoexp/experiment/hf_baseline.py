@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 
@@ -22,7 +23,7 @@ class HFBaseline:
         self.device = pick_device(device, 0)
         config = AutoConfig.from_pretrained(path) if path else AutoConfig.for_model(**arch)
         self.dtype = pick_dtype(dtype, config, self.device)  # auto: as the engine picks it
-        self.max_batch, self.eos, self._next_id = max_batch, int(arch["eos_token_id"]), 0
+        self.max_batch, self.eos, self.request_ids = max_batch, int(arch["eos_token_id"]), itertools.count()
         self.load_format = "safetensors" if path else "dummy"
         self.peak_memory_kind = reset_peak_memory(self.device)
         torch.manual_seed(seed)
@@ -71,9 +72,8 @@ class HFBaseline:
         tokens = row[: r.sampling_params.max_tokens]
         if not r.sampling_params.ignore_eos and self.eos in tokens:
             tokens = tokens[: tokens.index(self.eos) + 1]
-        self._next_id += 1
         return RequestOutput(
-            request_id=self._next_id - 1, prompt_token_ids=list(r.prompt_token_ids), token_ids=tokens,
+            request_id=next(self.request_ids), prompt_token_ids=list(r.prompt_token_ids), token_ids=tokens,
             finish_reason="length" if len(tokens) == r.sampling_params.max_tokens else "stop",
             arrival_time=t0 + r.arrival_offset_s, first_scheduled_time=times[0], first_token_time=times[0],
             token_times=times[: len(tokens)], finish_time=times[len(tokens) - 1],
