@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from nanoexp import loader
 from nanoexp.config import EngineConfig, SamplingParams
+from nanoexp.engine import kv_quality
 from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.engine.outputs import RequestOutput
 
@@ -105,25 +106,20 @@ class LLM:
                 "step them to completion (engine.step()) or drop them (engine.abort_all()) first"
             )
 
-    def prompt_tokens(self, index: int, prompt) -> list[int]:
-        """`encode`, with errors naming the prompt's index."""
-        try:
-            return self.encode(prompt)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"prompt {index}: {e}") from None
-
-    def encode(self, prompt: str | Seq[int]) -> list[int]:
-        """A text prompt's token ids (via the tokenizer), or token ids (list, tuple, 1-D array) as a list."""
+    def prompt_tokens(self, index: int, prompt: str | Seq[int]) -> list[int]:
+        """A text prompt's token ids (via the tokenizer), or token ids (list, tuple, 1-D array) as a list;
+        errors name the prompt's index."""
+        name = f"prompt {index}"
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("text prompts need a tokenizer in the checkpoint; pass token ids")
+                raise ValueError(f"{name}: text prompts need a tokenizer in the checkpoint; pass token ids")
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, Mapping | bytes | bytearray) or not isinstance(prompt, Iterable):
             text = repr(prompt)
             short = text if len(text) <= 40 else text[:37] + "..."
-            raise TypeError(f"got {type(prompt).__name__} {short}; {PROMPT_KINDS}")
+            raise TypeError(f"{name}: got {type(prompt).__name__} {short}; {PROMPT_KINDS}")
         if getattr(prompt, "ndim", 1) != 1:
-            raise TypeError(f"got a {prompt.ndim}-D array; {PROMPT_KINDS}")
+            raise TypeError(f"{name}: got a {prompt.ndim}-D array; {PROMPT_KINDS}")
         return list(prompt)
 
     def run_to_completion(self, use_tqdm: bool) -> dict[int, RequestOutput]:
@@ -143,11 +139,10 @@ class LLM:
         return outputs
 
     def kv_cache_quality(self, prompts: Seq[str] | Seq[list[int]], num_tokens: int = 32) -> dict:
-        """The KV cache's accuracy cost on these prompts (see LLMEngine.kv_cache_quality)."""
+        """The KV cache's accuracy cost on these prompts, on an idle engine (engine/kv_quality.py)."""
         with self.alone("kv_cache_quality"):
-            self.engine.check_open()
             token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(as_prompt_list(prompts))]
-            return self.engine.kv_cache_quality(token_lists, num_tokens)
+            return kv_quality.measure(self.engine, token_lists, num_tokens)
 
     def stats(self) -> dict:
         return self.engine.stats()

@@ -10,7 +10,6 @@ import weakref
 from dataclasses import dataclass
 
 from nanoexp.config import EngineConfig, SamplingParams
-from nanoexp.engine import kv_quality
 from nanoexp.engine.block_manager import BlockManager
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
@@ -210,10 +209,6 @@ class LLMEngine:
         if self.has_unfinished():
             raise RuntimeError("reset_prefix_cache needs an idle engine: requests are still running")
         self.block_manager.reset_prefix_cache()
-
-    def kv_cache_quality(self, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
-        """The KV cache's accuracy cost on these prompts (engine/kv_quality.py); only on an idle engine."""
-        return kv_quality.measure(self, prompt_token_ids, num_tokens)
 
     def abort_all(self) -> None:
         """Drops every queued, running or in-flight request and their blocks. A launched step's tokens are
