@@ -17,6 +17,7 @@ SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerCo
 # flat keyword -> field, where vLLM's keyword differs from the field's name
 RENAMED = {"kvcache_block_size": ("cache", "block_size"), "num_kvcache_blocks": ("cache", "num_blocks"),
            "hf_config": ("model", "arch")}  # fmt: skip
+KNOB_PREFIX = {"execution": "engine"}  # a section whose knobs are named after another (the Hydra group)
 
 
 def flat_keywords() -> dict[str, tuple[str, str]]:
@@ -47,7 +48,7 @@ class EngineConfig:
         for keyword, value in kwargs.items():
             section, name = keywords[keyword]
             values[section][name] = value
-        by_knob = {f"{SECTIONS[s].section}.{n}": k for k, (s, n) in keywords.items()}
+        by_knob = {f"{KNOB_PREFIX.get(s, s)}.{n}": k for k, (s, n) in keywords.items()}
         try:
             return cls(**{s: SECTIONS[s](**v) for s, v in values.items()})
         except KnobError as e:
