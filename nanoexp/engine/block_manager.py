@@ -20,8 +20,6 @@ class BlockManager:
         self.cached_tokens: list[tuple[int, ...]] = [()] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
-        self.queries = 0  # prompt tokens looked up
-        self.hits = 0  # prompt tokens served from the cache
 
     @property
     def num_free(self) -> int:
@@ -71,8 +69,6 @@ class BlockManager:
         seq.block_table = list(cached)
         seq.num_computed_tokens = len(cached) * self.block_size
         self.grow(seq, len(seq))
-        self.queries += len(seq)
-        self.hits += seq.num_computed_tokens
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Ensures blocks for the first `num_tokens` tokens of seq; False if out of blocks."""
