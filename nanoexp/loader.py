@@ -56,7 +56,10 @@ def check_hf_config(config: PretrainedConfig, source: str) -> PretrainedConfig:
     if act not in ACTIVATIONS:
         allowed = ", ".join(ACTIVATIONS)
         raise CheckpointError(f"{source}: hidden_act={act!r} is not supported (allowed: {allowed})")
-    rope = getattr(config, "rope_parameters", None) or {}
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise CheckpointError(f"{source}: rope_type={rope_type!r} is not supported; only 'default' RoPE is")
     for key in ("rope_theta", "rms_norm_eps"):
         value = rope.get(key, getattr(config, key, None))
         if value is not None and not (is_number(value) and value > 0):
