@@ -63,7 +63,12 @@ class LLM:
         with `engine.add_request` would lose their outputs); `use_tqdm` None: the constructor's."""
         with self.alone("generate"):
             self.engine.check_open()
-            self.check_idle("generate")
+            pending = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
+            if pending or self.engine.has_unfinished():
+                raise EngineBusyError(
+                    f"generate: {pending} request(s) queued with engine.add_request are still unfinished; "
+                    "step them to completion (engine.step()) or drop them (engine.abort_all()) first"
+                )
             use_tqdm = self.use_tqdm if use_tqdm is None else check_use_tqdm(use_tqdm)
             prompts = as_prompt_list(prompts)
             params = sampling_params or SamplingParams()
@@ -76,7 +81,7 @@ class LLM:
                 self.engine.check_request(f"prompt {i}", tokens, sp)  # all checked before any is queued
             try:
                 ids = [self.engine.add_request(tokens, sp) for tokens, sp in zip(token_lists, params)]
-                outputs = self.run_to_completion(use_tqdm)
+                outputs = self.run_to_completion(use_tqdm, len(ids))
             except BaseException:
                 self.engine.abort_all()
                 raise
@@ -98,14 +103,6 @@ class LLM:
         finally:
             self.lock.release()
 
-    def check_idle(self, what: str) -> None:
-        pending = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
-        if pending or self.engine.has_unfinished():
-            raise EngineBusyError(
-                f"{what}: {pending} request(s) queued with engine.add_request are still unfinished; "
-                "step them to completion (engine.step()) or drop them (engine.abort_all()) first"
-            )
-
     def prompt_tokens(self, index: int, prompt: str | Seq[int]) -> list[int]:
         """A text prompt's token ids (via the tokenizer), or token ids (list, tuple, 1-D array) as a list;
         errors name the prompt's index."""
@@ -122,20 +119,18 @@ class LLM:
             raise TypeError(f"{name}: got a {prompt.ndim}-D array; {PROMPT_KINDS}")
         return list(prompt)
 
-    def run_to_completion(self, use_tqdm: bool) -> dict[int, RequestOutput]:
+    def run_to_completion(self, use_tqdm: bool, total: int) -> dict[int, RequestOutput]:
         outputs: dict[int, RequestOutput] = {}
-        total = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
-        bar = tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
         rates = {"prefill": 0.0, "decode": 0.0}
-        while self.engine.has_unfinished():
-            finished, stats = self.engine.step()
-            phase = "prefill" if stats.phase == "prefill" else "decode"
-            rates[phase] = stats.num_tokens / max(stats.step_time_s, 1e-9)
-            bar.set_postfix({k: f"{v:.0f}tok/s" for k, v in rates.items()})
-            for out in finished:
-                outputs[out.request_id] = out
-            bar.update(len(finished))
-        bar.close()
+        with tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished():
+                finished, stats = self.engine.step()
+                phase = "prefill" if stats.phase == "prefill" else "decode"
+                rates[phase] = stats.num_tokens / max(stats.step_time_s, 1e-9)
+                bar.set_postfix({k: f"{v:.0f}tok/s" for k, v in rates.items()})
+                for out in finished:
+                    outputs[out.request_id] = out
+                bar.update(len(finished))
         return outputs
 
     def kv_cache_quality(self, prompts: Seq[str] | Seq[list[int]], num_tokens: int = 32) -> dict:
