@@ -17,6 +17,7 @@ from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVPar
 __all__ = ["CheckpointError", "load_hf_config", "load_safetensors", "load_tokenizer", "resolve_model_dir"]
 WEIGHT_DTYPES = ("F32", "F16", "BF16")  # safetensors' names; weights are copied into the model dtype
 ACTIVATIONS = ("silu",)  # the MLP's fused gate (layers/activation.py)
+TIED = {"lm_head.weight", "model.embed_tokens.weight"}  # one tensor when tie_word_embeddings
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model")
 
 
@@ -55,7 +56,10 @@ def check_hf_config(config: PretrainedConfig, source: str) -> PretrainedConfig:
     if act not in ACTIVATIONS:
         allowed = ", ".join(ACTIVATIONS)
         raise CheckpointError(f"{source}: hidden_act={act!r} is not supported (allowed: {allowed})")
-    rope = getattr(config, "rope_parameters", None) or {}
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise CheckpointError(f"{source}: rope_type={rope_type!r} is not supported; only 'default' RoPE is")
     for key in ("rope_theta", "rms_norm_eps"):
         value = rope.get(key, getattr(config, key, None))
         if value is not None and not (is_number(value) and value > 0):
@@ -74,19 +78,18 @@ def load_tokenizer(path: str):
     hub model's when one can be had, else None (a checkpoint without a tokenizer still serves token ids)."""
     from transformers import AutoTokenizer
 
-    if not os.path.isdir(path):
-        try:
-            return AutoTokenizer.from_pretrained(path)
-        except Exception:  # noqa: BLE001 - any failure: no tokenizer
+    local = os.path.isdir(path)
+    if local:
+        present = [os.path.join(path, n) for n in TOKENIZER_FILES if os.path.lexists(os.path.join(path, n))]
+        if not present:
             return None
-    present = [os.path.join(path, n) for n in TOKENIZER_FILES if os.path.lexists(os.path.join(path, n))]
-    if not present:
-        return None
-    for file in present:
-        regular_file(file, path)
+        for file in present:
+            regular_file(file, path)
     try:
         return AutoTokenizer.from_pretrained(path)
-    except Exception as err:  # noqa: BLE001 - any failure of the tokenizer's files, named
+    except Exception as err:  # noqa: BLE001 - a hub id: no tokenizer; a local one: its files' failure, named
+        if not local:
+            return None
         reason = f"{type(err).__name__}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}"
         raise CheckpointError(f"{path}: the tokenizer cannot be loaded ({reason})") from None
 
@@ -97,26 +100,28 @@ def load_safetensors(model: nn.Module, path: str) -> None:
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path} (load_format=safetensors)")
     params = dict(model.named_parameters(remove_duplicate=False))
+    tied = getattr(model, "tie_word_embeddings", False)
     loaded: set[str] = set()
     seen: dict[str, str] = {}  # tensor name -> the file it came from
     for file in files:
-        loaded |= load_file(model, params, file, seen)
+        loaded |= load_file(model, params, file, seen, tied)
     missing = set(params) - loaded
-    tied = {"lm_head.weight", "model.embed_tokens.weight"}
-    if getattr(model, "tie_word_embeddings", False) and loaded & tied:
-        missing -= tied
+    if tied and loaded & TIED:
+        missing -= TIED
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {sorted(missing)[:3]}")
 
 
-def load_file(model: nn.Module, params: dict, file: str, seen: dict[str, str]) -> set[str]:
+def load_file(model: nn.Module, params: dict, file: str, seen: dict[str, str], tied: bool) -> set[str]:
+    """Loads a file's tensors (each in one file only); the parameters they set."""
     loaded, unused = set(), []
-    tied = getattr(model, "tie_word_embeddings", False)
     try:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
-                tensor = check_tensor(name, f.get_slice(name), file, seen)
-                target = load_one(model, params, name, tensor, file)
+                if name in seen:
+                    raise CheckpointError(f"checkpoint tensor {name} is in both {seen[name]} and {file}")
+                seen[name] = file
+                target = load_one(model, params, name, f.get_slice(name), file)
                 if target:
                     loaded.add(target)
                 # tensors a checkpoint may hold that the model computes or shares instead
@@ -132,21 +137,13 @@ def load_file(model: nn.Module, params: dict, file: str, seen: dict[str, str]) -
     return loaded
 
 
-def check_tensor(name: str, tensor, file: str, seen: dict[str, str]):
-    """A tensor is in one file only, and holds floating-point weights."""
-    if name in seen:
-        raise CheckpointError(f"checkpoint tensor {name} is in both {seen[name]} and {file}")
-    seen[name] = file
+def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> str | None:
+    """Copies one checkpoint tensor into its parameter (q/k/v and gate/up into their part of the fused
+    one); the parameter's name, or None where the model has none. Checkpoints hold floating-point weights."""
     dtype = tensor.get_dtype()
     if dtype not in WEIGHT_DTYPES:
         raise CheckpointError(f"checkpoint tensor {name} in {file} has dtype {dtype}; "
                               f"weights are one of {', '.join(WEIGHT_DTYPES)}")  # fmt: skip
-    return tensor
-
-
-def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> str | None:
-    """Copies one checkpoint tensor into its parameter (q/k/v and gate/up into their part of the fused
-    one); the parameter's name, or None where the model has none."""
     target, shard = name, ()
     for source, (dest, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
         if f".{source}." in name:

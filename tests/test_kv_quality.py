@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from nanoexp.config import SamplingParams
-from nanoexp.engine.kv_quality import kl_divergence, max_group_seqs, probe_groups
+from nanoexp.engine.kv_quality import kl_divergence, probe_groups
 from nanoexp.engine.llm import LLM
 from nanoexp.experiment import kv_quality
 from nanoexp.experiment.kv_quality import measure_kv_quality
@@ -86,7 +86,9 @@ def test_groups_fit_the_step_budget_and_the_cache():
     assert probe_groups([10, 10, 20, 2], 4, 30, 4, 4, 7) == [[0], [1], [2], [3]]  # and 7 blocks
     assert probe_groups([2, 2, 2], 4, 100, 2, 4, 100) == [[0, 1], [2]]
     # and the reference log-probs a group holds stay bounded (MAX_REFERENCE_ROWS rows)
-    assert max_group_seqs(256, 32) == 16 and max_group_seqs(4, 32) == 4 and max_group_seqs(8, 1000) == 1
+    assert [len(g) for g in probe_groups([2] * 20, 32, 10**6, 256, 4, 10**6)] == [16, 4]
+    assert [len(g) for g in probe_groups([2] * 6, 32, 10**6, 4, 4, 10**6)] == [4, 2]
+    assert probe_groups([2, 2], 1000, 10**6, 8, 4, 10**6) == [[0], [1]]
 
 
 def test_requests_split_into_groups_give_the_same_result(tiny, prompts):

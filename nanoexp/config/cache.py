@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from nanoexp.config.checks import KnobError, boolean, choice, integer, is_int, machine_memory_gb, number
 
@@ -15,8 +14,6 @@ MAX_BLOCKS = 2**31 - 1  # block tables hold int32 block ids
 
 @dataclass
 class CacheConfig:
-    section: ClassVar[str] = "cache"
-
     block_size: int = 256  # tokens per KV block: a power of two from 1 to 1024
     gpu_memory_utilization: float = 0.9  # share of the GPU's memory for weights, activations and KV
     num_blocks: int = -1  # -1 = as many as memory allows

@@ -1,4 +1,4 @@
-"""EngineConfig composes the per-concern configs; `from_kwargs` maps vLLM-style flat keywords."""
+"""EngineConfig composes the per-concern configs; `from_kwargs` maps vLLM-style flat KEYWORDS."""
 
 from __future__ import annotations
 
@@ -14,16 +14,13 @@ from nanoexp.config.scheduler import SchedulerConfig
 
 SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
             "parallel": ParallelConfig, "execution": ExecutionConfig}  # fmt: skip
-# flat keyword -> field, where vLLM's keyword differs from the field's name
-RENAMED = {"kvcache_block_size": ("cache", "block_size"), "num_kvcache_blocks": ("cache", "num_blocks"),
-           "hf_config": ("model", "arch")}  # fmt: skip
-
-
-def flat_keywords() -> dict[str, tuple[str, str]]:
-    """Every keyword `LLM(model, **kwargs)` accepts, and the field it sets."""
-    renamed = {target: keyword for keyword, target in RENAMED.items()}
-    return {renamed.get((section, f.name), f.name): (section, f.name) for section, cls in SECTIONS.items()
+# field -> flat keyword, where vLLM's keyword differs from the field's name
+RENAMED = {("cache", "block_size"): "kvcache_block_size", ("cache", "num_blocks"): "num_kvcache_blocks",
+           ("model", "arch"): "hf_config"}  # fmt: skip
+# every keyword `LLM(model, **kwargs)` accepts -> the field it sets
+KEYWORDS = {RENAMED.get((section, f.name), f.name): (section, f.name) for section, cls in SECTIONS.items()
             for f in fields(cls) if (section, f.name) != ("model", "path")}  # fmt: skip
+KNOB_PREFIX = {"execution": "engine"}  # a section whose knobs are named after another (the Hydra group)
 
 
 @dataclass
@@ -37,17 +34,16 @@ class EngineConfig:
     @classmethod
     def from_kwargs(cls, model: str | None, **kwargs: Any) -> EngineConfig:
         """`LLM(model, **kwargs)`: unknown keywords and invalid values are errors naming the keyword."""
-        keywords = flat_keywords()
-        unknown = sorted(set(kwargs) - set(keywords))
+        unknown = sorted(set(kwargs) - set(KEYWORDS))
         if unknown:
-            allowed = ", ".join(sorted(keywords))
+            allowed = ", ".join(sorted(KEYWORDS))
             raise TypeError(f"unknown engine argument(s) {', '.join(unknown)}; allowed: {allowed}")
         values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
         values["model"]["path"] = model
         for keyword, value in kwargs.items():
-            section, name = keywords[keyword]
+            section, name = KEYWORDS[keyword]
             values[section][name] = value
-        by_knob = {f"{SECTIONS[s].section}.{n}": k for k, (s, n) in keywords.items()}
+        by_knob = {f"{KNOB_PREFIX.get(s, s)}.{n}": k for k, (s, n) in KEYWORDS.items()}
         try:
             return cls(**{s: SECTIONS[s](**v) for s, v in values.items()})
         except KnobError as e:

@@ -5,15 +5,12 @@ schema (experiment/schema.py EngineSpec) adds which engine runs the job and how 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from nanoexp.config.checks import MAX_INT64, choice, integer
 
 
 @dataclass
 class ExecutionConfig:
-    section: ClassVar[str] = "engine"
-
     device: str = "auto"  # auto = CUDA when present
     # kernel choices, to compare in a sweep (with parallel.all_reduce, parallel.sharded_sampling and
     # cache.kv_cache_dtype); auto = what measured fastest on the machine

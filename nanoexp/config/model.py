@@ -13,7 +13,6 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
 @dataclass
 class ModelConfig:
-    section: ClassVar[str] = "model"
     load_formats: ClassVar[tuple[str, ...]] = LOAD_FORMATS
 
     path: str | None = None  # a checkpoint directory (or a hub id); None with dummy weights and `arch`

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from nanoexp.config.checks import KnobError, boolean, choice, integer
 
@@ -13,8 +13,6 @@ ALL_REDUCES = ("auto", "nccl", "symm_mem")
 
 @dataclass
 class ParallelConfig:
-    section: ClassVar[str] = "parallel"
-
     tensor_parallel_size: int = 1
     # auto: symmetric memory for the message sizes where it beats NCCL (CUDA), NCCL above (gloo on
     # CPU); nccl; symm_mem: symmetric memory for every message its buffer takes (CUDA only)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from nanoexp.config.checks import KnobError, boolean, choice, integer
 
@@ -12,8 +11,6 @@ BATCHING = ("mixed", "prefill_first")
 
 @dataclass
 class SchedulerConfig:
-    section: ClassVar[str] = "scheduler"
-
     max_num_seqs: int = 256  # sequences per step
     max_num_batched_tokens: int = 16384  # tokens per step
     max_model_len: int | None = None  # prompt + output tokens of one request; None = the model's limit

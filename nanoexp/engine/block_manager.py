@@ -20,16 +20,10 @@ class BlockManager:
         self.cached_tokens: list[tuple[int, ...]] = [()] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
-        self.queries = 0  # prompt tokens looked up
-        self.hits = 0  # prompt tokens served from the cache
-
-    @property
-    def num_free(self) -> int:
-        return len(self.free)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - self.num_free
+        return self.num_blocks - len(self.free)
 
     def reset_prefix_cache(self) -> None:
         """Forgets every cached block, so later prompts start cold (the blocks must all be free)."""
@@ -59,7 +53,7 @@ class BlockManager:
     def can_allocate(self, seq: Sequence, cached: list[int]) -> bool:
         """Room for all of seq's tokens, given the cached prefix blocks it would reuse."""
         reused_free = sum(1 for b in cached if self.ref_counts[b] == 0)
-        return self.blocks_needed(len(seq)) - len(cached) + reused_free <= self.num_free
+        return self.blocks_needed(len(seq)) - len(cached) + reused_free <= len(self.free)
 
     def allocate(self, seq: Sequence, cached: list[int]) -> None:
         """Gives an admitted sequence its cached prefix plus fresh blocks for the rest."""
@@ -71,13 +65,11 @@ class BlockManager:
         seq.block_table = list(cached)
         seq.num_computed_tokens = len(cached) * self.block_size
         self.grow(seq, len(seq))
-        self.queries += len(seq)
-        self.hits += seq.num_computed_tokens
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Ensures blocks for the first `num_tokens` tokens of seq; False if out of blocks."""
         need = self.blocks_needed(num_tokens) - len(seq.block_table)
-        if need > self.num_free:
+        if need > len(self.free):
             return False
         for _ in range(need):  # the least recently freed blocks, their cached content forgotten
             block_id, _ = self.free.popitem(last=False)

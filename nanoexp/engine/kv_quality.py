@@ -5,8 +5,6 @@ packs the prompts into groups that fit one step and the cache; `probe_group` run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -19,29 +17,28 @@ from nanoexp.runner.step_input import StepInput, blockless_prefill
 MAX_REFERENCE_ROWS = 512
 
 
-@dataclass
-class ProbeResult:
-    """Per request, per continuation position: KL(reference || decode) and whether the argmax agrees."""
-
-    kl: list[list[float]]
-    agree: list[list[bool]]
-
-
 def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
-    """LLMEngine.kv_cache_quality: greedy_agreement, kl_mean, kl_p99, kl_max, num_positions, num_requests.
+    """LLM.kv_cache_quality: greedy_agreement, kl_mean, kl_p99, kl_max, num_positions, num_requests.
     The prefix cache is emptied before and after; every block is returned."""
     engine.check_open()
     if engine.has_unfinished():
         raise RuntimeError("kv_cache_quality needs an idle engine: requests are still running")
     if type(num_tokens) is not int or num_tokens < 1:
         raise ValueError(f"kv_cache_quality: num_tokens={num_tokens!r} is invalid: must be an int >= 1")
-    prompts = [check_prompt(engine, i, p, num_tokens) for i, p in enumerate(prompt_token_ids)]
-    if not prompts:
+    if not prompt_token_ids:
         raise ValueError("kv_cache_quality: no prompts given")
     scheduler, manager = engine.config.scheduler, engine.block_manager
-    max_seqs = max_group_seqs(scheduler.max_num_seqs, num_tokens)
-    lengths, budget = [len(p) for p in prompts], scheduler.max_num_batched_tokens
-    groups = probe_groups(lengths, num_tokens, budget, max_seqs, manager.block_size, manager.num_blocks)
+    budget, prompts = scheduler.max_num_batched_tokens, []
+    for i, tokens in enumerate(prompt_token_ids):
+        name = f"kv_cache_quality prompt {i}"
+        prompt = engine.check_request(name, tokens, SamplingParams(max_tokens=num_tokens))
+        if len(prompt) + num_tokens > budget:  # its reference is one prefill of the whole sequence
+            raise ValueError(f"{name}: prompt ({len(prompt)} tokens) + num_tokens ({num_tokens}) exceeds "
+                             f"max_num_batched_tokens={budget}: the reference is one prefill of both")
+        prompts.append(prompt)
+    lengths = [len(p) for p in prompts]
+    groups = probe_groups(lengths, num_tokens, budget, scheduler.max_num_seqs, manager.block_size,
+                          manager.num_blocks)  # fmt: skip
     manager.reset_prefix_cache()
     try:
         results = [run_group(engine, [prompts[i] for i in group], num_tokens) for group in groups]
@@ -50,24 +47,12 @@ def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
     return summarize(results)
 
 
-def check_prompt(engine, index: int, prompt, num_tokens: int) -> list[int]:
-    name = f"kv_cache_quality prompt {index}"
-    prompt = engine.check_request(name, prompt, SamplingParams(max_tokens=num_tokens))
-    budget = engine.config.scheduler.max_num_batched_tokens
-    if len(prompt) + num_tokens > budget:  # its reference is one prefill of the whole sequence
-        raise ValueError(f"{name}: prompt ({len(prompt)} tokens) + num_tokens ({num_tokens}) exceeds "
-                         f"max_num_batched_tokens={budget}: the reference is one prefill of both")
-    return prompt
-
-
-def max_group_seqs(max_num_seqs: int, num_tokens: int) -> int:
-    return max(1, min(max_num_seqs, MAX_REFERENCE_ROWS // num_tokens))
-
-
-def probe_groups(lengths: list[int], num_tokens: int, budget: int, max_seqs: int, block_size: int,
+def probe_groups(lengths: list[int], num_tokens: int, budget: int, max_num_seqs: int, block_size: int,
                  num_blocks: int) -> list[list[int]]:  # fmt: skip
-    """Request indices in order, packed so each group's prefill of prompt + continuation fits
-    `budget` tokens, `max_seqs` sequences and the cache's blocks (each request fits alone, checked)."""
+    """Request indices in order, packed so each group's prefill of prompt + continuation fits `budget`
+    tokens, `max_num_seqs` sequences, MAX_REFERENCE_ROWS reference rows and the cache's blocks (each
+    request fits alone, checked)."""
+    max_seqs = max(1, min(max_num_seqs, MAX_REFERENCE_ROWS // num_tokens))
     groups: list[list[int]] = []
     tokens = blocks = 0
     for i, n in enumerate(lengths):
@@ -81,7 +66,7 @@ def probe_groups(lengths: list[int], num_tokens: int, budget: int, max_seqs: int
     return groups
 
 
-def run_group(engine, prompts: list[list[int]], num_tokens: int) -> ProbeResult:
+def run_group(engine, prompts: list[list[int]], num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """Probes requests that fit one step, on blocks taken from the block manager."""
     manager = engine.block_manager
     seqs = [Sequence(-1 - i, p, SamplingParams()) for i, p in enumerate(prompts)]
@@ -96,17 +81,17 @@ def run_group(engine, prompts: list[list[int]], num_tokens: int) -> ProbeResult:
             manager.free_seq(seq)
 
 
-def summarize(results: list[ProbeResult]) -> dict:
+def summarize(results: list[tuple[np.ndarray, np.ndarray]]) -> dict:
     """Over every position: argmax agreement with the reference, and KL(reference || decode) in nats."""
-    kl = np.array([x for r in results for row in r.kl for x in row], dtype=np.float64)
-    agree = np.array([x for r in results for row in r.agree for x in row], dtype=bool)
+    kl = np.concatenate([kl for kl, _ in results]).ravel()
+    agree = np.concatenate([agree for _, agree in results]).ravel()
     return {
         "greedy_agreement": float(agree.mean()),
         "kl_mean": float(kl.mean()),
         "kl_p99": float(np.percentile(kl, 99)),
         "kl_max": float(kl.max()),
         "num_positions": int(kl.size),
-        "num_requests": sum(len(r.kl) for r in results),
+        "num_requests": sum(len(kl) for kl, _ in results),
     }
 
 
@@ -115,9 +100,10 @@ def summarize(results: list[ProbeResult]) -> dict:
 
 @torch.inference_mode()
 def probe_group(runner, prompts: list[list[int]], num_tokens: int,
-                block_tables: list[list[int]]) -> ProbeResult | None:  # fmt: skip
+                block_tables: list[list[int]]) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
     """Greedy decode steps reading the cache (blocks for prompt + num_tokens - 1 tokens each), then one
-    plain prefill of prompt + continuation as the reference. Rank 0's result, None elsewhere."""
+    plain prefill of prompt + continuation as the reference. Rank 0's [requests, positions] KL(reference ||
+    decode) and argmax agreement, None elsewhere."""
     fill_cache(runner, prompts, block_tables)
     n = len(prompts)
     continuations: list[list[int]] = [[] for _ in prompts]
@@ -136,7 +122,7 @@ def probe_group(runner, prompts: list[list[int]], num_tokens: int,
         return None
     kl = [kl_divergence(reference[:, t], d) for t, d in enumerate(decoded)]
     agree = [reference[:, t].argmax(-1) == d.argmax(-1) for t, d in enumerate(decoded)]
-    return ProbeResult(torch.stack(kl, 1).tolist(), torch.stack(agree, 1).tolist())
+    return torch.stack(kl, 1).cpu().numpy(), torch.stack(agree, 1).cpu().numpy()
 
 
 def log_probs_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.Tensor | None:

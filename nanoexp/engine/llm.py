@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from nanoexp import loader
 from nanoexp.config import EngineConfig, SamplingParams
+from nanoexp.engine import kv_quality
 from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.engine.outputs import RequestOutput
 
@@ -62,7 +63,12 @@ class LLM:
         with `engine.add_request` would lose their outputs); `use_tqdm` None: the constructor's."""
         with self.alone("generate"):
             self.engine.check_open()
-            self.check_idle("generate")
+            pending = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
+            if pending or self.engine.has_unfinished():
+                raise EngineBusyError(
+                    f"generate: {pending} request(s) queued with engine.add_request are still unfinished; "
+                    "step them to completion (engine.step()) or drop them (engine.abort_all()) first"
+                )
             use_tqdm = self.use_tqdm if use_tqdm is None else check_use_tqdm(use_tqdm)
             prompts = as_prompt_list(prompts)
             params = sampling_params or SamplingParams()
@@ -75,7 +81,7 @@ class LLM:
                 self.engine.check_request(f"prompt {i}", tokens, sp)  # all checked before any is queued
             try:
                 ids = [self.engine.add_request(tokens, sp) for tokens, sp in zip(token_lists, params)]
-                outputs = self.run_to_completion(use_tqdm)
+                outputs = self.run_to_completion(use_tqdm, len(ids))
             except BaseException:
                 self.engine.abort_all()
                 raise
@@ -97,57 +103,41 @@ class LLM:
         finally:
             self.lock.release()
 
-    def check_idle(self, what: str) -> None:
-        pending = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
-        if pending or self.engine.has_unfinished():
-            raise EngineBusyError(
-                f"{what}: {pending} request(s) queued with engine.add_request are still unfinished; "
-                "step them to completion (engine.step()) or drop them (engine.abort_all()) first"
-            )
-
-    def prompt_tokens(self, index: int, prompt) -> list[int]:
-        """`encode`, with errors naming the prompt's index."""
-        try:
-            return self.encode(prompt)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"prompt {index}: {e}") from None
-
-    def encode(self, prompt: str | Seq[int]) -> list[int]:
-        """A text prompt's token ids (via the tokenizer), or token ids (list, tuple, 1-D array) as a list."""
+    def prompt_tokens(self, index: int, prompt: str | Seq[int]) -> list[int]:
+        """A text prompt's token ids (via the tokenizer), or token ids (list, tuple, 1-D array) as a list;
+        errors name the prompt's index."""
+        name = f"prompt {index}"
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("text prompts need a tokenizer in the checkpoint; pass token ids")
+                raise ValueError(f"{name}: text prompts need a tokenizer in the checkpoint; pass token ids")
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, Mapping | bytes | bytearray) or not isinstance(prompt, Iterable):
             text = repr(prompt)
             short = text if len(text) <= 40 else text[:37] + "..."
-            raise TypeError(f"got {type(prompt).__name__} {short}; {PROMPT_KINDS}")
+            raise TypeError(f"{name}: got {type(prompt).__name__} {short}; {PROMPT_KINDS}")
         if getattr(prompt, "ndim", 1) != 1:
-            raise TypeError(f"got a {prompt.ndim}-D array; {PROMPT_KINDS}")
+            raise TypeError(f"{name}: got a {prompt.ndim}-D array; {PROMPT_KINDS}")
         return list(prompt)
 
-    def run_to_completion(self, use_tqdm: bool) -> dict[int, RequestOutput]:
+    def run_to_completion(self, use_tqdm: bool, total: int) -> dict[int, RequestOutput]:
         outputs: dict[int, RequestOutput] = {}
-        total = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
-        bar = tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
         rates = {"prefill": 0.0, "decode": 0.0}
-        while self.engine.has_unfinished():
-            finished, stats = self.engine.step()
-            phase = "prefill" if stats.phase == "prefill" else "decode"
-            rates[phase] = stats.num_tokens / max(stats.step_time_s, 1e-9)
-            bar.set_postfix({k: f"{v:.0f}tok/s" for k, v in rates.items()})
-            for out in finished:
-                outputs[out.request_id] = out
-            bar.update(len(finished))
-        bar.close()
+        with tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished():
+                finished, stats = self.engine.step()
+                phase = "prefill" if stats.phase == "prefill" else "decode"
+                rates[phase] = stats.num_tokens / max(stats.step_time_s, 1e-9)
+                bar.set_postfix({k: f"{v:.0f}tok/s" for k, v in rates.items()})
+                for out in finished:
+                    outputs[out.request_id] = out
+                bar.update(len(finished))
         return outputs
 
     def kv_cache_quality(self, prompts: Seq[str] | Seq[list[int]], num_tokens: int = 32) -> dict:
-        """The KV cache's accuracy cost on these prompts (see LLMEngine.kv_cache_quality)."""
+        """The KV cache's accuracy cost on these prompts, on an idle engine (engine/kv_quality.py)."""
         with self.alone("kv_cache_quality"):
-            self.engine.check_open()
             token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(as_prompt_list(prompts))]
-            return self.engine.kv_cache_quality(token_lists, num_tokens)
+            return kv_quality.measure(self.engine, token_lists, num_tokens)
 
     def stats(self) -> dict:
         return self.engine.stats()

@@ -7,25 +7,13 @@ import itertools
 import operator
 import time
 import weakref
-from dataclasses import dataclass
 
 from nanoexp.config import EngineConfig, SamplingParams
-from nanoexp.engine import kv_quality
 from nanoexp.engine.block_manager import BlockManager
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
 from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
 from nanoexp.runner.executor import make_executor
-
-
-@dataclass
-class InFlight:
-    """A decode step enqueued on the device whose sampled tokens are not read yet."""
-
-    batch: ScheduledBatch
-    start: float
-    counters: tuple[int, int]  # prefix-cache queries and hits before it was scheduled
-
 
 _open_engines: weakref.WeakSet = weakref.WeakSet()  # their start-up objects stay frozen
 StepResult = tuple[list[RequestOutput], StepStats]
@@ -45,7 +33,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(self.block_manager, config.scheduler, info.get("max_mixed_step_tokens"))
         self.ids = itertools.count()
-        self.in_flight: InFlight | None = None
+        self.in_flight: tuple[ScheduledBatch, float] | None = None  # a launched step, when it was scheduled
         self.last_step_end = 0.0  # overlapped steps are timed from the later of this and their start
         self._closed = False
         # Freezes what start-up built (model, block lists of up to ~1M blocks) so no full garbage collection
@@ -102,27 +90,24 @@ class LLMEngine:
         overlap (prefill steps run synchronously); under mixed batching every step does."""
         self.check_open()
         if self.in_flight is None:
-            start, counters = time.perf_counter(), self.prefix_counters()
+            start = time.perf_counter()
             batch = self.scheduler.schedule()
             overlaps = self.scheduler.mixed or not batch.is_prefill
             if not (batch.seqs and overlaps and self.config.scheduler.async_scheduling):
                 sampled = self.executor.run(batch.step_input()) if batch.seqs else []
-                return self.complete(batch, self.advance(batch, start), sampled, start, counters)
+                return self.complete(batch, self.advance(batch, start), sampled, start)
             self.executor.launch(batch.step_input())
-            self.in_flight = InFlight(batch, start, counters)
-        current, self.in_flight = self.in_flight, None
-        samplers = self.advance(current.batch, current.start)
-        following_start, counters = time.perf_counter(), self.prefix_counters()
-        following = self.schedule_following(current.batch)
+            self.in_flight = (batch, start)
+        (batch, start), self.in_flight = self.in_flight, None
+        samplers = self.advance(batch, start)
+        following_start = time.perf_counter()
+        following = self.schedule_following(batch)
         if following.seqs:
             rows = {seq.seq_id: row for row, seq in enumerate(samplers) if seq is not None}
             self.executor.launch(following.step_input(rows))
-            self.in_flight = InFlight(following, following_start, counters)
+            self.in_flight = (following, following_start)
         sampled = self.executor.collect()
-        return self.complete(current.batch, samplers, sampled, current.start, current.counters)
-
-    def prefix_counters(self) -> tuple[int, int]:
-        return self.block_manager.queries, self.block_manager.hits
+        return self.complete(batch, samplers, sampled, start)
 
     def schedule_following(self, batch: ScheduledBatch) -> ScheduledBatch:
         """The next step; under prefill_first, an empty batch when a prefill must come first."""
@@ -150,7 +135,7 @@ class LLMEngine:
         return samplers
 
     def complete(self, batch: ScheduledBatch, samplers: list[Sequence | None], sampled: list[int],
-                 start: float, counters: tuple[int, int]) -> StepResult:  # fmt: skip
+                 start: float) -> StepResult:  # fmt: skip
         """Fills the placeholders with the sampled tokens and finishes what ended."""
         now = time.perf_counter()
         for seq in batch.seqs:
@@ -169,7 +154,7 @@ class LLMEngine:
                 finished.append(self.output_of(seq))
         elapsed = now - max(start, self.last_step_end)
         self.last_step_end = now
-        return finished, self.step_stats(batch, finished, elapsed, *counters, len(sampled))
+        return finished, self.step_stats(batch, finished, elapsed, len(sampled))
 
     def finish_reason(self, seq: Sequence) -> str:
         last = seq.token_ids[-1]
@@ -189,7 +174,7 @@ class LLMEngine:
             num_cached_tokens=seq.num_cached_tokens, num_preemptions=seq.num_preemptions,
         )  # fmt: skip
 
-    def step_stats(self, batch, finished, elapsed, queries, hits, num_sampled) -> StepStats:
+    def step_stats(self, batch, finished, elapsed, num_sampled) -> StepStats:
         manager = self.block_manager
         phase = ("mixed" if batch.num_decodes else "prefill") if batch.is_prefill else "decode"
         return StepStats(
@@ -197,7 +182,7 @@ class LLMEngine:
             num_decode_tokens=batch.num_decodes, num_prefill_tokens=batch.num_tokens - batch.num_decodes,
             num_output_tokens=num_sampled, step_time_s=elapsed,
             kv_blocks_used=manager.num_used, kv_blocks_total=manager.num_blocks,
-            prefix_cache_queries=manager.queries - queries, prefix_cache_hits=manager.hits - hits,
+            prefix_cache_queries=batch.prefix_cache_queries, prefix_cache_hits=batch.prefix_cache_hits,
             num_preemptions=batch.num_preemptions, num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting), num_finished=len(finished),
         )  # fmt: skip
@@ -210,10 +195,6 @@ class LLMEngine:
         if self.has_unfinished():
             raise RuntimeError("reset_prefix_cache needs an idle engine: requests are still running")
         self.block_manager.reset_prefix_cache()
-
-    def kv_cache_quality(self, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
-        """The KV cache's accuracy cost on these prompts (engine/kv_quality.py); only on an idle engine."""
-        return kv_quality.measure(self, prompt_token_ids, num_tokens)
 
     def abort_all(self) -> None:
         """Drops every queued, running or in-flight request and their blocks. A launched step's tokens are

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass
@@ -63,6 +63,3 @@ class StepStats:
     num_finished: int = 0
     num_decode_tokens: int = 0  # of num_tokens: one-token decodes
     num_prefill_tokens: int = 0  # of num_tokens: prompt (or recompute) chunks
-
-    def as_dict(self) -> dict:
-        return asdict(self)

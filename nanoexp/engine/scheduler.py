@@ -24,6 +24,8 @@ class ScheduledBatch:
     num_new_tokens: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     num_decodes: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens of the admitted requests looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of which served from the cache
 
     def add(self, seq: Sequence, num_tokens: int) -> None:
         self.seqs.append(seq)
@@ -108,13 +110,13 @@ class Scheduler:
                 batch.add(seq, n)
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            n = self.admit(self.waiting[0], budget)
+            n = self.admit(self.waiting[0], budget, batch)
             if n == 0:
                 break
             batch.add(self.waiting.popleft(), n)
             budget -= n
 
-    def admit(self, seq: Sequence, budget: int) -> int:
+    def admit(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> int:
         """Gives seq its blocks and returns how many of its tokens run now (0 = cannot admit)."""
         manager = self.block_manager
         cached = manager.cached_prefix(seq)
@@ -122,6 +124,8 @@ class Scheduler:
         if (remaining > budget and not self.enable_chunked_prefill) or not manager.can_allocate(seq, cached):
             return 0
         manager.allocate(seq, cached)
+        batch.prefix_cache_queries += len(seq)
+        batch.prefix_cache_hits += seq.num_computed_tokens
         if seq.num_preemptions == 0:
             seq.num_cached_tokens = seq.num_computed_tokens
         seq.status = Status.RUNNING

@@ -24,7 +24,7 @@ def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
     limit = prompt_limit(llm.engine, cfg.num_tokens)
     prompts = [list(r.prompt_token_ids) for r in workload.requests[: cfg.num_requests]]
     cut = sum(len(p) > limit for p in prompts)
-    result = llm.engine.kv_cache_quality([p[:limit] for p in prompts], cfg.num_tokens)
+    result = llm.kv_cache_quality([p[:limit] for p in prompts], cfg.num_tokens)
     return {PREFIX + k: result[k] for k in SHOWN} | {
         PREFIX + "num_cut_prompts": cut, PREFIX + "num_tokens": cfg.num_tokens,
         "kv_quality_s": time.perf_counter() - start, "kv_cache_dtype": llm.engine.config.cache.kv_cache_dtype,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import asdict
 
 import numpy as np
 
@@ -124,7 +125,7 @@ def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -
 
 def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
     """A flat, numeric row for the per-step history (`t_s`: seconds since the repeat started)."""
-    row = {k: v for k, v in stats.as_dict().items() if k not in ("phase", "step_time_s")}
+    row = {k: v for k, v in asdict(stats).items() if k not in ("phase", "step_time_s")}
     return row | {
         "step": index, "repeat": repeat, "t_s": t_s, "is_prefill": int(stats.phase == "prefill"),
         "step_time_ms": stats.step_time_s * 1e3, "tokens_per_s": _rate(stats.num_tokens, stats.step_time_s),

@@ -1,4 +1,5 @@
-"""Qwen3 (and Qwen2/Qwen2.5, which differ by q/k/v bias instead of per-head q/k norm)."""
+"""Qwen3 (and Qwen2/Qwen2.5, which differ by q/k/v bias instead of per-head q/k norm), and the registry
+that maps a checkpoint's `architectures` entry to one of them."""
 
 from __future__ import annotations
 
@@ -14,14 +15,6 @@ from nanoexp.layers.norm import RMSNorm
 from nanoexp.layers.rope import RotaryEmbedding, apply_rope, qk_norm_rope
 
 
-def rope_theta_of(config: PretrainedConfig) -> float:
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"rope_type={rope_type!r} is not supported; only 'default' RoPE is")
-    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-
-
 class Qwen3Attention(nn.Module):
     def __init__(self, config: PretrainedConfig, max_position: int, qk_norm: bool):
         super().__init__()
@@ -32,7 +25,10 @@ class Qwen3Attention(nn.Module):
         heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads  # this rank's
         self.sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]  # of q, k and v in qkv
         self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size)
-        self.rotary_emb = RotaryEmbedding(head_dim, max_position, rope_theta_of(config))
+        # plain RoPE: other rope types are refused by loader.check_hf_config
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+        self.rotary_emb = RotaryEmbedding(head_dim, max_position, theta)
         self.attn = Attention(heads, kv_heads, head_dim, head_dim**-0.5)
         self.qk_norm = qk_norm
         if qk_norm:
@@ -127,3 +123,15 @@ class Qwen3ForCausalLM(nn.Module):
 
 class Qwen2ForCausalLM(Qwen3ForCausalLM):
     qk_norm = False
+
+
+MODELS: dict[str, type[nn.Module]] = {cls.__name__: cls for cls in (Qwen3ForCausalLM, Qwen2ForCausalLM)}
+
+
+def model_class(config: PretrainedConfig) -> type[nn.Module]:
+    """Our model class for a checkpoint's `architectures` entry."""
+    archs = getattr(config, "architectures", None)
+    for arch in archs or []:
+        if arch in MODELS:
+            return MODELS[arch]
+    raise ValueError(f"unsupported architecture {archs}; supported: {', '.join(MODELS)}")

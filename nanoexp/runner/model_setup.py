@@ -24,7 +24,7 @@ from nanoexp.layers.activation import bind_activation_kernel
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.linear import bind_gemm_backend
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
-from nanoexp.models.registry import model_class
+from nanoexp.models.qwen3 import model_class
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
