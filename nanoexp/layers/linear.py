@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nanoexp.distributed import all_reduce, tp_rank, tp_size
-from nanoexp.kernels.gemm_select import NormFirst, SkinnyGemm
+from nanoexp.kernels.base import NormFirst
+from nanoexp.kernels.select import SkinnyGemm
 from nanoexp.layers.activation import SiluAndMul
 from nanoexp.layers.norm import RMSNorm
 
