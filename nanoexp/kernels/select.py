@@ -25,8 +25,6 @@ from nanoexp.kernels.torch_ref import TorchAttentionBackend
 
 log = logging.getLogger(__name__)
 
-BACKEND_NAMES = ("auto", "torch", "triton", "flash_attn")
-
 # The order in which `auto` tries backends on CUDA before falling back to torch: on an H200 the
 # nano-vLLM benchmark runs 5-7% faster with triton than with flash-attn 2 (experiments/kernels/).
 AUTO_CUDA_ORDER = ("triton", "flash_attn")
@@ -49,15 +47,13 @@ def make_attention_backend(
     if name == "auto":
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         return choose_auto(device, block_size, dtype, head_dim, kv_cache_dtype != "auto")
-    if name == "torch":
-        backend = TorchAttentionBackend()
-    elif name == "triton":
+    if name == "triton":
         require_triton("attention_backend", device)
         backend = _triton_backend()
     elif name == "flash_attn":
         backend = FlashAttnBackend(block_size, kv_cache_dtype, device)
-    else:
-        raise ValueError(f"attention_backend={name!r} is invalid: must be one of {', '.join(BACKEND_NAMES)}")
+    else:  # torch (ExecutionConfig allows no other name)
+        backend = TorchAttentionBackend()
     backend.selection = f"{name}: requested explicitly (not self-checked)"
     return backend
 
