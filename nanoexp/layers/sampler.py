@@ -53,7 +53,7 @@ class Sampler(nn.Module):
     def forward(self, logits: Tensor, st: SamplingTensors) -> Tensor:
         if st.all_greedy:
             return logits.argmax(dim=-1)
-        if self.one_pass and not st.needs_filter and st.row_seeds is not None:
+        if self.can_shard(st):  # not all greedy: the one-pass kernel applies
             return self.one_pass_sample(logits, st.temperatures, st.row_seeds)
         greedy_tokens = logits.argmax(dim=-1)
         if not st.needs_filter and all(seed is None for seed in st.seeds):
