@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 
 from nanoexp import distributed
 from nanoexp.config.checks import KnobError
+from nanoexp.config.parallel import ParallelConfig
 from nanoexp.kernels.all_reduce import (
     NCCL,
     ONE_SHOT,
@@ -52,7 +53,7 @@ def test_symm_mem_forced_where_unusable_and_unknown_choice_are_errors():
     with pytest.raises(KnobError, match=r"parallel.all_reduce='symm_mem' .* 2 peer-accessible GPUs"):
         resolve_choice("symm_mem", GPU, 2, False)
     with pytest.raises(KnobError, match=r"parallel.all_reduce='nvls' is invalid: must be one of auto, nccl"):
-        resolve_choice("nvls", GPU, 2, True)
+        ParallelConfig(tensor_parallel_size=2, all_reduce="nvls")
 
 
 def test_multicast_must_be_off_for_symmetric_memory(monkeypatch):

@@ -12,13 +12,13 @@ pytest.importorskip("triton")
 
 from nanoexp import LLM, SamplingParams  # noqa: E402
 from nanoexp.config import ExecutionConfig, KnobError  # noqa: E402
-from nanoexp.kernels.gemm_select import (  # noqa: E402
+from nanoexp.kernels.base import NormFirst  # noqa: E402
+from nanoexp.kernels.select import (  # noqa: E402
     AUTO_MAX_ROWS,
     AUTO_MAX_WEIGHT_BYTES,
     SkinnyGemm,
     make_skinny_gemm,
 )
-from nanoexp.kernels.norm_first import NormFirst  # noqa: E402
 from nanoexp.kernels.triton_gemm import NORM_PREPASS_MAX_ROWS, GemmConfig, default_config, skinny_gemm  # noqa: E402
 from nanoexp.kernels.triton_gemv import MAX_K_TILE, GemvConfig, default_gemv_config  # noqa: E402
 from nanoexp.layers.norm import add_rms_norm, rms_norm  # noqa: E402

@@ -16,6 +16,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 # Without CUDA, conftest has turned the Triton interpreter on before anything imported triton.
+from nanoexp.config import ExecutionConfig  # noqa: E402
 from nanoexp.kernels import triton_attention  # noqa: E402
 from nanoexp.kernels.base import AttentionMetadata  # noqa: E402
 from nanoexp.kernels.prefill_tiles import prefill_tiles  # noqa: E402
@@ -405,8 +406,8 @@ def test_select_backends():
     assert make_attention_backend("auto", cpu, 256).name == "torch"
     with pytest.raises(ValueError, match="attention_backend"):
         make_attention_backend("flash_attn", cpu, 256)
-    with pytest.raises(ValueError, match="attention_backend"):
-        make_attention_backend("nope", cpu, 16)
+    with pytest.raises(ValueError, match="engine.attention_backend='nope' is invalid"):
+        ExecutionConfig(attention_backend="nope")
 
 
 def test_select_triton_on_cpu_needs_interpreter(monkeypatch):

@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton")
 from nanoexp import LLM, SamplingParams  # noqa: E402
 from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8  # noqa: E402
 from nanoexp.kernels.triton_qk_norm_rope import qk_norm_rope_store as fused_op  # noqa: E402
-from nanoexp.layers.rope import RotaryEmbedding, apply_rope_uncompiled, qk_norm_rope  # noqa: E402
+from nanoexp.layers.rope import RotaryEmbedding, apply_rope, qk_norm_rope  # noqa: E402
 from tests.conftest import random_prompts  # noqa: E402
 from tests.test_triton_kernels import DEVICE  # noqa: E402
 
@@ -45,7 +45,7 @@ def reference(qkv, positions, cos_sin, weights, slots, heads, kv_heads, norm, ca
     if norm:
         q, k = qk_norm_rope(positions, q, k, *weights, 1e-6, cos_sin)
     else:
-        q, k = apply_rope_uncompiled(positions, q, k, cos_sin)
+        q, k = apply_rope(positions, q, k, cos_sin)
     k_cache, v_cache = poisoned_caches(kv_heads, head_dim, cache_dtype)
     TorchAttentionBackend().store_kv(k.to(cache_dtype), v.to(cache_dtype), k_cache, v_cache, slots)
     return q, k, k_cache, v_cache

@@ -100,12 +100,12 @@ def test_shard_winners_pick_what_the_whole_vocabulary_scan_draws(cuts):
     seeds = torch.tensor([1, 2, 3, 4, 5, 6])
     want = sample(logits, temperatures, seeds)
     bounds = [0, *cuts, logits.shape[1]]
-    scores, tokens = zip(*(
-        triton_sampler.shard_winners(
-            logits[:, lo:hi].to(DEVICE), temperatures.to(DEVICE), seeds.to(DEVICE), lo
-        )
-        for lo, hi in zip(bounds, bounds[1:])
-    ))  # fmt: skip
+    scores = [torch.empty(len(logits), device=DEVICE) for _ in bounds[1:]]
+    tokens = [  # each shard's winner: its token id, and its score into `values`
+        triton_sampler.sample(logits[:, lo:hi].to(DEVICE), temperatures.to(DEVICE), seeds.to(DEVICE), lo,
+                              values)  # fmt: skip
+        for lo, hi, values in zip(bounds, bounds[1:], scores, strict=False)
+    ]
     got = pick_shard_winner(torch.stack(scores), torch.stack(tokens)).cpu()
     assert got.tolist() == want.tolist()
     assert got[0] == 900

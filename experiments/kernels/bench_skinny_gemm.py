@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
 from nanoexp.kernels import pdl
-from nanoexp.kernels.norm_first import NormFirst
+from nanoexp.kernels.base import NormFirst
 from nanoexp.kernels.triton_gemm import TICKETS, GemmConfig, default_config, skinny_gemm
 from nanoexp.kernels.triton_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from nanoexp.kernels.triton_gemv import GemvConfig, default_gemv_config

@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from nanoexp.config.checks import KnobError
-from nanoexp.config.parallel import ALL_REDUCES
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -65,9 +64,8 @@ def symm_mem_usable(device: torch.device, world_size: int) -> bool:
 
 
 def resolve_choice(choice: str, device: torch.device, world_size: int, usable: bool) -> str:
-    """gloo on CPU (symm_mem forced there is an error), symm_mem where usable under `auto`, else NCCL."""
-    if choice not in ALL_REDUCES:
-        raise KnobError("parallel.all_reduce", choice, f"one of {', '.join(ALL_REDUCES)}")
+    """gloo on CPU (symm_mem forced there is an error), symm_mem where usable under `auto`, else NCCL;
+    `choice` passed ParallelConfig's check."""
     if device.type != "cuda":
         if choice == "symm_mem":
             raise KnobError("parallel.all_reduce", choice, "auto or nccl on CPU (symm_mem needs CUDA GPUs)")
@@ -114,14 +112,9 @@ class AllReduce:
         dist.all_reduce(x, group=self.group)
         return x
 
-    def staged(self, x: torch.Tensor) -> torch.Tensor:
-        if self.buffer is None or x.dtype != self.dtype or x.numel() > self.buffer.numel():
-            raise ValueError(f"symmetric all-reduce of {tuple(x.shape)} {x.dtype} does not fit its buffer")
-        return self.buffer[: x.numel()]
-
     def one_shot(self, x: torch.Tensor) -> torch.Tensor:
         """Each rank copies its input into its buffer, then reads every peer's and sums."""
-        symm, out = self.staged(x), torch.empty_like(x)
+        symm, out = self.buffer[: x.numel()], torch.empty_like(x)
         ops = torch.ops.symm_mem
         if hasattr(ops, "one_shot_all_reduce_copy_out"):  # the copy happens inside the kernel
             ops.one_shot_all_reduce_copy_out(symm, x.view(-1), "sum", self.group_name, out.view(-1))
@@ -132,7 +125,7 @@ class AllReduce:
 
     def two_shot(self, x: torch.Tensor) -> torch.Tensor:
         """Each rank sums its 1/N slice from all peers, then gathers the others' sums; in place in x."""
-        symm = self.staged(x)
+        symm = self.buffer[: x.numel()]
         symm.copy_(x.view(-1))
         if self.world_size in TWO_SHOT_OUT_WORLD_SIZES:
             torch.ops.symm_mem.two_shot_all_reduce_out(symm, "sum", self.group_name, x.view(-1))

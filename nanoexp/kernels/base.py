@@ -1,4 +1,5 @@
-"""The attention backend contract, the per-step metadata it reads, and the fp8 KV-cache convention.
+"""The attention backend contract, the per-step metadata it reads, the fp8 KV-cache convention, and
+the RMSNorm a skinny GEMM can apply to its input first.
 
 Every cache is [num_blocks, block_size, kv_heads, head_dim]. fp8 (`cache.kv_cache_dtype=fp8_e4m3`):
 `torch.float8_e4m3fn` caches; each layer owns float32 [1] device tensors `k_scale`, `v_scale` (1.0
@@ -119,6 +120,16 @@ class AttentionBackend:
     ) -> Tensor:  # fmt: skip
         """Attention of each sequence's newest token (q [seqs, heads, dim]) over its cached context."""
         raise NotImplementedError
+
+
+@dataclass
+class NormFirst:
+    """The RMSNorm a skinny GEMM applies to its input first: RMSNorm(x + residual) * weight before the
+    product; residual None: RMSNorm(x) * weight."""
+
+    weight: Tensor
+    eps: float
+    residual: Tensor | None = None
 
 
 def check_scales(k_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None) -> bool:

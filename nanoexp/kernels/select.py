@@ -1,7 +1,8 @@
-"""Pick the attention backend for a device, KV block size, dtype, head size and KV-cache dtype.
+"""Which kernels run: the attention backend (by device, KV block size, dtype, head size and KV-cache
+dtype) and the GEMM of decode-sized linear layers (torch's cuBLAS or the Triton skinny GEMM).
 
-`auto` takes a non-reference backend only once it passes a one-time self-check against the torch
-reference (kernels/self_check.py), else warns and skips it; an explicit request is built as asked.
+`auto` takes a non-reference attention backend only once it passes a one-time self-check against the
+torch reference (kernels/self_check.py), else warns and skips it; an explicit request is built as asked.
 Every backend returned carries `selection`, a one-line note of why it was chosen."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from nanoexp.kernels.base import AttentionBackend
+from nanoexp.kernels.base import AttentionBackend, NormFirst
 from nanoexp.kernels.flash_attn_backend import (
     FLASH_ATTN_PAGE_MULTIPLE,
     FlashAttnBackend,
@@ -24,11 +25,16 @@ from nanoexp.kernels.torch_ref import TorchAttentionBackend
 
 log = logging.getLogger(__name__)
 
-BACKEND_NAMES = ("auto", "torch", "triton", "flash_attn")
-
 # The order in which `auto` tries backends on CUDA before falling back to torch: on an H200 the
 # nano-vLLM benchmark runs 5-7% faster with triton than with flash-attn 2 (experiments/kernels/).
 AUTO_CUDA_ORDER = ("triton", "flash_attn")
+
+# Where `auto` takes the Triton GEMM (H200, bf16, vs cuBLAS): all of Qwen3-0.6B's layers; cuBLAS wins
+# every Qwen3-8B shape but one tie (8B batch-1 TPOT 5.51 ms with the kernel, 4.95 without;
+# experiments/kernels/runs/skinny_gemm_8b.md).
+AUTO_MAX_ROWS = 16
+AUTO_MAX_WEIGHT_BYTES = 12 * 2**20
+MAX_ROWS = 256  # the kernel's limit (triton_gemm.MAX_ROWS); `triton` takes every size up to it
 
 
 def make_attention_backend(
@@ -41,15 +47,13 @@ def make_attention_backend(
     if name == "auto":
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         return choose_auto(device, block_size, dtype, head_dim, kv_cache_dtype != "auto")
-    if name == "torch":
-        backend = TorchAttentionBackend()
-    elif name == "triton":
+    if name == "triton":
         require_triton("attention_backend", device)
         backend = _triton_backend()
     elif name == "flash_attn":
         backend = FlashAttnBackend(block_size, kv_cache_dtype, device)
-    else:
-        raise ValueError(f"attention_backend={name!r} is invalid: must be one of {', '.join(BACKEND_NAMES)}")
+    else:  # torch (ExecutionConfig allows no other name)
+        backend = TorchAttentionBackend()
     backend.selection = f"{name}: requested explicitly (not self-checked)"
     return backend
 
@@ -116,3 +120,40 @@ def _triton_backend() -> AttentionBackend:
     from nanoexp.kernels.triton_backend import TritonAttentionBackend
 
     return TritonAttentionBackend()
+
+
+class SkinnyGemm:
+    """Routes x [M, K] @ w[N, K]^T with M <= max_rows to the Triton kernel."""
+
+    def __init__(self, max_rows: int, max_weight_bytes: int | None = None):
+        from nanoexp.kernels.triton_gemm import skinny_gemm  # only once Triton is known to be there
+
+        self.max_rows = max_rows
+        self.max_weight_bytes = max_weight_bytes
+        self.kernel = skinny_gemm
+
+    def applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        fits = x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(-1) == 1 and weight.stride(-1) == 1
+        limit = self.max_weight_bytes  # `fits` first: prefill-sized inputs leave there
+        return fits and (limit is None or weight.numel() * weight.element_size() <= limit)
+
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False,
+        norm: NormFirst | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """x @ weight^T + bias; gated and norm as in triton_gemm.skinny_gemm."""
+        return self.kernel(x, weight, bias, gated=gated, norm=norm)
+
+    def describe(self) -> str:
+        limit = f", weights up to {self.max_weight_bytes / 2**20:g} MiB" if self.max_weight_bytes else ""
+        return f"triton up to {self.max_rows} rows{limit}"
+
+
+def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> SkinnyGemm | None:
+    """`engine.gemm_backend`: torch: None; triton: up to 256 rows; auto: the measured range, or None."""
+    if choice == "torch":
+        return None
+    if choice == "triton":
+        require_triton("engine.gemm_backend", device)
+        return SkinnyGemm(MAX_ROWS)
+    return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES) if triton_half_precision(device, dtype) else None

@@ -70,8 +70,7 @@ def paged_case(ctx_lens, q_lens, is_prefill, block_size, kv_heads, head_dim, dty
     need = [-(-n // block_size) for n in ctx_lens]
     num_blocks = sum(need) + 2
     shape = (num_blocks, block_size, kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen).to(device, dtype)
-    v_cache = torch.randn(shape, generator=gen).to(device, dtype)
+    k_cache, v_cache = (torch.randn(shape, generator=gen).to(device, dtype) for _ in range(2))
     scales = ()
     if kv_fp8:
         scales = (torch.tensor([FP8_K_SCALE], device=device), torch.tensor([FP8_V_SCALE], device=device))

@@ -346,8 +346,7 @@ def varlen_prefill(
         k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
         assert q.stride(-1) == 1 and num_heads % num_kv_heads == 0
         kv_strides = (*k.stride()[:2], *v.stride()[:2], 0, 0, 0, 0, 1)
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     num_seqs = cu_seqlens_q.shape[0] - 1
     if num_tokens == 0 or num_seqs == 0:
         return out

@@ -19,8 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanoexp.kernels.base import num_sms
-from nanoexp.kernels.norm_first import NormFirst
+from nanoexp.kernels.base import NormFirst, num_sms
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_gemv import AUTO_ROWS as GEMV_ROWS
 from nanoexp.kernels.triton_gemv import GemvConfig, gemv, rounded_swiglu

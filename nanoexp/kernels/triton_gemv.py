@@ -14,8 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanoexp.kernels.base import num_sms
-from nanoexp.kernels.norm_first import NormFirst
+from nanoexp.kernels.base import NormFirst, num_sms
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_pdl import wait_for_previous
 

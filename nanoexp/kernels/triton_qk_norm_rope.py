@@ -17,7 +17,7 @@ from nanoexp.kernels.triton_splits import sum_combine
 
 @triton.jit
 def _norm_heads(x, w, rstd, DT: tl.constexpr):
-    """rms_norm_uncompiled: (x * rstd) cast to the model dtype, times the weight, in the model dtype."""
+    """layers/norm.rms_norm: (x * rstd) cast to the model dtype, times the weight, in the model dtype."""
     return ((x * rstd[:, None]).to(DT).to(tl.float32) * w.to(tl.float32)).to(DT).to(tl.float32)
 
 

@@ -4,9 +4,9 @@ A draw from softmax(x / t) is argmax(x / t + g), g = -log(-log(u)) Gumbel noise,
 by the row's seed and the vocabulary index: nothing materialized, a seeded row's draw independent of
 the batch. GPU logs are the approximate lg2 (~1e-7 relative; the accurate log made the kernel
 arithmetic-bound, experiments/nanovllm_bench/README.md). A second kernel picks across a row's
-slices (ties to the lowest index, as torch.argmax). A TP rank scans its vocabulary shard
-(`shard_winners`): noise keyed by the full-vocabulary index makes the best of the ranks' winners
-the whole-vocabulary draw."""
+slices (ties to the lowest index, as torch.argmax). A TP rank scans its vocabulary shard (from
+`vocab_offset`, the winners' scores into `values`): noise keyed by the full-vocabulary index makes the
+best of the ranks' winners the whole-vocabulary draw."""
 
 from __future__ import annotations
 
@@ -129,14 +129,6 @@ def slicing(rows: int, vocab_size: int) -> tuple[int, int]:
     wanted = max(1, min(MAX_SLICES, TARGET_PROGRAMS // max(rows, 1), triton.cdiv(vocab_size, BLOCK)))
     slice_len = triton.cdiv(triton.cdiv(vocab_size, wanted), BLOCK) * BLOCK
     return slice_len, triton.cdiv(vocab_size, slice_len)
-
-
-def shard_winners(
-    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, vocab_offset: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample` over a shard starting at token `vocab_offset`: per row (score, full-vocabulary index)."""
-    values = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-    return values, sample(logits, temperatures, seeds, vocab_offset, values)
 
 
 def sample(

@@ -1,6 +1,7 @@
 """Small elementwise ops (norms, RoPE, SwiGLU, sampling) as plain functions; `compilable` routes calls to
 a `torch.compile`d copy while `use_compiled(True)` is active (the runner turns it on for CUDA-graph capture
-and sampling), and to the plain function otherwise (CPU, eager mode, prefill)."""
+and sampling), and to the plain function otherwise (CPU, eager mode, prefill). An op compiled as a whole
+composes the plain functions, `op.__wrapped__`."""
 
 from __future__ import annotations
 

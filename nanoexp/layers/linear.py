@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nanoexp.distributed import all_reduce, tp_rank, tp_size
-from nanoexp.kernels.gemm_select import NormFirst, SkinnyGemm
+from nanoexp.kernels.base import NormFirst
+from nanoexp.kernels.select import SkinnyGemm
 from nanoexp.layers.activation import SiluAndMul
 from nanoexp.layers.norm import RMSNorm
 
@@ -22,14 +23,9 @@ def rows(loaded, start: int, size: int, dim: int = 0) -> Tensor:
     return loaded[(slice(None),) * dim + (slice(start, start + size),)]
 
 
-def divide(total: int, parts: int) -> int:
-    """Each rank's share; the sizes passed `config.parallel.check_split`, so a remainder is a bug."""
-    assert total % parts == 0, f"{total} does not split {parts} ways"
-    return total // parts
-
-
 class LinearBase(nn.Module):
-    """Holds a [out_local, in_local] weight (and bias); `tp_dim` is the sharded weight dim."""
+    """Holds a [out_local, in_local] weight (and bias); `tp_dim` is the sharded weight dim. Sharded
+    sizes divide evenly: the model passed `config.parallel.check_split`."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp_dim: int):
         super().__init__()
@@ -81,7 +77,7 @@ class MergedColumnParallelLinear(LinearBase):
 
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
         self.output_sizes = output_sizes
-        super().__init__(in_features, sum(divide(size, tp_size()) for size in output_sizes), bias, 0)
+        super().__init__(in_features, sum(output_sizes) // tp_size(), bias, 0)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
@@ -96,26 +92,24 @@ class QKVParallelLinear(LinearBase):
     def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool):
         size = tp_size()
         self.head_dim = head_dim
-        self.num_heads = divide(num_heads, size)
+        self.num_heads = num_heads // size
         self.num_kv_heads = max(1, num_kv_heads // size)
         self.total_kv_heads = num_kv_heads
         super().__init__(hidden, (self.num_heads + 2 * self.num_kv_heads) * head_dim, bias, 0)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: str) -> None:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        offset = {"q": 0, "k": q_size, "v": q_size + kv_size}[shard_id]
-        if shard_id == "q":
-            param.data.narrow(0, offset, q_size).copy_(self.shard_of(loaded, 0))
-        else:
-            first_head = self.tp_rank * self.total_kv_heads // self.tp_size
-            param.data.narrow(0, offset, kv_size).copy_(rows(loaded, first_head * self.head_dim, kv_size))
+        offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[shard_id]
+        heads = self.num_heads * self.tp_size if shard_id == "q" else self.total_kv_heads
+        first_head = self.tp_rank * heads // self.tp_size  # replicated KV heads: ranks share one
+        param.data.narrow(0, offset, size).copy_(rows(loaded, first_head * self.head_dim, size))
 
 
 class RowParallelLinear(LinearBase):
     """Splits input features across ranks and all-reduces the partial outputs."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__(divide(in_features, tp_size()), out_features, bias, 1)
+        super().__init__(in_features // tp_size(), out_features, bias, 1)
 
     def forward(self, x: Tensor) -> Tensor:
         bias = self.bias if self.tp_rank == 0 else None

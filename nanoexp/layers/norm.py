@@ -8,13 +8,11 @@ from torch import Tensor, nn
 from nanoexp.layers.compiled import compilable
 
 
-def rms_norm_uncompiled(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+@compilable
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
-
-
-rms_norm = compilable(rms_norm_uncompiled)
 
 
 @compilable

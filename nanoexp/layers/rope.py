@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from nanoexp.layers.compiled import compilable
-from nanoexp.layers.norm import rms_norm_uncompiled
+from nanoexp.layers.norm import rms_norm
 
 
 class RotaryEmbedding(nn.Module):
@@ -18,12 +18,10 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin", cos_sin, persistent=False)  # apply_rope's table
 
 
-def apply_rope_uncompiled(positions: Tensor, q: Tensor, k: Tensor, cos_sin: Tensor) -> tuple[Tensor, Tensor]:
+@compilable
+def apply_rope(positions: Tensor, q: Tensor, k: Tensor, cos_sin: Tensor) -> tuple[Tensor, Tensor]:
     cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
     return rotate(q, cos, sin), rotate(k, cos, sin)
-
-
-apply_rope = compilable(apply_rope_uncompiled)
 
 
 @compilable
@@ -31,8 +29,8 @@ def qk_norm_rope(
     positions: Tensor, q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, cos_sin: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Per-head RMSNorm of q and k, then RoPE (Qwen3), as one op."""
-    q, k = rms_norm_uncompiled(q, q_weight, eps), rms_norm_uncompiled(k, k_weight, eps)
-    return apply_rope_uncompiled(positions, q, k, cos_sin)
+    q, k = rms_norm.__wrapped__(q, q_weight, eps), rms_norm.__wrapped__(k, k_weight, eps)
+    return apply_rope.__wrapped__(positions, q, k, cos_sin)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

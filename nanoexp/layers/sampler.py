@@ -35,9 +35,9 @@ class Sampler(nn.Module):
         super().__init__()
         self.one_pass = one_pass
         if one_pass:
-            from nanoexp.kernels.triton_sampler import sample, shard_winners
+            from nanoexp.kernels.triton_sampler import sample
 
-            self.one_pass_sample, self.one_pass_shard = sample, shard_winners
+            self.one_pass_sample = sample
 
     def can_shard(self, st: SamplingTensors) -> bool:
         return st.all_greedy or (self.one_pass and not st.needs_filter and st.row_seeds is not None)
@@ -47,12 +47,13 @@ class Sampler(nn.Module):
         if st.all_greedy:
             index = logits.argmax(dim=-1)
             return logits.gather(1, index.unsqueeze(1)).squeeze(1).float(), index + vocab_offset
-        return self.one_pass_shard(logits, st.temperatures, st.row_seeds, vocab_offset)
+        scores = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        return scores, self.one_pass_sample(logits, st.temperatures, st.row_seeds, vocab_offset, scores)
 
     def forward(self, logits: Tensor, st: SamplingTensors) -> Tensor:
         if st.all_greedy:
             return logits.argmax(dim=-1)
-        if self.one_pass and not st.needs_filter and st.row_seeds is not None:
+        if self.can_shard(st):  # not all greedy: the one-pass kernel applies
             return self.one_pass_sample(logits, st.temperatures, st.row_seeds)
         greedy_tokens = logits.argmax(dim=-1)
         if not st.needs_filter and all(seed is None for seed in st.seeds):

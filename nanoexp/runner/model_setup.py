@@ -18,8 +18,13 @@ from nanoexp.config.checks import is_int
 from nanoexp.config.parallel import check_split
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionBackend
-from nanoexp.kernels.gemm_select import SkinnyGemm, make_skinny_gemm
-from nanoexp.kernels.select import make_attention_backend, triton_available, triton_half_precision
+from nanoexp.kernels.select import (
+    SkinnyGemm,
+    make_attention_backend,
+    make_skinny_gemm,
+    triton_available,
+    triton_half_precision,
+)
 from nanoexp.layers.activation import bind_activation_kernel
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.linear import bind_gemm_backend
