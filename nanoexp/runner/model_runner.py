@@ -19,7 +19,7 @@ from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.compiled import use_compiled
 from nanoexp.layers.sampler import Sampler, SamplingTensors, pick_shard_winner
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, DecodeGraphs, StepGraphs
-from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_sampling, prepare_step
+from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_step
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import eos_token_ids, set_up_model
@@ -209,7 +209,7 @@ class ModelRunner:
                 temperatures=[1.0] * rows, top_k=[-1] * rows, top_p=[1.0] * rows, min_p=[0.0] * rows,
                 seeds=[None] * rows,
             )  # fmt: skip
-            sampling = prepare_sampling(step, vocab, self.device)
+            _, sampling = prepare_step(step, self.block_size, vocab, self.device)
             if self.rank == 0:
                 self.sampler(torch.randn(rows, vocab, device=self.device, dtype=self.dtype), sampling)
             if self.shards_sampling and self.sampler.can_shard(sampling):
