@@ -70,13 +70,13 @@ class InputArena:
 
 class PinnedMirrors:
     """A ring of host buffers (pinned on CUDA), each the source of one step's copy; a buffer is
-    written again only once the device has read its last copy (an event per buffer)."""
+    written again only once the device has read its last copy (an event per buffer; waiting on one
+    never recorded returns at once)."""
 
     def __init__(self, nbytes: int, device: torch.device, count: int = 3):
         cuda = device.type == "cuda"
         self.buffers = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(count)]
         self.events = [torch.cuda.Event() if cuda else None for _ in range(count)]
-        self.recorded = [False] * count
         self.views: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self.copies: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (source, target)
         self.next = 0
@@ -84,7 +84,7 @@ class PinnedMirrors:
     def acquire(self, arena: InputArena) -> tuple[int, dict[str, np.ndarray]]:
         """The next buffer, free to write, and its views in `arena`'s layout."""
         index, self.next = self.next, (self.next + 1) % len(self.buffers)
-        if self.recorded[index]:
+        if self.events[index] is not None:
             self.events[index].synchronize()
         key = (id(arena), index)
         if key not in self.views:
@@ -100,7 +100,6 @@ class PinnedMirrors:
         target.copy_(source, non_blocking=True)
         if self.events[index] is not None:
             self.events[index].record()
-            self.recorded[index] = True
 
 
 def token_fields(tokens: int, seqs: int, max_blocks: int, extra: Fields = ()) -> Fields:

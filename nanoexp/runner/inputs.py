@@ -62,18 +62,42 @@ def upload(columns: Columns, device: torch.device) -> list[torch.Tensor]:
 
 
 def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> ModelInputs:
-    columns, assemble = input_columns(step, block_size)
-    return assemble(upload(columns, device))
+    """prepare_step's ModelInputs, for a forward pass that samples nothing (a step without sampling
+    parameters, as blockless_prefill builds)."""
+    return prepare_step(step, block_size, 0, device)[0]
 
 
 def prepare_step(step: StepInput, block_size: int, vocab_size: int, device: torch.device, fresh: Fresh = None,
                  lossy_cache: bool = False) -> tuple[ModelInputs, SamplingTensors | None]:  # fmt: skip
-    """prepare_inputs and (when the step samples) its SamplingTensors through one upload."""
-    columns, assemble = input_columns(step, block_size, lossy_cache)
+    """The step's model inputs and (when it samples) SamplingTensors on the device, through one upload
+    (an eager step; a captured one writes them into its graph's buffers, runner/graph_inputs.py)."""
+    tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables), default=0)), dtype=np.int32)
+    for row, blocks in zip(tables, step.block_tables):
+        row[: len(blocks)] = blocks
+    positions, slots, last_rows = token_layout(step, block_size, tables)
+    columns = [
+        (step.token_ids, torch.int64), (positions, torch.int64), (last_rows, torch.int64),
+        (slots, torch.int64), (step.context_lens, torch.int32), (tables, torch.int32),
+    ]  # fmt: skip
+    d, prefill = step.num_decodes, step.is_prefill
+    if prefill:  # prefill sequences' boundaries, after a mixed step's decodes (AttentionMetadata)
+        columns += [(np.cumsum([0, *step.query_lens[d:]]), torch.int32),
+                    (np.cumsum([0, *step.context_lens[d:]]), torch.int32)]  # fmt: skip
+    if step.prev_sample_rows is not None:
+        columns.append((step.prev_sample_rows, torch.int64))
     arrays = sampling_arrays(step, vocab_size, fresh) if step.sample_seq_indices else {}
     tensors = upload(columns + [(values, SAMPLING_FIELDS[name]) for name, values in arrays.items()], device)
-    sampling = sampling_tensors(step, dict(zip(arrays, tensors[len(columns) :]))) if arrays else None
-    return assemble(tensors[: len(columns)]), sampling
+    input_ids, positions_t, logits_indices, slots_t, context_t, tables_t = tensors[:6]
+    md = AttentionMetadata(
+        is_prefill=prefill, slot_mapping=slots_t, context_lens=context_t, block_tables=tables_t,
+        cu_seqlens_q=tensors[6] if prefill else None, cu_seqlens_k=tensors[7] if prefill else None,
+        max_seqlen_q=max(step.query_lens[d:]) if prefill else 1,
+        max_seqlen_k=max(step.context_lens[d:]), has_cached_prefix=reads_cache(step, lossy_cache),
+        num_decodes=d, max_decode_seqlen_k=max(step.context_lens[:d], default=0),
+    )  # fmt: skip
+    prev_rows = None if step.prev_sample_rows is None else tensors[len(columns) - 1]
+    inputs = ModelInputs(input_ids, positions_t, md, logits_indices, prev_rows, samples_every_row(step))
+    return inputs, (sampling_tensors(step, dict(zip(arrays, tensors[len(columns) :]))) if arrays else None)
 
 
 # Up to this many tokens a Python loop lays a step out faster than numpy's ~20 array operations
@@ -116,44 +140,6 @@ def reads_cache(step: StepInput, lossy_cache: bool) -> bool:
     (lossy_cache, fp8) prefills attend to K/V as stored, as step graphs and decodes do, not unquantized."""
     d = step.num_decodes
     return step.is_prefill and (lossy_cache or step.query_lens[d:] != step.context_lens[d:])
-
-
-def input_columns(
-    step: StepInput, block_size: int, lossy_cache: bool = False
-) -> tuple[Columns, Callable[[list[torch.Tensor]], ModelInputs]]:
-    """The step's model inputs as host columns, and how their uploaded tensors make ModelInputs
-    (an eager step; a captured one writes them into its graph's buffers, runner/graph_inputs.py)."""
-    tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables), default=0)), dtype=np.int32)
-    for row, blocks in zip(tables, step.block_tables):
-        row[: len(blocks)] = blocks
-    positions, slots, last_rows = token_layout(step, block_size, tables)
-    columns = [
-        (step.token_ids, torch.int64), (positions, torch.int64), (last_rows, torch.int64),
-        (slots, torch.int64), (step.context_lens, torch.int32), (tables, torch.int32),
-    ]  # fmt: skip
-    d = step.num_decodes
-    if step.is_prefill:  # prefill sequences' boundaries, after a mixed step's decodes (AttentionMetadata)
-        columns += [(np.cumsum([0, *step.query_lens[d:]]), torch.int32),
-                    (np.cumsum([0, *step.context_lens[d:]]), torch.int32)]
-    if step.prev_sample_rows is not None:
-        columns.append((step.prev_sample_rows, torch.int64))
-    all_rows = samples_every_row(step)
-
-    def assemble(tensors: list[torch.Tensor]) -> ModelInputs:
-        input_ids, positions_t, logits_indices, slots_t, context_t, tables_t, *rest = tensors
-        cu_q_t, cu_k_t = rest[:2] if step.is_prefill else (None, None)
-        rows = rest[2:] if step.is_prefill else rest
-        md = AttentionMetadata(
-            is_prefill=step.is_prefill, slot_mapping=slots_t, context_lens=context_t, block_tables=tables_t,
-            cu_seqlens_q=cu_q_t, cu_seqlens_k=cu_k_t,
-            max_seqlen_q=max(step.query_lens[d:]) if step.is_prefill else 1,
-            max_seqlen_k=max(step.context_lens[d:]), has_cached_prefix=reads_cache(step, lossy_cache),
-            num_decodes=d, max_decode_seqlen_k=max(step.context_lens[:d], default=0),
-        )  # fmt: skip
-        prev_rows = rows[0] if rows else None
-        return ModelInputs(input_ids, positions_t, md, logits_indices, prev_rows, all_rows)
-
-    return columns, assemble
 
 
 def samples_every_row(step: StepInput) -> bool:
