@@ -138,7 +138,8 @@ def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, 
 class GraphLadder:
     """The inputs and output of graphs captured at a ladder of padded token counts (runner/cuda_graphs.py); a
     step replays the smallest that fits. Each size reads its own InputArena, filled by one copy from a
-    pinned mirror; what the capture runs store: nothing (slot -1)."""
+    pinned mirror, of the fields a graph kind names (`fields(size, max_blocks)`); what the capture runs
+    store: nothing (slot -1)."""
 
     def __init__(self, model: nn.Module, sizes: list[int], max_blocks_per_seq: int, hidden_size: int,
                  dtype: torch.dtype, device: torch.device):  # fmt: skip
@@ -150,10 +151,6 @@ class GraphLadder:
         self.output = torch.zeros(sizes[-1], hidden_size, dtype=dtype, device=device)
         self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
         self.mds: dict[Hashable, AttentionMetadata] = {}  # what a replay reads, by graph key
-
-    def fields(self, size: int, max_blocks: int) -> Fields:
-        """The arena fields of the graph of `size` tokens (each graph kind its own)."""
-        raise NotImplementedError
 
     def size_for(self, num_tokens: int) -> int:
         return next(size for size in self.sizes if size >= num_tokens)

@@ -25,7 +25,6 @@ class ModelInputs:
     graph_key: Hashable | None = None  # the captured graph whose static buffers hold these inputs
 
 
-Columns = list[tuple[Any, torch.dtype]]  # (list or array, dtype) pairs to upload
 Fresh = Callable[[int], np.ndarray] | None  # draws n seeds for unseeded rows; None: torch's host generator
 NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
 # Packed arrays start this many bytes apart at least, so every view is as aligned as a tensor of
@@ -38,10 +37,10 @@ def aligned(offset: int) -> int:
     return -(-offset // UPLOAD_ALIGN) * UPLOAD_ALIGN
 
 
-def upload(columns: Columns, device: torch.device) -> list[torch.Tensor]:
-    """Each column as a tensor on `device`, all packed into one host buffer (pinned on CUDA), copied once
-    and returned as views: a step's dozen small inputs cost one copy's fixed cost, and each view one slice
-    viewed once per dtype (every tensor op costs the host microseconds a batch-1 decode cannot spare)."""
+def upload(columns: list[tuple[Any, torch.dtype]], device: torch.device) -> list[torch.Tensor]:
+    """Each (list or array, dtype) column as a tensor on `device`, all packed into one host buffer (pinned on
+    CUDA), copied once and returned as views: a step's dozen small inputs cost one copy's fixed cost, each
+    view one slice viewed once per dtype (a tensor op costs the host microseconds a batch-1 decode lacks)."""
     arrays = [np.ascontiguousarray(data, dtype=NUMPY_DTYPES[dtype]) for data, dtype in columns]
     offsets, end = [], 0
     for array in arrays:

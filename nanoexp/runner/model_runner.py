@@ -298,8 +298,6 @@ class ModelRunner:
             dist.broadcast(tokens, src=0)
         return tokens
 
-    # ---- facts --------------------------------------------------------------------------------
-
     def stats(self) -> dict:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return {

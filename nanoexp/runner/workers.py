@@ -166,7 +166,11 @@ class WorkerGroup:
         self.janitor: subprocess.Popen | None = None
         try:
             self.ring = ShmRing.create(config.parallel.tensor_parallel_size, RING_SLOTS, RING_SLOT_BYTES)
-            self.janitor = start_janitor(self.tmpdir, self.ring.handle.name)
+            if os.path.isdir("/dev/shm"):  # a process (no torch) removing the dir and ring once main is gone
+                args = [sys.executable, "-c", JANITOR, str(os.getpid()), self.tmpdir, self.ring.handle.name,
+                        str(PARENT_POLL_S)]  # fmt: skip
+                quiet = subprocess.DEVNULL
+                self.janitor = subprocess.Popen(args, stdin=quiet, stdout=quiet, stderr=quiet)
             self.start_workers(config)
         except BaseException:  # e.g. spawning from a module without a __main__ guard, or a signal
             self.stop(graceful=False)
@@ -261,8 +265,7 @@ class WorkerGroup:
 
     def raise_stuck(self, awaited: list[int], timeout: float, startup: bool):
         """A worker that neither answers nor dies (stopped, deadlocked, hung in a collective)."""
-        states = {rank: process_state(proc.pid) for rank, proc in enumerate(self.procs)}
-        stopped = [rank for rank, state in states.items() if state in ("T", "t")]
+        stopped = [rank for rank, proc in enumerate(self.procs) if process_state(proc.pid) in ("T", "t")]
         rank = (stopped or awaited)[0]
         what = "start-up" if startup else "step"
         env = STARTUP_TIMEOUT_ENV if startup else STEP_TIMEOUT_ENV
@@ -310,16 +313,6 @@ class WorkerGroup:
         if self.janitor is not None:
             self.janitor.kill()
             self.janitor.wait()
-
-
-def start_janitor(tmpdir: str, ring_name: str) -> subprocess.Popen | None:
-    """A process (no torch) removing the rendezvous dir and ring once main is gone; None without /dev/shm."""
-    if not os.path.isdir("/dev/shm"):
-        return None
-    return subprocess.Popen(
-        [sys.executable, "-c", JANITOR, str(os.getpid()), tmpdir, ring_name, str(PARENT_POLL_S)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
 
 
 def timeout_from(env: str, default: float) -> float:
