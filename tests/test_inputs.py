@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from nanoexp.runner.inputs import prepare_inputs, prepare_sampling, prepare_step
+from nanoexp.runner import inputs as runner_inputs
+from nanoexp.runner.inputs import prepare_inputs, prepare_step
 from nanoexp.runner.step_input import StepInput
 
 
@@ -33,7 +34,10 @@ def random_step(rng: random.Random, block_size: int) -> StepInput:
     return StepInput(rng.random() < 0.5, tokens, query, context, tables, sampled)
 
 
-def test_prepared_inputs_match_the_per_token_reference():
+@pytest.mark.parametrize("python_tokens", [0, 10**6], ids=["numpy", "python"])
+def test_prepared_inputs_match_the_per_token_reference(monkeypatch, python_tokens):
+    """Whether a step is laid out by numpy or by a Python loop."""
+    monkeypatch.setattr(runner_inputs, "PYTHON_TOKENS", python_tokens)
     rng = random.Random(0)
     for _ in range(200):
         block_size = rng.choice([1, 2, 16, 256])
@@ -72,7 +76,7 @@ def test_sampling_params_become_sampling_tensors():
     step = StepInput(False, [1, 2, 3], [1, 1, 1], [4, 5, 6], [[0], [1], [2]], [0, 2],
                      temperatures=[0.0, 0.7], top_k=[-1, 5], top_p=[1.0, 0.9], min_p=[0.0, 0.1],
                      seeds=[None, 42])
-    got = prepare_sampling(step, vocab_size=100, device=torch.device("cpu"))
+    got = prepare_step(step, 16, vocab_size=100, device=torch.device("cpu"))[1]
     assert got.temperatures.tolist() == pytest.approx([0.0, 0.7])
     assert got.top_k.tolist() == [100, 5]  # off = the whole vocabulary
     assert got.top_p.tolist() == pytest.approx([1.0, 0.9]) and got.min_p.tolist() == pytest.approx([0.0, 0.1])
@@ -83,7 +87,7 @@ def test_sampling_params_become_sampling_tensors():
 def test_greedy_unfiltered_columns_skip_seeds_and_filters():
     step = StepInput(False, [1, 2], [1, 1], [3, 3], [[0], [1]], [0, 1], temperatures=[0.0, 0.0],
                      top_k=[-1, -1], top_p=[1.0, 1.0], min_p=[0.0, 0.0], seeds=[None, None])
-    got = prepare_sampling(step, vocab_size=100, device=torch.device("cpu"))
+    got = prepare_step(step, 16, vocab_size=100, device=torch.device("cpu"))[1]
     assert got.all_greedy and not got.needs_filter and got.row_seeds is None
     assert got.top_k is None and got.top_p is None and got.min_p is None  # nothing reads them
 
@@ -170,10 +174,9 @@ def test_graph_inputs_equal_the_eager_upload_and_pad_the_graph(monkeypatch, pyth
     sizes' layouts, hold what the eager upload gives, and padding that stores and reads nothing;
     whether a step is laid out by numpy or by a Python loop."""
     from nanoexp.kernels.prefill_tiles import prefill_tiles
-    from nanoexp.runner import graph_inputs
     from nanoexp.runner.cuda_graphs import DecodeGraphs, StepGraphs
 
-    monkeypatch.setattr(graph_inputs, "PYTHON_TOKENS", python_tokens)
+    monkeypatch.setattr(runner_inputs, "PYTHON_TOKENS", python_tokens)
 
     cpu, block_size, vocab = torch.device("cpu"), 16, 1000
     decode = DecodeGraphs(None, 8, max_num_seqs=20, max_blocks_per_seq=13, dtype=torch.float32, device=cpu)

@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from nanoexp import LLM
-from nanoexp.runner.inputs import prepare_sampling
+from nanoexp.runner.inputs import prepare_step
 from nanoexp.runner.step_input import StepInput
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -113,7 +113,7 @@ def main() -> None:
                 continue
             steps = decode_steps(batch, context, args.block_size, runner.num_blocks, ROTATIONS)
             rotation = itertools.cycle(steps)
-            sampling = prepare_sampling(steps[0], arch["vocab_size"], runner.device)
+            sampling = prepare_step(steps[0], args.block_size, arch["vocab_size"], runner.device)[1]
             hidden = replay(runner, next(rotation))
             logits = runner.model.compute_logits(hidden)
             fwd = time_ms(lambda rotation=rotation: replay(runner, next(rotation)))
@@ -154,7 +154,7 @@ def profile(runner, arch: dict, block_size: int) -> None:
 
     for batch, context in ((1, 1024), (128, 1024)):
         (step,) = decode_steps(batch, context, block_size, runner.num_blocks)
-        sampling = prepare_sampling(step, arch["vocab_size"], runner.device)
+        sampling = prepare_step(step, block_size, arch["vocab_size"], runner.device)[1]
         for _ in range(3):
             replay(runner, step)
         torch.cuda.synchronize()

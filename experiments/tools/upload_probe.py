@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 
@@ -65,8 +66,9 @@ def pieces(runner: ModelRunner, step, repeats: int) -> dict[str, float]:
     last = hidden[model_inputs.logits_indices]
     logits = runner.model.compute_logits(last)
     tile_m = graphs.tile_block_m
+    tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables))), dtype=np.int32)
     return {
-        "token_layout (numpy)": timed(lambda: runner_inputs.token_layout(step), repeats),
+        "token_layout": timed(lambda: runner_inputs.token_layout(step, runner.block_size, tables), repeats),
         "prefill_tiles": timed(
             lambda: prefill_tiles(step.query_lens, step.context_lens, step.num_decodes, tile_m), repeats
         ),

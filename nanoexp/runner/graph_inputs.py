@@ -15,14 +15,12 @@ from nanoexp.kernels.base import AttentionMetadata
 from nanoexp.layers.sampler import SamplingTensors
 from nanoexp.runner.inputs import (
     NUMPY_DTYPES,
-    SAMPLING_FIELDS,
     Fresh,
     ModelInputs,
     aligned,
     samples_every_row,
     sampling_arrays,
     sampling_tensors,
-    slot_mapping,
     token_layout,
 )  # fmt: skip
 from nanoexp.runner.step_input import StepInput
@@ -72,13 +70,13 @@ class InputArena:
 
 class PinnedMirrors:
     """A ring of host buffers (pinned on CUDA), each the source of one step's copy; a buffer is
-    written again only once the device has read its last copy (an event per buffer)."""
+    written again only once the device has read its last copy (an event per buffer; waiting on one
+    never recorded returns at once)."""
 
     def __init__(self, nbytes: int, device: torch.device, count: int = 3):
         cuda = device.type == "cuda"
         self.buffers = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(count)]
         self.events = [torch.cuda.Event() if cuda else None for _ in range(count)]
-        self.recorded = [False] * count
         self.views: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self.copies: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (source, target)
         self.next = 0
@@ -86,7 +84,7 @@ class PinnedMirrors:
     def acquire(self, arena: InputArena) -> tuple[int, dict[str, np.ndarray]]:
         """The next buffer, free to write, and its views in `arena`'s layout."""
         index, self.next = self.next, (self.next + 1) % len(self.buffers)
-        if self.recorded[index]:
+        if self.events[index] is not None:
             self.events[index].synchronize()
         key = (id(arena), index)
         if key not in self.views:
@@ -102,7 +100,6 @@ class PinnedMirrors:
         target.copy_(source, non_blocking=True)
         if self.events[index] is not None:
             self.events[index].record()
-            self.recorded[index] = True
 
 
 def token_fields(tokens: int, seqs: int, max_blocks: int, extra: Fields = ()) -> Fields:
@@ -117,27 +114,6 @@ def token_fields(tokens: int, seqs: int, max_blocks: int, extra: Fields = ()) ->
     return head + list(extra) + [("block_tables", (seqs, max_blocks), int32)]
 
 
-# Up to this many tokens a Python loop lays a step out faster than numpy's ~20 array operations
-# (~0.3 us a token against ~60 us in all on a 2-core VM): small prefills and decode batches.
-PYTHON_TOKENS = 64
-
-
-def python_layout(step: StepInput, block_size: int) -> tuple[list[int], list[int], list[int]]:
-    """Each token's position and cache slot (-1: no blocks) and each sequence's last row, by a Python loop."""
-    positions: list[int] = []
-    slots: list[int] = []
-    last_rows: list[int] = []
-    for q, context, blocks in zip(step.query_lens, step.context_lens, step.block_tables):
-        first = context - q
-        positions += range(first, context)
-        if blocks:
-            slots += [blocks[p // block_size] * block_size + p % block_size for p in range(first, context)]
-        else:
-            slots += [-1] * q
-        last_rows.append(len(positions) - 1)
-    return positions, slots, last_rows
-
-
 def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, size: int, seqs: int) -> None:
     """The step's token and sequence fields into a mirror, padded to the graph's `size` tokens and `seqs`
     sequences (token 0 at position 0, slot -1: nothing stored; context 0: nothing read)."""
@@ -145,15 +121,8 @@ def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, 
     tables = host["block_tables"][:num_seqs]
     for row, blocks in zip(tables, step.block_tables):
         row[: len(blocks)] = blocks
-    sampled = step.sample_seq_indices
-    if n <= PYTHON_TOKENS:
-        positions, slots, last_rows = python_layout(step, block_size)
-        host["logits_indices"][: len(sampled)] = [last_rows[i] for i in sampled]
-    else:  # python_layout by numpy
-        layout = token_layout(step)
-        positions = layout.positions
-        slots = slot_mapping(step, tables, layout.seq_of_token, positions, block_size)
-        host["logits_indices"][: len(sampled)] = layout.cu_q[np.asarray(sampled, dtype=np.int64) + 1] - 1
+    positions, slots, last_rows = token_layout(step, block_size, tables)
+    host["logits_indices"][: len(last_rows)] = last_rows
     host["input_ids"][:n] = step.token_ids
     host["input_ids"][n:size] = 0  # the mirror may hold another layout's bytes: padding reads token 0
     host["positions"][:n] = positions
@@ -169,7 +138,8 @@ def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, 
 class GraphLadder:
     """The inputs and output of graphs captured at a ladder of padded token counts (runner/cuda_graphs.py); a
     step replays the smallest that fits. Each size reads its own InputArena, filled by one copy from a
-    pinned mirror; what the capture runs store: nothing (slot -1)."""
+    pinned mirror, of the fields a graph kind names (`fields(size, max_blocks)`); what the capture runs
+    store: nothing (slot -1)."""
 
     def __init__(self, model: nn.Module, sizes: list[int], max_blocks_per_seq: int, hidden_size: int,
                  dtype: torch.dtype, device: torch.device):  # fmt: skip
@@ -181,10 +151,6 @@ class GraphLadder:
         self.output = torch.zeros(sizes[-1], hidden_size, dtype=dtype, device=device)
         self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
         self.mds: dict[Hashable, AttentionMetadata] = {}  # what a replay reads, by graph key
-
-    def fields(self, size: int, max_blocks: int) -> Fields:
-        """The arena fields of the graph of `size` tokens (each graph kind its own)."""
-        raise NotImplementedError
 
     def size_for(self, num_tokens: int) -> int:
         return next(size for size in self.sizes if size >= num_tokens)
@@ -198,11 +164,9 @@ class GraphLadder:
         arena = self.arenas[size]
         index, host = self.mirrors.acquire(arena)
         write_tokens(host, step, block_size, size, seqs)
-        flags = None
-        if step.sample_seq_indices:
-            arrays, *flags = sampling_arrays(step, vocab_size, fresh)
-            for name, values in arrays.items():
-                host[name][: len(values)] = values
+        arrays = sampling_arrays(step, vocab_size, fresh) if step.sample_seq_indices else {}
+        for name, values in arrays.items():
+            host[name][: len(values)] = values
         if write_extra is not None:
             write_extra(host)
         self.mirrors.upload(index, arena, arena.copy_end(len(step.query_lens)))
@@ -211,10 +175,9 @@ class GraphLadder:
         inputs = ModelInputs(arena.rows("input_ids", n), arena.rows("positions", n), self.mds[key],
                              arena.rows("logits_indices", samples), prev_rows, samples_every_row(step),
                              graph_key=key)  # fmt: skip
-        if flags is None:
+        if not arrays:
             return inputs, None
-        fields = {name: arena.rows(name, samples) for name in SAMPLING_FIELDS}
-        return inputs, sampling_tensors(step, fields, *flags)
+        return inputs, sampling_tensors(step, {name: arena.rows(name, samples) for name in arrays})
 
     def replay(self, inputs: ModelInputs) -> torch.Tensor:
         self.graphs[inputs.graph_key].replay()

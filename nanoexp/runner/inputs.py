@@ -25,7 +25,6 @@ class ModelInputs:
     graph_key: Hashable | None = None  # the captured graph whose static buffers hold these inputs
 
 
-Columns = list[tuple[Any, torch.dtype]]  # (list or array, dtype) pairs to upload
 Fresh = Callable[[int], np.ndarray] | None  # draws n seeds for unseeded rows; None: torch's host generator
 NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
 # Packed arrays start this many bytes apart at least, so every view is as aligned as a tensor of
@@ -38,10 +37,10 @@ def aligned(offset: int) -> int:
     return -(-offset // UPLOAD_ALIGN) * UPLOAD_ALIGN
 
 
-def upload(columns: Columns, device: torch.device) -> list[torch.Tensor]:
-    """Each column as a tensor on `device`, all packed into one host buffer (pinned on CUDA), copied once
-    and returned as views: a step's dozen small inputs cost one copy's fixed cost, and each view one slice
-    viewed once per dtype (every tensor op costs the host microseconds a batch-1 decode cannot spare)."""
+def upload(columns: list[tuple[Any, torch.dtype]], device: torch.device) -> list[torch.Tensor]:
+    """Each (list or array, dtype) column as a tensor on `device`, all packed into one host buffer (pinned on
+    CUDA), copied once and returned as views: a step's dozen small inputs cost one copy's fixed cost, each
+    view one slice viewed once per dtype (a tensor op costs the host microseconds a batch-1 decode lacks)."""
     arrays = [np.ascontiguousarray(data, dtype=NUMPY_DTYPES[dtype]) for data, dtype in columns]
     offsets, end = [], 0
     for array in arrays:
@@ -61,54 +60,78 @@ def upload(columns: Columns, device: torch.device) -> list[torch.Tensor]:
     return views
 
 
-def slot_mapping(step: StepInput, tables: np.ndarray, seq_of_token: np.ndarray, positions: np.ndarray,
-                 block_size: int) -> np.ndarray:  # fmt: skip
-    """Cache slot of each new token; -1 (store nothing) for a sequence without cache blocks."""
-    if tables.shape[1] == 0:
-        return np.full(len(positions), -1, dtype=np.int64)
-    block_index = np.minimum(positions // block_size, tables.shape[1] - 1)
-    slots = tables[seq_of_token, block_index].astype(np.int64) * block_size + positions % block_size
-    has_blocks = np.fromiter((len(t) > 0 for t in step.block_tables), dtype=bool, count=len(tables))
-    return np.where(has_blocks[seq_of_token], slots, -1)
-
-
 def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> ModelInputs:
-    columns, assemble = input_columns(step, block_size)
-    return assemble(upload(columns, device))
+    """prepare_step's ModelInputs, for a forward pass that samples nothing (a step without sampling
+    parameters, as blockless_prefill builds)."""
+    return prepare_step(step, block_size, 0, device)[0]
 
 
 def prepare_step(step: StepInput, block_size: int, vocab_size: int, device: torch.device, fresh: Fresh = None,
                  lossy_cache: bool = False) -> tuple[ModelInputs, SamplingTensors | None]:  # fmt: skip
-    """prepare_inputs and (when the step samples) prepare_sampling through one upload."""
-    columns, assemble = input_columns(step, block_size, lossy_cache)
-    if not step.sample_seq_indices:
-        return assemble(upload(columns, device)), None
-    arrays, all_greedy, needs_filter = sampling_arrays(step, vocab_size, fresh)
+    """The step's model inputs and (when it samples) SamplingTensors on the device, through one upload
+    (an eager step; a captured one writes them into its graph's buffers, runner/graph_inputs.py)."""
+    tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables), default=0)), dtype=np.int32)
+    for row, blocks in zip(tables, step.block_tables):
+        row[: len(blocks)] = blocks
+    positions, slots, last_rows = token_layout(step, block_size, tables)
+    columns = [
+        (step.token_ids, torch.int64), (positions, torch.int64), (last_rows, torch.int64),
+        (slots, torch.int64), (step.context_lens, torch.int32), (tables, torch.int32),
+    ]  # fmt: skip
+    d, prefill = step.num_decodes, step.is_prefill
+    if prefill:  # prefill sequences' boundaries, after a mixed step's decodes (AttentionMetadata)
+        columns += [(np.cumsum([0, *step.query_lens[d:]]), torch.int32),
+                    (np.cumsum([0, *step.context_lens[d:]]), torch.int32)]  # fmt: skip
+    if step.prev_sample_rows is not None:
+        columns.append((step.prev_sample_rows, torch.int64))
+    arrays = sampling_arrays(step, vocab_size, fresh) if step.sample_seq_indices else {}
     tensors = upload(columns + [(values, SAMPLING_FIELDS[name]) for name, values in arrays.items()], device)
-    sampling = sampling_tensors(step, dict(zip(arrays, tensors[len(columns) :])), all_greedy, needs_filter)
-    return assemble(tensors[: len(columns)]), sampling
+    input_ids, positions_t, logits_indices, slots_t, context_t, tables_t = tensors[:6]
+    md = AttentionMetadata(
+        is_prefill=prefill, slot_mapping=slots_t, context_lens=context_t, block_tables=tables_t,
+        cu_seqlens_q=tensors[6] if prefill else None, cu_seqlens_k=tensors[7] if prefill else None,
+        max_seqlen_q=max(step.query_lens[d:]) if prefill else 1,
+        max_seqlen_k=max(step.context_lens[d:]), has_cached_prefix=reads_cache(step, lossy_cache),
+        num_decodes=d, max_decode_seqlen_k=max(step.context_lens[:d], default=0),
+    )  # fmt: skip
+    prev_rows = None if step.prev_sample_rows is None else tensors[len(columns) - 1]
+    inputs = ModelInputs(input_ids, positions_t, md, logits_indices, prev_rows, samples_every_row(step))
+    return inputs, (sampling_tensors(step, dict(zip(arrays, tensors[len(columns) :]))) if arrays else None)
 
 
-@dataclass
-class TokenLayout:
-    """Per sequence: query and context lengths and their prefix sums; per token: sequence and position."""
-
-    query_lens: np.ndarray
-    context_lens: np.ndarray
-    cu_q: np.ndarray
-    cu_k: np.ndarray
-    seq_of_token: np.ndarray
-    positions: np.ndarray
+# Up to this many tokens a Python loop lays a step out faster than numpy's ~20 array operations
+# (~0.3 us a token against ~60 us in all on a 2-core VM): small prefills and decode batches.
+PYTHON_TOKENS = 64
 
 
-def token_layout(step: StepInput) -> TokenLayout:
+def token_layout(step: StepInput, block_size: int, tables: np.ndarray) -> tuple[Any, Any, Any]:
+    """Each token's position and cache slot (-1: its sequence has no blocks, nothing stored) and each
+    sampled sequence's last row; `tables`: the block tables, zero-padded to one width."""
+    if step.num_tokens <= PYTHON_TOKENS:
+        positions: list[int] = []
+        slots: list[int] = []
+        last_rows: list[int] = []
+        for q, context, blocks in zip(step.query_lens, step.context_lens, step.block_tables):
+            span = range(context - q, context)
+            positions += span
+            if blocks:
+                slots += [blocks[p // block_size] * block_size + p % block_size for p in span]
+            else:
+                slots += [-1] * q
+            last_rows.append(len(positions) - 1)
+        return positions, slots, [last_rows[i] for i in step.sample_seq_indices]
     query_lens = np.asarray(step.query_lens, dtype=np.int64)
-    context_lens = np.asarray(step.context_lens, dtype=np.int64)
     cu_q = np.concatenate([[0], np.cumsum(query_lens)])
-    cu_k = np.concatenate([[0], np.cumsum(context_lens)])
     seq_of_token = np.repeat(np.arange(len(query_lens)), query_lens)
-    positions = np.arange(cu_q[-1]) - cu_q[seq_of_token] + (context_lens - query_lens)[seq_of_token]
-    return TokenLayout(query_lens, context_lens, cu_q, cu_k, seq_of_token, positions)
+    first = np.asarray(step.context_lens, dtype=np.int64) - query_lens
+    positions = np.arange(cu_q[-1]) - cu_q[seq_of_token] + first[seq_of_token]
+    last_rows = cu_q[np.asarray(step.sample_seq_indices, dtype=np.int64) + 1] - 1
+    if tables.shape[1] == 0:
+        return positions, np.full(len(positions), -1, dtype=np.int64), last_rows
+    block_index = np.minimum(positions // block_size, tables.shape[1] - 1)
+    slots = tables[seq_of_token, block_index].astype(np.int64) * block_size + positions % block_size
+    has_blocks = np.fromiter((len(t) > 0 for t in step.block_tables), dtype=bool, count=len(tables))
+    return positions, np.where(has_blocks[seq_of_token], slots, -1), last_rows
 
 
 def reads_cache(step: StepInput, lossy_cache: bool) -> bool:
@@ -116,46 +139,6 @@ def reads_cache(step: StepInput, lossy_cache: bool) -> bool:
     (lossy_cache, fp8) prefills attend to K/V as stored, as step graphs and decodes do, not unquantized."""
     d = step.num_decodes
     return step.is_prefill and (lossy_cache or step.query_lens[d:] != step.context_lens[d:])
-
-
-def input_columns(
-    step: StepInput, block_size: int, lossy_cache: bool = False
-) -> tuple[Columns, Callable[[list[torch.Tensor]], ModelInputs]]:
-    """The step's model inputs as host columns, and how their uploaded tensors make ModelInputs
-    (an eager step; a captured one writes them into its graph's buffers, runner/graph_inputs.py)."""
-    layout = token_layout(step)
-    query_lens, context_lens, cu_q, cu_k = layout.query_lens, layout.context_lens, layout.cu_q, layout.cu_k
-    tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables), default=0)), dtype=np.int32)
-    for row, blocks in zip(tables, step.block_tables):
-        row[: len(blocks)] = blocks
-    slots = slot_mapping(step, tables, layout.seq_of_token, layout.positions, block_size)
-    last_rows = cu_q[np.asarray(step.sample_seq_indices, dtype=np.int64) + 1] - 1
-    columns = [
-        (step.token_ids, torch.int64), (layout.positions, torch.int64), (last_rows, torch.int64),
-        (slots, torch.int64), (context_lens, torch.int32), (tables, torch.int32),
-    ]  # fmt: skip
-    d = step.num_decodes
-    if step.is_prefill:  # prefill sequences' boundaries, after a mixed step's decodes (AttentionMetadata)
-        columns += [(cu_q[d:] - cu_q[d], torch.int32), (cu_k[d:] - cu_k[d], torch.int32)]
-    if step.prev_sample_rows is not None:
-        columns.append((step.prev_sample_rows, torch.int64))
-    all_rows = samples_every_row(step)
-
-    def assemble(tensors: list[torch.Tensor]) -> ModelInputs:
-        input_ids, positions_t, logits_indices, slots_t, context_t, tables_t, *rest = tensors
-        cu_q_t, cu_k_t = rest[:2] if step.is_prefill else (None, None)
-        rows = rest[2:] if step.is_prefill else rest
-        md = AttentionMetadata(
-            is_prefill=step.is_prefill, slot_mapping=slots_t, context_lens=context_t, block_tables=tables_t,
-            cu_seqlens_q=cu_q_t, cu_seqlens_k=cu_k_t,
-            max_seqlen_q=int(query_lens[d:].max()) if step.is_prefill else 1,
-            max_seqlen_k=int(context_lens[d:].max()), has_cached_prefix=reads_cache(step, lossy_cache),
-            num_decodes=d, max_decode_seqlen_k=int(context_lens[:d].max()) if d else 0,
-        )  # fmt: skip
-        prev_rows = rows[0] if rows else None
-        return ModelInputs(input_ids, positions_t, md, logits_indices, prev_rows, all_rows)
-
-    return columns, assemble
 
 
 def samples_every_row(step: StepInput) -> bool:
@@ -178,46 +161,33 @@ def counter_seeds(base: int, serial: int, n: int) -> np.ndarray:
     return (x >> np.uint64(2)).astype(np.int64)
 
 
-def prepare_sampling(
-    step: StepInput, vocab_size: int, device: torch.device, fresh: Fresh = None
-) -> SamplingTensors:
-    """The step's sampling parameters on the device."""
-    arrays, all_greedy, needs_filter = sampling_arrays(step, vocab_size, fresh)
-    tensors = upload([(values, SAMPLING_FIELDS[name]) for name, values in arrays.items()], device)
-    return sampling_tensors(step, dict(zip(arrays, tensors)), all_greedy, needs_filter)
-
-
 SAMPLING_FIELDS = {
     "temperatures": torch.float32, "top_k": torch.int64, "top_p": torch.float32, "min_p": torch.float32,
     "row_seeds": torch.int64,
 }  # fmt: skip
 
 
-def sampling_arrays(
-    step: StepInput, vocab_size: int, fresh: Fresh = None
-) -> tuple[dict[str, Any], bool, bool]:
-    """The step's sampling parameters by SAMPLING_FIELDS name (the filters only where some row uses one,
-    the seeds only where some row samples at random), all_greedy and needs_filter."""
-    all_greedy = all(t == 0 for t in step.temperatures)
+def sampling_arrays(step: StepInput, vocab_size: int, fresh: Fresh = None) -> dict[str, Any]:
+    """The step's sampling parameters by SAMPLING_FIELDS name: the filters only where some row uses one,
+    the seeds only where some row samples at random (sampling_tensors reads needs_filter and all_greedy
+    from which are present)."""
     top_k, top_p, min_p = step.top_k, step.top_p, step.min_p
-    needs_filter = any(k > 0 for k in top_k) or any(p < 1 for p in top_p) or any(p > 0 for p in min_p)
     arrays: dict[str, Any] = {"temperatures": step.temperatures}
-    if needs_filter:
-        arrays["top_k"] = [k if k > 0 else vocab_size for k in step.top_k]
-        arrays["top_p"], arrays["min_p"] = step.top_p, step.min_p
-    if not all_greedy:  # each row's seed, or a fresh one from `fresh(n)`, else torch's host generator's
+    if any(k > 0 for k in top_k) or any(p < 1 for p in top_p) or any(p > 0 for p in min_p):
+        arrays["top_k"] = [k if k > 0 else vocab_size for k in top_k]
+        arrays["top_p"], arrays["min_p"] = top_p, min_p
+    if not all(t == 0 for t in step.temperatures):  # each row's seed, or fresh(n)'s, else torch's
         n = len(step.seeds)
         fresh_seeds = fresh(n) if fresh else torch.randint(0, 2**62, (n,), dtype=torch.int64).numpy()
         chosen = [fresh_seeds[i] if seed is None else seed for i, seed in enumerate(step.seeds)]
         arrays["row_seeds"] = np.array(chosen, dtype=np.int64)
-    return arrays, all_greedy, needs_filter
+    return arrays
 
 
-def sampling_tensors(step: StepInput, tensors: dict[str, torch.Tensor], all_greedy: bool,
-                     needs_filter: bool) -> SamplingTensors:  # fmt: skip
+def sampling_tensors(step: StepInput, tensors: dict[str, torch.Tensor]) -> SamplingTensors:
+    """The uploaded sampling_arrays (by name) as SamplingTensors."""
     return SamplingTensors(
-        temperatures=tensors["temperatures"], top_k=tensors["top_k"] if needs_filter else None,
-        top_p=tensors["top_p"] if needs_filter else None, min_p=tensors["min_p"] if needs_filter else None,
-        seeds=list(step.seeds), all_greedy=all_greedy, needs_filter=needs_filter,
-        row_seeds=None if all_greedy else tensors["row_seeds"],
+        temperatures=tensors["temperatures"], top_k=tensors.get("top_k"), top_p=tensors.get("top_p"),
+        min_p=tensors.get("min_p"), seeds=list(step.seeds), all_greedy="row_seeds" not in tensors,
+        needs_filter="top_k" in tensors, row_seeds=tensors.get("row_seeds"),
     )  # fmt: skip

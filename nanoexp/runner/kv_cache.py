@@ -21,8 +21,9 @@ def create_kv_cache(
     """As many blocks as the config asks for, or as fit in memory after `profile` (a largest-size
     forward pass on CUDA) and a reserve; the same number on every rank. `dtype` is the model's."""
     dtype = FP8_DTYPE if config.cache.lossy else dtype
-    per_token = sum(2 * a.num_kv_heads * a.head_dim for a in attention_layers(model))  # K and V, every layer
-    bytes_per_block = per_token * config.cache.block_size * dtype.itemsize
+    layers, block_size = attention_layers(model), config.cache.block_size
+    per_token = sum(2 * a.num_kv_heads * a.head_dim for a in layers)  # K and V, every layer
+    bytes_per_block = per_token * block_size * dtype.itemsize
     num_blocks = config.cache.num_blocks
     if num_blocks == -1:
         num_blocks = blocks_from_memory(config, bytes_per_block, device, profile, reserve_bytes)
@@ -35,7 +36,12 @@ def create_kv_cache(
     if num_blocks < 1:
         raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gb "
                          "or lower max_num_batched_tokens")
-    return allocate_kv_cache(model, num_blocks, config.cache.block_size, dtype, device)
+    first = layers[0]
+    shape = (len(layers), 2, num_blocks, block_size, first.num_kv_heads, first.head_dim)
+    cache = torch.empty(shape, dtype=dtype, device=device)
+    for i, layer in enumerate(layers):  # each layer's K and V caches are views
+        layer.k_cache, layer.v_cache = cache[i, 0], cache[i, 1]
+    return cache
 
 
 def check_blocks_fit(num_blocks: int, bytes_per_block: int, device: torch.device) -> None:
@@ -63,15 +69,3 @@ def blocks_from_memory(
         by_utilization = total * config.cache.gpu_memory_utilization - peak
         budget = min(by_utilization, free - (peak - current)) - reserve_bytes
     return max(int(budget // bytes_per_block), 0)
-
-
-def allocate_kv_cache(model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,
-                      device: torch.device) -> torch.Tensor:  # fmt: skip
-    """One tensor [layers, 2, blocks, block_size, kv_heads, head_dim]; each layer gets views."""
-    layers = attention_layers(model)
-    first = layers[0]
-    shape = (len(layers), 2, num_blocks, block_size, first.num_kv_heads, first.head_dim)
-    cache = torch.empty(shape, dtype=dtype, device=device)
-    for i, layer in enumerate(layers):
-        layer.k_cache, layer.v_cache = cache[i, 0], cache[i, 1]
-    return cache

@@ -19,7 +19,7 @@ from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.compiled import use_compiled
 from nanoexp.layers.sampler import Sampler, SamplingTensors, pick_shard_winner
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, DecodeGraphs, StepGraphs
-from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_sampling, prepare_step
+from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_step
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import eos_token_ids, set_up_model
@@ -45,13 +45,14 @@ def exchange_winners(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
     return pick_shard_winner(winners[:, 0], winners[:, 1]).long()
 
 
-class ReadbackPool:
-    """Pinned host buffers and CUDA events for launched steps' read-back, reused: allocating them
-    every step costs tens of microseconds a batch-1 decode step cannot spare
-    (experiments/nanovllm_bench/runs/host_phases_53dfc1e.md)."""
+class Readback:
+    """Launched steps' sampled ids (int64), oldest first, copied without blocking to pinned host memory. The
+    pinned buffers and their CUDA events are reused: allocating them every step costs tens of microseconds
+    a batch-1 decode step cannot spare (experiments/nanovllm_bench/runs/host_phases_53dfc1e.md)."""
 
     def __init__(self) -> None:
         self.free: list[tuple[torch.Tensor, torch.cuda.Event]] = []
+        self.pending: deque[tuple[torch.Tensor, tuple | None]] = deque()  # (ids or their host copy, slot)
 
     def take(self, count: int) -> tuple[torch.Tensor, torch.cuda.Event]:
         for i, slot in enumerate(self.free):
@@ -60,28 +61,23 @@ class ReadbackPool:
         host = torch.empty(max(count, MIN_READBACK_IDS), dtype=torch.int64, pin_memory=True)
         return host, torch.cuda.Event()
 
-
-class PendingStep:
-    """A non-blocking copy of `tokens` (int64) to pinned host memory; `result()` waits, then frees it."""
-
-    def __init__(self, tokens: torch.Tensor, pool: ReadbackPool):
-        self.tokens, self.pool = tokens, pool
-        self.slot = None
+    def push(self, tokens: torch.Tensor) -> None:
+        slot = None
         if tokens.is_cuda:
-            self.slot = pool.take(tokens.numel())
-            host, event = self.slot
-            self.host = host[: tokens.numel()]
-            self.host.copy_(tokens, non_blocking=True)
-            event.record()
+            slot = self.take(tokens.numel())
+            host = slot[0][: tokens.numel()]
+            host.copy_(tokens, non_blocking=True)
+            slot[1].record()
+            tokens = host
+        self.pending.append((tokens, slot))
 
-    def result(self) -> list[int]:
-        if self.slot is None:
-            return self.tokens.tolist()
-        self.slot[1].synchronize()
-        ids = self.host.tolist()
-        self.pool.free.append(self.slot)
-        self.slot = None
-        return ids
+    def pop(self) -> list[int]:
+        """The oldest pushed step's ids, once copied."""
+        tokens, slot = self.pending.popleft()
+        if slot is not None:
+            slot[1].synchronize()
+            self.free.append(slot)  # free again once read below, before any push can take it
+        return tokens.tolist()
 
 
 class ModelRunner:
@@ -107,8 +103,7 @@ class ModelRunner:
         self.steps_sampled = 0  # every rank counts the same steps: the key of TP's fresh seeds
         exact = self.hf_config.vocab_size < 2**24  # the ranks exchange token ids as float32, exact below 2^24
         self.shards_sampling = self.tp > 1 and config.parallel.sharded_sampling and exact
-        self.pending: deque[PendingStep] = deque()  # launched, not collected (rank 0)
-        self.readback = ReadbackPool()
+        self.readback = Readback()  # launched, not collected (rank 0)
         if config.cache.lossy:
             self.calibrate_kv_scales()
         self.uses_graphs = self.device.type == "cuda" and not config.scheduler.enforce_eager
@@ -209,7 +204,7 @@ class ModelRunner:
                 temperatures=[1.0] * rows, top_k=[-1] * rows, top_p=[1.0] * rows, min_p=[0.0] * rows,
                 seeds=[None] * rows,
             )  # fmt: skip
-            sampling = prepare_sampling(step, vocab, self.device)
+            _, sampling = prepare_step(step, self.block_size, vocab, self.device)
             if self.rank == 0:
                 self.sampler(torch.randn(rows, vocab, device=self.device, dtype=self.dtype), sampling)
             if self.shards_sampling and self.sampler.can_shard(sampling):
@@ -284,16 +279,16 @@ class ModelRunner:
             tokens = self.share_sampled(tokens, len(step.sample_seq_indices))
         self.last_sampled = tokens
         if self.rank == 0:
-            self.pending.append(PendingStep(tokens, self.readback))
+            self.readback.push(tokens)
 
     def collect(self) -> list[int] | None:
         """Rank 0: the sampled ids of the oldest launched step not collected yet."""
-        return self.pending.popleft().result() if self.rank == 0 else None
+        return self.readback.pop() if self.rank == 0 else None
 
     def discard_launched(self) -> None:
         """Waits for and drops every launched, uncollected step (an abort mid-step)."""
-        while self.pending:
-            self.pending.popleft().result()
+        while self.readback.pending:
+            self.readback.pop()
         self.last_sampled = None
 
     def share_sampled(self, tokens: torch.Tensor | None, count: int) -> torch.Tensor:
@@ -302,8 +297,6 @@ class ModelRunner:
         if count:
             dist.broadcast(tokens, src=0)
         return tokens
-
-    # ---- facts --------------------------------------------------------------------------------
 
     def stats(self) -> dict:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())

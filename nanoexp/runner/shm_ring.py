@@ -53,7 +53,6 @@ class ShmRing:
         self.reader_done = self.counters[2 * slots :]
         self.data_offset = -(-num_counters * 8 // DATA_ALIGN) * DATA_ALIGN
         self.next_seq = 1  # the next message to write (writer) or read (reader)
-        self.owner = reader is None
 
     @classmethod
     def create(cls, num_readers: int, slots: int = 8, slot_bytes: int = 1 << 20) -> ShmRing:
@@ -104,7 +103,7 @@ class ShmRing:
         self.slot_seq = self.slot_len = self.reader_done = self.counters = None
         with contextlib.suppress(BufferError):
             self.shm.close()
-        if self.owner:
+        if self.reader is None:
             unlink(self.handle.name)
 
 

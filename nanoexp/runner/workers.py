@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import math
 import multiprocessing as mp
@@ -63,10 +64,6 @@ STARTUP_HINT = (" (its traceback is above; a script that builds the engine at im
 # ---- worker side -----------------------------------------------------------------------------
 
 
-class Orphaned(Exception):
-    """The main process is gone."""
-
-
 def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connection, parent: int,
                 ring_handle: RingHandle) -> None:  # fmt: skip
     """Entry point of one rank: build the runner, then serve commands until told to stop."""
@@ -77,25 +74,23 @@ def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connectio
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.parallel.tensor_parallel_size))
     use_thread_lock_for_tqdm()
     ring = ShmRing.attach(ring_handle, rank)
+    check_parent = functools.partial(exit_if_orphaned, parent, dist_init, ring_handle)
     started = threading.Event()
-    if not die_with_parent(signal.SIGKILL):
-        watch_parent_during_start_up(parent, started, dist_init, ring_handle)
-    if os.getppid() != parent:  # it died before the line above took effect
-        os._exit(0)
+    if not die_with_parent(signal.SIGKILL):  # then a thread watches the parent during start-up
+        threading.Thread(target=watch_parent, args=(started, check_parent), name="nanoexp-tp-parent-watch",
+                         daemon=True).start()  # fmt: skip
+    check_parent()  # it died before the line above took effect
     try:
         runner = ModelRunner(config, rank, dist_init)
         gc.freeze()  # as the engine does: no full garbage collection in a step walks the start-up heap
         conn.send(("ok", runner.info() if rank == 0 else None))
         started.set()
         die_with_parent(0)  # serving, the command loop watches the parent (and cleans up)
-        serve(runner, rank, conn, parent, ring)
-    except Orphaned:
-        clean_up_after(dist_init, ring_handle)
+        serve(runner, rank, conn, ring, check_parent)
     except BaseException as err:  # noqa: BLE001 - every failure goes back to the control plane
         with contextlib.suppress(Exception):  # the pipe may be gone; the sentinel reports the death then
             conn.send(("error", type(err), str(err)))
-        if os.getppid() != parent:
-            clean_up_after(dist_init, ring_handle)
+        check_parent()
     ring.close()
     # Skip interpreter teardown (seconds with torch loaded); only stdio needs flushing.
     sys.stdout.flush()
@@ -113,17 +108,10 @@ def die_with_parent(sig: int) -> bool:
         return False
 
 
-def watch_parent_during_start_up(parent: int, started: threading.Event, dist_init: str,
-                                 ring_handle: RingHandle) -> None:  # fmt: skip
+def watch_parent(started: threading.Event, check_parent: Callable[[], None]) -> None:
     """Without a parent-death signal: a worker whose main process dies during start-up cleans up, exits."""
-
-    def watch() -> None:
-        while not started.wait(PARENT_POLL_S):
-            if os.getppid() != parent:
-                clean_up_after(dist_init, ring_handle)
-                os._exit(0)
-
-    threading.Thread(target=watch, name="nanoexp-tp-parent-watch", daemon=True).start()
+    while not started.wait(PARENT_POLL_S):
+        check_parent()
 
 
 def use_thread_lock_for_tqdm() -> None:
@@ -132,11 +120,8 @@ def use_thread_lock_for_tqdm() -> None:
     tqdm.set_lock(threading.RLock())
 
 
-def serve(runner: ModelRunner, rank: int, conn: Connection, parent: int, ring: ShmRing) -> None:
-    def check_parent() -> None:
-        if os.getppid() != parent:
-            raise Orphaned
-
+def serve(runner: ModelRunner, rank: int, conn: Connection, ring: ShmRing,
+          check_parent: Callable[[], None]) -> None:  # fmt: skip
     spin_s = SPIN_S.get(runner.device.type, SPIN_S["cpu"])
     while True:
         data = ring.read(check_parent, spin_s)
@@ -156,10 +141,12 @@ def invoke(runner: ModelRunner, method: str | Callable, args: tuple):
     return getattr(runner, method)(*args) if isinstance(method, str) else method(runner, *args)
 
 
-def clean_up_after(dist_init: str, ring_handle: RingHandle) -> None:
-    """The main process died without cleaning up (SIGKILL): its workers remove what it left."""
-    shutil.rmtree(os.path.dirname(dist_init.removeprefix("file://")), ignore_errors=True)
-    unlink(ring_handle.name)
+def exit_if_orphaned(parent: int, dist_init: str, ring_handle: RingHandle) -> None:
+    """A main process that died without cleaning up (SIGKILL): its worker removes what it left, and exits."""
+    if os.getppid() != parent:
+        shutil.rmtree(os.path.dirname(dist_init.removeprefix("file://")), ignore_errors=True)
+        unlink(ring_handle.name)
+        os._exit(0)
 
 
 # ---- control plane ---------------------------------------------------------------------------
@@ -179,7 +166,11 @@ class WorkerGroup:
         self.janitor: subprocess.Popen | None = None
         try:
             self.ring = ShmRing.create(config.parallel.tensor_parallel_size, RING_SLOTS, RING_SLOT_BYTES)
-            self.janitor = start_janitor(self.tmpdir, self.ring.handle.name)
+            if os.path.isdir("/dev/shm"):  # a process (no torch) removing the dir and ring once main is gone
+                args = [sys.executable, "-c", JANITOR, str(os.getpid()), self.tmpdir, self.ring.handle.name,
+                        str(PARENT_POLL_S)]  # fmt: skip
+                quiet = subprocess.DEVNULL
+                self.janitor = subprocess.Popen(args, stdin=quiet, stdout=quiet, stderr=quiet)
             self.start_workers(config)
         except BaseException:  # e.g. spawning from a module without a __main__ guard, or a signal
             self.stop(graceful=False)
@@ -253,9 +244,13 @@ class WorkerGroup:
         if reply[0] == "ok":
             return reply[1]
         self.kill()
-        if startup:
-            raise rebuild_error(rank, reply[1], reply[2]) from None
-        raise RuntimeError(f"tensor-parallel worker rank {rank} failed: {name_of(reply[1])}: {reply[2]}")
+        _, cls, message = reply
+        when = " at startup" if startup else ""
+        error = RuntimeError(f"tensor-parallel worker rank {rank} failed{when}: {cls.__name__}: {message}")
+        if startup and issubclass(cls, Exception):  # the same type and message: the user sees one line
+            with contextlib.suppress(Exception):  # a constructor with other arguments
+                error = cls(message)
+        raise error from None
 
     def raise_dead(self, rank: int, startup: bool = False):
         self.procs[rank].join(0.5)
@@ -270,8 +265,7 @@ class WorkerGroup:
 
     def raise_stuck(self, awaited: list[int], timeout: float, startup: bool):
         """A worker that neither answers nor dies (stopped, deadlocked, hung in a collective)."""
-        states = {rank: process_state(proc.pid) for rank, proc in enumerate(self.procs)}
-        stopped = [rank for rank, state in states.items() if state in ("T", "t")]
+        stopped = [rank for rank, proc in enumerate(self.procs) if process_state(proc.pid) in ("T", "t")]
         rank = (stopped or awaited)[0]
         what = "start-up" if startup else "step"
         env = STARTUP_TIMEOUT_ENV if startup else STEP_TIMEOUT_ENV
@@ -321,16 +315,6 @@ class WorkerGroup:
             self.janitor.wait()
 
 
-def start_janitor(tmpdir: str, ring_name: str) -> subprocess.Popen | None:
-    """A process (no torch) removing the rendezvous dir and ring once main is gone; None without /dev/shm."""
-    if not os.path.isdir("/dev/shm"):
-        return None
-    return subprocess.Popen(
-        [sys.executable, "-c", JANITOR, str(os.getpid()), tmpdir, ring_name, str(PARENT_POLL_S)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
 def timeout_from(env: str, default: float) -> float:
     """The environment variable, else the default; must be > 0."""
     raw = os.environ.get(env, default)
@@ -348,14 +332,3 @@ def process_state(pid: int) -> str:
     except (OSError, IndexError):
         return ""
 
-
-def name_of(cls: type) -> str:
-    return getattr(cls, "__name__", "error")
-
-
-def rebuild_error(rank: int, cls: type, message: str) -> BaseException:
-    """A startup error in the main process: same type and message, so the user sees one line."""
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        with contextlib.suppress(Exception):  # a constructor with other arguments
-            return cls(message)
-    return RuntimeError(f"tensor-parallel worker rank {rank} failed at startup: {name_of(cls)}: {message}")
