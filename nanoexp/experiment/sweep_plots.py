@@ -94,27 +94,25 @@ class NumericAxis:
 
     def __init__(self, values: pd.Series, key: str):
         x = pd.to_numeric(values)
-        self.finite = sorted(set(x[np.isfinite(x)]))
-        self.log = bool(self.finite) and self.finite[0] > 0 and self.finite[-1] >= 8 * self.finite[0]
+        self.finite = finite = sorted(set(x[np.isfinite(x)]))
+        self.log = bool(finite) and finite[0] > 0 and finite[-1] >= 8 * finite[0]
         self.ticks = sorted(set(x))
         self.inf_label = INF_LABELS.get(key.removeprefix("param:"), "inf")
+        # inf: one step beyond the largest finite value, as the last step (or ratio on a log axis)
+        if len(finite) < 2:
+            self.inf_at = finite[0] + (abs(finite[0]) or 1.0) if finite else 1.0
+        else:
+            self.inf_at = finite[-1] ** 2 / finite[-2] if self.log else 2 * finite[-1] - finite[-2]
 
     def place(self, values: pd.Series) -> pd.Series:
-        return pd.to_numeric(values).replace({math.inf: self._past_edge()})
+        return pd.to_numeric(values).replace({math.inf: self.inf_at})
 
     def apply(self, ax) -> None:
         if self.log:
             ax.set_xscale("log", base=2)
             ax.minorticks_off()
-        ax.set_xticks(list(self.place(pd.Series(self.ticks, dtype=float))))
-        ax.set_xticklabels([self.inf_label if math.isinf(v) else f"{v:g}" for v in self.ticks])
-
-    def _past_edge(self) -> float:
-        """One step beyond the largest finite value, as the last step (or ratio on a log axis)."""
-        values = self.finite
-        if len(values) < 2:
-            return values[0] + (abs(values[0]) or 1.0) if values else 1.0
-        return values[-1] ** 2 / values[-2] if self.log else 2 * values[-1] - values[-2]
+        labels = [self.inf_label if math.isinf(v) else f"{v:g}" for v in self.ticks]
+        ax.set_xticks(list(self.place(pd.Series(self.ticks, dtype=float))), labels)
 
 
 def _bars(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> None:
