@@ -12,10 +12,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from nanoexp.config.checks import is_real
+from nanoexp.experiment import sweep_report
 from nanoexp.experiment.loggers import RESULTS_FILE, read_results
 from nanoexp.experiment.metrics import CONFIDENCE
 from nanoexp.experiment.sweep_plots import pyplot, save_figure
-from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL, _parse_overrides
+from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL
 
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
 LOWER = {*LOWER_IS_BETTER, "duration_s", "p99_tpot_ms", "median_ttft_ms"}
@@ -30,7 +32,7 @@ def load_jobs(sweep_dir: Path) -> list[dict]:
         if results.get("status") != "ok":
             continue
         git = results.get("config", {}).get("resolved", {}).get("provenance", {}).get("git", {})
-        params = _parse_overrides(results.get("job", {}).get("overrides", []))
+        params = sweep_report._parse_overrides(results.get("job", {}).get("overrides", []))
         params.pop(TRIAL, None)
         summary = results.get("summary", {})
         first = {"params": params, "summary": dict(summary, per_repeat=[]), "commit": git.get("commit")}
@@ -41,15 +43,11 @@ def load_jobs(sweep_dir: Path) -> list[dict]:
 
 def match(jobs_a: list[dict], jobs_b: list[dict]) -> tuple[list[str], list[tuple[dict, dict]]]:
     """The keys either sweep varies, and the (A, B) job pairs that agree on them."""
-    keys = sorted(_varied(jobs_a) | _varied(jobs_b))
+    params = [pd.DataFrame([j["params"] for j in jobs]) for jobs in (jobs_a, jobs_b)]
+    keys = sorted({key for table in params for key in sweep_report.swept_keys(table)})
     by_values = {tuple(j["params"].get(k) for k in keys): j for j in jobs_a}
     pairs = [(by_values.get(tuple(b["params"].get(k) for k in keys)), b) for b in jobs_b]
     return keys, [(a, b) for a, b in pairs if a is not None]
-
-
-def _varied(jobs: list[dict]) -> set[str]:
-    keys = {k for j in jobs for k in j["params"]}
-    return {k for k in keys if len({j["params"].get(k) for j in jobs}) > 1}
 
 
 def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
@@ -110,10 +108,9 @@ def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
 def _values(summary: dict, metric: str) -> list[float]:
     """The metric's value per repeat, or its one value when the repeats did not record it."""
     per_repeat = [r.get(metric) for r in summary.get("per_repeat") or []]
-    if per_repeat and all(isinstance(v, int | float) for v in per_repeat):
+    if per_repeat and all(map(is_real, per_repeat)):
         return [float(v) for v in per_repeat]
-    value = summary.get(metric)
-    return [float(value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
+    return [float(summary[metric])] if is_real(summary.get(metric)) else []
 
 
 def _commits(jobs: list[dict]) -> str:

@@ -11,6 +11,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
+from nanoexp.config.checks import is_real
 from nanoexp.experiment.job import JobInfo
 
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
@@ -88,12 +89,15 @@ def print_summary(summary: dict, job: JobInfo, plain: dict) -> str:
 
 
 def _cell(summary: dict, key: str, fmt: str) -> str | None:
-    value = _value(summary, key)
-    if value is None:
+    """The value with its CI where the summary has one, bytes in GB; None where it was not measured."""
+    value, low, high = (summary.get(k) for k in (key, f"{key}_ci95_low", f"{key}_ci95_high"))
+    if not is_real(value) or math.isnan(value):
         return None
-    low, high = _value(summary, f"{key}_ci95_low"), _value(summary, f"{key}_ci95_high")
-    suffix = "" if low is None or high is None else interval_suffix(value, low, high, fmt.format)
-    return fmt.format(value) + suffix
+    scale = 1e9 if key in GB_KEYS else 1.0
+    text = fmt.format(value / scale)
+    if is_real(low) and is_real(high) and not (math.isnan(low) or math.isnan(high)):
+        text += interval_suffix(value / scale, low / scale, high / scale, fmt.format)
+    return text
 
 
 def interval_suffix(value: float, low: float, high: float, fmt: Callable[[float], str]) -> str:
@@ -101,13 +105,6 @@ def interval_suffix(value: float, low: float, high: float, fmt: Callable[[float]
     if math.isclose(value - low, high - value, rel_tol=1e-6, abs_tol=1e-12):
         return f" ± {fmt((high - low) / 2)}"
     return f" [{fmt(low)}, {fmt(high)}]"
-
-
-def _value(summary: dict, key: str) -> float | None:
-    v = summary.get(key)
-    if not isinstance(v, int | float) or (isinstance(v, float) and math.isnan(v)):
-        return None
-    return v / 1e9 if key in GB_KEYS else v
 
 
 def changed_settings(plain: dict, overrides: list[str]) -> dict[str, Any]:

@@ -23,12 +23,9 @@ STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselv
 
 
 class SweepReport(Callback):
-    def __init__(self) -> None:
-        self.sweep_dir, self.reported = None, False  # the rest is set when the sweep starts
-
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from nanoexp.experiment import sweep_report
-        self.sweep_dir = Path(config.hydra.sweep.dir)
+        self.sweep_dir, self.reported = Path(config.hydra.sweep.dir), False
         self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))
         metrics = list(config.report.metrics) if config.get("report") is not None else []
         expected, wandb = sweep_report.expected_jobs(config), sweep_report.wandb_target(config)
@@ -43,7 +40,7 @@ class SweepReport(Callback):
 
     def _report_after_abort(self, wait_s: float) -> None:
         """The launcher raised, so on_multirun_end never ran: report what the jobs left."""
-        if self.reported or self.sweep_dir is None:
+        if self.reported:
             return
         if interrupts.received() is not None:  # the sweep was signalled: its jobs stop too
             stop_local_jobs(self.sweep_dir, STOP_GRACE_S)

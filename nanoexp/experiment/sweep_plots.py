@@ -13,13 +13,12 @@ import pandas as pd
 
 from nanoexp.experiment.loggers import json_safe
 
-METRIC_LABELS = {  # metric -> its name in a panel title, its unit and the divisor of its values
-    "output_throughput": ("output throughput", "tok/s", 1.0),
-    "total_token_throughput": ("total token throughput", "tok/s", 1.0),
-    "request_throughput": ("achieved request rate", "req/s", 1.0),
-    "request_goodput": ("request goodput", "req/s", 1.0), "peak_memory_bytes": ("peak memory", "GB", 1e9),
-    "offered_request_rate": ("offered request rate", "req/s", 1.0),
-    "slo_attainment": ("SLO attainment", "fraction of requests", 1.0), "duration_s": ("duration", "s", 1.0),
+METRIC_LABELS = {  # metric -> its name in a panel title and its unit (GB: the values are bytes)
+    "output_throughput": ("output throughput", "tok/s"), "request_goodput": ("request goodput", "req/s"),
+    "total_token_throughput": ("total token throughput", "tok/s"), "peak_memory_bytes": ("peak memory", "GB"),
+    "request_throughput": ("achieved request rate", "req/s"), "duration_s": ("duration", "s"),
+    "offered_request_rate": ("offered request rate", "req/s"),
+    "slo_attainment": ("SLO attainment", "fraction of requests"),
 }  # fmt: skip
 LATENCIES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end latency"}
 LATENCIES["latency"] = "iteration latency"
@@ -31,6 +30,11 @@ RATE_METRICS = ("request_throughput", "request_goodput", "slo_attainment")
 LATENCY_PANELS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"))
 PERCENTILE_METRICS = [f"{s}_{m}" for _, m in LATENCY_PANELS for s in ("median", "p99")]
 SERVING_METRICS = ["offered_request_rate", *RATE_METRICS, *PERCENTILE_METRICS]
+SERVING_PANELS = [  # (y label, [(metric, series name)]: the first drawn solid, the second dashed)
+    *[(f"{name} (ms)", [(f"median_{m}", "median"), (f"p99_{m}", "p99")]) for name, m in LATENCY_PANELS],
+    ("requests/s", [("request_throughput", "achieved"), ("request_goodput", "goodput")]),
+    ("SLO attainment", [("slo_attainment", "")]),
+]
 HEADROOM = 1.08  # the y axis ends this far above the highest point (error bars included)
 
 
@@ -45,9 +49,8 @@ def metric_title(metric: str) -> str:
 
 def unit(metric: str) -> tuple[str, float]:
     """(unit, divisor) of a metric's values."""
-    if metric in METRIC_LABELS:
-        return METRIC_LABELS[metric][1:]
-    return ("ms" if metric.endswith("_ms") else "", 1.0)
+    label = METRIC_LABELS.get(metric, ("", "ms" if metric.endswith("_ms") else ""))[1]
+    return label, 1e9 if label == "GB" else 1.0
 
 
 def plot_param(table: pd.DataFrame, metrics: list[str], key: str, others: list[str], title: str,
@@ -91,27 +94,25 @@ class NumericAxis:
 
     def __init__(self, values: pd.Series, key: str):
         x = pd.to_numeric(values)
-        self.finite = sorted(set(x[np.isfinite(x)]))
-        self.log = bool(self.finite) and self.finite[0] > 0 and self.finite[-1] >= 8 * self.finite[0]
+        self.finite = finite = sorted(set(x[np.isfinite(x)]))
+        self.log = bool(finite) and finite[0] > 0 and finite[-1] >= 8 * finite[0]
         self.ticks = sorted(set(x))
         self.inf_label = INF_LABELS.get(key.removeprefix("param:"), "inf")
+        # inf: one step beyond the largest finite value, as the last step (or ratio on a log axis)
+        if len(finite) < 2:
+            self.inf_at = finite[0] + (abs(finite[0]) or 1.0) if finite else 1.0
+        else:
+            self.inf_at = finite[-1] ** 2 / finite[-2] if self.log else 2 * finite[-1] - finite[-2]
 
     def place(self, values: pd.Series) -> pd.Series:
-        return pd.to_numeric(values).replace({math.inf: self._past_edge()})
+        return pd.to_numeric(values).replace({math.inf: self.inf_at})
 
     def apply(self, ax) -> None:
         if self.log:
             ax.set_xscale("log", base=2)
             ax.minorticks_off()
-        ax.set_xticks(list(self.place(pd.Series(self.ticks, dtype=float))))
-        ax.set_xticklabels([self.inf_label if math.isinf(v) else f"{v:g}" for v in self.ticks])
-
-    def _past_edge(self) -> float:
-        """One step beyond the largest finite value, as the last step (or ratio on a log axis)."""
-        values = self.finite
-        if len(values) < 2:
-            return values[0] + (abs(values[0]) or 1.0) if values else 1.0
-        return values[-1] ** 2 / values[-2] if self.log else 2 * values[-1] - values[-2]
+        labels = [self.inf_label if math.isinf(v) else f"{v:g}" for v in self.ticks]
+        ax.set_xticks(list(self.place(pd.Series(self.ticks, dtype=float))), labels)
 
 
 def _bars(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> None:
@@ -140,8 +141,7 @@ def groups(ok: pd.DataFrame, others: list[str]) -> list[tuple[str, pd.DataFrame]
     """Sub-tables per combination of the other swept parameters, in numeric order where numeric."""
     if not others:
         return [("", ok)]
-    parts = list(ok.groupby(others, dropna=False, sort=False))  # keyed by tuples (a list of keys)
-    parts.sort(key=lambda g: tuple(sort_key(v) for v in g[0]))
+    parts = sorted(ok.groupby(others, dropna=False, sort=False), key=lambda g: tuple(map(sort_key, g[0])))
     name = lambda g: ", ".join(f"{k.removeprefix('param:')}={v}" for k, v in zip(others, g))
     return [(name(g), p) for g, p in parts]
 
@@ -163,15 +163,10 @@ def plot_latency_cdf(ok_jobs: list[tuple[str, pd.DataFrame]], title: str, path: 
     save_figure(fig, title, path, legend_title="job")
 
 
-def to_number(value) -> float | None:
-    number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
-    return None if pd.isna(number) else float(number)
-
-
 def sort_key(value) -> tuple:
     """Numbers before text, numbers by value (so 16 < 128), text alphabetically."""
-    number = to_number(value)
-    return (0, number, "") if number is not None else (1, 0.0, str(value))
+    number = pd.to_numeric(value, errors="coerce")
+    return (0, float(number), "") if pd.notna(number) else (1, 0.0, str(value))
 
 
 def pyplot():
@@ -227,9 +222,9 @@ def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
         met = (attainment.reindex(part.index) >= MIN_ATTAINMENT).cummin()  # every rate up to it met them
         best = part.loc[met, "_rate"].iloc[-1] if met.any() else None
         rates = [{"offered_request_rate": row["_rate"], "status": row["status"]}
-                 | {k: to_number(row.get(k)) for k in RATE_METRICS} for _, row in part.iterrows()]
+                 | {k: row.get(k) for k in RATE_METRICS} for _, row in part.iterrows()]
         out.append({"group": label, "max_rate": best, "rates": rates})
-    return json_safe(out)  # inf as "inf"
+    return json_safe(out)  # inf as "inf", NaN as null
 
 
 def rate_line(slo: dict[str, float], entry: dict | None) -> str:
@@ -252,37 +247,26 @@ def plot_serving(table: pd.DataFrame, others: list[str], slo: dict[str, float], 
     if ok.empty:
         return
     plt = pyplot()
-    fig, axes = plt.subplots(1, 5, figsize=(18, 3.6))
+    fig, axes = plt.subplots(1, len(SERVING_PANELS), figsize=(18, 3.6))
     axis = NumericAxis(ok[RATE], RATE)
     for colour, (label, part) in enumerate(groups(ok, others)):
         part = part.assign(_x=axis.place(part[RATE])).sort_values("_x")
-        style = {"color": f"C{colour}", "capsize": 3}
-        for ax, (_, metric) in zip(axes, LATENCY_PANELS):
-            _series(ax, part, f"median_{metric}", f"{label} median".strip(), "o-", style)
-            _series(ax, part, f"p99_{metric}", f"{label} p99".strip(), "s--", style)
-        _series(axes[3], part, "request_throughput", f"{label} achieved".strip(), "o-", style)
-        _series(axes[3], part, "request_goodput", f"{label} goodput".strip(), "s--", style)
-        _series(axes[4], part, "slo_attainment", label, "o-", style)
+        for ax, (_, series) in zip(axes, SERVING_PANELS):
+            for (metric, name), fmt in zip(series, ("o-", "s--")):
+                if metric in part.columns and part[metric].notna().any():
+                    y, err = metric_values(part, metric)
+                    style = {"fmt": fmt, "color": f"C{colour}", "capsize": 3}
+                    ax.errorbar(part["_x"], y, yerr=err, label=f"{label} {name}".strip(), **style)
     axes[3].plot(axis.finite, axis.finite, color="grey", linestyle=":", linewidth=1, label="offered")
-    for ax, (name, metric) in zip(axes, LATENCY_PANELS):
-        _decorate(ax, axis, f"{name} (ms)", slo.get(metric), f"SLO {slo.get(metric, 0):g} ms")
-    _decorate(axes[3], axis, "requests/s")
-    _decorate(axes[4], axis, "SLO attainment", MIN_ATTAINMENT if slo else None, f"{MIN_ATTAINMENT:.0%}")
-    axes[4].set_ylim(0, HEADROOM)  # a fraction: up to 1, with room for the markers at 1
+    limits = [(slo.get(m), f"SLO {slo.get(m, 0):g} ms") for _, m in LATENCY_PANELS]
+    limits += [(None, ""), (MIN_ATTAINMENT if slo else None, f"{MIN_ATTAINMENT:.0%}")]
+    for ax, (ylabel, _), (limit, limit_label) in zip(axes, SERVING_PANELS, limits):
+        if limit is not None:
+            ax.axhline(limit, color="red", linestyle=":", linewidth=1, label=limit_label)
+        axis.apply(ax)
+        ax.set(xlabel="offered rate (req/s)", ylabel=ylabel)
+        from_zero(ax)
+        if ax.get_legend_handles_labels()[0]:  # below the panel: inside, it would hide data
+            ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    axes[-1].set_ylim(0, HEADROOM)  # a fraction: up to 1, with room for the markers at 1
     save_figure(fig, title, path)
-
-
-def _series(ax, part: pd.DataFrame, metric: str, label: str, fmt: str, style: dict) -> None:
-    if metric in part.columns and part[metric].notna().any():
-        y, err = metric_values(part, metric)
-        ax.errorbar(part["_x"], y, yerr=err, fmt=fmt, label=label, **style)
-
-
-def _decorate(ax, axis, ylabel: str, limit: float | None = None, limit_label: str = "") -> None:
-    if limit is not None:
-        ax.axhline(limit, color="red", linestyle=":", linewidth=1, label=limit_label)
-    axis.apply(ax)
-    ax.set(xlabel="offered rate (req/s)", ylabel=ylabel)
-    from_zero(ax)
-    if ax.get_legend_handles_labels()[0]:  # below the panel: inside, it would hide data
-        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)

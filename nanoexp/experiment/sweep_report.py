@@ -13,10 +13,11 @@ import yaml
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig, OmegaConf
 
+from nanoexp.config.checks import is_real
 from nanoexp.experiment import sweep_plots
 from nanoexp.experiment.job import sweep_group, sweep_overrides
 from nanoexp.experiment.loggers import RESULTS_FILE, first_line, json_safe, read_results
-from nanoexp.experiment.metrics import HEADLINE, spread
+from nanoexp.experiment.metrics import HEADLINE, aggregate_repeats
 from nanoexp.experiment.schema import LoggerConfig, LoggerKind
 from nanoexp.experiment.summary_table import interval_suffix
 from nanoexp.experiment.wandb_logger import finish_run, run_dir, start_run
@@ -63,7 +64,7 @@ def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metric
     if table is None:
         return 0
     if wandb is not None:
-        log_sweep(sweep_dir, table, swept_keys(table), sorted(sweep_dir.glob("sweep_*.png")), *wandb)
+        log_sweep(sweep_dir, table, *wandb)
     print(f"sweep report: {sweep_dir / 'sweep_summary.md'}", flush=True)
     failed = int((table["status"] != "ok").sum())
     if failed:
@@ -107,12 +108,10 @@ def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
         row[NOISE] = "; ".join(dict.fromkeys(w for w in part[NOISE].fillna("") if w))
         results = [read_results(sweep_dir / str(d) / RESULTS_FILE) for d in part["job_dir"]]
         repeats = [r for res in results for r in res.get("summary", {}).get("per_repeat") or []]
+        pooled_repeats = aggregate_repeats(repeats) if repeats else {}
+        headline = [f"{key}{suffix}" for key in HEADLINE for suffix in ("", "_std", *CI)]
+        row |= {k: pooled_repeats[k] for k in headline if is_real(pooled_repeats.get(k))}
         row["repeats"] = len(repeats)
-        for key in HEADLINE:
-            values = [r[key] for r in repeats if isinstance(r.get(key), int | float)]
-            if len(values) == len(repeats) and values:
-                row[key] = sum(values) / len(values)
-                row |= spread(key, values) if len(values) > 1 else {}
         pooled.append(row)
     rest = table[table["status"] != "ok"]
     return pd.concat([pd.DataFrame(pooled), rest], ignore_index=True).sort_values("job_num", kind="stable")
@@ -196,10 +195,10 @@ def _row(path: Path, sweep_dir: Path, extra: list[str] = ()) -> dict:
     try:
         results = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        match = JOB_DIR.match(job_dir.parts[0]) if job_dir.parts else None
+        match = JOB_DIR.match(path.relative_to(sweep_dir).parts[0])  # None: the sweep dir's own results.json
         num = int(match.group(1)) if match else -1
-        overrides = _overrides_of(path.parent, None, num)
-        return _vanished(num, str(job_dir), overrides, f"unreadable {RESULTS_FILE}: {err}")
+        error = f"unreadable {RESULTS_FILE}: {err}"
+        return _vanished(num, str(job_dir), _overrides_of(path.parent, None, num), error)
     job, summary = results.get("job", {}), results.get("summary", {})
     row = {"job_num": job.get("job_num", -1), "job_dir": str(job_dir)}
     row |= _parse_overrides(job.get("overrides", []))
@@ -256,18 +255,19 @@ def _metric_cell(row: pd.Series, column: str) -> str:
     return f"**{text}**" if mark == "best" else f"≈{text}" if mark == "within noise" else text
 
 
-def log_sweep(sweep_dir: Path, table: pd.DataFrame, swept: list[str], images: list[Path], cfg: LoggerConfig,
-              group: str) -> str | None:  # fmt: skip
+def log_sweep(sweep_dir: Path, table: pd.DataFrame, cfg: LoggerConfig, group: str) -> str | None:
     """The sweep-level W&B run (table, plots, swept values); None after one warning line if W&B failed."""
+    swept = swept_keys(table)
     try:
         import wandb
-        config = {k.removeprefix("param:"): _values(table[k]) for k in swept}
-        config |= {"sweep_dir": str(sweep_dir), "num_jobs": len(table)}
+        # the distinct swept values, typed as in the table (16, not '16')
+        values = {k.removeprefix("param:"): list(dict.fromkeys(typed(table[k]).dropna())) for k in swept}
+        config = json_safe(values) | {"sweep_dir": str(sweep_dir), "num_jobs": len(table)}
         config["swept_keys"] = [k.removeprefix("param:") for k in swept]
         run, env_set = start_run(cfg, sweep_dir, config, group, "sweep-report", JOB_TYPE)
         try:
             run.log({TABLE_KEY: wandb.Table(dataframe=_loggable(table))})
-            run.log({f"plots/{p.stem}": wandb.Image(str(p)) for p in images if p.is_file()})
+            run.log({f"plots/{p.stem}": wandb.Image(str(p)) for p in sorted(sweep_dir.glob("sweep_*.png"))})
             run.summary.update({"num_jobs": len(table), "num_failed": int((table["status"] != "ok").sum())})
             return run_dir(run)
         finally:
@@ -275,11 +275,6 @@ def log_sweep(sweep_dir: Path, table: pd.DataFrame, swept: list[str], images: li
     except Exception as err:  # noqa: BLE001 - the local report stands on its own
         print(f"wandb: warning: no sweep-level run ({first_line(err)})", file=sys.stderr)
         return None
-
-
-def _values(column: pd.Series) -> list:
-    """The distinct swept values, typed as in the table (16, not '16'), JSON-safe."""
-    return json_safe(list(dict.fromkeys(typed(column).dropna())))
 
 
 def typed(column: pd.Series) -> pd.Series:
@@ -310,20 +305,8 @@ def _loggable(table: pd.DataFrame) -> pd.DataFrame:
     return out.rename(columns=lambda c: c.removeprefix("param:"))
 
 
-def redraw(sweep_dir: Path, metrics: list[str] | None = None, wandb: bool = False) -> int:
-    """The report of a sweep dir from what its jobs left (and `multirun.yaml`), as at the sweep's end."""
-    saved = sweep_dir / "multirun.yaml"
-    config = OmegaConf.load(saved) if saved.is_file() else None
-    expected = expected_jobs(config) if config is not None else None
-    if metrics is None:
-        configs = (read_results(path).get("config") for path in sorted(sweep_dir.rglob(RESULTS_FILE)))
-        job_config = next((c for c in configs if c), {})
-        metrics = list((job_config.get("report") or {}).get("metrics") or [])
-    target = wandb_target(config) if wandb and config is not None else None
-    return report(sweep_dir, expected, target, metrics)
-
-
 def cli(argv: list[str] | None = None) -> int:
+    """The report of a sweep dir from what its jobs left (and `multirun.yaml`), as at the sweep's end."""
     description = "Redraw a sweep's report (sweep_summary.csv/.md and plots) from its job dirs."
     parser = argparse.ArgumentParser("python -m nanoexp.experiment.sweep_report", description=description)
     parser.add_argument("sweep_dir", type=Path)
@@ -332,8 +315,16 @@ def cli(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         parser.error(f"{args.sweep_dir}: no such sweep dir")
-    metrics = [m for m in args.metrics.split(",") if m] if args.metrics is not None else None
-    return 1 if redraw(args.sweep_dir, metrics, args.wandb) else 0
+    saved = args.sweep_dir / "multirun.yaml"
+    config = OmegaConf.load(saved) if saved.is_file() else None
+    if args.metrics is not None:
+        metrics = [m for m in args.metrics.split(",") if m]
+    else:
+        configs = (read_results(path).get("config") for path in sorted(args.sweep_dir.rglob(RESULTS_FILE)))
+        metrics = list((next((c for c in configs if c), {}).get("report") or {}).get("metrics") or [])
+    expected = expected_jobs(config) if config is not None else None
+    target = wandb_target(config) if args.wandb and config is not None else None
+    return 1 if report(args.sweep_dir, expected, target, metrics) else 0
 
 
 if __name__ == "__main__":
