@@ -86,14 +86,9 @@ def check(spec: NanoexpConfig) -> None:
     """Rules across groups that need the model's architecture."""
     try:
         check_split(asdict(spec.model.arch), spec.parallel.tensor_parallel_size)
-        max_model_len(spec)
+        spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
     except KnobError as e:
         raise ConfigError(f"{e} (model={spec.model.name})") from None
-
-
-def max_model_len(spec: NanoexpConfig) -> int:
-    """scheduler.max_model_len, or the model's limit when unset (checked against both)."""
-    return spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
 
 
 def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
@@ -140,10 +135,11 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
     except ValueError as e:  # ConfigError, or a value SamplingParams rejects
         raise ConfigError(str(e)) from None
     longest = max(len(r.prompt_token_ids) + r.sampling_params.max_tokens for r in workload.requests)
-    if longest > max_model_len(spec):
+    limit = spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
+    if longest > limit:
         raise ConfigError(
             f"workload {spec.workload.name} has a request of {longest} tokens (prompt + max_tokens) "
-            f"> max_model_len={max_model_len(spec)} (scheduler.max_model_len or the model's limit)"
+            f"> max_model_len={limit} (scheduler.max_model_len or the model's limit)"
         )
     return workload
 
