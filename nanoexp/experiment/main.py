@@ -41,6 +41,7 @@ FULL_ERROR = "HYDRA_FULL_ERROR"
 CLI_FULL_ERROR = "NANOEXP_CLI_SET_HYDRA_FULL_ERROR"  # marks FULL_ERROR as set by `cli`, not the user
 SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"  # set in the jobs submitit starts (local or slurm)
 CPU = torch.device("cpu")
+CONFIG_ERRORS = (ConfigError, OmegaConfBaseException)
 
 
 def main(cfg: DictConfig) -> int:
@@ -112,8 +113,7 @@ def experiment(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Chec
         # drop the model and KV cache and hand their memory back: the next job may size its cache from it
         llm = driver = None
         gc.collect()
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # a no-op without CUDA
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
     if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
@@ -240,17 +240,13 @@ def _failure(error: BaseException, line: str | None = None) -> dict:
 def _exit_code(e: BaseException) -> int:
     if isinstance(e, KeyboardInterrupt):
         return interrupts.as_interrupted(e).exit_code
-    return CONFIG_EXIT if _is_config_error(e) else RUNTIME_EXIT
-
-
-def _is_config_error(e: BaseException) -> bool:
-    return isinstance(e, ConfigError | OmegaConfBaseException)
+    return CONFIG_EXIT if isinstance(e, CONFIG_ERRORS) else RUNTIME_EXIT
 
 
 def _one_line(e: BaseException) -> str:
     """The error's first line; OmegaConf's errors name their key on a later line, so it leads."""
     line = first_line(e, limit=None)
-    key = getattr(e, "full_key", None) if _is_config_error(e) else None
+    key = getattr(e, "full_key", None) if isinstance(e, CONFIG_ERRORS) else None
     return f"{key}: {line}" if key and key not in line else line
 
 
