@@ -72,13 +72,12 @@ class Progress:
     def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, desc: str = "requests"):
         self.bar = tqdm(total=total, desc=desc, unit="req", file=stream, disable=None if enabled else True,
                         dynamic_ncols=True, mininterval=REFRESH_S, leave=True)  # fmt: skip
-        self.enabled = not self.bar.disable  # disable=None: tqdm turns itself off off a terminal
         self.done = self.tokens = self.preemptions = 0
         self.started, self.next_draw = None, 0.0  # the first step's start; the next redraw
 
     def update(self, stats: StepStats, counted: bool = True) -> None:
         """One engine step; `counted=False` for untimed (warm-up) steps, shown but not counted."""
-        if not self.enabled:
+        if self.bar.disable:  # disable=None above: tqdm turns itself off off a terminal
             return
         now = time.perf_counter()
         if self.started is None:
