@@ -32,7 +32,7 @@ def engine_and_workload():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         spec = to_spec(compose(config_name="config", overrides=TINY))
     checkpoint = resolve_checkpoint(spec.model)
-    llm = build_llm(spec, engine_config(spec, checkpoint), checkpoint)
+    llm, _ = build_llm(spec, engine_config(spec, checkpoint), checkpoint)
     yield llm, build_workload(spec)
     llm.close()
 

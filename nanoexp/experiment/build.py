@@ -36,13 +36,21 @@ class Checkpoint:
 
 
 def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
-    """Real or dummy weights: only dummy_if_missing falls back to dummy weights, loudly."""
+    """Real weights from model.path, else from the local HF hub cache (a directory with *.safetensors);
+    only dummy_if_missing falls back to dummy weights, loudly."""
     requested = model.load_format
     if requested == "dummy":
         return Checkpoint("dummy", None, requested, "none")
-    path, source = find_checkpoint(model.path, model.hub_id)
-    if path is not None:
-        return Checkpoint("safetensors", path, requested, source)
+    if model.path:
+        path = Path(model.path).expanduser()
+        if any(path.glob("*.safetensors")):
+            return Checkpoint("safetensors", str(path), requested, "path")
+    elif model.hub_id:
+        from huggingface_hub import snapshot_download
+        with contextlib.suppress(Exception):  # not cached or an invalid id: both mean "absent"
+            cached = snapshot_download(model.hub_id, local_files_only=True)
+            if any(Path(cached).glob("*.safetensors")):
+                return Checkpoint("safetensors", cached, requested, "hub_cache")
     where = f"model.path={model.path!r}" if model.path else f"model.hub_id={model.hub_id!r} (local HF cache)"
     if requested != DUMMY_IF_MISSING:
         raise ConfigError(
@@ -59,20 +67,6 @@ def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
     )
     log.warning("%s: no checkpoint at %s; using dummy weights", model.name, where)
     return Checkpoint("dummy", None, requested, "none")
-
-
-def find_checkpoint(path: str | None, hub_id: str | None) -> tuple[str | None, str]:
-    """A directory with *.safetensors: the local path if given, else the local HF hub cache."""
-    if path:
-        p = Path(path).expanduser()
-        return (str(p), "path") if any(p.glob("*.safetensors")) else (None, "none")
-    if hub_id:
-        from huggingface_hub import snapshot_download
-        with contextlib.suppress(Exception):  # not cached or an invalid id: both mean "absent"
-            cached = snapshot_download(hub_id, local_files_only=True)
-            if any(Path(cached).glob("*.safetensors")):
-                return cached, "hub_cache"
-    return None, "none"
 
 
 def check_arch(model: ModelSpec, checkpoint: Checkpoint) -> list[str]:
@@ -92,14 +86,9 @@ def check(spec: NanoexpConfig) -> None:
     """Rules across groups that need the model's architecture."""
     try:
         check_split(asdict(spec.model.arch), spec.parallel.tensor_parallel_size)
-        max_model_len(spec)
+        spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
     except KnobError as e:
         raise ConfigError(f"{e} (model={spec.model.name})") from None
-
-
-def max_model_len(spec: NanoexpConfig) -> int:
-    """scheduler.max_model_len, or the model's limit when unset (checked against both)."""
-    return spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
 
 
 def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
@@ -120,27 +109,22 @@ def _narrow(section: Any, engine_class: type, **changes: Any) -> Any:
     return engine_class(**(values | changes))
 
 
-def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint):
+def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint) -> tuple[Any, Driver]:
+    """The engine and what submits the workload to it: the baseline drives itself (its batches capped at
+    workload.max_concurrency), our engine goes step by step."""
     if spec.engine.kind is EngineKind.hf:
         from nanoexp.experiment.hf_baseline import HFBaseline
         e, arch, batch = config.execution, asdict(spec.model.arch), config.scheduler.max_num_seqs
         batch = min(batch, spec.workload.max_concurrency or batch)
-        return HFBaseline(arch, checkpoint.path, config.model.dtype, e.device, e.seed, batch)
-    return factory.build_engine(config)
-
-
-def build_driver(spec: NanoexpConfig, llm) -> Driver:
-    """What submits the workload: the baseline drives itself, our engine goes step by step."""
-    if spec.engine.kind is EngineKind.hf:
-        return llm  # its batches are capped at workload.max_concurrency (build_llm)
-    return EngineDriver(llm.engine, spec.workload.max_concurrency)
+        baseline = HFBaseline(arch, checkpoint.path, config.model.dtype, e.device, e.seed, batch)
+        return baseline, baseline
+    llm = factory.build_engine(config)
+    return llm, EngineDriver(llm.engine, spec.workload.max_concurrency)
 
 
 def build_tokenizer(checkpoint: Checkpoint):
-    if checkpoint.path is None:
-        return None
     from nanoexp.loader import load_tokenizer
-    return load_tokenizer(checkpoint.path)
+    return load_tokenizer(checkpoint.path) if checkpoint.path is not None else None
 
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
@@ -151,10 +135,11 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
     except ValueError as e:  # ConfigError, or a value SamplingParams rejects
         raise ConfigError(str(e)) from None
     longest = max(len(r.prompt_token_ids) + r.sampling_params.max_tokens for r in workload.requests)
-    if longest > max_model_len(spec):
+    limit = spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
+    if longest > limit:
         raise ConfigError(
             f"workload {spec.workload.name} has a request of {longest} tokens (prompt + max_tokens) "
-            f"> max_model_len={max_model_len(spec)} (scheduler.max_model_len or the model's limit)"
+            f"> max_model_len={limit} (scheduler.max_model_len or the model's limit)"
         )
     return workload
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
@@ -26,7 +27,8 @@ class Driver(Protocol):
 
 
 class EngineDriver:
-    """Our engine: each request submitted when due (and a slot is free), then `engine.step()` until done."""
+    """Our engine: each request submitted when due (and a slot is free), stamped with its scheduled arrival
+    time, then `engine.step()` until done."""
 
     def __init__(self, engine, max_concurrency: int | None = None):
         self.engine, self.max_concurrency = engine, max_concurrency or math.inf
@@ -35,26 +37,21 @@ class EngineDriver:
         self.engine.reset_prefix_cache()
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
-        pending, outputs, submitted = list(requests), [], 0
+        pending, outputs, in_flight = deque(requests), [], 0
         while pending or self.engine.has_unfinished():
-            due = self._submit_due(pending, t0, self.max_concurrency - (submitted - len(outputs)))
-            pending, submitted = pending[due:], submitted + due
+            now = time.perf_counter() - t0
+            while pending and in_flight < self.max_concurrency and pending[0].arrival_offset_s <= now:
+                r = pending.popleft()
+                self.engine.add_request(list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s)
+                in_flight += 1
             if not self.engine.has_unfinished():
                 _sleep_until(t0 + pending[0].arrival_offset_s)
                 continue
             finished, stats = self.engine.step()
             outputs += finished
+            in_flight -= len(finished)
             on_step(stats)
         return outputs
-
-    def _submit_due(self, pending: list[Request], t0: float, free: float) -> int:
-        """Submits at most `free` due requests, each stamped with its scheduled arrival time."""
-        now, count = time.perf_counter() - t0, 0
-        while count < min(free, len(pending)) and pending[count].arrival_offset_s <= now:
-            r = pending[count]
-            self.engine.add_request(list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s)
-            count += 1
-        return count
 
 
 @dataclass
@@ -75,13 +72,12 @@ class Progress:
     def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, desc: str = "requests"):
         self.bar = tqdm(total=total, desc=desc, unit="req", file=stream, disable=None if enabled else True,
                         dynamic_ncols=True, mininterval=REFRESH_S, leave=True)  # fmt: skip
-        self.enabled = not self.bar.disable  # disable=None: tqdm turns itself off off a terminal
         self.done = self.tokens = self.preemptions = 0
         self.started, self.next_draw = None, 0.0  # the first step's start; the next redraw
 
     def update(self, stats: StepStats, counted: bool = True) -> None:
         """One engine step; `counted=False` for untimed (warm-up) steps, shown but not counted."""
-        if not self.enabled:
+        if self.bar.disable:  # disable=None above: tqdm turns itself off off a terminal
             return
         now = time.perf_counter()
         if self.started is None:

@@ -41,6 +41,7 @@ FULL_ERROR = "HYDRA_FULL_ERROR"
 CLI_FULL_ERROR = "NANOEXP_CLI_SET_HYDRA_FULL_ERROR"  # marks FULL_ERROR as set by `cli`, not the user
 SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"  # set in the jobs submitit starts (local or slurm)
 CPU = torch.device("cpu")
+CONFIG_ERRORS = (ConfigError, OmegaConfBaseException)
 
 
 def main(cfg: DictConfig) -> int:
@@ -66,37 +67,27 @@ def main(cfg: DictConfig) -> int:
 
 
 def _run_job(cfg: DictConfig, job: JobInfo) -> None:
+    logger, known = None, {}
     try:
         spec, plain = to_spec(cfg), to_plain(cfg)
         build.check(spec)
         checkpoint = build.resolve_checkpoint(spec.model)
+        known = {"load_format": checkpoint.load_format}
         config = build.engine_config(spec, checkpoint)
-        gpus = _claim_gpus(spec, job)  # first: provenance names the GPUs this job sees
+        # GPUs first: provenance names the GPUs this job sees
+        count = gpus_needed(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size)
+        lock_dir = Path(job.sweep_dir) / ".gpu_locks" if job.multirun and job.sweep_dir else None
+        gpus = {"gpus": claim(count, job.job_num, lock_dir), "gpus_claimed_at": time.time()}
+        gpus["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
         plain["resolved"] = {"checkpoint": asdict(checkpoint), **gpus, "provenance": collect_provenance()}
-    except (Exception, KeyboardInterrupt) as e:
-        _log_early_failure(cfg, job, e)
-        raise
-    logger = build.build_logger(spec)
-    logger.start(plain, job)
-    try:
+        logger = build.build_logger(spec)
+        logger.start(plain, job)
         summary = experiment(spec, config, checkpoint, logger, job)
     except BaseException as e:
-        try:
-            logger.finish({"load_format": checkpoint.load_format} | _failure(e), _exit_code(e))
-        except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
-            e.add_note(f"finishing the loggers failed too: {_one_line(err)}")
+        _finish_failed(cfg, job, logger, known | _failure(e), e)
         raise
     logger.finish(summary, 0)
     append_run_log(job, print_summary(summary, job, plain))
-
-
-def _claim_gpus(spec: NanoexpConfig, job: JobInfo) -> dict:
-    """This job's GPUs (see gpus.claim) and the CUDA_VISIBLE_DEVICES its ranks will see."""
-    count = gpus_needed(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size)
-    lock_dir = Path(job.sweep_dir) / ".gpu_locks" if job.multirun and job.sweep_dir else None
-    claimed = claim(count, job.job_num, lock_dir)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return {"gpus": claimed, "cuda_visible_devices": visible, "gpus_claimed_at": time.time()}
 
 
 def experiment(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpoint, logger,
@@ -106,10 +97,9 @@ def experiment(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Chec
     workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
     arch_diffs = build.check_arch(spec.model, checkpoint)
     memory, start = JobMemory(), time.perf_counter()
-    llm = build.build_llm(spec, config, checkpoint)
+    llm, driver = build.build_llm(spec, config, checkpoint)
     try:
         build_s = time.perf_counter() - start
-        driver = build.build_driver(spec, llm)
         probe = kv_quality.wanted(spec)
         if probe:  # a num_tokens without room fails before the timed runs
             kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
@@ -123,8 +113,7 @@ def experiment(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Chec
         # drop the model and KV cache and hand their memory back: the next job may size its cache from it
         llm = driver = None
         gc.collect()
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # a no-op without CUDA
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
     if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
@@ -147,11 +136,7 @@ class JobMemory:
     def __init__(self) -> None:
         reset = reset_peak_memory(CPU) == "resident"
         self.scope = "job" if reset else "process lifetime (no /proc/self/clear_refs)"
-        try:
-            resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
-        except OSError:  # not Linux
-            resident_pages = 0
-        self.rss_at_start = resident_pages * os.sysconf("SC_PAGE_SIZE")
+        self.rss_at_start = peak_memory_bytes(CPU) if reset else 0  # a reset peak is the resident set now
         if torch.cuda.is_initialized():  # by an earlier job of the sweep; otherwise it starts now anyway
             torch.cuda.reset_peak_memory_stats()
 
@@ -178,25 +163,25 @@ def _warm_up(driver, workload) -> float:
     return time.perf_counter() - start
 
 
-def _log_early_failure(cfg: DictConfig, job: JobInfo, error: BaseException) -> None:
-    """Starts and finishes the loggers of a job that failed before they started, so it too leaves results."""
-    code, failure = _exit_code(error), _failure(error)
-    logger_cfg = None
-    with contextlib.suppress(Exception):
-        logger_cfg = OmegaConf.to_object(cfg.logger)
-    if not isinstance(logger_cfg, LoggerConfig):  # an invalid logger section: only the local sink
-        logger_cfg = LoggerConfig(kind=LoggerKind.none)
+def _finish_failed(cfg: DictConfig, job: JobInfo, logger, failure: dict, error: BaseException) -> None:
+    """Finishes the loggers with the failure; a job that failed before they started starts them first,
+    so it too leaves results (with only the local sink when the logger section is what is invalid)."""
     try:
-        plain = to_plain(cfg)
-    except Exception:  # noqa: BLE001 - resolving it is what failed: log it unresolved
-        plain = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
-    logger = build.build_logger(NanoexpConfig(logger=logger_cfg))
-    try:
-        logger.start(plain, job)
-        logger.finish(failure, code)
+        if logger is None:
+            logger_cfg = None
+            with contextlib.suppress(Exception):
+                logger_cfg = OmegaConf.to_object(cfg.logger)
+            if not isinstance(logger_cfg, LoggerConfig):
+                logger_cfg = LoggerConfig(kind=LoggerKind.none)
+            try:
+                plain = to_plain(cfg)
+            except Exception:  # noqa: BLE001 - resolving it is what failed: log it unresolved
+                plain = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+            logger = build.build_logger(NanoexpConfig(logger=logger_cfg))
+            logger.start(plain, job)
+        logger.finish(failure, _exit_code(error))
     except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
         error.add_note(f"recording the failure failed too: {_one_line(err)}")
-        _record_failure(job, code, failure, replace=True)
 
 
 def _report_error(e: BaseException, job: JobInfo | None) -> int:
@@ -220,17 +205,15 @@ def _report_error(e: BaseException, job: JobInfo | None) -> int:
     return code
 
 
-def _record_failure(job: JobInfo, code: int, failure: dict, replace: bool = False) -> None:
+def _record_failure(job: JobInfo, code: int, failure: dict) -> None:
     """A results.json whose status and exit code agree with the process's (the loggers' kept, if any)."""
     path, status = job.out_dir / RESULTS_FILE, "terminated" if "signal" in failure else "failed"
-    results = {"status": status, "exit_code": code, "job": job.as_dict(), "summary": failure}
+    written = read_results(path)  # {} when missing or unreadable
+    if written.get("exit_code") == code:
+        return
+    summary = written.get("summary", {}) | failure
+    results = written | {"status": status, "exit_code": code, "job": job.as_dict(), "summary": summary}
     try:
-        written = read_results(path) if path.exists() and not replace else None  # unreadable: {}, kept
-        if written is not None and written.get("exit_code", code) == code:
-            return
-        if written is not None:
-            results = written | {"status": status, "exit_code": code}
-            results["summary"] = written.get("summary", {}) | failure
         job.out_dir.mkdir(parents=True, exist_ok=True)
         # its own temporary name: the loggers' may be what could not be written
         write_atomically(path, json.dumps(results, indent=2) + "\n", ".failure.partial")
@@ -257,17 +240,13 @@ def _failure(error: BaseException, line: str | None = None) -> dict:
 def _exit_code(e: BaseException) -> int:
     if isinstance(e, KeyboardInterrupt):
         return interrupts.as_interrupted(e).exit_code
-    return CONFIG_EXIT if _is_config_error(e) else RUNTIME_EXIT
-
-
-def _is_config_error(e: BaseException) -> bool:
-    return isinstance(e, ConfigError | OmegaConfBaseException)
+    return CONFIG_EXIT if isinstance(e, CONFIG_ERRORS) else RUNTIME_EXIT
 
 
 def _one_line(e: BaseException) -> str:
     """The error's first line; OmegaConf's errors name their key on a later line, so it leads."""
     line = first_line(e, limit=None)
-    key = getattr(e, "full_key", None) if _is_config_error(e) else None
+    key = getattr(e, "full_key", None) if isinstance(e, CONFIG_ERRORS) else None
     return f"{key}: {line}" if key and key not in line else line
 
 

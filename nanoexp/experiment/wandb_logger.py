@@ -59,15 +59,12 @@ class WandbLogger:
             self.run.log({"requests": table})
 
     def finish(self, summary: dict, exit_code: int = 0) -> None:
-        if self.run is None:
-            return
         try:
             logged = lambda k, v: isinstance(v, int | float | str | bool) or k == "per_repeat"
             self.run.summary.update({k: v for k, v in summary.items() if logged(k, v)})
             self._upload_results()
         finally:
-            run, self.run = self.run, None
-            finish_run(run, self.env_set, exit_code)
+            finish_run(self.run, self.env_set, exit_code)
 
     def _upload_results(self) -> None:
         """results.json and the profile.trace_steps Chrome traces as artifacts."""
