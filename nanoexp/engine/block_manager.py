@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from nanoexp.config import CacheConfig
 from nanoexp.engine.sequence import Sequence
 
 
@@ -12,9 +13,9 @@ class BlockManager:
     is handed out again, least recently freed first. Block state lives in lists indexed by block id,
     not in an object per block: a large cache has ~1M blocks, which garbage collections would walk."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.enable_prefix_caching = enable_prefix_caching
+    def __init__(self, num_blocks: int, cache: CacheConfig):
+        self.num_blocks, self.block_size = num_blocks, cache.block_size
+        self.enable_prefix_caching = cache.enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self.cached_hash: list[int | None] = [None] * num_blocks
         self.cached_tokens: list[tuple[int, ...]] = [()] * num_blocks
@@ -26,9 +27,7 @@ class BlockManager:
         return self.num_blocks - len(self.free)
 
     def reset_prefix_cache(self) -> None:
-        """Forgets every cached block, so later prompts start cold (the blocks must all be free)."""
-        if self.num_used:
-            raise RuntimeError(f"cannot reset the prefix cache: {self.num_used} KV blocks are in use")
+        """Forgets every cached block, so later prompts start cold (callers check the engine is idle)."""
         self.cached_hash = [None] * self.num_blocks
         self.cached_tokens = [()] * self.num_blocks
         self.hash_to_block.clear()

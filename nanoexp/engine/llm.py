@@ -6,17 +6,15 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Sequence as Seq
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from tqdm.auto import tqdm
 
 from nanoexp import loader
 from nanoexp.config import EngineConfig, SamplingParams
 from nanoexp.engine import kv_quality
-from nanoexp.engine.llm_engine import LLMEngine
+from nanoexp.engine.llm_engine import PROMPT_KINDS, LLMEngine
 from nanoexp.engine.outputs import RequestOutput
-
-PROMPT_KINDS = "a prompt is a str or a sequence of int token ids"
 
 
 class EngineBusyError(RuntimeError):
@@ -29,7 +27,7 @@ def check_use_tqdm(value) -> bool:
     return value
 
 
-class LLM:
+class LLM(AbstractContextManager):
     def __init__(self, model: str, use_tqdm: bool = True, **kwargs):
         """vLLM's edge: a checkpoint and flat keywords (`kvcache_block_size=16`, ...); generate's use_tqdm."""
         self._start(EngineConfig.from_kwargs(model, **kwargs), use_tqdm)
@@ -49,9 +47,6 @@ class LLM:
         self.lock = threading.Lock()  # one caller at a time, as vLLM's LLM
         self.engine = LLMEngine(config)
         self.tokenizer = loader.load_tokenizer(model) if config.model.arch is None else None
-
-    def __enter__(self) -> LLM:
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -15,6 +15,7 @@ from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
 from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
 from nanoexp.runner.executor import make_executor
 
+PROMPT_KINDS = "a prompt is a str or a sequence of int token ids"
 _open_engines: weakref.WeakSet = weakref.WeakSet()  # their start-up objects stay frozen
 StepResult = tuple[list[RequestOutput], StepStats]
 
@@ -27,10 +28,7 @@ class LLMEngine:
         self.vocab_size = info["vocab_size"]
         self.max_model_len = info["max_model_len"]
         self.eos_token_ids = set(info["eos_token_ids"])
-        cache = config.cache
-        self.block_manager = BlockManager(
-            info["num_kv_blocks"], cache.block_size, cache.enable_prefix_caching
-        )
+        self.block_manager = BlockManager(info["num_kv_blocks"], config.cache)
         self.scheduler = Scheduler(self.block_manager, config.scheduler, info.get("max_mixed_step_tokens"))
         self.ids = itertools.count()
         self.in_flight: tuple[ScheduledBatch, float] | None = None  # a launched step, when it was scheduled
@@ -58,7 +56,7 @@ class LLMEngine:
         self.check_open()
         seq_id = next(self.ids)
         prompt = self.check_request(f"request {seq_id}", prompt_token_ids, params)
-        self.scheduler.add(Sequence(seq_id, prompt, params, arrival_time))
+        self.scheduler.waiting.append(Sequence(seq_id, prompt, params, arrival_time))
         return seq_id
 
     def check_request(self, name: str, prompt_token_ids, params: SamplingParams) -> list[int]:
@@ -82,7 +80,7 @@ class LLMEngine:
         return prompt
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self.in_flight is not None
+        return bool(self.scheduler.waiting or self.scheduler.running) or self.in_flight is not None
 
     def step(self) -> StepResult:
         """With async scheduling, step n+1 is scheduled and enqueued before step n's tokens are read back, so
@@ -168,10 +166,11 @@ class LLMEngine:
     def output_of(self, seq: Sequence) -> RequestOutput:
         return RequestOutput(
             request_id=seq.seq_id, prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            token_ids=seq.output_token_ids, finish_reason=seq.finish_reason, arrival_time=seq.arrival_time,
-            first_scheduled_time=seq.first_scheduled_time, first_token_time=seq.token_times[0],
-            token_times=list(seq.token_times), finish_time=seq.finish_time,
-            num_cached_tokens=seq.num_cached_tokens, num_preemptions=seq.num_preemptions,
+            token_ids=seq.token_ids[seq.num_prompt_tokens :], finish_reason=seq.finish_reason,
+            arrival_time=seq.arrival_time, first_scheduled_time=seq.first_scheduled_time,
+            first_token_time=seq.token_times[0], token_times=list(seq.token_times),
+            finish_time=seq.finish_time, num_cached_tokens=seq.num_cached_tokens,
+            num_preemptions=seq.num_preemptions,
         )  # fmt: skip
 
     def step_stats(self, batch, finished, elapsed, num_sampled) -> StepStats:
@@ -228,7 +227,5 @@ def _token_id(name: str, token) -> int:
             raise TypeError
         return operator.index(token)
     except TypeError:
-        raise TypeError(
-            f"{name}: token id {token!r} ({type(token).__name__}) is not an integer; "
-            "a prompt is a str or a sequence of int token ids"
-        ) from None
+        kind = type(token).__name__
+        raise TypeError(f"{name}: token id {token!r} ({kind}) is not an integer; {PROMPT_KINDS}") from None

@@ -82,12 +82,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def schedule(self, skip: frozenset[int] = frozenset()) -> ScheduledBatch:
         """The next step; sequences in `skip` (ended by a token not read yet) get no decode. Mixed: every
         running decode's token first (vLLM V1's rule), then prefill chunks in the rest of the budget, so an
