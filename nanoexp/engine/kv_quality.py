@@ -36,15 +36,24 @@ def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
             raise ValueError(f"{name}: prompt ({len(prompt)} tokens) + num_tokens ({num_tokens}) exceeds "
                              f"max_num_batched_tokens={budget}: the reference is one prefill of both")
         prompts.append(prompt)
-    lengths = [len(p) for p in prompts]
-    groups = probe_groups(lengths, num_tokens, budget, scheduler.max_num_seqs, manager.block_size,
-                          manager.num_blocks)  # fmt: skip
+    groups = probe_groups([len(p) for p in prompts], num_tokens, budget, scheduler.max_num_seqs,
+                          manager.block_size, manager.num_blocks)  # fmt: skip
     manager.reset_prefix_cache()
     try:
         results = [run_group(engine, [prompts[i] for i in group], num_tokens) for group in groups]
     finally:
         manager.reset_prefix_cache()
-    return summarize(results)
+    # over every position: argmax agreement with the reference, and KL(reference || decode) in nats
+    kl = np.concatenate([kl for kl, _ in results]).ravel()
+    agree = np.concatenate([agree for _, agree in results]).ravel()
+    return {
+        "greedy_agreement": float(agree.mean()),
+        "kl_mean": float(kl.mean()),
+        "kl_p99": float(np.percentile(kl, 99)),
+        "kl_max": float(kl.max()),
+        "num_positions": int(kl.size),
+        "num_requests": sum(len(kl) for kl, _ in results),
+    }
 
 
 def probe_groups(lengths: list[int], num_tokens: int, budget: int, max_num_seqs: int, block_size: int,
@@ -71,28 +80,13 @@ def run_group(engine, prompts: list[list[int]], num_tokens: int) -> tuple[np.nda
     manager = engine.block_manager
     seqs = [Sequence(-1 - i, p, SamplingParams()) for i, p in enumerate(prompts)]
     try:
-        for seq in seqs:
-            if not manager.grow(seq, len(seq) + num_tokens - 1):
-                raise RuntimeError("kv_cache_quality: the KV cache has no room for one step's requests")
+        for seq in seqs:  # room for all: the engine is idle and probe_groups fit the group to the cache
+            manager.grow(seq, len(seq) + num_tokens - 1)
         tables = [seq.block_table for seq in seqs]
         return engine.executor.call(probe_group, prompts, num_tokens, tables)
     finally:
         for seq in seqs:
             manager.free_seq(seq)
-
-
-def summarize(results: list[tuple[np.ndarray, np.ndarray]]) -> dict:
-    """Over every position: argmax agreement with the reference, and KL(reference || decode) in nats."""
-    kl = np.concatenate([kl for kl, _ in results]).ravel()
-    agree = np.concatenate([agree for _, agree in results]).ravel()
-    return {
-        "greedy_agreement": float(agree.mean()),
-        "kl_mean": float(kl.mean()),
-        "kl_p99": float(np.percentile(kl, 99)),
-        "kl_max": float(kl.max()),
-        "num_positions": int(kl.size),
-        "num_requests": sum(len(kl) for kl, _ in results),
-    }
 
 
 # ---------------------------------------------------------------- on every rank
