@@ -15,9 +15,6 @@ class KnobError(ValueError):
         self.knob, self.value, self.allowed = knob, value, allowed
         super().__init__(f"{knob}={value!r} is invalid: must be {allowed}")
 
-    def renamed(self, knob: str) -> KnobError:
-        return KnobError(knob, self.value, self.allowed)
-
 
 MAX_INT64 = 2**63 - 1  # seeds and other integers that reach torch or numpy as int64
 

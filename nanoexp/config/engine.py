@@ -47,4 +47,4 @@ class EngineConfig:
         try:
             return cls(**{s: SECTIONS[s](**v) for s, v in values.items()})
         except KnobError as e:
-            raise e.renamed(by_knob.get(e.knob, e.knob)) from None
+            raise KnobError(by_knob.get(e.knob, e.knob), e.value, e.allowed) from None

@@ -107,7 +107,7 @@ class SamplerConfig:
         try:
             SamplingParams(**self.knobs())
         except KnobError as e:
-            raise e.renamed("sampler." + e.knob.rsplit(".", 1)[-1]) from None
+            raise KnobError("sampler." + e.knob.rsplit(".", 1)[-1], e.value, e.allowed) from None
 
     def knobs(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
