@@ -14,7 +14,6 @@ from nanoexp.config.checks import is_number
 from nanoexp.layers.embed_head import VocabParallelEmbedding
 from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, shape_of
 
-__all__ = ["CheckpointError", "load_hf_config", "load_safetensors", "load_tokenizer", "resolve_model_dir"]
 WEIGHT_DTYPES = ("F32", "F16", "BF16")  # safetensors' names; weights are copied into the model dtype
 ACTIVATIONS = ("silu",)  # the MLP's fused gate (layers/activation.py)
 TIED = {"lm_head.weight", "model.embed_tokens.weight"}  # one tensor when tie_word_embeddings

@@ -39,16 +39,14 @@ class Qwen3Attention(nn.Module):
         """Attention output (after o_proj) of the fused q/k/v projection `qkv`."""
         norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else None
         out = self.attn.forward_qkv(qkv, positions, self.rotary_emb.cos_sin, norm, md)
-        if out is None:
-            out = self.attn(*self.norm_rope(positions, qkv, norm), md)
+        if out is None:  # the backend has no fused op: q and k normed and rotated here, then attention
+            q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in qkv.split(self.sizes, dim=-1))
+            if norm is None:
+                q, k = apply_rope(positions, q, k, self.rotary_emb.cos_sin)
+            else:
+                q, k = qk_norm_rope(positions, q, k, *norm, self.rotary_emb.cos_sin)
+            out = self.attn(q, k, v, md)
         return self.o_proj(out.flatten(1))
-
-    def norm_rope(self, positions: Tensor, qkv: Tensor, norm: tuple | None):
-        """(q, k, v) as [tokens, heads, head_dim], q and k normed (`norm`: q/k weights, eps) and rotated."""
-        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in qkv.split(self.sizes, dim=-1))
-        if norm is None:
-            return (*apply_rope(positions, q, k, self.rotary_emb.cos_sin), v)
-        return (*qk_norm_rope(positions, q, k, *norm, self.rotary_emb.cos_sin), v)
 
 
 class Qwen3MLP(nn.Module):
