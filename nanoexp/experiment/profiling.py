@@ -167,14 +167,12 @@ class StepProfiler:
 
 
 def _torch_profiler(first: int, count: int, path: Path):
-    import torch
-    from torch.profiler import ProfilerActivity, profile, schedule
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    from torch.profiler import profile, schedule
     warmup = min(1, first)
     path.parent.mkdir(parents=True, exist_ok=True)
     steps = schedule(wait=first - warmup, warmup=warmup, active=count, repeat=1)
     export = lambda prof: prof.export_chrome_trace(str(path))
-    return profile(activities=activities, schedule=steps, on_trace_ready=export)
+    return profile(schedule=steps, on_trace_ready=export)  # default activities: CPU, and CUDA if present
 
 
 def _torch_graphs() -> int:
