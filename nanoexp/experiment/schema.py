@@ -301,14 +301,12 @@ class ProfileConfig:
         return bool(self.trace_steps or self.host_phases or self.events)
 
 
-STEP_AGGREGATES = ["prefill_time_s", "decode_time_s", "prefix_cache_hit_rate", "peak_kv_blocks_used",
-                   "num_preemptions"]  # fmt: skip
-
-
 @dataclass
 class ReportConfig:
-    """Summary keys the sweep report shows beside its main metrics."""
-    metrics: list[str] = field(default_factory=lambda: list(STEP_AGGREGATES))
+    """Summary keys the sweep report shows beside its main metrics (by default, step aggregates)."""
+    metrics: list[str] = field(default_factory=lambda: [
+        "prefill_time_s", "decode_time_s", "prefix_cache_hit_rate", "peak_kv_blocks_used", "num_preemptions",
+    ])  # fmt: skip
 
 
 @dataclass
