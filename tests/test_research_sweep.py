@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from nanoexp.experiment import sweep_plots, sweep_report
-from nanoexp.experiment.schema import STEP_AGGREGATES
+from nanoexp.experiment.schema import ReportConfig
 from nanoexp.experiment.sweep_report import collect, job_requests, swept_keys, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def test_report_tables_and_plots_the_step_aggregates(sweeps, tmp_path: Path, mon
     header = next(
         line for line in (a / "sweep_summary.md").read_text().splitlines() if line.startswith("| job")
     )
-    for metric in STEP_AGGREGATES:
+    for metric in ReportConfig().metrics:
         assert metric in columns and metric in header
     panels = []
     monkeypatch.setattr(sweep_plots, "plot_param", lambda table, metrics, *args: panels.append(metrics))

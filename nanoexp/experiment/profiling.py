@@ -30,22 +30,20 @@ class StepProfiler:
     """Profiles one job's timed passes: `columns[i]` holds the steps.csv columns of timed step i."""
 
     def __init__(self, cfg: ProfileConfig, engine, out_dir: Path):
-        self.cfg, self.engine, self.out_dir = cfg, engine, out_dir
+        self.cfg, self.engine = cfg, engine
         self.columns: dict[int, dict] = {}
         self.phases, self.events, self.seen = Counter(), Counter(), Counter()  # seen: events of earlier steps
         self.active: set[str] = set()  # phases being timed now
-        self.compiled_steps: list[int] = []
-        self.traces: list[Path] = []
+        self.trace_path = out_dir / PROFILE_DIR / f"trace_repeat{cfg.trace_repeat}.json"
         self.gc_started, self.tracing = 0.0, False
-        self.runner_in_process = False  # host_prepare/forward/sample_ms: the rank runs in this process
+        self.runner = getattr(engine.executor, "runner", None)  # None: the rank runs in a worker process
 
     @contextmanager
     def repeat(self, repeat: int, log_steps):
         """Profiles one timed pass; `log_steps` (the StepLog) says whether a step is timed and its index."""
         trace = None  # a torch profiler, started at the pass's first timed step (not in a warm-up)
         if self.cfg.trace_steps and repeat == self.cfg.trace_repeat:
-            self.traces.append(self.out_dir / PROFILE_DIR / f"trace_repeat{repeat}.json")
-            trace = _torch_profiler(self.cfg.trace_first_step, self.cfg.trace_steps, self.traces[-1])
+            trace = _torch_profiler(self.cfg.trace_first_step, self.cfg.trace_steps, self.trace_path)
         restore = self._wrap(log_steps, trace)
         try:
             with self._event_hooks() if self.cfg.events else nullcontext():
@@ -65,21 +63,21 @@ class StepProfiler:
 
     def job_summary(self) -> dict:
         """The traces written and the timed steps that compiled (with a warning line naming them)."""
-        out = {"profile_traces": " ".join(str(p) for p in self.traces if p.is_file())}
+        traced = self.cfg.trace_steps and self.trace_path.is_file()
+        out = {"profile_traces": str(self.trace_path) if traced else ""}
+        steps = [i for i, c in self.columns.items() if c.get("triton_compiles") or c.get("torch_compiles")]
         if self.cfg.events:
-            out["profile_compiled_steps"] = " ".join(map(str, self.compiled_steps))
-        if steps := self.compiled_steps:
+            out["profile_compiled_steps"] = " ".join(map(str, steps))
+        if steps:
             names = ", ".join(map(str, steps[:20]))
             log.warning("%d timed steps compiled a kernel or graph (steps %s)", len(steps), names)
         return out
 
     def _wrap(self, log_steps, trace):
         """Wraps the engine's methods for this pass; returns the function that removes the wrappers."""
-        engine = self.engine
+        engine, runner = self.engine, self.runner
         wrapped = [(engine, "step", self._step(engine.step, log_steps, trace))]
         if self.cfg.host_phases:
-            runner = getattr(engine.executor, "runner", None)
-            self.runner_in_process = runner is not None
             owners = dict(engine=engine, scheduler=engine.scheduler, executor=engine.executor, runner=runner)
             wrapped += [(owners[o], name, self._timer(getattr(owners[o], name), phase))
                         for (o, name), phase in PHASES.items() if hasattr(owners[o], name)]  # fmt: skip
@@ -114,19 +112,19 @@ class StepProfiler:
             result = inner()
             elapsed = time.perf_counter() - start
             if log_steps.recording:
-                self.columns[log_steps.index] = self._step_columns(log_steps.index, elapsed)
+                self.columns[log_steps.index] = self._step_columns(elapsed)
                 if trace is not None:
                     trace.step()
             return result
 
         return step
 
-    def _step_columns(self, index: int, elapsed: float) -> dict:
+    def _step_columns(self, elapsed: float) -> dict:
         columns = {}
         if self.cfg.host_phases:
             p = self.phases
             out = {"step": elapsed} | {k: p[k] for k in STEP_PARTS}
-            if self.runner_in_process:  # the launch's parts
+            if self.runner is not None:  # the launch's parts
                 out |= {"prepare": p["prepare"], "forward": p["forward"]}
                 out["sample"] = p["launch"] - p["prepare"] - p["forward"]
             out["other"] = elapsed - sum(p[k] for k in STEP_PARTS)
@@ -137,8 +135,6 @@ class StepProfiler:
             self.seen = Counter(current)
             gc_ms = new.pop("gc_ns") / 1e6
             columns |= new | {"gc_ms": gc_ms}
-            if columns["triton_compiles"] or columns["torch_compiles"]:
-                self.compiled_steps.append(index)
         return columns
 
     @contextmanager
@@ -171,14 +167,12 @@ class StepProfiler:
 
 
 def _torch_profiler(first: int, count: int, path: Path):
-    import torch
-    from torch.profiler import ProfilerActivity, profile, schedule
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    from torch.profiler import profile, schedule
     warmup = min(1, first)
     path.parent.mkdir(parents=True, exist_ok=True)
     steps = schedule(wait=first - warmup, warmup=warmup, active=count, repeat=1)
     export = lambda prof: prof.export_chrome_trace(str(path))
-    return profile(activities=activities, schedule=steps, on_trace_ready=export)
+    return profile(schedule=steps, on_trace_ready=export)  # default activities: CPU, and CUDA if present
 
 
 def _torch_graphs() -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from contextlib import nullcontext
+from contextlib import closing, nullcontext, suppress
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,7 +42,7 @@ def measure(driver: Driver, workloads: list[Workload], logger, progress: Progres
     emit = lambda i, stats, t, r: logger.log_step(i, step_row(i, stats, t, r) | columns.get(i, {}))
     log = StepLog(emit, progress)
     records = []
-    try:
+    with closing(progress):
         for r, w in enumerate(workloads):
             try:
                 with profiler.repeat(r, log) if profiler else nullcontext():
@@ -58,8 +58,6 @@ def measure(driver: Driver, workloads: list[Workload], logger, progress: Progres
         for record in records:  # the same in each, so the job's summary has them whole
             record.facts |= job_facts
         return records
-    finally:
-        progress.close()
 
 
 def _profiler(profile: ProfileConfig | None, driver: Driver, out_dir: Path | None) -> StepProfiler | None:
@@ -135,13 +133,9 @@ def _busy_cpu_s() -> float | None:
 
 def _tree_cpu_s() -> float:
     """CPU seconds of this process and its live descendants (tensor-parallel workers)."""
-    workers = process_tree(os.getpid())[:-1]  # children first, this process last
-    return time.process_time() + sum(_process_cpu_s(pid) for pid in workers)
-
-
-def _process_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    workers_s = 0.0
+    for pid in process_tree(os.getpid())[:-1]:  # children first, this process last
+        with suppress(OSError, ValueError):  # a worker that has just exited
+            utime, stime = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13]
+            workers_s += (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+    return time.process_time() + workers_s

@@ -4,6 +4,7 @@ OmegaConf checks each field's type (bool, int, enum) as it composes; `__post_ini
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
@@ -118,11 +119,9 @@ POSITIVE_INT: Check = (lambda v: is_int(v) and v >= 1, "an integer >= 1")
 COUNT_INT: Check = (lambda v: is_int(v) and v >= 0, "an integer >= 0")
 RATIO: Check = (lambda v: is_real(v) and 0 <= v < 1, "a number in [0, 1)")
 BENCH_LEN: Check = (lambda v: is_int(v) and v >= 100, "an integer >= 100 (bench.py draws in [100, it])")
-MIN_REQUEST_RATE = 1e-3  # requests/s; slower schedules overflow the clock (1e-300: arrivals at 1e300 s)
-RATE_ALLOWED = f"a number >= {MIN_REQUEST_RATE} requests/s (.inf = offline)"
-ARRIVALS: dict[str, Check] = {
+ARRIVALS: dict[str, Check] = {  # request_rate: a slower one overflows the clock (1e-300: arrivals at 1e300 s)
     "seed": (lambda v: is_int(v) and 0 <= v <= MAX_INT64, f"an integer in [0, {MAX_INT64}]"),
-    "request_rate": (lambda v: is_real(v) and v >= MIN_REQUEST_RATE, RATE_ALLOWED),
+    "request_rate": (lambda v: is_real(v) and v >= 1e-3, "a number >= 0.001 requests/s (.inf = offline)"),
     "burstiness": (lambda v: is_number(v) and 1e-3 <= v <= 1e3, "a number in [0.001, 1000] (1 = Poisson)"),
     "max_concurrency": (lambda v: v is None or POSITIVE_INT[0](v), "null (unlimited) or an integer >= 1"),
 }
@@ -184,8 +183,9 @@ class WorkloadConfig:
                 if length_range(length, ratio)[0] < 1:
                     allowed = f"small enough that {name}={length} * (1 - {ratio_name}) >= 1"
                     raise KnobError(f"workload.{ratio_name}", ratio, allowed)
-        if self.kind is WorkloadKind.prompts_file and not (self.path and Path(self.path).is_file()):
-            raise KnobError("workload.path", self.path, "an existing file (JSONL or text, one prompt a line)")
+        readable = self.path and Path(self.path).is_file() and os.access(self.path, os.R_OK)
+        if self.kind is WorkloadKind.prompts_file and not readable:
+            raise KnobError("workload.path", self.path, "a readable file (JSONL or text, one prompt a line)")
 
 
 @dataclass
@@ -301,14 +301,12 @@ class ProfileConfig:
         return bool(self.trace_steps or self.host_phases or self.events)
 
 
-STEP_AGGREGATES = ["prefill_time_s", "decode_time_s", "prefix_cache_hit_rate", "peak_kv_blocks_used",
-                   "num_preemptions"]  # fmt: skip
-
-
 @dataclass
 class ReportConfig:
-    """Summary keys the sweep report shows beside its main metrics."""
-    metrics: list[str] = field(default_factory=lambda: list(STEP_AGGREGATES))
+    """Summary keys the sweep report shows beside its main metrics (by default, step aggregates)."""
+    metrics: list[str] = field(default_factory=lambda: [
+        "prefill_time_s", "decode_time_s", "prefix_cache_hit_rate", "peak_kv_blocks_used", "num_preemptions",
+    ])  # fmt: skip
 
 
 @dataclass

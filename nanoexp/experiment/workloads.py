@@ -88,11 +88,7 @@ def file_prompts(w: WorkloadConfig, tokenize: Tokenize | None, vocab: int) -> Pr
     """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines;
     bytes that are not UTF-8 are an error naming the line, in any line of the file."""
     path, lines = Path(w.path), []
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"workload.path={str(path)!r}: cannot read it ({err.strerror or err})") from None
-    for number, raw in enumerate(data.splitlines(), 1):
+    for number, raw in enumerate(path.read_bytes().splitlines(), 1):
         try:
             lines.append((number, raw.decode("utf-8")))
         except UnicodeDecodeError as err:
