@@ -110,8 +110,7 @@ def max_error(
         *caches, md = paged_case(*case, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8)
         n = md.slot_mapping.shape[0]
         q = torch.randn(n, num_heads, head_dim, generator=gen).to(device, dtype)
-        k = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
-        v = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
+        k, v = (torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype) for _ in range(2))
         errors.append(_compare(backend, *caches, md, q, k, v, head_dim**-0.5))
     return max(errors)
 
