@@ -24,10 +24,6 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 DEFAULT_NUM_SMS = 132  # an H100/H200, for sizing launches where there is no CUDA device
 
 
-def is_fp8(cache: Tensor) -> bool:
-    return cache.dtype == FP8_DTYPE
-
-
 @dataclass
 class AttentionMetadata:
     """One model step's batch. Sequence i's new tokens are rows cu_seqlens_q[i]:cu_seqlens_q[i+1], its
@@ -134,7 +130,7 @@ class NormFirst:
 
 def check_scales(k_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None) -> bool:
     """Whether the cache is fp8; an fp8 cache without its scales is an error."""
-    if not is_fp8(k_cache):
+    if k_cache.dtype != FP8_DTYPE:
         return False
     if k_scale is None or v_scale is None:
         raise ValueError("an fp8 KV cache needs k_scale and v_scale (float32 tensors of shape [1])")

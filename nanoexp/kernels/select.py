@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from nanoexp.kernels.base import AttentionBackend, NormFirst
+from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.flash_attn_backend import (
     FLASH_ATTN_PAGE_MULTIPLE,
     FlashAttnBackend,
@@ -130,19 +130,12 @@ class SkinnyGemm:
 
         self.max_rows = max_rows
         self.max_weight_bytes = max_weight_bytes
-        self.kernel = skinny_gemm
+        self.kernel = skinny_gemm  # x @ weight^T + bias, optionally gated and normed first
 
     def applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         fits = x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(-1) == 1 and weight.stride(-1) == 1
         limit = self.max_weight_bytes  # `fits` first: prefill-sized inputs leave there
         return fits and (limit is None or weight.numel() * weight.element_size() <= limit)
-
-    def __call__(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False,
-        norm: NormFirst | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """x @ weight^T + bias; gated and norm as in triton_gemm.skinny_gemm."""
-        return self.kernel(x, weight, bias, gated=gated, norm=norm)
 
     def describe(self) -> str:
         limit = f", weights up to {self.max_weight_bytes / 2**20:g} MiB" if self.max_weight_bytes else ""

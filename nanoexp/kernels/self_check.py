@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from nanoexp.kernels.base import FP8_DTYPE, AttentionBackend, AttentionMetadata, is_fp8
+from nanoexp.kernels.base import FP8_DTYPE, AttentionBackend, AttentionMetadata
 from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8
 
 # Max abs error on outputs of magnitude ~1; a wrong mask, page or scale shows as 0.1 and more.
@@ -110,8 +110,7 @@ def max_error(
         *caches, md = paged_case(*case, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8)
         n = md.slot_mapping.shape[0]
         q = torch.randn(n, num_heads, head_dim, generator=gen).to(device, dtype)
-        k = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
-        v = torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype)
+        k, v = (torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype) for _ in range(2))
         errors.append(_compare(backend, *caches, md, q, k, v, head_dim**-0.5))
     return max(errors)
 
@@ -140,6 +139,6 @@ def _compare(backend, k_cache, v_cache, scales: tuple, md: AttentionMetadata, q,
 
 def _same(cache: torch.Tensor, reference: torch.Tensor) -> bool:
     """Bit-equal for fp8 caches (so -0.0 and NaN bytes count); value-equal otherwise."""
-    if is_fp8(reference):
+    if reference.dtype == FP8_DTYPE:
         return torch.equal(cache.view(torch.uint8), reference.view(torch.uint8))
     return torch.equal(cache.float(), reference)

@@ -26,8 +26,7 @@ class TritonAttentionBackend(AttentionBackend):
             return None
         q_weight, k_weight, eps = qk_norm or (None, None, 0.0)
         return qk_norm_rope_store(qkv, positions, cos_sin, q_weight, k_weight, eps, num_heads, num_kv_heads,
-                                  k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale,
-                                  write_k=write_k)  # fmt: skip
+                                  k_cache, v_cache, slot_mapping, write_k, k_scale, v_scale)  # fmt: skip
 
     def prefill(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         if md.prefill_tiles is not None:  # a step graph's step without decodes

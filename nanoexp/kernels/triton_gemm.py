@@ -212,9 +212,8 @@ def default_config(n: int, k: int, num_sms: int, rows: int = 1) -> GemmConfig:
     block_k = 256 if k >= 1024 else 128
     tiles = triton.cdiv(n, block_n) * triton.cdiv(rows, MAX_BLOCK_M)
     split = 1
-    if 2 * tiles < num_sms:
-        while 2 * tiles * split < num_sms and k // (block_k * split * 2) >= 1:
-            split *= 2
+    while 2 * tiles * split < num_sms and k // (block_k * split * 2) >= 1:
+        split *= 2
     return GemmConfig(block_n, block_k, split, num_stages=3)
 
 
@@ -231,11 +230,10 @@ def skinny_gemm(
     assert not (gated and bias is not None)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     residual = norm.residual if norm is not None else None
+    assert residual is None or (residual.shape == x.shape and residual.stride() == x.stride())
     summed = torch.empty_like(x) if residual is not None else x
     if m == 0:
         return (y, summed) if norm is not None else y
-    if residual is not None:
-        assert residual.shape == x.shape and residual.stride() == x.stride()
     if isinstance(config, GemvConfig) or (config is None and m <= GEMV_ROWS):
         gemv(x, w, y, bias, gated, norm, summed, _tickets(x.device), config)
         return (y, summed) if norm is not None else y

@@ -124,13 +124,6 @@ def _pick_kernel(
         tl.store(value_ptr + row, value)
 
 
-def slicing(rows: int, vocab_size: int) -> tuple[int, int]:
-    """(slice length, a multiple of BLOCK; number of slices) for each row's scan."""
-    wanted = max(1, min(MAX_SLICES, TARGET_PROGRAMS // max(rows, 1), triton.cdiv(vocab_size, BLOCK)))
-    slice_len = triton.cdiv(triton.cdiv(vocab_size, wanted), BLOCK) * BLOCK
-    return slice_len, triton.cdiv(vocab_size, slice_len)
-
-
 def sample(
     logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, vocab_offset: int = 0,
     values: torch.Tensor | None = None,
@@ -143,7 +136,10 @@ def sample(
         return out
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    slice_len, slices = slicing(rows, vocab_size)
+    # each row scanned in slices of a multiple of BLOCK tokens, about TARGET_PROGRAMS programs in all
+    wanted = max(1, min(MAX_SLICES, TARGET_PROGRAMS // rows, triton.cdiv(vocab_size, BLOCK)))
+    slice_len = triton.cdiv(triton.cdiv(vocab_size, wanted), BLOCK) * BLOCK
+    slices = triton.cdiv(vocab_size, slice_len)
     parts = torch.empty((rows, slices, 2), dtype=torch.float32, device=logits.device)
     part_indices = torch.empty((rows, slices, 2), dtype=torch.int32, device=logits.device)
     _sample_slice_kernel[(rows, slices)](

@@ -49,12 +49,11 @@ class Attention(nn.Module):
         return self._attend(q, k, v.view(-1, self.num_kv_heads, self.head_dim), md)
 
     def _attend(self, q, k, v, md: AttentionMetadata) -> Tensor:
-        backend, k_scale, v_scale = self.backend, self.k_scale, self.v_scale
-        if md.is_prefill and md.num_decodes:
-            return backend.mixed(q, k, v, self.k_cache, self.v_cache, md, self.scale, k_scale, v_scale)
-        if md.is_prefill:
-            return backend.prefill(q, k, v, self.k_cache, self.v_cache, md, self.scale, k_scale, v_scale)
-        return backend.decode(q, self.k_cache, self.v_cache, md, self.scale, k_scale, v_scale)
+        caches, scales = (self.k_cache, self.v_cache), (self.k_scale, self.v_scale)
+        if not md.is_prefill:
+            return self.backend.decode(q, *caches, md, self.scale, *scales)
+        attend = self.backend.mixed if md.num_decodes else self.backend.prefill  # mixed: decodes first
+        return attend(q, k, v, *caches, md, self.scale, *scales)
 
 
 def attention_layers(model: nn.Module) -> list[Attention]:

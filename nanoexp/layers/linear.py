@@ -53,7 +53,7 @@ class LinearBase(nn.Module):
 
     def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
         if self.skinny is not None and self.skinny.applies(x, self.weight):
-            return self.skinny(x, self.weight, bias)
+            return self.skinny.kernel(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
 
     def norm_linear(
@@ -65,7 +65,7 @@ class LinearBase(nn.Module):
         fits = (residual is None or residual.stride() == x.stride()) and not (gated and self.bias is not None)
         if fits and skinny is not None and skinny.applies(x, self.weight):
             first = NormFirst(norm.weight, norm.eps, residual)
-            return skinny(x, self.weight, self.bias, gated=gated, norm=first)
+            return skinny.kernel(x, self.weight, self.bias, gated=gated, norm=first)
         normed, residual = (norm(x), x) if residual is None else norm(x, residual)
         out = self(normed)
         return (out if act_fn is None else act_fn(out)), residual
