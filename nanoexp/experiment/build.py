@@ -95,12 +95,8 @@ def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
     """The sections are the engine's classes; `model.arch` goes along only with dummy weights."""
     arch = asdict(spec.model.arch) if checkpoint.load_format == "dummy" else None
     weights = {"path": checkpoint.path, "load_format": checkpoint.load_format, "arch": arch}
-    model = _narrow(spec.model, ModelConfig, **weights)
-    execution = _narrow(spec.engine, ExecutionConfig)
-    try:
-        return EngineConfig(model, spec.cache, spec.scheduler, spec.parallel, execution)
-    except KnobError as e:
-        raise ConfigError(str(e)) from None
+    model, execution = _narrow(spec.model, ModelConfig, **weights), _narrow(spec.engine, ExecutionConfig)
+    return EngineConfig(model, spec.cache, spec.scheduler, spec.parallel, execution)
 
 
 def _narrow(section: Any, engine_class: type, **changes: Any) -> Any:
