@@ -76,7 +76,7 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> None:
         config = build.engine_config(spec, checkpoint)
         # GPUs first: provenance names the GPUs this job sees
         count = gpus_needed(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size)
-        lock_dir = Path(job.sweep_dir) / ".gpu_locks" if job.multirun and job.sweep_dir else None
+        lock_dir = Path(job.sweep_dir) / ".gpu_locks" if job.sweep_dir else None
         gpus = {"gpus": claim(count, job.job_num, lock_dir), "gpus_claimed_at": time.time()}
         gpus["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
         plain["resolved"] = {"checkpoint": asdict(checkpoint), **gpus, "provenance": collect_provenance()}
@@ -168,10 +168,9 @@ def _finish_failed(cfg: DictConfig, job: JobInfo, logger, failure: dict, error: 
     so it too leaves results (with only the local sink when the logger section is what is invalid)."""
     try:
         if logger is None:
-            logger_cfg = None
-            with contextlib.suppress(Exception):
+            try:
                 logger_cfg = OmegaConf.to_object(cfg.logger)
-            if not isinstance(logger_cfg, LoggerConfig):
+            except Exception:  # noqa: BLE001 - the logger section is what is invalid: the local sink alone
                 logger_cfg = LoggerConfig(kind=LoggerKind.none)
             try:
                 plain = to_plain(cfg)
@@ -196,11 +195,8 @@ def _report_error(e: BaseException, job: JobInfo | None) -> int:
             job.out_dir.mkdir(parents=True, exist_ok=True)
             write_atomically(job.out_dir / "error.txt", f"{line}\n\n{traceback.format_exc()}")
             where = f" (traceback: {job.out_dir / 'error.txt'})" if code == RUNTIME_EXIT else ""
+            append_run_log(job, f"nanoexp: error: {line}")
         _record_failure(job, code, _failure(e, line))
-    record = logging.LogRecord("nanoexp", logging.ERROR, __file__, 0, f"nanoexp: error: {line}", None, None)
-    for handler in logging.getLogger().handlers:  # run.log; stderr gets the line below
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
     print(f"nanoexp: error: {line}{where}", file=sys.stderr)
     return code
 
@@ -213,17 +209,13 @@ def _record_failure(job: JobInfo, code: int, failure: dict) -> None:
         return
     summary = written.get("summary", {}) | failure
     results = written | {"status": status, "exit_code": code, "job": job.as_dict(), "summary": summary}
-    try:
-        job.out_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # else the error line on stderr is all that is left to report
         # its own temporary name: the loggers' may be what could not be written
         write_atomically(path, json.dumps(results, indent=2) + "\n", ".failure.partial")
-    except OSError:
-        pass  # the error line on stderr is all that is left to report
 
 
 def append_run_log(job: JobInfo, text: str) -> None:
     """Appends to the file Hydra's job logging writes (`<job name>.log`), else `<out>/run.log`."""
-    job.out_dir.mkdir(parents=True, exist_ok=True)
     handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     logs = [Path(h.baseFilename) for h in handlers if Path(h.baseFilename).parent == job.out_dir.resolve()]
     with (logs[0] if logs else job.out_dir / "run.log").open("a") as f:
@@ -256,9 +248,8 @@ def _user_wants_full_error() -> bool:
 
 def objective(cfg: DictConfig) -> float:
     """What run.py returns to a search sweeper (conf/hparams_search/), read from the job's results.json."""
-    search = OmegaConf.to_container(cfg.search, resolve=True) if "search" in cfg else {}
-    path = Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE if HydraConfig.initialized() else None
-    return objective_of(read_results(path) if path is not None else {}, search)
+    results = read_results(Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE)
+    return objective_of(results, OmegaConf.to_container(cfg.search, resolve=True))
 
 
 def objective_of(results: dict, search: dict) -> float:
