@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import logging
 import os
 import sys
 import time
@@ -25,7 +24,7 @@ from nanoexp.config import EngineConfig
 from nanoexp.config.checks import is_number
 from nanoexp.experiment import build, interrupts, kv_quality, loggers
 from nanoexp.experiment.driver import Progress
-from nanoexp.experiment.gpus import claim, gpus_needed
+from nanoexp.experiment.gpus import claim
 from nanoexp.experiment.job import JobInfo, current_job
 from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results, write_atomically
 from nanoexp.experiment.metrics import request_rows
@@ -34,6 +33,7 @@ from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, su
 from nanoexp.experiment.schema import ConfigError, LoggerConfig, LoggerKind, NanoexpConfig, to_plain, to_spec
 from nanoexp.experiment.summary_table import print_summary
 from nanoexp.experiment.workloads import Request
+from nanoexp.loader import load_tokenizer
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 
 CONFIG_EXIT, RUNTIME_EXIT = 2, 1
@@ -75,12 +75,12 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> None:
         known = {"load_format": checkpoint.load_format}
         config = build.engine_config(spec, checkpoint)
         # GPUs first: provenance names the GPUs this job sees
-        count = gpus_needed(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size)
         lock_dir = Path(job.sweep_dir) / ".gpu_locks" if job.sweep_dir else None
-        gpus = {"gpus": claim(count, job.job_num, lock_dir), "gpus_claimed_at": time.time()}
+        mine = claim(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size, job.job_num, lock_dir)
+        gpus = {"gpus": mine, "gpus_claimed_at": time.time()}
         gpus["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
         plain["resolved"] = {"checkpoint": asdict(checkpoint), **gpus, "provenance": collect_provenance()}
-        logger = build.build_logger(spec)
+        logger = build.build_logger(spec.logger)
         logger.start(plain, job)
         summary = experiment(spec, config, checkpoint, logger, job)
     except BaseException as e:
@@ -93,7 +93,7 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> None:
 def experiment(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpoint, logger,
                job: JobInfo) -> dict:  # fmt: skip
     """Build, warm up, run the workload `repeats` times, summarize. Returns the flat summary."""
-    tokenizer = build.build_tokenizer(checkpoint)
+    tokenizer = load_tokenizer(checkpoint.path) if checkpoint.path is not None else None
     workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
     arch_diffs = build.check_arch(spec.model, checkpoint)
     memory, start = JobMemory(), time.perf_counter()
@@ -169,14 +169,13 @@ def _finish_failed(cfg: DictConfig, job: JobInfo, logger, failure: dict, error: 
     try:
         if logger is None:
             try:
-                logger_cfg = OmegaConf.to_object(cfg.logger)
+                logger = build.build_logger(OmegaConf.to_object(cfg.logger))
             except Exception:  # noqa: BLE001 - the logger section is what is invalid: the local sink alone
-                logger_cfg = LoggerConfig(kind=LoggerKind.none)
+                logger = build.build_logger(LoggerConfig(kind=LoggerKind.none))
             try:
                 plain = to_plain(cfg)
             except Exception:  # noqa: BLE001 - resolving it is what failed: log it unresolved
                 plain = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
-            logger = build.build_logger(NanoexpConfig(logger=logger_cfg))
             logger.start(plain, job)
         logger.finish(failure, _exit_code(error))
     except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
@@ -215,10 +214,8 @@ def _record_failure(job: JobInfo, code: int, failure: dict) -> None:
 
 
 def append_run_log(job: JobInfo, text: str) -> None:
-    """Appends to the file Hydra's job logging writes (`<job name>.log`), else `<out>/run.log`."""
-    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    logs = [Path(h.baseFilename) for h in handlers if Path(h.baseFilename).parent == job.out_dir.resolve()]
-    with (logs[0] if logs else job.out_dir / "run.log").open("a") as f:
+    """Appends to `<out>/run.log`, which Hydra's job logging writes too (run.py's job is named `run`)."""
+    with (job.out_dir / "run.log").open("a") as f:
         f.write(text.rstrip("\n") + "\n")
 
 
