@@ -19,6 +19,7 @@ from nanoexp.experiment.schema import (
     DUMMY_IF_MISSING,
     ConfigError,
     EngineKind,
+    LoggerConfig,
     LoggerKind,
     ModelSpec,
     NanoexpConfig,
@@ -118,11 +119,6 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
     return llm, EngineDriver(llm.engine, spec.workload.max_concurrency)
 
 
-def build_tokenizer(checkpoint: Checkpoint):
-    from nanoexp.loader import load_tokenizer
-    return load_tokenizer(checkpoint.path) if checkpoint.path is not None else None
-
-
 def build_workload(spec: NanoexpConfig, tokenizer=None):
     from nanoexp.experiment.workloads import build_workload
     tokenize = tokenizer.encode if tokenizer is not None else None
@@ -140,8 +136,8 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
     return workload
 
 
-def build_logger(spec: NanoexpConfig):
-    if spec.logger.kind is LoggerKind.wandb:
+def build_logger(cfg: LoggerConfig) -> FanoutLogger:
+    if cfg.kind is LoggerKind.wandb:
         from nanoexp.experiment.wandb_logger import WandbLogger
-        return FanoutLogger([WandbLogger(spec.logger), LocalSink()])
+        return FanoutLogger([WandbLogger(cfg), LocalSink()])
     return FanoutLogger([LocalSink()])
