@@ -78,7 +78,7 @@ def test_every_option_composes_and_builds(group: str, tmp_path: Path) -> None:
         assert isinstance(build.engine_config(spec, DUMMY), EngineConfig)
         workload = build.build_workload(spec)
         assert workload.requests, f"{group}={option} built no requests"
-        assert build.build_logger(spec) is not None
+        assert build.build_logger(spec.logger) is not None
         assert to_plain(cfg)["model"]["name"] == spec.model.name
 
 

@@ -24,12 +24,15 @@ def test_visible_gpus_drop_indices_the_machine_lacks(four_gpus):
 def test_no_gpus_means_no_claim(monkeypatch):
     monkeypatch.setattr(gpus, "physical_gpus", lambda: [])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    assert gpus.claim(2, 1) == []
+    assert gpus.claim(2, 1, 1) == []
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
-def test_gpus_needed_covers_the_ranks():
-    assert gpus.gpus_needed(1, 2) == 2 and gpus.gpus_needed(2, 1) == 2 and gpus.gpus_needed(0, 4) == 0
+def test_a_claim_covers_the_ranks(four_gpus, monkeypatch):
+    assert gpus.claim(1, 2, 0) == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert gpus.claim(2, 1, 0) == ["0", "1"]
+    assert gpus.claim(0, 4, 0) == [] and os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"  # 0: off
 
 
 def test_locked_claims_never_share_a_gpu(four_gpus, tmp_path, monkeypatch):
@@ -38,7 +41,7 @@ def test_locked_claims_never_share_a_gpu(four_gpus, tmp_path, monkeypatch):
         assert gpus.try_take(["0", "1", "2", "3"], 1, tmp_path) == ["0"]
         for lock in tmp_path.glob("*-gpu*"):
             lock.write_text(str(other.pid))  # as if job 0 (still running) held GPU 0
-        assert gpus.claim(2, 1, tmp_path) == ["2", "3"]
+        assert gpus.claim(2, 1, 1, tmp_path) == ["2", "3"]
         for lock in tmp_path.glob("*-gpu[23]"):
             lock.write_text(str(other.pid))
         assert gpus.try_take(["0", "1", "2", "3"], 2, tmp_path) == []  # only GPU 1 is free
@@ -46,5 +49,5 @@ def test_locked_claims_never_share_a_gpu(four_gpus, tmp_path, monkeypatch):
         other.kill()
         other.wait()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # undo this process's narrowing
-    assert gpus.claim(2, 2, tmp_path) == ["0", "1"]  # its holder exited: free again
+    assert gpus.claim(2, 1, 2, tmp_path) == ["0", "1"]  # its holder exited: free again
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"

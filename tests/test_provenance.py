@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from nanoexp.experiment.provenance import _visible, collect_provenance, git_state
+from nanoexp.experiment import gpus, provenance
+from nanoexp.experiment.provenance import collect_provenance, device_facts, git_state
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -33,11 +34,18 @@ def test_git_state_tracks_commit_dirty_tree_and_diff(tmp_path: Path) -> None:
     assert untracked["diff_sha256"] != edited["diff_sha256"]  # a new file changes the hash too
 
 
-def test_visible_gpus_follow_cuda_visible_devices() -> None:
-    rows = [{"index": str(i), "uuid": f"GPU-{i}", "name": f"H{i}", "driver": "570"} for i in range(4)]
-    assert [g["name"] for g in _visible(rows, None)] == ["H0", "H1", "H2", "H3"]
-    assert [g["name"] for g in _visible(rows, "2,GPU-0")] == ["H2", "H0"]
-    assert _visible(rows, "") == []
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch) -> None:
+    listing = "".join(f"{i}, GPU-{i}, H{i}, 570\n" for i in range(4))
+    monkeypatch.setattr(provenance, "_run", lambda *cmd: listing)
+    monkeypatch.setattr(gpus, "physical_gpus", lambda: ["0", "1", "2", "3"])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert device_facts() | {"cuda_build": None} == {
+        "cuda_build": None, "cuda_visible_devices": None, "gpus": ["H0", "H1", "H2", "H3"], "driver": "570"
+    }
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-0")
+    assert device_facts()["gpus"] == ["H2", "H0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert device_facts()["gpus"] == [] and device_facts()["driver"] is None
 
 
 def test_provenance_has_every_field() -> None:

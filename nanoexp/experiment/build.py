@@ -19,6 +19,7 @@ from nanoexp.experiment.schema import (
     DUMMY_IF_MISSING,
     ConfigError,
     EngineKind,
+    LoggerConfig,
     LoggerKind,
     ModelSpec,
     NanoexpConfig,
@@ -95,12 +96,8 @@ def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
     """The sections are the engine's classes; `model.arch` goes along only with dummy weights."""
     arch = asdict(spec.model.arch) if checkpoint.load_format == "dummy" else None
     weights = {"path": checkpoint.path, "load_format": checkpoint.load_format, "arch": arch}
-    model = _narrow(spec.model, ModelConfig, **weights)
-    execution = _narrow(spec.engine, ExecutionConfig)
-    try:
-        return EngineConfig(model, spec.cache, spec.scheduler, spec.parallel, execution)
-    except KnobError as e:
-        raise ConfigError(str(e)) from None
+    model, execution = _narrow(spec.model, ModelConfig, **weights), _narrow(spec.engine, ExecutionConfig)
+    return EngineConfig(model, spec.cache, spec.scheduler, spec.parallel, execution)
 
 
 def _narrow(section: Any, engine_class: type, **changes: Any) -> Any:
@@ -122,11 +119,6 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
     return llm, EngineDriver(llm.engine, spec.workload.max_concurrency)
 
 
-def build_tokenizer(checkpoint: Checkpoint):
-    from nanoexp.loader import load_tokenizer
-    return load_tokenizer(checkpoint.path) if checkpoint.path is not None else None
-
-
 def build_workload(spec: NanoexpConfig, tokenizer=None):
     from nanoexp.experiment.workloads import build_workload
     tokenize = tokenizer.encode if tokenizer is not None else None
@@ -144,8 +136,8 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
     return workload
 
 
-def build_logger(spec: NanoexpConfig):
-    if spec.logger.kind is LoggerKind.wandb:
+def build_logger(cfg: LoggerConfig) -> FanoutLogger:
+    if cfg.kind is LoggerKind.wandb:
         from nanoexp.experiment.wandb_logger import WandbLogger
-        return FanoutLogger([WandbLogger(spec.logger), LocalSink()])
+        return FanoutLogger([WandbLogger(cfg), LocalSink()])
     return FanoutLogger([LocalSink()])

@@ -15,17 +15,13 @@ from pathlib import Path
 POLL_S = 2.0
 
 
-def gpus_needed(gpus_per_job: int, tensor_parallel_size: int) -> int:
-    """A job never gets fewer GPUs than it has ranks; 0 (off) stays 0."""
-    return max(gpus_per_job, tensor_parallel_size) if gpus_per_job > 0 else 0
-
-
-def claim(gpus_per_job: int, job_num: int, lock_dir: Path | None = None) -> list[str]:
-    """Narrows CUDA_VISIBLE_DEVICES to this job's GPUs; with `lock_dir`, never ones another job holds."""
+def claim(gpus_per_job: int, ranks: int, job_num: int, lock_dir: Path | None = None) -> list[str]:
+    """Narrows CUDA_VISIBLE_DEVICES to this job's GPUs, never fewer than its ranks (none for gpus_per_job=0);
+    with `lock_dir`, never ones another job holds."""
     visible = visible_gpus() if gpus_per_job > 0 else []
     if not visible:
         return []
-    count = min(gpus_per_job, len(visible))
+    count = min(max(gpus_per_job, ranks), len(visible))
     start = (job_num * count) % len(visible)
     order = visible[start:] + visible[:start]
     mine = order[:count]

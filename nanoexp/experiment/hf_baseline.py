@@ -39,8 +39,7 @@ class HFBaseline:
     def reset_prefix_cache(self) -> None: ...  # generate keeps no cache between calls
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
-        outputs: list[RequestOutput] = []
-        pending = list(requests)
+        outputs, pending = [], list(requests)
         while pending:
             _sleep_until(t0 + pending[0].arrival_offset_s)
             now = time.perf_counter() - t0
@@ -81,9 +80,8 @@ class HFBaseline:
         )  # fmt: skip
 
     def stats(self) -> dict:
-        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return {
-            "weights_bytes": weights,
+            "weights_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters()),
             **dict.fromkeys(("kv_cache_bytes", "num_kv_blocks", "kv_block_size"), 0),  # grown per batch
             "peak_memory_bytes": peak_memory_bytes(self.device), "peak_memory_kind": self.peak_memory_kind,
             "load_s": self.load_s, **dict.fromkeys(("warmup_s", "graph_capture_s"), 0.0),

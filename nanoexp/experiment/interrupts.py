@@ -9,7 +9,6 @@ import threading
 import time
 from pathlib import Path
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
 EXIT_NOW_AFTER = 3  # signals received before the process exits without cleaning up
 
 
@@ -21,26 +20,22 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(f"interrupted by {self.signal_name}")
 
 
-_received: list[int] = []
+received: list[int] = []  # the signals this process got, in order
 
 
 def install() -> None:
     """Turns SIGTERM and SIGINT into `Interrupted`; only the main thread can install handlers."""
     if threading.current_thread() is threading.main_thread():
-        for sig in SIGNALS:
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _on_signal)
 
 
 def _on_signal(signum: int, frame) -> None:
-    _received.append(signum)
-    if len(_received) >= EXIT_NOW_AFTER:
-        os._exit(128 + _received[0])
-    if len(_received) == 1:
+    received.append(signum)
+    if len(received) >= EXIT_NOW_AFTER:
+        os._exit(128 + received[0])
+    if len(received) == 1:
         raise Interrupted(signum)
-
-
-def received() -> int | None:
-    return _received[0] if _received else None
 
 
 def as_interrupted(error: KeyboardInterrupt) -> Interrupted:

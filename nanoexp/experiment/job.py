@@ -40,7 +40,8 @@ def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
     multirun = hc.mode == RunMode.MULTIRUN
     sweep_dir = str(Path(hc.sweep.dir)) if multirun else None
     name = logger_cfg.name or run_name(overrides, swept_keys(sweep_dir))
-    group, job_num = logger_cfg.group or sweep_group(sweep_dir), int(hc.job.get("num", 0) or 0)
+    group = logger_cfg.group or (sweep_group(sweep_dir) if multirun else None)
+    job_num = int(hc.job.get("num", 0) or 0)
     return JobInfo(Path(hc.runtime.output_dir), overrides, name, group, job_num, multirun, sweep_dir)
 
 
@@ -73,9 +74,7 @@ def sweep_overrides(config: DictConfig) -> list:
     return OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
 
 
-def sweep_group(sweep_dir: str | None) -> str | None:
+def sweep_group(sweep_dir: str) -> str:
     """`<date>_<time>` from multirun/<date>/<time>: one W&B group per sweep."""
-    if sweep_dir is None:
-        return None
     path = Path(sweep_dir)
     return f"{path.parent.name}_{path.name}" if path.parent.name else path.name

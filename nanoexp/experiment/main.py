@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import logging
 import os
 import sys
 import time
@@ -25,7 +24,7 @@ from nanoexp.config import EngineConfig
 from nanoexp.config.checks import is_number
 from nanoexp.experiment import build, interrupts, kv_quality, loggers
 from nanoexp.experiment.driver import Progress
-from nanoexp.experiment.gpus import claim, gpus_needed
+from nanoexp.experiment.gpus import claim
 from nanoexp.experiment.job import JobInfo, current_job
 from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results, write_atomically
 from nanoexp.experiment.metrics import request_rows
@@ -34,6 +33,7 @@ from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, su
 from nanoexp.experiment.schema import ConfigError, LoggerConfig, LoggerKind, NanoexpConfig, to_plain, to_spec
 from nanoexp.experiment.summary_table import print_summary
 from nanoexp.experiment.workloads import Request
+from nanoexp.loader import load_tokenizer
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 
 CONFIG_EXIT, RUNTIME_EXIT = 2, 1
@@ -75,12 +75,12 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> None:
         known = {"load_format": checkpoint.load_format}
         config = build.engine_config(spec, checkpoint)
         # GPUs first: provenance names the GPUs this job sees
-        count = gpus_needed(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size)
-        lock_dir = Path(job.sweep_dir) / ".gpu_locks" if job.multirun and job.sweep_dir else None
-        gpus = {"gpus": claim(count, job.job_num, lock_dir), "gpus_claimed_at": time.time()}
+        lock_dir = Path(job.sweep_dir) / ".gpu_locks" if job.sweep_dir else None
+        mine = claim(spec.launch.gpus_per_job, spec.parallel.tensor_parallel_size, job.job_num, lock_dir)
+        gpus = {"gpus": mine, "gpus_claimed_at": time.time()}
         gpus["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
         plain["resolved"] = {"checkpoint": asdict(checkpoint), **gpus, "provenance": collect_provenance()}
-        logger = build.build_logger(spec)
+        logger = build.build_logger(spec.logger)
         logger.start(plain, job)
         summary = experiment(spec, config, checkpoint, logger, job)
     except BaseException as e:
@@ -93,7 +93,7 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> None:
 def experiment(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpoint, logger,
                job: JobInfo) -> dict:  # fmt: skip
     """Build, warm up, run the workload `repeats` times, summarize. Returns the flat summary."""
-    tokenizer = build.build_tokenizer(checkpoint)
+    tokenizer = load_tokenizer(checkpoint.path) if checkpoint.path is not None else None
     workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
     arch_diffs = build.check_arch(spec.model, checkpoint)
     memory, start = JobMemory(), time.perf_counter()
@@ -168,16 +168,14 @@ def _finish_failed(cfg: DictConfig, job: JobInfo, logger, failure: dict, error: 
     so it too leaves results (with only the local sink when the logger section is what is invalid)."""
     try:
         if logger is None:
-            logger_cfg = None
-            with contextlib.suppress(Exception):
-                logger_cfg = OmegaConf.to_object(cfg.logger)
-            if not isinstance(logger_cfg, LoggerConfig):
-                logger_cfg = LoggerConfig(kind=LoggerKind.none)
+            try:
+                logger = build.build_logger(OmegaConf.to_object(cfg.logger))
+            except Exception:  # noqa: BLE001 - the logger section is what is invalid: the local sink alone
+                logger = build.build_logger(LoggerConfig(kind=LoggerKind.none))
             try:
                 plain = to_plain(cfg)
             except Exception:  # noqa: BLE001 - resolving it is what failed: log it unresolved
                 plain = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
-            logger = build.build_logger(NanoexpConfig(logger=logger_cfg))
             logger.start(plain, job)
         logger.finish(failure, _exit_code(error))
     except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
@@ -196,11 +194,8 @@ def _report_error(e: BaseException, job: JobInfo | None) -> int:
             job.out_dir.mkdir(parents=True, exist_ok=True)
             write_atomically(job.out_dir / "error.txt", f"{line}\n\n{traceback.format_exc()}")
             where = f" (traceback: {job.out_dir / 'error.txt'})" if code == RUNTIME_EXIT else ""
+            append_run_log(job, f"nanoexp: error: {line}")
         _record_failure(job, code, _failure(e, line))
-    record = logging.LogRecord("nanoexp", logging.ERROR, __file__, 0, f"nanoexp: error: {line}", None, None)
-    for handler in logging.getLogger().handlers:  # run.log; stderr gets the line below
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
     print(f"nanoexp: error: {line}{where}", file=sys.stderr)
     return code
 
@@ -213,20 +208,14 @@ def _record_failure(job: JobInfo, code: int, failure: dict) -> None:
         return
     summary = written.get("summary", {}) | failure
     results = written | {"status": status, "exit_code": code, "job": job.as_dict(), "summary": summary}
-    try:
-        job.out_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # else the error line on stderr is all that is left to report
         # its own temporary name: the loggers' may be what could not be written
         write_atomically(path, json.dumps(results, indent=2) + "\n", ".failure.partial")
-    except OSError:
-        pass  # the error line on stderr is all that is left to report
 
 
 def append_run_log(job: JobInfo, text: str) -> None:
-    """Appends to the file Hydra's job logging writes (`<job name>.log`), else `<out>/run.log`."""
-    job.out_dir.mkdir(parents=True, exist_ok=True)
-    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    logs = [Path(h.baseFilename) for h in handlers if Path(h.baseFilename).parent == job.out_dir.resolve()]
-    with (logs[0] if logs else job.out_dir / "run.log").open("a") as f:
+    """Appends to `<out>/run.log`, which Hydra's job logging writes too (run.py's job is named `run`)."""
+    with (job.out_dir / "run.log").open("a") as f:
         f.write(text.rstrip("\n") + "\n")
 
 
@@ -256,9 +245,8 @@ def _user_wants_full_error() -> bool:
 
 def objective(cfg: DictConfig) -> float:
     """What run.py returns to a search sweeper (conf/hparams_search/), read from the job's results.json."""
-    search = OmegaConf.to_container(cfg.search, resolve=True) if "search" in cfg else {}
-    path = Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE if HydraConfig.initialized() else None
-    return objective_of(read_results(path) if path is not None else {}, search)
+    results = read_results(Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE)
+    return objective_of(results, OmegaConf.to_container(cfg.search, resolve=True))
 
 
 def objective_of(results: dict, search: dict) -> float:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from nanoexp.experiment.gpus import visible_gpus
 from nanoexp.experiment.loggers import first_line
 
 PACKAGES = ("torch", "triton", "transformers", "flash-attn", "hydra-core", "wandb", "numpy")
@@ -63,18 +64,9 @@ def device_facts() -> dict:
     except (OSError, subprocess.SubprocessError) as err:
         return facts | {"gpus": [], "driver": f"unknown: {first_line(err, 200)}"}
     rows = [[part.strip() for part in line.split(",")] for line in out.splitlines() if line.strip()]
-    rows = [{"index": r[0], "uuid": r[1], "name": r[2], "driver": r[3]} for r in rows if len(r) == 4]
-    gpus = _visible(rows, facts["cuda_visible_devices"])
-    return facts | {"gpus": [g["name"] for g in gpus], "driver": gpus[0]["driver"] if gpus else None}
-
-
-def _visible(rows: list[dict], visible: str | None) -> list[dict]:
-    """The GPUs CUDA_VISIBLE_DEVICES names (indices or UUIDs), in its order; all when unset."""
-    if visible is None:
-        return rows
-    wanted = [v.strip() for v in visible.split(",") if v.strip()]
-    by_key = {r["index"]: r for r in rows} | {r["uuid"]: r for r in rows}
-    return [by_key[w] for w in wanted if w in by_key]
+    by_key = {key: row for row in rows if len(row) == 4 for key in row[:2]}  # by index and by UUID
+    gpus = [by_key[gpu] for gpu in visible_gpus() if gpu in by_key]  # as CUDA_VISIBLE_DEVICES orders them
+    return facts | {"gpus": [gpu[2] for gpu in gpus], "driver": gpus[0][3] if gpus else None}
 
 
 def cpu_facts() -> dict:

@@ -42,7 +42,7 @@ class SweepReport(Callback):
         """The launcher raised, so on_multirun_end never ran: report what the jobs left."""
         if self.reported:
             return
-        if interrupts.received() is not None:  # the sweep was signalled: its jobs stop too
+        if interrupts.received:  # the sweep was signalled: its jobs stop too
             stop_local_jobs(self.sweep_dir, STOP_GRACE_S)
         else:
             wait_for_local_jobs(self.sweep_dir, wait_s)
