@@ -56,7 +56,7 @@ class GraphLadder:
         self.arenas = {size: InputArena(self.fields(size, max_blocks_per_seq), device) for size in sizes}
         for arena in self.arenas.values():
             arena.tensors["slot_mapping"].fill_(-1)
-        self.mirrors = PinnedMirrors(max(arena.nbytes for arena in self.arenas.values()), device)
+        self.mirrors = PinnedMirrors(list(self.arenas.values()), device)
         self.output = torch.zeros(sizes[-1], hidden_size, dtype=dtype, device=device)
         self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
         self.mds = {(size, variant): self.view(size, variant)[2]  # what a replay reads, by graph key

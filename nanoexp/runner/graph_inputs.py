@@ -55,11 +55,12 @@ class PinnedMirrors:
     written again only once the device has read its last copy (an event per buffer; waiting on one
     never recorded returns at once)."""
 
-    def __init__(self, nbytes: int, device: torch.device, count: int = 3):
-        cuda = device.type == "cuda"
+    def __init__(self, arenas: list[InputArena], device: torch.device, count: int = 3):
+        cuda, nbytes = device.type == "cuda", max(arena.nbytes for arena in arenas)
         self.buffers = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(count)]
         self.events = [torch.cuda.Event() if cuda else None for _ in range(count)]
-        self.views: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        self.views = {(id(arena), index): arena.host_views(buffer.numpy())  # each buffer in each layout
+                      for arena in arenas for index, buffer in enumerate(self.buffers)}  # fmt: skip
         self.copies: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (source, target)
         self.next = 0
 
@@ -68,10 +69,7 @@ class PinnedMirrors:
         index, self.next = self.next, (self.next + 1) % len(self.buffers)
         if self.events[index] is not None:
             self.events[index].synchronize()
-        key = (id(arena), index)
-        if key not in self.views:
-            self.views[key] = arena.host_views(self.buffers[index].numpy())
-        return index, self.views[key]
+        return index, self.views[id(arena), index]
 
     def upload(self, index: int, arena: InputArena, nbytes: int) -> None:
         """The first `nbytes` of buffer `index` into the arena (the two slices made once)."""
