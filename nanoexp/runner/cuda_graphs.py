@@ -165,7 +165,6 @@ class StepGraphs(GraphLadder):
         return -(-tokens // self.tile_block_m) + self.seq_slots(tokens)
 
     def view(self, size: int, variant: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """`variant`: with decodes."""
         t, seqs = self.arenas[size].tensors, self.seq_slots(size)
         decode_slots = seqs if variant else 0
         md = AttentionMetadata(
