@@ -4,6 +4,7 @@ tokens (mixed or prefill-only) at a ladder of token counts."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Hashable
 
 import numpy as np
 import torch
@@ -12,9 +13,12 @@ from torch import nn
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionMetadata
 from nanoexp.kernels.prefill_tiles import prefill_block_m, prefill_tiles
-from nanoexp.runner.graph_inputs import Fields, GraphLadder, GraphStep, token_fields
-from nanoexp.runner.inputs import Fresh
+from nanoexp.layers.sampler import SamplingTensors
+from nanoexp.runner.graph_inputs import Fields, InputArena, PinnedMirrors, token_fields, write_tokens
+from nanoexp.runner.inputs import Fresh, ModelInputs, samples_every_row, sampling_arrays, sampling_tensors
 from nanoexp.runner.step_input import StepInput
+
+GraphStep = tuple[ModelInputs, SamplingTensors | None]
 
 MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly
 MAX_STEP_GRAPH_TOKENS = 4096  # steps with prefill tokens up to this many run in step graphs
@@ -38,6 +42,70 @@ def capture_ladder(
     return graphs
 
 
+class GraphLadder:
+    """The inputs and output of graphs captured at a ladder of padded token counts, keyed by (size,
+    variant); a step replays the smallest size that fits. Each size reads its own InputArena, filled by one
+    copy from a pinned mirror, of the fields a graph kind names (`fields(size, max_blocks)`); what the
+    capture runs store: nothing (slot -1)."""
+
+    variants: tuple[bool | None, ...] = (None,)  # what else tells graphs apart (StepGraphs: with decodes)
+
+    def __init__(self, model: nn.Module, sizes: list[int], max_blocks_per_seq: int, hidden_size: int,
+                 dtype: torch.dtype, device: torch.device):  # fmt: skip
+        self.model, self.sizes, self.max_tokens = model, sizes, sizes[-1]
+        self.arenas = {size: InputArena(self.fields(size, max_blocks_per_seq), device) for size in sizes}
+        for arena in self.arenas.values():
+            arena.tensors["slot_mapping"].fill_(-1)
+        self.mirrors = PinnedMirrors(list(self.arenas.values()), device)
+        self.output = torch.zeros(sizes[-1], hidden_size, dtype=dtype, device=device)
+        self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
+        self.mds = {(size, variant): self.view(size, variant)[2]  # what a replay reads, by graph key
+                    for size in sizes for variant in self.variants}  # fmt: skip
+
+    def size_for(self, num_tokens: int) -> int:
+        return next(size for size in self.sizes if size >= num_tokens)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Each variant's ladder in one memory pool, with PDL launches in every kind of graph (so they share
+        their Triton kernels' compiled versions)."""
+        pool = None
+        with pdl.graph_launches():
+            for variant in self.variants:
+                view = functools.partial(self.view, variant=variant)
+                graphs = capture_ladder(self.model, self.sizes, view, self.output, pool)
+                pool = pool or graphs[self.sizes[-1]].pool()
+                self.graphs.update({(size, variant): graph for size, graph in graphs.items()})
+
+    def upload(self, step: StepInput, size: int, seqs: int, key: Hashable, block_size: int, vocab_size: int,
+               fresh: Fresh, write_extra: Callable[[dict[str, np.ndarray]], None] | None = None,
+               ) -> GraphStep:  # fmt: skip
+        """The step's inputs written into a pinned mirror of its size's arena, padded to `size` tokens and
+        `seqs` sequences (`write_extra(host)`: a graph kind's own fields), uploaded by one copy; the
+        ModelInputs and SamplingTensors are views of the arena."""
+        arena = self.arenas[size]
+        index, host = self.mirrors.acquire(arena)
+        write_tokens(host, step, block_size, size, seqs)
+        arrays = sampling_arrays(step, vocab_size, fresh) if step.sample_seq_indices else {}
+        for name, values in arrays.items():
+            host[name][: len(values)] = values
+        if write_extra is not None:
+            write_extra(host)
+        self.mirrors.upload(index, arena, arena.copy_end(len(step.query_lens)))
+        n, samples = step.num_tokens, len(step.sample_seq_indices)
+        prev_rows = None if step.prev_sample_rows is None else arena.rows("prev_sample_rows", n)
+        inputs = ModelInputs(arena.rows("input_ids", n), arena.rows("positions", n), self.mds[key],
+                             arena.rows("logits_indices", samples), prev_rows, samples_every_row(step),
+                             graph_key=key)  # fmt: skip
+        if not arrays:
+            return inputs, None
+        return inputs, sampling_tensors(step, {name: arena.rows(name, samples) for name in arrays})
+
+    def replay(self, inputs: ModelInputs) -> torch.Tensor:
+        self.graphs[inputs.graph_key].replay()
+        return self.output[: inputs.input_ids.shape[0]]
+
+
 class DecodeGraphs(GraphLadder):
     """Decode graphs at a ladder of batch sizes; padding rows have slot -1 and context 0 (nothing stored
     or read)."""
@@ -47,12 +115,11 @@ class DecodeGraphs(GraphLadder):
         top = min(max_num_seqs, MAX_GRAPH_BATCH)
         sizes = sorted({bs for bs in (1, 2, 4, 8) if bs < top} | set(range(16, top, 16)) | {top})
         super().__init__(model, sizes, max_blocks_per_seq, hidden_size, dtype, device)
-        self.mds = {bs: self.view(bs)[2] for bs in self.sizes}
 
     def fields(self, bs: int, max_blocks: int) -> Fields:
         return token_fields(bs, bs, max_blocks)
 
-    def view(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def view(self, bs: int, variant: None = None) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         t = self.arenas[bs].tensors
         md = AttentionMetadata(
             is_prefill=False, slot_mapping=t["slot_mapping"], context_lens=t["context_lens"],
@@ -60,14 +127,9 @@ class DecodeGraphs(GraphLadder):
         )  # fmt: skip
         return t["input_ids"], t["positions"], md
 
-    @torch.inference_mode()
-    def capture(self) -> None:
-        with pdl.graph_launches():
-            self.graphs = capture_ladder(self.model, self.sizes, self.view, self.output)
-
     def prepare(self, step: StepInput, block_size: int, vocab_size: int, fresh: Fresh = None) -> GraphStep:
         bs = self.size_for(step.num_tokens)
-        return self.upload(step, bs, bs, bs, block_size, vocab_size, fresh)
+        return self.upload(step, bs, bs, (bs, None), block_size, vocab_size, fresh)
 
 
 class StepGraphs(GraphLadder):
@@ -82,13 +144,12 @@ class StepGraphs(GraphLadder):
                  device: torch.device, mixed: bool = True):  # fmt: skip
         self.max_num_seqs = max_num_seqs
         self.tile_block_m = prefill_block_m(head_dim)  # the tile height of every step graph's tile table
-        self.with_decodes = (False, True) if mixed else (False,)
+        self.variants = (False, True) if mixed else (False,)  # with decodes
         top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
         sizes = sorted({size for size in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if size < top} | {top})
         super().__init__(model, sizes, max_blocks_per_seq, hidden_size, dtype, device)
         for arena in self.arenas.values():  # what the capture runs read: no tiles
             arena.tensors["tiles"].fill_(-1)
-        self.mds = {(size, d): self.view(size, d)[2] for size in self.sizes for d in self.with_decodes}
 
     def fields(self, size: int, max_blocks: int) -> Fields:
         seqs, int32 = self.seq_slots(size), torch.int32
@@ -103,9 +164,9 @@ class StepGraphs(GraphLadder):
         """Tiles of at most `tokens` rows in at most seq_slots sequences: one partial tile each."""
         return -(-tokens // self.tile_block_m) + self.seq_slots(tokens)
 
-    def view(self, size: int, with_decodes: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def view(self, size: int, variant: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         t, seqs = self.arenas[size].tensors, self.seq_slots(size)
-        decode_slots = seqs if with_decodes else 0
+        decode_slots = seqs if variant else 0
         md = AttentionMetadata(
             is_prefill=True, slot_mapping=t["slot_mapping"], context_lens=t["context_lens"],
             block_tables=t["block_tables"], cu_seqlens_q=t["cu_seqlens_q"], max_seqlen_q=size,
@@ -113,16 +174,6 @@ class StepGraphs(GraphLadder):
             decode_context_lens=t["decode_context_lens"][:decode_slots],
         )  # fmt: skip
         return t["input_ids"], t["positions"], md
-
-    @torch.inference_mode()
-    def capture(self) -> None:
-        pool = None
-        with pdl.graph_launches():  # as the decode graphs: their Triton kernels' variants are shared
-            for with_decodes in self.with_decodes:
-                view = functools.partial(self.view, with_decodes=with_decodes)
-                graphs = capture_ladder(self.model, self.sizes, view, self.output, pool)
-                pool = pool or graphs[self.sizes[-1]].pool()
-                self.graphs.update({(size, with_decodes): graph for size, graph in graphs.items()})
 
     def prepare(self, step: StepInput, block_size: int, vocab_size: int, fresh: Fresh = None) -> GraphStep:
         size, decodes = self.size_for(step.num_tokens), step.num_decodes

@@ -5,28 +5,14 @@ graph's buffers (on an H200 host those cost ~0.3 ms in front of a lone prefill s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
 
 import numpy as np
 import torch
-from torch import nn
 
-from nanoexp.kernels.base import AttentionMetadata
-from nanoexp.layers.sampler import SamplingTensors
-from nanoexp.runner.inputs import (
-    NUMPY_DTYPES,
-    Fresh,
-    ModelInputs,
-    aligned,
-    samples_every_row,
-    sampling_arrays,
-    sampling_tensors,
-    token_layout,
-)  # fmt: skip
+from nanoexp.runner.inputs import NUMPY_DTYPES, aligned, token_layout
 from nanoexp.runner.step_input import StepInput
 
 Fields = list[tuple[str, tuple[int, ...], torch.dtype]]
-GraphStep = tuple[ModelInputs, SamplingTensors | None]
 
 
 class InputArena:
@@ -34,16 +20,16 @@ class InputArena:
     field (the block tables, the widest) ends the copy early: only the rows a step uses travel."""
 
     def __init__(self, fields: Fields, device: torch.device):
-        self.layout: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
+        self.layout: dict[str, tuple[slice, tuple[int, ...], torch.dtype]] = {}  # (bytes, shape, dtype)
         end = 0
         for name, shape, dtype in fields:
             start = aligned(end)
-            self.layout[name] = (start, shape, dtype)
             end = start + math.prod(shape) * dtype.itemsize
+            self.layout[name] = (slice(start, end), shape, dtype)
         self.nbytes = aligned(end)
         self.buffer = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
-        self.tensors = {name: self.buffer[self.span(name)].view(dtype).view(shape)
-                        for name, (_, shape, dtype) in self.layout.items()}  # fmt: skip
+        self.tensors = {name: self.buffer[span].view(dtype).view(shape)
+                        for name, (span, shape, dtype) in self.layout.items()}  # fmt: skip
         self.last = fields[-1][0]
         self.prefixes: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -54,18 +40,14 @@ class InputArena:
             view = self.prefixes[name, count] = self.tensors[name][:count]
         return view
 
-    def span(self, name: str) -> slice:
-        start, shape, dtype = self.layout[name]
-        return slice(start, start + math.prod(shape) * dtype.itemsize)
-
     def host_views(self, host: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: host[self.span(name)].view(NUMPY_DTYPES[dtype]).reshape(shape)
-                for name, (_, shape, dtype) in self.layout.items()}  # fmt: skip
+        return {name: host[span].view(NUMPY_DTYPES[dtype]).reshape(shape)
+                for name, (span, shape, dtype) in self.layout.items()}  # fmt: skip
 
     def copy_end(self, last_rows: int) -> int:
         """The bytes to copy when `last_rows` rows of the last field are used."""
-        start, shape, dtype = self.layout[self.last]
-        return start + last_rows * math.prod(shape[1:]) * dtype.itemsize
+        span, shape, dtype = self.layout[self.last]
+        return span.start + last_rows * math.prod(shape[1:]) * dtype.itemsize
 
 
 class PinnedMirrors:
@@ -73,11 +55,12 @@ class PinnedMirrors:
     written again only once the device has read its last copy (an event per buffer; waiting on one
     never recorded returns at once)."""
 
-    def __init__(self, nbytes: int, device: torch.device, count: int = 3):
-        cuda = device.type == "cuda"
+    def __init__(self, arenas: list[InputArena], device: torch.device, count: int = 3):
+        cuda, nbytes = device.type == "cuda", max(arena.nbytes for arena in arenas)
         self.buffers = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(count)]
         self.events = [torch.cuda.Event() if cuda else None for _ in range(count)]
-        self.views: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        self.views = {(id(arena), index): arena.host_views(buffer.numpy())  # each buffer in each layout
+                      for arena in arenas for index, buffer in enumerate(self.buffers)}  # fmt: skip
         self.copies: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (source, target)
         self.next = 0
 
@@ -86,10 +69,7 @@ class PinnedMirrors:
         index, self.next = self.next, (self.next + 1) % len(self.buffers)
         if self.events[index] is not None:
             self.events[index].synchronize()
-        key = (id(arena), index)
-        if key not in self.views:
-            self.views[key] = arena.host_views(self.buffers[index].numpy())
-        return index, self.views[key]
+        return index, self.views[id(arena), index]
 
     def upload(self, index: int, arena: InputArena, nbytes: int) -> None:
         """The first `nbytes` of buffer `index` into the arena (the two slices made once)."""
@@ -133,52 +113,3 @@ def write_tokens(host: dict[str, np.ndarray], step: StepInput, block_size: int, 
     host["context_lens"][num_seqs:seqs] = 0
     if step.prev_sample_rows is not None:
         host["prev_sample_rows"][:n] = step.prev_sample_rows
-
-
-class GraphLadder:
-    """The inputs and output of graphs captured at a ladder of padded token counts (runner/cuda_graphs.py); a
-    step replays the smallest that fits. Each size reads its own InputArena, filled by one copy from a
-    pinned mirror, of the fields a graph kind names (`fields(size, max_blocks)`); what the capture runs
-    store: nothing (slot -1)."""
-
-    def __init__(self, model: nn.Module, sizes: list[int], max_blocks_per_seq: int, hidden_size: int,
-                 dtype: torch.dtype, device: torch.device):  # fmt: skip
-        self.model, self.sizes, self.max_tokens = model, sizes, sizes[-1]
-        self.arenas = {size: InputArena(self.fields(size, max_blocks_per_seq), device) for size in sizes}
-        for arena in self.arenas.values():
-            arena.tensors["slot_mapping"].fill_(-1)
-        self.mirrors = PinnedMirrors(max(arena.nbytes for arena in self.arenas.values()), device)
-        self.output = torch.zeros(sizes[-1], hidden_size, dtype=dtype, device=device)
-        self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
-        self.mds: dict[Hashable, AttentionMetadata] = {}  # what a replay reads, by graph key
-
-    def size_for(self, num_tokens: int) -> int:
-        return next(size for size in self.sizes if size >= num_tokens)
-
-    def upload(self, step: StepInput, size: int, seqs: int, key: Hashable, block_size: int, vocab_size: int,
-               fresh: Fresh, write_extra: Callable[[dict[str, np.ndarray]], None] | None = None,
-               ) -> GraphStep:  # fmt: skip
-        """The step's inputs written into a pinned mirror of its size's arena, padded to `size` tokens and
-        `seqs` sequences (`write_extra(host)`: a graph kind's own fields), uploaded by one copy; the
-        ModelInputs and SamplingTensors are views of the arena."""
-        arena = self.arenas[size]
-        index, host = self.mirrors.acquire(arena)
-        write_tokens(host, step, block_size, size, seqs)
-        arrays = sampling_arrays(step, vocab_size, fresh) if step.sample_seq_indices else {}
-        for name, values in arrays.items():
-            host[name][: len(values)] = values
-        if write_extra is not None:
-            write_extra(host)
-        self.mirrors.upload(index, arena, arena.copy_end(len(step.query_lens)))
-        n, samples = step.num_tokens, len(step.sample_seq_indices)
-        prev_rows = None if step.prev_sample_rows is None else arena.rows("prev_sample_rows", n)
-        inputs = ModelInputs(arena.rows("input_ids", n), arena.rows("positions", n), self.mds[key],
-                             arena.rows("logits_indices", samples), prev_rows, samples_every_row(step),
-                             graph_key=key)  # fmt: skip
-        if not arrays:
-            return inputs, None
-        return inputs, sampling_tensors(step, {name: arena.rows(name, samples) for name in arrays})
-
-    def replay(self, inputs: ModelInputs) -> torch.Tensor:
-        self.graphs[inputs.graph_key].replay()
-        return self.output[: inputs.input_ids.shape[0]]

@@ -79,6 +79,9 @@ def prepare_step(step: StepInput, block_size: int, vocab_size: int, device: torc
         (slots, torch.int64), (step.context_lens, torch.int32), (tables, torch.int32),
     ]  # fmt: skip
     d, prefill = step.num_decodes, step.is_prefill
+    # A prefill reads K/V from the cache where some sequence has a cached prefix, or always with a lossy
+    # (fp8) cache: it attends to K/V as stored, as step graphs and decodes do, not unquantized.
+    reads_cache = prefill and (lossy_cache or step.query_lens[d:] != step.context_lens[d:])
     if prefill:  # prefill sequences' boundaries, after a mixed step's decodes (AttentionMetadata)
         columns += [(np.cumsum([0, *step.query_lens[d:]]), torch.int32),
                     (np.cumsum([0, *step.context_lens[d:]]), torch.int32)]  # fmt: skip
@@ -91,7 +94,7 @@ def prepare_step(step: StepInput, block_size: int, vocab_size: int, device: torc
         is_prefill=prefill, slot_mapping=slots_t, context_lens=context_t, block_tables=tables_t,
         cu_seqlens_q=tensors[6] if prefill else None, cu_seqlens_k=tensors[7] if prefill else None,
         max_seqlen_q=max(step.query_lens[d:]) if prefill else 1,
-        max_seqlen_k=max(step.context_lens[d:]), has_cached_prefix=reads_cache(step, lossy_cache),
+        max_seqlen_k=max(step.context_lens[d:]), has_cached_prefix=reads_cache,
         num_decodes=d, max_decode_seqlen_k=max(step.context_lens[:d], default=0),
     )  # fmt: skip
     prev_rows = None if step.prev_sample_rows is None else tensors[len(columns) - 1]
@@ -132,13 +135,6 @@ def token_layout(step: StepInput, block_size: int, tables: np.ndarray) -> tuple[
     slots = tables[seq_of_token, block_index].astype(np.int64) * block_size + positions % block_size
     has_blocks = np.fromiter((len(t) > 0 for t in step.block_tables), dtype=bool, count=len(tables))
     return positions, np.where(has_blocks[seq_of_token], slots, -1), last_rows
-
-
-def reads_cache(step: StepInput, lossy_cache: bool) -> bool:
-    """Whether a prefill step's attention reads K/V from the cache: some sequence has a cached prefix, or
-    (lossy_cache, fp8) prefills attend to K/V as stored, as step graphs and decodes do, not unquantized."""
-    d = step.num_decodes
-    return step.is_prefill and (lossy_cache or step.query_lens[d:] != step.context_lens[d:])
 
 
 def samples_every_row(step: StepInput) -> bool:

@@ -24,11 +24,7 @@ def create_kv_cache(
     layers, block_size = attention_layers(model), config.cache.block_size
     per_token = sum(2 * a.num_kv_heads * a.head_dim for a in layers)  # K and V, every layer
     bytes_per_block = per_token * block_size * dtype.itemsize
-    num_blocks = config.cache.num_blocks
-    if num_blocks == -1:
-        num_blocks = blocks_from_memory(config, bytes_per_block, device, profile, reserve_bytes)
-    else:
-        check_blocks_fit(num_blocks, bytes_per_block, device)
+    num_blocks = blocks_for(config, bytes_per_block, device, profile, reserve_bytes)
     if config.parallel.tensor_parallel_size > 1:  # every rank uses the smallest number any rank can afford
         agreed = torch.tensor([num_blocks], device=device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
@@ -44,22 +40,23 @@ def create_kv_cache(
     return cache
 
 
-def check_blocks_fit(num_blocks: int, bytes_per_block: int, device: torch.device) -> None:
-    """cache.num_blocks set by hand must fit in the device's whole memory (before allocating it)."""
-    capacity = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else machine_memory_gb() * 2**30
-    if num_blocks * bytes_per_block > capacity:
-        raise KnobError("cache.num_blocks", num_blocks,
-                        f"<= {int(capacity // bytes_per_block)} (or -1 = from memory): a block takes "
-                        f"{bytes_per_block} bytes on this rank and the {device.type} device has "
-                        f"{capacity / 2**30:.1f} GiB")  # fmt: skip
-
-
-def blocks_from_memory(
+def blocks_for(
     config: EngineConfig, bytes_per_block: int, device: torch.device, profile: Callable[[], None],
     reserve_bytes: int,
 ) -> int:  # fmt: skip
-    """cpu_kv_cache_gb on a CPU. On CUDA, after `profile`, this process's share: utilization x total memory,
+    """cache.num_blocks set by hand, once it fits in the device's whole memory (before allocating it). Else
+    cpu_kv_cache_gb on a CPU; on CUDA, after `profile`, this process's share: utilization x total memory,
     minus its own peak usage so far and a reserve (CUDA graphs, sampler buffers), capped by what is free."""
+    num_blocks = config.cache.num_blocks
+    if num_blocks != -1:
+        cuda = device.type == "cuda"
+        capacity = torch.cuda.mem_get_info(device)[1] if cuda else machine_memory_gb() * 2**30
+        if num_blocks * bytes_per_block > capacity:
+            raise KnobError("cache.num_blocks", num_blocks,
+                            f"<= {int(capacity // bytes_per_block)} (or -1 = from memory): a block takes "
+                            f"{bytes_per_block} bytes on this rank and the {device.type} device has "
+                            f"{capacity / 2**30:.1f} GiB")  # fmt: skip
+        return num_blocks
     if device.type == "cpu":
         budget = config.cache.cpu_kv_cache_gb * 2**30
     else:

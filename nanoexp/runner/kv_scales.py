@@ -5,6 +5,7 @@ each attention layer receives; its scale, amax / 448 x HEADROOM, is written in p
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -38,12 +39,10 @@ def calibrate_kv_scales(model: nn.Module, run_prefill: Callable[[], None]) -> No
         for seen, x in zip(amax[layer], (k, v), strict=True):
             torch.maximum(seen, x.detach().abs().amax().float(), out=seen)
 
-    hooks = [layer.register_forward_pre_hook(record) for layer in layers]
-    try:
+    with contextlib.ExitStack() as hooks:  # each removed on the way out
+        for layer in layers:
+            hooks.enter_context(layer.register_forward_pre_hook(record))
         run_prefill()
-    finally:
-        for hook in hooks:
-            hook.remove()
     for layer, (k_amax, v_amax) in amax.items():
         layer.k_scale.copy_(scale_for(k_amax))
         layer.v_scale.copy_(scale_for(v_amax))
@@ -59,6 +58,5 @@ def scales_summary(model: nn.Module) -> dict[str, float]:
     summary = {}
     for name in ("k_scale", "v_scale"):
         values = torch.cat([getattr(layer, name).float().cpu() for layer in layers])
-        summary[f"kv_{name}_mean"] = float(values.mean())
-        summary[f"kv_{name}_max"] = float(values.max())
+        summary |= {f"kv_{name}_mean": float(values.mean()), f"kv_{name}_max": float(values.max())}
     return summary

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import resource
 import sys
+from pathlib import Path
 
 import torch
 
@@ -21,8 +22,7 @@ def reset_peak_memory(device: torch.device) -> str:
         torch.cuda.reset_peak_memory_stats(device)
         return "allocated"
     try:
-        with open(CLEAR_REFS, "w") as f:
-            f.write(RESET_RESIDENT_PEAK)
+        Path(CLEAR_REFS).write_text(RESET_RESIDENT_PEAK)
     except OSError:
         return "resident_lifetime"  # not Linux, or not allowed
     return "resident" if _resident_peak() is not None else "resident_lifetime"
@@ -40,8 +40,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 def _resident_peak() -> int | None:
     try:
-        with open(STATUS) as f:
-            match = re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.MULTILINE)
+        match = re.search(r"^VmHWM:\s+(\d+) kB", Path(STATUS).read_text(), re.MULTILINE)
     except OSError:
         return None
     return int(match.group(1)) * 1024 if match else None

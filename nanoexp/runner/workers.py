@@ -122,7 +122,7 @@ def use_thread_lock_for_tqdm() -> None:
 
 def serve(runner: ModelRunner, rank: int, conn: Connection, ring: ShmRing,
           check_parent: Callable[[], None]) -> None:  # fmt: skip
-    spin_s = SPIN_S.get(runner.device.type, SPIN_S["cpu"])
+    spin_s = SPIN_S[runner.device.type]
     while True:
         data = ring.read(check_parent, spin_s)
         if data is None:  # too large for a slot: this one came over the pipe
@@ -279,8 +279,7 @@ class WorkerGroup:
     def kill(self) -> None:
         """Stops every worker now (they may be blocked in a collective with the dead one)."""
         for proc in self.procs:
-            if proc.is_alive():
-                proc.kill()
+            proc.kill()  # a no-op on an exited one
         self.reap(JOIN_TIMEOUT_S)
 
     def stop(self, graceful: bool = True) -> None:
@@ -292,8 +291,7 @@ class WorkerGroup:
                     self.send("close", timeout=JOIN_TIMEOUT_S)
                 self.reap(JOIN_TIMEOUT_S)
                 for proc in self.procs:
-                    if proc.is_alive():
-                        proc.terminate()
+                    proc.terminate()
                 self.reap(2.0)
             self.kill()
         finally:
@@ -331,4 +329,3 @@ def process_state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
-
