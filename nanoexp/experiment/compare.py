@@ -16,7 +16,7 @@ from nanoexp.config.checks import is_real
 from nanoexp.experiment import sweep_report
 from nanoexp.experiment.loggers import RESULTS_FILE, read_results
 from nanoexp.experiment.metrics import CONFIDENCE
-from nanoexp.experiment.sweep_plots import pyplot, save_figure
+from nanoexp.experiment.sweep_plots import figure, save_figure
 from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL
 
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
@@ -135,10 +135,9 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     """One panel per metric: B/A per configuration with its interval, a line at 1."""
     if table.empty:
         return
-    plt = pyplot()
     metrics = list(dict.fromkeys(table["metric"]))
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.4), squeeze=False)
-    for ax, metric in zip(axes.flat, metrics):
+    fig = figure(figsize=(3.2 * len(metrics), 3.4))
+    for ax, metric in zip(fig.subplots(1, len(metrics), squeeze=False).flat, metrics):
         part = table[table["metric"] == metric]
         y = part["ratio"].to_numpy()
         err = np.nan_to_num(np.abs(np.stack([y - part["ratio_ci95_low"], part["ratio_ci95_high"] - y])))
