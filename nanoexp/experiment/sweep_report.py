@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -40,8 +39,7 @@ JOB_TYPE, TABLE_KEY = "sweep-report", "sweep_table"  # of the sweep-level W&B ru
 
 def wandb_target(config: DictConfig) -> tuple[LoggerConfig, str] | None:
     """(LoggerConfig, group) of the sweep-level W&B run, or None with logger=none."""
-    logger = config.get("logger")
-    plain = OmegaConf.to_container(logger, resolve=True, enum_to_str=True) if logger is not None else {}
+    plain = OmegaConf.to_container(config.logger, resolve=True, enum_to_str=True)
     if plain.get("kind") != LoggerKind.wandb.value:
         return None
     cfg = LoggerConfig(**(plain | {"kind": LoggerKind.wandb}))
@@ -136,11 +134,8 @@ def job_requests(sweep_dir: Path, table: pd.DataFrame, swept: list[str]) -> list
         if not path.is_file():
             continue
         label = ", ".join(f"{k.removeprefix('param:')}={row[k]}" for k in swept) or str(row["job_dir"])
-        requests = pd.read_csv(path)
-        if "repeat" not in requests.columns or requests["repeat"].nunique() == 1:
-            out.append((label, requests))
-            continue
-        out += [(f"{label} r{r}", part) for r, part in requests.groupby("repeat", sort=True)]
+        repeats = list(pd.read_csv(path).groupby("repeat", sort=True))
+        out += [(label if len(repeats) == 1 else f"{label} r{r}", part) for r, part in repeats]
     return out
 
 
@@ -164,12 +159,13 @@ def collect(sweep_dir: Path, expected: list[list[str]] | None = None,
             metrics: list[str] = ()) -> pd.DataFrame:  # fmt: skip
     """One row per job (its swept values, status, the table's metrics and `metrics`), vanished ones too."""
     # at any depth: an override value with a slash (workload.path=a/b.jsonl) nests Hydra's job dir
-    rows = [_row(p, sweep_dir, metrics) for p in sorted(sweep_dir.rglob(RESULTS_FILE))]
+    found = {path: read_results(path) for path in sorted(sweep_dir.rglob(RESULTS_FILE))}
+    rows = [_row(path, sweep_dir, results, metrics) for path, results in found.items() if results]
     nums, dirs = {r["job_num"] for r in rows}, {r["job_dir"] for r in rows}
     for path in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and JOB_DIR.match(p.name)):
         num = int(JOB_DIR.match(path.name).group(1))
         if path.name not in dirs and num not in nums:
-            error = "no results.json: the job died before writing it"
+            error = "no readable results.json: the job died before writing it"
             rows.append(_vanished(num, path.name, _overrides_of(path, expected, num), error))
             nums.add(num)
     for num, overrides in enumerate(expected or []):
@@ -190,17 +186,10 @@ def _overrides_of(job_dir: Path, expected: list[list[str]] | None, num: int) -> 
     return expected[num] if expected and num < len(expected) else []
 
 
-def _row(path: Path, sweep_dir: Path, extra: list[str] = ()) -> dict:
-    job_dir = path.parent.relative_to(sweep_dir)  # more than one level when a value has a slash
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        match = JOB_DIR.match(path.relative_to(sweep_dir).parts[0])  # None: the sweep dir's own results.json
-        num = int(match.group(1)) if match else -1
-        error = f"unreadable {RESULTS_FILE}: {err}"
-        return _vanished(num, str(job_dir), _overrides_of(path.parent, None, num), error)
+def _row(path: Path, sweep_dir: Path, results: dict, extra: list[str] = ()) -> dict:
     job, summary = results.get("job", {}), results.get("summary", {})
-    row = {"job_num": job.get("job_num", -1), "job_dir": str(job_dir)}
+    # more than one level when a value has a slash
+    row = {"job_num": job.get("job_num", -1), "job_dir": str(path.parent.relative_to(sweep_dir))}
     row |= _parse_overrides(job.get("overrides", []))
     row |= {"status": results.get("status", "?"), "error": summary.get("error", "")}
     metrics = [*dict.fromkeys([*TABLE_METRICS, *sweep_plots.SERVING_METRICS, *extra])]
