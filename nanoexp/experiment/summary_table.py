@@ -23,16 +23,17 @@ BASELINE_UNUSED = ("parallel.tensor_parallel_size", "cache.block_size")  # trans
 SKIPPED_GROUPS = ("hydra", "experiment")  # experiment presets show as the keys they change
 
 
-def format_summary(summary: dict, job: JobInfo | None = None, shown: dict | None = None,
-                   changed: dict | None = None) -> str:  # fmt: skip
-    """The table; the header names `shown` (see SHOWN) and every `changed` setting (key -> value)."""
+def format_summary(summary: dict, job: JobInfo | None = None, plain: dict | None = None) -> str:
+    """The table; its header names the SHOWN settings of the job's resolved config `plain` and every
+    setting changed from the defaults."""
     get = lambda k: summary.get(k, "?")
     unused = BASELINE_UNUSED if summary.get("engine_kind") == "hf" else ()
-    facts = [f"{SHOWN[k]} {v}" for k, v in (shown or {}).items() if k in SHOWN and k not in unused]
+    shown = [f"{SHOWN[k]} {v}" for k, v in flatten(plain or {}).items() if k in SHOWN and k not in unused]
+    changed = changed_settings(plain, job.overrides) if plain is not None else {}
     lines = [
         f"{get('engine_kind')} | {get('model')} ({get('load_format')} weights) | {get('workload')}",
-        ", ".join([*facts, f"attention {get('attention_backend')}"]),
-        f"changed from the defaults: {' '.join(f'{k}={v}' for k, v in (changed or {}).items()) or 'nothing'}",
+        ", ".join([*shown, f"attention {get('attention_backend')}"]),
+        f"changed from the defaults: {' '.join(f'{k}={v}' for k, v in changed.items()) or 'nothing'}",
     ]
     lines.append("-" * max(len(line) for line in lines))
     for label, keys, fmt, unit in _rows(summary):
@@ -78,14 +79,6 @@ def _rows(s: dict) -> list[tuple[str, tuple[str, ...], str, str]]:
         ("KV cache KL mean / p99 / max", tuple(f"kv_quality/kl_{k}" for k in ("mean", "p99", "max")),
          "{:.3g}", "nats"),
     ]  # fmt: skip
-
-
-def print_summary(summary: dict, job: JobInfo, plain: dict) -> str:
-    """Prints the table of a job whose resolved config is `plain` and returns it."""
-    shown = {k: v for k, v in flatten(plain).items() if k in SHOWN}  # in the config's order, as SHOWN
-    text = format_summary(summary, job, shown, changed_settings(plain, job.overrides))
-    print(text, flush=True)
-    return text
 
 
 def _cell(summary: dict, key: str, fmt: str) -> str | None:
