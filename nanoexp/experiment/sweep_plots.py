@@ -200,7 +200,8 @@ def serving_report(table: pd.DataFrame, swept: list[str], title: str, sweep_dir:
     summary = {"slo": slo, "min_slo_attainment": MIN_ATTAINMENT, "max_rate_meeting_slo": found}
     (sweep_dir / "sweep_serving.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_serving(table, others, slo, title, sweep_dir / "sweep_serving.png")
-    return [rate_line(slo, entry) for entry in found] or [rate_line(slo, None)]
+    unset = "max rate meeting SLOs: no SLOs set (metrics.slo.ttft_ms, tpot_ms, e2el_ms)"
+    return [rate_line(slo, entry) for entry in found] or [unset]
 
 
 def shared_slo(table: pd.DataFrame) -> dict[str, float]:
@@ -224,14 +225,12 @@ def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
     return json_safe(out)  # inf as "inf", NaN as null
 
 
-def rate_line(slo: dict[str, float], entry: dict | None) -> str:
-    """`max rate meeting SLOs (...): 64 req/s`, one line per group of the other swept values."""
-    if not slo:
-        return "max rate meeting SLOs: no SLOs set (metrics.slo.ttft_ms, tpot_ms, e2el_ms)"
+def rate_line(slo: dict[str, float], entry: dict) -> str:
+    """`max rate meeting SLOs (...): 64 req/s` of a `max_rates` entry (a group of the other swept values)."""
     rule = ", ".join(f"{k} <= {v:g}" for k, v in slo.items())
-    where = f", {entry['group']}" if entry and entry["group"] else ""
+    where = f", {entry['group']}" if entry["group"] else ""
     head = f"max rate meeting SLOs ({rule} for >= {MIN_ATTAINMENT:.0%} of requests{where})"
-    rate = entry["max_rate"] if entry else None
+    rate = entry["max_rate"]
     if rate is None:
         return f"{head}: none of the offered rates"
     return f"{head}: {'all at t0 (inf)' if rate == 'inf' else f'{rate:g} req/s'}"
