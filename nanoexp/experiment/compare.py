@@ -41,15 +41,6 @@ def load_jobs(sweep_dir: Path) -> list[dict]:
     return list(jobs.values())
 
 
-def match(jobs_a: list[dict], jobs_b: list[dict]) -> tuple[list[str], list[tuple[dict, dict]]]:
-    """The keys either sweep varies, and the (A, B) job pairs that agree on them."""
-    params = [pd.DataFrame([j["params"] for j in jobs]) for jobs in (jobs_a, jobs_b)]
-    keys = sorted({key for table in params for key in sweep_report.swept_keys(table)})
-    by_values = {tuple(j["params"].get(k) for k in keys): j for j in jobs_a}
-    pairs = [(by_values.get(tuple(b["params"].get(k) for k in keys)), b) for b in jobs_b]
-    return keys, [(a, b) for a, b in pairs if a is not None]
-
-
 def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """mean(b) / mean(a) and its 95% interval (delta method on the log ratio, Welch's degrees of
     freedom; NaN bounds with fewer than two values a side)."""
@@ -69,9 +60,14 @@ def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
 
 
 def compare(sweep_a: Path, sweep_b: Path, metrics: list[str] = METRICS) -> tuple[pd.DataFrame, list[str]]:
-    """One row per matched job and metric; and the header lines (sweeps, commits, unmatched jobs)."""
+    """One row per job pair that agrees on the keys either sweep varies, and metric; and the header lines
+    (sweeps, commits, unmatched jobs)."""
     jobs_a, jobs_b = load_jobs(sweep_a), load_jobs(sweep_b)
-    keys, pairs = match(jobs_a, jobs_b)
+    params = [pd.DataFrame([j["params"] for j in jobs]) for jobs in (jobs_a, jobs_b)]
+    keys = sorted({key for table in params for key in sweep_report.swept_keys(table)})
+    by_values = {tuple(j["params"].get(k) for k in keys): j for j in jobs_a}
+    pairs = [(by_values.get(tuple(b["params"].get(k) for k in keys)), b) for b in jobs_b]
+    pairs = [(a, b) for a, b in pairs if a is not None]
     rows = []
     for a, b in pairs:
         config = ", ".join(f"{k.removeprefix('param:')}={b['params'].get(k)}" for k in keys) or "all"
@@ -124,8 +120,7 @@ def markdown(table: pd.DataFrame, header: list[str]) -> str:
         return "\n".join([*lines, "no matched jobs", ""])
     lines += ["| config | metric | A | B | B/A (95% CI) | verdict |", "|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
-        low, high = r.ratio_ci95_low, r.ratio_ci95_high
-        ci = f" ({low:.3f}-{high:.3f})" if low == low else ""
+        ci = f" ({r.ratio_ci95_low:.3f}-{r.ratio_ci95_high:.3f})" if pd.notna(r.ratio_ci95_low) else ""
         cell = f"**{r.ratio:.3f}**" if r.significant else f"{r.ratio:.3f}"
         lines.append(f"| {r.config} | {r.metric} | {r.a:.4g} | {r.b:.4g} | {cell}{ci} | {r.verdict} |")
     return "\n".join([*lines, "", "**bold**: the interval excludes 1 (beyond noise)", ""])
