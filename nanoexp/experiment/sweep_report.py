@@ -165,8 +165,11 @@ def collect(sweep_dir: Path, expected: list[list[str]] | None = None,
     for path in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and JOB_DIR.match(p.name)):
         num = int(JOB_DIR.match(path.name).group(1))
         if path.name not in dirs and num not in nums:
+            saved = path / ".hydra" / "overrides.yaml"  # else the ones Hydra was to launch it with
+            listed = expected[num] if expected and num < len(expected) else []
+            overrides = list(yaml.safe_load(saved.read_text()) or []) if saved.is_file() else listed
             error = "no readable results.json: the job died before writing it"
-            rows.append(_vanished(num, path.name, _overrides_of(path, expected, num), error))
+            rows.append(_vanished(num, path.name, overrides, error))
             nums.add(num)
     for num, overrides in enumerate(expected or []):
         if num not in nums:
@@ -177,13 +180,6 @@ def collect(sweep_dir: Path, expected: list[list[str]] | None = None,
 def _vanished(num: int, job_dir: str, overrides: list[str], error: str) -> dict:
     row = {"job_num": num, "job_dir": job_dir, **_parse_overrides(overrides)}
     return row | {"status": "vanished", "error": error}
-
-
-def _overrides_of(job_dir: Path, expected: list[list[str]] | None, num: int) -> list[str]:
-    saved = job_dir / ".hydra" / "overrides.yaml"
-    if saved.is_file():
-        return list(yaml.safe_load(saved.read_text()) or [])
-    return expected[num] if expected and num < len(expected) else []
 
 
 def _row(path: Path, sweep_dir: Path, results: dict, extra: list[str] = ()) -> dict:
