@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 from hydra import compose
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
@@ -107,9 +106,7 @@ def changed_settings(plain: dict, overrides: list[str]) -> dict[str, Any]:
         chosen = dict(found).items()
         return {g: str(o) for g, o in chosen if o is not None and not g.startswith(SKIPPED_GROUPS)}
 
-    try:
-        if not (HydraConfig.initialized() and GlobalHydra.instance().is_initialized()):
-            raise RuntimeError("not in a Hydra app")
+    try:  # compose and HydraConfig.get raise outside a Hydra app
         defaults = choices(compose(config_name="config", return_hydra_config=True).hydra.runtime.choices)
         current = choices(HydraConfig.get().runtime.choices)
         changed = {g: o for g, o in current.items() if defaults.get(g) != o}
