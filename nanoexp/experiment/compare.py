@@ -85,8 +85,8 @@ def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
     if not values_a or not values_b:
         return None
     value, low, high = ratio(values_a, values_b)
-    significant = bool(low == low and (low > 1 or high < 1))
-    if low != low:
+    significant = bool(low > 1 or high < 1)  # False with NaN bounds
+    if math.isnan(low):
         verdict = "no CI (one repeat)"
     elif not significant:
         verdict = "within noise"
@@ -130,10 +130,9 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     """One panel per metric: B/A per configuration with its interval, a line at 1."""
     if table.empty:
         return
-    metrics = list(dict.fromkeys(table["metric"]))
-    fig = figure(figsize=(3.2 * len(metrics), 3.4))
-    for ax, metric in zip(fig.subplots(1, len(metrics), squeeze=False).flat, metrics):
-        part = table[table["metric"] == metric]
+    parts = list(table.groupby("metric", sort=False))
+    fig = figure(figsize=(3.2 * len(parts), 3.4))
+    for ax, (metric, part) in zip(fig.subplots(1, len(parts), squeeze=False).flat, parts):
         y = part["ratio"].to_numpy()
         err = np.nan_to_num(np.abs(np.stack([y - part["ratio_ci95_low"], part["ratio_ci95_high"] - y])))
         ax.errorbar(range(len(part)), y, yerr=err, fmt="o", capsize=3)

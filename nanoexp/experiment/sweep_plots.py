@@ -181,7 +181,7 @@ def save_figure(fig, title: str, path: Path, legend_title: str | None = None) ->
     """Saves with the title on top and the first panel's legend below the panels (inside, it hides data)."""
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
+    handles, labels = fig.axes[0].get_legend_handles_labels()
     if legend_title is not None and handles:
         fig.legend(
             handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(labels), 4),
