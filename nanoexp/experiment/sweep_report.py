@@ -120,9 +120,8 @@ def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
     ok = table[table["status"] == "ok"]
     first = (ok if not ok.empty else table).iloc[0]
     context = [f"{k} {first[k]}" for k in CONTEXT if k in table.columns and pd.notna(first[k])]
-    fixed = [c for c in table.columns if c.startswith("param:") and c not in swept]
-    fixed = [c for c in fixed if c.removeprefix("param:") not in CONTEXT]
-    settings = [f"{c.removeprefix('param:')}={first[c]}" for c in fixed if pd.notna(first[c])]
+    fixed = {c.removeprefix("param:"): first[c] for c in table.columns.drop(swept) if c.startswith("param:")}
+    settings = [f"{k}={v}" for k, v in fixed.items() if k not in CONTEXT and pd.notna(v)]
     return " | ".join([", ".join(context), "fixed: " + (" ".join(settings) or "defaults")])
 
 
@@ -184,7 +183,6 @@ def _vanished(num: int, job_dir: str, overrides: list[str], error: str) -> dict:
 
 def _row(path: Path, sweep_dir: Path, results: dict, extra: list[str] = ()) -> dict:
     job, summary = results.get("job", {}), results.get("summary", {})
-    # more than one level when a value has a slash
     row = {"job_num": job.get("job_num", -1), "job_dir": str(path.parent.relative_to(sweep_dir))}
     row |= _parse_overrides(job.get("overrides", []))
     row |= {"status": results.get("status", "?"), "error": summary.get("error", "")}
@@ -266,8 +264,7 @@ def typed(column: pd.Series) -> pd.Series:
     """An override column (command-line text) as numbers or booleans when every value is one, else
     unchanged; as Python objects (pandas would turn ints beside a None into floats)."""
     present = column.dropna().astype(str)
-    numbers = pd.to_numeric(present, errors="coerce")
-    if len(present) and numbers.notna().all():
+    if len(present) and pd.to_numeric(present, errors="coerce").notna().all():
         convert = int if present.str.fullmatch(r"[+-]?\d+").all() else float
     elif len(present) and present.str.lower().isin(("true", "false")).all():
         convert = lambda v: str(v).lower() == "true"
