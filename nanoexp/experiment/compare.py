@@ -16,7 +16,7 @@ from nanoexp.config.checks import is_real
 from nanoexp.experiment import sweep_report
 from nanoexp.experiment.loggers import RESULTS_FILE, read_results
 from nanoexp.experiment.metrics import CONFIDENCE
-from nanoexp.experiment.sweep_plots import pyplot, save_figure
+from nanoexp.experiment.sweep_plots import figure, save_figure
 from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL
 
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
@@ -41,15 +41,6 @@ def load_jobs(sweep_dir: Path) -> list[dict]:
     return list(jobs.values())
 
 
-def match(jobs_a: list[dict], jobs_b: list[dict]) -> tuple[list[str], list[tuple[dict, dict]]]:
-    """The keys either sweep varies, and the (A, B) job pairs that agree on them."""
-    params = [pd.DataFrame([j["params"] for j in jobs]) for jobs in (jobs_a, jobs_b)]
-    keys = sorted({key for table in params for key in sweep_report.swept_keys(table)})
-    by_values = {tuple(j["params"].get(k) for k in keys): j for j in jobs_a}
-    pairs = [(by_values.get(tuple(b["params"].get(k) for k in keys)), b) for b in jobs_b]
-    return keys, [(a, b) for a, b in pairs if a is not None]
-
-
 def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """mean(b) / mean(a) and its 95% interval (delta method on the log ratio, Welch's degrees of
     freedom; NaN bounds with fewer than two values a side)."""
@@ -69,9 +60,14 @@ def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
 
 
 def compare(sweep_a: Path, sweep_b: Path, metrics: list[str] = METRICS) -> tuple[pd.DataFrame, list[str]]:
-    """One row per matched job and metric; and the header lines (sweeps, commits, unmatched jobs)."""
+    """One row per job pair that agrees on the keys either sweep varies, and metric; and the header lines
+    (sweeps, commits, unmatched jobs)."""
     jobs_a, jobs_b = load_jobs(sweep_a), load_jobs(sweep_b)
-    keys, pairs = match(jobs_a, jobs_b)
+    params = [pd.DataFrame([j["params"] for j in jobs]) for jobs in (jobs_a, jobs_b)]
+    keys = sorted({key for table in params for key in sweep_report.swept_keys(table)})
+    by_values = {tuple(j["params"].get(k) for k in keys): j for j in jobs_a}
+    pairs = [(by_values.get(tuple(b["params"].get(k) for k in keys)), b) for b in jobs_b]
+    pairs = [(a, b) for a, b in pairs if a is not None]
     rows = []
     for a, b in pairs:
         config = ", ".join(f"{k.removeprefix('param:')}={b['params'].get(k)}" for k in keys) or "all"
@@ -89,8 +85,8 @@ def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
     if not values_a or not values_b:
         return None
     value, low, high = ratio(values_a, values_b)
-    significant = bool(low == low and (low > 1 or high < 1))
-    if low != low:
+    significant = bool(low > 1 or high < 1)  # False with NaN bounds
+    if math.isnan(low):
         verdict = "no CI (one repeat)"
     elif not significant:
         verdict = "within noise"
@@ -124,8 +120,7 @@ def markdown(table: pd.DataFrame, header: list[str]) -> str:
         return "\n".join([*lines, "no matched jobs", ""])
     lines += ["| config | metric | A | B | B/A (95% CI) | verdict |", "|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
-        low, high = r.ratio_ci95_low, r.ratio_ci95_high
-        ci = f" ({low:.3f}-{high:.3f})" if low == low else ""
+        ci = f" ({r.ratio_ci95_low:.3f}-{r.ratio_ci95_high:.3f})" if pd.notna(r.ratio_ci95_low) else ""
         cell = f"**{r.ratio:.3f}**" if r.significant else f"{r.ratio:.3f}"
         lines.append(f"| {r.config} | {r.metric} | {r.a:.4g} | {r.b:.4g} | {cell}{ci} | {r.verdict} |")
     return "\n".join([*lines, "", "**bold**: the interval excludes 1 (beyond noise)", ""])
@@ -135,11 +130,9 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     """One panel per metric: B/A per configuration with its interval, a line at 1."""
     if table.empty:
         return
-    plt = pyplot()
-    metrics = list(dict.fromkeys(table["metric"]))
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.4), squeeze=False)
-    for ax, metric in zip(axes.flat, metrics):
-        part = table[table["metric"] == metric]
+    parts = list(table.groupby("metric", sort=False))
+    fig = figure(figsize=(3.2 * len(parts), 3.4))
+    for ax, (metric, part) in zip(fig.subplots(1, len(parts), squeeze=False).flat, parts):
         y = part["ratio"].to_numpy()
         err = np.nan_to_num(np.abs(np.stack([y - part["ratio_ci95_low"], part["ratio_ci95_high"] - y])))
         ax.errorbar(range(len(part)), y, yerr=err, fmt="o", capsize=3)

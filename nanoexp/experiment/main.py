@@ -31,7 +31,7 @@ from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.provenance import collect_provenance
 from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
 from nanoexp.experiment.schema import ConfigError, LoggerConfig, LoggerKind, NanoexpConfig, to_plain, to_spec
-from nanoexp.experiment.summary_table import print_summary
+from nanoexp.experiment.summary_table import format_summary
 from nanoexp.experiment.workloads import Request
 from nanoexp.loader import load_tokenizer
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
@@ -87,7 +87,9 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> None:
         _finish_failed(cfg, job, logger, known | _failure(e), e)
         raise
     logger.finish(summary, 0)
-    append_run_log(job, print_summary(summary, job, plain))
+    table = format_summary(summary, job, plain)
+    print(table, flush=True)
+    append_run_log(job, table)
 
 
 def experiment(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpoint, logger,

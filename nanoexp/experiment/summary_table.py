@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 from hydra import compose
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
@@ -23,16 +22,17 @@ BASELINE_UNUSED = ("parallel.tensor_parallel_size", "cache.block_size")  # trans
 SKIPPED_GROUPS = ("hydra", "experiment")  # experiment presets show as the keys they change
 
 
-def format_summary(summary: dict, job: JobInfo | None = None, shown: dict | None = None,
-                   changed: dict | None = None) -> str:  # fmt: skip
-    """The table; the header names `shown` (see SHOWN) and every `changed` setting (key -> value)."""
+def format_summary(summary: dict, job: JobInfo | None = None, plain: dict | None = None) -> str:
+    """The table; its header names the SHOWN settings of the job's resolved config `plain` and every
+    setting changed from the defaults."""
     get = lambda k: summary.get(k, "?")
     unused = BASELINE_UNUSED if summary.get("engine_kind") == "hf" else ()
-    facts = [f"{SHOWN[k]} {v}" for k, v in (shown or {}).items() if k in SHOWN and k not in unused]
+    shown = [f"{SHOWN[k]} {v}" for k, v in flatten(plain or {}).items() if k in SHOWN and k not in unused]
+    changed = changed_settings(plain, job.overrides) if plain is not None else {}
     lines = [
         f"{get('engine_kind')} | {get('model')} ({get('load_format')} weights) | {get('workload')}",
-        ", ".join([*facts, f"attention {get('attention_backend')}"]),
-        f"changed from the defaults: {' '.join(f'{k}={v}' for k, v in (changed or {}).items()) or 'nothing'}",
+        ", ".join([*shown, f"attention {get('attention_backend')}"]),
+        f"changed from the defaults: {' '.join(f'{k}={v}' for k, v in changed.items()) or 'nothing'}",
     ]
     lines.append("-" * max(len(line) for line in lines))
     for label, keys, fmt, unit in _rows(summary):
@@ -80,14 +80,6 @@ def _rows(s: dict) -> list[tuple[str, tuple[str, ...], str, str]]:
     ]  # fmt: skip
 
 
-def print_summary(summary: dict, job: JobInfo, plain: dict) -> str:
-    """Prints the table of a job whose resolved config is `plain` and returns it."""
-    shown = {k: v for k, v in flatten(plain).items() if k in SHOWN}  # in the config's order, as SHOWN
-    text = format_summary(summary, job, shown, changed_settings(plain, job.overrides))
-    print(text, flush=True)
-    return text
-
-
 def _cell(summary: dict, key: str, fmt: str) -> str | None:
     """The value with its CI where the summary has one, bytes in GB; None where it was not measured."""
     value, low, high = (summary.get(k) for k in (key, f"{key}_ci95_low", f"{key}_ci95_high"))
@@ -114,9 +106,7 @@ def changed_settings(plain: dict, overrides: list[str]) -> dict[str, Any]:
         chosen = dict(found).items()
         return {g: str(o) for g, o in chosen if o is not None and not g.startswith(SKIPPED_GROUPS)}
 
-    try:
-        if not (HydraConfig.initialized() and GlobalHydra.instance().is_initialized()):
-            raise RuntimeError("not in a Hydra app")
+    try:  # compose and HydraConfig.get raise outside a Hydra app
         defaults = choices(compose(config_name="config", return_hydra_config=True).hydra.runtime.choices)
         current = choices(HydraConfig.get().runtime.choices)
         changed = {g: o for g, o in current.items() if defaults.get(g) != o}

@@ -25,7 +25,7 @@ STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselv
 class SweepReport(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from nanoexp.experiment import sweep_report
-        self.sweep_dir, self.reported = Path(config.hydra.sweep.dir), False
+        self.sweep_dir = Path(config.hydra.sweep.dir)
         self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))
         metrics = list(config.report.metrics) if config.get("report") is not None else []
         expected, wandb = sweep_report.expected_jobs(config), sweep_report.wandb_target(config)
@@ -34,14 +34,12 @@ class SweepReport(Callback):
         atexit.register(self._report_after_abort, wait_s)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        self.reported = True
+        atexit.unregister(self._report_after_abort)
         if self.report():
             sys.exit(1)
 
     def _report_after_abort(self, wait_s: float) -> None:
         """The launcher raised, so on_multirun_end never ran: report what the jobs left."""
-        if self.reported:
-            return
         if interrupts.received:  # the sweep was signalled: its jobs stop too
             stop_local_jobs(self.sweep_dir, STOP_GRACE_S)
         else:

@@ -56,14 +56,13 @@ def unit(metric: str) -> tuple[str, float]:
 def plot_param(table: pd.DataFrame, metrics: list[str], key: str, others: list[str], title: str,
                path: Path) -> None:  # fmt: skip
     """One panel per metric against `key`; one line (or bar series) per combination of `others`."""
-    plt = pyplot()
     ok = table[table["status"] == "ok"]
     metrics = [m for m in metrics if m in ok.columns and ok[m].notna().any()]
     if not metrics:  # also when no job finished
         return
     ncols = min(4, len(metrics))
     nrows = -(-len(metrics) // ncols)
-    fig = plt.figure(figsize=(3.6 * ncols, 3.0 * nrows + 0.6))
+    fig = figure(figsize=(3.6 * ncols, 3.0 * nrows + 0.6))
     draw = _lines if pd.to_numeric(ok[key], errors="coerce").notna().all() else _bars
     for panel, metric in enumerate(metrics, start=1):
         ax = fig.add_subplot(nrows, ncols, panel)
@@ -150,8 +149,8 @@ def plot_latency_cdf(ok_jobs: list[tuple[str, pd.DataFrame]], title: str, path: 
     """TTFT and TPOT across requests, one empirical CDF per job (`(label, requests.csv rows)`)."""
     if not ok_jobs:
         return
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig = figure(figsize=(9, 3.6))
+    axes = fig.subplots(1, 2)
     for label, requests in ok_jobs:
         tpot = requests[requests["output_len"] > 1]["tpot_ms"]
         for ax, values in zip(axes, (requests["ttft_ms"], tpot)):
@@ -169,28 +168,26 @@ def sort_key(value) -> tuple:
     return (0, float(number), "") if pd.notna(number) else (1, 0.0, str(value))
 
 
-def pyplot():
+def figure(**kwargs):
+    """A figure outside pyplot (no GUI backend, nothing to close), in the report's font sizes."""
     import matplotlib
-    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
     sizes = {"axes.titlesize": 9, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7}
     matplotlib.rcParams.update(sizes)
-    import matplotlib.pyplot as plt
-    return plt
+    return Figure(**kwargs)
 
 
 def save_figure(fig, title: str, path: Path, legend_title: str | None = None) -> None:
     """Saves with the title on top and the first panel's legend below the panels (inside, it hides data)."""
-    import matplotlib.pyplot as plt
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
+    handles, labels = fig.axes[0].get_legend_handles_labels()
     if legend_title is not None and handles:
         fig.legend(
             handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(labels), 4),
             fontsize=7, title=legend_title, title_fontsize=7, frameon=False,
         )  # fmt: skip
     fig.savefig(path, dpi=110, bbox_inches="tight")  # grown to hold the legend below
-    plt.close(fig)
 
 
 def serving_report(table: pd.DataFrame, swept: list[str], title: str, sweep_dir: Path) -> list[str]:
@@ -203,7 +200,8 @@ def serving_report(table: pd.DataFrame, swept: list[str], title: str, sweep_dir:
     summary = {"slo": slo, "min_slo_attainment": MIN_ATTAINMENT, "max_rate_meeting_slo": found}
     (sweep_dir / "sweep_serving.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_serving(table, others, slo, title, sweep_dir / "sweep_serving.png")
-    return [rate_line(slo, entry) for entry in found] or [rate_line(slo, None)]
+    unset = "max rate meeting SLOs: no SLOs set (metrics.slo.ttft_ms, tpot_ms, e2el_ms)"
+    return [rate_line(slo, entry) for entry in found] or [unset]
 
 
 def shared_slo(table: pd.DataFrame) -> dict[str, float]:
@@ -227,14 +225,12 @@ def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
     return json_safe(out)  # inf as "inf", NaN as null
 
 
-def rate_line(slo: dict[str, float], entry: dict | None) -> str:
-    """`max rate meeting SLOs (...): 64 req/s`, one line per group of the other swept values."""
-    if not slo:
-        return "max rate meeting SLOs: no SLOs set (metrics.slo.ttft_ms, tpot_ms, e2el_ms)"
+def rate_line(slo: dict[str, float], entry: dict) -> str:
+    """`max rate meeting SLOs (...): 64 req/s` of a `max_rates` entry (a group of the other swept values)."""
     rule = ", ".join(f"{k} <= {v:g}" for k, v in slo.items())
-    where = f", {entry['group']}" if entry and entry["group"] else ""
+    where = f", {entry['group']}" if entry["group"] else ""
     head = f"max rate meeting SLOs ({rule} for >= {MIN_ATTAINMENT:.0%} of requests{where})"
-    rate = entry["max_rate"] if entry else None
+    rate = entry["max_rate"]
     if rate is None:
         return f"{head}: none of the offered rates"
     return f"{head}: {'all at t0 (inf)' if rate == 'inf' else f'{rate:g} req/s'}"
@@ -246,8 +242,8 @@ def plot_serving(table: pd.DataFrame, others: list[str], slo: dict[str, float], 
     ok = table[table["status"] == "ok"]
     if ok.empty:
         return
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(SERVING_PANELS), figsize=(18, 3.6))
+    fig = figure(figsize=(18, 3.6))
+    axes = fig.subplots(1, len(SERVING_PANELS))
     axis = NumericAxis(ok[RATE], RATE)
     for colour, (label, part) in enumerate(groups(ok, others)):
         part = part.assign(_x=axis.place(part[RATE])).sort_values("_x")

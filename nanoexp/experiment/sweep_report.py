@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -40,8 +39,7 @@ JOB_TYPE, TABLE_KEY = "sweep-report", "sweep_table"  # of the sweep-level W&B ru
 
 def wandb_target(config: DictConfig) -> tuple[LoggerConfig, str] | None:
     """(LoggerConfig, group) of the sweep-level W&B run, or None with logger=none."""
-    logger = config.get("logger")
-    plain = OmegaConf.to_container(logger, resolve=True, enum_to_str=True) if logger is not None else {}
+    plain = OmegaConf.to_container(config.logger, resolve=True, enum_to_str=True)
     if plain.get("kind") != LoggerKind.wandb.value:
         return None
     cfg = LoggerConfig(**(plain | {"kind": LoggerKind.wandb}))
@@ -122,9 +120,8 @@ def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
     ok = table[table["status"] == "ok"]
     first = (ok if not ok.empty else table).iloc[0]
     context = [f"{k} {first[k]}" for k in CONTEXT if k in table.columns and pd.notna(first[k])]
-    fixed = [c for c in table.columns if c.startswith("param:") and c not in swept]
-    fixed = [c for c in fixed if c.removeprefix("param:") not in CONTEXT]
-    settings = [f"{c.removeprefix('param:')}={first[c]}" for c in fixed if pd.notna(first[c])]
+    fixed = {c.removeprefix("param:"): first[c] for c in table.columns.drop(swept) if c.startswith("param:")}
+    settings = [f"{k}={v}" for k, v in fixed.items() if k not in CONTEXT and pd.notna(v)]
     return " | ".join([", ".join(context), "fixed: " + (" ".join(settings) or "defaults")])
 
 
@@ -136,11 +133,8 @@ def job_requests(sweep_dir: Path, table: pd.DataFrame, swept: list[str]) -> list
         if not path.is_file():
             continue
         label = ", ".join(f"{k.removeprefix('param:')}={row[k]}" for k in swept) or str(row["job_dir"])
-        requests = pd.read_csv(path)
-        if "repeat" not in requests.columns or requests["repeat"].nunique() == 1:
-            out.append((label, requests))
-            continue
-        out += [(f"{label} r{r}", part) for r, part in requests.groupby("repeat", sort=True)]
+        repeats = list(pd.read_csv(path).groupby("repeat", sort=True))
+        out += [(label if len(repeats) == 1 else f"{label} r{r}", part) for r, part in repeats]
     return out
 
 
@@ -164,13 +158,17 @@ def collect(sweep_dir: Path, expected: list[list[str]] | None = None,
             metrics: list[str] = ()) -> pd.DataFrame:  # fmt: skip
     """One row per job (its swept values, status, the table's metrics and `metrics`), vanished ones too."""
     # at any depth: an override value with a slash (workload.path=a/b.jsonl) nests Hydra's job dir
-    rows = [_row(p, sweep_dir, metrics) for p in sorted(sweep_dir.rglob(RESULTS_FILE))]
+    found = {path: read_results(path) for path in sorted(sweep_dir.rglob(RESULTS_FILE))}
+    rows = [_row(path, sweep_dir, results, metrics) for path, results in found.items() if results]
     nums, dirs = {r["job_num"] for r in rows}, {r["job_dir"] for r in rows}
     for path in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and JOB_DIR.match(p.name)):
         num = int(JOB_DIR.match(path.name).group(1))
         if path.name not in dirs and num not in nums:
-            error = "no results.json: the job died before writing it"
-            rows.append(_vanished(num, path.name, _overrides_of(path, expected, num), error))
+            saved = path / ".hydra" / "overrides.yaml"  # else the ones Hydra was to launch it with
+            listed = expected[num] if expected and num < len(expected) else []
+            overrides = list(yaml.safe_load(saved.read_text()) or []) if saved.is_file() else listed
+            error = "no readable results.json: the job died before writing it"
+            rows.append(_vanished(num, path.name, overrides, error))
             nums.add(num)
     for num, overrides in enumerate(expected or []):
         if num not in nums:
@@ -183,24 +181,9 @@ def _vanished(num: int, job_dir: str, overrides: list[str], error: str) -> dict:
     return row | {"status": "vanished", "error": error}
 
 
-def _overrides_of(job_dir: Path, expected: list[list[str]] | None, num: int) -> list[str]:
-    saved = job_dir / ".hydra" / "overrides.yaml"
-    if saved.is_file():
-        return list(yaml.safe_load(saved.read_text()) or [])
-    return expected[num] if expected and num < len(expected) else []
-
-
-def _row(path: Path, sweep_dir: Path, extra: list[str] = ()) -> dict:
-    job_dir = path.parent.relative_to(sweep_dir)  # more than one level when a value has a slash
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        match = JOB_DIR.match(path.relative_to(sweep_dir).parts[0])  # None: the sweep dir's own results.json
-        num = int(match.group(1)) if match else -1
-        error = f"unreadable {RESULTS_FILE}: {err}"
-        return _vanished(num, str(job_dir), _overrides_of(path.parent, None, num), error)
+def _row(path: Path, sweep_dir: Path, results: dict, extra: list[str] = ()) -> dict:
     job, summary = results.get("job", {}), results.get("summary", {})
-    row = {"job_num": job.get("job_num", -1), "job_dir": str(job_dir)}
+    row = {"job_num": job.get("job_num", -1), "job_dir": str(path.parent.relative_to(sweep_dir))}
     row |= _parse_overrides(job.get("overrides", []))
     row |= {"status": results.get("status", "?"), "error": summary.get("error", "")}
     metrics = [*dict.fromkeys([*TABLE_METRICS, *sweep_plots.SERVING_METRICS, *extra])]
@@ -281,8 +264,7 @@ def typed(column: pd.Series) -> pd.Series:
     """An override column (command-line text) as numbers or booleans when every value is one, else
     unchanged; as Python objects (pandas would turn ints beside a None into floats)."""
     present = column.dropna().astype(str)
-    numbers = pd.to_numeric(present, errors="coerce")
-    if len(present) and numbers.notna().all():
+    if len(present) and pd.to_numeric(present, errors="coerce").notna().all():
         convert = int if present.str.fullmatch(r"[+-]?\d+").all() else float
     elif len(present) and present.str.lower().isin(("true", "false")).all():
         convert = lambda v: str(v).lower() == "true"

@@ -137,10 +137,9 @@ def choose_mode() -> str | None:
         return "online"
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
     try:
-        logged_in = netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
+        return "online" if netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") else "offline"
     except (FileNotFoundError, netrc.NetrcParseError):
-        logged_in = False
-    return "online" if logged_in else "offline"
+        return "offline"
 
 
 def finish_run(run, env_set: list[str], exit_code: int = 0) -> None:
