@@ -1,4 +1,4 @@
-"""EngineConfig composes the per-concern configs; `from_kwargs` maps vLLM-style flat KEYWORDS."""
+"""EngineConfig composes the per-concern configs; `from_kwargs` maps vLLM-style flat keywords (KEYWORDS)."""
 
 from __future__ import annotations
 
