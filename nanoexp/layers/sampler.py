@@ -39,8 +39,12 @@ class Sampler(nn.Module):
 
             self.one_pass_sample = sample
 
+    def draws_in_one_pass(self, st: SamplingTensors) -> bool:
+        """Whether the one-pass kernel draws every row: it applies no filter and needs every row's seed."""
+        return self.one_pass and not st.needs_filter and st.row_seeds is not None
+
     def can_shard(self, st: SamplingTensors) -> bool:
-        return st.all_greedy or (self.one_pass and not st.needs_filter and st.row_seeds is not None)
+        return st.all_greedy or self.draws_in_one_pass(st)
 
     def shard_winners(self, logits, st: SamplingTensors, vocab_offset: int) -> tuple[Tensor, Tensor]:
         """Per row of this shard's logits: the winner's score (float32) and its token id."""
@@ -53,7 +57,7 @@ class Sampler(nn.Module):
     def forward(self, logits: Tensor, st: SamplingTensors) -> Tensor:
         if st.all_greedy:
             return logits.argmax(dim=-1)
-        if self.can_shard(st):  # not all greedy: the one-pass kernel applies
+        if self.draws_in_one_pass(st):
             return self.one_pass_sample(logits, st.temperatures, st.row_seeds)
         greedy_tokens = logits.argmax(dim=-1)
         if not st.needs_filter and all(seed is None for seed in st.seeds):
