@@ -13,11 +13,16 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from nanoexp.config.checks import is_real
-from nanoexp.experiment import sweep_report
 from nanoexp.experiment.loggers import RESULTS_FILE, read_results
 from nanoexp.experiment.metrics import CONFIDENCE
 from nanoexp.experiment.sweep_plots import figure, save_figure
-from nanoexp.experiment.sweep_report import HIGHER_IS_BETTER, LOWER_IS_BETTER, TRIAL
+from nanoexp.experiment.sweep_report import (
+    HIGHER_IS_BETTER,
+    LOWER_IS_BETTER,
+    TRIAL,
+    parse_overrides,
+    swept_keys,
+)
 
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
 LOWER = {*LOWER_IS_BETTER, "duration_s", "p99_tpot_ms", "median_ttft_ms"}
@@ -32,7 +37,7 @@ def load_jobs(sweep_dir: Path) -> list[dict]:
         if results.get("status") != "ok":
             continue
         git = results.get("config", {}).get("resolved", {}).get("provenance", {}).get("git", {})
-        params = sweep_report._parse_overrides(results.get("job", {}).get("overrides", []))
+        params = parse_overrides(results.get("job", {}).get("overrides", []))
         params.pop(TRIAL, None)
         summary = results.get("summary", {})
         first = {"params": params, "summary": dict(summary, per_repeat=[]), "commit": git.get("commit")}
@@ -64,7 +69,7 @@ def compare(sweep_a: Path, sweep_b: Path, metrics: list[str] = METRICS) -> tuple
     (sweeps, commits, unmatched jobs)."""
     jobs_a, jobs_b = load_jobs(sweep_a), load_jobs(sweep_b)
     params = [pd.DataFrame([j["params"] for j in jobs]) for jobs in (jobs_a, jobs_b)]
-    keys = sorted({key for table in params for key in sweep_report.swept_keys(table)})
+    keys = sorted({key for table in params for key in swept_keys(table)})
     by_values = {tuple(j["params"].get(k) for k in keys): j for j in jobs_a}
     pairs = [(by_values.get(tuple(b["params"].get(k) for k in keys)), b) for b in jobs_b]
     pairs = [(a, b) for a, b in pairs if a is not None]

@@ -177,14 +177,14 @@ def collect(sweep_dir: Path, expected: list[list[str]] | None = None,
 
 
 def _vanished(num: int, job_dir: str, overrides: list[str], error: str) -> dict:
-    row = {"job_num": num, "job_dir": job_dir, **_parse_overrides(overrides)}
+    row = {"job_num": num, "job_dir": job_dir, **parse_overrides(overrides)}
     return row | {"status": "vanished", "error": error}
 
 
 def _row(path: Path, sweep_dir: Path, results: dict, extra: list[str] = ()) -> dict:
     job, summary = results.get("job", {}), results.get("summary", {})
     row = {"job_num": job.get("job_num", -1), "job_dir": str(path.parent.relative_to(sweep_dir))}
-    row |= _parse_overrides(job.get("overrides", []))
+    row |= parse_overrides(job.get("overrides", []))
     row |= {"status": results.get("status", "?"), "error": summary.get("error", "")}
     metrics = [*dict.fromkeys([*TABLE_METRICS, *sweep_plots.SERVING_METRICS, *extra])]
     keys = [*CONTEXT, *metrics, *(m + s for m in metrics for s in CI)]
@@ -195,7 +195,7 @@ def _row(path: Path, sweep_dir: Path, results: dict, extra: list[str] = ()) -> d
     return row | {f"slo:{k}": v for k, v in slo.items() if v is not None}
 
 
-def _parse_overrides(overrides: list[str]) -> dict:
+def parse_overrides(overrides: list[str]) -> dict:
     pairs = (o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
     return {f"param:{k}": v for k, v in pairs if not k.startswith("hydra")}
 
