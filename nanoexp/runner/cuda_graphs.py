@@ -22,6 +22,8 @@ GraphStep = tuple[ModelInputs, SamplingTensors | None]
 
 MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly
 MAX_STEP_GRAPH_TOKENS = 4096  # steps with prefill tokens up to this many run in step graphs
+STEP_SIZES_PER_OCTAVE = 4  # above 128 tokens: a step pads by at most 25%, not 100% (a 512-token
+# prompt beside 40 decodes replays the 640-token graph, not the 1,024-token one)
 
 
 def capture_ladder(
@@ -40,6 +42,16 @@ def capture_ladder(
         graphs[size] = graph
         torch.cuda.synchronize()
     return graphs
+
+
+def step_graph_sizes() -> list[int]:
+    """16 ... 128 tokens in steps of 16, then STEP_SIZES_PER_OCTAVE sizes per doubling up to
+    MAX_STEP_GRAPH_TOKENS (160, 192, 224, 256, 320, ...); all multiples of 16."""
+    sizes, octave = list(range(16, 129, 16)), 128
+    while octave < MAX_STEP_GRAPH_TOKENS:
+        sizes += [octave + octave * k // STEP_SIZES_PER_OCTAVE for k in range(1, STEP_SIZES_PER_OCTAVE + 1)]
+        octave *= 2
+    return sizes
 
 
 class GraphLadder:
@@ -146,7 +158,7 @@ class StepGraphs(GraphLadder):
         self.tile_block_m = prefill_block_m(head_dim)  # the tile height of every step graph's tile table
         self.variants = (False, True) if mixed else (False,)  # with decodes
         top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
-        sizes = sorted({size for size in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if size < top} | {top})
+        sizes = sorted({size for size in step_graph_sizes() if size < top} | {top})
         super().__init__(model, sizes, max_blocks_per_seq, hidden_size, dtype, device)
         for arena in self.arenas.values():  # what the capture runs read: no tiles
             arena.tensors["tiles"].fill_(-1)
