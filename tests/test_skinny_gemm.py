@@ -16,7 +16,6 @@ from nanoexp.kernels.base import NormFirst  # noqa: E402
 from nanoexp.kernels.select import (  # noqa: E402
     AUTO_MAX_ROWS,
     AUTO_MAX_WEIGHT_BYTES,
-    MAX_PREFETCH_BYTES,
     SkinnyGemm,
     make_skinny_gemm,
 )
@@ -74,33 +73,6 @@ def test_auto_leaves_large_weights_to_cublas():
     assert gemm.describe() == "triton up to 16 rows, weights up to 12 MiB"
 
 
-def test_each_linear_layer_prefetches_the_weight_that_runs_next():
-    """In a Qwen3 model's execution order (q/k/v, o, gate/up, down, the next layer's q/k/v), up to
-    MAX_PREFETCH_BYTES, and only where the GPU has the bulk prefetch (make_skinny_gemm: sm_90 on)."""
-    from transformers import Qwen3Config
-
-    from nanoexp.layers.linear import LinearBase, bind_gemm_backend
-    from nanoexp.models.qwen3 import Qwen3ForCausalLM
-
-    config = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, vocab_size=100)  # fmt: skip
-    model = Qwen3ForCausalLM(config, max_position=64)
-    bind_gemm_backend(model, SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES, l2_prefetch=True))
-    first, second = (layer.self_attn.qkv_proj for layer in model.model.layers)
-    order = [first, model.model.layers[0].self_attn.o_proj, model.model.layers[0].mlp.gate_up_proj,
-             model.model.layers[0].mlp.down_proj, second]  # fmt: skip
-    assert [layer.next_weight for layer in order[:-1]] == [layer.weight for layer in order[1:]]
-    assert model.model.layers[1].mlp.down_proj.next_weight is None  # the last one
-    large = LinearBase(1024, MAX_PREFETCH_BYTES // 4096 + 1, bias=False, tp_dim=0)  # fp32: just over
-    chain = torch.nn.Sequential(LinearBase(1024, 8, False, 0), large, LinearBase(1024, 8, False, 0))
-    bind_gemm_backend(chain, SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES, l2_prefetch=True))
-    assert chain[0].next_weight is None and chain[1].next_weight is chain[2].weight
-    bind_gemm_backend(model, SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES))
-    assert all(m.next_weight is None for m in model.modules() if isinstance(m, LinearBase))
-    if DEVICE.type == "cpu":
-        assert not make_skinny_gemm("triton", DEVICE, torch.bfloat16).l2_prefetch
-
-
 def test_engine_with_triton_gemm_matches_torch_gemm(checkpoints):
     path, _ = checkpoints["qwen2_gqa2"]  # Qwen2: the q/k/v projections carry a bias
     prompts = random_prompts([5, 9, 3], seed=4)
@@ -125,8 +97,6 @@ def test_skinny_gemm_bf16_on_gpu(rows, n, k):
     ref = F.linear(x.float(), w.float())
     for _ in range(3):
         torch.testing.assert_close(skinny_gemm(x, w).float(), ref, rtol=2e-2, atol=2e-2)
-    if torch.cuda.get_device_capability() >= (9, 0):  # the same product while prefetching another weight
-        assert torch.equal(skinny_gemm(x, w, prefetch=torch.randn_like(w)), skinny_gemm(x, w))
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import torch
 
-from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.flash_attn_backend import (
     FLASH_ATTN_PAGE_MULTIPLE,
@@ -35,7 +34,6 @@ AUTO_CUDA_ORDER = ("triton", "flash_attn")
 # experiments/kernels/runs/skinny_gemm_8b.md).
 AUTO_MAX_ROWS = 16
 AUTO_MAX_WEIGHT_BYTES = 12 * 2**20
-MAX_PREFETCH_BYTES = 16 * 2**20
 MAX_ROWS = 256  # the kernel's limit (triton_gemm.MAX_ROWS); `triton` takes every size up to it
 
 
@@ -127,23 +125,17 @@ def _triton_backend() -> AttentionBackend:
 class SkinnyGemm:
     """Routes x [M, K] @ w[N, K]^T with M <= max_rows to the Triton kernel."""
 
-    def __init__(self, max_rows: int, max_weight_bytes: int | None = None, l2_prefetch: bool = False):
+    def __init__(self, max_rows: int, max_weight_bytes: int | None = None):
         from nanoexp.kernels.triton_gemm import skinny_gemm  # only once Triton is known to be there
 
         self.max_rows = max_rows
         self.max_weight_bytes = max_weight_bytes
-        self.l2_prefetch = l2_prefetch
         self.kernel = skinny_gemm  # x @ weight^T + bias, optionally gated and normed first
 
     def applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         fits = x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(-1) == 1 and weight.stride(-1) == 1
         limit = self.max_weight_bytes  # `fits` first: prefill-sized inputs leave there
         return fits and (limit is None or weight.numel() * weight.element_size() <= limit)
-
-    def prefetches(self, weight: torch.Tensor) -> bool:
-        """Whether a kernel prefetches `weight` (the next one's) into L2: on sm_90 and on, up to
-        MAX_PREFETCH_BYTES (a third of an H100's L2)."""
-        return self.l2_prefetch and weight.numel() * weight.element_size() <= MAX_PREFETCH_BYTES
 
     def describe(self) -> str:
         limit = f", weights up to {self.max_weight_bytes / 2**20:g} MiB" if self.max_weight_bytes else ""
@@ -154,10 +146,7 @@ def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> S
     """`engine.gemm_backend`: torch: None; triton: up to 256 rows; auto: the measured range, or None."""
     if choice == "torch":
         return None
-    l2_prefetch = pdl.supported(device)  # sm_90's bulk prefetch
     if choice == "triton":
         require_triton("engine.gemm_backend", device)
-        return SkinnyGemm(MAX_ROWS, l2_prefetch=l2_prefetch)
-    if not triton_half_precision(device, dtype):
-        return None
-    return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES, l2_prefetch)
+        return SkinnyGemm(MAX_ROWS)
+    return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES) if triton_half_precision(device, dtype) else None

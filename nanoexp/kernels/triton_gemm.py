@@ -22,8 +22,8 @@ import triton.language as tl
 from nanoexp.kernels.base import NormFirst, num_sms
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_gemv import AUTO_ROWS as GEMV_ROWS
-from nanoexp.kernels.triton_gemv import GemvConfig, gemv, prefetch_args, rounded_swiglu
-from nanoexp.kernels.triton_pdl import prefetch_to_l2, wait_for_previous
+from nanoexp.kernels.triton_gemv import GemvConfig, gemv, rounded_swiglu
+from nanoexp.kernels.triton_pdl import wait_for_previous
 
 MAX_ROWS = 256
 MAX_BLOCK_M = 64
@@ -142,8 +142,7 @@ def _skinny_gemm_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, residual_ptr, norm_w_ptr, sum_ptr, eps, M, N, K,
     stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, next_w_ptr=None, next_w_bytes=0, NORM_IN_LOOP: tl.constexpr = False,
-    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    SPLIT_K: tl.constexpr, NORM_IN_LOOP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """GATED: w is [gate; up] (2N rows), y = silu(x @ gate^T) * (x @ up^T). NORM: x -> RMSNorm(x +
     residual) * norm_w, column tile 0 / split 0 writing x + residual to sum_ptr; each program takes
@@ -151,10 +150,6 @@ def _skinny_gemm_kernel(
     tile = tl.program_id(0)
     split = tl.program_id(1)
     row_tile = tl.program_id(2)
-    if PREFETCH:
-        tiles, splits = tl.num_programs(0), tl.num_programs(1)
-        programs = tiles * splits * tl.num_programs(2)
-        prefetch_to_l2(next_w_ptr, next_w_bytes, tile + tiles * (split + splits * row_tile), programs)
     rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
@@ -225,11 +220,9 @@ def default_config(n: int, k: int, num_sms: int, rows: int = 1) -> GemmConfig:
 def skinny_gemm(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     config: GemmConfig | GemvConfig | None = None, gated: bool = False, norm: NormFirst | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x [M <= MAX_ROWS, K] @ w [N, K]^T + bias -> [M, N]. gated: w is [gate; up] (no bias), result
-    silu(x gate^T) * (x up^T). norm: x RMS-normed first, returns (y, x + norm.residual or x). prefetch:
-    a tensor (the next GEMM's weight) the kernel asks L2 to fetch as it starts (sm_90 and on). Up to
+    silu(x gate^T) * (x up^T). norm: x RMS-normed first, returns (y, x + norm.residual or x). Up to
     triton_gemv.AUTO_ROWS rows (without a GemmConfig) the GEMV kernel runs, above the tensor-core one."""
     m, k = x.shape
     n = w.shape[0] // 2 if gated else w.shape[0]
@@ -242,7 +235,7 @@ def skinny_gemm(
     if m == 0:
         return (y, summed) if norm is not None else y
     if isinstance(config, GemvConfig) or (config is None and m <= GEMV_ROWS):
-        gemv(x, w, y, bias, gated, norm, summed, _tickets(x.device), config, prefetch)
+        gemv(x, w, y, bias, gated, norm, summed, _tickets(x.device), config)
         return (y, summed) if norm is not None else y
     config = config or default_config(n, k, num_sms(x.device), m)
     block_m = config.block_m or min(max(16, triton.next_power_of_2(m)), MAX_BLOCK_M)
@@ -259,7 +252,7 @@ def skinny_gemm(
         m, n, k, x.stride(0), w.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
-        **prefetch_args(prefetch, w), NORM_IN_LOOP=norm_in_loop, num_warps=config.num_warps,
-        num_stages=config.num_stages, **launch_options(),
+        NORM_IN_LOOP=norm_in_loop, num_warps=config.num_warps, num_stages=config.num_stages,
+        **launch_options(),
     )  # fmt: skip
     return (y, summed) if norm is not None else y

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from nanoexp.kernels.base import NormFirst, num_sms
 from nanoexp.kernels.pdl import launch_options
-from nanoexp.kernels.triton_pdl import prefetch_to_l2, wait_for_previous
+from nanoexp.kernels.triton_pdl import wait_for_previous
 
 MAX_ROWS = 4  # the kernel's limit
 # Up to where skinny_gemm takes this kernel, on an H200 vs the tensor-core kernel: at 1-2 rows it wins
@@ -102,17 +102,13 @@ def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, residual_ptr, norm_w_ptr, sum_ptr, eps, M, N, K,
     stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, K_TILE: tl.constexpr,
-    SPLIT_K: tl.constexpr, next_w_ptr=None, next_w_bytes=0, NORM_SPLIT: tl.constexpr = False,
-    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    SPLIT_K: tl.constexpr, NORM_SPLIT: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """GATED and NORM as in triton_gemm's kernel; ROWS >= M rows are unrolled. NORM_SPLIT (NORM, K
     split): each program sums its slice's squares into a workspace after the partials and 1 / rms
     scales the summed product (x * norm_w rounded once: matches the unfused ops to rounding)."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
-    if PREFETCH:
-        prefetch_to_l2(next_w_ptr, next_w_bytes, tile + tl.num_programs(0) * split,
-                       tl.num_programs(0) * tl.num_programs(1))
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     kk = split * K_TILE + tl.arange(0, K_TILE)
     col_mask = cols < N
@@ -178,14 +174,6 @@ def _gemv_kernel(
             tl.store(ticket_ptr + tile, 0)
 
 
-def prefetch_args(prefetch: torch.Tensor | None, w: torch.Tensor) -> dict:
-    """The kernels' L2 prefetch arguments: `prefetch`'s bytes, or none."""
-    if prefetch is None:
-        return {"next_w_ptr": w, "next_w_bytes": 0, "PREFETCH": False}
-    size = prefetch.numel() * prefetch.element_size()
-    return {"next_w_ptr": prefetch, "next_w_bytes": size, "PREFETCH": True}
-
-
 def default_gemv_config(n: int, k: int, sms: int, max_split_tiles: int = 8192) -> GemvConfig:
     """Output tiles narrow enough to fill every SM about three times (few enough for the tickets where
     K is split); 8 warps where K is split (H200, one row: o_proj 4.6 -> 4.0 us, down_proj 5.1 -> 4.7)."""
@@ -202,7 +190,6 @@ def default_gemv_config(n: int, k: int, sms: int, max_split_tiles: int = 8192) -
 def gemv(
     x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None, gated: bool,
     norm: NormFirst | None, summed: torch.Tensor, tickets: torch.Tensor, config: GemvConfig | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Into y (and summed): triton_gemm.skinny_gemm's product for x [M <= MAX_ROWS, K]."""
     m, k = x.shape
@@ -226,6 +213,6 @@ def gemv(
         norm.eps if norm is not None else 0.0,
         m, n, k, x.stride(0), w.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-        ROWS=rows, BLOCK_N=config.block_n, K_TILE=config.k_tile, SPLIT_K=split, **prefetch_args(prefetch, w),
-        NORM_SPLIT=norm_split, num_warps=config.num_warps, **launch_options(),
+        ROWS=rows, BLOCK_N=config.block_n, K_TILE=config.k_tile, SPLIT_K=split, NORM_SPLIT=norm_split,
+        num_warps=config.num_warps, **launch_options(),
     )  # fmt: skip

@@ -32,7 +32,6 @@ class LinearBase(nn.Module):
         self.tp_dim = tp_dim
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.skinny: SkinnyGemm | None = None  # bound by bind_gemm_backend
-        self.next_weight: Tensor | None = None  # the next linear layer's, for the skinny kernel to prefetch
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -54,7 +53,7 @@ class LinearBase(nn.Module):
 
     def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
         if self.skinny is not None and self.skinny.applies(x, self.weight):
-            return self.skinny.kernel(x, self.weight, bias, prefetch=self.next_weight)
+            return self.skinny.kernel(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
 
     def norm_linear(
@@ -66,8 +65,7 @@ class LinearBase(nn.Module):
         fits = (residual is None or residual.stride() == x.stride()) and not (gated and self.bias is not None)
         if fits and skinny is not None and skinny.applies(x, self.weight):
             first = NormFirst(norm.weight, norm.eps, residual)
-            return skinny.kernel(x, self.weight, self.bias, gated=gated, norm=first,
-                                 prefetch=self.next_weight)
+            return skinny.kernel(x, self.weight, self.bias, gated=gated, norm=first)
         normed, residual = (norm(x), x) if residual is None else norm(x, residual)
         out = self(normed)
         return (out if act_fn is None else act_fn(out)), residual
@@ -119,10 +117,7 @@ class RowParallelLinear(LinearBase):
 
 
 def bind_gemm_backend(model: nn.Module, skinny: SkinnyGemm | None) -> None:
-    """Every linear layer of `model` sends decode-sized inputs to `skinny` (None: torch only), which
-    prefetches into L2 the weight of the linear layer that runs next (modules in execution order)."""
-    linears = [module for module in model.modules() if isinstance(module, LinearBase)]
-    for layer, following in zip(linears, linears[1:] + [None], strict=True):
-        layer.skinny = skinny
-        prefetched = skinny is not None and following is not None and skinny.prefetches(following.weight)
-        layer.next_weight = following.weight if prefetched else None
+    """Every linear layer of `model` sends decode-sized inputs to `skinny` (None: torch only)."""
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            module.skinny = skinny
