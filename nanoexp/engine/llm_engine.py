@@ -84,14 +84,12 @@ class LLMEngine:
 
     def step(self) -> StepResult:
         """With async scheduling, step n+1 is scheduled and enqueued before step n's tokens are read back, so
-        the host's bookkeeping overlaps the device's work. Under prefill_first batching only decode steps
-        overlap (prefill steps run synchronously); under mixed batching every step does."""
+        the host's bookkeeping overlaps the device's work, under either batching policy."""
         self.check_open()
         if self.in_flight is None:
             start = time.perf_counter()
             batch = self.scheduler.schedule()
-            overlaps = self.scheduler.mixed or not batch.is_prefill
-            if not (batch.seqs and overlaps and self.config.scheduler.async_scheduling):
+            if not (batch.seqs and self.config.scheduler.async_scheduling):
                 sampled = self.executor.run(batch.step_input()) if batch.seqs else []
                 return self.complete(batch, self.advance(batch, start), sampled, start)
             self.executor.launch(batch.step_input())
@@ -108,14 +106,9 @@ class LLMEngine:
         return self.complete(batch, samplers, sampled, start)
 
     def schedule_following(self, batch: ScheduledBatch) -> ScheduledBatch:
-        """The next step; under prefill_first, an empty batch when a prefill must come first."""
+        """The next step, scheduled while `batch` runs: its sequences that end with this token get none."""
         running = [s for s in batch.seqs if s.status is Status.RUNNING]
-        done = frozenset(s.seq_id for s in running if self.length_reached(s))
-        if self.scheduler.mixed:
-            return self.scheduler.schedule(skip=done)
-        if self.scheduler.waiting or any(seq.in_prefill for seq in self.scheduler.running):
-            return ScheduledBatch(is_prefill=False)
-        return self.scheduler.schedule_decode(skip=done)
+        return self.scheduler.schedule(skip=frozenset(s.seq_id for s in running if self.length_reached(s)))
 
     def advance(self, batch: ScheduledBatch, scheduled_at: float) -> list[Sequence | None]:
         """Counts the batch's computed tokens and gives each sampling sequence a placeholder for
