@@ -3,6 +3,7 @@ tokens (mixed or prefill-only) at a ladder of token counts."""
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Callable, Hashable
 
@@ -22,8 +23,7 @@ GraphStep = tuple[ModelInputs, SamplingTensors | None]
 
 MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly
 MAX_STEP_GRAPH_TOKENS = 4096  # steps with prefill tokens up to this many run in step graphs
-STEP_SIZES_PER_OCTAVE = 4  # above 128 tokens: a step pads by at most 25%, not 100% (a 512-token
-# prompt beside 40 decodes replays the 640-token graph, not the 1,024-token one)
+STEP_SIZES_PER_OCTAVE = 4  # step graph sizes per doubling above 128 tokens
 
 
 def capture_ladder(
@@ -46,7 +46,8 @@ def capture_ladder(
 
 def step_graph_sizes() -> list[int]:
     """16 ... 128 tokens in steps of 16, then STEP_SIZES_PER_OCTAVE sizes per doubling up to
-    MAX_STEP_GRAPH_TOKENS (160, 192, 224, 256, 320, ...); all multiples of 16."""
+    MAX_STEP_GRAPH_TOKENS (160, 192, 224, 256, 320, ...); all multiples of 16. A step pads by at most
+    25%: a 512-token prompt beside 40 decodes replays the 640-token graph, not the 1,024-token one."""
     sizes, octave = list(range(16, 129, 16)), 128
     while octave < MAX_STEP_GRAPH_TOKENS:
         sizes += [octave + octave * k // STEP_SIZES_PER_OCTAVE for k in range(1, STEP_SIZES_PER_OCTAVE + 1)]
@@ -75,7 +76,7 @@ class GraphLadder:
                     for size in sizes for variant in self.variants}  # fmt: skip
 
     def size_for(self, num_tokens: int) -> int:
-        return next(size for size in self.sizes if size >= num_tokens)
+        return self.sizes[bisect.bisect_left(self.sizes, num_tokens)]
 
     @torch.inference_mode()
     def capture(self) -> None:
