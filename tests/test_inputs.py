@@ -180,7 +180,7 @@ def test_graph_inputs_equal_the_eager_upload_and_pad_the_graph(monkeypatch, pyth
 
     cpu, block_size, vocab = torch.device("cpu"), 16, 1000
     decode = DecodeGraphs(None, 8, max_num_seqs=20, max_blocks_per_seq=13, dtype=torch.float32, device=cpu)
-    steps = StepGraphs(None, 8, head_dim=64, max_num_seqs=6, max_num_batched_tokens=700,
+    steps = StepGraphs(None, 8, head_dim=64, group=2, max_num_seqs=6, max_num_batched_tokens=700,
                        max_blocks_per_seq=13, dtype=torch.float32, device=cpu)  # fmt: skip
     rng = random.Random(1)
     for _ in range(60):

@@ -328,7 +328,7 @@ def test_step_graph_mixed_attention_matches_the_eager_one_with_padding():
     )
     q_padded = torch.cat([q, torch.randn(padded - tokens, 4, 32).to(DEVICE, q.dtype)])
     with pytest.MonkeyPatch.context() as patch:  # the tiles were built for this tile height
-        patch.setattr(triton_attention, "_prefill_config", lambda head_dim: (block_m, 16, 4, 1))
+        patch.setattr(triton_attention, "_prefill_config", lambda head_dim, group: (block_m, 16, 4, 1))
         out = TritonAttentionBackend().mixed(q_padded, q_padded, q_padded, k_cache, v_cache, fixed, 0.3)
     assert_close(out[:tokens], ref, torch.float32)
 
@@ -354,7 +354,7 @@ def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
     )
     q_padded = torch.cat([q, torch.randn(padded - tokens, 4, 32).to(DEVICE, q.dtype)])
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(triton_attention, "_prefill_config", lambda head_dim: (block_m, 16, 4, 1))
+        patch.setattr(triton_attention, "_prefill_config", lambda head_dim, group: (block_m, 16, 4, 1))
         out = TritonAttentionBackend().prefill(q_padded, q_padded, q_padded, k_cache, v_cache, fixed, 0.3)
     assert_close(out[:tokens], ref, torch.float32)
 

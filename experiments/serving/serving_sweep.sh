@@ -2,12 +2,14 @@
 # One device call for the serving study: GPU tests of the mixed-step paths, the prefill-step
 # profile, and the rate sweep under both batching policies; everything under $OUT.
 # Usage (repo root on the GPU machine, wheels from ../shared/tools/device-wheels.sh in .whl):
-#   bash experiments/serving/serving_sweep.sh [parts]   parts: tests profile sweep base bench latency trace lone
+#   bash experiments/serving/serving_sweep.sh [parts]   parts: tests profile sweep base bench latency trace lone online
 #   (default: tests profile sweep)
 # tests runs TESTS (a pytest -m expression, default gpu_quick; TESTS_TIMEOUT seconds, default 240); bench starts each checkout with cold caches;
 # latency is batch-1 TPOT of BASE and this checkout; trace is a profiled sweep (profile=all) whose Chrome
 # traces are checked for a decode-graph replay and a prefill step's kernels; lone is an online job of lone
-# 16- and 512-token prompts at 8 req/s from BASE and this checkout (LONE_TREES), its step_medians.
+# 16- and 512-token prompts at 8 req/s from BASE and this checkout (LONE_TREES), its step_medians; online
+# is two loaded jobs (ONLINE_TREES): 16-token prompts at 400 req/s, 512-token prompts all at t0 in steps
+# of at most 4,096 tokens, both `prefill_first`.
 # `base DIR`-style parts run the same sweep from another checkout: BASE=dir.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -77,6 +79,18 @@ for part in $parts; do
             step_medians "/tmp/lone_$(basename "$tree")"
             echo "^ $(basename "$tree")"
           done | tee "$OUT/lone.log" ;;
+    online) for tree in ${ONLINE_TREES:-"$here"}; do  # the step sizes of the targets, in loaded online jobs
+              name=$(basename "$tree")
+              (cd "$tree" && export PYTHONPATH="/tmp/site:$tree" &&
+               timeout 150 python3 run.py -m "${SWEEP[@]}" workload.num_requests=512 workload.input_len=16 \
+                 workload.output_len=16 workload.request_rate=400 scheduler.batching=prefill_first \
+                 hydra.sweep.dir=/tmp/online_$name hydra.sweep.subdir=short > /dev/null 2>&1
+               timeout 150 python3 run.py -m "${SWEEP[@]}" workload.output_len=16 workload.request_rate=inf \
+                 scheduler.batching=prefill_first scheduler.max_num_batched_tokens=4096 \
+                 hydra.sweep.dir=/tmp/online_$name hydra.sweep.subdir=long > /dev/null 2>&1)
+              step_medians "/tmp/online_$name"
+              echo "^ $name"
+            done | tee "$OUT/online.log" ;;
     trace) timeout 240 python3 run.py -m "${SWEEP[@]}" workload.num_requests=64 workload.request_rate=32,inf \
              profile=all hydra.sweep.dir=/tmp/trace 'hydra.sweep.subdir=${hydra.job.num}' > "$OUT/trace.log" 2>&1
            tail -3 "$OUT/trace.log"

@@ -1,11 +1,11 @@
 """Times the tiled paged prefill kernel (a step graph's attention) over tile shapes, GPU only.
 
 For each case (sequences x query length, the rest of the step graph's grid padded as the runner
-pads it) and each (BLOCK_M, BLOCK_N, num_warps, num_stages), replays the launch in a CUDA graph
+pads it) and each (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages), replays the launch in a CUDA graph
 (triton.testing.do_bench_cudagraph) and checks the output against the default shape's. Also times
 the decode kernel over a step graph's empty decode slots at its default split count and at one.
 
-    python experiments/tools/prefill_kernel_sweep.py [--cases 1x16,1x512,8x512,1x4096]
+    python experiments/tools/prefill_kernel_sweep.py [--cases 1x16,1x512,8x512,1x4096] [--heads 16x8]
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from triton.testing import do_bench_cudagraph
 from nanoexp.kernels.prefill_tiles import prefill_block_m, prefill_tiles
 from nanoexp.kernels.triton_attention import paged_decode, varlen_prefill
 
-HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, MAX_SEQS, MAX_MODEL_LEN = 16, 8, 128, 256, 256, 40960
+HEAD_DIM, BLOCK_SIZE, MAX_SEQS, MAX_MODEL_LEN = 128, 256, 256, 40960
+HEADS, KV_HEADS = 16, 8  # --heads
 
 
 def case_inputs(num_seqs: int, q_len: int, graph_tokens: int, block_m: int):
@@ -60,18 +61,21 @@ def run(case, block_m, block_n, warps, stages, graph_tokens):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="1x16,1x512,8x512,1x4096")
+    parser.add_argument("--heads", default="16x8", help="query heads x kv heads")
     args = parser.parse_args()
+    global HEADS, KV_HEADS
+    HEADS, KV_HEADS = (int(x) for x in args.heads.split("x"))
     for spec in args.cases.split(","):
         num_seqs, q_len = (int(x) for x in spec.split("x"))
         graph_tokens = max(16, 1 << (num_seqs * q_len - 1).bit_length())
-        default_m = prefill_block_m(HEAD_DIM)
+        default_m = prefill_block_m(HEAD_DIM, HEADS // KV_HEADS)
         torch.manual_seed(0)
         base_us, reference = run((num_seqs, q_len), default_m, None, None, None, graph_tokens)
         flops = num_seqs * q_len * q_len * HEADS * HEAD_DIM * 2  # causal QK^T and PV
         print(f"{spec} (graph {graph_tokens}): default BLOCK_M={default_m}: {base_us:.1f} us "
               f"({flops / base_us / 1e6:.0f} TFLOP/s)", flush=True)  # fmt: skip
         rows = []
-        shapes = itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (2, 3))
+        shapes = itertools.product((16, 32, 64), (32, 64, 128), (4, 8), (2, 3))
         for block_m, block_n, warps, stages in shapes:
             try:
                 torch.manual_seed(0)

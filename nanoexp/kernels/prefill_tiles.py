@@ -5,16 +5,20 @@ from __future__ import annotations
 import numpy as np
 
 
-def prefill_config(head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) sized to fit shared memory. At head size 128 on an
-    H200, 64 x 64 beat 128 x 64 by 13-31% (4,096- to 512-token prompts) and are within 1% of the best
-    shape swept (experiments/tools/prefill_kernel_sweep.py)."""
-    return (64, 32, 4, 2) if head_dim > 128 else (64, 64, 4, 3)
+def prefill_config(head_dim: int, group: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M queries, BLOCK_N keys, num_warps, num_stages) of a tile, sized to fit shared memory.
+    A program runs the `group` query heads of one kv head together: BLOCK_M x group rows (the group
+    padded to a power of two), each key tile loaded once for them. On an H200 at Qwen3-0.6B's shape
+    (2 heads a kv head, head size 128), 32 queries x 2 heads against 64 queries x 1 head, 64 keys a
+    tile: 8 x 512 tokens 51.0 -> 47.1 us, one 4,096-token prompt 207.6 -> 204.1, 16 and 512 tokens
+    a tie (experiments/tools/prefill_kernel_sweep.py)."""
+    rows, keys, warps, stages = (64, 32, 4, 2) if head_dim > 128 else (64, 64, 4, 3)
+    return max(1, rows >> (group - 1).bit_length()), keys, warps, stages
 
 
-def prefill_block_m(head_dim: int) -> int:
-    """The query rows per tile that varlen_prefill runs at this head size."""
-    return prefill_config(head_dim)[0]
+def prefill_block_m(head_dim: int, group: int) -> int:
+    """The queries per tile that varlen_prefill runs at this head size and query heads per kv head."""
+    return prefill_config(head_dim, group)[0]
 
 
 # Up to this many tiles a Python loop builds the table faster than numpy's ~15 array operations

@@ -252,14 +252,16 @@ def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, cu_seqlens_q_ptr, context_lens_ptr, block_tables_ptr, k_scale_ptr,
     v_scale_ptr, tiles_ptr, qk_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_cp, stride_vb, stride_vp, stride_vd, stride_ot, stride_oh, stride_bt,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, KV_FP8: tl.constexpr,
-    TILED: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+    KV_FP8: tl.constexpr, TILED: tl.constexpr,
 ):  # fmt: skip
-    """One (query tile, sequence, head); query j sits at position ctx - q_len + j. PAGED: K/V through
-    the block table, else this step's packed rows (own strides: v is often a view into qkv).
-    TILED: program (head, t) runs row t of the tile table (`prefill_tiles`; sequence -1: no work), a
-    fixed grid for CUDA graphs; heads vary fastest, so real rows are dispatched before padding."""
+    """One (query tile, sequence, kv head): the GROUP query heads of the kv head over BLOCK_M queries,
+    one row per (query, head), so each key tile is loaded once for the group. Query j sits at position
+    ctx - q_len + j. PAGED: K/V through the block table, else this step's packed rows (own strides: v
+    is often a view into qkv). TILED: program (kv head, t) runs row t of the tile table
+    (`prefill_tiles`; sequence -1: no work), a fixed grid for CUDA graphs; kv heads vary fastest, so
+    real rows are dispatched before padding."""
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     if TILED:
@@ -270,38 +272,40 @@ def _prefill_kernel(
         q_start = tl.load(tile + 1)
         q_len = tl.load(tile + 2)
         m_block = tl.load(tile + 3)
-        head = tl.program_id(0)
+        kv_head = tl.program_id(0)
     else:
         m_block = tl.program_id(0)
         seq = tl.program_id(1)
-        head = tl.program_id(2)
+        kv_head = tl.program_id(2)
         q_start = tl.load(cu_seqlens_q_ptr + seq)
         q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
         if m_block * BLOCK_M >= q_len:
             return
     if PAGED:
         ctx = tl.load(context_lens_ptr + seq)
-        k_base = (head // GROUP) * stride_kh
-        v_base = (head // GROUP) * stride_vh
+        k_base = kv_head * stride_kh
+        v_base = kv_head * stride_vh
     else:
         ctx = q_len
-        k_base = q_start.to(tl.int64) * stride_kt + (head // GROUP) * stride_kh
-        v_base = q_start.to(tl.int64) * stride_vt + (head // GROUP) * stride_vh
+        k_base = q_start.to(tl.int64) * stride_kt + kv_head * stride_kh
+        v_base = q_start.to(tl.int64) * stride_vt + kv_head * stride_vh
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
 
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    ROWS: tl.constexpr = BLOCK_M * GROUP_PAD
+    rows = tl.arange(0, ROWS)
+    offs_m = m_block * BLOCK_M + rows // GROUP_PAD  # each row's query
+    heads = kv_head * GROUP + rows % GROUP_PAD
     dims = tl.arange(0, DIM_PAD)
-    row_mask = offs_m < q_len
-    q_rows = (q_start + offs_m).to(tl.int64) * stride_qt + head * stride_qh
+    row_mask = (offs_m < q_len) & (rows % GROUP_PAD < GROUP)
+    q_rows = (q_start + offs_m).to(tl.int64) * stride_qt + heads * stride_qh
     q = _load_rows(q_ptr, q_rows, dims, row_mask, HEAD_DIM, DIM_PAD)
     q_pos = ctx - q_len + offs_m
 
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    den = tl.full([BLOCK_M], 0.0, tl.float32)
-    acc = tl.full([BLOCK_M, DIM_PAD], 0.0, tl.float32)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    den = tl.full([ROWS], 0.0, tl.float32)
+    acc = tl.full([ROWS, DIM_PAD], 0.0, tl.float32)
     first_pos = ctx - q_len + m_block * BLOCK_M
-    # Keys before the tile's first query position are visible to every row: no mask needed.
-    full_end = (first_pos // BLOCK_N) * BLOCK_N
+    full_end = (first_pos // BLOCK_N) * BLOCK_N  # keys below it are visible to every row
     diag_end = tl.minimum(first_pos + BLOCK_M, ctx)
     m, den, acc = _prefill_tiles(
         q, m, den, acc, k_ptr, v_ptr, table, k_base, v_base, q_pos, dims, 0, full_end, ctx,
@@ -317,8 +321,8 @@ def _prefill_kernel(
     out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
     if KV_FP8:
         out = out * tl.load(v_scale_ptr)
-    o_ptrs = out_ptr + ((q_start + offs_m).to(tl.int64) * stride_ot)[:, None]
-    o_ptrs += head * stride_oh + dims[None, :]
+    o_ptrs = out_ptr + ((q_start + offs_m).to(tl.int64) * stride_ot + heads * stride_oh)[:, None]
+    o_ptrs += dims[None, :]
     o_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
 
@@ -333,8 +337,9 @@ def varlen_prefill(
     """Causal attention of packed queries q [T, H, D]. With block_tables, k/v are the paged caches
     and sequence i's context its first context_lens[i] positions; without, k/v [T, kv_heads, D] are
     packed like q and each sequence sees only its new tokens. max_seqlen_q bounds every q length.
-    tiles (paged only; `prefill_tiles` at BLOCK_M = `prefill_block_m(head_dim)`) replaces the grid
-    by n x heads; rows of `out` no tile covers are left as they were. block_m etc.: benchmark sweeps."""
+    tiles (paged only; `prefill_tiles` at BLOCK_M = `prefill_block_m(head_dim, group)`) replaces the
+    grid by kv heads x n; rows of `out` no tile covers are left as they were. block_m (queries per tile)
+    etc.: benchmark sweeps."""
     num_tokens, num_heads, head_dim = q.shape
     paged = block_tables is not None
     num_kv_heads = k.shape[2] if paged else k.shape[1]
@@ -352,13 +357,14 @@ def varlen_prefill(
         return out
     max_seqlen_q = min(max_seqlen_q, num_tokens)
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    cfg_m, cfg_n, cfg_warps, cfg_stages = _prefill_config(head_dim)
+    group = num_heads // num_kv_heads
+    cfg_m, cfg_n, cfg_warps, cfg_stages = _prefill_config(head_dim, group)
     block_m, block_n = block_m or cfg_m, block_n or cfg_n
     num_warps, num_stages = num_warps or cfg_warps, num_stages or cfg_stages
-    grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
+    grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_kv_heads)
     if tiles is not None:
         assert paged and tiles.dtype == torch.int32 and tiles.shape[1] == 4
-        grid = (num_heads, tiles.shape[0])
+        grid = (num_kv_heads, tiles.shape[0])
     _prefill_kernel[grid](
         q, k, v, out, cu_seqlens_q,
         context_lens if paged else cu_seqlens_q, block_tables if paged else cu_seqlens_q,
@@ -366,8 +372,9 @@ def varlen_prefill(
         cu_seqlens_q if tiles is None else tiles,  # unused unless TILED
         scale * LOG2E, q.stride(0), q.stride(1), *kv_strides, out.stride(0), out.stride(1),
         block_tables.stride(0) if paged else 0,
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
-        BLOCK_SIZE=k.shape[1] if paged else 1, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, KV_FP8=fp8,
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+        BLOCK_SIZE=k.shape[1] if paged else 1, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged,
+        KV_FP8=fp8,
         TILED=tiles is not None, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

@@ -22,6 +22,12 @@ def _norm_heads(x, w, rstd, DT: tl.constexpr):
 
 
 @triton.jit
+def _head_weight(q_weight_ptr, k_weight_ptr, is_q, offsets, mask):
+    q_weight = tl.load(q_weight_ptr + offsets, mask=mask)
+    return tl.where(is_q, q_weight, tl.load(k_weight_ptr + offsets, mask=mask))
+
+
+@triton.jit
 def _store_cache(cache_ptr, offsets, x, scale_ptr, mask, FP8: tl.constexpr):
     if FP8:
         x = quantize_fp8(x, tl.load(scale_ptr), cache_ptr.dtype.element_ty)
@@ -33,58 +39,63 @@ def _qk_norm_rope_store_kernel(
     qkv_ptr, positions_ptr, cos_sin_ptr, q_weight_ptr, k_weight_ptr, q_out_ptr, k_out_ptr, k_cache_ptr,
     v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, eps, stride_qkv, stride_cos, stride_cb, stride_cp,
     stride_ch, stride_vb, stride_vp, stride_vh, stride_vd, NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, HEADS_BLOCK: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, HEADS_BLOCK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, NORM: tl.constexpr, WRITE_K: tl.constexpr, FP8: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """One token, HEADS_BLOCK heads of the combined [q heads, k heads] range of the qkv row."""
+    """One token, HEADS_BLOCK heads of the combined [q heads, k heads] range of its qkv row, each head as
+    its two halves (NeoX RoPE rotates element i with element i + HEAD_DIM / 2): no element loaded twice
+    (the whole head and its rotated copy were: 25.8 -> 21.8 us at 4,096 tokens on an H200, 4.6 -> 3.6 at
+    512, 2.1 -> 2.0 at 16)."""
     wait_for_previous(PDL)
-    token = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * HEADS_BLOCK + tl.arange(0, HEADS_BLOCK)
-    dims = tl.arange(0, DIM_PAD)
     HALF: tl.constexpr = HEAD_DIM // 2
-    first_half = dims < HALF
-    partner = tl.where(first_half, dims + HALF, dims - HALF)  # the element each one rotates with
-    dim_mask = dims < HEAD_DIM
-    mask = (heads[:, None] < NUM_HEADS + NUM_KV_HEADS) & dim_mask[None, :]
+    token = tl.program_id(0).to(tl.int64)
+    heads = (tl.program_id(1) * HEADS_BLOCK + tl.arange(0, HEADS_BLOCK))[:, None]
+    half = tl.arange(0, HALF_PAD)[None, :]
+    mask = (heads < NUM_HEADS + NUM_KV_HEADS) & (half < HALF)
     DT = q_out_ptr.dtype.element_ty
 
-    row = qkv_ptr + token * stride_qkv + heads[:, None] * HEAD_DIM
-    x = tl.load(row + dims[None, :], mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(row + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    row = qkv_ptr + token * stride_qkv + heads * HEAD_DIM
+    x1 = tl.load(row + half, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(row + HALF + half, mask=mask, other=0.0).to(tl.float32)
     if NORM:
-        is_q = (heads < NUM_HEADS)[:, None]
-        w = tl.where(is_q, tl.load(q_weight_ptr + dims, mask=dim_mask)[None, :],
-                     tl.load(k_weight_ptr + dims, mask=dim_mask)[None, :])  # fmt: skip
-        wp = tl.where(is_q, tl.load(q_weight_ptr + partner, mask=dim_mask)[None, :],
-                      tl.load(k_weight_ptr + partner, mask=dim_mask)[None, :])  # fmt: skip
-        rstd = tl.math.rsqrt(tl.reduce(x * x, 1, sum_combine) / HEAD_DIM + eps)
-        x, xp = _norm_heads(x, w, rstd, DT), _norm_heads(xp, wp, rstd, DT)
+        is_q = heads < NUM_HEADS
+        w1 = _head_weight(q_weight_ptr, k_weight_ptr, is_q, half, half < HALF)
+        w2 = _head_weight(q_weight_ptr, k_weight_ptr, is_q, HALF + half, half < HALF)
+        squares = tl.reduce(x1 * x1, 1, sum_combine) + tl.reduce(x2 * x2, 1, sum_combine)
+        rstd = tl.math.rsqrt(squares / HEAD_DIM + eps)
+        x1, x2 = _norm_heads(x1, w1, rstd, DT), _norm_heads(x2, w2, rstd, DT)
 
     pos = tl.load(positions_ptr + token).to(tl.int64)
-    freq = tl.where(first_half, dims, dims - HALF)
-    cos = tl.load(cos_sin_ptr + pos * stride_cos + freq, mask=dim_mask, other=0.0)[None, :]
-    sin = tl.load(cos_sin_ptr + pos * stride_cos + HALF + freq, mask=dim_mask, other=0.0)[None, :]
-    roped = tl.where(first_half[None, :], x * cos - xp * sin, x * cos + xp * sin).to(DT)
+    cos = tl.load(cos_sin_ptr + pos * stride_cos + half, mask=half < HALF, other=0.0)
+    sin = tl.load(cos_sin_ptr + pos * stride_cos + HALF + half, mask=half < HALF, other=0.0)
+    roped1 = (x1 * cos - x2 * sin).to(DT)
+    roped2 = (x2 * cos + x1 * sin).to(DT)
 
-    q_mask = mask & (heads < NUM_HEADS)[:, None]
-    q_dst = q_out_ptr + token * NUM_HEADS * HEAD_DIM + heads[:, None] * HEAD_DIM + dims[None, :]
-    tl.store(q_dst, roped, mask=q_mask)
+    q_mask = mask & (heads < NUM_HEADS)
+    q_dst = q_out_ptr + token * NUM_HEADS * HEAD_DIM + heads * HEAD_DIM + half
+    tl.store(q_dst, roped1, mask=q_mask)
+    tl.store(q_dst + HALF, roped2, mask=q_mask)
 
     kv_heads = heads - NUM_HEADS
-    k_mask = mask & (kv_heads >= 0)[:, None]
+    k_mask = mask & (kv_heads >= 0)
     if WRITE_K:
-        k_dst = k_out_ptr + token * NUM_KV_HEADS * HEAD_DIM + kv_heads[:, None] * HEAD_DIM
-        tl.store(k_dst + dims[None, :], roped, mask=k_mask)
+        k_dst = k_out_ptr + token * NUM_KV_HEADS * HEAD_DIM + kv_heads * HEAD_DIM + half
+        tl.store(k_dst, roped1, mask=k_mask)
+        tl.store(k_dst + HALF, roped2, mask=k_mask)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     store_mask = k_mask & (slot >= 0)
     slot = tl.maximum(slot, 0)
     block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-    k_dst = block * stride_cb + offset * stride_cp + kv_heads[:, None] * stride_ch + dims[None, :]
-    _store_cache(k_cache_ptr, k_dst, roped, k_scale_ptr, store_mask, FP8)
-    v = tl.load(row + (NUM_KV_HEADS * HEAD_DIM) + dims[None, :], mask=store_mask, other=0.0)
-    v_dst = block * stride_vb + offset * stride_vp + kv_heads[:, None] * stride_vh + dims[None, :] * stride_vd
-    _store_cache(v_cache_ptr, v_dst, v, v_scale_ptr, store_mask, FP8)
+    k_dst = block * stride_cb + offset * stride_cp + kv_heads * stride_ch + half
+    _store_cache(k_cache_ptr, k_dst, roped1, k_scale_ptr, store_mask, FP8)
+    _store_cache(k_cache_ptr, k_dst + HALF, roped2, k_scale_ptr, store_mask, FP8)
+    v_row = row + NUM_KV_HEADS * HEAD_DIM + half
+    v_dst = block * stride_vb + offset * stride_vp + kv_heads * stride_vh + half * stride_vd
+    v1 = tl.load(v_row, mask=store_mask, other=0.0)
+    v2 = tl.load(v_row + HALF, mask=store_mask, other=0.0)
+    _store_cache(v_cache_ptr, v_dst, v1, v_scale_ptr, store_mask, FP8)
+    _store_cache(v_cache_ptr, v_dst + HALF * stride_vd, v2, v_scale_ptr, store_mask, FP8)
 
 
 def qk_norm_rope_store(
@@ -121,7 +132,7 @@ def qk_norm_rope_store(
         eps, qkv.stride(0), cos_sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        DIM_PAD=triton.next_power_of_2(head_dim), HEADS_BLOCK=heads_block,
+        HALF_PAD=triton.next_power_of_2(head_dim // 2), HEADS_BLOCK=heads_block,
         BLOCK_SIZE=k_cache.shape[1], NORM=norm, WRITE_K=write_k, FP8=fp8,
         num_warps=1 if heads_block <= 2 else 4, **launch_options(),
     )  # fmt: skip

@@ -152,11 +152,11 @@ class StepGraphs(GraphLadder):
     graph serves any mix up to its size; steps without decodes skip the empty slots (~6 us a layer on an
     H200). Padding stores nothing (slot -1), reads nothing (context 0), runs no tiles."""
 
-    def __init__(self, model: nn.Module, hidden_size: int, head_dim: int, max_num_seqs: int,
+    def __init__(self, model: nn.Module, hidden_size: int, head_dim: int, group: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_blocks_per_seq: int, dtype: torch.dtype,
                  device: torch.device, mixed: bool = True):  # fmt: skip
         self.max_num_seqs = max_num_seqs
-        self.tile_block_m = prefill_block_m(head_dim)  # the tile height of every step graph's tile table
+        self.tile_block_m = prefill_block_m(head_dim, group)  # the queries of every step graph's tiles
         self.variants = (False, True) if mixed else (False,)  # with decodes
         top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
         sizes = sorted({size for size in step_graph_sizes() if size < top} | {top})

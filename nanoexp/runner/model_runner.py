@@ -138,10 +138,11 @@ class ModelRunner:
         scheduler, hidden = self.config.scheduler, self.hf_config.hidden_size
         graphs = DecodeGraphs(self.model, hidden, scheduler.max_num_seqs, max_blocks, self.dtype, self.device)
         if self.backend.captures_mixed_steps:
-            head_dim = attention_layers(self.model)[0].head_dim
+            layer = attention_layers(self.model)[0]
             self.step_graphs = StepGraphs(
-                self.model, hidden, head_dim, scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
-                max_blocks, self.dtype, self.device, mixed=scheduler.batching == "mixed",
+                self.model, hidden, layer.head_dim, layer.num_heads // layer.num_kv_heads,
+                scheduler.max_num_seqs, scheduler.max_num_batched_tokens, max_blocks, self.dtype,
+                self.device, mixed=scheduler.batching == "mixed",
             )  # fmt: skip
         with use_compiled(True):
             if self.step_graphs is not None:
