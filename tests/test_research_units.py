@@ -128,3 +128,11 @@ def test_sweep_table_shows_a_noisy_jobs_warning(tmp_path: Path) -> None:
     text = markdown(table, swept_keys(table), "t")
     header = next(line for line in text.splitlines() if line.startswith("| job_num"))
     assert header.endswith("| noise_warning |") and "machine busy in 1 of 2 repeats" in text
+
+
+def test_a_job_appended_to_a_sweep_is_not_swept_by_its_append_flag(tmp_path: Path) -> None:
+    from nanoexp.experiment.sweep_report import collect, swept_keys
+
+    _fake_job(tmp_path, 0, ["workload.input_len=16"], [100.0, 101.0])
+    _fake_job(tmp_path, 1, ["workload.input_len=512", "append_to_sweep=true"], [50.0, 51.0])
+    assert swept_keys(collect(tmp_path)) == ["param:workload.input_len"]

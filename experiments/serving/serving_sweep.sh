@@ -86,8 +86,8 @@ for part in $parts; do
                  workload.output_len=16 workload.request_rate=400 scheduler.batching=prefill_first \
                  hydra.sweep.dir=/tmp/online_$name hydra.sweep.subdir=short > /dev/null 2>&1
                timeout 150 python3 run.py -m "${SWEEP[@]}" workload.output_len=16 workload.request_rate=inf \
-                 scheduler.batching=prefill_first scheduler.max_num_batched_tokens=4096 \
-                 hydra.sweep.dir=/tmp/online_$name hydra.sweep.subdir=long > /dev/null 2>&1)
+                 scheduler.batching=prefill_first scheduler.max_num_batched_tokens=4096 scheduler.max_model_len=4096 \
+                 hydra.sweep.dir=/tmp/online_$name append_to_sweep=true hydra.sweep.subdir=long > /dev/null 2>&1)
               step_medians "/tmp/online_$name"
               echo "^ $name"
             done | tee "$OUT/online.log" ;;

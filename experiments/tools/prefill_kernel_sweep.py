@@ -6,6 +6,7 @@ pads it) and each (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages), replay
 the decode kernel over a step graph's empty decode slots at its default split count and at one.
 
     python experiments/tools/prefill_kernel_sweep.py [--cases 1x16,1x512,8x512,1x4096] [--heads 16x8]
+        [--default-only]
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="1x16,1x512,8x512,1x4096")
     parser.add_argument("--heads", default="16x8", help="query heads x kv heads")
+    parser.add_argument("--default-only", action="store_true", help="time the default shape only")
     args = parser.parse_args()
     global HEADS, KV_HEADS
     HEADS, KV_HEADS = (int(x) for x in args.heads.split("x"))
@@ -75,7 +77,7 @@ def main() -> None:
         print(f"{spec} (graph {graph_tokens}): default BLOCK_M={default_m}: {base_us:.1f} us "
               f"({flops / base_us / 1e6:.0f} TFLOP/s)", flush=True)  # fmt: skip
         rows = []
-        shapes = itertools.product((16, 32, 64), (32, 64, 128), (4, 8), (2, 3))
+        shapes = [] if args.default_only else itertools.product((16, 32, 64), (32, 64, 128), (4, 8), (2, 3))
         for block_m, block_n, warps, stages in shapes:
             try:
                 torch.manual_seed(0)

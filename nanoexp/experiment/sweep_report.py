@@ -32,6 +32,7 @@ TABLE_METRICS += ["kv_quality/kl_mean", "kv_quality/kl_max"]
 CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
 CI = ("_ci95_low", "_ci95_high")
 NOISE = "noise_warning"  # a job's noise flags (repeats.noise_flags)
+RUN_CONTROL = {"append_to_sweep"}
 TRIAL = "param:trial"  # the interleaved pass of a configuration (see pool_trials)
 JOB_DIR = re.compile(r"^(\d+)(_|$)")
 JOB_TYPE, TABLE_KEY = "sweep-report", "sweep_table"  # of the sweep-level W&B run
@@ -196,8 +197,10 @@ def _row(path: Path, sweep_dir: Path, results: dict, extra: list[str] = ()) -> d
 
 
 def parse_overrides(overrides: list[str]) -> dict:
+    """A job's settings from its overrides; Hydra's own and the run-control flags (where results go,
+    not what the job measures) are left out, so a job appended to a sweep is not a point of a sweep."""
     pairs = (o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
-    return {f"param:{k}": v for k, v in pairs if not k.startswith("hydra")}
+    return {f"param:{k}": v for k, v in pairs if not k.startswith("hydra") and k not in RUN_CONTROL}
 
 
 def swept_keys(table: pd.DataFrame) -> list[str]:
