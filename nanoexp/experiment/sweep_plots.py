@@ -246,6 +246,7 @@ def plot_serving(table: pd.DataFrame, others: list[str], slo: dict[str, float], 
     axes = fig.subplots(1, len(SERVING_PANELS))
     axis = NumericAxis(ok[RATE], RATE)
     for colour, (label, part) in enumerate(groups(ok, others)):
+        label = label.split("=", 1)[1] if len(others) == 1 else label  # the key names the legend
         part = part.assign(_x=axis.place(part[RATE])).sort_values("_x")
         for ax, (_, series) in zip(axes, SERVING_PANELS):
             for (metric, name), fmt in zip(series, ("o-", "s--")):
@@ -263,6 +264,10 @@ def plot_serving(table: pd.DataFrame, others: list[str], slo: dict[str, float], 
         ax.set(xlabel="offered rate (req/s)", ylabel=ylabel)
         from_zero(ax)
         if ax.get_legend_handles_labels()[0]:  # below the panel: inside, it would hide data
-            ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+            ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False,
+                      title=others[0].removeprefix("param:") if len(others) == 1 else None, title_fontsize=6)
     axes[-1].set_ylim(0, HEADROOM)  # a fraction: up to 1, with room for the markers at 1
+    if not slo:
+        axes[-1].text(0.5, 0.5, "no SLOs set\n(metrics.slo.ttft_ms,\ntpot_ms, e2el_ms)", ha="center",
+                      va="center", transform=axes[-1].transAxes, fontsize=8, color="grey")
     save_figure(fig, title, path)
