@@ -148,7 +148,7 @@ def run_decode(ctx_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0, *
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("block_size", [1, 16, 64])
-@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
 def test_decode_matches_reference(dtype, block_size, group):
     ctx_lens = [1, 77, min(2 * block_size + 5, 150), 150]
     kv_heads = 2
@@ -235,7 +235,7 @@ def run_prefill(ctx_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
 def test_prefill_without_cached_prefix(dtype, group):
     q_lens = [1, 9, 70, 130]
     out, ref = run_prefill(q_lens, q_lens, 2 * group, 2, 40, 16, dtype)
@@ -261,7 +261,7 @@ def test_prefill_reads_k_and_v_through_their_own_strides():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("block_size", [1, 16, 64])
-@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
 def test_prefill_with_cached_prefix(dtype, block_size, group):
     # Whole prompt, chunk after a cached prefix, a single token, and a chunk of one tile.
     ctx_lens = [40, 150, 5, 97, 130]
