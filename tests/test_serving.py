@@ -18,7 +18,7 @@ import pytest
 
 from nanoexp.config import SamplingParams
 from nanoexp.experiment.driver import EngineDriver
-from nanoexp.experiment.sweep_plots import NumericAxis, max_rates, rate_line
+from nanoexp.experiment.sweep_plots import NumericAxis, figure, max_rates, rate_line, spans_decades
 from nanoexp.experiment.workloads import Request, arrival_offsets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,6 +122,15 @@ def rate_table(rows: list[tuple[str, str, float | None]]) -> pd.DataFrame:
         }
         for e, r, a in rows
     )
+
+
+def test_latency_panels_spanning_decades_are_log_scaled() -> None:
+    """All at t0, TTFT is queueing (hundreds of ms); at low rates a few ms: a linear axis hides the latter."""
+    wide, narrow = figure().subplots(1, 2)
+    wide.errorbar([1, 2, 3], [4.0, 6.5, 200.0], yerr=[0.1, 0.1, 5.0])
+    narrow.errorbar([1, 2, 3], [1.4, 2.3, 6.4])
+    narrow.axhline(0.5)  # an SLO line counts as a point: below the data it widens the span ~13x
+    assert spans_decades(wide) and not spans_decades(narrow)
 
 
 def test_max_rate_is_the_last_rate_before_the_first_miss() -> None:

@@ -36,6 +36,7 @@ SERVING_PANELS = [  # (y label, [(metric, series name)]: the first drawn solid, 
     ("SLO attainment", [("slo_attainment", "")]),
 ]
 HEADROOM = 1.08  # the y axis ends this far above the highest point (error bars included)
+LOG_SPAN = 30  # a latency panel whose points span more than this factor gets a log axis
 
 
 def metric_title(metric: str) -> str:
@@ -71,6 +72,14 @@ def plot_param(table: pd.DataFrame, metrics: list[str], key: str, others: list[s
         from_zero(ax)
     legend = ", ".join(o.removeprefix("param:") for o in others) if others else None
     save_figure(fig, title, path, legend_title=legend)
+
+
+def spans_decades(ax) -> bool:
+    """Whether the panel's positive points span more than LOG_SPAN (their own range, not the axis')."""
+    values = [y for line in ax.get_lines() for y in np.asarray(line.get_ydata(), dtype=float)]
+    values += [y for c in ax.collections for y in np.asarray(c.get_offsets(), dtype=float)[:, 1:].ravel()]
+    positive = [v for v in values if np.isfinite(v) and v > 0]
+    return bool(positive) and max(positive) > LOG_SPAN * min(positive)
 
 
 def from_zero(ax) -> None:
@@ -262,7 +271,10 @@ def plot_serving(table: pd.DataFrame, others: list[str], slo: dict[str, float], 
             ax.axhline(limit, color="red", linestyle=":", linewidth=1, label=limit_label)
         axis.apply(ax)
         ax.set(xlabel="offered rate (req/s)", ylabel=ylabel)
-        from_zero(ax)
+        if ylabel.endswith("(ms)") and spans_decades(ax):
+            ax.set_yscale("log")  # all at t0 queues for hundreds of ms; low rates take a few
+        else:
+            from_zero(ax)
         if ax.get_legend_handles_labels()[0]:  # below the panel: inside, it would hide data
             ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False,
                       title=others[0].removeprefix("param:") if len(others) == 1 else None, title_fontsize=6)
