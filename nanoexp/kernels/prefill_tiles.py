@@ -22,7 +22,8 @@ def prefill_block_m(head_dim: int, group: int) -> int:
 
 
 # Up to this many tiles a Python loop builds the table faster than numpy's ~15 array operations
-# (~0.7 us a tile against ~30 us in all on a 2-core VM): one prompt of up to ~3,000 tokens.
+# (~0.7 us a tile against ~30 us in all on a 2-core VM): one prompt of up to ~1,500 tokens at 32
+# queries a tile.
 PYTHON_TILES = 48
 
 
