@@ -17,7 +17,7 @@ from nanoexp.experiment.schema import ProfileConfig
 log = logging.getLogger(__name__)
 PROFILE_DIR = "profile"
 PHASES = {  # (owner, method) wrapped -> phase; the runner only when it runs in this process
-    ("scheduler", "schedule"): "schedule", ("scheduler", "schedule_decode"): "schedule",
+    ("scheduler", "schedule"): "schedule",
     ("executor", "run"): "launch", ("executor", "launch"): "launch", ("executor", "collect"): "collect",
     ("runner", "prepare"): "prepare", ("runner", "forward_hidden"): "forward",
     ("engine", "advance"): "bookkeeping", ("engine", "complete"): "bookkeeping",

@@ -77,7 +77,6 @@ def plot_param(table: pd.DataFrame, metrics: list[str], key: str, others: list[s
 def spans_decades(ax) -> bool:
     """Whether the panel's positive points span more than LOG_SPAN (their own range, not the axis')."""
     values = [y for line in ax.get_lines() for y in np.asarray(line.get_ydata(), dtype=float)]
-    values += [y for c in ax.collections for y in np.asarray(c.get_offsets(), dtype=float)[:, 1:].ravel()]
     positive = [v for v in values if np.isfinite(v) and v > 0]
     return bool(positive) and max(positive) > LOG_SPAN * min(positive)
 

@@ -52,7 +52,8 @@ def _qk_norm_rope_store_kernel(
     token = tl.program_id(0).to(tl.int64)
     heads = (tl.program_id(1) * HEADS_BLOCK + tl.arange(0, HEADS_BLOCK))[:, None]
     half = tl.arange(0, HALF_PAD)[None, :]
-    mask = (heads < NUM_HEADS + NUM_KV_HEADS) & (half < HALF)
+    in_half = half < HALF
+    mask = (heads < NUM_HEADS + NUM_KV_HEADS) & in_half
     DT = q_out_ptr.dtype.element_ty
 
     row = qkv_ptr + token * stride_qkv + heads * HEAD_DIM
@@ -60,15 +61,15 @@ def _qk_norm_rope_store_kernel(
     x2 = tl.load(row + HALF + half, mask=mask, other=0.0).to(tl.float32)
     if NORM:
         is_q = heads < NUM_HEADS
-        w1 = _head_weight(q_weight_ptr, k_weight_ptr, is_q, half, half < HALF)
-        w2 = _head_weight(q_weight_ptr, k_weight_ptr, is_q, HALF + half, half < HALF)
+        w1 = _head_weight(q_weight_ptr, k_weight_ptr, is_q, half, in_half)
+        w2 = _head_weight(q_weight_ptr, k_weight_ptr, is_q, HALF + half, in_half)
         squares = tl.reduce(x1 * x1, 1, sum_combine) + tl.reduce(x2 * x2, 1, sum_combine)
         rstd = tl.math.rsqrt(squares / HEAD_DIM + eps)
         x1, x2 = _norm_heads(x1, w1, rstd, DT), _norm_heads(x2, w2, rstd, DT)
 
     pos = tl.load(positions_ptr + token).to(tl.int64)
-    cos = tl.load(cos_sin_ptr + pos * stride_cos + half, mask=half < HALF, other=0.0)
-    sin = tl.load(cos_sin_ptr + pos * stride_cos + HALF + half, mask=half < HALF, other=0.0)
+    cos = tl.load(cos_sin_ptr + pos * stride_cos + half, mask=in_half, other=0.0)
+    sin = tl.load(cos_sin_ptr + pos * stride_cos + HALF + half, mask=in_half, other=0.0)
     roped1 = (x1 * cos - x2 * sin).to(DT)
     roped2 = (x2 * cos + x1 * sin).to(DT)
 
