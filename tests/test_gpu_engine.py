@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from nanoexp import LLM, SamplingParams
+from nanoexp.kernels.prefill_tiles import LARGE_STEP_TOKENS
 from tests.conftest import random_prompts
 from tests.helpers import assert_follows_transformers, staggered_run
 
@@ -65,6 +66,18 @@ def test_bfloat16_greedy_follows_transformers_within_policy(checkpoints, eager):
     prompts = random_prompts(LENGTHS, seed=13)
     outs = engine_outputs(path, prompts, 16, dtype="bfloat16", enforce_eager=eager)
     assert_follows_transformers(hf_model, prompts, outs)
+
+
+@pytest.mark.parametrize("eager", [GRAPHS_QUICK, True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("name", ["qwen3_gqa4", "qwen3_gqa2_tied"])
+def test_float32_greedy_matches_transformers_in_a_large_step(checkpoints, reference_outputs, name, eager):
+    """A first step of 2,200 prompt tokens runs the prefill kernel's tiles of large steps."""
+    prompts = random_prompts([700, 600, 500, 400], seed=16)
+    assert sum(map(len, prompts)) >= LARGE_STEP_TOKENS
+    outs = engine_outputs(checkpoints[name][0], prompts, 8, dtype="float32", enforce_eager=eager,
+                          max_num_batched_tokens=4096)  # fmt: skip
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == reference_outputs(name, prompt, 8), f"prompt length {len(prompt)}"
 
 
 def test_graph_ladder_covers_any_max_num_seqs(checkpoints, reference_outputs):

@@ -172,11 +172,13 @@ def sampled_step(rng: random.Random, block_size: int, is_prefill: bool, max_seqs
 def test_graph_inputs_equal_the_eager_upload_and_pad_the_graph(monkeypatch, python_tokens):
     """A graph's static buffers, written through a pinned mirror ring whose buffers held other
     sizes' layouts, hold what the eager upload gives, and padding that stores and reads nothing;
-    whether a step is laid out by numpy or by a Python loop."""
+    whether a step is laid out by numpy or by a Python loop; tiles of each graph's own height."""
+    from nanoexp.kernels import prefill_tiles as prefill_tiles_module
     from nanoexp.kernels.prefill_tiles import prefill_tiles
     from nanoexp.runner.cuda_graphs import DecodeGraphs, StepGraphs
 
     monkeypatch.setattr(runner_inputs, "PYTHON_TOKENS", python_tokens)
+    monkeypatch.setattr(prefill_tiles_module, "LARGE_STEP_TOKENS", 320)  # graphs of both tile heights
 
     cpu, block_size, vocab = torch.device("cpu"), 16, 1000
     decode = DecodeGraphs(None, 8, max_num_seqs=20, max_blocks_per_seq=13, dtype=torch.float32, device=cpu)
@@ -206,7 +208,8 @@ def test_graph_inputs_equal_the_eager_upload_and_pad_the_graph(monkeypatch, pyth
         else:
             assert got.prev_sample_rows.tolist() == step.prev_sample_rows
         if is_prefill:
-            tiles = prefill_tiles(step.query_lens, step.context_lens, step.num_decodes, steps.tile_block_m)
+            block_m = steps.tile_block_m(size)
+            tiles = prefill_tiles(step.query_lens, step.context_lens, step.num_decodes, block_m)
             table = md.prefill_tiles[: steps.tile_slots(size)]
             assert table[: len(tiles)].tolist() == tiles.tolist() and (table[len(tiles) :] == -1).all()
             assert got.graph_key == (size, step.num_decodes > 0)

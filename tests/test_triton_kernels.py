@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 from nanoexp.config import ExecutionConfig  # noqa: E402
 from nanoexp.kernels import triton_attention  # noqa: E402
 from nanoexp.kernels.base import AttentionMetadata  # noqa: E402
-from nanoexp.kernels.prefill_tiles import prefill_tiles  # noqa: E402
+from nanoexp.kernels.prefill_tiles import LARGE_STEP_TOKENS, prefill_config, prefill_tiles  # noqa: E402
 from nanoexp.kernels.select import make_attention_backend  # noqa: E402
 from nanoexp.kernels.torch_ref import TorchAttentionBackend  # noqa: E402
 from nanoexp.kernels.triton_backend import TritonAttentionBackend  # noqa: E402
@@ -328,7 +328,7 @@ def test_step_graph_mixed_attention_matches_the_eager_one_with_padding():
     )
     q_padded = torch.cat([q, torch.randn(padded - tokens, 4, 32).to(DEVICE, q.dtype)])
     with pytest.MonkeyPatch.context() as patch:  # the tiles were built for this tile height
-        patch.setattr(triton_attention, "_prefill_config", lambda head_dim, group: (block_m, 16, 4, 1))
+        patch.setattr(triton_attention, "_prefill_config", lambda *shape: (block_m, 16, 4, 1))
         out = TritonAttentionBackend().mixed(q_padded, q_padded, q_padded, k_cache, v_cache, fixed, 0.3)
     assert_close(out[:tokens], ref, torch.float32)
 
@@ -354,9 +354,20 @@ def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
     )
     q_padded = torch.cat([q, torch.randn(padded - tokens, 4, 32).to(DEVICE, q.dtype)])
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(triton_attention, "_prefill_config", lambda head_dim, group: (block_m, 16, 4, 1))
+        patch.setattr(triton_attention, "_prefill_config", lambda *shape: (block_m, 16, 4, 1))
         out = TritonAttentionBackend().prefill(q_padded, q_padded, q_padded, k_cache, v_cache, fixed, 0.3)
     assert_close(out[:tokens], ref, torch.float32)
+
+
+def test_prefill_tiles_grow_taller_and_narrower_in_large_steps():
+    """A step of LARGE_STEP_TOKENS or more runs 128 rows x 32 keys a tile (8 warps), smaller steps 64
+    rows x 64 keys; rows are queries x the group padded to a power of two; large heads keep theirs."""
+    small, large = LARGE_STEP_TOKENS - 1, LARGE_STEP_TOKENS
+    assert [prefill_config(128, group, small) for group in (1, 2, 3, 4)] == [
+        (64, 64, 4, 3), (32, 64, 4, 3), (16, 64, 4, 3), (16, 64, 4, 3)]  # fmt: skip
+    assert [prefill_config(128, group, large) for group in (1, 2, 4)] == [
+        (128, 32, 8, 2), (64, 32, 8, 2), (32, 32, 8, 2)]  # fmt: skip
+    assert prefill_config(256, 2, small) == prefill_config(256, 2, large) == (32, 32, 4, 2)
 
 
 def test_prefill_tiles_cover_each_prefill_row_once_longest_first():

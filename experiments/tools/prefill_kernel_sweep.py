@@ -6,7 +6,7 @@ pads it) and each (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages), replay
 the decode kernel over a step graph's empty decode slots at its default split count and at one.
 
     python experiments/tools/prefill_kernel_sweep.py [--cases 1x16,1x512,8x512,1x4096] [--heads 16x8]
-        [--default-only]
+        [--default-only] [--top 8]
 """
 
 from __future__ import annotations
@@ -64,13 +64,14 @@ def main() -> None:
     parser.add_argument("--cases", default="1x16,1x512,8x512,1x4096")
     parser.add_argument("--heads", default="16x8", help="query heads x kv heads")
     parser.add_argument("--default-only", action="store_true", help="time the default shape only")
+    parser.add_argument("--top", type=int, default=8, help="the fastest shapes printed per case")
     args = parser.parse_args()
     global HEADS, KV_HEADS
     HEADS, KV_HEADS = (int(x) for x in args.heads.split("x"))
     for spec in args.cases.split(","):
         num_seqs, q_len = (int(x) for x in spec.split("x"))
         graph_tokens = max(16, 1 << (num_seqs * q_len - 1).bit_length())
-        default_m = prefill_block_m(HEAD_DIM, HEADS // KV_HEADS)
+        default_m = prefill_block_m(HEAD_DIM, HEADS // KV_HEADS, graph_tokens)
         torch.manual_seed(0)
         base_us, reference = run((num_seqs, q_len), default_m, None, None, None, graph_tokens)
         flops = num_seqs * q_len * q_len * HEADS * HEAD_DIM * 2  # causal QK^T and PV
@@ -87,7 +88,7 @@ def main() -> None:
                 continue
             err = (out - reference).abs().max().item()
             rows.append((us, block_m, block_n, warps, stages, err))
-        for us, block_m, block_n, warps, stages, err in sorted(rows)[:8]:
+        for us, block_m, block_n, warps, stages, err in sorted(rows)[: args.top]:
             print(f"  {block_m:3d}x{block_n:3d} w{warps} s{stages}: {us:7.1f} us  max|diff| {err:.1e}")
     for slots in (16, 256):
         for splits in (None, 1):

@@ -65,7 +65,7 @@ def pieces(runner: ModelRunner, step, repeats: int) -> dict[str, float]:
     hidden = graphs.replay(model_inputs)
     last = hidden[model_inputs.logits_indices]
     logits = runner.model.compute_logits(last)
-    tile_m = graphs.tile_block_m
+    tile_m = graphs.tile_block_m(graphs.size_for(step.num_tokens))
     tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables))), dtype=np.int32)
     return {
         "token_layout": timed(lambda: runner_inputs.token_layout(step, runner.block_size, tables), repeats),

@@ -4,21 +4,32 @@ from __future__ import annotations
 
 import numpy as np
 
+# From this many tokens a step's grid runs several tiles an SM at once, and tiles of twice the queries
+# and half the keys (8 warps) win; below, one wave of smaller tiles reading more keys at a time ends
+# sooner. H200, Qwen3-0.6B's heads, us a layer (experiments/tools/prefill_kernel_sweep.py): 8 x 512
+# tokens 46.8 -> 41.0, 4 x 1,024 68.1 -> 62.3, one 4,096-token prompt 202.9 -> 191.5; one 512-token
+# prompt would go 14.3 -> 18.8, so it keeps the small tiles.
+LARGE_STEP_TOKENS = 2048
 
-def prefill_config(head_dim: int, group: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M queries, BLOCK_N keys, num_warps, num_stages) of a tile, sized to fit shared memory.
-    A program runs the `group` query heads of one kv head together: BLOCK_M x group rows (the group
-    padded to a power of two), each key tile loaded once for them. On an H200 at Qwen3-0.6B's shape
-    (2 heads a kv head, head size 128), 32 queries x 2 heads against 64 queries x 1 head, 64 keys a
-    tile: 8 x 512 tokens 51.0 -> 47.1 us, one 4,096-token prompt 207.6 -> 204.1, 16 and 512 tokens
-    a tie (experiments/tools/prefill_kernel_sweep.py)."""
-    rows, keys, warps, stages = (64, 32, 4, 2) if head_dim > 128 else (64, 64, 4, 3)
+
+def prefill_config(head_dim: int, group: int, tokens: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M queries, BLOCK_N keys, num_warps, num_stages) of a tile in a step of `tokens` tokens
+    (a step graph's padded size), sized to fit shared memory. A program runs the `group` query heads of
+    one kv head together: BLOCK_M x group rows (the group padded to a power of two), each key tile loaded
+    once for them (32 queries x 2 heads against 64 x 1 at 8 x 512 tokens: 51.0 -> 47.1 us a layer)."""
+    if head_dim > 128:
+        rows, keys, warps, stages = 64, 32, 4, 2
+    elif tokens >= LARGE_STEP_TOKENS:
+        rows, keys, warps, stages = 128, 32, 8, 2
+    else:
+        rows, keys, warps, stages = 64, 64, 4, 3
     return max(1, rows >> (group - 1).bit_length()), keys, warps, stages
 
 
-def prefill_block_m(head_dim: int, group: int) -> int:
-    """The queries per tile that varlen_prefill runs at this head size and query heads per kv head."""
-    return prefill_config(head_dim, group)[0]
+def prefill_block_m(head_dim: int, group: int, tokens: int) -> int:
+    """The queries per tile that varlen_prefill runs at this head size, query heads per kv head and
+    step size."""
+    return prefill_config(head_dim, group, tokens)[0]
 
 
 # Up to this many tiles a Python loop builds the table faster than numpy's ~15 array operations

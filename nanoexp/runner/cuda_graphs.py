@@ -156,7 +156,7 @@ class StepGraphs(GraphLadder):
                  max_num_batched_tokens: int, max_blocks_per_seq: int, dtype: torch.dtype,
                  device: torch.device, mixed: bool = True):  # fmt: skip
         self.max_num_seqs = max_num_seqs
-        self.tile_block_m = prefill_block_m(head_dim, group)  # the queries of every step graph's tiles
+        self.head_dim, self.group = head_dim, group
         self.variants = (False, True) if mixed else (False,)  # with decodes
         top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
         sizes = sorted({size for size in step_graph_sizes() if size < top} | {top})
@@ -173,9 +173,13 @@ class StepGraphs(GraphLadder):
     def seq_slots(self, tokens: int) -> int:
         return min(tokens, self.max_num_seqs)
 
+    def tile_block_m(self, size: int) -> int:
+        """The queries of each tile in the graph of `size` tokens (the prefill kernel's, at that size)."""
+        return prefill_block_m(self.head_dim, self.group, size)
+
     def tile_slots(self, tokens: int) -> int:
         """Tiles of at most `tokens` rows in at most seq_slots sequences: one partial tile each."""
-        return -(-tokens // self.tile_block_m) + self.seq_slots(tokens)
+        return -(-tokens // self.tile_block_m(tokens)) + self.seq_slots(tokens)
 
     def view(self, size: int, variant: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         t, seqs = self.arenas[size].tensors, self.seq_slots(size)
@@ -195,7 +199,7 @@ class StepGraphs(GraphLadder):
         def write_attention(host: dict[str, np.ndarray]) -> None:
             host["decode_context_lens"][:decodes] = step.context_lens[:decodes]
             host["decode_context_lens"][decodes:seqs] = 0
-            tiles = prefill_tiles(step.query_lens, step.context_lens, decodes, self.tile_block_m)
+            tiles = prefill_tiles(step.query_lens, step.context_lens, decodes, self.tile_block_m(size))
             host["tiles"][: len(tiles)] = tiles
             host["tiles"][len(tiles) : self.tile_slots(size)] = -1
 
