@@ -118,8 +118,8 @@ def test_trace_is_a_wandb_artifact(profiled_job: Path) -> None:
 
 def test_a_busy_machine_is_flagged(profiled_job: Path) -> None:
     summary = results(profiled_job)["summary"]
-    assert summary["noise_busy_repeats"] >= 1, summary["per_repeat"]
-    assert all(r["other_cpu_cores"] > 0.5 for r in summary["per_repeat"])
+    busy = [r for r in summary["per_repeat"] if r["other_cpu_cores"] > 0.5]  # the loop's share varies
+    assert summary["noise_busy_repeats"] == len(busy) >= 1, summary["per_repeat"]
     assert "noisy measurement: machine busy" in (profiled_job / "run.log").read_text()
 
 

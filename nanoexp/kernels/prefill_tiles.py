@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 # From this many tokens a step's grid runs several tiles an SM at once, and tiles of twice the queries
-# and half the keys (8 warps) win; below, one wave of smaller tiles reading more keys at a time ends
-# sooner. H200, Qwen3-0.6B's heads, us a layer (experiments/tools/prefill_kernel_sweep.py): 8 x 512
-# tokens 46.8 -> 41.0, 4 x 1,024 68.1 -> 62.3, one 4,096-token prompt 202.9 -> 191.5; one 512-token
-# prompt would go 14.3 -> 18.8, so it keeps the small tiles.
-LARGE_STEP_TOKENS = 2048
+# and half the keys (8 warps) win; below, fewer, longer tiles of the larger kind end later than a wave
+# of the smaller ones. H200, Qwen3-0.6B's heads, us a layer, small -> large tiles, one call
+# (experiments/tools/prefill_kernel_sweep.py): at 4,096 tokens 8 x 512 47.2 -> 41.3, 4 x 1,024
+# 68.5 -> 62.2, one prompt 208.3 -> 195.6; at 2,048 tokens 4 x 512 23.1 -> 24.7, one prompt 55.7 -> 77.7.
+LARGE_STEP_TOKENS = 4096
 
 
 def prefill_config(head_dim: int, group: int, tokens: int) -> tuple[int, int, int, int]:
