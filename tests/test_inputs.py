@@ -178,12 +178,13 @@ def test_graph_inputs_equal_the_eager_upload_and_pad_the_graph(monkeypatch, pyth
     from nanoexp.runner.cuda_graphs import DecodeGraphs, StepGraphs
 
     monkeypatch.setattr(runner_inputs, "PYTHON_TOKENS", python_tokens)
-    monkeypatch.setattr(prefill_tiles_module, "LARGE_STEP_TOKENS", 320)  # graphs of both tile heights
+    monkeypatch.setattr(prefill_tiles_module, "LARGE_GRID_TILES", 10)  # from 320 tokens: both tile heights
 
     cpu, block_size, vocab = torch.device("cpu"), 16, 1000
     decode = DecodeGraphs(None, 8, max_num_seqs=20, max_blocks_per_seq=13, dtype=torch.float32, device=cpu)
-    steps = StepGraphs(None, 8, head_dim=64, group=2, max_num_seqs=6, max_num_batched_tokens=700,
-                       max_blocks_per_seq=13, dtype=torch.float32, device=cpu)  # fmt: skip
+    steps = StepGraphs(None, 8, head_dim=64, num_heads=4, num_kv_heads=2, max_num_seqs=6,
+                       max_num_batched_tokens=700, max_blocks_per_seq=13, dtype=torch.float32,
+                       device=cpu)  # fmt: skip
     rng = random.Random(1)
     for _ in range(60):
         is_prefill = rng.random() < 0.5

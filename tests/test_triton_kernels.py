@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 from nanoexp.config import ExecutionConfig  # noqa: E402
 from nanoexp.kernels import triton_attention  # noqa: E402
 from nanoexp.kernels.base import AttentionMetadata  # noqa: E402
-from nanoexp.kernels.prefill_tiles import LARGE_STEP_TOKENS, prefill_config, prefill_tiles  # noqa: E402
+from nanoexp.kernels.prefill_tiles import prefill_config, prefill_tiles  # noqa: E402
 from nanoexp.kernels.select import make_attention_backend  # noqa: E402
 from nanoexp.kernels.torch_ref import TorchAttentionBackend  # noqa: E402
 from nanoexp.kernels.triton_backend import TritonAttentionBackend  # noqa: E402
@@ -359,15 +359,19 @@ def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
     assert_close(out[:tokens], ref, torch.float32)
 
 
-def test_prefill_tiles_grow_taller_and_narrower_in_large_steps():
-    """A step of LARGE_STEP_TOKENS or more runs 128 rows x 32 keys a tile (8 warps), smaller steps 64
-    rows x 64 keys; rows are queries x the group padded to a power of two; large heads keep theirs."""
-    small, large = LARGE_STEP_TOKENS - 1, LARGE_STEP_TOKENS
-    assert [prefill_config(128, group, small) for group in (1, 2, 3, 4)] == [
-        (64, 64, 4, 3), (32, 64, 4, 3), (16, 64, 4, 3), (16, 64, 4, 3)]  # fmt: skip
-    assert [prefill_config(128, group, large) for group in (1, 2, 4)] == [
-        (128, 32, 8, 2), (64, 32, 8, 2), (32, 32, 8, 2)]  # fmt: skip
-    assert prefill_config(256, 2, small) == prefill_config(256, 2, large) == (32, 32, 4, 2)
+def test_prefill_tiles_grow_taller_and_narrower_once_the_grid_holds_512_of_them():
+    """128 rows x 32 keys a tile (8 warps) from 512 such tiles a step (tokens x the group padded x kv
+    heads >= 65,536 rows), else 64 rows x 64 keys; rows are queries x the padded group; under TP a rank's
+    heads count; large heads keep their tiles."""
+    assert prefill_config(128, 16, 8, 4095) == (32, 64, 4, 3)  # Qwen3-0.6B
+    assert prefill_config(128, 16, 8, 4096) == (64, 32, 8, 2)
+    assert prefill_config(128, 8, 4, 4096) == (32, 64, 4, 3)  # its rank at TP=2
+    assert prefill_config(128, 8, 4, 8192) == (64, 32, 8, 2)
+    assert prefill_config(128, 32, 8, 2048) == (32, 32, 8, 2)  # 4 heads a kv head
+    assert prefill_config(128, 12, 4, 4095) == (16, 64, 4, 3)  # 3, padded to 4
+    assert prefill_config(128, 12, 4, 4096) == (32, 32, 8, 2)
+    assert prefill_config(128, 8, 8, 8192) == (128, 32, 8, 2)
+    assert prefill_config(256, 16, 8, 100) == prefill_config(256, 16, 8, 10**6) == (32, 32, 4, 2)
 
 
 def test_prefill_tiles_cover_each_prefill_row_once_longest_first():

@@ -71,7 +71,7 @@ def main() -> None:
     for spec in args.cases.split(","):
         num_seqs, q_len = (int(x) for x in spec.split("x"))
         graph_tokens = max(16, 1 << (num_seqs * q_len - 1).bit_length())
-        default_m = prefill_block_m(HEAD_DIM, HEADS // KV_HEADS, graph_tokens)
+        default_m = prefill_block_m(HEAD_DIM, HEADS, KV_HEADS, graph_tokens)
         torch.manual_seed(0)
         base_us, reference = run((num_seqs, q_len), default_m, None, None, None, graph_tokens)
         flops = num_seqs * q_len * q_len * HEADS * HEAD_DIM * 2  # causal QK^T and PV

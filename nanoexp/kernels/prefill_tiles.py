@@ -4,32 +4,36 @@ from __future__ import annotations
 
 import numpy as np
 
-# From this many tokens a step's grid runs several tiles an SM at once, and tiles of twice the queries
-# and half the keys (8 warps) win; below, fewer, longer tiles of the larger kind end later than a wave
-# of the smaller ones. H200, Qwen3-0.6B's heads, us a layer, small -> large tiles, one call
-# (experiments/tools/prefill_kernel_sweep.py): at 4,096 tokens 8 x 512 47.2 -> 41.3, 4 x 1,024
-# 68.5 -> 62.2, one prompt 208.3 -> 195.6; at 2,048 tokens 4 x 512 23.1 -> 24.7, one prompt 55.7 -> 77.7.
-LARGE_STEP_TOKENS = 4096
+# Tiles of LARGE_TILE_ROWS rows (queries x the group padded to a power of two) and 32 keys on 8 warps pay
+# once a step's grid holds LARGE_GRID_TILES of them (~4 an SM on an H200's 132); with fewer, their long
+# causal rows end after a wave of the smaller tiles would have. H200, Qwen3-0.6B's 16 query and 8 kv heads,
+# us a layer, small -> large tiles, one call (experiments/tools/prefill_kernel_sweep.py): 4,096 tokens
+# (512 large tiles): 8 x 512 47.2 -> 41.3, 4 x 1,024 68.5 -> 62.2, one prompt 208.3 -> 195.6; 2,048 tokens
+# (256): 4 x 512 23.1 -> 24.7, one prompt 55.7 -> 77.7. Under TP the heads of a rank count.
+LARGE_TILE_ROWS = 128
+LARGE_GRID_TILES = 512
 
 
-def prefill_config(head_dim: int, group: int, tokens: int) -> tuple[int, int, int, int]:
+def prefill_config(
+    head_dim: int, num_heads: int, num_kv_heads: int, tokens: int
+) -> tuple[int, int, int, int]:
     """(BLOCK_M queries, BLOCK_N keys, num_warps, num_stages) of a tile in a step of `tokens` tokens
-    (a step graph's padded size), sized to fit shared memory. A program runs the `group` query heads of
-    one kv head together: BLOCK_M x group rows (the group padded to a power of two), each key tile loaded
-    once for them (32 queries x 2 heads against 64 x 1 at 8 x 512 tokens: 51.0 -> 47.1 us a layer)."""
+    (a step graph's padded size), sized to fit shared memory. A program runs the query heads of one kv
+    head together: BLOCK_M x group rows (the group padded to a power of two), each key tile loaded once
+    for them (32 queries x 2 heads against 64 x 1 at 8 x 512 tokens: 51.0 -> 47.1 us a layer)."""
+    group_pad = 1 << (num_heads // num_kv_heads - 1).bit_length()
     if head_dim > 128:
         rows, keys, warps, stages = 64, 32, 4, 2
-    elif tokens >= LARGE_STEP_TOKENS:
-        rows, keys, warps, stages = 128, 32, 8, 2
+    elif tokens * group_pad * num_kv_heads >= LARGE_GRID_TILES * LARGE_TILE_ROWS:
+        rows, keys, warps, stages = LARGE_TILE_ROWS, 32, 8, 2
     else:
         rows, keys, warps, stages = 64, 64, 4, 3
-    return max(1, rows >> (group - 1).bit_length()), keys, warps, stages
+    return max(1, rows // group_pad), keys, warps, stages
 
 
-def prefill_block_m(head_dim: int, group: int, tokens: int) -> int:
-    """The queries per tile that varlen_prefill runs at this head size, query heads per kv head and
-    step size."""
-    return prefill_config(head_dim, group, tokens)[0]
+def prefill_block_m(head_dim: int, num_heads: int, num_kv_heads: int, tokens: int) -> int:
+    """The queries per tile that varlen_prefill runs at this head size, these heads and this step size."""
+    return prefill_config(head_dim, num_heads, num_kv_heads, tokens)[0]
 
 
 # Up to this many tiles a Python loop builds the table faster than numpy's ~15 array operations

@@ -337,7 +337,7 @@ def varlen_prefill(
     """Causal attention of packed queries q [T, H, D]. With block_tables, k/v are the paged caches
     and sequence i's context its first context_lens[i] positions; without, k/v [T, kv_heads, D] are
     packed like q and each sequence sees only its new tokens. max_seqlen_q bounds every q length.
-    tiles (paged only; `prefill_tiles` at BLOCK_M = `prefill_block_m(head_dim, group, T)`) replaces the
+    tiles (paged only; `prefill_tiles` at BLOCK_M = `prefill_block_m(D, H, kv heads, T)`) replaces the
     grid by kv heads x n; rows of `out` no tile covers are left as they were. block_m (queries per tile)
     etc.: benchmark sweeps."""
     num_tokens, num_heads, head_dim = q.shape
@@ -358,7 +358,7 @@ def varlen_prefill(
     max_seqlen_q = min(max_seqlen_q, num_tokens)
     dim_pad = max(16, triton.next_power_of_2(head_dim))
     group = num_heads // num_kv_heads
-    cfg_m, cfg_n, cfg_warps, cfg_stages = _prefill_config(head_dim, group, num_tokens)
+    cfg_m, cfg_n, cfg_warps, cfg_stages = _prefill_config(head_dim, num_heads, num_kv_heads, num_tokens)
     block_m, block_n = block_m or cfg_m, block_n or cfg_n
     num_warps, num_stages = num_warps or cfg_warps, num_stages or cfg_stages
     grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_kv_heads)

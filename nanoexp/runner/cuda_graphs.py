@@ -152,11 +152,11 @@ class StepGraphs(GraphLadder):
     graph serves any mix up to its size; steps without decodes skip the empty slots (~6 us a layer on an
     H200). Padding stores nothing (slot -1), reads nothing (context 0), runs no tiles."""
 
-    def __init__(self, model: nn.Module, hidden_size: int, head_dim: int, group: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_blocks_per_seq: int, dtype: torch.dtype,
+    def __init__(self, model: nn.Module, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 max_num_seqs: int, max_num_batched_tokens: int, max_blocks_per_seq: int, dtype: torch.dtype,
                  device: torch.device, mixed: bool = True):  # fmt: skip
         self.max_num_seqs = max_num_seqs
-        self.head_dim, self.group = head_dim, group
+        self.heads = (head_dim, num_heads, num_kv_heads)  # of this rank: what the prefill tiles are sized by
         self.variants = (False, True) if mixed else (False,)  # with decodes
         top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
         sizes = sorted({size for size in step_graph_sizes() if size < top} | {top})
@@ -175,7 +175,7 @@ class StepGraphs(GraphLadder):
 
     def tile_block_m(self, size: int) -> int:
         """The queries of each tile in the graph of `size` tokens (the prefill kernel's, at that size)."""
-        return prefill_block_m(self.head_dim, self.group, size)
+        return prefill_block_m(*self.heads, size)
 
     def tile_slots(self, tokens: int) -> int:
         """Tiles of at most `tokens` rows in at most seq_slots sequences: one partial tile each."""

@@ -140,7 +140,7 @@ class ModelRunner:
         if self.backend.captures_mixed_steps:
             layer = attention_layers(self.model)[0]
             self.step_graphs = StepGraphs(
-                self.model, hidden, layer.head_dim, layer.num_heads // layer.num_kv_heads,
+                self.model, hidden, layer.head_dim, layer.num_heads, layer.num_kv_heads,
                 scheduler.max_num_seqs, scheduler.max_num_batched_tokens, max_blocks, self.dtype,
                 self.device, mixed=scheduler.batching == "mixed",
             )  # fmt: skip
