@@ -186,11 +186,13 @@ class ModelRunner:
 
     def warm_up_prefill_kernels(self) -> None:
         """Prefills at the sizes where kernels bound to a KV cache (the fused q/k norm + RoPE + store tiles by
-        token count) change variant, so no timed step compiles one; nothing is stored."""
+        token count) or the prefill attention's tiles (small or large) change variant, so no timed step
+        compiles one; nothing is stored."""
         start = time.perf_counter()
         budget = self.config.scheduler.max_num_batched_tokens
         captured = MAX_STEP_GRAPH_TOKENS if self.uses_graphs and self.backend.captures_mixed_steps else 0
-        for tokens in sorted({min(16, budget), min(64, budget), budget}):
+        first_eager = [captured + 1] if 0 < captured < budget else []  # may run small tiles, budget large
+        for tokens in sorted({min(16, budget), min(64, budget), *first_eager, budget}):
             if tokens > captured:  # smaller steps run in step graphs, whose capture compiles their kernels
                 self.run_blockless_prefill(tokens)
         self.timings["warmup_s"] = self.timings.get("warmup_s", 0.0) + time.perf_counter() - start
