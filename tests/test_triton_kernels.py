@@ -17,6 +17,7 @@ triton = pytest.importorskip("triton")
 
 # Without CUDA, conftest has turned the Triton interpreter on before anything imported triton.
 from nanoexp.config import ExecutionConfig  # noqa: E402
+from nanoexp.kernels import prefill_tiles as prefill_tiles_module  # noqa: E402
 from nanoexp.kernels import triton_attention  # noqa: E402
 from nanoexp.kernels.base import AttentionMetadata  # noqa: E402
 from nanoexp.kernels.prefill_tiles import prefill_config, prefill_tiles  # noqa: E402
@@ -268,6 +269,19 @@ def test_prefill_with_cached_prefix(dtype, block_size, group):
     q_lens = [40, 30, 5, 1, 64]
     out, ref = run_prefill(ctx_lens, q_lens, 2 * group, 2, 32, block_size, dtype)
     assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
+@pytest.mark.parametrize("cached", [False, True], ids=["new", "cached"])
+def test_prefill_large_tiles_match_reference(monkeypatch, group, cached):
+    """The tiles of large steps (128 rows, 32 keys), here at any step size."""
+    monkeypatch.setattr(prefill_tiles_module, "LARGE_GRID_TILES", 0)
+    assert prefill_config(32, 2 * group, 2, 1)[1:3] == (32, 8)
+    q_lens = [1, 9, 70, 130]
+    ctx_lens = [40, 150, 5, 130] if cached else q_lens
+    out, ref = run_prefill(ctx_lens, [min(q, c) for q, c in zip(q_lens, ctx_lens)], 2 * group, 2, 32, 16,
+                           torch.float16)  # fmt: skip
+    assert_close(out, ref, torch.float16)
 
 
 @pytest.mark.parametrize(("block_size", "block_m", "block_n"), [(4, 16, 16), (64, 32, 16), (8, 16, 32)])
