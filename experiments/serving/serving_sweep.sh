@@ -9,7 +9,8 @@
 # traces are checked for a decode-graph replay and a prefill step's kernels; lone is an online job of lone
 # 16- and 512-token prompts at 8 req/s from BASE and this checkout (LONE_TREES), its step_medians; online
 # is two loaded jobs (ONLINE_TREES): 16-token prompts at 400 req/s, 512-token prompts all at t0 in steps
-# of at most 4,096 tokens, both `prefill_first`.
+# of at most 4,096 tokens, both `prefill_first`, with the SM clock sampled every 100 ms (the card clocks
+# down under a long burst).
 # `base DIR`-style parts run the same sweep from another checkout: BASE=dir.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -81,6 +82,8 @@ for part in $parts; do
           done | tee "$OUT/lone.log" ;;
     online) for tree in ${ONLINE_TREES:-"$here"}; do  # the step sizes of the targets, in loaded online jobs
               name=$(basename "$tree")
+              nvidia-smi --query-gpu=clocks.sm,temperature.gpu --format=csv,noheader,nounits -lms 100 \
+                > "$OUT/clocks_$name.csv" 2>/dev/null & clocks=$!
               (cd "$tree" && export PYTHONPATH="/tmp/site:$tree" &&
                timeout 150 python3 run.py -m "${SWEEP[@]}" workload.num_requests=512 workload.input_len=16 \
                  workload.output_len=16 workload.request_rate=400 scheduler.batching=prefill_first \
@@ -88,7 +91,11 @@ for part in $parts; do
                timeout 150 python3 run.py -m "${SWEEP[@]}" workload.output_len=16 workload.request_rate=inf \
                  scheduler.batching=prefill_first scheduler.max_num_batched_tokens=4096 scheduler.max_model_len=4096 \
                  hydra.sweep.dir=/tmp/online_$name append_to_sweep=true hydra.sweep.subdir=long > /dev/null 2>&1)
+              kill $clocks
               step_medians "/tmp/online_$name"
+              awk -F', ' '$1 > 1000 && (!m || $1 < m) { m = $1 } $2 > t { t = $2 }  # idle is 345 MHz
+                END { if (m) print "  SM clock: lowest above idle " m " MHz, highest temperature " t " C" }' \
+                "$OUT/clocks_$name.csv"
               echo "^ $name"
             done | tee "$OUT/online.log" ;;
     trace) timeout 240 python3 run.py -m "${SWEEP[@]}" workload.num_requests=64 workload.request_rate=32,inf \
