@@ -156,10 +156,11 @@ class StepGraphs(GraphLadder):
                  max_num_seqs: int, max_num_batched_tokens: int, max_blocks_per_seq: int, dtype: torch.dtype,
                  device: torch.device, mixed: bool = True):  # fmt: skip
         self.max_num_seqs = max_num_seqs
-        self.heads = (head_dim, num_heads, num_kv_heads)  # of this rank: what the prefill tiles are sized by
         self.variants = (False, True) if mixed else (False,)  # with decodes
         top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
         sizes = sorted({size for size in step_graph_sizes() if size < top} | {top})
+        # each size's tile height (this rank's heads), looked up per step rather than derived again
+        self.tile_heights = {size: prefill_block_m(head_dim, num_heads, num_kv_heads, size) for size in sizes}
         super().__init__(model, sizes, max_blocks_per_seq, hidden_size, dtype, device)
         for arena in self.arenas.values():  # what the capture runs read: no tiles
             arena.tensors["tiles"].fill_(-1)
@@ -175,7 +176,7 @@ class StepGraphs(GraphLadder):
 
     def tile_block_m(self, size: int) -> int:
         """The queries of each tile in the graph of `size` tokens (the prefill kernel's, at that size)."""
-        return prefill_block_m(*self.heads, size)
+        return self.tile_heights[size]
 
     def tile_slots(self, tokens: int) -> int:
         """Tiles of at most `tokens` rows in at most seq_slots sequences: one partial tile each."""
