@@ -178,9 +178,10 @@ class StepGraphs(GraphLadder):
         """The queries of each tile in the graph of `size` tokens (the prefill kernel's, at that size)."""
         return self.tile_heights[size]
 
-    def tile_slots(self, tokens: int) -> int:
-        """Tiles of at most `tokens` rows in at most seq_slots sequences: one partial tile each."""
-        return -(-tokens // self.tile_block_m(tokens)) + self.seq_slots(tokens)
+    def tile_slots(self, size: int) -> int:
+        """Tiles the graph of `size` tokens holds: its rows in at most seq_slots sequences, one partial
+        tile each."""
+        return -(-size // self.tile_block_m(size)) + self.seq_slots(size)
 
     def view(self, size: int, variant: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         t, seqs = self.arenas[size].tensors, self.seq_slots(size)
