@@ -18,8 +18,9 @@ def tp_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def init_all_reduce(choice: str, device: torch.device, dtype: torch.dtype,
-                    max_bytes: int) -> AllReduce | None:  # fmt: skip
+def init_all_reduce(
+    choice: str, device: torch.device, dtype: torch.dtype, max_bytes: int
+) -> AllReduce | None:
     """Installs this rank's all-reduce for `parallel.all_reduce=choice` (a collective call: every rank,
     after init_process_group, before CUDA-graph capture). A no-op returning None without TP."""
     global _all_reduce

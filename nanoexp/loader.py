@@ -29,8 +29,10 @@ def resolve_model_dir(model: str) -> str:
 
         return snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
     except Exception as err:  # noqa: BLE001 - any hub failure means "not available"
-        raise FileNotFoundError(f"model={model!r} is neither a local checkpoint directory nor a reachable "
-                                f"hub id ({err.__class__.__name__})") from None  # fmt: skip
+        raise FileNotFoundError(
+            f"model={model!r} is neither a local checkpoint directory nor a reachable "
+            f"hub id ({err.__class__.__name__})"
+        ) from None
 
 
 def load_hf_config(model: str, overrides: dict | None) -> PretrainedConfig:
@@ -63,8 +65,15 @@ def check_hf_config(config: PretrainedConfig, source: str) -> PretrainedConfig:
         value = rope.get(key, getattr(config, key, None))
         if value is not None and not (is_number(value) and value > 0):
             raise CheckpointError(f"{source}: {key}={value!r} is invalid: must be a finite number > 0")
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "vocab_size", "max_position_embeddings"):  # fmt: skip
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "max_position_embeddings",
+    ):
         value = getattr(config, key, None)
         if not (type(value) is int and value >= 1):
             raise CheckpointError(f"{source}: {key}={value!r} is invalid: must be an integer >= 1")
@@ -128,11 +137,14 @@ def load_file(model: nn.Module, params: dict, file: str, seen: dict[str, str], t
                     unused.append(name)
     except (SafetensorError, OSError) as err:
         reason = " ".join(str(err).split())
-        raise CheckpointError(f"checkpoint file {file} is unreadable (truncated or corrupt?): "
-                              f"{reason}") from None  # fmt: skip
+        raise CheckpointError(
+            f"checkpoint file {file} is unreadable (truncated or corrupt?): {reason}"
+        ) from None
     if unused:
-        raise CheckpointError(f"checkpoint file {file} has {len(unused)} tensor(s) the model built from "
-                              f"config.json does not have, e.g. {sorted(unused)[:3]}")  # fmt: skip
+        raise CheckpointError(
+            f"checkpoint file {file} has {len(unused)} tensor(s) the model built from "
+            f"config.json does not have, e.g. {sorted(unused)[:3]}"
+        )
     return loaded
 
 
@@ -141,8 +153,10 @@ def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> st
     one); the parameter's name, or None where the model has none. Checkpoints hold floating-point weights."""
     dtype = tensor.get_dtype()
     if dtype not in WEIGHT_DTYPES:
-        raise CheckpointError(f"checkpoint tensor {name} in {file} has dtype {dtype}; "
-                              f"weights are one of {', '.join(WEIGHT_DTYPES)}")  # fmt: skip
+        raise CheckpointError(
+            f"checkpoint tensor {name} in {file} has dtype {dtype}; "
+            f"weights are one of {', '.join(WEIGHT_DTYPES)}"
+        )
     target, shard = name, ()
     for source, (dest, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
         if f".{source}." in name:
@@ -153,8 +167,10 @@ def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> st
     param = params[target]
     expected = checkpoint_shape(model.get_submodule(target.rpartition(".")[0]), param, *shard)
     if shape_of(tensor) != expected:
-        raise CheckpointError(f"checkpoint tensor {name} in {file} has shape {shape_of(tensor)}, but the "
-                              f"model built from config.json needs {expected}")  # fmt: skip
+        raise CheckpointError(
+            f"checkpoint tensor {name} in {file} has shape {shape_of(tensor)}, but the "
+            f"model built from config.json needs {expected}"
+        )
     loader = getattr(param, "weight_loader", None)
     loader(param, tensor, *shard) if loader else param.data.copy_(tensor[:])
     return target

@@ -24,13 +24,31 @@ SHAPES = {
 }
 
 
-def build_checkpoint(path, arch: str, heads: int, kv_heads: int, head_dim: int, hidden: int, tied: bool,
-                     vocab: int = 384, layers: int = 2, seed: int = 0):
+def build_checkpoint(
+    path,
+    arch: str,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    hidden: int,
+    tied: bool,
+    vocab: int = 384,
+    layers: int = 2,
+    seed: int = 0,
+):
     torch.manual_seed(seed)
     common = dict(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
-        tie_word_embeddings=tied, rms_norm_eps=1e-6, eos_token_id=vocab - 1, bos_token_id=vocab - 2,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tied,
+        rms_norm_eps=1e-6,
+        eos_token_id=vocab - 1,
+        bos_token_id=vocab - 2,
     )
     if arch == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=head_dim, **common))
@@ -60,10 +78,14 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     generation (`min_new_tokens` would instead forbid EOS, a different sequence when it wins)."""
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
         )
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def random_prompts(lengths, vocab: int = 380, seed: int = 0) -> list[list[int]]:

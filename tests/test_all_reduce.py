@@ -77,8 +77,13 @@ def symmetric(world: int, buffer_bytes: int, dtype=torch.bfloat16) -> AllReduce:
 @pytest.mark.parametrize(
     ("world", "rows", "expected"),
     [
-        (2, 1, ONE_SHOT), (2, 128, ONE_SHOT), (2, 129, TWO_SHOT), (2, 512, TWO_SHOT), (2, 513, NCCL),
-        (8, 32, ONE_SHOT), (8, 33, NCCL),  # 8 ranks: point to point only up to 256 KiB
+        (2, 1, ONE_SHOT),
+        (2, 128, ONE_SHOT),
+        (2, 129, TWO_SHOT),
+        (2, 512, TWO_SHOT),
+        (2, 513, NCCL),
+        (8, 32, ONE_SHOT),
+        (8, 33, NCCL),  # 8 ranks: point to point only up to 256 KiB
     ],
 )
 def test_path_by_message_size(world, rows, expected):

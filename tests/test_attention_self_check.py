@@ -135,16 +135,25 @@ def test_auto_on_cuda_prefers_triton_until_flash_attn_is_measured():
     assert select.AUTO_CUDA_ORDER == ("triton", "flash_attn")
 
 
-def test_engine_runs_on_the_reference_when_the_candidate_is_wrong(monkeypatch, caplog, checkpoints,
-                                                                 reference_outputs):
+def test_engine_runs_on_the_reference_when_the_candidate_is_wrong(
+    monkeypatch, caplog, checkpoints, reference_outputs
+):
     inject(monkeypatch, PerturbedBackend)
     name = "qwen3_gqa2_tied"
     prompts = random_prompts([5, 19], seed=3)
     with caplog.at_level(logging.WARNING, logger=select.__name__):
-        with LLM(checkpoints[name][0], device="cpu", dtype="float32", attention_backend="auto",
-                 kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=128) as llm:
-            outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
-                                use_tqdm=False)
+        with LLM(
+            checkpoints[name][0],
+            device="cpu",
+            dtype="float32",
+            attention_backend="auto",
+            kvcache_block_size=16,
+            num_kvcache_blocks=64,
+            max_model_len=128,
+        ) as llm:
+            outs = llm.generate(
+                prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False
+            )
             stats = llm.stats()
     assert stats["attention_backend"] == "torch"
     assert sum("not using perturbed" in r.getMessage() for r in caplog.records) == 1

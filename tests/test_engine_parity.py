@@ -104,8 +104,9 @@ def test_preemption_with_chunked_prefill_and_prefix_cache(checkpoints, reference
     shared = random_prompts([48], seed=8)[0]
     prompts = [shared + tail for tail in random_prompts([30, 12, 40, 25, 5], seed=9)]
     name = "qwen3_gqa4"
-    with LLM(checkpoints[name][0], kvcache_block_size=8, num_kvcache_blocks=22,
-             max_num_batched_tokens=32) as llm:
+    with LLM(
+        checkpoints[name][0], kvcache_block_size=8, num_kvcache_blocks=22, max_num_batched_tokens=32
+    ) as llm:
         outs = assert_matches_reference(name, llm, prompts, reference_outputs, max_tokens=30)
         assert llm.engine.block_manager.num_used == 0
     assert sum(out.num_preemptions for out in outs) > 0
@@ -116,8 +117,9 @@ def test_eos_and_stop_tokens_end_generation(checkpoints, reference_outputs):
     prompt = random_prompts([10], seed=10)[0]
     ref = reference_outputs(name, prompt, 12)
     with LLM(checkpoints[name][0], kvcache_block_size=16) as llm:
-        stop = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[ref[3]]),
-                            use_tqdm=False)[0]
+        stop = llm.generate(
+            [prompt], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[ref[3]]), use_tqdm=False
+        )[0]
     assert stop.token_ids == ref[: ref.index(ref[3]) + 1]
     assert stop.finish_reason == "stop"
 
@@ -150,9 +152,11 @@ def test_overlapped_scheduling_keeps_seeds_and_stop_tokens(checkpoints, referenc
     name = "qwen3_gqa1"
     prompts = random_prompts([5, 30, 12], seed=18)
     stop = reference_outputs(name, prompts[0], 12)[4]
-    params = [SamplingParams(temperature=0.8, top_k=50, seed=7, max_tokens=16, ignore_eos=True),
-              SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop]),
-              SamplingParams(temperature=1.0, seed=3, max_tokens=9, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0.8, top_k=50, seed=7, max_tokens=16, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop]),
+        SamplingParams(temperature=1.0, seed=3, max_tokens=9, ignore_eos=True),
+    ]
     prompts[1] = prompts[0]
     results = {}
     for overlap in (False, True):
@@ -178,8 +182,9 @@ def test_ignore_eos_generates_through_an_eos_that_greedy_picks(checkpoints, refe
     prompt = random_prompts([1, 2, 15], seed=20)[2]  # greedy picks EOS as its 11th token
     eos = checkpoints[name][1].config.eos_token_id
     with LLM(checkpoints[name][0], kvcache_block_size=16) as llm:
-        through = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
-                               use_tqdm=False)[0]
+        through = llm.generate(
+            [prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False
+        )[0]
         stopped = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
     assert eos in through.token_ids[:-1] and len(through.token_ids) == 16
     assert through.token_ids == reference_outputs(name, prompt, 16)

@@ -29,8 +29,9 @@ def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
 
 def wandb_state(results: dict) -> dict:
     run_dir = results["job"]["wandb"]["dir"]
-    proc = subprocess.run([str(WANDB), "leet", "inspect", "--json", "--summary", run_dir],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(WANDB), "leet", "inspect", "--json", "--summary", run_dir], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

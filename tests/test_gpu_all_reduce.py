@@ -12,8 +12,19 @@ from nanoexp.kernels.all_reduce import NO_MULTICAST_ENV
 
 WORLD = 2
 BUFFER_ROWS = 256  # the symmetric buffer holds 256 rows; larger messages take NCCL
-SHAPES = [(1, 4096), (2, 4096), (16, 4096), (64, 4096), (65, 4096), (256, 4096), (257, 4096), (1024, 4096),
-          (1, 1024), (48, 1024), (3, 6)]
+SHAPES = [
+    (1, 4096),
+    (2, 4096),
+    (16, 4096),
+    (64, 4096),
+    (65, 4096),
+    (256, 4096),
+    (257, 4096),
+    (1024, 4096),
+    (1, 1024),
+    (48, 1024),
+    (3, 6),
+]
 DTYPES = (torch.float32, torch.bfloat16)
 PATHS = ("auto", "one_shot", "two_shot", "nccl")
 

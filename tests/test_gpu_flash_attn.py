@@ -94,8 +94,14 @@ PATHS = {
 
 def engine_outputs(path, prompts, max_tokens, later=(), **kwargs):
     """Greedy outputs of `prompts`, then of `later` (a second batch, which can hit the prefix cache)."""
-    args = dict(kvcache_block_size=BLOCK, attention_backend="flash_attn", max_model_len=1024,
-                max_num_seqs=16, num_kvcache_blocks=64, max_num_batched_tokens=2048)
+    args = dict(
+        kvcache_block_size=BLOCK,
+        attention_backend="flash_attn",
+        max_model_len=1024,
+        max_num_seqs=16,
+        num_kvcache_blocks=64,
+        max_num_batched_tokens=2048,
+    )
     args.update(kwargs)
     with LLM(path, device="cuda", **args) as llm:
         assert llm.stats()["attention_backend"] == args["attention_backend"]

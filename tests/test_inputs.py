@@ -62,10 +62,32 @@ def test_prepared_inputs_match_the_per_token_reference(monkeypatch, python_token
 def test_a_lossy_cache_makes_every_prefill_read_the_cache():
     """With an fp8 cache a fresh prompt attends to its K/V as stored, as step graphs read them;
     decode steps are unchanged."""
-    fresh = StepInput(True, [1, 2, 3], [3], [3], [[0]], [0], temperatures=[0.0], top_k=[-1],
-                      top_p=[1.0], min_p=[0.0], seeds=[None])  # fmt: skip
-    decode = StepInput(False, [4], [1], [4], [[0]], [0], temperatures=[0.0], top_k=[-1], top_p=[1.0],
-                       min_p=[0.0], seeds=[None])  # fmt: skip
+    fresh = StepInput(
+        True,
+        [1, 2, 3],
+        [3],
+        [3],
+        [[0]],
+        [0],
+        temperatures=[0.0],
+        top_k=[-1],
+        top_p=[1.0],
+        min_p=[0.0],
+        seeds=[None],
+    )
+    decode = StepInput(
+        False,
+        [4],
+        [1],
+        [4],
+        [[0]],
+        [0],
+        temperatures=[0.0],
+        top_k=[-1],
+        top_p=[1.0],
+        min_p=[0.0],
+        seeds=[None],
+    )
     cpu = torch.device("cpu")
     assert prepare_step(fresh, 16, 8, cpu)[0].md.has_cached_prefix is False
     assert prepare_step(fresh, 16, 8, cpu, lossy_cache=True)[0].md.has_cached_prefix is True
@@ -73,9 +95,19 @@ def test_a_lossy_cache_makes_every_prefill_read_the_cache():
 
 
 def test_sampling_params_become_sampling_tensors():
-    step = StepInput(False, [1, 2, 3], [1, 1, 1], [4, 5, 6], [[0], [1], [2]], [0, 2],
-                     temperatures=[0.0, 0.7], top_k=[-1, 5], top_p=[1.0, 0.9], min_p=[0.0, 0.1],
-                     seeds=[None, 42])
+    step = StepInput(
+        False,
+        [1, 2, 3],
+        [1, 1, 1],
+        [4, 5, 6],
+        [[0], [1], [2]],
+        [0, 2],
+        temperatures=[0.0, 0.7],
+        top_k=[-1, 5],
+        top_p=[1.0, 0.9],
+        min_p=[0.0, 0.1],
+        seeds=[None, 42],
+    )
     got = prepare_step(step, 16, vocab_size=100, device=torch.device("cpu"))[1]
     assert got.temperatures.tolist() == pytest.approx([0.0, 0.7])
     assert got.top_k.tolist() == [100, 5]  # off = the whole vocabulary
@@ -85,8 +117,19 @@ def test_sampling_params_become_sampling_tensors():
 
 
 def test_greedy_unfiltered_columns_skip_seeds_and_filters():
-    step = StepInput(False, [1, 2], [1, 1], [3, 3], [[0], [1]], [0, 1], temperatures=[0.0, 0.0],
-                     top_k=[-1, -1], top_p=[1.0, 1.0], min_p=[0.0, 0.0], seeds=[None, None])
+    step = StepInput(
+        False,
+        [1, 2],
+        [1, 1],
+        [3, 3],
+        [[0], [1]],
+        [0, 1],
+        temperatures=[0.0, 0.0],
+        top_k=[-1, -1],
+        top_p=[1.0, 1.0],
+        min_p=[0.0, 0.0],
+        seeds=[None, None],
+    )
     got = prepare_step(step, 16, vocab_size=100, device=torch.device("cpu"))[1]
     assert got.all_greedy and not got.needs_filter and got.row_seeds is None
     assert got.top_k is None and got.top_p is None and got.min_p is None  # nothing reads them
@@ -97,8 +140,14 @@ def test_blockless_warm_up_prefill_stores_nothing_and_fits_the_limits(checkpoint
     from nanoexp import LLM
 
     path, _ = checkpoints["qwen3_gqa1"]
-    with LLM(path, device="cpu", max_model_len=128, max_num_seqs=2, max_num_batched_tokens=300,
-             kvcache_block_size=16) as llm:
+    with LLM(
+        path,
+        device="cpu",
+        max_model_len=128,
+        max_num_seqs=2,
+        max_num_batched_tokens=300,
+        kvcache_block_size=16,
+    ) as llm:
         runner = llm.engine.executor.runner
         step = runner.blockless_prefill(tokens)
         inputs = prepare_inputs(step, runner.block_size, runner.device)
@@ -160,12 +209,20 @@ def sampled_step(rng: random.Random, block_size: int, is_prefill: bool, max_seqs
     sampled = sorted(rng.sample(range(num_seqs), rng.randint(0, num_seqs)))
     filtered, seeded = rng.random() < 0.5, rng.random() < 0.5
     return StepInput(
-        is_prefill, [rng.randrange(1000) for _ in range(sum(query))], query, context, tables, sampled,
+        is_prefill,
+        [rng.randrange(1000) for _ in range(sum(query))],
+        query,
+        context,
+        tables,
+        sampled,
         temperatures=[0.7 if seeded else 0.0 for _ in sampled],
-        top_k=[5 if filtered else -1 for _ in sampled], top_p=[0.9 if filtered else 1.0 for _ in sampled],
-        min_p=[0.0 for _ in sampled], seeds=[rng.randrange(100) for _ in sampled], num_decodes=decodes,
+        top_k=[5 if filtered else -1 for _ in sampled],
+        top_p=[0.9 if filtered else 1.0 for _ in sampled],
+        min_p=[0.0 for _ in sampled],
+        seeds=[rng.randrange(100) for _ in sampled],
+        num_decodes=decodes,
         prev_sample_rows=[rng.choice([-1, 0]) for _ in range(sum(query))] if rng.random() < 0.5 else None,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("python_tokens", [0, 64, 10**6], ids=["numpy", "both", "python"])
@@ -182,9 +239,18 @@ def test_graph_inputs_equal_the_eager_upload_and_pad_the_graph(monkeypatch, pyth
 
     cpu, block_size, vocab = torch.device("cpu"), 16, 1000
     decode = DecodeGraphs(None, 8, max_num_seqs=20, max_blocks_per_seq=13, dtype=torch.float32, device=cpu)
-    steps = StepGraphs(None, 8, head_dim=64, num_heads=4, num_kv_heads=2, max_num_seqs=6,
-                       max_num_batched_tokens=700, max_blocks_per_seq=13, dtype=torch.float32,
-                       device=cpu)  # fmt: skip
+    steps = StepGraphs(
+        None,
+        8,
+        head_dim=64,
+        num_heads=4,
+        num_kv_heads=2,
+        max_num_seqs=6,
+        max_num_batched_tokens=700,
+        max_blocks_per_seq=13,
+        dtype=torch.float32,
+        device=cpu,
+    )
     rng = random.Random(1)
     for _ in range(60):
         is_prefill = rng.random() < 0.5

@@ -18,8 +18,14 @@ PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
 def llm(request, checkpoints):
     tp, overlapped = request.param
     path = checkpoints["qwen3_gqa1"][0]
-    with LLM(path, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256,
-             async_scheduling=overlapped, tensor_parallel_size=tp) as llm:  # fmt: skip
+    with LLM(
+        path,
+        kvcache_block_size=16,
+        num_kvcache_blocks=64,
+        max_model_len=256,
+        async_scheduling=overlapped,
+        tensor_parallel_size=tp,
+    ) as llm:
         yield llm
 
 

@@ -61,8 +61,14 @@ def test_a_bad_logging_interval_fails_before_the_benchmark_runs(tmp_path: Path) 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
     env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
     job = tmp_path / "job"
-    cmd = [sys.executable, "run.py", f"hydra.run.dir={job}", "model=qwen3_tiny", "logger=wandb",
-           "logger.log_every_n_steps=0"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "run.py",
+        f"hydra.run.dir={job}",
+        "model=qwen3_tiny",
+        "logger=wandb",
+        "logger.log_every_n_steps=0",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "logger.log_every_n_steps=0 is invalid" in proc.stderr
     assert not (job / "steps.csv").exists()  # nothing ran

@@ -107,7 +107,7 @@ def test_the_reference_stores_within_fp8_precision_and_saturates():
     v_cache = torch.zeros_like(k_cache)
     k_scale, v_scale = torch.tensor([0.05]), torch.tensor([0.1])
     table = torch.tensor([3, 0, 4, 1, 2], dtype=torch.int32)
-    slots = (table.long()[torch.arange(40) // 8] * 8 + torch.arange(40) % 8)
+    slots = table.long()[torch.arange(40) // 8] * 8 + torch.arange(40) % 8
     TorchAttentionBackend().store_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale)
     k_back, v_back = k_cache.flatten(0, 1)[slots], v_cache.flatten(0, 1)[slots]
     k_back, v_back = k_back.float() * k_scale, v_back.float() * v_scale
@@ -180,8 +180,9 @@ def test_triton_store_quantizes_bit_for_bit_as_the_reference(dtype):
 def test_triton_fp8_decode_and_prefill_match_the_reference(dtype, head_dim, heads, block_size):
     from nanoexp.kernels.triton_backend import TritonAttentionBackend
 
-    error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size, heads=heads,
-                                 kv_fp8=True)
+    error = self_check.max_error(
+        TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size, heads=heads, kv_fp8=True
+    )
     assert error <= self_check.TOLERANCE[dtype], error
 
 
@@ -200,8 +201,9 @@ def test_triton_cuda_core_decode_matches_the_reference(dtype, head_dim, heads, b
     from nanoexp.kernels.triton_backend import TritonAttentionBackend
 
     assert triton_attention.uses_cuda_cores(True, heads[0] // heads[1], head_dim, 9)
-    error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size,
-                                 CUDA_CORE_CASES, heads, kv_fp8=True)  # fmt: skip
+    error = self_check.max_error(
+        TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size, CUDA_CORE_CASES, heads, kv_fp8=True
+    )
     assert error <= self_check.TOLERANCE[torch.float16], error
 
 
@@ -285,9 +287,19 @@ def peaked_checkpoint(tmp_path_factory):
     (with the default init every prompt decodes one repeated token and any cache would pass)."""
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=1024, tie_word_embeddings=True,
-        rms_norm_eps=1e-6, eos_token_id=383, bos_token_id=382, initializer_range=0.1,
+        vocab_size=384,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        eos_token_id=383,
+        bos_token_id=382,
+        initializer_range=0.1,
     )
     model = Qwen3ForCausalLM(config).float().eval()
     with torch.no_grad():
@@ -309,8 +321,9 @@ SMALL_BUDGET = dict(cpu_kv_cache_gb=1 / 64, num_kvcache_blocks=-1)
 def generate(path, max_tokens=12, **kwargs):
     args = dict(device="cpu", kvcache_block_size=16, max_num_seqs=8, num_kvcache_blocks=256) | kwargs
     with LLM(path, **args) as llm:
-        outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
-                            use_tqdm=False)
+        outs = llm.generate(
+            PROMPTS, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False
+        )
         assert llm.engine.block_manager.num_used == 0  # no block leaked
         return outs, llm.stats()
 
@@ -390,8 +403,9 @@ def test_gpu_triton_fp8_matches_the_reference(dtype, head_dim, heads, block_size
         ([block_size + 130, 9, 700], [130, 9, 64], True),
         ([170, 5], [170, 5], True),
     ]
-    error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size, cases, heads,
-                                 seed=3, kv_fp8=True)  # fmt: skip
+    error = self_check.max_error(
+        TritonAttentionBackend(), DEVICE, dtype, head_dim, block_size, cases, heads, seed=3, kv_fp8=True
+    )
     assert error <= self_check.TOLERANCE[dtype], error
 
 
@@ -402,8 +416,9 @@ def test_gpu_triton_fp8_matches_the_reference(dtype, head_dim, heads, block_size
 def test_gpu_cuda_core_decode_matches_the_reference(dtype, heads, block_size):
     from nanoexp.kernels.triton_backend import TritonAttentionBackend
 
-    error = self_check.max_error(TritonAttentionBackend(), DEVICE, dtype, 128, block_size, CUDA_CORE_CASES,
-                                 heads, seed=5, kv_fp8=True)  # fmt: skip
+    error = self_check.max_error(
+        TritonAttentionBackend(), DEVICE, dtype, 128, block_size, CUDA_CORE_CASES, heads, seed=5, kv_fp8=True
+    )
     assert error <= self_check.TOLERANCE[dtype], error
 
 
@@ -423,13 +438,15 @@ def test_gpu_engine_fp8_with_and_without_graphs(peaked_checkpoint):
     runs = {}
     for name, extra in {"graphs": {}, "eager": dict(enforce_eager=True)}.items():
         with LLM(peaked_checkpoint, kv_cache_dtype="fp8", **args, **extra) as llm:
-            runs[name] = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                                      use_tqdm=False)
+            runs[name] = llm.generate(
+                PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+            )
             stats = llm.stats()
         assert stats["attention_backend"] == "triton" and stats["kv_cache_dtype"] == "float8_e4m3fn"
         assert stats["cuda_graphs"] == (name == "graphs")
     assert [o.token_ids for o in runs["graphs"]] == [o.token_ids for o in runs["eager"]]
     with LLM(peaked_checkpoint, **args) as llm:
-        reference = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                                 use_tqdm=False)
+        reference = llm.generate(
+            PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+        )
     assert agreeing(runs["graphs"], reference) >= 7

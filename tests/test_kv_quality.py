@@ -27,8 +27,14 @@ from tests.test_config import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = dict(
-    device="cpu", dtype="float32", attention_backend="torch", kvcache_block_size=4,
-    num_kvcache_blocks=48, max_num_seqs=4, max_num_batched_tokens=96, max_model_len=96,
+    device="cpu",
+    dtype="float32",
+    attention_backend="torch",
+    kvcache_block_size=4,
+    num_kvcache_blocks=48,
+    max_num_seqs=4,
+    max_num_batched_tokens=96,
+    max_model_len=96,
 )
 
 
@@ -106,8 +112,11 @@ def test_requests_split_into_groups_give_the_same_result(tiny, prompts):
         ([[1, 2]], 0, "kv_cache_quality: num_tokens=0 is invalid: must be an int >= 1"),
         ([], 4, "kv_cache_quality: no prompts given"),
         ([[1, 2], []], 4, "kv_cache_quality prompt 1: the prompt is empty"),
-        ([[1] * 90], 8, "kv_cache_quality prompt 0: prompt (90 tokens) + max_tokens (8) = 98 exceeds "
-                        "max_model_len=96"),
+        (
+            [[1] * 90],
+            8,
+            "kv_cache_quality prompt 0: prompt (90 tokens) + max_tokens (8) = 98 exceeds max_model_len=96",
+        ),
     ],
 )
 def test_bad_probe_input_is_one_clear_error(tiny, prompts, num_tokens, message):
@@ -120,8 +129,11 @@ def test_bad_probe_input_is_one_clear_error(tiny, prompts, num_tokens, message):
 
 def test_prompt_beyond_the_step_budget_is_named(tiny):
     with LLM(tiny, **{**ENGINE, "max_num_batched_tokens": 48, "enable_chunked_prefill": True}) as llm:
-        with pytest.raises(ValueError, match=r"prompt 0: prompt \(44 tokens\) \+ num_tokens \(8\) exceeds "
-                                             r"max_num_batched_tokens=48"):
+        with pytest.raises(
+            ValueError,
+            match=r"prompt 0: prompt \(44 tokens\) \+ num_tokens \(8\) exceeds "
+            r"max_num_batched_tokens=48",
+        ):
             llm.kv_cache_quality([[3] * 44], 8)
 
 
@@ -135,10 +147,21 @@ def test_probe_needs_an_idle_engine(tiny, prompts):
 def run_job(tmp_path, *overrides: str) -> tuple[dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
     env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'job'}", "model=qwen3_tiny", "logger=none",
-           "cache.cpu_kv_cache_gb=0.05", "workload.num_requests=4", "workload.input_len=24",
-           "workload.output_len=4", "scheduler.max_model_len=64", "metrics.kv_quality.num_requests=3",
-           "metrics.kv_quality.num_tokens=6", *overrides]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "run.py",
+        f"hydra.run.dir={tmp_path / 'job'}",
+        "model=qwen3_tiny",
+        "logger=none",
+        "cache.cpu_kv_cache_gb=0.05",
+        "workload.num_requests=4",
+        "workload.input_len=24",
+        "workload.output_len=4",
+        "scheduler.max_model_len=64",
+        "metrics.kv_quality.num_requests=3",
+        "metrics.kv_quality.num_tokens=6",
+        *overrides,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((tmp_path / "job" / "results.json").read_text())["summary"], proc.stdout
@@ -167,8 +190,11 @@ def test_sweep_report_lists_kv_quality(tmp_path):
         job = tmp_path / str(num)
         job.mkdir()
         overrides = [f"cache.block_size={16 * (num + 1)}"]
-        results = {"status": "ok", "job": {"job_num": num, "overrides": overrides},
-                   "summary": {"output_throughput": 10.0, **quality}}
+        results = {
+            "status": "ok",
+            "job": {"job_num": num, "overrides": overrides},
+            "summary": {"output_throughput": 10.0, **quality},
+        }
         (job / "results.json").write_text(json.dumps(results))
     write_report(tmp_path)
     with (tmp_path / "sweep_summary.csv").open() as f:

@@ -48,8 +48,14 @@ def run_script(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedP
     script.write_text(source)
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path / "tmp")}
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=tmp_path)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
 
 
 def test_closed_is_true_once_a_dead_worker_closed_the_engine(model):

@@ -21,8 +21,13 @@ from nanoexp.experiment.sweep_callback import lock_sweep_dir
 from tests.test_errors_run import TINY, error_lines
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = [*TINY, "logger=none", "workload.num_requests=2", "workload.output_len=2",
-         "metrics.kv_quality.num_requests=0"]  # fmt: skip
+QUICK = [
+    *TINY,
+    "logger=none",
+    "workload.num_requests=2",
+    "workload.output_len=2",
+    "metrics.kv_quality.num_requests=0",
+]
 
 
 def run_py(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

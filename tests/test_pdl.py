@@ -55,13 +55,23 @@ def test_pdl_changes_no_token_in_bf16(checkpoints, eager):
     """bf16 with the skinny GEMM, fused q/k kernel and split-K decode launched early in the decode
     graphs at exit; eager: no PDL at all. Bit for bit the tokens without PDL, greedy and seeded."""
     prompts = random_prompts([1, 7, 33, 130, 257], seed=21)
-    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-              SamplingParams(temperature=0.8, seed=5, max_tokens=24, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=5, max_tokens=24, ignore_eos=True),
+    ]
     outs = {}
     for choice in ("off", "on"):
-        with LLM(checkpoints["qwen3_gqa4"][0], device="cuda", dtype="bfloat16", pdl=choice,
-                 enforce_eager=eager, gemm_backend="triton", attention_backend="triton",
-                 kvcache_block_size=16, max_model_len=512) as llm:
+        with LLM(
+            checkpoints["qwen3_gqa4"][0],
+            device="cuda",
+            dtype="bfloat16",
+            pdl=choice,
+            enforce_eager=eager,
+            gemm_backend="triton",
+            attention_backend="triton",
+            kvcache_block_size=16,
+            max_model_len=512,
+        ) as llm:
             assert llm.stats()["pdl"] is (choice != "off")
             outs[choice] = [[o.token_ids for o in llm.generate(prompts, p, use_tqdm=False)] for p in params]
     assert outs["on"] == outs["off"]

@@ -40,7 +40,10 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch) -> None:
     monkeypatch.setattr(gpus, "physical_gpus", lambda: ["0", "1", "2", "3"])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert device_facts() | {"cuda_build": None} == {
-        "cuda_build": None, "cuda_visible_devices": None, "gpus": ["H0", "H1", "H2", "H3"], "driver": "570"
+        "cuda_build": None,
+        "cuda_visible_devices": None,
+        "gpus": ["H0", "H1", "H2", "H3"],
+        "driver": "570",
     }
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-0")
     assert device_facts()["gpus"] == ["H2", "H0"]

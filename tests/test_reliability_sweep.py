@@ -77,10 +77,17 @@ def test_jobs_whose_dir_nests_under_a_path_override_are_found(tmp_path):
 
 
 def test_expected_jobs_of_the_basic_sweeper():
-    config = OmegaConf.create({"hydra": {
-        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "params": None},
-        "overrides": {"task": ["cache.block_size=16,32", "sampler=greedy,top_p", "model=qwen3_tiny"]},
-    }})
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "sweeper": {
+                    "_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                    "params": None,
+                },
+                "overrides": {"task": ["cache.block_size=16,32", "sampler=greedy,top_p", "model=qwen3_tiny"]},
+            }
+        }
+    )
     jobs = expected_jobs(config)
     assert len(jobs) == 4 and all("model=qwen3_tiny" in j for j in jobs)
     config.hydra.sweeper._target_ = "some.other.Sweeper"
@@ -100,10 +107,18 @@ def test_submitit_sweep_with_a_killed_job_still_reports(tmp_path):
     env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
     sweep = tmp_path / "sweep"
     cmd = [
-        sys.executable, "run.py", "-m", f"hydra.sweep.dir={sweep}", "hydra/launcher=local",
+        sys.executable,
+        "run.py",
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        "hydra/launcher=local",
         "+hydra.callbacks.kill._target_=tests.test_reliability_sweep.KillJobOne",
-        "model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05", "logger=none", "workload.num_requests=2",
-        "workload.output_len=4", "cache.block_size=16,32,64",
+        "model=qwen3_tiny",
+        "cache.cpu_kv_cache_gb=0.05",
+        "logger=none",
+        "workload.num_requests=2",
+        "workload.output_len=4",
+        "cache.block_size=16,32,64",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0

@@ -81,8 +81,14 @@ def test_unreachable_server_falls_back_offline_after_the_bounded_wait(tmp_path, 
     """The wait is bounded in the code (wandb's init timeout, INIT_TIMEOUT_S), which the warning
     names; no wall clock is asserted (a busy machine is slow, not wrong)."""
     env = unreachable_env(tmp_path, silent_server)
-    proc = subprocess.run([sys.executable, "-c", LOGGER_JOB, str(tmp_path / "job")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", LOGGER_JOB, str(tmp_path / "job")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [ln for ln in proc.stderr.splitlines() if "offline" in ln]
     assert f"no online run within {INIT_TIMEOUT_S:g} s (Timed out" in warnings[0], proc.stderr
@@ -100,8 +106,14 @@ def assert_nothing_left_outside(tmp_path: Path) -> None:
 
 def test_run_py_with_unreachable_server_finishes_offline(tmp_path, silent_server):
     env = unreachable_env(tmp_path, silent_server) | {"WANDB_INIT_TIMEOUT": "5"}
-    cmd = [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'job'}", "model=qwen3_tiny",
-           "cache.cpu_kv_cache_gb=0.05", "workload.num_requests=2"]
+    cmd = [
+        sys.executable,
+        "run.py",
+        f"hydra.run.dir={tmp_path / 'job'}",
+        "model=qwen3_tiny",
+        "cache.cpu_kv_cache_gb=0.05",
+        "workload.num_requests=2",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "job" / RESULTS_FILE).read_text())

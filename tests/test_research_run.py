@@ -152,9 +152,13 @@ def test_a_compile_forced_in_a_timed_step_is_counted_and_flagged(tmp_path: Path)
     env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
     args = [f"hydra.run.dir={job}", *TINY, "profile=host", "logger=none", "metrics.kv_quality.num_requests=0"]
     proc = subprocess.run(
-        [sys.executable, "-c", FORCED_COMPILE, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        [sys.executable, "-c", FORCED_COMPILE, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=600,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with (job / "steps.csv").open() as f:
         compiles = [int(row["torch_compiles"]) for row in csv.DictReader(f)]

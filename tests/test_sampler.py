@@ -23,15 +23,24 @@ def test_top_k_support(k, expected):
 
 @pytest.mark.parametrize(
     ("p", "expected"),
-    [(0.1, {3}), (0.4, {3}), (0.41, {3, 1}), (0.7, {3, 1}), (0.71, {3, 1, 4}), (0.95, {3, 1, 4, 2}),
-     (0.951, {0, 1, 2, 3, 4})],
+    [
+        (0.1, {3}),
+        (0.4, {3}),
+        (0.41, {3, 1}),
+        (0.7, {3, 1}),
+        (0.71, {3, 1, 4}),
+        (0.95, {3, 1, 4, 2}),
+        (0.951, {0, 1, 2, 3, 4}),
+    ],
 )
 def test_top_p_support(p, expected):
     assert support(top_p=p) == expected
 
 
-@pytest.mark.parametrize(("m", "expected"), [(0.1, {0, 1, 2, 3, 4}), (0.2, {1, 2, 3, 4}), (0.3, {1, 3, 4}),
-                                             (0.5, {1, 3}), (0.8, {3})])
+@pytest.mark.parametrize(
+    ("m", "expected"),
+    [(0.1, {0, 1, 2, 3, 4}), (0.2, {1, 2, 3, 4}), (0.3, {1, 3, 4}), (0.5, {1, 3}), (0.8, {3})],
+)
 def test_min_p_support(m, expected):
     assert support(min_p=m) == expected
 
@@ -45,9 +54,13 @@ def test_top_p_applies_after_top_k():
 def rows(n, temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0, seeds=None) -> SamplingTensors:
     vocab = LOGITS.shape[1]
     return SamplingTensors(
-        temperatures=torch.full((n,), temperature), top_k=torch.full((n,), top_k if top_k > 0 else vocab),
-        top_p=torch.full((n,), top_p), min_p=torch.full((n,), min_p), seeds=seeds or [None] * n,
-        all_greedy=temperature == 0, needs_filter=top_k > 0 or top_p < 1 or min_p > 0,
+        temperatures=torch.full((n,), temperature),
+        top_k=torch.full((n,), top_k if top_k > 0 else vocab),
+        top_p=torch.full((n,), top_p),
+        min_p=torch.full((n,), min_p),
+        seeds=seeds or [None] * n,
+        all_greedy=temperature == 0,
+        needs_filter=top_k > 0 or top_p < 1 or min_p > 0,
     )
 
 
@@ -87,13 +100,17 @@ def test_engine_seeds_reproduce_and_differ(checkpoints):
     path = checkpoints["qwen3_gqa1"][0]
     prompts = [[5, 6, 7], [8, 9]]
     with LLM(path, kvcache_block_size=16) as llm:
+
         def run(seed):
             params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=seed, ignore_eos=True)
             return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
         first, second, other = run(123), run(123), run(124)
-        alone = llm.generate(prompts[:1], SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=123,
-                                                         ignore_eos=True), use_tqdm=False)[0].token_ids
+        alone = llm.generate(
+            prompts[:1],
+            SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=123, ignore_eos=True),
+            use_tqdm=False,
+        )[0].token_ids
     assert first == second
     assert first != other
     assert alone == first[0]

@@ -25,8 +25,12 @@ class RecordingExecutor:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int):
         self.block_size = block_size
         self.slots: dict[int, tuple[int, int]] = {}
-        self.info = {"vocab_size": VOCAB, "max_model_len": max_model_len, "eos_token_ids": [VOCAB - 1],
-                     "num_kv_blocks": num_blocks}
+        self.info = {
+            "vocab_size": VOCAB,
+            "max_model_len": max_model_len,
+            "eos_token_ids": [VOCAB - 1],
+            "num_kv_blocks": num_blocks,
+        }
         self.steps: list[StepInput] = []
         self.last_sampled: list[int] = []
         self.pending: list[list[int]] = []
@@ -73,12 +77,28 @@ class RecordingExecutor:
         pass
 
 
-def make_engine(num_blocks, block_size, max_num_seqs, budget, chunked, prefix, max_model_len=512,
-                overlap=False, batching="mixed"):
+def make_engine(
+    num_blocks,
+    block_size,
+    max_num_seqs,
+    budget,
+    chunked,
+    prefix,
+    max_model_len=512,
+    overlap=False,
+    batching="mixed",
+):
     config = EngineConfig.from_kwargs(
-        "fake", kvcache_block_size=block_size, num_kvcache_blocks=num_blocks, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=budget, enable_chunked_prefill=chunked, enable_prefix_caching=prefix,
-        max_model_len=max_model_len, async_scheduling=overlap, batching=batching,
+        "fake",
+        kvcache_block_size=block_size,
+        num_kvcache_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=prefix,
+        max_model_len=max_model_len,
+        async_scheduling=overlap,
+        batching=batching,
     )
     return LLMEngine(config, RecordingExecutor(num_blocks, block_size, max_model_len))
 
@@ -192,8 +212,14 @@ def test_overlapped_steps_match_synchronous_ones_under_pressure(batching):
     outputs, engines = {}, {}
     for overlap in (False, True):
         engines[overlap] = make_engine(
-            num_blocks=24, block_size=4, max_num_seqs=6, budget=24, chunked=True, prefix=True,
-            overlap=overlap, batching=batching,
+            num_blocks=24,
+            block_size=4,
+            max_num_seqs=6,
+            budget=24,
+            chunked=True,
+            prefix=True,
+            overlap=overlap,
+            batching=batching,
         )
         outputs[overlap] = run(engines[overlap], requests)
     assert outputs[True] == outputs[False]

@@ -33,9 +33,13 @@ def fake_machine(tmp_path: Path, cuda: bool, torch: bool) -> tuple[Path, dict]:
 def install_commands(tmp_path: Path, purpose: str, cuda: bool, torch: bool, **env_vars: str) -> list[str]:
     venv, env = fake_machine(tmp_path, cuda, torch)
     proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "setup.sh"), purpose], env=env | env_vars, capture_output=True,
-        text=True, timeout=60, check=True,
-    )  # fmt: skip
+        ["bash", str(ROOT / "scripts" / "setup.sh"), purpose],
+        env=env | env_vars,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     python = str(venv / "bin" / "python")
     return [line.replace(python, "python").replace(str(ROOT), "ROOT") for line in proc.stdout.splitlines()]
 

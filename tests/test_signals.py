@@ -51,9 +51,14 @@ def start(tmp_path: Path, *args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
     env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
-        [sys.executable, "run.py", *args, CALLBACK, *TINY, *SLOW], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "run.py", *args, CALLBACK, *TINY, *SLOW],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for(
@@ -130,8 +135,15 @@ def test_a_signalled_sweep_reports_the_jobs_that_finished(tmp_path: Path) -> Non
 
 def test_the_jobs_of_a_signalled_local_sweep_stop_with_it(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    proc = start(tmp_path, "-m", f"hydra.sweep.dir={sweep}", "hydra/launcher=local", "logger=none",
-                 "workload.seed=0,1", WAITS)  # fmt: skip
+    proc = start(
+        tmp_path,
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        "hydra/launcher=local",
+        "logger=none",
+        "workload.seed=0,1",
+        WAITS,
+    )
     jobs = wait_for(["0_*", "1_*"], proc, sweep)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -146,8 +158,15 @@ def test_the_jobs_of_a_signalled_local_sweep_stop_with_it(tmp_path: Path) -> Non
 
 def test_a_local_sweep_job_stops_when_its_sweep_is_killed(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    proc = start(tmp_path, "-m", f"hydra.sweep.dir={sweep}", "hydra/launcher=local", "logger=none",
-                 "workload.seed=0", WAITS)  # fmt: skip
+    proc = start(
+        tmp_path,
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        "hydra/launcher=local",
+        "logger=none",
+        "workload.seed=0",
+        WAITS,
+    )
     (job,) = wait_for(["0_*"], proc, sweep)
     proc.kill()  # no handler runs: the job itself notices that its sweep is gone
     proc.communicate(timeout=60)

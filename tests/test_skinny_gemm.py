@@ -79,8 +79,14 @@ def test_engine_with_triton_gemm_matches_torch_gemm(checkpoints):
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     outs = {}
     for backend in ("torch", "triton"):
-        with LLM(path, device=DEVICE.type, dtype="float32", gemm_backend=backend, kvcache_block_size=16,
-                 max_model_len=256) as llm:
+        with LLM(
+            path,
+            device=DEVICE.type,
+            dtype="float32",
+            gemm_backend=backend,
+            kvcache_block_size=16,
+            max_model_len=256,
+        ) as llm:
             outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
             assert llm.stats()["gemm_backend"] == ("torch" if backend == "torch" else "triton up to 256 rows")
     assert outs["triton"] == outs["torch"]
@@ -183,8 +189,15 @@ def test_tp2_with_triton_gemm_matches_tp1_torch_gemm(checkpoints, monkeypatch):
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     outs = {}
     for backend, tp in (("torch", 1), ("triton", 2)):
-        with LLM(path, device="cpu", dtype="float32", gemm_backend=backend, tensor_parallel_size=tp,
-                 kvcache_block_size=16, max_model_len=256) as llm:
+        with LLM(
+            path,
+            device="cpu",
+            dtype="float32",
+            gemm_backend=backend,
+            tensor_parallel_size=tp,
+            kvcache_block_size=16,
+            max_model_len=256,
+        ) as llm:
             outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
             assert llm.stats()["gemm_backend"] == ("torch" if tp == 1 else "triton up to 256 rows")
     assert outs["triton"] == outs["torch"]
@@ -243,8 +256,14 @@ def test_gemv_config_fills_the_gpu_and_splits_long_k():
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
 @pytest.mark.parametrize(
     "shape",
-    [(4096, 1024, False), (3072, 1024, True), (1024, 2048, False), (1024, 3072, False), (3072, 4096, False),
-     (6144, 4096, True)],
+    [
+        (4096, 1024, False),
+        (3072, 1024, True),
+        (1024, 2048, False),
+        (1024, 3072, False),
+        (3072, 4096, False),
+        (6144, 4096, True),
+    ],
     ids=["qkv", "gate_up", "o", "down", "qkv_8b_tp2", "gate_up_8b_tp2"],
 )
 def test_gemv_bf16_on_gpu_matches_tensor_core_kernel(rows, shape):

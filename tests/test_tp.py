@@ -24,8 +24,13 @@ from tests.helpers import prefill_logits, signal_soon, staggered_run
 
 BLOCK = 4
 ENGINE = dict(
-    device="cpu", dtype="float32", kvcache_block_size=BLOCK, num_kvcache_blocks=14,
-    max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=True,
+    device="cpu",
+    dtype="float32",
+    kvcache_block_size=BLOCK,
+    num_kvcache_blocks=14,
+    max_num_seqs=4,
+    max_num_batched_tokens=64,
+    enable_prefix_caching=True,
 )
 PREFIX = [5, 17, 42, 8, 99, 23, 61, 7, 13, 77, 31, 2]  # three full blocks shared by every prompt
 PROMPTS = [PREFIX + [i + 1, 2 * i + 3, 50 - i] for i in range(6)]
@@ -48,9 +53,16 @@ def build_checkpoint(path, name: str) -> str:
     config_cls, model_cls, vocab, kv_heads, tied = MODELS[name]
     head_dim = {} if config_cls is Qwen2Config else {"head_dim": 16}  # Qwen2: hidden / heads = 8
     config = config_cls(
-        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=kv_heads, max_position_embeddings=1024,
-        tie_word_embeddings=tied, initializer_range=0.1, **head_dim,
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tied,
+        initializer_range=0.1,
+        **head_dim,
     )
     torch.manual_seed(sum(map(ord, name)))
     model = model_cls(config)
@@ -160,13 +172,19 @@ def test_overlapped_tp_matches_sync_tp1(models, name, tp):
     rank builds the next step's inputs on its device before the host has read them. With prefix
     caching, chunked prefill (the long prompt) and preemption (the small cache)."""
     prompts = PROMPTS + [LONG_PROMPT]
-    params = [GREEDY if i % 2 else SamplingParams(temperature=0.9, seed=i, max_tokens=10, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [
+        GREEDY if i % 2 else SamplingParams(temperature=0.9, seed=i, max_tokens=10, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     engine = {**ENGINE, "num_kvcache_blocks": 16, "max_num_batched_tokens": 32}
     outputs = {}
     for size, overlap in ((1, False), (tp, None)):
-        with LLM(models[name], tensor_parallel_size=size, **engine,
-                 **({} if overlap is None else {"async_scheduling": overlap})) as llm:
+        with LLM(
+            models[name],
+            tensor_parallel_size=size,
+            **engine,
+            **({} if overlap is None else {"async_scheduling": overlap}),
+        ) as llm:
             assert llm.engine.config.scheduler.async_scheduling is (size > 1)
             outputs[size] = llm.generate(prompts, params, use_tqdm=False)
             assert llm.engine.block_manager.num_used == 0
@@ -189,9 +207,15 @@ def test_staggered_arrivals_under_tp_match_transformers(checkpoints, reference_o
     shared = random_prompts([24], seed=40)[0]
     prompts = random_prompts([30, 5, 41, 1], seed=41) + [shared + [1], shared + [2, 3]]
     engine = dict(
-        device="cpu", dtype="float32", tensor_parallel_size=tp, batching=batching, kvcache_block_size=4,
-        num_kvcache_blocks=24, max_num_batched_tokens=24, enable_prefix_caching=True,
-    )  # fmt: skip
+        device="cpu",
+        dtype="float32",
+        tensor_parallel_size=tp,
+        batching=batching,
+        kvcache_block_size=4,
+        num_kvcache_blocks=24,
+        max_num_batched_tokens=24,
+        enable_prefix_caching=True,
+    )
     with LLM(checkpoints[name][0], **engine) as llm:
         outputs, seen = staggered_run(llm, prompts, max_tokens=8)
     assert_no_workers()
@@ -239,18 +263,29 @@ def test_close_is_idempotent_and_reaps_workers(models):
 @pytest.mark.parametrize(
     "overrides,tp,allowed",
     [
-        ({"num_attention_heads": 6, "num_key_value_heads": 6}, 4,
-         "one of 1, 2, 3, 6 (num_attention_heads=6 is not divisible)"),
-        ({"num_attention_heads": 12, "num_key_value_heads": 3}, 2,
-         "one of 1, 3, 6, 12 (num_key_value_heads=3 is not divisible)"),
-        ({"intermediate_size": 90}, 4,
-         "one of 1, 2 (intermediate_size=90 is not divisible)"),
+        (
+            {"num_attention_heads": 6, "num_key_value_heads": 6},
+            4,
+            "one of 1, 2, 3, 6 (num_attention_heads=6 is not divisible)",
+        ),
+        (
+            {"num_attention_heads": 12, "num_key_value_heads": 3},
+            2,
+            "one of 1, 3, 6, 12 (num_key_value_heads=3 is not divisible)",
+        ),
+        ({"intermediate_size": 90}, 4, "one of 1, 2 (intermediate_size=90 is not divisible)"),
     ],
 )
 def test_indivisible_sizes_fail_before_spawning(overrides, tp, allowed):
     hf = dict(
-        model_type="qwen3", vocab_size=64, hidden_size=96, intermediate_size=96,
-        num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
+        model_type="qwen3",
+        vocab_size=64,
+        hidden_size=96,
+        intermediate_size=96,
+        num_hidden_layers=1,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=16,
     )
     with pytest.raises(ValueError) as err:
         LLM("dummy", tensor_parallel_size=tp, load_format="dummy", hf_config={**hf, **overrides}, **ENGINE)
@@ -344,4 +379,3 @@ def test_worker_progress_bars_leave_no_semaphore_behind(tmp_path, fixed):
     arg = "fixed" if fixed else "plain"
     out = subprocess.run([sys.executable, str(script), arg], capture_output=True, text=True, timeout=120)
     assert ("leaked semaphore" in out.stderr) is not fixed, out.stderr
-

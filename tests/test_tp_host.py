@@ -142,8 +142,13 @@ while True:
 @pytest.mark.parametrize("handler", ["default", "chained"])
 def test_sigterm_stops_the_workers_and_removes_what_they_shared(model, handler):
     script = SIGTERM_SCRIPT.format(model=model, engine=ENGINE)
-    proc = subprocess.Popen([sys.executable, "-c", script, handler], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, handler],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         tmpdir, ring, *pids = proc.stdout.readline().split()
         assert proc.stdout.readline() == "serving\n"

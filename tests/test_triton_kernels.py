@@ -279,8 +279,9 @@ def test_prefill_large_tiles_match_reference(monkeypatch, group, cached):
     assert prefill_config(32, 2 * group, 2, 1)[1:3] == (32, 8)
     q_lens = [1, 9, 70, 130]
     ctx_lens = [40, 150, 5, 130] if cached else q_lens
-    out, ref = run_prefill(ctx_lens, [min(q, c) for q, c in zip(q_lens, ctx_lens)], 2 * group, 2, 32, 16,
-                           torch.float16)  # fmt: skip
+    out, ref = run_prefill(
+        ctx_lens, [min(q, c) for q, c in zip(q_lens, ctx_lens)], 2 * group, 2, 32, 16, torch.float16
+    )
     assert_close(out, ref, torch.float16)
 
 
@@ -393,8 +394,13 @@ def test_prefill_tiles_cover_each_prefill_row_once_longest_first():
     tile that reads the most keys to the one that reads the fewest."""
     tiles = prefill_tiles([1, 1, 70, 5, 129], [9, 9, 100, 5, 129], 2, 64)
     assert tiles.tolist() == [
-        [4, 77, 129, 2], [4, 77, 129, 1], [2, 2, 70, 1], [2, 2, 70, 0], [4, 77, 129, 0], [3, 72, 5, 0],
-    ]  # fmt: skip
+        [4, 77, 129, 2],
+        [4, 77, 129, 1],
+        [2, 2, 70, 1],
+        [2, 2, 70, 0],
+        [4, 77, 129, 0],
+        [3, 72, 5, 0],
+    ]
 
 
 def test_prefill_tiles_of_the_python_loop_equal_numpys(monkeypatch):

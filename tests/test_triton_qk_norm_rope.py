@@ -33,8 +33,13 @@ def make_inputs(tokens, heads, kv_heads, head_dim, dtype, seed=0):
     slots[1::3] = -1  # padding rows: q still produced, nothing stored
     cos_sin = RotaryEmbedding(head_dim, 1024, 10000.0).cos_sin
     to = dict(device=DEVICE)
-    return (qkv.to(DEVICE, dtype), positions.to(**to), cos_sin.to(**to),
-            [w.to(DEVICE, dtype) for w in weights], slots.to(**to))  # fmt: skip
+    return (
+        qkv.to(DEVICE, dtype),
+        positions.to(**to),
+        cos_sin.to(**to),
+        [w.to(DEVICE, dtype) for w in weights],
+        slots.to(**to),
+    )
 
 
 def reference(qkv, positions, cos_sin, weights, slots, heads, kv_heads, norm, cache_dtype):
@@ -60,8 +65,9 @@ def run_fused(qkv, positions, cos_sin, weights, slots, heads, kv_heads, norm, ca
     k_cache, v_cache = poisoned_caches(kv_heads, cos_sin.shape[1], cache_dtype)
     q_w, k_w = weights if norm else (None, None)
     kw.setdefault("heads_block", 8)  # fewer programs for the interpreter; tested separately
-    q, k = fused_op(qkv, positions, cos_sin, q_w, k_w, 1e-6, heads, kv_heads, k_cache, v_cache, slots,
-                    write_k=True, **kw)  # fmt: skip
+    q, k = fused_op(
+        qkv, positions, cos_sin, q_w, k_w, 1e-6, heads, kv_heads, k_cache, v_cache, slots, write_k=True, **kw
+    )
     return q, k, k_cache, v_cache
 
 
@@ -128,8 +134,9 @@ def test_gpu_fp8_cache_stores_scaled_and_clamped_values(dtype):
     k_scale = torch.tensor([0.005], device=DEVICE)  # small: some values clamp at +-448
     v_scale = torch.tensor([0.5], device=DEVICE)
     q_ref, k_ref, _, _ = reference(*inputs, 16, 8, True, dtype)
-    q, k, k_cache, v_cache = run_fused(*inputs, 16, 8, True, torch.float8_e4m3fn, k_scale=k_scale,
-                                       v_scale=v_scale)  # fmt: skip
+    q, k, k_cache, v_cache = run_fused(
+        *inputs, 16, 8, True, torch.float8_e4m3fn, k_scale=k_scale, v_scale=v_scale
+    )
     slots = inputs[4]
     keep = slots >= 0
     v = inputs[0][:, -8 * 128 :].view(-1, 8, 128)
@@ -148,8 +155,14 @@ def test_fused_path_in_the_engine_matches_transformers(checkpoints, reference_ou
     shared = random_prompts([17], seed=21)[0]
     prompts = [shared + [5], shared + [6, 7]]
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    with LLM(checkpoints[name][0], attention_backend="triton", kvcache_block_size=16,
-             num_kvcache_blocks=8, max_num_seqs=2, enable_prefix_caching=True) as llm:
+    with LLM(
+        checkpoints[name][0],
+        attention_backend="triton",
+        kvcache_block_size=16,
+        num_kvcache_blocks=8,
+        max_num_seqs=2,
+        enable_prefix_caching=True,
+    ) as llm:
         backend = llm.engine.executor.runner.backend
         backend.fuse_qk_norm_rope = True
         calls = count_calls(backend)

@@ -102,8 +102,9 @@ def test_shard_winners_pick_what_the_whole_vocabulary_scan_draws(cuts):
     bounds = [0, *cuts, logits.shape[1]]
     scores = [torch.empty(len(logits), device=DEVICE) for _ in bounds[1:]]
     tokens = [  # each shard's winner: its token id, and its score into `values`
-        triton_sampler.sample(logits[:, lo:hi].to(DEVICE), temperatures.to(DEVICE), seeds.to(DEVICE), lo,
-                              values)  # fmt: skip
+        triton_sampler.sample(
+            logits[:, lo:hi].to(DEVICE), temperatures.to(DEVICE), seeds.to(DEVICE), lo, values
+        )
         for lo, hi, values in zip(bounds, bounds[1:], scores, strict=False)
     ]
     got = pick_shard_winner(torch.stack(scores), torch.stack(tokens)).cpu()

@@ -141,20 +141,23 @@ def main() -> None:
 
     rows = []
     print(f"decode  heads {HEADS}/{KV_HEADS} head_dim {HEAD_DIM} bf16 block {args.block_size}")
-    print(f"{'batch':>6} {'ctx':>6} {'splits':>6} {'us':>9} {'floor us':>9} {'GB/s':>8} "
-          f"{'%floor':>7} {'rel_l2':>8}")  # fmt: skip
+    print(
+        f"{'batch':>6} {'ctx':>6} {'splits':>6} {'us':>9} {'floor us':>9} {'GB/s':>8} "
+        f"{'%floor':>7} {'rel_l2':>8}"
+    )
     for batch in args.batches:
         for ctx in args.contexts:
             r = bench_decode(batch, ctx, args.block_size)
             rows.append(r)
-            print(f"{batch:>6} {ctx:>6} {r['splits']:>6} {r['us']:>9.1f} {r['floor_us']:>9.1f} "
-                  f"{r['GB/s']:>8.0f} {r['pct_floor']:>6.1f}% {r['rel_l2']:>8.1e}")  # fmt: skip
+            print(
+                f"{batch:>6} {ctx:>6} {r['splits']:>6} {r['us']:>9.1f} {r['floor_us']:>9.1f} "
+                f"{r['GB/s']:>8.0f} {r['pct_floor']:>6.1f}% {r['rel_l2']:>8.1e}"
+            )
     print(f"\nprefill  8 x 1024 tokens, causal, block {args.block_size}")
     for paged in (False, True):
         r = bench_prefill(8, 1024, args.block_size, paged)
         rows.append(r)
-        print(f"{r['kind']:>14} {r['us']:>9.1f} us {r['TFLOP/s']:>7.1f} TFLOP/s "
-              f"rel_l2 {r['rel_l2']:.1e}")  # fmt: skip
+        print(f"{r['kind']:>14} {r['us']:>9.1f} us {r['TFLOP/s']:>7.1f} TFLOP/s rel_l2 {r['rel_l2']:.1e}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

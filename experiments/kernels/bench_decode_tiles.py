@@ -52,9 +52,22 @@ def time_tile(q, caches, tables, lens, max_len: int, config: tuple, scale: torch
     cuda_cores = bool(rest[0]) if rest else False
 
     def call(cache):
-        return paged_decode(q, cache[0], cache[1], tables, lens, 0.088, max_len, block_n=block_n,
-                            k_scale=scale, v_scale=scale, num_warps=warps, num_stages=stages,
-                            num_splits=splits, cuda_cores=cuda_cores)  # fmt: skip
+        return paged_decode(
+            q,
+            cache[0],
+            cache[1],
+            tables,
+            lens,
+            0.088,
+            max_len,
+            block_n=block_n,
+            k_scale=scale,
+            v_scale=scale,
+            num_warps=warps,
+            num_stages=stages,
+            num_splits=splits,
+            cuda_cores=cuda_cores,
+        )
 
     try:
         return f"{time_graph_us([lambda c=c: call(c) for c in caches]):.1f}"
@@ -64,12 +77,25 @@ def time_tile(q, caches, tables, lens, max_len: int, config: tuple, scale: torch
 
 def max_difference(q, cache, tables, lens, context: int, configs: list[tuple], scale) -> float:
     """Largest |CUDA-core - tensor-core| output element over the CUDA-core configs."""
-    base = paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale, v_scale=scale,
-                        cuda_cores=False)  # fmt: skip
+    base = paged_decode(
+        q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale, v_scale=scale, cuda_cores=False
+    )
     worst = 0.0
     for block_n, warps, *_ in configs[1:]:
-        got = paged_decode(q, cache[0], cache[1], tables, lens, 0.088, context, k_scale=scale, v_scale=scale,
-                           num_warps=warps, block_n=block_n, cuda_cores=True)  # fmt: skip
+        got = paged_decode(
+            q,
+            cache[0],
+            cache[1],
+            tables,
+            lens,
+            0.088,
+            context,
+            k_scale=scale,
+            v_scale=scale,
+            num_warps=warps,
+            block_n=block_n,
+            cuda_cores=True,
+        )
         worst = max(worst, (got.float() - base.float()).abs().max().item())
     return worst
 

@@ -96,12 +96,18 @@ def patch_sources() -> None:
 
 def nvcc_flags() -> list[str]:
     flags = [
-        "-O3", "-std=c++17",
-        "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-        "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-        "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math",
-        "--threads", os.environ.get("NVCC_THREADS", "1"),
-    ]  # fmt: skip
+        "-O3",
+        "-std=c++17",
+        "-U__CUDA_NO_HALF_OPERATORS__",
+        "-U__CUDA_NO_HALF_CONVERSIONS__",
+        "-U__CUDA_NO_HALF2_OPERATORS__",
+        "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        "--expt-relaxed-constexpr",
+        "--expt-extended-lambda",
+        "--use_fast_math",
+        "--threads",
+        os.environ.get("NVCC_THREADS", "1"),
+    ]
     for arch in ARCHS:
         flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
     return flags + defines()

@@ -74,8 +74,14 @@ def main() -> None:
     args = parser.parse_args()
     prompts = [json.loads(line)["prompt"] for line in open(CHECKPOINT / "prompts.jsonl")]
     rows = []
-    with LLM(str(CHECKPOINT), device="cpu", dtype="float32", kv_cache_dtype="fp8_e4m3",
-             attention_backend="torch", kvcache_block_size=16) as llm:  # fmt: skip
+    with LLM(
+        str(CHECKPOINT),
+        device="cpu",
+        dtype="float32",
+        kv_cache_dtype="fp8_e4m3",
+        attention_backend="torch",
+        kvcache_block_size=16,
+    ) as llm:
         rows.append(("one per layer (the engine's)", llm.kv_cache_quality(prompts, args.num_tokens)))
         amax = per_head_amax(llm)
         for per_head, factor in ((False, args.jitter), (True, 1.0), (True, args.jitter)):

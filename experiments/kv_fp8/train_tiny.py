@@ -81,12 +81,19 @@ def write_prompts(out_dir: str | Path, schedule: Schedule, count: int = 32, leng
 
 def build_model(shape: Shape, tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
     config = Qwen3Config(
-        vocab_size=VOCAB_SIZE, hidden_size=shape.hidden, intermediate_size=3 * shape.hidden,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-        max_position_embeddings=shape.max_positions, tie_word_embeddings=True, rms_norm_eps=1e-6,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
+        vocab_size=VOCAB_SIZE,
+        hidden_size=shape.hidden,
+        intermediate_size=3 * shape.hidden,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=shape.max_positions,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     return Qwen3ForCausalLM(config)
 
 

@@ -55,7 +55,7 @@ def decode_steps(
             top_p=[1.0] * batch,
             min_p=[0.0] * batch,
             seeds=[None] * batch,
-        )  # fmt: skip
+        )
         for r in range(rotations)
     ]
 

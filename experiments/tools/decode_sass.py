@@ -34,22 +34,38 @@ DIVISIBLE = (
 def compile_kernel(fp8: bool, block_n: int, warps: int, stages: int):
     cache = "*fp8e4nv" if fp8 else "*bf16"
     types = {
-        "q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
-        "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32",
-        "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32",
-    }  # fmt: skip
+        "q_ptr": "*bf16",
+        "k_cache_ptr": cache,
+        "v_cache_ptr": cache,
+        "block_tables_ptr": "*i32",
+        "context_lens_ptr": "*i32",
+        "out_ptr": "*bf16",
+        "part_out_ptr": "*fp32",
+        "part_lse_ptr": "*fp32",
+        "k_scale_ptr": "*fp32",
+        "v_scale_ptr": "*fp32",
+        "qk_scale": "fp32",
+    }
     constants = dict(
-        GROUP=2, GROUP_PAD=16, HEAD_DIM=128, DIM_PAD=128, BLOCK_SIZE=256, BLOCK_N=block_n,
-        SINGLE_SPLIT=True, KV_FP8=fp8, PDL=False,
-    )  # fmt: skip
+        GROUP=2,
+        GROUP_PAD=16,
+        HEAD_DIM=128,
+        DIM_PAD=128,
+        BLOCK_SIZE=256,
+        BLOCK_N=block_n,
+        SINGLE_SPLIT=True,
+        KV_FP8=fp8,
+        PDL=False,
+    )
     kernel = triton_attention._decode_split_kernel
     return compile_offline(kernel, types, constants, DIVISIBLE, num_warps=warps, num_stages=stages)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--configs", nargs="+", default=["128,4,3", "128,4,2", "64,4,3"],
-                        help="keys per tile, warps, stages")  # fmt: skip
+    parser.add_argument(
+        "--configs", nargs="+", default=["128,4,3", "128,4,2", "64,4,3"], help="keys per tile, warps, stages"
+    )
     parser.add_argument("--dtypes", nargs="+", choices=["fp8", "bf16"], default=["fp8", "bf16"])
     args = parser.parse_args()
     for dtype in args.dtypes:
@@ -61,10 +77,12 @@ def main() -> None:
             moves = loop["IMAD.MOV.U32"] + loop["MOV"]
             spills = sum(1 for _, t in code if "STL" in t or "LDL" in t)
             regs = registers(kernel.asm["cubin"])
-            print(f"{dtype} {block_n} keys {warps}w {stages}s: {regs} registers, {spills} spill "
-                  f"instructions, shared {kernel.metadata.shared} B, kernel "
-                  f"{len(code)} instructions, loop {sum(loop.values())} ({moves} moves), "
-                  f"top: {', '.join(f'{op} {n}' for op, n in loop.most_common(8))}")  # fmt: skip
+            print(
+                f"{dtype} {block_n} keys {warps}w {stages}s: {regs} registers, {spills} spill "
+                f"instructions, shared {kernel.metadata.shared} B, kernel "
+                f"{len(code)} instructions, loop {sum(loop.values())} ({moves} moves), "
+                f"top: {', '.join(f'{op} {n}' for op, n in loop.most_common(8))}"
+            )
 
 
 if __name__ == "__main__":

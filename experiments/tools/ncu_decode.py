@@ -33,8 +33,17 @@ def main() -> None:
         cache = torch.randn(2, blocks, BLOCK, KV_HEADS, DIM, device="cuda").to(dtype)
         fp8 = dtype == torch.float8_e4m3fn
         for _ in range(2):
-            paged_decode(q, cache[0], cache[1], tables, lens, 0.088, args.context,
-                         k_scale=scale if fp8 else None, v_scale=scale if fp8 else None)  # fmt: skip
+            paged_decode(
+                q,
+                cache[0],
+                cache[1],
+                tables,
+                lens,
+                0.088,
+                args.context,
+                k_scale=scale if fp8 else None,
+                v_scale=scale if fp8 else None,
+            )
         torch.cuda.synchronize()
         print(name, "done", flush=True)
 

@@ -27,8 +27,9 @@ HEADS, KV_HEADS = 16, 8  # --heads
 def case_inputs(num_seqs: int, q_len: int, graph_tokens: int, block_m: int):
     dev = torch.device("cuda")
     blocks_per_seq = -(-q_len // BLOCK_SIZE)
-    k_cache = torch.randn(num_seqs * blocks_per_seq + 1, BLOCK_SIZE, KV_HEADS, HEAD_DIM, device=dev,
-                          dtype=torch.bfloat16)  # fmt: skip
+    k_cache = torch.randn(
+        num_seqs * blocks_per_seq + 1, BLOCK_SIZE, KV_HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16
+    )
     v_cache = torch.randn_like(k_cache)
     seqs = min(graph_tokens, MAX_SEQS)
     tables = torch.zeros(seqs, MAX_MODEL_LEN // BLOCK_SIZE, dtype=torch.int32, device=dev)
@@ -50,9 +51,22 @@ def run(case, block_m, block_n, warps, stages, graph_tokens):
     out = torch.zeros_like(q)
 
     def launch():
-        varlen_prefill(q, k_cache, v_cache, cu, graph_tokens, context, tables, HEAD_DIM**-0.5,
-                       block_m=block_m, block_n=block_n, tiles=tiles, out=out, num_warps=warps,
-                       num_stages=stages)  # fmt: skip
+        varlen_prefill(
+            q,
+            k_cache,
+            v_cache,
+            cu,
+            graph_tokens,
+            context,
+            tables,
+            HEAD_DIM**-0.5,
+            block_m=block_m,
+            block_n=block_n,
+            tiles=tiles,
+            out=out,
+            num_warps=warps,
+            num_stages=stages,
+        )
 
     launch()
     torch.manual_seed(0)
@@ -75,8 +89,11 @@ def main() -> None:
         torch.manual_seed(0)
         base_us, reference = run((num_seqs, q_len), default_m, None, None, None, graph_tokens)
         flops = num_seqs * q_len * q_len * HEADS * HEAD_DIM * 2  # causal QK^T and PV
-        print(f"{spec} (graph {graph_tokens}): default BLOCK_M={default_m}: {base_us:.1f} us "
-              f"({flops / base_us / 1e6:.0f} TFLOP/s)", flush=True)  # fmt: skip
+        print(
+            f"{spec} (graph {graph_tokens}): default BLOCK_M={default_m}: {base_us:.1f} us "
+            f"({flops / base_us / 1e6:.0f} TFLOP/s)",
+            flush=True,
+        )
         rows = []
         shapes = [] if args.default_only else itertools.product((16, 32, 64), (32, 64, 128), (4, 8), (2, 3))
         for block_m, block_n, warps, stages in shapes:

@@ -31,9 +31,17 @@ def decode_step(num_seqs: int = 256) -> StepInput:
     tables = [rng.sample(range(100_000), rng.randint(4, 64)) for _ in range(num_seqs)]
     lens = [len(t) * 16 - rng.randint(0, 15) for t in tables]
     return StepInput(
-        False, [rng.randrange(150_000) for _ in range(num_seqs)], [1] * num_seqs, lens, tables,
-        list(range(num_seqs)), temperatures=[0.0] * num_seqs, top_k=[-1] * num_seqs,
-        top_p=[1.0] * num_seqs, min_p=[0.0] * num_seqs, seeds=[None] * num_seqs,
+        False,
+        [rng.randrange(150_000) for _ in range(num_seqs)],
+        [1] * num_seqs,
+        lens,
+        tables,
+        list(range(num_seqs)),
+        temperatures=[0.0] * num_seqs,
+        top_k=[-1] * num_seqs,
+        top_p=[1.0] * num_seqs,
+        min_p=[0.0] * num_seqs,
+        seeds=[None] * num_seqs,
         prev_sample_rows=list(range(num_seqs)),
     )
 
@@ -43,9 +51,17 @@ def prefill_step(num_tokens: int = 16384, num_seqs: int = 8) -> StepInput:
     per_seq = num_tokens // num_seqs
     tables = [list(range(i * per_seq // 16, (i + 1) * per_seq // 16)) for i in range(num_seqs)]
     return StepInput(
-        True, [rng.randrange(150_000) for _ in range(num_tokens)], [per_seq] * num_seqs,
-        [per_seq] * num_seqs, tables, list(range(num_seqs)), temperatures=[0.0] * num_seqs,
-        top_k=[-1] * num_seqs, top_p=[1.0] * num_seqs, min_p=[0.0] * num_seqs, seeds=[None] * num_seqs,
+        True,
+        [rng.randrange(150_000) for _ in range(num_tokens)],
+        [per_seq] * num_seqs,
+        [per_seq] * num_seqs,
+        tables,
+        list(range(num_seqs)),
+        temperatures=[0.0] * num_seqs,
+        top_k=[-1] * num_seqs,
+        top_p=[1.0] * num_seqs,
+        min_p=[0.0] * num_seqs,
+        seeds=[None] * num_seqs,
     )
 
 

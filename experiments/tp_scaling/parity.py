@@ -48,8 +48,15 @@ def make_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    return dict(device=args.device, dtype=args.dtype, kvcache_block_size=BLOCK, max_model_len=1024,
-                max_num_seqs=64, gpu_memory_utilization=0.5, cpu_kv_cache_gb=0.5)
+    return dict(
+        device=args.device,
+        dtype=args.dtype,
+        kvcache_block_size=BLOCK,
+        max_model_len=1024,
+        max_num_seqs=64,
+        gpu_memory_utilization=0.5,
+        cpu_kv_cache_gb=0.5,
+    )
 
 
 def generate(ckpt: str, tp: int, prompts: list[list[int]], args: argparse.Namespace) -> list[list[int]]:
@@ -74,8 +81,9 @@ def top_k_at(llm: LLM, tokens: list[int]) -> list[int]:
     return logits[-1].float().topk(TOP_K).indices.tolist()
 
 
-def compare(ckpt: str, prompts: list[list[int]], ref: list[list[int]], got: list[list[int]],
-            args: argparse.Namespace) -> dict:
+def compare(
+    ckpt: str, prompts: list[list[int]], ref: list[list[int]], got: list[list[int]], args: argparse.Namespace
+) -> dict:
     """Counts identical sequences; checks each first divergence against TP=1's top-k."""
     diverged = [(i, k) for i in range(len(prompts)) if (k := first_divergence(ref[i], got[i])) is not None]
     in_top = 0
@@ -108,8 +116,9 @@ def main() -> None:
         vocab = yaml.safe_load(Path(f"conf/model/{args.model}.yaml").read_text())["arch"]["vocab_size"]
         prompts = make_prompts(args.num_prompts, vocab)
         ref = generate(ckpt, 1, prompts, args)
-        results = {f"tp{tp}": compare(ckpt, prompts, ref, generate(ckpt, tp, prompts, args), args)
-                   for tp in args.tp}
+        results = {
+            f"tp{tp}": compare(ckpt, prompts, ref, generate(ckpt, tp, prompts, args), args) for tp in args.tp
+        }
     report = {"model": args.model, "dtype": args.dtype, "max_tokens": args.max_tokens, "results": results}
     print(json.dumps(report, indent=2))
     if args.out:

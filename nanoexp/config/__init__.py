@@ -11,5 +11,13 @@ from nanoexp.config.parallel import ParallelConfig
 from nanoexp.config.sampling import SamplingParams
 from nanoexp.config.scheduler import SchedulerConfig
 
-__all__ = ["CacheConfig", "EngineConfig", "ExecutionConfig", "KnobError", "ModelConfig", "ParallelConfig",
-           "SamplingParams", "SchedulerConfig"]  # fmt: skip
+__all__ = [
+    "CacheConfig",
+    "EngineConfig",
+    "ExecutionConfig",
+    "KnobError",
+    "ModelConfig",
+    "ParallelConfig",
+    "SamplingParams",
+    "SchedulerConfig",
+]

@@ -23,8 +23,10 @@ def regular_file(path: str, checkpoint_dir: str) -> str:
     except OSError as err:
         raise CheckpointError(f"checkpoint file {path} cannot be read: {err.strerror or err}") from None
     if not stat.S_ISREG(mode):
-        raise CheckpointError(f"checkpoint file {path} is not a regular file (a FIFO, device or directory); "
-                              "a checkpoint holds regular files only")  # fmt: skip
+        raise CheckpointError(
+            f"checkpoint file {path} is not a regular file (a FIFO, device or directory); "
+            "a checkpoint holds regular files only"
+        )
     real, roots = os.path.realpath(path), [os.path.realpath(checkpoint_dir)]
     parent = os.path.dirname(os.path.abspath(checkpoint_dir))
     if os.path.basename(parent) == "snapshots":  # <repo cache>/snapshots/<revision> -> ../../blobs

@@ -12,14 +12,26 @@ from nanoexp.config.model import ModelConfig
 from nanoexp.config.parallel import ParallelConfig
 from nanoexp.config.scheduler import SchedulerConfig
 
-SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
-            "parallel": ParallelConfig, "execution": ExecutionConfig}  # fmt: skip
+SECTIONS = {
+    "model": ModelConfig,
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "parallel": ParallelConfig,
+    "execution": ExecutionConfig,
+}
 # field -> flat keyword, where vLLM's keyword differs from the field's name
-RENAMED = {("cache", "block_size"): "kvcache_block_size", ("cache", "num_blocks"): "num_kvcache_blocks",
-           ("model", "arch"): "hf_config"}  # fmt: skip
+RENAMED = {
+    ("cache", "block_size"): "kvcache_block_size",
+    ("cache", "num_blocks"): "num_kvcache_blocks",
+    ("model", "arch"): "hf_config",
+}
 # every keyword `LLM(model, **kwargs)` accepts -> the field it sets
-KEYWORDS = {RENAMED.get((section, f.name), f.name): (section, f.name) for section, cls in SECTIONS.items()
-            for f in fields(cls) if (section, f.name) != ("model", "path")}  # fmt: skip
+KEYWORDS = {
+    RENAMED.get((section, f.name), f.name): (section, f.name)
+    for section, cls in SECTIONS.items()
+    for f in fields(cls)
+    if (section, f.name) != ("model", "path")
+}
 KNOB_PREFIX = {"execution": "engine"}  # a section whose knobs are named after another (the Hydra group)
 
 

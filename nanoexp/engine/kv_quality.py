@@ -33,11 +33,19 @@ def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
         name = f"kv_cache_quality prompt {i}"
         prompt = engine.check_request(name, tokens, SamplingParams(max_tokens=num_tokens))
         if len(prompt) + num_tokens > budget:  # its reference is one prefill of the whole sequence
-            raise ValueError(f"{name}: prompt ({len(prompt)} tokens) + num_tokens ({num_tokens}) exceeds "
-                             f"max_num_batched_tokens={budget}: the reference is one prefill of both")
+            raise ValueError(
+                f"{name}: prompt ({len(prompt)} tokens) + num_tokens ({num_tokens}) exceeds "
+                f"max_num_batched_tokens={budget}: the reference is one prefill of both"
+            )
         prompts.append(prompt)
-    groups = probe_groups([len(p) for p in prompts], num_tokens, budget, scheduler.max_num_seqs,
-                          manager.block_size, manager.num_blocks)  # fmt: skip
+    groups = probe_groups(
+        [len(p) for p in prompts],
+        num_tokens,
+        budget,
+        scheduler.max_num_seqs,
+        manager.block_size,
+        manager.num_blocks,
+    )
     manager.reset_prefix_cache()
     try:
         results = [run_group(engine, [prompts[i] for i in group], num_tokens) for group in groups]
@@ -56,8 +64,9 @@ def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
     }
 
 
-def probe_groups(lengths: list[int], num_tokens: int, budget: int, max_num_seqs: int, block_size: int,
-                 num_blocks: int) -> list[list[int]]:  # fmt: skip
+def probe_groups(
+    lengths: list[int], num_tokens: int, budget: int, max_num_seqs: int, block_size: int, num_blocks: int
+) -> list[list[int]]:
     """Request indices in order, packed so each group's prefill of prompt + continuation fits `budget`
     tokens, `max_num_seqs` sequences, MAX_REFERENCE_ROWS reference rows and the cache's blocks (each
     request fits alone, checked)."""
@@ -93,8 +102,9 @@ def run_group(engine, prompts: list[list[int]], num_tokens: int) -> tuple[np.nda
 
 
 @torch.inference_mode()
-def probe_group(runner, prompts: list[list[int]], num_tokens: int,
-                block_tables: list[list[int]]) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
+def probe_group(
+    runner, prompts: list[list[int]], num_tokens: int, block_tables: list[list[int]]
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Greedy decode steps reading the cache (blocks for prompt + num_tokens - 1 tokens each), then one
     plain prefill of prompt + continuation as the reference. Rank 0's [requests, positions] KL(reference ||
     decode) and argmax agreement, None elsewhere."""
@@ -144,8 +154,9 @@ def fill_cache(runner, prompts, block_tables) -> None:
     if not ready:
         return
     lens = [len(prompts[i]) - 1 for i in ready]
-    step = StepInput(True, [t for i in ready for t in prompts[i][:-1]], lens, lens,
-                     [block_tables[i] for i in ready], [])  # fmt: skip
+    step = StepInput(
+        True, [t for i in ready for t in prompts[i][:-1]], lens, lens, [block_tables[i] for i in ready], []
+    )
     runner.forward_logits(step, prepare_inputs(step, runner.block_size, runner.device))
 
 

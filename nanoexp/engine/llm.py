@@ -51,9 +51,12 @@ class LLM(AbstractContextManager):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def generate(self, prompts: Seq[str] | Seq[list[int]] | str,
-                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool | None = None) -> list[RequestOutput]:  # fmt: skip
+    def generate(
+        self,
+        prompts: Seq[str] | Seq[list[int]] | str,
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool | None = None,
+    ) -> list[RequestOutput]:
         """Runs all prompts to completion; outputs in prompt order. The engine must be idle (requests queued
         with `engine.add_request` would lose their outputs); `use_tqdm` None: the constructor's."""
         with self.alone("generate"):
@@ -69,8 +72,10 @@ class LLM(AbstractContextManager):
             params = sampling_params or SamplingParams()
             params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
             if len(params) != len(prompts):
-                raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts; "
-                                 "give one or one per prompt")
+                raise ValueError(
+                    f"got {len(params)} sampling_params for {len(prompts)} prompts; "
+                    "give one or one per prompt"
+                )
             token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(prompts)]
             for i, (tokens, sp) in enumerate(zip(token_lists, params)):
                 self.engine.check_request(f"prompt {i}", tokens, sp)  # all checked before any is queued

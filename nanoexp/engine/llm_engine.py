@@ -50,8 +50,9 @@ class LLMEngine:
         if self.closed:
             raise RuntimeError("the engine is closed")
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> int:  # fmt: skip
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
+    ) -> int:
         """Queues one request; raises ValueError (and queues nothing) if it can never run."""
         self.check_open()
         seq_id = next(self.ids)
@@ -71,12 +72,16 @@ class LLMEngine:
             raise ValueError(f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
-            raise ValueError(f"{name}: prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) "
-                             f"= {total} exceeds max_model_len={self.max_model_len}")  # fmt: skip
+            raise ValueError(
+                f"{name}: prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) "
+                f"= {total} exceeds max_model_len={self.max_model_len}"
+            )
         capacity = self.block_manager.num_blocks * self.block_manager.block_size
         if total > capacity:
-            raise ValueError(f"{name}: prompt + max_tokens = {total} tokens exceeds the whole KV cache "
-                             f"({capacity} tokens); raise num_kvcache_blocks or the memory budget")
+            raise ValueError(
+                f"{name}: prompt + max_tokens = {total} tokens exceeds the whole KV cache "
+                f"({capacity} tokens); raise num_kvcache_blocks or the memory budget"
+            )
         return prompt
 
     def has_unfinished(self) -> bool:
@@ -125,8 +130,9 @@ class LLMEngine:
                 samplers.append(seq)
         return samplers
 
-    def complete(self, batch: ScheduledBatch, samplers: list[Sequence | None], sampled: list[int],
-                 start: float) -> StepResult:  # fmt: skip
+    def complete(
+        self, batch: ScheduledBatch, samplers: list[Sequence | None], sampled: list[int], start: float
+    ) -> StepResult:
         """Fills the placeholders with the sampled tokens and finishes what ended."""
         now = time.perf_counter()
         for seq in batch.seqs:
@@ -158,26 +164,39 @@ class LLMEngine:
 
     def output_of(self, seq: Sequence) -> RequestOutput:
         return RequestOutput(
-            request_id=seq.seq_id, prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            token_ids=seq.token_ids[seq.num_prompt_tokens :], finish_reason=seq.finish_reason,
-            arrival_time=seq.arrival_time, first_scheduled_time=seq.first_scheduled_time,
-            first_token_time=seq.token_times[0], token_times=list(seq.token_times),
-            finish_time=seq.finish_time, num_cached_tokens=seq.num_cached_tokens,
+            request_id=seq.seq_id,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            token_ids=seq.token_ids[seq.num_prompt_tokens :],
+            finish_reason=seq.finish_reason,
+            arrival_time=seq.arrival_time,
+            first_scheduled_time=seq.first_scheduled_time,
+            first_token_time=seq.token_times[0],
+            token_times=list(seq.token_times),
+            finish_time=seq.finish_time,
+            num_cached_tokens=seq.num_cached_tokens,
             num_preemptions=seq.num_preemptions,
-        )  # fmt: skip
+        )
 
     def step_stats(self, batch, finished, elapsed, num_sampled) -> StepStats:
         manager = self.block_manager
         phase = ("mixed" if batch.num_decodes else "prefill") if batch.is_prefill else "decode"
         return StepStats(
-            phase=phase, num_seqs=len(batch.seqs), num_tokens=batch.num_tokens,
-            num_decode_tokens=batch.num_decodes, num_prefill_tokens=batch.num_tokens - batch.num_decodes,
-            num_output_tokens=num_sampled, step_time_s=elapsed,
-            kv_blocks_used=manager.num_used, kv_blocks_total=manager.num_blocks,
-            prefix_cache_queries=batch.prefix_cache_queries, prefix_cache_hits=batch.prefix_cache_hits,
-            num_preemptions=batch.num_preemptions, num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting), num_finished=len(finished),
-        )  # fmt: skip
+            phase=phase,
+            num_seqs=len(batch.seqs),
+            num_tokens=batch.num_tokens,
+            num_decode_tokens=batch.num_decodes,
+            num_prefill_tokens=batch.num_tokens - batch.num_decodes,
+            num_output_tokens=num_sampled,
+            step_time_s=elapsed,
+            kv_blocks_used=manager.num_used,
+            kv_blocks_total=manager.num_blocks,
+            prefix_cache_queries=batch.prefix_cache_queries,
+            prefix_cache_hits=batch.prefix_cache_hits,
+            num_preemptions=batch.num_preemptions,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_finished=len(finished),
+        )
 
     def stats(self) -> dict:
         return self.executor.stats()

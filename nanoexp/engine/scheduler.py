@@ -69,8 +69,9 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, config: SchedulerConfig,
-                 max_mixed_step_tokens: int | None):  # fmt: skip
+    def __init__(
+        self, block_manager: BlockManager, config: SchedulerConfig, max_mixed_step_tokens: int | None
+    ):
         """max_mixed_step_tokens caps a step that carries decodes (the largest the runner runs in a CUDA
         graph): a larger one would run eagerly, each new shape compiling kernels while requests wait."""
         self.block_manager = block_manager

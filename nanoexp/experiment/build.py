@@ -48,6 +48,7 @@ def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
             return Checkpoint("safetensors", str(path), requested, "path")
     elif model.hub_id:
         from huggingface_hub import snapshot_download
+
         with contextlib.suppress(Exception):  # not cached or an invalid id: both mean "absent"
             cached = snapshot_download(model.hub_id, local_files_only=True)
             if any(Path(cached).glob("*.safetensors")):
@@ -111,6 +112,7 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
     workload.max_concurrency), our engine goes step by step."""
     if spec.engine.kind is EngineKind.hf:
         from nanoexp.experiment.hf_baseline import HFBaseline
+
         e, arch, batch = config.execution, asdict(spec.model.arch), config.scheduler.max_num_seqs
         batch = min(batch, spec.workload.max_concurrency or batch)
         baseline = HFBaseline(arch, checkpoint.path, config.model.dtype, e.device, e.seed, batch)
@@ -121,6 +123,7 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
     from nanoexp.experiment.workloads import build_workload
+
     tokenize = tokenizer.encode if tokenizer is not None else None
     try:
         workload = build_workload(spec.workload, spec.sampler, spec.model.arch.vocab_size, tokenize)
@@ -139,5 +142,6 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
 def build_logger(cfg: LoggerConfig) -> FanoutLogger:
     if cfg.kind is LoggerKind.wandb:
         from nanoexp.experiment.wandb_logger import WandbLogger
+
         return FanoutLogger([WandbLogger(cfg), LocalSink()])
     return FanoutLogger([LocalSink()])

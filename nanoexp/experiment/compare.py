@@ -80,8 +80,11 @@ def compare(sweep_a: Path, sweep_b: Path, metrics: list[str] = METRICS) -> tuple
     table = pd.DataFrame([r for r in rows if r is not None])
     names = ", ".join(k.removeprefix("param:") for k in keys) or "nothing swept"
     unmatched = f"{len(jobs_a) - len(pairs)} of A and {len(jobs_b) - len(pairs)} of B unmatched"
-    header = [f"A: {sweep_a} ({_commits(jobs_a)})", f"B: {sweep_b} ({_commits(jobs_b)})",
-              f"{len(pairs)} configurations matched on {names}; {unmatched}"]  # fmt: skip
+    header = [
+        f"A: {sweep_a} ({_commits(jobs_a)})",
+        f"B: {sweep_b} ({_commits(jobs_b)})",
+        f"{len(pairs)} configurations matched on {names}; {unmatched}",
+    ]
     return table, header
 
 
@@ -100,10 +103,17 @@ def _metric_row(config: str, metric: str, a: dict, b: dict) -> dict | None:
     else:
         verdict = "higher" if value > 1 else "lower"
     return {
-        "config": config, "metric": metric, "a": float(np.mean(values_a)), "b": float(np.mean(values_b)),
-        "ratio": value, "ratio_ci95_low": low, "ratio_ci95_high": high, "significant": significant,
-        "verdict": verdict, "repeats": f"{len(values_a)}/{len(values_b)}",
-    }  # fmt: skip
+        "config": config,
+        "metric": metric,
+        "a": float(np.mean(values_a)),
+        "b": float(np.mean(values_b)),
+        "ratio": value,
+        "ratio_ci95_low": low,
+        "ratio_ci95_high": high,
+        "significant": significant,
+        "verdict": verdict,
+        "repeats": f"{len(values_a)}/{len(values_b)}",
+    }
 
 
 def _values(summary: dict, metric: str) -> list[float]:

@@ -57,6 +57,7 @@ class EngineDriver:
 @dataclass
 class RunRecord:
     """One timed pass of the workload (one repeat)."""
+
     repeat: int = 0
     outputs: list[RequestOutput] = field(default_factory=list)
     steps: list[StepStats] = field(default_factory=list)
@@ -70,8 +71,16 @@ class Progress:
     """The live progress line of a job, only on a terminal and with engine.use_tqdm=true."""
 
     def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, desc: str = "requests"):
-        self.bar = tqdm(total=total, desc=desc, unit="req", file=stream, disable=None if enabled else True,
-                        dynamic_ncols=True, mininterval=REFRESH_S, leave=True)  # fmt: skip
+        self.bar = tqdm(
+            total=total,
+            desc=desc,
+            unit="req",
+            file=stream,
+            disable=None if enabled else True,
+            dynamic_ncols=True,
+            mininterval=REFRESH_S,
+            leave=True,
+        )
         self.done = self.tokens = self.preemptions = 0
         self.started, self.next_draw = None, 0.0  # the first step's start; the next redraw
 

@@ -59,9 +59,13 @@ class HFBaseline:
 
         start = time.perf_counter()
         generated = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), stopping_criteria=[clock],
-            pad_token_id=self.eos, eos_token_id=self.eos, **_generate_kwargs(batch),
-        )[:, ids.shape[1] :].cpu()  # fmt: skip
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            stopping_criteria=[clock],
+            pad_token_id=self.eos,
+            eos_token_id=self.eos,
+            **_generate_kwargs(batch),
+        )[:, ids.shape[1] :].cpu()
         outs = [self._output(r, generated[i].tolist(), times, t0) for i, r in enumerate(batch)]
         for stats in _step_stats(batch, outs, ids.numel(), start, times):
             on_step(stats)
@@ -72,37 +76,55 @@ class HFBaseline:
         if not r.sampling_params.ignore_eos and self.eos in tokens:
             tokens = tokens[: tokens.index(self.eos) + 1]
         return RequestOutput(
-            request_id=next(self.request_ids), prompt_token_ids=list(r.prompt_token_ids), token_ids=tokens,
+            request_id=next(self.request_ids),
+            prompt_token_ids=list(r.prompt_token_ids),
+            token_ids=tokens,
             finish_reason="length" if len(tokens) == r.sampling_params.max_tokens else "stop",
-            arrival_time=t0 + r.arrival_offset_s, first_scheduled_time=times[0], first_token_time=times[0],
-            token_times=times[: len(tokens)], finish_time=times[len(tokens) - 1],
-            num_cached_tokens=0, num_preemptions=0,
-        )  # fmt: skip
+            arrival_time=t0 + r.arrival_offset_s,
+            first_scheduled_time=times[0],
+            first_token_time=times[0],
+            token_times=times[: len(tokens)],
+            finish_time=times[len(tokens) - 1],
+            num_cached_tokens=0,
+            num_preemptions=0,
+        )
 
     def stats(self) -> dict:
         return {
             "weights_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters()),
             **dict.fromkeys(("kv_cache_bytes", "num_kv_blocks", "kv_block_size"), 0),  # grown per batch
-            "peak_memory_bytes": peak_memory_bytes(self.device), "peak_memory_kind": self.peak_memory_kind,
-            "load_s": self.load_s, **dict.fromkeys(("warmup_s", "graph_capture_s"), 0.0),
-            "device": self.device.type, "dtype": str(self.dtype).removeprefix("torch."),
-            "attention_backend": "sdpa", "load_format": self.load_format,
-        }  # fmt: skip
+            "peak_memory_bytes": peak_memory_bytes(self.device),
+            "peak_memory_kind": self.peak_memory_kind,
+            "load_s": self.load_s,
+            **dict.fromkeys(("warmup_s", "graph_capture_s"), 0.0),
+            "device": self.device.type,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "attention_backend": "sdpa",
+            "load_format": self.load_format,
+        }
 
     def close(self) -> None:
         self.model = None
 
 
 def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[float]) -> list[StepStats]:
-    return [StepStats(
-        phase="prefill" if i == 0 else "decode", num_seqs=len(batch),
-        num_tokens=prefill_tokens if i == 0 else len(batch),
-        num_prefill_tokens=prefill_tokens if i == 0 else 0, num_decode_tokens=0 if i == 0 else len(batch),
-        num_output_tokens=sum(len(o.token_ids) > i for o in outs), step_time_s=t - prev,
-        **dict.fromkeys(("kv_blocks_used", "kv_blocks_total", "num_preemptions"), 0),
-        **dict.fromkeys(("prefix_cache_queries", "prefix_cache_hits"), 0),
-        num_running=len(batch), num_waiting=0, num_finished=sum(len(o.token_ids) == i + 1 for o in outs),
-    ) for i, (prev, t) in enumerate(zip([start, *times], times))]  # fmt: skip
+    return [
+        StepStats(
+            phase="prefill" if i == 0 else "decode",
+            num_seqs=len(batch),
+            num_tokens=prefill_tokens if i == 0 else len(batch),
+            num_prefill_tokens=prefill_tokens if i == 0 else 0,
+            num_decode_tokens=0 if i == 0 else len(batch),
+            num_output_tokens=sum(len(o.token_ids) > i for o in outs),
+            step_time_s=t - prev,
+            **dict.fromkeys(("kv_blocks_used", "kv_blocks_total", "num_preemptions"), 0),
+            **dict.fromkeys(("prefix_cache_queries", "prefix_cache_hits"), 0),
+            num_running=len(batch),
+            num_waiting=0,
+            num_finished=sum(len(o.token_ids) == i + 1 for o in outs),
+        )
+        for i, (prev, t) in enumerate(zip([start, *times], times))
+    ]
 
 
 def _generate_kwargs(batch: list[Request]) -> dict:
@@ -121,4 +143,3 @@ def _left_pad(batch: list[Request], pad_id: int) -> tuple[torch.Tensor, torch.Te
     prompts = [torch.tensor(r.prompt_token_ids, dtype=torch.long) for r in batch]
     ids = pad_sequence(prompts, batch_first=True, padding_value=pad_id, padding_side="left")
     return ids, pad_sequence([torch.ones_like(p) for p in prompts], batch_first=True, padding_side="left")
-

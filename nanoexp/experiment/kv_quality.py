@@ -26,9 +26,11 @@ def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
     cut = sum(len(p) > limit for p in prompts)
     result = llm.kv_cache_quality([p[:limit] for p in prompts], cfg.num_tokens)
     return {PREFIX + k: result[k] for k in SHOWN} | {
-        PREFIX + "num_cut_prompts": cut, PREFIX + "num_tokens": cfg.num_tokens,
-        "kv_quality_s": time.perf_counter() - start, "kv_cache_dtype": llm.engine.config.cache.kv_cache_dtype,
-    }  # fmt: skip
+        PREFIX + "num_cut_prompts": cut,
+        PREFIX + "num_tokens": cfg.num_tokens,
+        "kv_quality_s": time.perf_counter() - start,
+        "kv_cache_dtype": llm.engine.config.cache.kv_cache_dtype,
+    }
 
 
 def prompt_limit(engine, num_tokens: int) -> int:

@@ -95,9 +95,12 @@ class LocalSink:
         write_csv(self.job.out_dir / "steps.csv", self.steps)
         results = {
             "status": "ok" if exit_code == 0 else "terminated" if summary.get("signal") else "failed",
-            "exit_code": exit_code, "finished_at": time.time(), "job": self.job.as_dict(),
-            "config": self.config, "summary": summary,
-        }  # fmt: skip
+            "exit_code": exit_code,
+            "finished_at": time.time(),
+            "job": self.job.as_dict(),
+            "config": self.config,
+            "summary": summary,
+        }
         write_atomically(self.job.out_dir / RESULTS_FILE, json.dumps(json_safe(results), indent=2) + "\n")
 
 
@@ -152,9 +155,13 @@ def write_outputs(path: Path, records: list[RunRecord], tokenizer=None) -> None:
     with atomic_open(path) as f:
         for record in records:
             for o in record.outputs:
-                row = {"request_id": o.request_id, "repeat": record.repeat,
-                       "prompt_len": len(o.prompt_token_ids), "output_token_ids": list(o.token_ids),
-                       "finish_reason": o.finish_reason}  # fmt: skip
+                row = {
+                    "request_id": o.request_id,
+                    "repeat": record.repeat,
+                    "prompt_len": len(o.prompt_token_ids),
+                    "output_token_ids": list(o.token_ids),
+                    "finish_reason": o.finish_reason,
+                }
                 if tokenizer is not None:
                     row["text"] = tokenizer.decode(o.token_ids, skip_special_tokens=True)
                 f.write(json.dumps(row) + "\n")

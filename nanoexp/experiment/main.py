@@ -92,8 +92,9 @@ def _run_job(cfg: DictConfig, job: JobInfo) -> None:
     append_run_log(job, table)
 
 
-def experiment(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpoint, logger,
-               job: JobInfo) -> dict:  # fmt: skip
+def experiment(
+    spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpoint, logger, job: JobInfo
+) -> dict:
     """Build, warm up, run the workload `repeats` times, summarize. Returns the flat summary."""
     tokenizer = load_tokenizer(checkpoint.path) if checkpoint.path is not None else None
     workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
@@ -123,13 +124,18 @@ def experiment(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Chec
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
     return summary | {
-        "build_s": build_s, "bench_warmup_s": warmup_s, "engine_kind": spec.engine.kind.value,
-        "model": spec.model.name, "workload": spec.workload.name,
+        "build_s": build_s,
+        "bench_warmup_s": warmup_s,
+        "engine_kind": spec.engine.kind.value,
+        "model": spec.model.name,
+        "workload": spec.workload.name,
         "offered_request_rate": spec.workload.request_rate,  # achieved: request_throughput
-        "max_concurrency": spec.workload.max_concurrency, "load_format_requested": checkpoint.requested,
-        "load_format": checkpoint.load_format, "checkpoint_path": checkpoint.path or "",
+        "max_concurrency": spec.workload.max_concurrency,
+        "load_format_requested": checkpoint.requested,
+        "load_format": checkpoint.load_format,
+        "checkpoint_path": checkpoint.path or "",
         "arch_mismatches": len(arch_diffs),
-    }  # fmt: skip
+    }
 
 
 class JobMemory:

@@ -16,22 +16,31 @@ PERCENTILES = (90, 99)
 LATENCY_PERCENTILES = (10, 25, 50, 75, 90, 99)  # as `vllm bench latency`
 CONFIDENCE = 0.95
 # Metrics that get a spread over repeats: `<key>_std`, `<key>_ci95_low`, `<key>_ci95_high`.
-HEADLINE = (*RATES, *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "p99")),
-            "mean_latency_ms", "p50_latency_ms", "p99_latency_ms")  # fmt: skip
+HEADLINE = (
+    *RATES,
+    *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "p99")),
+    "mean_latency_ms",
+    "p50_latency_ms",
+    "p99_latency_ms",
+)
 FRACTIONS = {"slo_attainment": 1.0}  # HEADLINE metrics bounded above (all are >= 0)
 
 
-def summarize(outputs: Sequence[RequestOutput], steps: Sequence[StepStats], duration_s: float,
-              slo: dict | None = None) -> dict[str, float]:  # fmt: skip
+def summarize(
+    outputs: Sequence[RequestOutput], steps: Sequence[StepStats], duration_s: float, slo: dict | None = None
+) -> dict[str, float]:
     """Throughput, latency distributions and step aggregates of one pass; goodput against `slo` (ms)."""
     inputs = sum(len(o.prompt_token_ids) for o in outputs)
     generated = sum(len(o.token_ids) for o in outputs)
     summary: dict[str, float] = {
-        "completed": len(outputs), "total_input_tokens": inputs, "total_output_tokens": generated,
-        "duration_s": duration_s, "request_throughput": _rate(len(outputs), duration_s),
+        "completed": len(outputs),
+        "total_input_tokens": inputs,
+        "total_output_tokens": generated,
+        "duration_s": duration_s,
+        "request_throughput": _rate(len(outputs), duration_s),
         "output_throughput": _rate(generated, duration_s),
         "total_token_throughput": _rate(inputs + generated, duration_s),
-    }  # fmt: skip
+    }
     summary |= distribution("ttft_ms", [o.ttft * 1e3 for o in outputs])
     summary |= distribution("tpot_ms", [o.tpot * 1e3 for o in outputs if len(o.token_ids) > 1])
     summary |= distribution("itl_ms", [x * 1e3 for o in outputs for x in o.inter_token_latencies])
@@ -71,6 +80,7 @@ def spread(key: str, values: Sequence[float]) -> dict[str, float]:
     """`<key>_std` (ddof=1) and `<key>_ci95_low/high`: the mean's t-interval cut to the metric's range
     (>= 0, a fraction <= 1), which keeps its coverage: a latency's would reach below 0."""
     from scipy import stats as scipy_stats  # here: its import costs a job of one repeat ~1 s of CPU
+
     arr = np.asarray(values, dtype=float)
     mean, sem = float(arr.mean()), float(scipy_stats.sem(arr))
     half = float(scipy_stats.t.ppf((1 + CONFIDENCE) / 2, arr.size - 1)) * sem  # NaN with a NaN value
@@ -78,8 +88,11 @@ def spread(key: str, values: Sequence[float]) -> dict[str, float]:
     return {f"{key}_std": float(arr.std(ddof=1)), f"{key}_ci95_low": low, f"{key}_ci95_high": high}
 
 
-def distribution(name: str, values: Sequence[float], percentiles: Sequence[int] = PERCENTILES,
-                 ) -> dict[str, float]:  # fmt: skip
+def distribution(
+    name: str,
+    values: Sequence[float],
+    percentiles: Sequence[int] = PERCENTILES,
+) -> dict[str, float]:
     """mean_/median_/std_/pNN_ keys for one latency series (NaN when empty)."""
     arr = np.asarray(values if len(values) else [math.nan], dtype=float)
     out = {f"mean_{name}": arr.mean(), f"median_{name}": np.median(arr), f"std_{name}": arr.std()}
@@ -94,15 +107,19 @@ def step_aggregates(steps: Sequence[StepStats]) -> dict[str, float]:
     peak_blocks = max((s.kv_blocks_used for s in steps), default=0)
     total_blocks = max((s.kv_blocks_total for s in steps), default=0)
     return {
-        "num_steps": len(steps), "num_prefill_steps": len(prefill), "num_decode_steps": len(decode),
-        "prefill_time_s": _time(prefill), "decode_time_s": _time(decode),
+        "num_steps": len(steps),
+        "num_prefill_steps": len(prefill),
+        "num_decode_steps": len(decode),
+        "prefill_time_s": _time(prefill),
+        "decode_time_s": _time(decode),
         "mean_decode_batch_size": _rate(sum(s.num_seqs for s in decode), len(decode)),
         "prefill_throughput": _rate(sum(s.num_tokens for s in prefill), _time(prefill)),
         "decode_throughput": _rate(sum(s.num_output_tokens for s in decode), _time(decode)),
         "prefix_cache_hit_rate": _rate(sum(s.prefix_cache_hits for s in steps), queries),
         "num_preemptions": sum(s.num_preemptions for s in steps),
-        "peak_kv_blocks_used": peak_blocks, "peak_kv_cache_usage": _rate(peak_blocks, total_blocks),
-    }  # fmt: skip
+        "peak_kv_blocks_used": peak_blocks,
+        "peak_kv_cache_usage": _rate(peak_blocks, total_blocks),
+    }
 
 
 def latency_summary(latencies_s: Sequence[float]) -> dict[str, float]:
@@ -114,23 +131,34 @@ def latency_summary(latencies_s: Sequence[float]) -> dict[str, float]:
 def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -> list[dict]:
     """One row per finished request, times in ms (arrival relative to the workload start)."""
     return [
-        {"repeat": repeat, "request_id": o.request_id, "arrival_ms": (o.arrival_time - t0) * 1e3,
-         "prompt_len": len(o.prompt_token_ids), "output_len": len(o.token_ids), **_latencies_ms(o),
-         "queue_ms": (o.first_scheduled_time - o.arrival_time) * 1e3,
-         "num_cached_tokens": o.num_cached_tokens, "num_preemptions": o.num_preemptions,
-         "finish_reason": o.finish_reason}
+        {
+            "repeat": repeat,
+            "request_id": o.request_id,
+            "arrival_ms": (o.arrival_time - t0) * 1e3,
+            "prompt_len": len(o.prompt_token_ids),
+            "output_len": len(o.token_ids),
+            **_latencies_ms(o),
+            "queue_ms": (o.first_scheduled_time - o.arrival_time) * 1e3,
+            "num_cached_tokens": o.num_cached_tokens,
+            "num_preemptions": o.num_preemptions,
+            "finish_reason": o.finish_reason,
+        }
         for o in outputs
-    ]  # fmt: skip
+    ]
 
 
 def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
     """A flat, numeric row for the per-step history (`t_s`: seconds since the repeat started)."""
     row = {k: v for k, v in asdict(stats).items() if k not in ("phase", "step_time_s")}
     return row | {
-        "step": index, "repeat": repeat, "t_s": t_s, "is_prefill": int(stats.phase == "prefill"),
-        "step_time_ms": stats.step_time_s * 1e3, "tokens_per_s": _rate(stats.num_tokens, stats.step_time_s),
+        "step": index,
+        "repeat": repeat,
+        "t_s": t_s,
+        "is_prefill": int(stats.phase == "prefill"),
+        "step_time_ms": stats.step_time_s * 1e3,
+        "tokens_per_s": _rate(stats.num_tokens, stats.step_time_s),
         "kv_cache_usage": _rate(stats.kv_blocks_used, stats.kv_blocks_total),
-    }  # fmt: skip
+    }
 
 
 def _rate(num: float, den: float) -> float:

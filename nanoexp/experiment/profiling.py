@@ -18,10 +18,14 @@ log = logging.getLogger(__name__)
 PROFILE_DIR = "profile"
 PHASES = {  # (owner, method) wrapped -> phase; the runner only when it runs in this process
     ("scheduler", "schedule"): "schedule",
-    ("executor", "run"): "launch", ("executor", "launch"): "launch", ("executor", "collect"): "collect",
-    ("runner", "prepare"): "prepare", ("runner", "forward_hidden"): "forward",
-    ("engine", "advance"): "bookkeeping", ("engine", "complete"): "bookkeeping",
-}  # fmt: skip
+    ("executor", "run"): "launch",
+    ("executor", "launch"): "launch",
+    ("executor", "collect"): "collect",
+    ("runner", "prepare"): "prepare",
+    ("runner", "forward_hidden"): "forward",
+    ("engine", "advance"): "bookkeeping",
+    ("engine", "complete"): "bookkeeping",
+}
 STEP_PARTS = ("schedule", "launch", "collect", "bookkeeping")  # disjoint; the rest of the step is "other"
 EVENTS = ("triton_compiles", "torch_compiles", "gc_collections", "gc_full_collections")
 
@@ -79,8 +83,11 @@ class StepProfiler:
         wrapped = [(engine, "step", self._step(engine.step, log_steps, trace))]
         if self.cfg.host_phases:
             owners = dict(engine=engine, scheduler=engine.scheduler, executor=engine.executor, runner=runner)
-            wrapped += [(owners[o], name, self._timer(getattr(owners[o], name), phase))
-                        for (o, name), phase in PHASES.items() if hasattr(owners[o], name)]  # fmt: skip
+            wrapped += [
+                (owners[o], name, self._timer(getattr(owners[o], name), phase))
+                for (o, name), phase in PHASES.items()
+                if hasattr(owners[o], name)
+            ]
         for owner, name, wrapper in wrapped:
             setattr(owner, name, wrapper)
         return lambda: [delattr(owner, name) for owner, name, _ in wrapped]
@@ -168,6 +175,7 @@ class StepProfiler:
 
 def _torch_profiler(first: int, count: int, path: Path):
     from torch.profiler import profile, schedule
+
     warmup = min(1, first)
     path.parent.mkdir(parents=True, exist_ok=True)
     steps = schedule(wait=first - warmup, warmup=warmup, active=count, repeat=1)

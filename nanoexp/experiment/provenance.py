@@ -25,11 +25,15 @@ PROBE_TIMEOUT_S = 10.0
 
 def collect_provenance(repo: Path = REPO_ROOT) -> dict:
     return {
-        "git": git_state(repo), "packages": {name: _version(name) for name in PACKAGES},
-        "python": platform.python_version(), "device": device_facts(), "cpu": cpu_facts(),
-        "hostname": socket.gethostname(), "command": shlex.join([sys.executable, *sys.argv]),
+        "git": git_state(repo),
+        "packages": {name: _version(name) for name in PACKAGES},
+        "python": platform.python_version(),
+        "device": device_facts(),
+        "cpu": cpu_facts(),
+        "hostname": socket.gethostname(),
+        "command": shlex.join([sys.executable, *sys.argv]),
         "cwd": os.getcwd(),
-    }  # fmt: skip
+    }
 
 
 def git_state(repo: Path) -> dict:

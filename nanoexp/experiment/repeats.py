@@ -33,9 +33,14 @@ def repeat_specs(spec: NanoexpConfig) -> list[NanoexpConfig]:
     return specs
 
 
-def measure(driver: Driver, workloads: list[Workload], logger, progress: Progress,
-            profile: ProfileConfig | None = None, out_dir: Path | None = None,
-) -> list[RunRecord]:  # fmt: skip
+def measure(
+    driver: Driver,
+    workloads: list[Workload],
+    logger,
+    progress: Progress,
+    profile: ProfileConfig | None = None,
+    out_dir: Path | None = None,
+) -> list[RunRecord]:
     """Every repeat in turn, on an empty prefix cache; its steps logged after it (a failed one's too)."""
     profiler = _profiler(profile, driver, out_dir)
     columns = profiler.columns if profiler else {}  # filled as the steps run
@@ -97,10 +102,12 @@ class LoadMeter:
         wall, own, busy = time.perf_counter() - self.start, _tree_cpu_s() - self.tree_before, _busy_cpu_s()
         known = None not in (busy, self.busy_before)  # not on Linux: nan
         return {
-            "load_avg_1m_before": self.load_before, "load_avg_1m_after": os.getloadavg()[0],
-            "cpu_count": os.cpu_count() or 0, "process_cpu_cores": own / wall,
+            "load_avg_1m_before": self.load_before,
+            "load_avg_1m_after": os.getloadavg()[0],
+            "cpu_count": os.cpu_count() or 0,
+            "process_cpu_cores": own / wall,
             "other_cpu_cores": max(0.0, (busy - self.busy_before - own) / wall) if known else float("nan"),
-        }  # fmt: skip
+        }
 
 
 def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig) -> dict:

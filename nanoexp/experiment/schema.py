@@ -55,6 +55,7 @@ class LoggerKind(Enum):
 @dataclass
 class ArchConfig:
     """The architecture fields of the model's config.json (the engine's `model.arch` with dummy weights)."""
+
     architectures: list[str] = MISSING
     model_type: str = MISSING
     hidden_size: int = MISSING
@@ -78,6 +79,7 @@ class ArchConfig:
 class ModelSpec(ModelConfig):
     """The engine's ModelConfig plus a name, a hub id and a typed `arch`; `load_format` has one more
     value, the default `dummy_if_missing`: dummy weights, loudly, when no checkpoint is found."""
+
     load_formats: ClassVar[tuple[str, ...]] = (*LOAD_FORMATS, DUMMY_IF_MISSING)
 
     name: str = MISSING
@@ -89,6 +91,7 @@ class ModelSpec(ModelConfig):
 @dataclass
 class EngineSpec(ExecutionConfig):
     """The engine's ExecutionConfig plus which engine runs the workload and how the job drives it."""
+
     kind: EngineKind = EngineKind.nanoexp
     warmup: bool = True  # one short untimed request before the workload
     use_tqdm: bool = True  # a progress line while the workload runs (only on a terminal)
@@ -97,6 +100,7 @@ class EngineSpec(ExecutionConfig):
 @dataclass
 class SamplerConfig:
     """The sampling knobs a workload's requests share; checked by building a SamplingParams."""
+
     name: str = "default"
     temperature: float = SamplingParams.temperature
     top_k: int = SamplingParams.top_k
@@ -151,6 +155,7 @@ def length_range(length: int, ratio: float) -> tuple[int, int]:
 @dataclass
 class WorkloadConfig:
     """One schema for all workloads; `kind` says which fields apply (see conf/workload/*.yaml)."""
+
     name: str = MISSING
     kind: WorkloadKind = WorkloadKind.random
     seed: int = 0
@@ -215,6 +220,7 @@ class LaunchConfig:
 @dataclass
 class SloConfig:
     """Service-level objectives as vLLM's `--goodput`: a request is good when it meets every one set."""
+
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2el_ms: float | None = None
@@ -230,6 +236,7 @@ class SloConfig:
 @dataclass
 class KvQualityConfig:
     """The KV-cache quality probe: `num_requests` prompts (0 = off), `num_tokens` greedy tokens each."""
+
     num_requests: int = 4
     num_tokens: int = 8
     lossless: bool = False
@@ -242,6 +249,7 @@ class KvQualityConfig:
 @dataclass
 class NoiseConfig:
     """When a job is flagged noisy: other load above `busy_cores`, or a CI wider than `max_ci_share`."""
+
     busy_cores: float = 0.5
     max_ci_share: float = 0.1
 
@@ -262,15 +270,18 @@ RATES = ("output_throughput", "total_token_throughput", "request_throughput", "r
 RATES += ("slo_attainment", "duration_s")
 # the job summary's metrics a search can optimize (metrics.summarize, kv_quality, latency mode)
 SEARCH_OBJECTIVES = (
-    *RATES, *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "std", "p90", "p99")),
-    "mean_latency_ms", *(f"p{p}_latency_ms" for p in (10, 25, 50, 75, 90, 99)),
+    *RATES,
+    *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "std", "p90", "p99")),
+    "mean_latency_ms",
+    *(f"p{p}_latency_ms" for p in (10, 25, 50, 75, 90, 99)),
     *(f"kv_quality/{k}" for k in ("greedy_agreement", "kl_mean", "kl_p99", "kl_max")),
-)  # fmt: skip
+)
 
 
 @dataclass
 class SearchConfig:
     """What run.py returns to a search sweeper (see main.objective_of)."""
+
     objective: str = "output_throughput"
     max_p99_ttft_ms: float | None = None
     infeasible_value: float = 0.0
@@ -285,6 +296,7 @@ class SearchConfig:
 @dataclass
 class ProfileConfig:
     """What to profile in the timed passes (experiment/profiling.py); off, it costs nothing."""
+
     trace_steps: int = 0  # a torch profiler Chrome trace of this many timed steps (0 = none)
     trace_first_step: int = 0  # the first traced step, counted from the start of the pass
     trace_repeat: int = 0  # the pass (repeat) traced
@@ -304,9 +316,16 @@ class ProfileConfig:
 @dataclass
 class ReportConfig:
     """Summary keys the sweep report shows beside its main metrics (by default, step aggregates)."""
-    metrics: list[str] = field(default_factory=lambda: [
-        "prefill_time_s", "decode_time_s", "prefix_cache_hit_rate", "peak_kv_blocks_used", "num_preemptions",
-    ])  # fmt: skip
+
+    metrics: list[str] = field(
+        default_factory=lambda: [
+            "prefill_time_s",
+            "decode_time_s",
+            "prefix_cache_hit_rate",
+            "peak_kv_blocks_used",
+            "num_preemptions",
+        ]
+    )
 
 
 @dataclass

@@ -16,8 +16,10 @@ from nanoexp.experiment.job import JobInfo
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
 PEAK_KINDS = {"allocated": "allocated", "resident": "resident", "resident_lifetime": "process, resident"}
 SHOWN = {  # always in the header, whether or not they differ from the defaults
-    "parallel.tensor_parallel_size": "TP", "cache.block_size": "block size", "workload.request_rate": "rate",
-}  # fmt: skip
+    "parallel.tensor_parallel_size": "TP",
+    "cache.block_size": "block size",
+    "workload.request_rate": "rate",
+}
 BASELINE_UNUSED = ("parallel.tensor_parallel_size", "cache.block_size")  # transformers runs neither
 SKIPPED_GROUPS = ("hydra", "experiment")  # experiment presets show as the keys they change
 
@@ -75,9 +77,13 @@ def _rows(s: dict) -> list[tuple[str, tuple[str, ...], str, str]]:
         (" / ".join(name for name, _ in start), tuple(key for _, key in start), "{:.2f}", "s"),
         *[("warm-up request", ("bench_warmup_s",), "{:.2f}", "s")] * (s.get("bench_warmup_s", 0) > 0),
         ("KV cache greedy agreement", ("kv_quality/greedy_agreement",), "{:.2%}", ""),
-        ("KV cache KL mean / p99 / max", tuple(f"kv_quality/kl_{k}" for k in ("mean", "p99", "max")),
-         "{:.3g}", "nats"),
-    ]  # fmt: skip
+        (
+            "KV cache KL mean / p99 / max",
+            tuple(f"kv_quality/kl_{k}" for k in ("mean", "p99", "max")),
+            "{:.3g}",
+            "nats",
+        ),
+    ]
 
 
 def _cell(summary: dict, key: str, fmt: str) -> str | None:

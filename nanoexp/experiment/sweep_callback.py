@@ -25,6 +25,7 @@ STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselv
 class SweepReport(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from nanoexp.experiment import sweep_report
+
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))
         metrics = list(config.report.metrics) if config.get("report") is not None else []

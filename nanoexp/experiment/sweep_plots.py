@@ -14,12 +14,15 @@ import pandas as pd
 from nanoexp.experiment.loggers import json_safe
 
 METRIC_LABELS = {  # metric -> its name in a panel title and its unit (GB: the values are bytes)
-    "output_throughput": ("output throughput", "tok/s"), "request_goodput": ("request goodput", "req/s"),
-    "total_token_throughput": ("total token throughput", "tok/s"), "peak_memory_bytes": ("peak memory", "GB"),
-    "request_throughput": ("achieved request rate", "req/s"), "duration_s": ("duration", "s"),
+    "output_throughput": ("output throughput", "tok/s"),
+    "request_goodput": ("request goodput", "req/s"),
+    "total_token_throughput": ("total token throughput", "tok/s"),
+    "peak_memory_bytes": ("peak memory", "GB"),
+    "request_throughput": ("achieved request rate", "req/s"),
+    "duration_s": ("duration", "s"),
     "offered_request_rate": ("offered request rate", "req/s"),
     "slo_attainment": ("SLO attainment", "fraction of requests"),
-}  # fmt: skip
+}
 LATENCIES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end latency"}
 LATENCIES["latency"] = "iteration latency"
 INF_LABELS = {"workload.request_rate": "all at t0"}  # what an infinite value of a parameter means
@@ -54,8 +57,9 @@ def unit(metric: str) -> tuple[str, float]:
     return label, 1e9 if label == "GB" else 1.0
 
 
-def plot_param(table: pd.DataFrame, metrics: list[str], key: str, others: list[str], title: str,
-               path: Path) -> None:  # fmt: skip
+def plot_param(
+    table: pd.DataFrame, metrics: list[str], key: str, others: list[str], title: str, path: Path
+) -> None:
     """One panel per metric against `key`; one line (or bar series) per combination of `others`."""
     ok = table[table["status"] == "ok"]
     metrics = [m for m in metrics if m in ok.columns and ok[m].notna().any()]
@@ -180,6 +184,7 @@ def figure(**kwargs):
     """A figure outside pyplot (no GUI backend, nothing to close), in the report's font sizes."""
     import matplotlib
     from matplotlib.figure import Figure
+
     sizes = {"axes.titlesize": 9, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7}
     matplotlib.rcParams.update(sizes)
     return Figure(**kwargs)
@@ -192,9 +197,16 @@ def save_figure(fig, title: str, path: Path, legend_title: str | None = None) ->
     handles, labels = fig.axes[0].get_legend_handles_labels()
     if legend_title is not None and handles:
         fig.legend(
-            handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(labels), 4),
-            fontsize=7, title=legend_title, title_fontsize=7, frameon=False,
-        )  # fmt: skip
+            handles,
+            labels,
+            loc="upper center",
+            bbox_to_anchor=(0.5, 0.0),
+            ncol=min(len(labels), 4),
+            fontsize=7,
+            title=legend_title,
+            title_fontsize=7,
+            frameon=False,
+        )
     fig.savefig(path, dpi=110, bbox_inches="tight")  # grown to hold the legend below
 
 
@@ -227,8 +239,11 @@ def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
         attainment = pd.to_numeric(part.get("slo_attainment", pd.Series(dtype=float)), errors="coerce")
         met = (attainment.reindex(part.index) >= MIN_ATTAINMENT).cummin()  # every rate up to it met them
         best = part.loc[met, "_rate"].iloc[-1] if met.any() else None
-        rates = [{"offered_request_rate": row["_rate"], "status": row["status"]}
-                 | {k: row.get(k) for k in RATE_METRICS} for _, row in part.iterrows()]
+        rates = [
+            {"offered_request_rate": row["_rate"], "status": row["status"]}
+            | {k: row.get(k) for k in RATE_METRICS}
+            for _, row in part.iterrows()
+        ]
         out.append({"group": label, "max_rate": best, "rates": rates})
     return json_safe(out)  # inf as "inf", NaN as null
 
@@ -244,8 +259,9 @@ def rate_line(slo: dict[str, float], entry: dict) -> str:
     return f"{head}: {'all at t0 (inf)' if rate == 'inf' else f'{rate:g} req/s'}"
 
 
-def plot_serving(table: pd.DataFrame, others: list[str], slo: dict[str, float], title: str,
-                 path: Path) -> None:  # fmt: skip
+def plot_serving(
+    table: pd.DataFrame, others: list[str], slo: dict[str, float], title: str, path: Path
+) -> None:
     """Latency panels (median solid, p99 dashed, the SLO dotted), request rates and SLO attainment."""
     ok = table[table["status"] == "ok"]
     if ok.empty:
@@ -275,10 +291,24 @@ def plot_serving(table: pd.DataFrame, others: list[str], slo: dict[str, float], 
         else:
             from_zero(ax)
         if ax.get_legend_handles_labels()[0]:  # below the panel: inside, it would hide data
-            ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False,
-                      title=others[0].removeprefix("param:") if len(others) == 1 else None, title_fontsize=6)
+            ax.legend(
+                fontsize=6,
+                loc="upper center",
+                bbox_to_anchor=(0.5, -0.2),
+                frameon=False,
+                title=others[0].removeprefix("param:") if len(others) == 1 else None,
+                title_fontsize=6,
+            )
     axes[-1].set_ylim(0, HEADROOM)  # a fraction: up to 1, with room for the markers at 1
     if not slo:
-        axes[-1].text(0.5, 0.5, "no SLOs set\n(metrics.slo.ttft_ms,\ntpot_ms, e2el_ms)", ha="center",
-                      va="center", transform=axes[-1].transAxes, fontsize=8, color="grey")
+        axes[-1].text(
+            0.5,
+            0.5,
+            "no SLOs set\n(metrics.slo.ttft_ms,\ntpot_ms, e2el_ms)",
+            ha="center",
+            va="center",
+            transform=axes[-1].transAxes,
+            fontsize=8,
+            color="grey",
+        )
     save_figure(fig, title, path)

@@ -22,8 +22,14 @@ from nanoexp.experiment.summary_table import interval_suffix
 from nanoexp.experiment.wandb_logger import finish_run, run_dir, start_run
 
 HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
-LOWER_IS_BETTER = ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms",
-                   "mean_latency_ms")  # fmt: skip
+LOWER_IS_BETTER = (
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+    "mean_latency_ms",
+)
 METRICS = [*HIGHER_IS_BETTER, *LOWER_IS_BETTER[:-1], "peak_memory_bytes"]  # the plots' and the table's
 RATES = ["offered_request_rate", "request_throughput", "slo_attainment"]  # slo_attainment only with SLOs
 TABLE_METRICS = [*RATES, *METRICS, "mean_latency_ms", "duration_s", "num_preemptions"]
@@ -71,8 +77,9 @@ def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metric
     return failed
 
 
-def write_report(sweep_dir: Path, expected: list[list[str]] | None = None,
-                 metrics: list[str] = ()) -> pd.DataFrame | None:  # fmt: skip
+def write_report(
+    sweep_dir: Path, expected: list[list[str]] | None = None, metrics: list[str] = ()
+) -> pd.DataFrame | None:
     """sweep_summary.csv and .md and the plots from the jobs' results.json, with `metrics` beside the main."""
     extra = [m for m in metrics if m not in METRICS]
     jobs = collect(sweep_dir, expected, extra)
@@ -155,8 +162,9 @@ def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def collect(sweep_dir: Path, expected: list[list[str]] | None = None,
-            metrics: list[str] = ()) -> pd.DataFrame:  # fmt: skip
+def collect(
+    sweep_dir: Path, expected: list[list[str]] | None = None, metrics: list[str] = ()
+) -> pd.DataFrame:
     """One row per job (its swept values, status, the table's metrics and `metrics`), vanished ones too."""
     # at any depth: an override value with a slash (workload.path=a/b.jsonl) nests Hydra's job dir
     found = {path: read_results(path) for path in sorted(sweep_dir.rglob(RESULTS_FILE))}
@@ -208,8 +216,9 @@ def swept_keys(table: pd.DataFrame) -> list[str]:
     return [c for c in table.columns if c.startswith("param:") and table[c].astype(str).nunique() > 1]
 
 
-def markdown(table: pd.DataFrame, swept: list, title: str, where: str = "", lines: list | None = None,
-             extra: list = ()) -> str:  # fmt: skip
+def markdown(
+    table: pd.DataFrame, swept: list, title: str, where: str = "", lines: list | None = None, extra: list = ()
+) -> str:
     """The table with `mean ± CI half-width` cells (**bold**: a metric's best row, ≈: within noise of
     it); `lines` (such as the max rate meeting the SLOs) above it, `extra` metrics after the main."""
     metrics = [m for m in dict.fromkeys([*TABLE_METRICS, *extra]) if m in table.columns]
@@ -246,6 +255,7 @@ def log_sweep(sweep_dir: Path, table: pd.DataFrame, cfg: LoggerConfig, group: st
     swept = swept_keys(table)
     try:
         import wandb
+
         # the distinct swept values, typed as in the table (16, not '16')
         values = {k.removeprefix("param:"): list(dict.fromkeys(typed(table[k]).dropna())) for k in swept}
         config = json_safe(values) | {"sweep_dir": str(sweep_dir), "num_jobs": len(table)}

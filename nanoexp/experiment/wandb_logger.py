@@ -54,6 +54,7 @@ class WandbLogger:
 
     def log_requests(self, rows: list[dict]) -> None:
         import wandb
+
         if rows:  # every row has the same keys, in the same order
             table = wandb.Table(columns=list(rows[0]), data=[list(row.values()) for row in rows])
             self.run.log({"requests": table})
@@ -69,6 +70,7 @@ class WandbLogger:
     def _upload_results(self) -> None:
         """results.json and the profile.trace_steps Chrome traces as artifacts."""
         import wandb
+
         results = [self.job.out_dir / RESULTS_FILE] if self.cfg.upload_results else []
         traces = sorted((self.job.out_dir / PROFILE_DIR).glob("*.json"))
         for kind, files in (("results", [p for p in results if p.is_file()]), ("profile", traces)):
@@ -95,8 +97,11 @@ def start_run(cfg: LoggerConfig, out_dir: Path, config: dict, group: str | None,
         raise
     where = run_dir(run)
     if fallback:  # the offline run's settings hold the timeout the online one had
-        print(f"wandb: warning: no online run within {run.settings.init_timeout:g} s ({fallback}); logging "
-              f"offline instead, upload later with `wandb sync {where}`", file=sys.stderr)  # fmt: skip
+        print(
+            f"wandb: warning: no online run within {run.settings.init_timeout:g} s ({fallback}); logging "
+            f"offline instead, upload later with `wandb sync {where}`",
+            file=sys.stderr,
+        )
     elif run.settings.mode == "offline":
         print(f"wandb: offline run; upload it with `wandb sync {where}`", file=sys.stderr)
     return run, env_set
@@ -115,8 +120,15 @@ def _init(cfg: LoggerConfig, out_dir: Path, fields: dict):
         timeouts = {k: v for k, (var, v) in TIMEOUTS.items() if var not in os.environ}  # else the user's
         settings = wandb.Settings(console="off", silent=True, **timeouts, **SYSTEM_METRICS)
         tags = list(cfg.tags) or None
-        return wandb.init(project=cfg.project, entity=cfg.entity, tags=tags, dir=str(out_dir), mode=mode,
-                          settings=settings, **fields)  # fmt: skip
+        return wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            tags=tags,
+            dir=str(out_dir),
+            mode=mode,
+            settings=settings,
+            **fields,
+        )
 
     mode = choose_mode()
     with temp_dir_for_service(out_dir / "wandb" / "local" / "tmp"):

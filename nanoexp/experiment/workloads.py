@@ -39,8 +39,9 @@ class Workload:
         return self.num_iters > 1 or self.num_iters_warmup > 0
 
 
-def build_workload(w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int,
-                   tokenize: Tokenize | None = None) -> Workload:  # fmt: skip
+def build_workload(
+    w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int, tokenize: Tokenize | None = None
+) -> Workload:
     """Build the requests of workload `w`; random token ids are drawn inside [0, vocab_size)."""
     prompts, max_tokens = _prompts(w, vocab_size, tokenize)
     params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
@@ -65,8 +66,9 @@ def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None) -> Prompt
     return file_prompts(w, tokenize, vocab)
 
 
-def nanovllm_bench_prompts(num: int = 256, max_input: int = 1024, max_output: int = 1024, seed: int = 0,
-                           vocab: int | None = None) -> Prompts:  # fmt: skip
+def nanovllm_bench_prompts(
+    num: int = 256, max_input: int = 1024, max_output: int = 1024, seed: int = 0, vocab: int | None = None
+) -> Prompts:
     """nano-vLLM's bench.py, call for call (ids below a smaller vocabulary than 10000 change its lengths)."""
     rng = random.Random(seed)
     top = TOKEN_ID_HIGH if vocab is None else min(TOKEN_ID_HIGH, vocab - 1)
@@ -104,8 +106,9 @@ def file_prompts(w: WorkloadConfig, tokenize: Tokenize | None, vocab: int) -> Pr
     return [p for p, _ in items], [m for _, m in items]
 
 
-def _file_request(path: Path, line_no: int, line: str, default_max: int, tokenize: Tokenize | None,
-                  vocab: int) -> tuple[list[int], int]:  # fmt: skip
+def _file_request(
+    path: Path, line_no: int, line: str, default_max: int, tokenize: Tokenize | None, vocab: int
+) -> tuple[list[int], int]:
     where = f"{path}:{line_no}"
     if path.suffix != ".jsonl":
         return _tokenized(line, tokenize, where), default_max

@@ -137,11 +137,12 @@ class AllReduce:
     def describe(self) -> dict:
         """What results and W&B record: the knob, what it resolved to, thresholds, paths taken."""
         return {
-            "all_reduce": self.choice, "all_reduce_impl": self.impl,
+            "all_reduce": self.choice,
+            "all_reduce_impl": self.impl,
             "all_reduce_one_shot_max_bytes": self.one_shot_max_bytes,
             "all_reduce_symm_mem_max_bytes": self.symm_mem_max_bytes,
             "all_reduce_paths": {str(n): p for n, p in sorted(self.paths.items())},
-        }  # fmt: skip
+        }
 
 
 def allocate_symmetric(group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype, numel: int):

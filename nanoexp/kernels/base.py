@@ -53,18 +53,28 @@ class AttentionMetadata:
         """A mixed step's leading decodes, as a decode step."""
         d = self.num_decodes
         return AttentionMetadata(
-            False, self.slot_mapping[:d], self.context_lens[:d], self.block_tables[:d],
+            False,
+            self.slot_mapping[:d],
+            self.context_lens[:d],
+            self.block_tables[:d],
             max_seqlen_k=self.max_decode_seqlen_k,
-        )  # fmt: skip
+        )
 
     @functools.cached_property
     def prefill_part(self) -> AttentionMetadata:
         """A mixed step's prefill sequences, as a prefill step of their rows."""
         d = self.num_decodes
         return AttentionMetadata(
-            True, self.slot_mapping[d:], self.context_lens[d:], self.block_tables[d:], self.cu_seqlens_q,
-            self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k, self.has_cached_prefix,
-        )  # fmt: skip
+            True,
+            self.slot_mapping[d:],
+            self.context_lens[d:],
+            self.block_tables[d:],
+            self.cu_seqlens_q,
+            self.cu_seqlens_k,
+            self.max_seqlen_q,
+            self.max_seqlen_k,
+            self.has_cached_prefix,
+        )
 
 
 class AttentionBackend:
@@ -75,9 +85,15 @@ class AttentionBackend:
     captures_mixed_steps = False  # mixed() honours AttentionMetadata.prefill_tiles (step graphs)
 
     def store_kv(
-        self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
-        k_scale: Tensor | None = None, v_scale: Tensor | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        k: Tensor,
+        v: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_mapping: Tensor,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
+    ) -> None:
         raise NotImplementedError
 
     def qk_norm_rope_store(
@@ -86,23 +102,45 @@ class AttentionBackend:
         positions: Tensor,
         cos_sin: Tensor,  # [max_position, head_dim] fp32: cos halves, then sin halves
         qk_norm: tuple[Tensor, Tensor, float] | None,  # (q weight, k weight, eps)
-        num_heads: int, num_kv_heads: int, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
-        write_k: bool, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None] | None:  # fmt: skip
+        num_heads: int,
+        num_kv_heads: int,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_mapping: Tensor,
+        write_k: bool,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None] | None:
         """Optional fused q/k RMSNorm + RoPE + store_kv: (q, k if write_k), or None (use the torch ops)."""
         return None
 
     def prefill(
-        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, md: AttentionMetadata,
-        scale: float, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
-    ) -> Tensor:  # fmt: skip
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        md: AttentionMetadata,
+        scale: float,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
+    ) -> Tensor:
         """Causal attention of each sequence's new tokens (q, k, v packed by token) over its context."""
         raise NotImplementedError
 
     def mixed(
-        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, md: AttentionMetadata,
-        scale: float, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
-    ) -> Tensor:  # fmt: skip
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        md: AttentionMetadata,
+        scale: float,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
+    ) -> Tensor:
         """A mixed step: the leading md.num_decodes rows through decode, the rest through prefill."""
         d = md.num_decodes
         decoded = self.decode(q[:d], k_cache, v_cache, md.decode_part, scale, k_scale, v_scale)
@@ -111,9 +149,15 @@ class AttentionBackend:
         return torch.cat([decoded, prefilled])
 
     def decode(
-        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, md: AttentionMetadata, scale: float,
-        k_scale: Tensor | None = None, v_scale: Tensor | None = None,
-    ) -> Tensor:  # fmt: skip
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        md: AttentionMetadata,
+        scale: float,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
+    ) -> Tensor:
         """Attention of each sequence's newest token (q [seqs, heads, dim]) over its cached context."""
         raise NotImplementedError
 

@@ -27,14 +27,22 @@ class FlashAttnBackend(AttentionBackend):
         """Refuses what flash-attn cannot serve: an fp8 cache, a CPU `device`, pages not of 256*k."""
         page = FLASH_ATTN_PAGE_MULTIPLE
         refusals = [
-            (kv_cache_dtype != "auto", f"does not support kv_cache_dtype={kv_cache_dtype!r}; use "
-             "attention_backend='triton' (or 'auto') or kv_cache_dtype='auto'"),
-            (device is not None and device.type != "cuda",
-             f"needs a CUDA device, got {device}; use 'torch' or 'auto'"),
+            (
+                kv_cache_dtype != "auto",
+                f"does not support kv_cache_dtype={kv_cache_dtype!r}; use "
+                "attention_backend='triton' (or 'auto') or kv_cache_dtype='auto'",
+            ),
+            (
+                device is not None and device.type != "cuda",
+                f"needs a CUDA device, got {device}; use 'torch' or 'auto'",
+            ),
             (not flash_attn_available(), "needs the flash_attn package; use 'triton' or 'auto'"),
-            (block_size % page != 0, f"needs kvcache_block_size divisible by {page} (paged KV in "
-             f"flash-attn), got {block_size}; use attention_backend='triton' for other block sizes"),
-        ]  # fmt: skip
+            (
+                block_size % page != 0,
+                f"needs kvcache_block_size divisible by {page} (paged KV in "
+                f"flash-attn), got {block_size}; use attention_backend='triton' for other block sizes",
+            ),
+        ]
         for refused, why in refusals:
             if refused:
                 raise ValueError(f"attention_backend='flash_attn' {why}")
@@ -48,18 +56,42 @@ class FlashAttnBackend(AttentionBackend):
         from flash_attn import flash_attn_varlen_func
 
         if not md.has_cached_prefix:
-            return flash_attn_varlen_func(q, k, v, md.cu_seqlens_q, md.cu_seqlens_q, md.max_seqlen_q,
-                                          md.max_seqlen_q, softmax_scale=scale, causal=True)  # fmt: skip
+            return flash_attn_varlen_func(
+                q,
+                k,
+                v,
+                md.cu_seqlens_q,
+                md.cu_seqlens_q,
+                md.max_seqlen_q,
+                md.max_seqlen_q,
+                softmax_scale=scale,
+                causal=True,
+            )
         max_k = md.max_seqlen_k or int(md.context_lens.max())
         # flash-attn aligns the causal mask bottom-right, i.e. query j sits at ctx - q_len + j.
-        return flash_attn_varlen_func(q, k_cache, v_cache, md.cu_seqlens_q, md.cu_seqlens_k, md.max_seqlen_q,
-                                      max_k, softmax_scale=scale, causal=True,
-                                      block_table=md.block_tables)  # fmt: skip
+        return flash_attn_varlen_func(
+            q,
+            k_cache,
+            v_cache,
+            md.cu_seqlens_q,
+            md.cu_seqlens_k,
+            md.max_seqlen_q,
+            max_k,
+            softmax_scale=scale,
+            causal=True,
+            block_table=md.block_tables,
+        )
 
     def decode(self, q, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         from flash_attn import flash_attn_with_kvcache
 
-        out = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=md.context_lens,
-                                      block_table=md.block_tables, softmax_scale=scale,
-                                      causal=True)  # fmt: skip
+        out = flash_attn_with_kvcache(
+            q.unsqueeze(1),
+            k_cache,
+            v_cache,
+            cache_seqlens=md.context_lens,
+            block_table=md.block_tables,
+            softmax_scale=scale,
+            causal=True,
+        )
         return out.squeeze(1)

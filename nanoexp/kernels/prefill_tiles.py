@@ -42,9 +42,7 @@ def prefill_block_m(head_dim: int, num_heads: int, num_kv_heads: int, tokens: in
 PYTHON_TILES = 48
 
 
-def prefill_tiles(
-    query_lens: list[int], context_lens: list[int], first_seq: int, block_m: int
-) -> np.ndarray:
+def prefill_tiles(query_lens: list[int], context_lens: list[int], first_seq: int, block_m: int) -> np.ndarray:
     """varlen_prefill's int32 tile rows (sequence, first row, query length, tile) for sequences
     first_seq.. of a packed step, those reading the most keys first (they start in the first wave)."""
     query_lens, context_lens = list(query_lens), list(context_lens)

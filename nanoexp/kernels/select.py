@@ -38,9 +38,13 @@ MAX_ROWS = 256  # the kernel's limit (triton_gemm.MAX_ROWS); `triton` takes ever
 
 
 def make_attention_backend(
-    name: str, device: torch.device, block_size: int, dtype: torch.dtype | None = None, head_dim: int = 128,
+    name: str,
+    device: torch.device,
+    block_size: int,
+    dtype: torch.dtype | None = None,
+    head_dim: int = 128,
     kv_cache_dtype: str = "auto",
-) -> AttentionBackend:  # fmt: skip
+) -> AttentionBackend:
     """Build backend `name`; "auto": the first self-checked of `auto_candidates`, else torch. `dtype`
     and `head_dim` are the model's (the self-check runs in them; dtype default: bf16 on CUDA, else fp32)."""
     device = torch.device(device)
@@ -87,9 +91,14 @@ def choose_auto(
             return backend
         log.warning(
             "attention_backend=auto: not using %s, its self-check against the torch reference failed "
-            "(%s%s, head_dim=%d, block_size=%d): %s", name, str(dtype).removeprefix("torch."),
-            ", fp8 KV cache" if kv_fp8 else "", head_dim, block_size, reason,
-        )  # fmt: skip
+            "(%s%s, head_dim=%d, block_size=%d): %s",
+            name,
+            str(dtype).removeprefix("torch."),
+            ", fp8 KV cache" if kv_fp8 else "",
+            head_dim,
+            block_size,
+            reason,
+        )
         rejected.append(f"{name} rejected ({reason})")
     backend = TorchAttentionBackend()
     backend.selection = "auto: " + "; ".join([*rejected, "torch: reference"])

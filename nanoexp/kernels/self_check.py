@@ -35,9 +35,13 @@ class SelfCheckError(Exception):
 
 
 def check_backend(
-    backend: AttentionBackend, device: torch.device, dtype: torch.dtype, head_dim: int, block_size: int,
+    backend: AttentionBackend,
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int,
+    block_size: int,
     kv_fp8: bool = False,
-) -> CheckResult:  # fmt: skip
+) -> CheckResult:
     """Compare `backend` with the reference, once per process per backend and case shape."""
     key = (type(backend), backend.name, torch.device(device), dtype, head_dim, block_size, kv_fp8)
     if key not in _results:
@@ -85,17 +89,30 @@ def paged_case(ctx_lens, q_lens, is_prefill, block_size, kv_heads, head_dim, dty
     cu_q, cu_k = ([0, *accumulate(lens)] for lens in (q_lens, ctx_lens))
     ints = functools.partial(torch.tensor, dtype=torch.int32, device=device)
     md = AttentionMetadata(
-        is_prefill, ints(slots, dtype=torch.int64), ints(ctx_lens), table.to(device),
-        ints(cu_q) if is_prefill else None, ints(cu_k) if is_prefill else None, max(q_lens), max(ctx_lens),
+        is_prefill,
+        ints(slots, dtype=torch.int64),
+        ints(ctx_lens),
+        table.to(device),
+        ints(cu_q) if is_prefill else None,
+        ints(cu_k) if is_prefill else None,
+        max(q_lens),
+        max(ctx_lens),
         has_cached_prefix=is_prefill and any(c > q for c, q in zip(ctx_lens, q_lens, strict=True)),
-    )  # fmt: skip
+    )
     return k_cache, v_cache, scales, md
 
 
 def max_error(
-    backend, device, dtype, head_dim, block_size, cases=None, heads=(NUM_HEADS, NUM_KV_HEADS), seed=1234,
+    backend,
+    device,
+    dtype,
+    head_dim,
+    block_size,
+    cases=None,
+    heads=(NUM_HEADS, NUM_KV_HEADS),
+    seed=1234,
     kv_fp8=False,
-) -> float:  # fmt: skip
+) -> float:
     """Largest abs difference from the reference over store_kv, decode and both prefill kinds; cases:
     (context lengths, new tokens per sequence, is_prefill)."""
     cases = cases or [

@@ -43,9 +43,13 @@ class TorchAttentionBackend(AttentionBackend):
         width = md.max_seqlen_k or md.block_tables.shape[1] * k_cache.shape[1]
         k, v, mask = cached_context(k_cache, v_cache, md, width, k_scale, v_scale, q.dtype)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None, None, :],
-            scale=scale, enable_gqa=True,
-        )  # fmt: skip
+            q.unsqueeze(2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=mask[:, None, None, :],
+            scale=scale,
+            enable_gqa=True,
+        )
         return out.squeeze(2)
 
 

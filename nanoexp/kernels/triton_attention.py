@@ -66,10 +66,27 @@ def _online_softmax_step(s, m, den, acc, v):
 
 @triton.jit
 def _attend_tile(
-    q, m, den, acc, k_cache_ptr, v_cache_ptr, table, n0, end, dims, kv_head, qk_scale, stride_cb, stride_cp,
-    stride_ch, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    q,
+    m,
+    den,
+    acc,
+    k_cache_ptr,
+    v_cache_ptr,
+    table,
+    n0,
+    end,
+    dims,
+    kv_head,
+    qk_scale,
+    stride_cb,
+    stride_cp,
+    stride_ch,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     KV_FP8: tl.constexpr,
-):  # fmt: skip
+):
     """Fold the keys n0 .. n0 + BLOCK_N (those below end) of one kv head into (m, den, acc)."""
     pos = n0 + tl.arange(0, BLOCK_N)
     key_mask = pos < end
@@ -85,12 +102,36 @@ def _attend_tile(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    k_scale_ptr, v_scale_ptr, qk_scale, num_splits, stride_qb, stride_qh, stride_cb, stride_cp, stride_ch,
-    stride_bt, stride_ob, stride_oh, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-    KV_FP8: tl.constexpr, PDL: tl.constexpr = False,
-):  # fmt: skip
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    qk_scale,
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_cb,
+    stride_cp,
+    stride_ch,
+    stride_bt,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """One (sequence, kv head, split): all GROUP query heads attend to one slice of the context."""
     wait_for_previous(PDL)
     if KV_FP8:
@@ -117,15 +158,51 @@ def _decode_split_kernel(
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for n0 in range(start, end, BLOCK_N):
         m, den, acc = _attend_tile(
-            q, m, den, acc, k_cache_ptr, v_cache_ptr, table, n0, end, dims, kv_head, qk_scale, stride_cb,
-            stride_cp, stride_ch, HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, KV_FP8,
-        )  # fmt: skip
+            q,
+            m,
+            den,
+            acc,
+            k_cache_ptr,
+            v_cache_ptr,
+            table,
+            n0,
+            end,
+            dims,
+            kv_head,
+            qk_scale,
+            stride_cb,
+            stride_cp,
+            stride_ch,
+            HEAD_DIM,
+            DIM_PAD,
+            BLOCK_SIZE,
+            BLOCK_N,
+            KV_FP8,
+        )
 
     out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
     if KV_FP8:
         out = out * tl.load(v_scale_ptr)
-    store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, seq, split, num_splits, heads,
-                row_mask, dims, stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD, SINGLE_SPLIT)  # fmt: skip
+    store_split(
+        out,
+        m,
+        den,
+        out_ptr,
+        part_out_ptr,
+        part_lse_ptr,
+        seq,
+        split,
+        num_splits,
+        heads,
+        row_mask,
+        dims,
+        stride_ob,
+        stride_oh,
+        GROUP,
+        HEAD_DIM,
+        DIM_PAD,
+        SINGLE_SPLIT,
+    )
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
@@ -162,11 +239,21 @@ def decode_tile(dim_pad: int, fp8: bool, device: torch.device, batch: int) -> tu
 
 
 def paged_decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float, max_len: int | None = None, num_splits: int | None = None,
-    block_n: int | None = None, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-    num_warps: int | None = None, num_stages: int | None = None, cuda_cores: bool | None = None,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_len: int | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    cuda_cores: bool | None = None,
+) -> torch.Tensor:
     """q [B, H, D] attends to its first context_lens[b] cached keys; returns [B, H, D]. max_len
     (default: the block table's capacity) only steers the split count, which does not change the
     result. cuda_cores: None = `uses_cuda_cores`; block_n, num_warps, num_stages: benchmark sweeps."""
@@ -205,27 +292,82 @@ def paged_decode(
         part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     launch = pdl.launch_options()
     kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        k_scale if fp8 else context_lens, v_scale if fp8 else context_lens,  # unused unless fp8
-        scale * LOG2E, num_splits, q.stride(0), q.stride(1), *k_cache.stride()[:3], block_tables.stride(0),
-        out.stride(0), out.stride(1), GROUP=group, HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
-        SINGLE_SPLIT=num_splits == 1, num_warps=num_warps, num_stages=num_stages, **variant, **launch,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        out,
+        part_out,
+        part_lse,
+        k_scale if fp8 else context_lens,
+        v_scale if fp8 else context_lens,  # unused unless fp8
+        scale * LOG2E,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        *k_cache.stride()[:3],
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad,
+        BLOCK_SIZE=block_size,
+        SINGLE_SPLIT=num_splits == 1,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        **variant,
+        **launch,
+    )
     if num_splits > 1:
         decode_reduce_kernel[(batch, num_heads)](
-            part_out, part_lse, out, num_splits, out.stride(0), out.stride(1), HEAD_DIM=head_dim,
-            DIM_PAD=dim_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **launch,
-        )  # fmt: skip
+            part_out,
+            part_lse,
+            out,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            DIM_PAD=dim_pad,
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            num_warps=4,
+            **launch,
+        )
     return out
 
 
 @triton.jit
 def _prefill_tiles(
-    q, m, den, acc, k_ptr, v_ptr, table, k_base, v_base, q_pos, dims, n_start, n_end, ctx, qk_scale,
-    stride_kt, stride_vt, stride_cb, stride_cp, stride_vb, stride_vp, stride_vd, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+    q,
+    m,
+    den,
+    acc,
+    k_ptr,
+    v_ptr,
+    table,
+    k_base,
+    v_base,
+    q_pos,
+    dims,
+    n_start,
+    n_end,
+    ctx,
+    qk_scale,
+    stride_kt,
+    stride_vt,
+    stride_cb,
+    stride_cp,
+    stride_vb,
+    stride_vp,
+    stride_vd,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
-):  # fmt: skip
+):
     """Fold keys [n_start, n_end) into the running softmax; n_start is a multiple of BLOCK_N."""
     for n0 in range(n_start, n_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -249,13 +391,42 @@ def _prefill_tiles(
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, cu_seqlens_q_ptr, context_lens_ptr, block_tables_ptr, k_scale_ptr,
-    v_scale_ptr, tiles_ptr, qk_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cb, stride_cp, stride_vb, stride_vp, stride_vd, stride_ot, stride_oh, stride_bt,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
-    KV_FP8: tl.constexpr, TILED: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    cu_seqlens_q_ptr,
+    context_lens_ptr,
+    block_tables_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    tiles_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cp,
+    stride_vb,
+    stride_vp,
+    stride_vd,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    TILED: tl.constexpr,
+):
     """One (query tile, sequence, kv head): the GROUP query heads of the kv head over BLOCK_M queries,
     one row per (query, head), so each key tile is loaded once for the group. Query j sits at position
     ctx - q_len + j. PAGED: K/V through the block table, else this step's packed rows (own strides: v
@@ -308,15 +479,65 @@ def _prefill_kernel(
     full_end = (first_pos // BLOCK_N) * BLOCK_N  # keys below it are visible to every row
     diag_end = tl.minimum(first_pos + BLOCK_M, ctx)
     m, den, acc = _prefill_tiles(
-        q, m, den, acc, k_ptr, v_ptr, table, k_base, v_base, q_pos, dims, 0, full_end, ctx,
-        qk_scale, stride_kt, stride_vt, stride_cb, stride_cp, stride_vb, stride_vp, stride_vd,
-        HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, PAGED, False,
-    )  # fmt: skip
+        q,
+        m,
+        den,
+        acc,
+        k_ptr,
+        v_ptr,
+        table,
+        k_base,
+        v_base,
+        q_pos,
+        dims,
+        0,
+        full_end,
+        ctx,
+        qk_scale,
+        stride_kt,
+        stride_vt,
+        stride_cb,
+        stride_cp,
+        stride_vb,
+        stride_vp,
+        stride_vd,
+        HEAD_DIM,
+        DIM_PAD,
+        BLOCK_SIZE,
+        BLOCK_N,
+        PAGED,
+        False,
+    )
     m, den, acc = _prefill_tiles(
-        q, m, den, acc, k_ptr, v_ptr, table, k_base, v_base, q_pos, dims, full_end, diag_end, ctx,
-        qk_scale, stride_kt, stride_vt, stride_cb, stride_cp, stride_vb, stride_vp, stride_vd,
-        HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, PAGED, True,
-    )  # fmt: skip
+        q,
+        m,
+        den,
+        acc,
+        k_ptr,
+        v_ptr,
+        table,
+        k_base,
+        v_base,
+        q_pos,
+        dims,
+        full_end,
+        diag_end,
+        ctx,
+        qk_scale,
+        stride_kt,
+        stride_vt,
+        stride_cb,
+        stride_cp,
+        stride_vb,
+        stride_vp,
+        stride_vd,
+        HEAD_DIM,
+        DIM_PAD,
+        BLOCK_SIZE,
+        BLOCK_N,
+        PAGED,
+        True,
+    )
 
     out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
     if KV_FP8:
@@ -328,12 +549,23 @@ def _prefill_kernel(
 
 
 def varlen_prefill(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int,
-    context_lens: torch.Tensor | None, block_tables: torch.Tensor | None, scale: float,
-    block_m: int | None = None, block_n: int | None = None, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None, tiles: torch.Tensor | None = None, out: torch.Tensor | None = None,
-    num_warps: int | None = None, num_stages: int | None = None,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    max_seqlen_q: int,
+    context_lens: torch.Tensor | None,
+    block_tables: torch.Tensor | None,
+    scale: float,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    tiles: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
     """Causal attention of packed queries q [T, H, D]. With block_tables, k/v are the paged caches
     and sequence i's context its first context_lens[i] positions; without, k/v [T, kv_heads, D] are
     packed like q and each sequence sees only its new tokens. max_seqlen_q bounds every q length.
@@ -366,17 +598,36 @@ def varlen_prefill(
         assert paged and tiles.dtype == torch.int32 and tiles.shape[1] == 4
         grid = (num_kv_heads, tiles.shape[0])
     _prefill_kernel[grid](
-        q, k, v, out, cu_seqlens_q,
-        context_lens if paged else cu_seqlens_q, block_tables if paged else cu_seqlens_q,
-        k_scale if fp8 else cu_seqlens_q, v_scale if fp8 else cu_seqlens_q,  # unused unless KV_FP8
+        q,
+        k,
+        v,
+        out,
+        cu_seqlens_q,
+        context_lens if paged else cu_seqlens_q,
+        block_tables if paged else cu_seqlens_q,
+        k_scale if fp8 else cu_seqlens_q,
+        v_scale if fp8 else cu_seqlens_q,  # unused unless KV_FP8
         cu_seqlens_q if tiles is None else tiles,  # unused unless TILED
-        scale * LOG2E, q.stride(0), q.stride(1), *kv_strides, out.stride(0), out.stride(1),
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        *kv_strides,
+        out.stride(0),
+        out.stride(1),
         block_tables.stride(0) if paged else 0,
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=head_dim, DIM_PAD=dim_pad,
-        BLOCK_SIZE=k.shape[1] if paged else 1, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged,
+        GROUP=group,
+        GROUP_PAD=triton.next_power_of_2(group),
+        HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad,
+        BLOCK_SIZE=k.shape[1] if paged else 1,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        PAGED=paged,
         KV_FP8=fp8,
-        TILED=tiles is not None, num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
+        TILED=tiles is not None,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     return out
 
 

@@ -18,15 +18,40 @@ class TritonAttentionBackend(AttentionBackend):
     store_kv = staticmethod(store_kv)
 
     def qk_norm_rope_store(
-        self, qkv, positions, cos_sin, qk_norm, num_heads, num_kv_heads, k_cache, v_cache,
-        slot_mapping, write_k, k_scale=None, v_scale=None,
-    ):  # fmt: skip
+        self,
+        qkv,
+        positions,
+        cos_sin,
+        qk_norm,
+        num_heads,
+        num_kv_heads,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        write_k,
+        k_scale=None,
+        v_scale=None,
+    ):
         fuse = self.fuse_qk_norm_rope
         if not (qkv.is_cuda if fuse is None else fuse):
             return None
         q_weight, k_weight, eps = qk_norm or (None, None, 0.0)
-        return qk_norm_rope_store(qkv, positions, cos_sin, q_weight, k_weight, eps, num_heads, num_kv_heads,
-                                  k_cache, v_cache, slot_mapping, write_k, k_scale, v_scale)  # fmt: skip
+        return qk_norm_rope_store(
+            qkv,
+            positions,
+            cos_sin,
+            q_weight,
+            k_weight,
+            eps,
+            num_heads,
+            num_kv_heads,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            write_k,
+            k_scale,
+            v_scale,
+        )
 
     def prefill(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         if md.prefill_tiles is not None:  # a step graph's step without decodes
@@ -38,8 +63,18 @@ class TritonAttentionBackend(AttentionBackend):
                 f"{q.shape[0]} tokens in {num_seqs} sequences"
             )
         if md.has_cached_prefix:
-            return varlen_prefill(q, k_cache, v_cache, md.cu_seqlens_q, md.max_seqlen_q, md.context_lens,
-                                  md.block_tables, scale, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+            return varlen_prefill(
+                q,
+                k_cache,
+                v_cache,
+                md.cu_seqlens_q,
+                md.max_seqlen_q,
+                md.context_lens,
+                md.block_tables,
+                scale,
+                k_scale=k_scale,
+                v_scale=v_scale,
+            )
         return varlen_prefill(q, k, v, md.cu_seqlens_q, md.max_seqlen_q, None, None, scale)
 
     def mixed(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
@@ -49,15 +84,33 @@ class TritonAttentionBackend(AttentionBackend):
         slots = md.decode_context_lens.shape[0]  # 0: a graph of steps without decodes
         out = torch.empty_like(q)
         if slots:  # the decode rows are copied in, not the whole step (as torch.cat would)
-            out[:slots] = paged_decode(q[:slots], k_cache, v_cache, md.block_tables[:slots],
-                                       md.decode_context_lens, scale, k_scale=k_scale,
-                                       v_scale=v_scale)  # fmt: skip
+            out[:slots] = paged_decode(
+                q[:slots],
+                k_cache,
+                v_cache,
+                md.block_tables[:slots],
+                md.decode_context_lens,
+                scale,
+                k_scale=k_scale,
+                v_scale=v_scale,
+            )
         return varlen_prefill(
-            q, k_cache, v_cache, md.cu_seqlens_q, md.max_seqlen_q, md.context_lens, md.block_tables,
-            scale, k_scale=k_scale, v_scale=v_scale, tiles=md.prefill_tiles, out=out,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            md.cu_seqlens_q,
+            md.max_seqlen_q,
+            md.context_lens,
+            md.block_tables,
+            scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            tiles=md.prefill_tiles,
+            out=out,
+        )
 
     def decode(self, q, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         # The split count (by default) is a function of static shapes only: CUDA-graph capture stays valid.
-        return paged_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, scale,
-                            k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+        return paged_decode(
+            q, k_cache, v_cache, md.block_tables, md.context_lens, scale, k_scale=k_scale, v_scale=v_scale
+        )

@@ -27,8 +27,21 @@ def tile_shape(keys: int, dim_pad: int, num_warps: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def _load_kv(k_ptr, v_ptr, table, pos, n0, end, dims, stride_cb, stride_cp, HEAD_DIM: tl.constexpr,
-             DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
+def _load_kv(
+    k_ptr,
+    v_ptr,
+    table,
+    pos,
+    n0,
+    end,
+    dims,
+    stride_cb,
+    stride_cp,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """The K and V tiles ([TILE, DIM_PAD] fp16) of keys pos, zero past end and in padded dims."""
     key_mask = pos < end
     rows = key_offsets(table, pos, n0, key_mask, stride_cb, stride_cp, BLOCK_SIZE, TILE)
@@ -59,12 +72,36 @@ def _load_queries(q_ptr, stride_qh, dims, HEAD_DIM: tl.constexpr, GROUP: tl.cons
 
 @triton.jit
 def cuda_core_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    k_scale_ptr, v_scale_ptr, qk_scale, num_splits, stride_qb, stride_qh, stride_cb, stride_cp, stride_ch,
-    stride_bt, stride_ob, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, PER_LOAD: tl.constexpr,
-    SINGLE_SPLIT: tl.constexpr, PDL: tl.constexpr = False,
-):  # fmt: skip
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    qk_scale,
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_cb,
+    stride_cp,
+    stride_ch,
+    stride_bt,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    ROWS: tl.constexpr,
+    LANES: tl.constexpr,
+    PER_LOAD: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """One (sequence, kv head, split): the GROUP (1 or 2) query heads over one slice of the context."""
     TILE: tl.constexpr = ROWS * LANES
     wait_for_previous(PDL)
@@ -88,8 +125,21 @@ def cuda_core_split_kernel(
     v_cache_ptr += kv_head * stride_ch
     for n0 in range(start, end, TILE):
         pos = n0 + keys
-        k, v = _load_kv(k_cache_ptr, v_cache_ptr, table, pos, n0, end, dims, stride_cb, stride_cp, HEAD_DIM,
-                        DIM_PAD, BLOCK_SIZE, TILE)  # fmt: skip
+        k, v = _load_kv(
+            k_cache_ptr,
+            v_cache_ptr,
+            table,
+            pos,
+            n0,
+            end,
+            dims,
+            stride_cb,
+            stride_cp,
+            HEAD_DIM,
+            DIM_PAD,
+            BLOCK_SIZE,
+            TILE,
+        )
         qk = tl.reshape(_per_head(k) * q[None, :, :], [TILE, DIM_PAD // PER_LOAD, PER_LOAD, 2])
         s = tl.reduce(tl.reduce(qk, 2, sum_combine).to(tl.float32), 1, sum_combine)
         s = tl.reshape(tl.where((pos < end)[:, None], s, float("-inf")), [ROWS, LANES, 2])
@@ -110,6 +160,23 @@ def cuda_core_split_kernel(
     out = tl.reduce(acc * weight[:, None, :], 0, sum_combine) / tl.where(total > 0.0, total, 1.0)[None, :]
     out = tl.trans(out * tl.load(v_scale_ptr))
     group = tl.arange(0, 2)
-    store_split(out, top, total, out_ptr, part_out_ptr, part_lse_ptr, seq, split, num_splits,
-                first_head + group, group < GROUP, dims, stride_ob, stride_oh, GROUP, HEAD_DIM, DIM_PAD,
-                SINGLE_SPLIT)  # fmt: skip
+    store_split(
+        out,
+        top,
+        total,
+        out_ptr,
+        part_out_ptr,
+        part_lse_ptr,
+        seq,
+        split,
+        num_splits,
+        first_head + group,
+        group < GROUP,
+        dims,
+        stride_ob,
+        stride_oh,
+        GROUP,
+        HEAD_DIM,
+        DIM_PAD,
+        SINGLE_SPLIT,
+    )

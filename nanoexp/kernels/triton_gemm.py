@@ -42,8 +42,19 @@ class GemmConfig:
 
 
 @triton.jit
-def _row_rstd(x_rows, r_rows, sum_rows, write_sum, row_mask, ks, K, eps, HAS_RESIDUAL: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _row_rstd(
+    x_rows,
+    r_rows,
+    sum_rows,
+    write_sum,
+    row_mask,
+    ks,
+    K,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """1 / rms of each row of x (+ residual), in fp32; writes x + residual when write_sum."""
     squares = tl.full([BLOCK_M], 0.0, tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -60,9 +71,23 @@ def _row_rstd(x_rows, r_rows, sum_rows, write_sum, row_mask, ks, K, eps, HAS_RES
 
 
 @triton.jit
-def _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks, k_start, k_end,
-                  NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _tile_product(
+    x_rows,
+    w_rows,
+    r_rows,
+    norm_w_ptr,
+    rstd,
+    row_mask,
+    col_mask,
+    ks,
+    k_start,
+    k_end,
+    NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         kk = k0 + ks
@@ -81,28 +106,92 @@ def _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, 
 
 
 @triton.jit
-def _prepass_product(x_rows, w_rows, r_rows, sum_rows, norm_w_ptr, write_sum, eps, row_mask, col_mask, ks,
-                     k_start, k_end, K, up_offset, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+def _prepass_product(
+    x_rows,
+    w_rows,
+    r_rows,
+    sum_rows,
+    norm_w_ptr,
+    write_sum,
+    eps,
+    row_mask,
+    col_mask,
+    ks,
+    k_start,
+    k_end,
+    K,
+    up_offset,
+    NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """x @ w^T (and @ up^T) over [k_start, k_end), x RMS-normed (rms from a pass of its own) if NORM."""
     rstd = tl.full([BLOCK_M], 1.0, tl.float32)
     if NORM:
-        rstd = _row_rstd(x_rows, r_rows, sum_rows, write_sum, row_mask, ks, K, eps, HAS_RESIDUAL, BLOCK_M,
-                         BLOCK_K)
-    acc = _tile_product(x_rows, w_rows, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks, k_start, k_end,
-                        NORM, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K)
+        rstd = _row_rstd(
+            x_rows, r_rows, sum_rows, write_sum, row_mask, ks, K, eps, HAS_RESIDUAL, BLOCK_M, BLOCK_K
+        )
+    acc = _tile_product(
+        x_rows,
+        w_rows,
+        r_rows,
+        norm_w_ptr,
+        rstd,
+        row_mask,
+        col_mask,
+        ks,
+        k_start,
+        k_end,
+        NORM,
+        HAS_RESIDUAL,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
     up = acc
     if GATED:
-        up = _tile_product(x_rows, w_rows + up_offset, r_rows, norm_w_ptr, rstd, row_mask, col_mask, ks,
-                           k_start, k_end, NORM, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K)
+        up = _tile_product(
+            x_rows,
+            w_rows + up_offset,
+            r_rows,
+            norm_w_ptr,
+            rstd,
+            row_mask,
+            col_mask,
+            ks,
+            k_start,
+            k_end,
+            NORM,
+            HAS_RESIDUAL,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
     return acc, up
 
 
 @triton.jit
-def _normed_tile_product(x_rows, w_rows, up_offset, r_rows, sum_rows, norm_w_ptr, write_sum, row_mask,
-                         col_mask, ks, K, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _normed_tile_product(
+    x_rows,
+    w_rows,
+    up_offset,
+    r_rows,
+    sum_rows,
+    norm_w_ptr,
+    write_sum,
+    row_mask,
+    col_mask,
+    ks,
+    K,
+    HAS_RESIDUAL: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """(x * norm_w) @ w^T (and @ up^T) and the rows' sums of squares, in one pass over all of K."""
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     up = acc
@@ -128,8 +217,17 @@ def _normed_tile_product(x_rows, w_rows, up_offset, r_rows, sum_rows, norm_w_ptr
 
 
 @triton.jit
-def _sum_splits(part_ptr, rows, cols, out_mask, N, m_pad, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                SPLIT_K: tl.constexpr):
+def _sum_splits(
+    part_ptr,
+    rows,
+    cols,
+    out_mask,
+    N,
+    m_pad,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for s in range(SPLIT_K):
         part = part_ptr + (s * m_pad + rows[:, None]) * N + cols[None, :]
@@ -139,11 +237,33 @@ def _sum_splits(part_ptr, rows, cols, out_mask, N, m_pad, BLOCK_M: tl.constexpr,
 
 @triton.jit
 def _skinny_gemm_kernel(
-    x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, residual_ptr, norm_w_ptr, sum_ptr, eps, M, N, K,
-    stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, NORM_IN_LOOP: tl.constexpr = False, PDL: tl.constexpr = False,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    y_ptr,
+    part_ptr,
+    ticket_ptr,
+    residual_ptr,
+    norm_w_ptr,
+    sum_ptr,
+    eps,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    NORM_IN_LOOP: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+):
     """GATED: w is [gate; up] (2N rows), y = silu(x @ gate^T) * (x @ up^T). NORM: x -> RMSNorm(x +
     residual) * norm_w, column tile 0 / split 0 writing x + residual to sum_ptr; each program takes
     its rows' rms in a pass of its own, or with NORM_IN_LOOP (SPLIT_K == 1) in the product's K loop."""
@@ -166,17 +286,48 @@ def _skinny_gemm_kernel(
     write_sum = (tile == 0) & (split == 0)
     if NORM_IN_LOOP:
         acc, up, squares = _normed_tile_product(
-            x_rows, w_rows, N.to(tl.int64) * stride_wn, r_rows, sum_ptr + row_offsets, norm_w_ptr, write_sum,
-            row_mask, col_mask, ks, K, HAS_RESIDUAL, GATED, BLOCK_M, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
+            x_rows,
+            w_rows,
+            N.to(tl.int64) * stride_wn,
+            r_rows,
+            sum_ptr + row_offsets,
+            norm_w_ptr,
+            write_sum,
+            row_mask,
+            col_mask,
+            ks,
+            K,
+            HAS_RESIDUAL,
+            GATED,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
         rstd = tl.rsqrt(squares / K + eps)
         acc, up = acc * rstd[:, None], up * rstd[:, None]
     else:
         acc, up = _prepass_product(
-            x_rows, w_rows, r_rows, sum_ptr + row_offsets, norm_w_ptr, write_sum, eps, row_mask, col_mask, ks,
-            k_start, k_end, K, N.to(tl.int64) * stride_wn, NORM, HAS_RESIDUAL, GATED, BLOCK_M, BLOCK_N,
+            x_rows,
+            w_rows,
+            r_rows,
+            sum_ptr + row_offsets,
+            norm_w_ptr,
+            write_sum,
+            eps,
+            row_mask,
+            col_mask,
+            ks,
+            k_start,
+            k_end,
+            K,
+            N.to(tl.int64) * stride_wn,
+            NORM,
+            HAS_RESIDUAL,
+            GATED,
+            BLOCK_M,
+            BLOCK_N,
             BLOCK_K,
-        )  # fmt: skip
+        )
     out_mask = row_mask[:, None] & col_mask[None, :]
     m_pad = tl.num_programs(2) * BLOCK_M
     ticket = ticket_ptr + row_tile * tl.num_programs(0) + tile
@@ -218,8 +369,12 @@ def default_config(n: int, k: int, num_sms: int, rows: int = 1) -> GemmConfig:
 
 
 def skinny_gemm(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-    config: GemmConfig | GemvConfig | None = None, gated: bool = False, norm: NormFirst | None = None,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemmConfig | GemvConfig | None = None,
+    gated: bool = False,
+    norm: NormFirst | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x [M <= MAX_ROWS, K] @ w [N, K]^T + bias -> [M, N]. gated: w is [gate; up] (no bias), result
     silu(x gate^T) * (x up^T). norm: x RMS-normed first, returns (y, x + norm.residual or x). Up to
@@ -246,13 +401,33 @@ def skinny_gemm(
     part_shape = (split, row_tiles * block_m, width)
     part = torch.empty(part_shape, dtype=torch.float32, device=x.device) if split > 1 else y
     _skinny_gemm_kernel[(tiles, split, row_tiles)](
-        x, w, bias if bias is not None else w, y, part, _tickets(x.device),
-        residual if residual is not None else x, norm.weight if norm is not None else w, summed,
+        x,
+        w,
+        bias if bias is not None else w,
+        y,
+        part,
+        _tickets(x.device),
+        residual if residual is not None else x,
+        norm.weight if norm is not None else w,
+        summed,
         norm.eps if norm is not None else 0.0,
-        m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
-        NORM_IN_LOOP=norm_in_loop, num_warps=config.num_warps, num_stages=config.num_stages,
+        m,
+        n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        y.stride(0),
+        HAS_BIAS=bias is not None,
+        GATED=gated,
+        NORM=norm is not None,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        SPLIT_K=split,
+        NORM_IN_LOOP=norm_in_loop,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
         **launch_options(),
-    )  # fmt: skip
+    )
     return (y, summed) if norm is not None else y

@@ -50,8 +50,20 @@ def _row_rstd(x_row, r_row, sum_row, write_sum, K, eps, HAS_RESIDUAL: tl.constex
 
 
 @triton.jit
-def _input_chunk(x_row, r_row, sum_row, norm_w_ptr, write_sum, kk, k_mask, K, eps, NORM: tl.constexpr,
-                 HAS_RESIDUAL: tl.constexpr, K_TILE: tl.constexpr):  # fmt: skip
+def _input_chunk(
+    x_row,
+    r_row,
+    sum_row,
+    norm_w_ptr,
+    write_sum,
+    kk,
+    k_mask,
+    K,
+    eps,
+    NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    K_TILE: tl.constexpr,
+):
     """This program's inputs of one row; NORM: RMS-normed, rounded as the unfused ops round."""
     x = tl.load(x_row + kk, mask=k_mask, other=0.0)
     if NORM:
@@ -99,11 +111,33 @@ def rounded_swiglu(acc, up, dtype: tl.constexpr, GATED: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, residual_ptr, norm_w_ptr, sum_ptr, eps, M, N, K,
-    stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, K_TILE: tl.constexpr,
-    SPLIT_K: tl.constexpr, NORM_SPLIT: tl.constexpr = False, PDL: tl.constexpr = False,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    y_ptr,
+    part_ptr,
+    ticket_ptr,
+    residual_ptr,
+    norm_w_ptr,
+    sum_ptr,
+    eps,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    K_TILE: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    NORM_SPLIT: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+):
     """GATED and NORM as in triton_gemm's kernel; ROWS >= M rows are unrolled. NORM_SPLIT (NORM, K
     split): each program sums its slice's squares into a workspace after the partials and 1 / rms
     scales the summed product (x * norm_w rounded once: matches the unfused ops to rounding)."""
@@ -132,12 +166,32 @@ def _gemv_kernel(
         if m < M:
             row = m * stride_xm
             if NORM_SPLIT:
-                x, squares = _split_input_chunk(x_ptr + row, residual_ptr + row, sum_ptr + row, norm_w_ptr,
-                                                write_sum, kk, k_mask, HAS_RESIDUAL)  # fmt: skip
+                x, squares = _split_input_chunk(
+                    x_ptr + row,
+                    residual_ptr + row,
+                    sum_ptr + row,
+                    norm_w_ptr,
+                    write_sum,
+                    kk,
+                    k_mask,
+                    HAS_RESIDUAL,
+                )
                 tl.store(squares_ptr + (split * ROWS + m) * tiles + tile, squares)
             else:
-                x = _input_chunk(x_ptr + row, residual_ptr + row, sum_ptr + row, norm_w_ptr, write_sum, kk,
-                                 k_mask, K, eps, NORM, HAS_RESIDUAL, K_TILE)  # fmt: skip
+                x = _input_chunk(
+                    x_ptr + row,
+                    residual_ptr + row,
+                    sum_ptr + row,
+                    norm_w_ptr,
+                    write_sum,
+                    kk,
+                    k_mask,
+                    K,
+                    eps,
+                    NORM,
+                    HAS_RESIDUAL,
+                    K_TILE,
+                )
             acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
             up = acc
             if GATED:
@@ -188,9 +242,16 @@ def default_gemv_config(n: int, k: int, sms: int, max_split_tiles: int = 8192) -
 
 
 def gemv(
-    x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None, gated: bool,
-    norm: NormFirst | None, summed: torch.Tensor, tickets: torch.Tensor, config: GemvConfig | None = None,
-) -> None:  # fmt: skip
+    x: torch.Tensor,
+    w: torch.Tensor,
+    y: torch.Tensor,
+    bias: torch.Tensor | None,
+    gated: bool,
+    norm: NormFirst | None,
+    summed: torch.Tensor,
+    tickets: torch.Tensor,
+    config: GemvConfig | None = None,
+) -> None:
     """Into y (and summed): triton_gemm.skinny_gemm's product for x [M <= MAX_ROWS, K]."""
     m, k = x.shape
     n = y.shape[1]
@@ -208,11 +269,31 @@ def gemv(
         part = torch.empty(split * rows * width + squares, dtype=torch.float32, device=x.device)
     residual = norm.residual if norm is not None else None
     _gemv_kernel[(tiles, split)](
-        x, w, bias if bias is not None else w, y, part, tickets,
-        residual if residual is not None else x, norm.weight if norm is not None else w, summed,
+        x,
+        w,
+        bias if bias is not None else w,
+        y,
+        part,
+        tickets,
+        residual if residual is not None else x,
+        norm.weight if norm is not None else w,
+        summed,
         norm.eps if norm is not None else 0.0,
-        m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-        ROWS=rows, BLOCK_N=config.block_n, K_TILE=config.k_tile, SPLIT_K=split, NORM_SPLIT=norm_split,
-        num_warps=config.num_warps, **launch_options(),
-    )  # fmt: skip
+        m,
+        n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        y.stride(0),
+        HAS_BIAS=bias is not None,
+        GATED=gated,
+        NORM=norm is not None,
+        HAS_RESIDUAL=residual is not None,
+        ROWS=rows,
+        BLOCK_N=config.block_n,
+        K_TILE=config.k_tile,
+        SPLIT_K=split,
+        NORM_SPLIT=norm_split,
+        num_warps=config.num_warps,
+        **launch_options(),
+    )

@@ -15,11 +15,28 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 
 @triton.jit
 def _store_kv_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_cp, stride_ch,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS_PAD: tl.constexpr, DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr = False,
-):  # fmt: skip
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cp,
+    stride_ch,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     wait_for_previous(PDL)
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -57,9 +74,14 @@ def quantize_fp8(x, scale, dtype: tl.constexpr):
 
 
 def store_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> None:  # fmt: skip
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
     """Copy k/v [tokens, kv_heads, head_dim] into the caches at slot_mapping (-1: skipped)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
@@ -69,10 +91,26 @@ def store_kv(
     assert slot_mapping.is_contiguous()
     fp8 = check_scales(k_cache, k_scale, v_scale)
     _store_kv_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
-        k_scale if fp8 else slot_mapping, v_scale if fp8 else slot_mapping,  # unused unless KV_FP8
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        HEADS_PAD=triton.next_power_of_2(num_kv_heads), DIM_PAD=triton.next_power_of_2(head_dim),
-        BLOCK_SIZE=k_cache.shape[1], KV_FP8=fp8, num_warps=4, **launch_options(),
-    )  # fmt: skip
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k_scale if fp8 else slot_mapping,
+        v_scale if fp8 else slot_mapping,  # unused unless KV_FP8
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+        DIM_PAD=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=k_cache.shape[1],
+        KV_FP8=fp8,
+        num_warps=4,
+        **launch_options(),
+    )

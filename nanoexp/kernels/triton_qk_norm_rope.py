@@ -36,13 +36,39 @@ def _store_cache(cache_ptr, offsets, x, scale_ptr, mask, FP8: tl.constexpr):
 
 @triton.jit
 def _qk_norm_rope_store_kernel(
-    qkv_ptr, positions_ptr, cos_sin_ptr, q_weight_ptr, k_weight_ptr, q_out_ptr, k_out_ptr, k_cache_ptr,
-    v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, eps, stride_qkv, stride_cos, stride_cb, stride_cp,
-    stride_ch, stride_vb, stride_vp, stride_vh, stride_vd, NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, HEADS_BLOCK: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, NORM: tl.constexpr, WRITE_K: tl.constexpr, FP8: tl.constexpr,
+    qkv_ptr,
+    positions_ptr,
+    cos_sin_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    eps,
+    stride_qkv,
+    stride_cos,
+    stride_cb,
+    stride_cp,
+    stride_ch,
+    stride_vb,
+    stride_vp,
+    stride_vh,
+    stride_vd,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    HEADS_BLOCK: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    NORM: tl.constexpr,
+    WRITE_K: tl.constexpr,
+    FP8: tl.constexpr,
     PDL: tl.constexpr = False,
-):  # fmt: skip
+):
     """One token, HEADS_BLOCK heads of the combined [q heads, k heads] range of its qkv row, each head as
     its two halves (NeoX RoPE rotates element i with element i + HEAD_DIM / 2): no element loaded twice
     (the whole head and its rotated copy were: 25.8 -> 21.8 us at 4,096 tokens on an H200, 4.6 -> 3.6 at
@@ -100,11 +126,22 @@ def _qk_norm_rope_store_kernel(
 
 
 def qk_norm_rope_store(
-    qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, q_weight: torch.Tensor | None,
-    k_weight: torch.Tensor | None, eps: float, num_heads: int, num_kv_heads: int, k_cache: torch.Tensor,
-    v_cache: torch.Tensor, slot_mapping: torch.Tensor, write_k: bool = False,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, heads_block: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    num_heads: int,
+    num_kv_heads: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    write_k: bool = False,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    heads_block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """qkv [T, (H + 2 Hkv) * D] -> (q [T, H, D], roped k [T, Hkv, D] if write_k else None); k and
     raw v stored at slot_mapping (-1: not). cos_sin: [max_pos, D] fp32, cos halves then sin halves."""
     num_tokens, width = qkv.shape
@@ -126,15 +163,35 @@ def qk_norm_rope_store(
     want = 1 if num_tokens <= 16 else 2 if num_tokens <= 64 else 8
     heads_block = heads_block or min(want, triton.next_power_of_2(total))
     _qk_norm_rope_store_kernel[(num_tokens, triton.cdiv(total, heads_block))](
-        qkv, positions, cos_sin,
-        q_weight if norm else cos_sin, k_weight if norm else cos_sin,
-        q, k if write_k else q, k_cache, v_cache, slot_mapping,
-        k_scale if fp8 else cos_sin, v_scale if fp8 else cos_sin,
-        eps, qkv.stride(0), cos_sin.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        HALF_PAD=triton.next_power_of_2(head_dim // 2), HEADS_BLOCK=heads_block,
-        BLOCK_SIZE=k_cache.shape[1], NORM=norm, WRITE_K=write_k, FP8=fp8,
-        num_warps=1 if heads_block <= 2 else 4, **launch_options(),
-    )  # fmt: skip
+        qkv,
+        positions,
+        cos_sin,
+        q_weight if norm else cos_sin,
+        k_weight if norm else cos_sin,
+        q,
+        k if write_k else q,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k_scale if fp8 else cos_sin,
+        v_scale if fp8 else cos_sin,
+        eps,
+        qkv.stride(0),
+        cos_sin.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        *v_cache.stride(),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        HALF_PAD=triton.next_power_of_2(head_dim // 2),
+        HEADS_BLOCK=heads_block,
+        BLOCK_SIZE=k_cache.shape[1],
+        NORM=norm,
+        WRITE_K=write_k,
+        FP8=fp8,
+        num_warps=1 if heads_block <= 2 else 4,
+        **launch_options(),
+    )
     return q, k

@@ -57,13 +57,20 @@ def _gumbel(u, FAST_LOG: tl.constexpr):
 
 @triton.jit(do_not_specialize=["stride_row", "vocab_size", "slice_len", "num_slices", "vocab_offset"])
 def _sample_slice_kernel(
-    logits_ptr, stride_row, temperature_ptr, seed_ptr,
+    logits_ptr,
+    stride_row,
+    temperature_ptr,
+    seed_ptr,
     part_ptr,  # float32 [rows, slices, 2]: best sampled score, best logit
     part_index_ptr,  # int32 [rows, slices, 2]
-    vocab_size, slice_len, num_slices,
+    vocab_size,
+    slice_len,
+    num_slices,
     vocab_offset,  # the full-vocabulary index of column 0
-    BLOCK: tl.constexpr, FAST_LOG: tl.constexpr = True, PDL: tl.constexpr = False,
-):  # fmt: skip
+    BLOCK: tl.constexpr,
+    FAST_LOG: tl.constexpr = True,
+    PDL: tl.constexpr = False,
+):
     wait_for_previous(PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
@@ -105,9 +112,16 @@ def _sample_slice_kernel(
 
 @triton.jit(do_not_specialize=["num_slices"])
 def _pick_kernel(
-    part_ptr, part_index_ptr, temperature_ptr, out_ptr, value_ptr, num_slices, SLICES_PAD: tl.constexpr,
-    WRITE_VALUE: tl.constexpr = False, PDL: tl.constexpr = False,
-):  # fmt: skip
+    part_ptr,
+    part_index_ptr,
+    temperature_ptr,
+    out_ptr,
+    value_ptr,
+    num_slices,
+    SLICES_PAD: tl.constexpr,
+    WRITE_VALUE: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+):
     """Each row's winner across slices (largest logit where t = 0); WRITE_VALUE: also its score."""
     wait_for_previous(PDL)
     row = tl.program_id(0)
@@ -125,9 +139,12 @@ def _pick_kernel(
 
 
 def sample(
-    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, vocab_offset: int = 0,
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    seeds: torch.Tensor,
+    vocab_offset: int = 0,
     values: torch.Tensor | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """int64 token per row: argmax where t = 0, else a draw from softmax(logits / t) seeded by `seeds`;
     columns start at token `vocab_offset`, and `values` (if given) receives each winner's score."""
     rows, vocab_size = logits.shape
@@ -143,11 +160,29 @@ def sample(
     parts = torch.empty((rows, slices, 2), dtype=torch.float32, device=logits.device)
     part_indices = torch.empty((rows, slices, 2), dtype=torch.int32, device=logits.device)
     _sample_slice_kernel[(rows, slices)](
-        logits, logits.stride(0), temperatures, seeds, parts, part_indices, vocab_size, slice_len, slices,
-        vocab_offset, BLOCK=BLOCK, FAST_LOG=logits.is_cuda, **launch_options(),
-    )  # fmt: skip
+        logits,
+        logits.stride(0),
+        temperatures,
+        seeds,
+        parts,
+        part_indices,
+        vocab_size,
+        slice_len,
+        slices,
+        vocab_offset,
+        BLOCK=BLOCK,
+        FAST_LOG=logits.is_cuda,
+        **launch_options(),
+    )
     _pick_kernel[(rows,)](
-        parts, part_indices, temperatures, out, out if values is None else values, slices,
-        SLICES_PAD=MAX_SLICES, WRITE_VALUE=values is not None, **launch_options(),
-    )  # fmt: skip
+        parts,
+        part_indices,
+        temperatures,
+        out,
+        out if values is None else values,
+        slices,
+        SLICES_PAD=MAX_SLICES,
+        WRITE_VALUE=values is not None,
+        **launch_options(),
+    )
     return out

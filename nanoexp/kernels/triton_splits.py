@@ -40,9 +40,26 @@ def split_bounds(context_lens_ptr, seq, split, num_splits, TILE: tl.constexpr):
 
 
 @triton.jit
-def store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, seq, split, num_splits, heads, row_mask,
-                dims, stride_ob, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                DIM_PAD: tl.constexpr, SINGLE_SPLIT: tl.constexpr):  # fmt: skip
+def store_split(
+    out,
+    m,
+    den,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    seq,
+    split,
+    num_splits,
+    heads,
+    row_mask,
+    dims,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+):
     """One split's normalized rows `out` of query heads `heads` (softmax max m, denominator den): the
     output with one split, else partials and lse ([seqs, heads, splits, (DIM_PAD)] fp32)."""
     store_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
@@ -57,9 +74,18 @@ def store_split(out, m, den, out_ptr, part_out_ptr, part_lse_ptr, seq, split, nu
 
 
 @triton.jit
-def decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_ob, stride_oh,
-                         HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                         PDL: tl.constexpr = False):  # fmt: skip
+def decode_reduce_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_splits,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """Combine one (sequence, head)'s splits; read through L2 (.cg): this SM may hold stale lines."""
     wait_for_previous(PDL)
     seq, head, num_heads = tl.program_id(0), tl.program_id(1), tl.num_programs(1)

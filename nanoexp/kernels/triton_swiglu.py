@@ -39,6 +39,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if rows == 0:
         return out
     _silu_and_mul_kernel[(rows, triton.cdiv(width, SWIGLU_BLOCK))](
-        x, out, x.stride(0), out.stride(0), width, BLOCK=SWIGLU_BLOCK, num_warps=4, **launch_options(),
-    )  # fmt: skip
+        x,
+        out,
+        x.stride(0),
+        out.stride(0),
+        width,
+        BLOCK=SWIGLU_BLOCK,
+        num_warps=4,
+        **launch_options(),
+    )
     return out

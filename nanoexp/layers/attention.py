@@ -29,9 +29,13 @@ class Attention(nn.Module):
         return self._attend(q, k, v, md)
 
     def forward_qkv(
-        self, qkv: Tensor, positions: Tensor, cos_sin: Tensor,
-        qk_norm: tuple[Tensor, Tensor, float] | None, md: AttentionMetadata,
-    ) -> Tensor | None:  # fmt: skip
+        self,
+        qkv: Tensor,
+        positions: Tensor,
+        cos_sin: Tensor,
+        qk_norm: tuple[Tensor, Tensor, float] | None,
+        md: AttentionMetadata,
+    ) -> Tensor | None:
         """From the fused qkv projection: q/k norm + RoPE + K/V store in one backend op, then
         attention; None when the backend has no such op (the caller runs the unfused path)."""
         if not self.k_cache.numel():  # memory profiling and fp8 calibration take the unfused path
@@ -39,9 +43,19 @@ class Attention(nn.Module):
         # Prefill without a cached prefix attends over this step's packed k, not the cache.
         write_k = md.is_prefill and not md.has_cached_prefix
         qk = self.backend.qk_norm_rope_store(
-            qkv, positions, cos_sin, qk_norm, self.num_heads, self.num_kv_heads,
-            self.k_cache, self.v_cache, md.slot_mapping, write_k, self.k_scale, self.v_scale,
-        )  # fmt: skip
+            qkv,
+            positions,
+            cos_sin,
+            qk_norm,
+            self.num_heads,
+            self.num_kv_heads,
+            self.k_cache,
+            self.v_cache,
+            md.slot_mapping,
+            write_k,
+            self.k_scale,
+            self.v_scale,
+        )
         if qk is None:
             return None
         q, k = qk

@@ -63,8 +63,15 @@ class GraphLadder:
 
     variants: tuple[bool | None, ...] = (None,)  # what else tells graphs apart (StepGraphs: with decodes)
 
-    def __init__(self, model: nn.Module, sizes: list[int], max_blocks_per_seq: int, hidden_size: int,
-                 dtype: torch.dtype, device: torch.device):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        sizes: list[int],
+        max_blocks_per_seq: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.model, self.sizes, self.max_tokens = model, sizes, sizes[-1]
         self.arenas = {size: InputArena(self.fields(size, max_blocks_per_seq), device) for size in sizes}
         for arena in self.arenas.values():
@@ -72,8 +79,11 @@ class GraphLadder:
         self.mirrors = PinnedMirrors(list(self.arenas.values()), device)
         self.output = torch.zeros(sizes[-1], hidden_size, dtype=dtype, device=device)
         self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
-        self.mds = {(size, variant): self.view(size, variant)[2]  # what a replay reads, by graph key
-                    for size in sizes for variant in self.variants}  # fmt: skip
+        self.mds = {
+            (size, variant): self.view(size, variant)[2]  # what a replay reads, by graph key
+            for size in sizes
+            for variant in self.variants
+        }
 
     def size_for(self, num_tokens: int) -> int:
         return self.sizes[bisect.bisect_left(self.sizes, num_tokens)]
@@ -90,9 +100,17 @@ class GraphLadder:
                 pool = pool or graphs[self.sizes[-1]].pool()
                 self.graphs.update({(size, variant): graph for size, graph in graphs.items()})
 
-    def upload(self, step: StepInput, size: int, seqs: int, key: Hashable, block_size: int, vocab_size: int,
-               fresh: Fresh, write_extra: Callable[[dict[str, np.ndarray]], None] | None = None,
-               ) -> GraphStep:  # fmt: skip
+    def upload(
+        self,
+        step: StepInput,
+        size: int,
+        seqs: int,
+        key: Hashable,
+        block_size: int,
+        vocab_size: int,
+        fresh: Fresh,
+        write_extra: Callable[[dict[str, np.ndarray]], None] | None = None,
+    ) -> GraphStep:
         """The step's inputs written into a pinned mirror of its size's arena, padded to `size` tokens and
         `seqs` sequences (`write_extra(host)`: a graph kind's own fields), uploaded by one copy; the
         ModelInputs and SamplingTensors are views of the arena."""
@@ -107,9 +125,15 @@ class GraphLadder:
         self.mirrors.upload(index, arena, arena.copy_end(len(step.query_lens)))
         n, samples = step.num_tokens, len(step.sample_seq_indices)
         prev_rows = None if step.prev_sample_rows is None else arena.rows("prev_sample_rows", n)
-        inputs = ModelInputs(arena.rows("input_ids", n), arena.rows("positions", n), self.mds[key],
-                             arena.rows("logits_indices", samples), prev_rows, samples_every_row(step),
-                             graph_key=key)  # fmt: skip
+        inputs = ModelInputs(
+            arena.rows("input_ids", n),
+            arena.rows("positions", n),
+            self.mds[key],
+            arena.rows("logits_indices", samples),
+            prev_rows,
+            samples_every_row(step),
+            graph_key=key,
+        )
         if not arrays:
             return inputs, None
         return inputs, sampling_tensors(step, {name: arena.rows(name, samples) for name in arrays})
@@ -123,8 +147,15 @@ class DecodeGraphs(GraphLadder):
     """Decode graphs at a ladder of batch sizes; padding rows have slot -1 and context 0 (nothing stored
     or read)."""
 
-    def __init__(self, model: nn.Module, hidden_size: int, max_num_seqs: int, max_blocks_per_seq: int,
-                 dtype: torch.dtype, device: torch.device):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        hidden_size: int,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         top = min(max_num_seqs, MAX_GRAPH_BATCH)
         sizes = sorted({bs for bs in (1, 2, 4, 8) if bs < top} | set(range(16, top, 16)) | {top})
         super().__init__(model, sizes, max_blocks_per_seq, hidden_size, dtype, device)
@@ -135,9 +166,11 @@ class DecodeGraphs(GraphLadder):
     def view(self, bs: int, variant: None = None) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         t = self.arenas[bs].tensors
         md = AttentionMetadata(
-            is_prefill=False, slot_mapping=t["slot_mapping"], context_lens=t["context_lens"],
+            is_prefill=False,
+            slot_mapping=t["slot_mapping"],
+            context_lens=t["context_lens"],
             block_tables=t["block_tables"],
-        )  # fmt: skip
+        )
         return t["input_ids"], t["positions"], md
 
     def prepare(self, step: StepInput, block_size: int, vocab_size: int, fresh: Fresh = None) -> GraphStep:
@@ -152,9 +185,20 @@ class StepGraphs(GraphLadder):
     graph serves any mix up to its size; steps without decodes skip the empty slots (~6 us a layer on an
     H200). Padding stores nothing (slot -1), reads nothing (context 0), runs no tiles."""
 
-    def __init__(self, model: nn.Module, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
-                 max_num_seqs: int, max_num_batched_tokens: int, max_blocks_per_seq: int, dtype: torch.dtype,
-                 device: torch.device, mixed: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_blocks_per_seq: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        mixed: bool = True,
+    ):
         self.max_num_seqs = max_num_seqs
         self.variants = (False, True) if mixed else (False,)  # with decodes
         top = min(max_num_batched_tokens, MAX_STEP_GRAPH_TOKENS)
@@ -167,8 +211,11 @@ class StepGraphs(GraphLadder):
 
     def fields(self, size: int, max_blocks: int) -> Fields:
         seqs, int32 = self.seq_slots(size), torch.int32
-        own = [("decode_context_lens", (seqs,), int32), ("cu_seqlens_q", (seqs + 1,), int32),
-               ("tiles", (self.tile_slots(size), 4), int32)]  # fmt: skip
+        own = [
+            ("decode_context_lens", (seqs,), int32),
+            ("cu_seqlens_q", (seqs + 1,), int32),
+            ("tiles", (self.tile_slots(size), 4), int32),
+        ]
         return token_fields(size, seqs, max_blocks, own)
 
     def seq_slots(self, tokens: int) -> int:
@@ -187,11 +234,17 @@ class StepGraphs(GraphLadder):
         t, seqs = self.arenas[size].tensors, self.seq_slots(size)
         decode_slots = seqs if variant else 0
         md = AttentionMetadata(
-            is_prefill=True, slot_mapping=t["slot_mapping"], context_lens=t["context_lens"],
-            block_tables=t["block_tables"], cu_seqlens_q=t["cu_seqlens_q"], max_seqlen_q=size,
-            has_cached_prefix=True, num_decodes=decode_slots, prefill_tiles=t["tiles"],
+            is_prefill=True,
+            slot_mapping=t["slot_mapping"],
+            context_lens=t["context_lens"],
+            block_tables=t["block_tables"],
+            cu_seqlens_q=t["cu_seqlens_q"],
+            max_seqlen_q=size,
+            has_cached_prefix=True,
+            num_decodes=decode_slots,
+            prefill_tiles=t["tiles"],
             decode_context_lens=t["decode_context_lens"][:decode_slots],
-        )  # fmt: skip
+        )
         return t["input_ids"], t["positions"], md
 
     def prepare(self, step: StepInput, block_size: int, vocab_size: int, fresh: Fresh = None) -> GraphStep:

@@ -28,8 +28,10 @@ class InputArena:
             self.layout[name] = (slice(start, end), shape, dtype)
         self.nbytes = aligned(end)
         self.buffer = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
-        self.tensors = {name: self.buffer[span].view(dtype).view(shape)
-                        for name, (span, shape, dtype) in self.layout.items()}  # fmt: skip
+        self.tensors = {
+            name: self.buffer[span].view(dtype).view(shape)
+            for name, (span, shape, dtype) in self.layout.items()
+        }
         self.last = fields[-1][0]
         self.prefixes: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -41,8 +43,10 @@ class InputArena:
         return view
 
     def host_views(self, host: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: host[span].view(NUMPY_DTYPES[dtype]).reshape(shape)
-                for name, (span, shape, dtype) in self.layout.items()}  # fmt: skip
+        return {
+            name: host[span].view(NUMPY_DTYPES[dtype]).reshape(shape)
+            for name, (span, shape, dtype) in self.layout.items()
+        }
 
     def copy_end(self, last_rows: int) -> int:
         """The bytes to copy when `last_rows` rows of the last field are used."""
@@ -59,8 +63,11 @@ class PinnedMirrors:
         cuda, nbytes = device.type == "cuda", max(arena.nbytes for arena in arenas)
         self.buffers = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(count)]
         self.events = [torch.cuda.Event() if cuda else None for _ in range(count)]
-        self.views = {(id(arena), index): arena.host_views(buffer.numpy())  # each buffer in each layout
-                      for arena in arenas for index, buffer in enumerate(self.buffers)}  # fmt: skip
+        self.views = {
+            (id(arena), index): arena.host_views(buffer.numpy())  # each buffer in each layout
+            for arena in arenas
+            for index, buffer in enumerate(self.buffers)
+        }
         self.copies: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (source, target)
         self.next = 0
 
@@ -86,11 +93,18 @@ def token_fields(tokens: int, seqs: int, max_blocks: int, extra: Fields = ()) ->
     """The fields every graph step has, per token and per sequence, then `extra`, then the block tables."""
     int32, int64, float32 = torch.int32, torch.int64, torch.float32
     head = [
-        ("input_ids", (tokens,), int64), ("positions", (tokens,), int64), ("slot_mapping", (tokens,), int64),
-        ("prev_sample_rows", (tokens,), int64), ("context_lens", (seqs,), int32),
-        ("logits_indices", (seqs,), int64), ("temperatures", (seqs,), float32), ("top_k", (seqs,), int64),
-        ("top_p", (seqs,), float32), ("min_p", (seqs,), float32), ("row_seeds", (seqs,), int64),
-    ]  # fmt: skip
+        ("input_ids", (tokens,), int64),
+        ("positions", (tokens,), int64),
+        ("slot_mapping", (tokens,), int64),
+        ("prev_sample_rows", (tokens,), int64),
+        ("context_lens", (seqs,), int32),
+        ("logits_indices", (seqs,), int64),
+        ("temperatures", (seqs,), float32),
+        ("top_k", (seqs,), int64),
+        ("top_p", (seqs,), float32),
+        ("min_p", (seqs,), float32),
+        ("row_seeds", (seqs,), int64),
+    ]
     return head + list(extra) + [("block_tables", (seqs, max_blocks), int32)]
 
 

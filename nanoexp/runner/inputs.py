@@ -66,8 +66,14 @@ def prepare_inputs(step: StepInput, block_size: int, device: torch.device) -> Mo
     return prepare_step(step, block_size, 0, device)[0]
 
 
-def prepare_step(step: StepInput, block_size: int, vocab_size: int, device: torch.device, fresh: Fresh = None,
-                 lossy_cache: bool = False) -> tuple[ModelInputs, SamplingTensors | None]:  # fmt: skip
+def prepare_step(
+    step: StepInput,
+    block_size: int,
+    vocab_size: int,
+    device: torch.device,
+    fresh: Fresh = None,
+    lossy_cache: bool = False,
+) -> tuple[ModelInputs, SamplingTensors | None]:
     """The step's model inputs and (when it samples) SamplingTensors on the device, through one upload
     (an eager step; a captured one writes them into its graph's buffers, runner/graph_inputs.py)."""
     tables = np.zeros((len(step.block_tables), max(map(len, step.block_tables), default=0)), dtype=np.int32)
@@ -75,28 +81,40 @@ def prepare_step(step: StepInput, block_size: int, vocab_size: int, device: torc
         row[: len(blocks)] = blocks
     positions, slots, last_rows = token_layout(step, block_size, tables)
     columns = [
-        (step.token_ids, torch.int64), (positions, torch.int64), (last_rows, torch.int64),
-        (slots, torch.int64), (step.context_lens, torch.int32), (tables, torch.int32),
-    ]  # fmt: skip
+        (step.token_ids, torch.int64),
+        (positions, torch.int64),
+        (last_rows, torch.int64),
+        (slots, torch.int64),
+        (step.context_lens, torch.int32),
+        (tables, torch.int32),
+    ]
     d, prefill = step.num_decodes, step.is_prefill
     # A prefill reads K/V from the cache where some sequence has a cached prefix, or always with a lossy
     # (fp8) cache: it attends to K/V as stored, as step graphs and decodes do, not unquantized.
     reads_cache = prefill and (lossy_cache or step.query_lens[d:] != step.context_lens[d:])
     if prefill:  # prefill sequences' boundaries, after a mixed step's decodes (AttentionMetadata)
-        columns += [(np.cumsum([0, *step.query_lens[d:]]), torch.int32),
-                    (np.cumsum([0, *step.context_lens[d:]]), torch.int32)]  # fmt: skip
+        columns += [
+            (np.cumsum([0, *step.query_lens[d:]]), torch.int32),
+            (np.cumsum([0, *step.context_lens[d:]]), torch.int32),
+        ]
     if step.prev_sample_rows is not None:
         columns.append((step.prev_sample_rows, torch.int64))
     arrays = sampling_arrays(step, vocab_size, fresh) if step.sample_seq_indices else {}
     tensors = upload(columns + [(values, SAMPLING_FIELDS[name]) for name, values in arrays.items()], device)
     input_ids, positions_t, logits_indices, slots_t, context_t, tables_t = tensors[:6]
     md = AttentionMetadata(
-        is_prefill=prefill, slot_mapping=slots_t, context_lens=context_t, block_tables=tables_t,
-        cu_seqlens_q=tensors[6] if prefill else None, cu_seqlens_k=tensors[7] if prefill else None,
+        is_prefill=prefill,
+        slot_mapping=slots_t,
+        context_lens=context_t,
+        block_tables=tables_t,
+        cu_seqlens_q=tensors[6] if prefill else None,
+        cu_seqlens_k=tensors[7] if prefill else None,
         max_seqlen_q=max(step.query_lens[d:]) if prefill else 1,
-        max_seqlen_k=max(step.context_lens[d:]), has_cached_prefix=reads_cache,
-        num_decodes=d, max_decode_seqlen_k=max(step.context_lens[:d], default=0),
-    )  # fmt: skip
+        max_seqlen_k=max(step.context_lens[d:]),
+        has_cached_prefix=reads_cache,
+        num_decodes=d,
+        max_decode_seqlen_k=max(step.context_lens[:d], default=0),
+    )
     prev_rows = None if step.prev_sample_rows is None else tensors[len(columns) - 1]
     inputs = ModelInputs(input_ids, positions_t, md, logits_indices, prev_rows, samples_every_row(step))
     return inputs, (sampling_tensors(step, dict(zip(arrays, tensors[len(columns) :]))) if arrays else None)
@@ -158,9 +176,12 @@ def counter_seeds(base: int, serial: int, n: int) -> np.ndarray:
 
 
 SAMPLING_FIELDS = {
-    "temperatures": torch.float32, "top_k": torch.int64, "top_p": torch.float32, "min_p": torch.float32,
+    "temperatures": torch.float32,
+    "top_k": torch.int64,
+    "top_p": torch.float32,
+    "min_p": torch.float32,
     "row_seeds": torch.int64,
-}  # fmt: skip
+}
 
 
 def sampling_arrays(step: StepInput, vocab_size: int, fresh: Fresh = None) -> dict[str, Any]:
@@ -183,7 +204,12 @@ def sampling_arrays(step: StepInput, vocab_size: int, fresh: Fresh = None) -> di
 def sampling_tensors(step: StepInput, tensors: dict[str, torch.Tensor]) -> SamplingTensors:
     """The uploaded sampling_arrays (by name) as SamplingTensors."""
     return SamplingTensors(
-        temperatures=tensors["temperatures"], top_k=tensors.get("top_k"), top_p=tensors.get("top_p"),
-        min_p=tensors.get("min_p"), seeds=list(step.seeds), all_greedy="row_seeds" not in tensors,
-        needs_filter="top_k" in tensors, row_seeds=tensors.get("row_seeds"),
-    )  # fmt: skip
+        temperatures=tensors["temperatures"],
+        top_k=tensors.get("top_k"),
+        top_p=tensors.get("top_p"),
+        min_p=tensors.get("min_p"),
+        seeds=list(step.seeds),
+        all_greedy="row_seeds" not in tensors,
+        needs_filter="top_k" in tensors,
+        row_seeds=tensors.get("row_seeds"),
+    )

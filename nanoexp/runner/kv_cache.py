@@ -15,9 +15,13 @@ from nanoexp.layers.attention import attention_layers
 
 
 def create_kv_cache(
-    config: EngineConfig, model: nn.Module, dtype: torch.dtype, device: torch.device,
-    profile: Callable[[], None], reserve_bytes: int,
-) -> torch.Tensor:  # fmt: skip
+    config: EngineConfig,
+    model: nn.Module,
+    dtype: torch.dtype,
+    device: torch.device,
+    profile: Callable[[], None],
+    reserve_bytes: int,
+) -> torch.Tensor:
     """As many blocks as the config asks for, or as fit in memory after `profile` (a largest-size
     forward pass on CUDA) and a reserve; the same number on every rank. `dtype` is the model's."""
     dtype = FP8_DTYPE if config.cache.lossy else dtype
@@ -30,8 +34,10 @@ def create_kv_cache(
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
         num_blocks = int(agreed.item())
     if num_blocks < 1:
-        raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gb "
-                         "or lower max_num_batched_tokens")
+        raise ValueError(
+            "no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gb "
+            "or lower max_num_batched_tokens"
+        )
     first = layers[0]
     shape = (len(layers), 2, num_blocks, block_size, first.num_kv_heads, first.head_dim)
     cache = torch.empty(shape, dtype=dtype, device=device)
@@ -41,9 +47,12 @@ def create_kv_cache(
 
 
 def blocks_for(
-    config: EngineConfig, bytes_per_block: int, device: torch.device, profile: Callable[[], None],
+    config: EngineConfig,
+    bytes_per_block: int,
+    device: torch.device,
+    profile: Callable[[], None],
     reserve_bytes: int,
-) -> int:  # fmt: skip
+) -> int:
     """cache.num_blocks set by hand, once it fits in the device's whole memory (before allocating it). Else
     cpu_kv_cache_gb on a CPU; on CUDA, after `profile`, this process's share: utilization x total memory,
     minus its own peak usage so far and a reserve (CUDA graphs, sampler buffers), capped by what is free."""
@@ -52,10 +61,13 @@ def blocks_for(
         cuda = device.type == "cuda"
         capacity = torch.cuda.mem_get_info(device)[1] if cuda else machine_memory_gb() * 2**30
         if num_blocks * bytes_per_block > capacity:
-            raise KnobError("cache.num_blocks", num_blocks,
-                            f"<= {int(capacity // bytes_per_block)} (or -1 = from memory): a block takes "
-                            f"{bytes_per_block} bytes on this rank and the {device.type} device has "
-                            f"{capacity / 2**30:.1f} GiB")  # fmt: skip
+            raise KnobError(
+                "cache.num_blocks",
+                num_blocks,
+                f"<= {int(capacity // bytes_per_block)} (or -1 = from memory): a block takes "
+                f"{bytes_per_block} bytes on this rank and the {device.type} device has "
+                f"{capacity / 2**30:.1f} GiB",
+            )
         return num_blocks
     if device.type == "cpu":
         budget = config.cache.cpu_kv_cache_gb * 2**30

@@ -94,8 +94,9 @@ class ModelRunner:
         self.max_model_len = loaded.max_model_len
         # sized for the largest all-reduce of a captured decode step: one hidden row per sequence
         message_bytes = min(config.scheduler.max_num_seqs, MAX_GRAPH_BATCH) * self.hf_config.hidden_size
-        self.all_reduce = init_all_reduce(config.parallel.all_reduce, self.device, self.dtype,
-                                          message_bytes * self.dtype.itemsize)  # fmt: skip
+        self.all_reduce = init_all_reduce(
+            config.parallel.all_reduce, self.device, self.dtype, message_bytes * self.dtype.itemsize
+        )
         self.timings: dict[str, float] = {"load_s": loaded.load_s}
         self.sampler = Sampler(one_pass=self.device.type == "cuda" and triton_available())
         self.last_sampled: torch.Tensor | None = None  # the last launched step's ids, on every rank
@@ -123,8 +124,12 @@ class ModelRunner:
     def info(self) -> dict:
         """What the control plane needs to know about the model and its KV cache."""
         eos = eos_token_ids(self.hf_config, self.config.model)
-        info = {"vocab_size": self.hf_config.vocab_size, "max_model_len": self.max_model_len,
-                "eos_token_ids": eos, "num_kv_blocks": self.num_blocks}  # fmt: skip
+        info = {
+            "vocab_size": self.hf_config.vocab_size,
+            "max_model_len": self.max_model_len,
+            "eos_token_ids": eos,
+            "num_kv_blocks": self.num_blocks,
+        }
         if self.step_graphs is not None:  # mixed steps beyond them would run eagerly
             info["max_mixed_step_tokens"] = self.step_graphs.max_tokens
         return info
@@ -140,10 +145,18 @@ class ModelRunner:
         if self.backend.captures_mixed_steps:
             layer = attention_layers(self.model)[0]
             self.step_graphs = StepGraphs(
-                self.model, hidden, layer.head_dim, layer.num_heads, layer.num_kv_heads,
-                scheduler.max_num_seqs, scheduler.max_num_batched_tokens, max_blocks, self.dtype,
-                self.device, mixed=scheduler.batching == "mixed",
-            )  # fmt: skip
+                self.model,
+                hidden,
+                layer.head_dim,
+                layer.num_heads,
+                layer.num_kv_heads,
+                scheduler.max_num_seqs,
+                scheduler.max_num_batched_tokens,
+                max_blocks,
+                self.dtype,
+                self.device,
+                mixed=scheduler.batching == "mixed",
+            )
         with use_compiled(True):
             if self.step_graphs is not None:
                 self.step_graphs.capture()
@@ -203,10 +216,18 @@ class ModelRunner:
         vocab = self.hf_config.vocab_size
         for rows in (1, 2):
             step = StepInput(
-                False, [0] * rows, [1] * rows, [1] * rows, [[0]] * rows, list(range(rows)),
-                temperatures=[1.0] * rows, top_k=[-1] * rows, top_p=[1.0] * rows, min_p=[0.0] * rows,
+                False,
+                [0] * rows,
+                [1] * rows,
+                [1] * rows,
+                [[0]] * rows,
+                list(range(rows)),
+                temperatures=[1.0] * rows,
+                top_k=[-1] * rows,
+                top_p=[1.0] * rows,
+                min_p=[0.0] * rows,
                 seeds=[None] * rows,
-            )  # fmt: skip
+            )
             _, sampling = prepare_step(step, self.block_size, vocab, self.device)
             if self.rank == 0:
                 self.sampler(torch.randn(rows, vocab, device=self.device, dtype=self.dtype), sampling)
@@ -304,18 +325,31 @@ class ModelRunner:
     def stats(self) -> dict:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return {
-            "weights_bytes": weights, "kv_cache_bytes": self.kv_cache.nbytes,
-            "kv_cache_dtype": str(self.kv_cache.dtype).removeprefix("torch."), **scales_summary(self.model),
-            "num_kv_blocks": self.num_blocks, "kv_block_size": self.block_size,
-            "peak_memory_bytes": peak_memory_bytes(self.device), "peak_memory_kind": self.peak_memory_kind,
-            "device": self.device.type, "dtype": str(self.dtype).removeprefix("torch."),
-            "attention_backend": self.backend.name, "attention_backend_selection": self.backend.selection,
+            "weights_bytes": weights,
+            "kv_cache_bytes": self.kv_cache.nbytes,
+            "kv_cache_dtype": str(self.kv_cache.dtype).removeprefix("torch."),
+            **scales_summary(self.model),
+            "num_kv_blocks": self.num_blocks,
+            "kv_block_size": self.block_size,
+            "peak_memory_bytes": peak_memory_bytes(self.device),
+            "peak_memory_kind": self.peak_memory_kind,
+            "device": self.device.type,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "attention_backend": self.backend.name,
+            "attention_backend_selection": self.backend.selection,
             "gemm_backend": self.skinny_gemm.describe() if self.skinny_gemm else "torch",
-            "swiglu_kernel": self.swiglu_kernel, "pdl": pdl.enabled(), "cuda_graphs": self.graphs is not None,
-            "sampler_kernel": self.sampler.one_pass, "sharded_sampling": self.shards_sampling,
-            "load_s": 0.0, "warmup_s": 0.0, "graph_capture_s": 0.0, "kv_calibration_s": 0.0,
-            **(self.all_reduce.describe() if self.all_reduce else {}), **self.timings,
-        }  # fmt: skip
+            "swiglu_kernel": self.swiglu_kernel,
+            "pdl": pdl.enabled(),
+            "cuda_graphs": self.graphs is not None,
+            "sampler_kernel": self.sampler.one_pass,
+            "sharded_sampling": self.shards_sampling,
+            "load_s": 0.0,
+            "warmup_s": 0.0,
+            "graph_capture_s": 0.0,
+            "kv_calibration_s": 0.0,
+            **(self.all_reduce.describe() if self.all_reduce else {}),
+            **self.timings,
+        }
 
     def close(self) -> None:
         reset_all_reduce()

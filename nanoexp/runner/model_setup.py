@@ -64,8 +64,9 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     load_s = time.perf_counter() - start
     layers = attention_layers(model)
     execution, cache = config.execution, config.cache
-    backend = make_attention_backend(execution.attention_backend, device, cache.block_size, dtype,
-                                     layers[0].head_dim, cache.kv_cache_dtype)  # fmt: skip
+    backend = make_attention_backend(
+        execution.attention_backend, device, cache.block_size, dtype, layers[0].head_dim, cache.kv_cache_dtype
+    )
     for layer in layers:
         layer.backend = backend
     skinny = make_skinny_gemm(execution.gemm_backend, device, dtype)
@@ -73,8 +74,9 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     bind_gemm_backend(model, skinny)
     swiglu = swiglu_kernel(device, dtype)
     bind_activation_kernel(model, swiglu)
-    return LoadedModel(model, hf_config, device, dtype, backend, load_s, max_model_len, skinny,
-                       swiglu is not None)  # fmt: skip
+    return LoadedModel(
+        model, hf_config, device, dtype, backend, load_s, max_model_len, skinny, swiglu is not None
+    )
 
 
 def swiglu_kernel(device: torch.device, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -118,8 +120,13 @@ def pick_dtype(choice: str, hf_config: PretrainedConfig, device: torch.device) -
     return native if native_bfloat16 else torch.float32
 
 
-def build_model(config: EngineConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
-                max_model_len: int) -> nn.Module:  # fmt: skip
+def build_model(
+    config: EngineConfig,
+    hf_config: PretrainedConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+) -> nn.Module:
     """This rank's shard of the model, with the checkpoint's weights or seeded random ones."""
     torch.manual_seed(config.execution.seed)
     cls = model_class(hf_config)

@@ -34,5 +34,11 @@ class StepInput:
 def blockless_prefill(sequences: list[list[int]]) -> StepInput:
     """A prefill of whole sequences without cache blocks (nothing stored), each one's last token sampled."""
     lens = [len(s) for s in sequences]
-    return StepInput(True, [t for s in sequences for t in s], lens, lens, [[] for _ in sequences],
-                     list(range(len(sequences))))  # fmt: skip
+    return StepInput(
+        True,
+        [t for s in sequences for t in s],
+        lens,
+        lens,
+        [[] for _ in sequences],
+        list(range(len(sequences))),
+    )

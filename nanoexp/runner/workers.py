@@ -57,15 +57,18 @@ except OSError:
     pass
 """  # removes the rendezvous dir and the ring when the main process dies without releasing them
 UNANSWERED = frozenset({"launch"})  # enqueued without a reply; its result comes with "collect"
-STARTUP_HINT = (" (its traceback is above; a script that builds the engine at import time must guard that"
-                " with `if __name__ == '__main__':` because workers are spawned)")  # fmt: skip
+STARTUP_HINT = (
+    " (its traceback is above; a script that builds the engine at import time must guard that"
+    " with `if __name__ == '__main__':` because workers are spawned)"
+)
 
 
 # ---- worker side -----------------------------------------------------------------------------
 
 
-def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connection, parent: int,
-                ring_handle: RingHandle) -> None:  # fmt: skip
+def worker_main(
+    config: EngineConfig, rank: int, dist_init: str, conn: Connection, parent: int, ring_handle: RingHandle
+) -> None:
     """Entry point of one rank: build the runner, then serve commands until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     for key, value in NO_MULTICAST_ENV.items():
@@ -77,8 +80,9 @@ def worker_main(config: EngineConfig, rank: int, dist_init: str, conn: Connectio
     check_parent = functools.partial(exit_if_orphaned, parent, dist_init, ring_handle)
     started = threading.Event()
     if not die_with_parent(signal.SIGKILL):  # then a thread watches the parent during start-up
-        threading.Thread(target=watch_parent, args=(started, check_parent), name="nanoexp-tp-parent-watch",
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=watch_parent, args=(started, check_parent), name="nanoexp-tp-parent-watch", daemon=True
+        ).start()
     check_parent()  # it died before the line above took effect
     try:
         runner = ModelRunner(config, rank, dist_init)
@@ -120,8 +124,9 @@ def use_thread_lock_for_tqdm() -> None:
     tqdm.set_lock(threading.RLock())
 
 
-def serve(runner: ModelRunner, rank: int, conn: Connection, ring: ShmRing,
-          check_parent: Callable[[], None]) -> None:  # fmt: skip
+def serve(
+    runner: ModelRunner, rank: int, conn: Connection, ring: ShmRing, check_parent: Callable[[], None]
+) -> None:
     spin_s = SPIN_S[runner.device.type]
     while True:
         data = ring.read(check_parent, spin_s)
@@ -167,8 +172,15 @@ class WorkerGroup:
         try:
             self.ring = ShmRing.create(config.parallel.tensor_parallel_size, RING_SLOTS, RING_SLOT_BYTES)
             if os.path.isdir("/dev/shm"):  # a process (no torch) removing the dir and ring once main is gone
-                args = [sys.executable, "-c", JANITOR, str(os.getpid()), self.tmpdir, self.ring.handle.name,
-                        str(PARENT_POLL_S)]  # fmt: skip
+                args = [
+                    sys.executable,
+                    "-c",
+                    JANITOR,
+                    str(os.getpid()),
+                    self.tmpdir,
+                    self.ring.handle.name,
+                    str(PARENT_POLL_S),
+                ]
                 quiet = subprocess.DEVNULL
                 self.janitor = subprocess.Popen(args, stdin=quiet, stdout=quiet, stderr=quiet)
             self.start_workers(config)
@@ -260,8 +272,9 @@ class WorkerGroup:
             how += f", {signal.Signals(-code).name}"
         hint = STARTUP_HINT if startup else ""
         self.kill()
-        raise RuntimeError(f"tensor-parallel worker rank {rank} died ({how}); "
-                           f"all workers were shut down{hint}") from None  # fmt: skip
+        raise RuntimeError(
+            f"tensor-parallel worker rank {rank} died ({how}); all workers were shut down{hint}"
+        ) from None
 
     def raise_stuck(self, awaited: list[int], timeout: float, startup: bool):
         """A worker that neither answers nor dies (stopped, deadlocked, hung in a collective)."""
