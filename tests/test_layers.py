@@ -21,6 +21,8 @@ LAYERS = [
     "factory",
     "experiment",
 ]
+# the experiment layer's own folders, in the same sense: each may import its own and the ones before it
+EXPERIMENT_LAYERS = ["schema", "runtime", "metrics", "measure", "sinks", "report", "launch", "job"]
 
 
 def module_name(path: Path) -> str:
@@ -55,6 +57,12 @@ def layer_of(module: str) -> int | None:
     return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
 
 
+def experiment_layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    inside = len(parts) > 2 and parts[1] == "experiment" and parts[2] in EXPERIMENT_LAYERS
+    return EXPERIMENT_LAYERS.index(parts[2]) if inside else None
+
+
 def test_every_module_belongs_to_a_layer() -> None:
     stray = [m for m in import_graph() if m != "nanoexp" and layer_of(m) is None]
     assert not stray, f"modules outside the layer order {LAYERS}: {stray}"
@@ -68,6 +76,24 @@ def test_imports_point_down() -> None:
         if src != "nanoexp" and dst != "nanoexp" and layer_of(dst) > layer_of(src)
     ]
     assert not upward, "imports that point up the layers:\n" + "\n".join(sorted(upward))
+
+
+def test_experiment_modules_sit_in_its_folders() -> None:
+    stray = [
+        m for m in import_graph() if m.startswith("nanoexp.experiment.") and experiment_layer_of(m) is None
+    ]
+    assert not stray, f"experiment modules outside its folders {EXPERIMENT_LAYERS}: {stray}"
+
+
+def test_experiment_imports_point_down() -> None:
+    upward = [
+        f"{src} -> {dst}"
+        for src, targets in import_graph().items()
+        for dst in targets
+        if None not in (experiment_layer_of(src), experiment_layer_of(dst))
+        and experiment_layer_of(dst) > experiment_layer_of(src)
+    ]
+    assert not upward, "experiment imports that point up its folders:\n" + "\n".join(sorted(upward))
 
 
 def test_only_the_public_api_imports_the_package_root() -> None:

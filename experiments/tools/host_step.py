@@ -27,12 +27,12 @@ import torch
 import yaml
 
 from nanoexp import LLM, SamplingParams
-from nanoexp.experiment.driver import StepLog
-from nanoexp.experiment.job import JobInfo
-from nanoexp.experiment.loggers import FanoutLogger, LocalSink
-from nanoexp.experiment.metrics import step_row
+from nanoexp.experiment.measure.driver import StepLog
+from nanoexp.experiment.metrics.summarize import step_row
+from nanoexp.experiment.runtime.job_info import JobInfo
 from nanoexp.experiment.schema import LoggerConfig
-from nanoexp.experiment.wandb_logger import WandbLogger
+from nanoexp.experiment.sinks.local import FanoutLogger, LocalSink
+from nanoexp.experiment.sinks.wandb_sink import WandbLogger
 from nanoexp.runner.model_runner import ModelRunner, exchange_winners
 
 CONTEXT = 1024

@@ -1,5 +1,5 @@
 """The research layer: builds a job from the composed config, measures it and reports sweeps."""
 
-from nanoexp.experiment.main import main
+from nanoexp.experiment.job.main import main
 
 __all__ = ["main"]

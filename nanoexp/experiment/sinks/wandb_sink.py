@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
-from nanoexp.experiment.job import JobInfo
-from nanoexp.experiment.loggers import RESULTS_FILE, first_line
-from nanoexp.experiment.profiling import PROFILE_DIR
+from nanoexp.experiment.measure.profiling import PROFILE_DIR
+from nanoexp.experiment.runtime.job_info import JobInfo
 from nanoexp.experiment.schema import LoggerConfig
+from nanoexp.experiment.sinks.local import RESULTS_FILE, first_line
 
 MAX_SOCKET_DIR = 60  # characters; a Unix socket's path has room for about 107
 # the process tree's system metrics every second: W&B's default of 15 s leaves a short job none

@@ -16,15 +16,15 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from nanoexp.experiment import interrupts
-from nanoexp.experiment.loggers import RESULTS_FILE
+from nanoexp.experiment.runtime import interrupts
+from nanoexp.experiment.sinks.local import RESULTS_FILE
 
 STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselves
 
 
 class SweepReport(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from nanoexp.experiment import sweep_report
+        from nanoexp.experiment.report import sweep_report
 
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))

@@ -13,13 +13,13 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.config.checks import is_real
-from nanoexp.experiment import sweep_plots
-from nanoexp.experiment.job import sweep_group, sweep_overrides
-from nanoexp.experiment.loggers import RESULTS_FILE, first_line, json_safe, read_results
-from nanoexp.experiment.metrics import HEADLINE, aggregate_repeats
+from nanoexp.experiment.metrics.summarize import HEADLINE, aggregate_repeats
+from nanoexp.experiment.report import sweep_plots
+from nanoexp.experiment.runtime.job_info import sweep_group, sweep_overrides
 from nanoexp.experiment.schema import LoggerConfig, LoggerKind
-from nanoexp.experiment.summary_table import interval_suffix
-from nanoexp.experiment.wandb_logger import finish_run, run_dir, start_run
+from nanoexp.experiment.sinks.local import RESULTS_FILE, first_line, json_safe, read_results
+from nanoexp.experiment.sinks.summary_table import interval_suffix
+from nanoexp.experiment.sinks.wandb_sink import finish_run, run_dir, start_run
 
 HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
 LOWER_IS_BETTER = (
@@ -303,7 +303,9 @@ def _loggable(table: pd.DataFrame) -> pd.DataFrame:
 def cli(argv: list[str] | None = None) -> int:
     """The report of a sweep dir from what its jobs left (and `multirun.yaml`), as at the sweep's end."""
     description = "Redraw a sweep's report (sweep_summary.csv/.md and plots) from its job dirs."
-    parser = argparse.ArgumentParser("python -m nanoexp.experiment.sweep_report", description=description)
+    parser = argparse.ArgumentParser(
+        "python -m nanoexp.experiment.report.sweep_report", description=description
+    )
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--metrics", help="comma-separated summary keys (default: the jobs' report.metrics)")
     parser.add_argument("--wandb", action="store_true", help="also log a sweep-level W&B run")

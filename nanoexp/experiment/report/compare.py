@@ -1,4 +1,4 @@
-"""Two sweeps side by side (`python -m nanoexp.experiment.compare SWEEP_A SWEEP_B`): jobs matched by
+"""Two sweeps side by side (`python -m nanoexp.experiment.report.compare SWEEP_A SWEEP_B`): jobs matched by
 their swept values, each metric's ratio B/A with a 95% CI from the repeats, in compare.md/.csv/.png."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from nanoexp.config.checks import is_real
-from nanoexp.experiment.loggers import RESULTS_FILE, read_results
-from nanoexp.experiment.metrics import CONFIDENCE
-from nanoexp.experiment.sweep_plots import figure, save_figure
-from nanoexp.experiment.sweep_report import (
+from nanoexp.experiment.metrics.summarize import CONFIDENCE
+from nanoexp.experiment.report.sweep_plots import figure, save_figure
+from nanoexp.experiment.report.sweep_report import (
     HIGHER_IS_BETTER,
     LOWER_IS_BETTER,
     TRIAL,
     parse_overrides,
     swept_keys,
 )
+from nanoexp.experiment.sinks.local import RESULTS_FILE, read_results
 
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
 LOWER = {*LOWER_IS_BETTER, "duration_s", "p99_tpot_ms", "median_ttft_ms"}
@@ -159,7 +159,7 @@ def plot(table: pd.DataFrame, path: Path) -> None:
 
 def cli(argv: list[str] | None = None) -> int:
     description = "Two sweeps side by side: each metric's ratio B/A with a 95% CI from the repeats."
-    parser = argparse.ArgumentParser("python -m nanoexp.experiment.compare", description=description)
+    parser = argparse.ArgumentParser("python -m nanoexp.experiment.report.compare", description=description)
     parser.add_argument("sweep_a", type=Path)
     parser.add_argument("sweep_b", type=Path)
     parser.add_argument("--metrics", default=",".join(METRICS), help="comma-separated summary keys")

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from nanoexp.experiment.driver import RunRecord
-from nanoexp.experiment.job import JobInfo
+from nanoexp.experiment.measure.driver import RunRecord
+from nanoexp.experiment.runtime.job_info import JobInfo
 
 RESULTS_FILE = "results.json"
 

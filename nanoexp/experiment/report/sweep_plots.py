@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from nanoexp.experiment.loggers import json_safe
+from nanoexp.experiment.sinks.local import json_safe
 
 METRIC_LABELS = {  # metric -> its name in a panel title and its unit (GB: the values are bytes)
     "output_throughput": ("output throughput", "tok/s"),

@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from nanoexp.config.checks import is_real
-from nanoexp.experiment.job import JobInfo
+from nanoexp.experiment.runtime.job_info import JobInfo
 
 GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
 PEAK_KINDS = {"allocated": "allocated", "resident": "resident", "resident_lifetime": "process, resident"}

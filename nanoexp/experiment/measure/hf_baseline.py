@@ -11,8 +11,8 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
-from nanoexp.experiment.driver import OnStep, _sleep_until
-from nanoexp.experiment.workloads import Request
+from nanoexp.experiment.measure.driver import OnStep, _sleep_until
+from nanoexp.experiment.measure.workloads import Request
 from nanoexp.runner.model_setup import pick_device, pick_dtype
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 

@@ -22,17 +22,20 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nanoexp.config import EngineConfig
 from nanoexp.config.checks import is_number
-from nanoexp.experiment import build, interrupts, kv_quality, loggers
-from nanoexp.experiment.driver import Progress
-from nanoexp.experiment.gpus import claim
-from nanoexp.experiment.job import JobInfo, current_job
-from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results, write_atomically
-from nanoexp.experiment.metrics import request_rows
-from nanoexp.experiment.provenance import collect_provenance
-from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
+from nanoexp.experiment.job import build
+from nanoexp.experiment.launch.gpus import claim
+from nanoexp.experiment.launch.provenance import collect_provenance
+from nanoexp.experiment.measure import kv_quality
+from nanoexp.experiment.measure.driver import Progress
+from nanoexp.experiment.measure.repeats import measure, progress_total, repeat_specs, summarize_repeats
+from nanoexp.experiment.measure.workloads import Request
+from nanoexp.experiment.metrics.summarize import request_rows
+from nanoexp.experiment.runtime import interrupts
+from nanoexp.experiment.runtime.job_info import JobInfo, current_job
 from nanoexp.experiment.schema import ConfigError, LoggerConfig, LoggerKind, NanoexpConfig, to_plain, to_spec
-from nanoexp.experiment.summary_table import format_summary
-from nanoexp.experiment.workloads import Request
+from nanoexp.experiment.sinks import local as loggers
+from nanoexp.experiment.sinks.local import RESULTS_FILE, first_line, read_results, write_atomically
+from nanoexp.experiment.sinks.summary_table import format_summary
 from nanoexp.loader import load_tokenizer
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 

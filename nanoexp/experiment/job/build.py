@@ -13,8 +13,7 @@ from nanoexp import factory
 from nanoexp.config import EngineConfig, ExecutionConfig, KnobError, ModelConfig
 from nanoexp.config.checkpoint_files import json_object
 from nanoexp.config.parallel import check_split
-from nanoexp.experiment.driver import Driver, EngineDriver
-from nanoexp.experiment.loggers import FanoutLogger, LocalSink
+from nanoexp.experiment.measure.driver import Driver, EngineDriver
 from nanoexp.experiment.schema import (
     DUMMY_IF_MISSING,
     ConfigError,
@@ -24,6 +23,7 @@ from nanoexp.experiment.schema import (
     ModelSpec,
     NanoexpConfig,
 )
+from nanoexp.experiment.sinks.local import FanoutLogger, LocalSink
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
     """The engine and what submits the workload to it: the baseline drives itself (its batches capped at
     workload.max_concurrency), our engine goes step by step."""
     if spec.engine.kind is EngineKind.hf:
-        from nanoexp.experiment.hf_baseline import HFBaseline
+        from nanoexp.experiment.measure.hf_baseline import HFBaseline
 
         e, arch, batch = config.execution, asdict(spec.model.arch), config.scheduler.max_num_seqs
         batch = min(batch, spec.workload.max_concurrency or batch)
@@ -122,7 +122,7 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
 
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
-    from nanoexp.experiment.workloads import build_workload
+    from nanoexp.experiment.measure.workloads import build_workload
 
     tokenize = tokenizer.encode if tokenizer is not None else None
     try:
@@ -141,7 +141,7 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
 
 def build_logger(cfg: LoggerConfig) -> FanoutLogger:
     if cfg.kind is LoggerKind.wandb:
-        from nanoexp.experiment.wandb_logger import WandbLogger
+        from nanoexp.experiment.sinks.wandb_sink import WandbLogger
 
         return FanoutLogger([WandbLogger(cfg), LocalSink()])
     return FanoutLogger([LocalSink()])

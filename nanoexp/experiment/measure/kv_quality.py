@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from nanoexp.experiment.measure.workloads import Workload
 from nanoexp.experiment.schema import ConfigError, EngineKind, KvQualityConfig, NanoexpConfig
-from nanoexp.experiment.workloads import Workload
 
 PREFIX = "kv_quality/"
 SHOWN = ("greedy_agreement", "kl_mean", "kl_p99", "kl_max", "num_positions", "num_requests")

@@ -12,7 +12,7 @@ from typing import Protocol, TextIO
 from tqdm import tqdm
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
-from nanoexp.experiment.workloads import Request, Workload
+from nanoexp.experiment.measure.workloads import Request, Workload
 
 OnStep = Callable[[StepStats], None]
 REFRESH_S = 0.25  # the progress line is redrawn at most this often: it costs far less than 1% of a run

@@ -9,12 +9,18 @@ from contextlib import closing, nullcontext, suppress
 from dataclasses import replace
 from pathlib import Path
 
-from nanoexp.experiment.driver import Driver, Progress, RunRecord, StepLog, run
-from nanoexp.experiment.interrupts import process_tree
-from nanoexp.experiment.metrics import HEADLINE, aggregate_repeats, latency_summary, step_row, summarize
-from nanoexp.experiment.profiling import StepProfiler
+from nanoexp.experiment.measure.driver import Driver, Progress, RunRecord, StepLog, run
+from nanoexp.experiment.measure.profiling import StepProfiler
+from nanoexp.experiment.measure.workloads import Workload
+from nanoexp.experiment.metrics.summarize import (
+    HEADLINE,
+    aggregate_repeats,
+    latency_summary,
+    step_row,
+    summarize,
+)
+from nanoexp.experiment.runtime.interrupts import process_tree
 from nanoexp.experiment.schema import NanoexpConfig, NoiseConfig, ProfileConfig
-from nanoexp.experiment.workloads import Workload
 
 log = logging.getLogger(__name__)
 LOAD_KEYS = ("load_avg_1m_before", "load_avg_1m_after", "process_cpu_cores", "other_cpu_cores")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from nanoexp.experiment.gpus import visible_gpus
-from nanoexp.experiment.loggers import first_line
+from nanoexp.experiment.launch.gpus import visible_gpus
+from nanoexp.experiment.sinks.local import first_line
 
 PACKAGES = ("torch", "triton", "transformers", "flash-attn", "hydra-core", "wandb", "numpy")
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,1 @@
+"""Around the jobs of a sweep: the sweep callback, GPU assignment per job, provenance."""
