@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import torch
 
 from nanoexp.config import SamplingParams
 from nanoexp.runner.inputs import prepare_inputs
 from nanoexp.runner.step_input import StepInput
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: run.py, conf/, scripts/
+TINY_JOB = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05"]  # a run.py job that takes seconds on a CPU
+
+
+def job_env(home: Path) -> dict[str, str]:
+    """The environment of a run.py subprocess: no W&B key (offline), no Hydra full errors, this tree."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
+    return env | {"HOME": str(home), "PYTHONPATH": str(ROOT)}
+
+
+def run_py(
+    home: Path, *args: str, env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """`python run.py *args` from the repository root, with `job_env(home)` plus `env`."""
+    cmd = [sys.executable, "run.py", *args]
+    full_env = job_env(home) | (env or {})
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 @torch.inference_mode()
@@ -80,3 +102,28 @@ def staggered_run(llm, prompts, max_tokens: int, every: int = 2) -> tuple[list[l
         step += 1
     assert engine.block_manager.num_used == 0
     return [outputs[i] for i in range(len(prompts))], seen
+
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+WANDB = Path(sys.executable).with_name("wandb")
+
+
+def compose_cfg(*overrides: str):
+    """conf/config.yaml composed with `overrides`, as run.py would."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [ln for ln in proc.stderr.splitlines() if ln.startswith("nanoexp: error:")]
+
+
+def wandb_state(results: dict) -> dict:
+    """The offline W&B run of a job, read back by wandb's own inspector."""
+    run_dir = results["job"]["wandb"]["dir"]
+    cmd = [str(WANDB), "leet", "inspect", "--json", "--summary", run_dir]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
