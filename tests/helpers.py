@@ -8,14 +8,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from nanoexp.config import SamplingParams
+from nanoexp.config import EngineConfig, SamplingParams
+from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.runner.inputs import prepare_inputs
-from nanoexp.runner.step_input import StepInput
+from nanoexp.runner.step_input import RunnerInfo, StepInput
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: run.py, conf/, scripts/
 TINY_JOB = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05"]  # a run.py job that takes seconds on a CPU
@@ -127,3 +129,42 @@ def wandb_state(results: dict) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+class StandInExecutor:
+    """An executor without a model, for the control plane alone: every sample is token 1, and
+    `on_step(i)` runs inside the i-th step's run or collect."""
+
+    closed = False
+
+    def __init__(self, on_step: Callable[[int], None] = lambda i: None, num_blocks: int = 64):
+        self.info = RunnerInfo(vocab_size=50, max_model_len=256, eos_token_ids=[49], num_kv_blocks=num_blocks)
+        self.on_step, self.num_steps, self.launched = on_step, 0, deque()
+
+    def run(self, step: StepInput) -> list[int]:
+        self.on_step(self.num_steps)
+        self.num_steps += 1
+        return [1] * len(step.sample_seq_indices)
+
+    def launch(self, step: StepInput) -> None:
+        self.launched.append([1] * len(step.sample_seq_indices))
+
+    def collect(self) -> list[int]:
+        self.on_step(self.num_steps)
+        self.num_steps += 1
+        return self.launched.popleft()
+
+    def set_phase_hooks(self, hooks) -> bool:
+        return False  # no runner here to report its phases
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def stand_in_engine(executor: StandInExecutor, **kwargs) -> LLMEngine:
+    """The real control plane (scheduler, block manager) over `executor`; kwargs as LLM's."""
+    config = EngineConfig.from_kwargs("stand-in", kvcache_block_size=4, num_kvcache_blocks=64, **kwargs)
+    return LLMEngine(config, executor)

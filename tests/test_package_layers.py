@@ -1,4 +1,5 @@
-"""The package's import graph: every import between modules points down the layer order, no cycles."""
+"""The package's import graph: every import between modules points down the layer order, no cycles, and
+no module takes a private name from another."""
 
 from __future__ import annotations
 
@@ -113,3 +114,40 @@ def test_no_import_cycles() -> None:
                 if nxt not in seen:
                     seen.add(nxt)
                     stack.append((nxt, path + [nxt]))
+
+
+def is_private(dotted: str) -> bool:
+    """A leading underscore on any part of the name (dunders such as __version__ are public)."""
+    return any(part.startswith("_") and not part.endswith("__") for part in dotted.split("."))
+
+
+def private_imports(path: Path, modules: set[str]) -> list[str]:
+    """Leading-underscore names this file takes from other nanoexp modules: imported by name, a private
+    module, or read as an attribute of an imported module (`mod._name`)."""
+    tree, found, imported_modules = ast.parse(path.read_text()), [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("nanoexp"):
+                    found += [alias.name] if is_private(alias.name) else []
+                    imported_modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("nanoexp")):
+            source = node.module or ""
+            found += [f"{source}.{a.name}" for a in node.names if is_private(f"{source}.{a.name}")]
+            imported_modules |= {a.asname or a.name for a in node.names if f"{source}.{a.name}" in modules}
+    found += [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and is_private(node.attr)
+        and ast.unparse(node.value) in imported_modules
+    ]
+    return found
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    found = [f"{name}: {n}" for name, path in files.items() for n in private_imports(path, set(files))]
+    assert not found, "private names used across modules (make them public where they belong):\n" + "\n".join(
+        sorted(found)
+    )

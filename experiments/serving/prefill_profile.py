@@ -111,7 +111,7 @@ def prefill_step_times(
     background = SamplingParams(max_tokens=3000, ignore_eos=True)
     for i in range(decodes):
         engine.add_request(prompt(256, salt + 1000 + i), background)
-    while any(s.in_prefill for s in engine.scheduler.running) or engine.scheduler.waiting:
+    while any(s.in_prefill for s in engine.scheduler.running_seqs()) or engine.scheduler.num_waiting:
         engine.step()
     for _ in range(3):
         engine.step()

@@ -61,7 +61,7 @@ class LLM(AbstractContextManager):
         with `engine.add_request` would lose their outputs); `use_tqdm` None: the constructor's."""
         with self.alone("generate"):
             self.engine.check_open()
-            pending = len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running)
+            pending = self.engine.scheduler.num_waiting + self.engine.scheduler.num_running
             if pending or self.engine.has_unfinished():
                 raise EngineBusyError(
                     f"generate: {pending} request(s) queued with engine.add_request are still unfinished; "

@@ -14,6 +14,8 @@ from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
 from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
 from nanoexp.runner.executor import make_executor
+from nanoexp.runner.step_hooks import ENGINE_PHASES, RUNNER_PHASES, PhaseHooks, StepHooks
+from nanoexp.runner.step_input import RunnerInfo
 
 PROMPT_KINDS = "a prompt is a str or a sequence of int token ids"
 _open_engines: weakref.WeakSet = weakref.WeakSet()  # their start-up objects stay frozen
@@ -24,15 +26,17 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, executor=None):
         self.config = config
         self.executor = executor or make_executor(config)
-        info = self.executor.info
-        self.vocab_size = info["vocab_size"]
-        self.max_model_len = info["max_model_len"]
-        self.eos_token_ids = set(info["eos_token_ids"])
-        self.block_manager = BlockManager(info["num_kv_blocks"], config.cache)
-        self.scheduler = Scheduler(self.block_manager, config.scheduler, info.get("max_mixed_step_tokens"))
+        info: RunnerInfo = self.executor.info
+        self.vocab_size = info.vocab_size
+        self.max_model_len = info.max_model_len
+        self.eos_token_ids = set(info.eos_token_ids)
+        self.block_manager = BlockManager(info.num_kv_blocks, config.cache)
+        self.scheduler = Scheduler(self.block_manager, config.scheduler, info.max_mixed_step_tokens)
         self.ids = itertools.count()
         self.in_flight: tuple[ScheduledBatch, float] | None = None  # a launched step, when it was scheduled
         self.last_step_end = 0.0  # overlapped steps are timed from the later of this and their start
+        self.step_hooks: StepHooks | None = None  # set_hooks
+        self.phase_hooks: PhaseHooks | None = None
         self._closed = False
         # Freezes what start-up built (model, block lists of up to ~1M blocks) so no full garbage collection
         # walks it inside a step (one paused a tiny fp8 step by 41 ms on an H200). close() unfreezes, or the
@@ -57,7 +61,7 @@ class LLMEngine:
         self.check_open()
         seq_id = next(self.ids)
         prompt = self.check_request(f"request {seq_id}", prompt_token_ids, params)
-        self.scheduler.waiting.append(Sequence(seq_id, prompt, params, arrival_time))
+        self.scheduler.add(Sequence(seq_id, prompt, params, arrival_time))
         return seq_id
 
     def check_request(self, name: str, prompt_token_ids, params: SamplingParams) -> list[int]:
@@ -84,20 +88,47 @@ class LLMEngine:
             )
         return prompt
 
+    def set_hooks(self, step: StepHooks | None = None, phases: PhaseHooks | None = None) -> tuple[str, ...]:
+        """Observers of the step path (a profiler), replacing any set before; None removes one. Returns the
+        phases `phases` hears of: ENGINE_PHASES, and RUNNER_PHASES where the runner is in this process."""
+        self.step_hooks, self.phase_hooks = step, phases
+        runner_reports = self.executor.set_phase_hooks(phases)
+        if phases is None:
+            return ()
+        return ENGINE_PHASES + RUNNER_PHASES if runner_reports else ENGINE_PHASES
+
     def has_unfinished(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running) or self.in_flight is not None
+        return self.scheduler.has_unfinished() or self.in_flight is not None
 
     def step(self) -> StepResult:
         """With async scheduling, step n+1 is scheduled and enqueued before step n's tokens are read back, so
-        the host's bookkeeping overlaps the device's work, under either batching policy."""
+        the host's bookkeeping overlaps the device's work, under either batching policy. The hooks (set_hooks)
+        hear of its begin, its end (in complete) and its ENGINE_PHASES; unset, each costs one None check."""
+        if self.step_hooks is not None:
+            self.step_hooks.step_begin()
         self.check_open()
+        phases = self.phase_hooks
         if self.in_flight is None:
             start = time.perf_counter()
+            if phases is not None:
+                phases.phase_begin("schedule")
             batch = self.scheduler.schedule()
+            if phases is not None:
+                phases.phase_end("schedule")
             if not (batch.seqs and self.config.scheduler.async_scheduling):
-                sampled = self.executor.run(batch.step_input()) if batch.seqs else []
+                step = batch.step_input() if batch.seqs else None
+                if phases is not None:
+                    phases.phase_begin("launch")
+                sampled = self.executor.run(step) if step is not None else []
+                if phases is not None:
+                    phases.phase_end("launch")
                 return self.complete(batch, self.advance(batch, start), sampled, start)
-            self.executor.launch(batch.step_input())
+            step = batch.step_input()
+            if phases is not None:
+                phases.phase_begin("launch")
+            self.executor.launch(step)
+            if phases is not None:
+                phases.phase_end("launch")
             self.in_flight = (batch, start)
         (batch, start), self.in_flight = self.in_flight, None
         samplers = self.advance(batch, start)
@@ -105,19 +136,37 @@ class LLMEngine:
         following = self.schedule_following(batch)
         if following.seqs:
             rows = {seq.seq_id: row for row, seq in enumerate(samplers) if seq is not None}
-            self.executor.launch(following.step_input(rows))
+            step = following.step_input(rows)
+            if phases is not None:
+                phases.phase_begin("launch")
+            self.executor.launch(step)
+            if phases is not None:
+                phases.phase_end("launch")
             self.in_flight = (following, following_start)
+        if phases is not None:
+            phases.phase_begin("collect")
         sampled = self.executor.collect()
+        if phases is not None:
+            phases.phase_end("collect")
         return self.complete(batch, samplers, sampled, start)
 
     def schedule_following(self, batch: ScheduledBatch) -> ScheduledBatch:
         """The next step, scheduled while `batch` runs: its sequences that end with this token get none."""
         running = [s for s in batch.seqs if s.status is Status.RUNNING]
-        return self.scheduler.schedule(skip=frozenset(s.seq_id for s in running if self.length_reached(s)))
+        skip = frozenset(s.seq_id for s in running if self.length_reached(s))
+        phases = self.phase_hooks
+        if phases is not None:
+            phases.phase_begin("schedule")
+        following = self.scheduler.schedule(skip=skip)
+        if phases is not None:
+            phases.phase_end("schedule")
+        return following
 
     def advance(self, batch: ScheduledBatch, scheduled_at: float) -> list[Sequence | None]:
         """Counts the batch's computed tokens and gives each sampling sequence a placeholder for
         its new token. Returns the sequence of each sample row (None: finished meanwhile)."""
+        if self.phase_hooks is not None:
+            self.phase_hooks.phase_begin("bookkeeping")
         samplers: list[Sequence | None] = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             if seq.status is Status.FINISHED:  # ended by a token read after this step was enqueued
@@ -128,12 +177,16 @@ class LLMEngine:
             if seq.num_computed_tokens == len(seq):
                 seq.token_ids.append(PLACEHOLDER)
                 samplers.append(seq)
+        if self.phase_hooks is not None:
+            self.phase_hooks.phase_end("bookkeeping")
         return samplers
 
     def complete(
         self, batch: ScheduledBatch, samplers: list[Sequence | None], sampled: list[int], start: float
     ) -> StepResult:
-        """Fills the placeholders with the sampled tokens and finishes what ended."""
+        """Fills the placeholders with the sampled tokens and finishes what ended; the step's last act."""
+        if self.phase_hooks is not None:
+            self.phase_hooks.phase_begin("bookkeeping")
         now = time.perf_counter()
         for seq in batch.seqs:
             if seq.status is Status.RUNNING:  # before finishing, so ended requests' blocks are reusable
@@ -151,7 +204,12 @@ class LLMEngine:
                 finished.append(self.output_of(seq))
         elapsed = now - max(start, self.last_step_end)
         self.last_step_end = now
-        return finished, self.step_stats(batch, finished, elapsed, len(sampled))
+        stats = self.step_stats(batch, finished, elapsed, len(sampled))
+        if self.phase_hooks is not None:
+            self.phase_hooks.phase_end("bookkeeping")
+        if self.step_hooks is not None:
+            self.step_hooks.step_end()
+        return finished, stats
 
     def finish_reason(self, seq: Sequence) -> str:
         last = seq.token_ids[-1]
@@ -193,8 +251,8 @@ class LLMEngine:
             prefix_cache_queries=batch.prefix_cache_queries,
             prefix_cache_hits=batch.prefix_cache_hits,
             num_preemptions=batch.num_preemptions,
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
             num_finished=len(finished),
         )
 

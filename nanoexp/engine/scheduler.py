@@ -80,8 +80,31 @@ class Scheduler:
         self.max_num_batched_tokens = budget
         self.max_mixed_step_tokens = min(budget, max_mixed_step_tokens or budget)
         self.enable_chunked_prefill = config.enable_chunked_prefill
-        self.waiting: deque[Sequence] = deque()
-        self.running: deque[Sequence] = deque()
+        self._waiting: deque[Sequence] = deque()  # the scheduler's own: others go through the methods below
+        self._running: deque[Sequence] = deque()
+
+    def add(self, seq: Sequence) -> None:
+        """Queues a new request behind the waiting ones."""
+        self._waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def waiting_seqs(self) -> tuple[Sequence, ...]:
+        """The queued (or preempted) sequences, next to admit first; a copy."""
+        return tuple(self._waiting)
+
+    def running_seqs(self) -> tuple[Sequence, ...]:
+        """The admitted sequences, oldest first; a copy."""
+        return tuple(self._running)
 
     def schedule(self, skip: frozenset[int] = frozenset()) -> ScheduledBatch:
         """The next step; sequences in `skip` (ended by a token not read yet) get no decode. Mixed: every
@@ -99,16 +122,16 @@ class Scheduler:
 
     def fill_prefill(self, batch: ScheduledBatch, budget: int) -> None:
         """Adds chunks of the running prefills, then admits waiting requests, within `budget`."""
-        for seq in self.running:
+        for seq in self._running:
             if seq.in_prefill and budget > 0:
                 n = min(seq.num_uncomputed_tokens, budget)
                 batch.add(seq, n)
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            n = self.admit(self.waiting[0], budget, batch)
+        while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
+            n = self.admit(self._waiting[0], budget, batch)
             if n == 0:
                 break
-            batch.add(self.waiting.popleft(), n)
+            batch.add(self._waiting.popleft(), n)
             budget -= n
 
     def admit(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> int:
@@ -124,14 +147,14 @@ class Scheduler:
         if seq.num_preemptions == 0:
             seq.num_cached_tokens = seq.num_computed_tokens
         seq.status = Status.RUNNING
-        self.running.append(seq)
+        self._running.append(seq)
         return min(remaining, budget)
 
     def schedule_decode(self, skip: frozenset[int] = frozenset()) -> ScheduledBatch:
         """One token for each running sequence (but those in `skip`), preempting if needed."""
         batch = ScheduledBatch(is_prefill=False)
         limit = min(self.max_num_seqs, self.max_num_batched_tokens)
-        for seq in list(self.running):
+        for seq in list(self._running):
             if len(batch.seqs) >= limit:
                 break
             if seq.seq_id in skip:
@@ -144,11 +167,11 @@ class Scheduler:
     def make_room(self, seq: Sequence, batch: ScheduledBatch) -> bool:
         """Grows seq by one token's block, preempting the newest unscheduled sequences if needed."""
         while not self.block_manager.grow(seq, len(seq)):
-            victim = self.running.pop()
+            victim = self._running.pop()
             self.block_manager.free_seq(victim)
             victim.status = Status.WAITING
             victim.num_preemptions += 1
-            self.waiting.appendleft(victim)
+            self._waiting.appendleft(victim)
             batch.num_preemptions += 1
             if victim is seq:
                 return False
@@ -156,14 +179,14 @@ class Scheduler:
 
     def abort_all(self) -> None:
         """Drops every queued or running request, returning their blocks."""
-        for seq in list(self.running):
+        for seq in list(self._running):
             self.finish(seq)
-        self.waiting.clear()
+        self._waiting.clear()
 
     def finish(self, seq: Sequence) -> None:
         if seq.status is Status.RUNNING:
-            self.running.remove(seq)
+            self._running.remove(seq)
             self.block_manager.free_seq(seq)
         else:  # preempted while its last token was still being sampled
-            self.waiting.remove(seq)
+            self._waiting.remove(seq)
         seq.status = Status.FINISHED

@@ -15,7 +15,8 @@ import torch
 from nanoexp.config import EngineConfig
 from nanoexp.runner.model_runner import ModelRunner
 from nanoexp.runner.model_setup import checked_hf_config
-from nanoexp.runner.step_input import StepInput
+from nanoexp.runner.step_hooks import PhaseHooks
+from nanoexp.runner.step_input import RunnerInfo, StepInput
 from nanoexp.runner.workers import WorkerGroup, invoke
 
 
@@ -24,7 +25,7 @@ class InProcessExecutor:
 
     def __init__(self, config: EngineConfig):
         self.runner: ModelRunner | None = ModelRunner(config)
-        self.info = self.runner.info()
+        self.info: RunnerInfo = self.runner.info()
         self.final_stats: dict = {}
 
     def call(self, method: str | Callable, *args):
@@ -41,6 +42,13 @@ class InProcessExecutor:
 
     def collect(self) -> list[int]:
         return self.runner.collect()
+
+    def set_phase_hooks(self, hooks: PhaseHooks | None) -> bool:
+        """The runner tells `hooks` of its phases (RUNNER_PHASES); False once closed."""
+        if self.runner is None:
+            return False
+        self.runner.phase_hooks = hooks
+        return True
 
     def stats(self) -> dict:
         """The runner's facts; after close, those it had when it closed."""
@@ -112,7 +120,7 @@ class MultiprocExecutor:
         self.finalizer = weakref.finalize(self, self.group.stop)
         _live.add(self)
         try:
-            self.info = self.group.receive(list(range(self.size)), startup=True)[0]
+            self.info: RunnerInfo = self.group.receive(list(range(self.size)), startup=True)[0]
         except BaseException:
             self.close()
             raise
@@ -136,6 +144,10 @@ class MultiprocExecutor:
 
     def run(self, step: StepInput) -> list[int]:
         return self.call("run", step)
+
+    def set_phase_hooks(self, hooks: PhaseHooks | None) -> bool:
+        """False: the runners are in the workers, out of the hooks' reach."""
+        return False
 
     def stats(self) -> dict:
         return {**self.call("stats"), "tensor_parallel_size": self.size}

@@ -24,7 +24,8 @@ from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import eos_token_ids, set_up_model
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
-from nanoexp.runner.step_input import StepInput, blockless_prefill
+from nanoexp.runner.step_hooks import PhaseHooks
+from nanoexp.runner.step_input import RunnerInfo, StepInput, blockless_prefill
 
 MIN_READBACK_IDS = 256  # ids per pinned buffer; a larger step gets a buffer of its own size
 
@@ -84,6 +85,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, rank: int = 0, dist_init: str | None = None):
         self.config, self.rank = config, rank
         self.block_size = config.cache.block_size
+        self.phase_hooks: PhaseHooks | None = None  # told of each step's prepare and forward (a profiler)
         self.peak_memory_kind = reset_peak_memory(torch.device("cpu"))  # the resident peak counts loading
         loaded = set_up_model(config, rank, dist_init)
         self.model, self.hf_config, self.backend = loaded.model, loaded.hf_config, loaded.backend
@@ -121,18 +123,14 @@ class ModelRunner:
         graphs = self.step_graphs if step.is_prefill else self.graphs
         return graphs if graphs is not None and step.num_tokens <= graphs.max_tokens else None
 
-    def info(self) -> dict:
-        """What the control plane needs to know about the model and its KV cache."""
-        eos = eos_token_ids(self.hf_config, self.config.model)
-        info = {
-            "vocab_size": self.hf_config.vocab_size,
-            "max_model_len": self.max_model_len,
-            "eos_token_ids": eos,
-            "num_kv_blocks": self.num_blocks,
-        }
-        if self.step_graphs is not None:  # mixed steps beyond them would run eagerly
-            info["max_mixed_step_tokens"] = self.step_graphs.max_tokens
-        return info
+    def info(self) -> RunnerInfo:
+        return RunnerInfo(
+            vocab_size=self.hf_config.vocab_size,
+            max_model_len=self.max_model_len,
+            eos_token_ids=eos_token_ids(self.hf_config, self.config.model),
+            num_kv_blocks=self.num_blocks,
+            max_mixed_step_tokens=self.step_graphs.max_tokens if self.step_graphs is not None else None,
+        )
 
     # ---- start-up runs ------------------------------------------------------------------------
 
@@ -250,11 +248,20 @@ class ModelRunner:
     ) -> tuple[torch.Tensor | None, bool]:
         """Enqueues one step's forward pass and sampling: the sampled ids (not waited for) on rank 0, or on
         every rank when drawn shard by shard (the bool). `prev_tokens`: the previous step's samples."""
+        phases = self.phase_hooks
+        if phases is not None:
+            phases.phase_begin("prepare")
         inputs, sampling = self.prepare(step)
+        if phases is not None:
+            phases.phase_end("prepare")
         if step.prev_sample_rows is not None:
             every_row = all(row >= 0 for row in step.prev_sample_rows)
             substitute_tokens(inputs.input_ids, inputs.prev_sample_rows, prev_tokens, every_row)
+        if phases is not None:
+            phases.phase_begin("forward")
         hidden = self.forward_hidden(step, inputs)
+        if phases is not None:
+            phases.phase_end("forward")
         if sampling is None:
             return torch.empty(0, dtype=torch.int64, device=self.device), True
         if not inputs.all_rows:

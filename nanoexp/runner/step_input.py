@@ -1,8 +1,21 @@
-"""The plain-data description of one model step that rank 0 sends to every rank."""
+"""The plain data between the control plane and the ranks: what rank 0 reports at start-up, and the
+description of one model step that every rank receives."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """What the control plane needs to know about the model and its KV cache (sent from a worker: plain)."""
+
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: list[int]
+    num_kv_blocks: int
+    # the largest step with decodes that runs in a CUDA graph (a larger one would run eagerly); None: no cap
+    max_mixed_step_tokens: int | None = None
 
 
 @dataclass

@@ -34,13 +34,13 @@ class MarkWaiting(Callback):
 
         import nanoexp.experiment.measure.driver as driver
 
-        marker, sleep = Path(HydraConfig.get().runtime.output_dir) / READY, driver._sleep_until
+        marker, sleep = Path(HydraConfig.get().runtime.output_dir) / READY, driver.sleep_until
 
         def marked_sleep(t: float) -> None:
             marker.touch()
             sleep(t)
 
-        driver._sleep_until = marked_sleep
+        driver.sleep_until = marked_sleep
 
 
 CALLBACK = "+hydra.callbacks.mark._target_=tests.test_signals.MarkWaiting"

@@ -37,7 +37,7 @@ def one_line(err) -> str:
 
 def assert_idle_and_serving(llm: LLM) -> None:
     assert not llm.engine.has_unfinished() and llm.engine.block_manager.num_used == 0
-    assert not llm.engine.scheduler.waiting and not llm.engine.scheduler.running
+    assert not llm.engine.scheduler.waiting_seqs() and not llm.engine.scheduler.running_seqs()
     assert len(llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)[0].token_ids) == 4
 
 
@@ -89,7 +89,7 @@ def test_numpy_and_torch_token_ids_are_accepted(llm) -> None:
         out = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
         assert out.token_ids == expected
     seq_id = llm.engine.add_request(np.array(ids, dtype=np.int16), GREEDY)
-    waiting = list(llm.engine.scheduler.waiting)
+    waiting = list(llm.engine.scheduler.waiting_seqs())
     assert all(type(t) is int for t in waiting[-1].token_ids), "numpy ids were queued as numpy"
     llm.engine.abort_all()
     assert seq_id >= 0

@@ -4,6 +4,7 @@ block, a stale prefix hit or a lost token changes them."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from nanoexp.config import EngineConfig, SamplingParams
 from nanoexp.engine.llm_engine import LLMEngine
-from nanoexp.runner.step_input import StepInput
+from nanoexp.runner.step_input import RunnerInfo, StepInput
 
 VOCAB = 50
 
@@ -25,12 +26,9 @@ class RecordingExecutor:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int):
         self.block_size = block_size
         self.slots: dict[int, tuple[int, int]] = {}
-        self.info = {
-            "vocab_size": VOCAB,
-            "max_model_len": max_model_len,
-            "eos_token_ids": [VOCAB - 1],
-            "num_kv_blocks": num_blocks,
-        }
+        self.info = RunnerInfo(
+            vocab_size=VOCAB, max_model_len=max_model_len, eos_token_ids=[VOCAB - 1], num_kv_blocks=num_blocks
+        )
         self.steps: list[StepInput] = []
         self.last_sampled: list[int] = []
         self.pending: list[list[int]] = []
@@ -119,14 +117,14 @@ def workload(seed: int, n: int, max_prompt: int, max_out: int):
 def check_invariants(engine: LLMEngine) -> None:
     manager = engine.block_manager
     held: dict[int, int] = {}
-    for seq in engine.scheduler.running:
+    for seq in engine.scheduler.running_seqs():
         for block_id in seq.block_table:
             held[block_id] = held.get(block_id, 0) + 1
     for block_id, ref_count in enumerate(manager.ref_counts):
         assert ref_count >= 0
         assert ref_count == held.get(block_id, 0)
         assert (ref_count == 0) == (block_id in manager.free)
-    for seq in engine.scheduler.waiting:
+    for seq in engine.scheduler.waiting_seqs():
         assert not seq.block_table
 
 
@@ -234,7 +232,7 @@ def test_mixed_steps_carry_every_running_decode_beside_prefill_chunks():
     def checked_schedule(skip=frozenset()):
         batch = schedule(skip)
         scheduled = {seq.seq_id for seq in batch.seqs}
-        for seq in scheduler.running:  # no running decode waits for a prefill
+        for seq in scheduler.running_seqs():  # no running decode waits for a prefill
             assert seq.seq_id in scheduled or seq.in_prefill or seq.seq_id in skip
         assert all(n == 1 for n in batch.num_new_tokens[: batch.num_decodes])
         assert all(not seq.in_prefill for seq in batch.seqs[: batch.num_decodes])
@@ -249,7 +247,7 @@ def test_mixed_steps_carry_every_running_decode_beside_prefill_chunks():
 def test_steps_with_decodes_stay_within_the_runners_graph_size():
     requests = workload(4, n=16, max_prompt=40, max_out=20)
     engine = make_engine(num_blocks=400, block_size=4, max_num_seqs=8, budget=48, chunked=True, prefix=False)
-    engine.executor.info["max_mixed_step_tokens"] = 12
+    engine.executor.info = dataclasses.replace(engine.executor.info, max_mixed_step_tokens=12)
     capped = LLMEngine(engine.config, engine.executor)
     run(capped, requests)
     steps = capped.executor.steps

@@ -1,72 +1,53 @@
-"""The profile knobs on a stand-in engine: events land on the step they hit, phases add up, the
-engine is left unwrapped afterwards, and with every knob off nothing is wrapped at all."""
+"""The profile knobs on the engine over a stand-in executor: events land on the step they hit, phases add
+up, the engine is left unwrapped and unhooked afterwards, and with every knob off no profiler exists."""
 
 from __future__ import annotations
 
 import gc
-import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import StandInExecutor, stand_in_engine
 
+from nanoexp import LLM
+from nanoexp.config import SamplingParams
+from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.experiment.measure.driver import StepLog
 from nanoexp.experiment.measure.profiling import StepProfiler, _triton_runtime_knobs
 from nanoexp.experiment.measure.repeats import _profiler
 from nanoexp.experiment.schema import ProfileConfig
 
 
-class Scheduler:
-    def schedule(self):
-        return self.schedule_decode()  # as the real one falls back to a decode batch
-
-    def schedule_decode(self):
-        time.sleep(0.002)  # long enough that counting it twice would exceed the whole step
-        return "batch"
-
-
-class Executor:
-    def run(self, batch):
-        return [1]
-
-    def launch(self, batch):
-        pass
-
-    def collect(self):
-        return [1]
-
-
-class Engine:
+class Events:
     """Step 1 compiles a torch.compile graph, step 2 runs a full collection, step 3 a Triton compile
     (Triton calls its post-compile hook)."""
 
     def __init__(self):
-        self.scheduler, self.executor, self.count = Scheduler(), Executor(), 0
         self.compiled = torch.compile(lambda x: x + 1, backend="eager")
 
-    def step(self):
-        batch = self.scheduler.schedule()
-        self.executor.run(batch)
-        self.advance()
-        self.complete()
-        if self.count == 1:
-            self.compiled(torch.ones(3 + self.count))
-        if self.count == 2:
+    def __call__(self, step: int) -> None:
+        if step == 1:
+            self.compiled(torch.ones(3 + step))
+        if step == 2:
             gc.collect()
         hook = _triton_runtime_knobs().jit_post_compile_hook
-        if self.count == 3 and hook is not None:
+        if step == 3 and hook is not None:
             hook(key="k", repr="kernel")
-        self.count += 1
-        return [], None
-
-    def advance(self):
-        pass
-
-    def complete(self):
-        pass
 
 
-def _run_steps(profiler: StepProfiler, engine: Engine, n: int) -> StepLog:
+@pytest.fixture
+def engine() -> Iterator[LLMEngine]:
+    """The real engine, one step at a time (not overlapped), over an executor that causes the Events."""
+    engine = stand_in_engine(StandInExecutor(on_step=Events()), async_scheduling=False)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True))
+    yield engine
+    engine.close()
+
+
+def _run_steps(profiler: StepProfiler, engine: LLMEngine, n: int) -> StepLog:
     log = StepLog(lambda *a: None)
     with profiler.repeat(0, log):
         for _ in range(n):
@@ -75,9 +56,8 @@ def _run_steps(profiler: StepProfiler, engine: Engine, n: int) -> StepLog:
     return log
 
 
-def test_events_count_on_the_step_they_hit_and_the_engine_is_unwrapped(tmp_path: Path) -> None:
+def test_events_count_on_the_step_they_hit_and_the_engine_is_unwrapped(tmp_path: Path, engine) -> None:
     pytest.importorskip("triton")
-    engine = Engine()
     profiler = StepProfiler(ProfileConfig(host_phases=True, events=True), engine, tmp_path)
     hook_before = _triton_runtime_knobs().jit_post_compile_hook
     _run_steps(profiler, engine, 5)
@@ -101,14 +81,30 @@ def test_events_count_on_the_step_they_hit_and_the_engine_is_unwrapped(tmp_path:
         assert sum(c[k] for k in parts) == pytest.approx(c["host_step_ms"])
         assert c["host_other_ms"] >= 0  # the phases are disjoint parts of the step
         assert c["host_schedule_ms"] > 0 and c["host_launch_ms"] > 0
+        assert "host_forward_ms" not in c  # no runner in this process to time the launch's parts
     assert "step" not in vars(engine) and "schedule" not in vars(engine.scheduler)
     assert "run" not in vars(engine.executor) and "advance" not in vars(engine)
+    assert engine.step_hooks is None and engine.phase_hooks is None
     assert _triton_runtime_knobs().jit_post_compile_hook is hook_before
     assert gc.callbacks.count(profiler._on_gc) == 0
 
 
-def test_untimed_steps_are_not_counted(tmp_path: Path) -> None:
-    engine = Engine()
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_in_process_runner_adds_the_launchs_parts(tmp_path: Path, checkpoints, overlap: bool) -> None:
+    with LLM(checkpoints["qwen3_gqa1"][0], num_kvcache_blocks=16, async_scheduling=overlap) as llm:
+        llm.engine.add_request([1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
+        profiler = StepProfiler(ProfileConfig(host_phases=True), llm.engine, tmp_path)
+        _run_steps(profiler, llm.engine, 4)
+    parts = ("schedule", "launch", "collect", "bookkeeping", "other")
+    assert len(profiler.columns) == 4
+    for c in profiler.columns.values():
+        assert set(c) == {f"host_{k}_ms" for k in ("step", *parts, "prepare", "forward", "sample")}
+        assert c["host_prepare_ms"] > 0 and c["host_forward_ms"] > 0 and c["host_sample_ms"] >= 0
+        assert sum(c[f"host_{k}_ms"] for k in parts) == pytest.approx(c["host_step_ms"])
+        assert c["host_other_ms"] >= 0
+
+
+def test_untimed_steps_are_not_counted(tmp_path: Path, engine) -> None:
     profiler = StepProfiler(ProfileConfig(events=True), engine, tmp_path)
     log = StepLog(lambda *a: None)
     log.recording = False  # latency mode's warm-up iterations
@@ -117,10 +113,9 @@ def test_untimed_steps_are_not_counted(tmp_path: Path) -> None:
     assert profiler.columns == {}
 
 
-def test_trace_covers_the_chosen_steps(tmp_path: Path) -> None:
+def test_trace_covers_the_chosen_steps(tmp_path: Path, engine) -> None:
     import json
 
-    engine = Engine()
     profiler = StepProfiler(ProfileConfig(trace_steps=2, trace_first_step=1), engine, tmp_path)
     _run_steps(profiler, engine, 5)
     trace = json.loads((tmp_path / "profile" / "trace_repeat0.json").read_text())
@@ -129,12 +124,10 @@ def test_trace_covers_the_chosen_steps(tmp_path: Path) -> None:
     assert profiler.job_summary()["profile_traces"].endswith("trace_repeat0.json")
 
 
-def test_no_profiler_when_every_knob_is_off(tmp_path: Path) -> None:
-    class Driver:
-        engine = Engine()
-
-    assert _profiler(ProfileConfig(), Driver(), tmp_path) is None
-    assert _profiler(None, Driver(), tmp_path) is None
+def test_no_profiler_when_every_knob_is_off(tmp_path: Path, engine) -> None:
+    driver = SimpleNamespace(engine=engine)
+    assert _profiler(ProfileConfig(), driver, tmp_path) is None
+    assert _profiler(None, driver, tmp_path) is None
     assert _profiler(ProfileConfig(events=True), object(), tmp_path) is None  # the hf baseline
 
 

@@ -45,7 +45,7 @@ class EngineDriver:
                 self.engine.add_request(list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s)
                 in_flight += 1
             if not self.engine.has_unfinished():
-                _sleep_until(t0 + pending[0].arrival_offset_s)
+                sleep_until(t0 + pending[0].arrival_offset_s)
                 continue
             finished, stats = self.engine.step()
             outputs += finished
@@ -155,7 +155,8 @@ def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_
     return record
 
 
-def _sleep_until(t: float) -> None:
+def sleep_until(t: float) -> None:
+    """Sleeps until time.perf_counter() reaches `t` (a request's arrival); returns at once if it has."""
     if not math.isfinite(t):  # nan never arrives and inf never comes: the loop would spin forever
         raise ValueError(f"a request's arrival time is {t}; arrival offsets must be finite seconds")
     time.sleep(max(0.0, t - time.perf_counter()))

@@ -11,7 +11,7 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
-from nanoexp.experiment.measure.driver import OnStep, _sleep_until
+from nanoexp.experiment.measure.driver import OnStep, sleep_until
 from nanoexp.experiment.measure.workloads import Request
 from nanoexp.runner.model_setup import pick_device, pick_dtype
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
@@ -41,7 +41,7 @@ class HFBaseline:
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
         outputs, pending = [], list(requests)
         while pending:
-            _sleep_until(t0 + pending[0].arrival_offset_s)
+            sleep_until(t0 + pending[0].arrival_offset_s)
             now = time.perf_counter() - t0
             arrived = [r for r in pending[: self.max_batch] if r.arrival_offset_s <= now]
             pending = pending[len(arrived) :]

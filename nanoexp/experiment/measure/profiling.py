@@ -1,6 +1,6 @@
 """The `profile.*` knobs (README: Explain): a torch profiler trace of chosen timed steps, the host's time
 per step phase, and the compiles and garbage collections that hit a timed step. With a knob on, the
-engine instance's per-step methods are wrapped (about a microsecond each); all off, nothing is."""
+profiler is the engine's step hooks (LLMEngine.set_hooks; a few microseconds a step); all off, no hook is."""
 
 from __future__ import annotations
 
@@ -13,20 +13,10 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from nanoexp.experiment.schema import ProfileConfig
+from nanoexp.runner.step_hooks import ENGINE_PHASES
 
 log = logging.getLogger(__name__)
 PROFILE_DIR = "profile"
-PHASES = {  # (owner, method) wrapped -> phase; the runner only when it runs in this process
-    ("scheduler", "schedule"): "schedule",
-    ("executor", "run"): "launch",
-    ("executor", "launch"): "launch",
-    ("executor", "collect"): "collect",
-    ("runner", "prepare"): "prepare",
-    ("runner", "forward_hidden"): "forward",
-    ("engine", "advance"): "bookkeeping",
-    ("engine", "complete"): "bookkeeping",
-}
-STEP_PARTS = ("schedule", "launch", "collect", "bookkeeping")  # disjoint; the rest of the step is "other"
 EVENTS = ("triton_compiles", "torch_compiles", "gc_collections", "gc_full_collections")
 
 
@@ -37,25 +27,26 @@ class StepProfiler:
         self.cfg, self.engine = cfg, engine
         self.columns: dict[int, dict] = {}
         self.phases, self.events, self.seen = Counter(), Counter(), Counter()  # seen: events of earlier steps
-        self.active: set[str] = set()  # phases being timed now
+        self.phase_starts: dict[str, float] = {}
+        self.reported: tuple[str, ...] = ()  # the phases the engine tells of (the runner's: when in-process)
         self.trace_path = out_dir / PROFILE_DIR / f"trace_repeat{cfg.trace_repeat}.json"
-        self.gc_started, self.tracing = 0.0, False
-        self.runner = getattr(engine.executor, "runner", None)  # None: the rank runs in a worker process
+        self.gc_started, self.tracing, self.step_started = 0.0, False, 0.0
+        self.log_steps, self.trace = None, None  # the pass being profiled: its StepLog and torch profiler
 
     @contextmanager
     def repeat(self, repeat: int, log_steps):
         """Profiles one timed pass; `log_steps` (the StepLog) says whether a step is timed and its index."""
-        trace = None  # a torch profiler, started at the pass's first timed step (not in a warm-up)
+        self.log_steps, self.trace = log_steps, None  # a torch profiler starts at the first timed step
         if self.cfg.trace_steps and repeat == self.cfg.trace_repeat:
-            trace = _torch_profiler(self.cfg.trace_first_step, self.cfg.trace_steps, self.trace_path)
-        restore = self._wrap(log_steps, trace)
+            self.trace = _torch_profiler(self.cfg.trace_first_step, self.cfg.trace_steps, self.trace_path)
+        self.reported = self.engine.set_hooks(self, self if self.cfg.host_phases else None)
         try:
             with self._event_hooks() if self.cfg.events else nullcontext():
                 yield
         finally:
-            restore()
+            self.engine.set_hooks(None, None)
             if self.tracing:
-                trace.stop()
+                self.trace.stop()
                 self.tracing = False
 
     def summary(self, since: int = 0) -> dict:
@@ -77,64 +68,35 @@ class StepProfiler:
             log.warning("%d timed steps compiled a kernel or graph (steps %s)", len(steps), names)
         return out
 
-    def _wrap(self, log_steps, trace):
-        """Wraps the engine's methods for this pass; returns the function that removes the wrappers."""
-        engine, runner = self.engine, self.runner
-        wrapped = [(engine, "step", self._step(engine.step, log_steps, trace))]
-        if self.cfg.host_phases:
-            owners = dict(engine=engine, scheduler=engine.scheduler, executor=engine.executor, runner=runner)
-            wrapped += [
-                (owners[o], name, self._timer(getattr(owners[o], name), phase))
-                for (o, name), phase in PHASES.items()
-                if hasattr(owners[o], name)
-            ]
-        for owner, name, wrapper in wrapped:
-            setattr(owner, name, wrapper)
-        return lambda: [delattr(owner, name) for owner, name, _ in wrapped]
+    def step_begin(self) -> None:
+        if self.trace is not None and self.log_steps.recording and not self.tracing:
+            self.trace.start()
+            self.tracing = True
+        self.phases.clear()
+        self.step_started = time.perf_counter()
 
-    def _timer(self, inner, phase: str):
-        """`inner` timed into its phase; a call inside another of the same phase counts once."""
-        phases, active = self.phases, self.active
+    def step_end(self) -> None:
+        elapsed = time.perf_counter() - self.step_started
+        if self.log_steps.recording:
+            self.columns[self.log_steps.index] = self._step_columns(elapsed)
+            if self.trace is not None:
+                self.trace.step()
 
-        def timed(*args, **kwargs):
-            if phase in active:
-                return inner(*args, **kwargs)
-            active.add(phase)
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                phases[phase] += time.perf_counter() - start
-                active.discard(phase)
+    def phase_begin(self, phase: str) -> None:
+        self.phase_starts[phase] = time.perf_counter()
 
-        return timed
-
-    def _step(self, inner, log_steps, trace):
-        def step():
-            if trace is not None and log_steps.recording and not self.tracing:
-                trace.start()
-                self.tracing = True
-            self.phases.clear()
-            start = time.perf_counter()
-            result = inner()
-            elapsed = time.perf_counter() - start
-            if log_steps.recording:
-                self.columns[log_steps.index] = self._step_columns(elapsed)
-                if trace is not None:
-                    trace.step()
-            return result
-
-        return step
+    def phase_end(self, phase: str) -> None:
+        self.phases[phase] += time.perf_counter() - self.phase_starts[phase]
 
     def _step_columns(self, elapsed: float) -> dict:
         columns = {}
         if self.cfg.host_phases:
             p = self.phases
-            out = {"step": elapsed} | {k: p[k] for k in STEP_PARTS}
-            if self.runner is not None:  # the launch's parts
+            out = {"step": elapsed} | {k: p[k] for k in ENGINE_PHASES}
+            if "forward" in self.reported:  # the launch's parts
                 out |= {"prepare": p["prepare"], "forward": p["forward"]}
                 out["sample"] = p["launch"] - p["prepare"] - p["forward"]
-            out["other"] = elapsed - sum(p[k] for k in STEP_PARTS)
+            out["other"] = elapsed - sum(p[k] for k in ENGINE_PHASES)  # they are disjoint parts of the step
             columns = {f"host_{k}_ms": v * 1e3 for k, v in out.items()}
         if self.cfg.events:  # the events since the last timed step (between-step ones count in the next)
             current = {**self.events, "torch_compiles": _torch_graphs()}
