@@ -135,9 +135,9 @@ class LLMEngine:
     ) -> StepResult:
         """Fills the placeholders with the sampled tokens and finishes what ended."""
         now = time.perf_counter()
-        for seq in batch.seqs:
-            if seq.status is Status.RUNNING:  # before finishing, so ended requests' blocks are reusable
-                self.block_manager.register_full_blocks(seq)
+        for running in batch.seqs:
+            if running.status is Status.RUNNING:  # before finishing, so ended requests' blocks are reusable
+                self.block_manager.register_full_blocks(running)
         finished = []
         for seq, token in zip(samplers, sampled, strict=True):
             if seq is None:
