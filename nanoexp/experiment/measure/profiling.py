@@ -36,10 +36,12 @@ class StepProfiler:
     def __init__(self, cfg: ProfileConfig, engine, out_dir: Path):
         self.cfg, self.engine = cfg, engine
         self.columns: dict[int, dict] = {}
-        self.phases, self.events, self.seen = Counter(), Counter(), Counter()  # seen: events of earlier steps
+        self.phases: Counter[str] = Counter()
+        self.events: Counter[str] = Counter()
+        self.seen: Counter[str] = Counter()  # events of earlier steps
         self.active: set[str] = set()  # phases being timed now
         self.trace_path = out_dir / PROFILE_DIR / f"trace_repeat{cfg.trace_repeat}.json"
-        self.gc_started, self.tracing = 0.0, False
+        self.gc_started, self.tracing = 0, False  # gc_started: perf_counter_ns
         self.runner = getattr(engine.executor, "runner", None)  # None: the rank runs in a worker process
 
     @contextmanager
@@ -55,6 +57,7 @@ class StepProfiler:
         finally:
             restore()
             if self.tracing:
+                assert trace is not None  # tracing: the profiler started
                 trace.stop()
                 self.tracing = False
 
