@@ -35,10 +35,11 @@ def resolve_model_dir(model: str) -> str:
         ) from None
 
 
-def load_hf_config(model: str, overrides: dict | None) -> PretrainedConfig:
+def load_hf_config(model: str | None, overrides: dict | None) -> PretrainedConfig:
     if overrides:
         fields = dict(overrides)
         return check_hf_config(AutoConfig.for_model(fields.pop("model_type"), **fields), "model.arch")
+    assert model is not None, "ModelConfig requires a path or an arch"
     path = resolve_model_dir(model)
     config_file = os.path.join(path, "config.json")
     if not os.path.lexists(config_file):
@@ -157,7 +158,8 @@ def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> st
             f"checkpoint tensor {name} in {file} has dtype {dtype}; "
             f"weights are one of {', '.join(WEIGHT_DTYPES)}"
         )
-    target, shard = name, ()
+    target = name
+    shard: tuple[int | str, ...] = ()  # (shard id,) for a part of a packed module
     for source, (dest, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
         if f".{source}." in name:
             target, shard = name.replace(f".{source}.", f".{dest}."), (shard_id,)

@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # Creates .venv (once) with what nanoexp needs; sourced by run.sh (`run`) and test.sh (`test`).
-# A torch already on the machine (e.g. a CUDA build) is reused. Otherwise torch==2.13.0 comes from
-# PyPI where an NVIDIA driver is present and from PyTorch's CPU index elsewhere (PyPI's Linux x86-64
-# wheel is the multi-GB CUDA build). Triton is installed where it runs: on CUDA machines, and for
-# the tests on any machine (the CPU suite runs the Triton kernels in Triton's interpreter).
+# A torch already on the machine (e.g. a CUDA build) is reused. Otherwise the version that
+# pyproject.toml's [tool.nanoexp] table names (the project's one torch pin) comes from PyPI where an
+# NVIDIA driver is present and from PyTorch's CPU index elsewhere (PyPI's Linux x86-64 wheel is the
+# multi-GB CUDA build). `run` installs the experiment layer (Hydra, W&B, the report's
+# pandas/matplotlib/scipy), `test` that and the test tools. Triton is installed where it runs: on
+# CUDA machines, and for the tests on any machine (the CPU suite runs the Triton kernels in
+# Triton's interpreter).
 # NANOEXP_TORCH_INDEX=<url> picks another index for that CPU build (empty: pip's own indexes);
 # NANOEXP_SETUP_DRY_RUN=1 prints the install commands instead of running them.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${NANOEXP_VENV:-$root/.venv}"
 purpose="${1:?setup.sh: say what the venv is for: run or test}"
-torch_pin="torch==2.13.0"
+
+# pyproject.toml's [tool.nanoexp] torch: the version installed where no torch is on the machine.
+torch_version() {
+  awk -F'"' '/^\[/ { section = $0 } section == "[tool.nanoexp]" && /^torch *=/ { print $2; exit }' \
+    "$root/pyproject.toml"
+}
+torch_pin="torch==$(torch_version)"
+[ "$torch_pin" != "torch==" ] || { echo "setup.sh: pyproject.toml names no [tool.nanoexp] torch" >&2; exit 2; }
 cpu_index="${NANOEXP_TORCH_INDEX-https://download.pytorch.org/whl/cpu}"  # empty: pip's own indexes
 
 has_cuda() {
@@ -20,8 +30,8 @@ has_cuda() {
 # The project's extras for `purpose` (run|test) on this machine, comma-separated.
 extras_for() {
   case "$1" in
-    run) has_cuda && echo "triton" || echo "" ;;
-    test) echo "test,triton" ;;
+    run) has_cuda && echo "experiment,triton" || echo "experiment" ;;
+    test) echo "experiment,test,triton" ;;
     *) echo "setup.sh: unknown purpose '$1' (run or test)" >&2; return 2 ;;
   esac
 }

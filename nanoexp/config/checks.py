@@ -6,6 +6,7 @@ import math
 import numbers
 import os
 from collections.abc import Callable
+from typing import TypeGuard
 
 
 class KnobError(ValueError):
@@ -19,17 +20,17 @@ class KnobError(ValueError):
 MAX_INT64 = 2**63 - 1  # seeds and other integers that reach torch or numpy as int64
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """Python or numpy integers; not bools, not floats such as 2.5 or 2.0."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def is_real(value: object) -> bool:
+def is_real(value: object) -> TypeGuard[float]:
     """Python or numpy ints and floats (inf and nan too); not bools or strings."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[float]:
     """A finite real number: Python or numpy ints and floats, not bools, strings or nan/inf."""
     return is_real(value) and math.isfinite(value)
 

@@ -5,6 +5,8 @@ packs the prompts into groups that fit one step and the cache; `probe_group` run
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 
@@ -119,13 +121,16 @@ def probe_group(
         greedy = decoded[-1].argmax(-1) if decoded[-1] is not None else None
         if runner.config.parallel.tensor_parallel_size > 1:  # rank 0's, so every rank feeds the same inputs
             greedy = runner.share_sampled(greedy, n)
+        assert greedy is not None  # rank 0 decoded; the others received its tokens
         for c, token in zip(continuations, greedy.tolist()):
             c.append(token)
     reference = reference_log_probs(runner, prompts, continuations)
     if runner.rank != 0:
         return None
-    kl = [kl_divergence(reference[:, t], d) for t, d in enumerate(decoded)]
-    agree = [reference[:, t].argmax(-1) == d.argmax(-1) for t, d in enumerate(decoded)]
+    assert reference is not None  # rank 0 has the logits, every step's
+    decoded_logits = cast(list[torch.Tensor], decoded)
+    kl = [kl_divergence(reference[:, t], d) for t, d in enumerate(decoded_logits)]
+    agree = [reference[:, t].argmax(-1) == d.argmax(-1) for t, d in enumerate(decoded_logits)]
     return torch.stack(kl, 1).cpu().numpy(), torch.stack(agree, 1).cpu().numpy()
 
 
@@ -140,7 +145,8 @@ def log_probs_of(runner, step: StepInput, rows: list[int] | None = None) -> torc
 
 def reference_log_probs(runner, prompts, continuations) -> torch.Tensor | None:
     """[requests, positions, vocab] log-probs of ONE plain prefill predicting each continuation token."""
-    rows, start = [], 0
+    rows: list[int] = []
+    start = 0
     for p, c in zip(prompts, continuations):
         rows += range(start + len(p) - 1, start + len(p) - 1 + len(c))
         start += len(p) + len(c)

@@ -41,12 +41,14 @@ class LLM(AbstractContextManager):
 
     def _start(self, config: EngineConfig, use_tqdm: bool) -> None:
         self.use_tqdm = check_use_tqdm(use_tqdm)
-        model = config.model.path
-        if config.model.arch is None and not os.path.isdir(model) and "/" not in model:
+        model = config.model.path  # set unless the config gives `arch` (ModelConfig's check)
+        if model is not None and config.model.arch is None and not os.path.isdir(model) and "/" not in model:
             raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
         self.lock = threading.Lock()  # one caller at a time, as vLLM's LLM
         self.engine = LLMEngine(config)
-        self.tokenizer = loader.load_tokenizer(model) if config.model.arch is None else None
+        self.tokenizer = (
+            loader.load_tokenizer(model) if model is not None and config.model.arch is None else None
+        )
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -115,8 +117,9 @@ class LLM(AbstractContextManager):
             text = repr(prompt)
             short = text if len(text) <= 40 else text[:37] + "..."
             raise TypeError(f"{name}: got {type(prompt).__name__} {short}; {PROMPT_KINDS}")
-        if getattr(prompt, "ndim", 1) != 1:
-            raise TypeError(f"{name}: got a {prompt.ndim}-D array; {PROMPT_KINDS}")
+        ndim = getattr(prompt, "ndim", 1)
+        if ndim != 1:
+            raise TypeError(f"{name}: got a {ndim}-D array; {PROMPT_KINDS}")
         return list(prompt)
 
     def run_to_completion(self, use_tqdm: bool, total: int) -> dict[int, RequestOutput]:

@@ -188,9 +188,9 @@ class LLMEngine:
         if self.phase_hooks is not None:
             self.phase_hooks.phase_begin("bookkeeping")
         now = time.perf_counter()
-        for seq in batch.seqs:
-            if seq.status is Status.RUNNING:  # before finishing, so ended requests' blocks are reusable
-                self.block_manager.register_full_blocks(seq)
+        for running in batch.seqs:
+            if running.status is Status.RUNNING:  # before finishing, so ended requests' blocks are reusable
+                self.block_manager.register_full_blocks(running)
         finished = []
         for seq, token in zip(samplers, sampled, strict=True):
             if seq is None:

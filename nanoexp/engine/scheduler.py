@@ -46,6 +46,7 @@ class ScheduledBatch:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             token_ids += seq.token_ids[start:end]
             if token_ids[-1] == PLACEHOLDER:
+                assert prev_rows is not None, "a placeholder input needs the previous step's rows"
                 token_ids[-1] = 0
                 placeholders.append((len(token_ids) - 1, prev_rows[seq.seq_id]))
             step.query_lens.append(n)

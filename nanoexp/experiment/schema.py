@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -84,7 +84,7 @@ class ModelSpec(ModelConfig):
 
     name: str = MISSING
     hub_id: str | None = None  # Hugging Face repo id, looked up in the local hub cache only
-    arch: ArchConfig = field(default_factory=ArchConfig)
+    arch: ArchConfig = field(default_factory=ArchConfig)  # type: ignore[assignment]  # typed for Hydra
     load_format: str = DUMMY_IF_MISSING
 
 
@@ -266,7 +266,12 @@ class MetricsConfig:
 
 
 LATENCY_SERIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
-RATES = ("output_throughput", "total_token_throughput", "request_throughput", "request_goodput")
+RATES: tuple[str, ...] = (
+    "output_throughput",
+    "total_token_throughput",
+    "request_throughput",
+    "request_goodput",
+)
 RATES += ("slo_attainment", "duration_s")
 # the job summary's metrics a search can optimize (metrics.summarize, kv_quality, latency mode)
 SEARCH_OBJECTIVES = (
@@ -370,21 +375,21 @@ class NanoexpConfig:
 
 def to_spec(cfg: DictConfig) -> NanoexpConfig:
     """The typed, resolved config; an unknown key or a rejected value is a ConfigError naming the key."""
-    _reject_unknown_keys(OmegaConf.to_container(cfg, resolve=False), NanoexpConfig, "")
+    _reject_unknown_keys(cast(dict, OmegaConf.to_container(cfg, resolve=False)), NanoexpConfig, "")
     try:
-        return OmegaConf.to_object(cfg)
+        return cast(NanoexpConfig, OmegaConf.to_object(cfg))
     except KnobError as e:
         raise ConfigError(str(e)) from None
 
 
 def to_plain(cfg: DictConfig) -> dict:
     """The resolved config as plain data: what gets logged and what crosses process boundaries."""
-    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    return cast(dict, OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
 
 
 def _reject_unknown_keys(values: dict, schema: type, prefix: str) -> None:
     """Keys appended with `+key=value` get past composition; they are errors like misspelled ones."""
-    known = {f.name: f.default_factory for f in fields(schema)}
+    known: dict[str, Any] = {f.name: f.default_factory for f in fields(schema)}
     for key, value in values.items():
         if key not in known:
             allowed = ", ".join(sorted(known))

@@ -114,6 +114,7 @@ class AllReduce:
 
     def one_shot(self, x: torch.Tensor) -> torch.Tensor:
         """Each rank copies its input into its buffer, then reads every peer's and sums."""
+        assert self.buffer is not None  # the caller took this path because the buffer exists
         symm, out = self.buffer[: x.numel()], torch.empty_like(x)
         ops = torch.ops.symm_mem
         if hasattr(ops, "one_shot_all_reduce_copy_out"):  # the copy happens inside the kernel
@@ -125,6 +126,7 @@ class AllReduce:
 
     def two_shot(self, x: torch.Tensor) -> torch.Tensor:
         """Each rank sums its 1/N slice from all peers, then gathers the others' sums; in place in x."""
+        assert self.buffer is not None
         symm = self.buffer[: x.numel()]
         symm.copy_(x.view(-1))
         if self.world_size in TWO_SHOT_OUT_WORLD_SIZES:
@@ -170,6 +172,7 @@ def setup_all_reduce(
 ) -> AllReduce:
     """This rank's all-reduce (collective, before CUDA-graph capture); max_bytes: the symmetric buffer's."""
     group = group or dist.group.WORLD
+    assert group is not None, "the process group is initialised before the all-reduce is set up"
     world_size = dist.get_world_size(group)
     usable = device.type == "cuda" and agree(symm_mem_usable(device, world_size), group, device)
     impl = resolve_choice(choice, device, world_size, usable)

@@ -82,6 +82,7 @@ class AttentionBackend:
     caches ignore them); prefill without a cached prefix attends to this step's k/v as given."""
 
     name = "base"
+    selection = ""  # why kernels/select.py chose this backend, one line
     captures_mixed_steps = False  # mixed() honours AttentionMetadata.prefill_tiles (step graphs)
 
     def store_kv(

@@ -79,7 +79,7 @@ def auto_candidates(
 def choose_auto(
     device: torch.device, block_size: int, dtype: torch.dtype, head_dim: int, kv_fp8: bool = False
 ) -> AttentionBackend:
-    rejected = []
+    rejected: list[str] = []
     for name, build in auto_candidates(device, block_size, dtype, kv_fp8):
         try:
             backend = build()

@@ -123,12 +123,14 @@ def max_error(
     gen = torch.Generator().manual_seed(seed)
     num_heads, kv_heads = heads
     errors = []
-    for case in cases:
-        *caches, md = paged_case(*case, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8)
+    for ctx_lens, q_lens, is_prefill in cases:
+        k_cache, v_cache, scales, md = paged_case(
+            ctx_lens, q_lens, is_prefill, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8
+        )
         n = md.slot_mapping.shape[0]
         q = torch.randn(n, num_heads, head_dim, generator=gen).to(device, dtype)
         k, v = (torch.randn(n, kv_heads, head_dim, generator=gen).to(device, dtype) for _ in range(2))
-        errors.append(_compare(backend, *caches, md, q, k, v, head_dim**-0.5))
+        errors.append(_compare(backend, k_cache, v_cache, scales, md, q, k, v, head_dim**-0.5))
     return max(errors)
 
 

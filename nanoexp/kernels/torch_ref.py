@@ -29,6 +29,7 @@ class TorchAttentionBackend(AttentionBackend):
         self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, k_scale=None, v_scale=None
     ):
         out = torch.empty_like(q)
+        assert md.cu_seqlens_q is not None  # set for every step with prefill tokens
         cu_q = md.cu_seqlens_q.tolist()
         ctx = md.context_lens.tolist()
         if md.has_cached_prefix:  # k, v: each sequence's context, read from the cache

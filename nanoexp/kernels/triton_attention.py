@@ -593,7 +593,7 @@ def varlen_prefill(
     cfg_m, cfg_n, cfg_warps, cfg_stages = _prefill_config(head_dim, num_heads, num_kv_heads, num_tokens)
     block_m, block_n = block_m or cfg_m, block_n or cfg_n
     num_warps, num_stages = num_warps or cfg_warps, num_stages or cfg_stages
-    grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_kv_heads)
+    grid: tuple[int, ...] = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_kv_heads)
     if tiles is not None:
         assert paged and tiles.dtype == torch.int32 and tiles.shape[1] == 4
         grid = (num_kv_heads, tiles.shape[0])
@@ -614,7 +614,7 @@ def varlen_prefill(
         *kv_strides,
         out.stride(0),
         out.stride(1),
-        block_tables.stride(0) if paged else 0,
+        block_tables.stride(0) if block_tables is not None else 0,
         GROUP=group,
         GROUP_PAD=triton.next_power_of_2(group),
         HEAD_DIM=head_dim,

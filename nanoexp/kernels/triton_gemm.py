@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 import triton
@@ -368,6 +369,25 @@ def default_config(n: int, k: int, num_sms: int, rows: int = 1) -> GemmConfig:
     return GemmConfig(block_n, block_k, split, num_stages=3)
 
 
+@overload
+def skinny_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemmConfig | GemvConfig | None = None,
+    gated: bool = False,
+    norm: None = None,
+) -> torch.Tensor: ...
+@overload
+def skinny_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemmConfig | GemvConfig | None = None,
+    gated: bool = False,
+    *,
+    norm: NormFirst,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 def skinny_gemm(
     x: torch.Tensor,
     w: torch.Tensor,

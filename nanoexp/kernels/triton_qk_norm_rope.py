@@ -151,7 +151,11 @@ def qk_norm_rope_store(
     assert k_cache.stride(-1) == 1 and k_cache.shape == v_cache.shape  # V: own strides (kernels/base.py)
     assert k_cache.shape[2:] == (num_kv_heads, head_dim) and slot_mapping.is_contiguous()
     norm = q_weight is not None
-    assert not norm or (q_weight.dtype == k_weight.dtype == qkv.dtype and q_weight.shape == (head_dim,))
+    assert q_weight is None or (
+        k_weight is not None
+        and q_weight.dtype == k_weight.dtype == qkv.dtype
+        and q_weight.shape == (head_dim,)
+    )
     fp8 = check_scales(k_cache, k_scale, v_scale)
     assert fp8 or k_cache.dtype == qkv.dtype, f"cache dtype {k_cache.dtype} != model dtype {qkv.dtype}"
     q = qkv.new_empty((num_tokens, num_heads, head_dim))

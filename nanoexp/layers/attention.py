@@ -23,6 +23,7 @@ class Attention(nn.Module):
         self.v_scale = torch.ones(1, dtype=torch.float32)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, md: AttentionMetadata) -> Tensor:
+        assert self.backend is not None, "the runner binds the backend before the first forward"
         if self.k_cache.numel():  # no cache before it is sized (memory profiling): store nothing
             scales = self.k_scale, self.v_scale
             self.backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping, *scales)
@@ -40,6 +41,7 @@ class Attention(nn.Module):
         attention; None when the backend has no such op (the caller runs the unfused path)."""
         if not self.k_cache.numel():  # memory profiling and fp8 calibration take the unfused path
             return None
+        assert self.backend is not None
         # Prefill without a cached prefix attends over this step's packed k, not the cache.
         write_k = md.is_prefill and not md.has_cached_prefix
         qk = self.backend.qk_norm_rope_store(
@@ -63,6 +65,7 @@ class Attention(nn.Module):
         return self._attend(q, k, v.view(-1, self.num_kv_heads, self.head_dim), md)
 
     def _attend(self, q, k, v, md: AttentionMetadata) -> Tensor:
+        assert self.backend is not None
         caches, scales = (self.k_cache, self.v_cache), (self.k_scale, self.v_scale)
         if not md.is_prefill:
             return self.backend.decode(q, *caches, md, self.scale, *scales)

@@ -8,10 +8,22 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 import torch
 
 _enabled = False
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CompilableOp(Protocol, Generic[P, R]):
+    """A `compilable` op: called with the plain function's positional arguments; the plain function
+    stays reachable as `__wrapped__`."""
+
+    __wrapped__: Callable[P, R]
+
+    def __call__(self, *args: Any) -> R: ...
 
 
 @contextlib.contextmanager
@@ -24,7 +36,7 @@ def use_compiled(on: bool) -> Iterator[None]:
         _enabled = previous
 
 
-def compilable(fn: Callable) -> Callable:
+def compilable(fn: Callable[P, R]) -> CompilableOp[P, R]:
     compiled = None
 
     @functools.wraps(fn)

@@ -20,7 +20,7 @@ class VocabParallelEmbedding(nn.Module):
         self.per_rank = -(-vocab_size // self.tp_size)
         self.vocab_start = self.per_rank * self.tp_rank
         self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # read by loader.py
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         mine = loaded[self.vocab_start : self.vocab_start + self.per_rank]
@@ -46,10 +46,13 @@ class ParallelLMHead(VocabParallelEmbedding):
         valid = min(self.per_rank, self.vocab_size - self.vocab_start)
         return F.linear(hidden, self.weight[:valid])
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]  # logits, not rows
         logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
-            parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
+            if self.tp_rank != 0:
+                dist.gather(logits, None, dst=0)
+                return None
+            parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
             dist.gather(logits, parts, dst=0)
-            logits = torch.cat(parts, dim=-1) if self.tp_rank == 0 else None
-        return None if logits is None else logits[..., : self.vocab_size]  # a view without the padding
+            logits = torch.cat(parts, dim=-1)
+        return logits[..., : self.vocab_size]  # a view without the padding

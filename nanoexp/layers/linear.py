@@ -33,10 +33,10 @@ class LinearBase(nn.Module):
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.skinny: SkinnyGemm | None = None  # bound by bind_gemm_backend
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # read by loader.py
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
-            self.bias.weight_loader = self.weight_loader
+            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         else:
             self.register_parameter("bias", None)
 
@@ -79,7 +79,8 @@ class MergedColumnParallelLinear(LinearBase):
         self.output_sizes = output_sizes
         super().__init__(in_features, sum(output_sizes) // tp_size(), bias, 0)
 
-    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
+    # packed layers take the shard id the loader finds in the checkpoint name
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:  # type: ignore[override]
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         param.data.narrow(0, offset, size).copy_(self.shard_of(loaded, 0))
@@ -97,7 +98,7 @@ class QKVParallelLinear(LinearBase):
         self.total_kv_heads = num_kv_heads
         super().__init__(hidden, (self.num_heads + 2 * self.num_kv_heads) * head_dim, bias, 0)
 
-    def weight_loader(self, param: nn.Parameter, loaded, shard_id: str) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: str) -> None:  # type: ignore[override]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[shard_id]
         heads = self.num_heads * self.tp_size if shard_id == "q" else self.total_kv_heads

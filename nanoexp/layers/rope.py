@@ -10,6 +10,8 @@ from nanoexp.layers.norm import rms_norm
 
 
 class RotaryEmbedding(nn.Module):
+    cos_sin: Tensor  # [max_position, head_dim] float32: cos halves, then sin halves
+
     def __init__(self, head_dim: int, max_position: int, base: float):
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))

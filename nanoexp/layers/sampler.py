@@ -51,6 +51,7 @@ class Sampler(nn.Module):
         if st.all_greedy:
             index = logits.argmax(dim=-1)
             return logits.gather(1, index.unsqueeze(1)).squeeze(1).float(), index + vocab_offset
+        assert st.row_seeds is not None  # can_shard(st) holds
         scores = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         return scores, self.one_pass_sample(logits, st.temperatures, st.row_seeds, vocab_offset, scores)
 
@@ -58,6 +59,7 @@ class Sampler(nn.Module):
         if st.all_greedy:
             return logits.argmax(dim=-1)
         if self.draws_in_one_pass(st):
+            assert st.row_seeds is not None
             return self.one_pass_sample(logits, st.temperatures, st.row_seeds)
         greedy_tokens = logits.argmax(dim=-1)
         if not st.needs_filter and all(seed is None for seed in st.seeds):
@@ -65,6 +67,7 @@ class Sampler(nn.Module):
         else:
             logits = logits.float() / st.temperatures.clamp_min(1e-6).unsqueeze(1)
             if st.needs_filter:
+                assert st.top_k is not None and st.top_p is not None and st.min_p is not None
                 logits = filter_logits(logits, st.top_k, st.top_p, st.min_p)
             probs = torch.softmax(logits, dim=-1)
             sampled = (probs / exponential_noise(probs, st.seeds)).argmax(dim=-1)

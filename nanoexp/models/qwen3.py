@@ -126,10 +126,12 @@ class Qwen2ForCausalLM(Qwen3ForCausalLM):
     qk_norm = False
 
 
-MODELS: dict[str, type[nn.Module]] = {cls.__name__: cls for cls in (Qwen3ForCausalLM, Qwen2ForCausalLM)}
+MODELS: dict[str, type[Qwen3ForCausalLM]] = {
+    cls.__name__: cls for cls in (Qwen3ForCausalLM, Qwen2ForCausalLM)
+}
 
 
-def model_class(config: PretrainedConfig) -> type[nn.Module]:
+def model_class(config: PretrainedConfig) -> type[Qwen3ForCausalLM]:
     """Our model class for a checkpoint's `architectures` entry."""
     archs = getattr(config, "architectures", None)
     for arch in archs or []:

@@ -62,6 +62,9 @@ class GraphLadder:
     capture runs store: nothing (slot -1)."""
 
     variants: tuple[bool | None, ...] = (None,)  # what else tells graphs apart (StepGraphs: with decodes)
+    # each graph kind's: its arena's fields at a size, and the views of a size's arena a capture reads
+    fields: Callable[[int, int], Fields]
+    view: Callable[..., tuple[torch.Tensor, torch.Tensor, AttentionMetadata]]
 
     def __init__(
         self,
@@ -79,7 +82,7 @@ class GraphLadder:
         self.mirrors = PinnedMirrors(list(self.arenas.values()), device)
         self.output = torch.zeros(sizes[-1], hidden_size, dtype=dtype, device=device)
         self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
-        self.mds = {
+        self.mds: dict[Hashable, AttentionMetadata] = {
             (size, variant): self.view(size, variant)[2]  # what a replay reads, by graph key
             for size in sizes
             for variant in self.variants

@@ -28,20 +28,27 @@ class InProcessExecutor:
         self.info: RunnerInfo = self.runner.info()
         self.final_stats: dict = {}
 
-    def call(self, method: str | Callable, *args):
-        """Runs a runner method by name, or `method(runner, *args)`; returns its result."""
+    def live_runner(self) -> ModelRunner:
         if self.runner is None:
             raise RuntimeError("the engine is closed")
-        return invoke(self.runner, method, args)
+        return self.runner
+
+    def call(self, method: str | Callable, *args):
+        """Runs a runner method by name, or `method(runner, *args)`; returns its result."""
+        return invoke(self.live_runner(), method, args)
 
     def run(self, step: StepInput) -> list[int]:
-        return self.runner.run(step)
+        tokens = self.live_runner().run(step)
+        assert tokens is not None  # the one rank is rank 0
+        return tokens
 
     def launch(self, step: StepInput) -> None:
-        self.runner.launch(step)
+        self.live_runner().launch(step)
 
     def collect(self) -> list[int]:
-        return self.runner.collect()
+        tokens = self.live_runner().collect()
+        assert tokens is not None
+        return tokens
 
     def set_phase_hooks(self, hooks: PhaseHooks | None) -> bool:
         """The runner tells `hooks` of its phases (RUNNER_PHASES); False once closed."""

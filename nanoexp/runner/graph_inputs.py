@@ -74,8 +74,9 @@ class PinnedMirrors:
     def acquire(self, arena: InputArena) -> tuple[int, dict[str, np.ndarray]]:
         """The next buffer, free to write, and its views in `arena`'s layout."""
         index, self.next = self.next, (self.next + 1) % len(self.buffers)
-        if self.events[index] is not None:
-            self.events[index].synchronize()
+        event = self.events[index]
+        if event is not None:
+            event.synchronize()
         return index, self.views[id(arena), index]
 
     def upload(self, index: int, arena: InputArena, nbytes: int) -> None:
@@ -85,11 +86,12 @@ class PinnedMirrors:
             self.copies[key] = (self.buffers[index][:nbytes], arena.buffer[:nbytes])
         source, target = self.copies[key]
         target.copy_(source, non_blocking=True)
-        if self.events[index] is not None:
-            self.events[index].record()
+        event = self.events[index]
+        if event is not None:
+            event.record()
 
 
-def token_fields(tokens: int, seqs: int, max_blocks: int, extra: Fields = ()) -> Fields:
+def token_fields(tokens: int, seqs: int, max_blocks: int, extra: Fields | tuple[()] = ()) -> Fields:
     """The fields every graph step has, per token and per sequence, then `extra`, then the block tables."""
     int32, int64, float32 = torch.int32, torch.int64, torch.float32
     head = [

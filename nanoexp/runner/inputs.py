@@ -129,18 +129,7 @@ def token_layout(step: StepInput, block_size: int, tables: np.ndarray) -> tuple[
     """Each token's position and cache slot (-1: its sequence has no blocks, nothing stored) and each
     sampled sequence's last row; `tables`: the block tables, zero-padded to one width."""
     if step.num_tokens <= PYTHON_TOKENS:
-        positions: list[int] = []
-        slots: list[int] = []
-        last_rows: list[int] = []
-        for q, context, blocks in zip(step.query_lens, step.context_lens, step.block_tables):
-            span = range(context - q, context)
-            positions += span
-            if blocks:
-                slots += [blocks[p // block_size] * block_size + p % block_size for p in span]
-            else:
-                slots += [-1] * q
-            last_rows.append(len(positions) - 1)
-        return positions, slots, [last_rows[i] for i in step.sample_seq_indices]
+        return token_layout_in_python(step, block_size)
     query_lens = np.asarray(step.query_lens, dtype=np.int64)
     cu_q = np.concatenate([[0], np.cumsum(query_lens)])
     seq_of_token = np.repeat(np.arange(len(query_lens)), query_lens)
@@ -153,6 +142,22 @@ def token_layout(step: StepInput, block_size: int, tables: np.ndarray) -> tuple[
     slots = tables[seq_of_token, block_index].astype(np.int64) * block_size + positions % block_size
     has_blocks = np.fromiter((len(t) > 0 for t in step.block_tables), dtype=bool, count=len(tables))
     return positions, np.where(has_blocks[seq_of_token], slots, -1), last_rows
+
+
+def token_layout_in_python(step: StepInput, block_size: int) -> tuple[list[int], list[int], list[int]]:
+    """token_layout for a small step, as lists."""
+    positions: list[int] = []
+    slots: list[int] = []
+    last_rows: list[int] = []
+    for q, context, blocks in zip(step.query_lens, step.context_lens, step.block_tables):
+        span = range(context - q, context)
+        positions += span
+        if blocks:
+            slots += [blocks[p // block_size] * block_size + p % block_size for p in span]
+        else:
+            slots += [-1] * q
+        last_rows.append(len(positions) - 1)
+    return positions, slots, [last_rows[i] for i in step.sample_seq_indices]
 
 
 def samples_every_row(step: StepInput) -> bool:

@@ -55,7 +55,7 @@ def scale_for(amax: torch.Tensor) -> torch.Tensor:
 def scales_summary(model: nn.Module) -> dict[str, float]:
     """Mean and max of the per-layer K and V scales (1.0 for a cache in the model's dtype)."""
     layers = attention_layers(model)
-    summary = {}
+    summary: dict[str, float] = {}
     for name in ("k_scale", "v_scale"):
         values = torch.cat([getattr(layer, name).float().cpu() for layer in layers])
         summary |= {f"kv_{name}_mean": float(values.mean()), f"kv_{name}_max": float(values.max())}

@@ -227,6 +227,7 @@ class ModelRunner:
                 seeds=[None] * rows,
             )
             _, sampling = prepare_step(step, self.block_size, vocab, self.device)
+            assert sampling is not None  # temperature 1: the rows sample
             if self.rank == 0:
                 self.sampler(torch.randn(rows, vocab, device=self.device, dtype=self.dtype), sampling)
             if self.shards_sampling and self.sampler.can_shard(sampling):
@@ -256,6 +257,7 @@ class ModelRunner:
             phases.phase_end("prepare")
         if step.prev_sample_rows is not None:
             every_row = all(row >= 0 for row in step.prev_sample_rows)
+            assert inputs.prev_sample_rows is not None and prev_tokens is not None
             substitute_tokens(inputs.input_ids, inputs.prev_sample_rows, prev_tokens, every_row)
         if phases is not None:
             phases.phase_begin("forward")
@@ -268,8 +270,8 @@ class ModelRunner:
             hidden = hidden[inputs.logits_indices]
         with use_compiled(self.graphs is not None):
             if self.shards_sampling and self.sampler.can_shard(sampling):  # each rank draws from its shard
-                logits, vocab_offset = self.model.compute_local_logits(hidden)
-                return exchange_winners(*self.sampler.shard_winners(logits, sampling, vocab_offset)), True
+                local, vocab_offset = self.model.compute_local_logits(hidden)
+                return exchange_winners(*self.sampler.shard_winners(local, sampling, vocab_offset)), True
             logits = self.model.compute_logits(hidden)
             return (None if logits is None else self.sampler(logits, sampling)), False
 
@@ -292,8 +294,9 @@ class ModelRunner:
 
     def forward_hidden(self, step: StepInput, inputs: ModelInputs) -> torch.Tensor:
         """The last layer's hidden states, through a captured graph where the step fits one."""
-        if inputs.graph_key is not None:
-            return self.graphs_for(step).replay(inputs)
+        graphs = self.graphs_for(step) if inputs.graph_key is not None else None
+        if graphs is not None:
+            return graphs.replay(inputs)
         with use_compiled(self.uses_graphs):
             return self.model(inputs.input_ids, inputs.positions, inputs.md)
 
@@ -310,6 +313,7 @@ class ModelRunner:
             tokens = self.share_sampled(tokens, len(step.sample_seq_indices))
         self.last_sampled = tokens
         if self.rank == 0:
+            assert tokens is not None  # rank 0 always samples
             self.readback.push(tokens)
 
     def collect(self) -> list[int] | None:
@@ -325,6 +329,7 @@ class ModelRunner:
     def share_sampled(self, tokens: torch.Tensor | None, count: int) -> torch.Tensor:
         if self.rank != 0:
             tokens = torch.empty(count, dtype=torch.int64, device=self.device)
+        assert tokens is not None  # rank 0 sampled them
         if count:
             dist.broadcast(tokens, src=0)
         return tokens

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from transformers import PretrainedConfig
 
 from nanoexp.config import EngineConfig, ModelConfig
@@ -29,14 +28,14 @@ from nanoexp.layers.activation import bind_activation_kernel
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.linear import bind_gemm_backend
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
-from nanoexp.models.qwen3 import model_class
+from nanoexp.models.qwen3 import Qwen3ForCausalLM, model_class
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass
 class LoadedModel:
-    model: nn.Module
+    model: Qwen3ForCausalLM
     hf_config: PretrainedConfig
     device: torch.device
     dtype: torch.dtype
@@ -56,8 +55,8 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
         torch.cuda.set_device(device)
     size = config.parallel.tensor_parallel_size
     if size > 1:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=dist_init, rank=rank, world_size=size)
+        dist_backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(dist_backend, init_method=dist_init, rank=rank, world_size=size)
     dtype = pick_dtype(config.model.dtype, hf_config, device)
     start = time.perf_counter()
     model = build_model(config, hf_config, dtype, device, max_model_len)
@@ -126,7 +125,7 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device,
     max_model_len: int,
-) -> nn.Module:
+) -> Qwen3ForCausalLM:
     """This rank's shard of the model, with the checkpoint's weights or seeded random ones."""
     torch.manual_seed(config.execution.seed)
     cls = model_class(hf_config)
@@ -140,6 +139,7 @@ def build_model(
     if config.model.load_format == "dummy":
         init_dummy(model, config.execution.seed)
     else:
+        assert config.model.path is not None  # ModelConfig: no path means dummy weights
         load_safetensors(model, resolve_model_dir(config.model.path))
     return model
 
@@ -148,7 +148,7 @@ def eos_token_ids(hf_config: PretrainedConfig, model: ModelConfig) -> list[int]:
     """The config's EOS ids plus those of generation_config.json, when the checkpoint has one."""
     ids = as_list(hf_config.eos_token_id)
     gen_path = os.path.join(model.path or "", "generation_config.json")
-    if model.arch is None and os.path.lexists(gen_path):
+    if model.arch is None and model.path is not None and os.path.lexists(gen_path):
         extra = json_object(gen_path, model.path).get("eos_token_id")
         if not (extra is None or is_int(extra) or (isinstance(extra, list) and all(map(is_int, extra)))):
             allowed = "must be an int or a list of ints"

@@ -74,6 +74,7 @@ class ShmRing:
         fits = len(data) <= self.handle.slot_bytes
         if fits:
             start = self.data_offset + slot * self.handle.slot_bytes
+            assert self.shm.buf is not None  # open until close()
             self.shm.buf[start : start + len(data)] = data
         self.slot_len[slot] = len(data) if fits else OVERFLOW
         memory_fence()
@@ -92,6 +93,7 @@ class ShmRing:
         data = None
         if length != OVERFLOW:
             start = self.data_offset + slot * self.handle.slot_bytes
+            assert self.shm.buf is not None  # open until close()
             data = bytes(self.shm.buf[start : start + length])
         memory_fence()
         self.reader_done[self.reader] = seq

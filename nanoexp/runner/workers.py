@@ -166,8 +166,8 @@ class WorkerGroup:
         self.slowest_step_s = 0.0
         self.tmpdir = tempfile.mkdtemp(prefix="nanoexp-tp-")
         self.conns: list[Connection] = []
-        self.procs = []
-        self.ring = None
+        self.procs: list[mp.process.BaseProcess] = []
+        self.ring: ShmRing | None = None
         self.janitor: subprocess.Popen | None = None
         try:
             self.ring = ShmRing.create(config.parallel.tensor_parallel_size, RING_SLOTS, RING_SLOT_BYTES)
@@ -191,6 +191,7 @@ class WorkerGroup:
     def start_workers(self, config: EngineConfig) -> None:
         ctx = mp.get_context("spawn")
         dist_init = "file://" + os.path.join(self.tmpdir, "rendezvous")
+        assert self.ring is not None
         for rank in range(config.parallel.tensor_parallel_size):
             parent_end, child_end = ctx.Pipe()
             args = (config, rank, dist_init, child_end, os.getpid(), self.ring.handle)
@@ -203,8 +204,9 @@ class WorkerGroup:
     def step_deadline_s(self) -> float:
         return self.step_floor_s + SLOWEST_STEP_FACTOR * self.slowest_step_s
 
-    def send(self, method: str, *args, timeout: float | None = None) -> None:
+    def send(self, method: str | Callable, *args, timeout: float | None = None) -> None:
         """Publishes one command to every rank: once in the ring, or over each pipe if too large."""
+        assert self.ring is not None, "the ring exists from start-up until stop()"
         data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
         deadline = time.monotonic() + (timeout or self.step_deadline_s())
         if self.ring.write(data, lambda: self.check_workers(deadline)):
@@ -278,7 +280,8 @@ class WorkerGroup:
 
     def raise_stuck(self, awaited: list[int], timeout: float, startup: bool):
         """A worker that neither answers nor dies (stopped, deadlocked, hung in a collective)."""
-        stopped = [rank for rank, proc in enumerate(self.procs) if process_state(proc.pid) in ("T", "t")]
+        states = [process_state(proc.pid) if proc.pid is not None else "" for proc in self.procs]
+        stopped = [rank for rank, state in enumerate(states) if state in ("T", "t")]
         rank = (stopped or awaited)[0]
         what = "start-up" if startup else "step"
         env = STARTUP_TIMEOUT_ENV if startup else STEP_TIMEOUT_ENV

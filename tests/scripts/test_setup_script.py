@@ -11,7 +11,7 @@ import pytest
 from helpers import ROOT
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-TORCH = "torch==2.13.0"
+TORCH = "torch==2.13.0"  # pyproject.toml's [tool.nanoexp] torch, the pin setup.sh reads
 
 
 def fake_machine(tmp_path: Path, cuda: bool, torch: bool) -> tuple[Path, dict]:
@@ -47,9 +47,9 @@ def install_commands(tmp_path: Path, purpose: str, cuda: bool, torch: bool, **en
 UPGRADE_PIP = "python -m pip install -q --upgrade pip"
 CPU_TORCH = f"python -m pip install -q --retries 1 --index-url {CPU_INDEX} {TORCH}"
 PYPI_TORCH = f"python -m pip install -q {TORCH}"
-PROJECT = "python -m pip install -q -e 'ROOT'"
-WITH_TRITON = "python -m pip install -q -e 'ROOT[triton]'"
-WITH_TESTS = "python -m pip install -q -e 'ROOT[test,triton]'"
+PROJECT = "python -m pip install -q -e 'ROOT[experiment]'"
+WITH_TRITON = "python -m pip install -q -e 'ROOT[experiment,triton]'"
+WITH_TESTS = "python -m pip install -q -e 'ROOT[experiment,test,triton]'"
 
 
 @pytest.mark.parametrize(
@@ -81,11 +81,11 @@ def test_another_torch_index_or_pips_own(tmp_path: Path) -> None:
 def test_an_installed_venv_installs_only_missing_extras(tmp_path: Path) -> None:
     venv, _ = fake_machine(tmp_path, cuda=False, torch=True)
     stamp = venv / ".nanoexp-installed"
-    stamp.write_text("\n")  # set up for `run`: no extras
+    stamp.write_text("experiment\n")  # set up for `run`: the experiment layer, no Triton on a CPU
     os.utime(stamp, (2**31, 2**31))  # newer than pyproject.toml
     assert install_commands(tmp_path, "run", False, True) == []
     assert install_commands(tmp_path, "test", False, True)[-1] == WITH_TESTS
-    stamp.write_text("test\ntriton\n")
+    stamp.write_text("experiment\ntest\ntriton\n")
     os.utime(stamp, (2**31, 2**31))
     assert install_commands(tmp_path, "test", False, True) == []
 
@@ -96,3 +96,23 @@ def test_setup_needs_a_purpose(tmp_path: Path) -> None:
         setup = ["bash", str(ROOT / "scripts" / "setup.sh"), *args]
         proc = subprocess.run(setup, env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0 and "run or test" in proc.stderr
+
+
+def test_the_torch_pin_comes_from_pyproject(tmp_path: Path) -> None:
+    """pyproject.toml's [tool.nanoexp] torch is the one pin: a copy of the project whose table names
+    another version installs that version, and one without the table stops with a clear line."""
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    (project / "scripts" / "setup.sh").write_text((ROOT / "scripts" / "setup.sh").read_text())
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert f'\ntorch = "{TORCH.removeprefix("torch==")}"\n' in pyproject
+    _, env = fake_machine(tmp_path, cuda=True, torch=False)
+    setup = ["bash", str(project / "scripts" / "setup.sh"), "run"]
+
+    (project / "pyproject.toml").write_text(pyproject.replace(TORCH.removeprefix("torch=="), "2.99.1"))
+    proc = subprocess.run(setup, env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert proc.stdout.splitlines()[1].endswith("pip install -q torch==2.99.1")
+
+    (project / "pyproject.toml").write_text(pyproject.replace("[tool.nanoexp]", "[tool.other]"))
+    proc = subprocess.run(setup, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no [tool.nanoexp] torch" in proc.stderr

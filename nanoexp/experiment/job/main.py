@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import cast
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -117,7 +118,7 @@ def experiment(
     finally:
         llm.close()
         # drop the model and KV cache and hand their memory back: the next job may size its cache from it
-        llm = driver = None
+        del llm, driver
         gc.collect()
         torch.cuda.empty_cache()  # a no-op without CUDA
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
@@ -180,17 +181,21 @@ def _finish_failed(cfg: DictConfig, job: JobInfo, logger, failure: dict, error: 
     try:
         if logger is None:
             try:
-                logger = build.build_logger(OmegaConf.to_object(cfg.logger))
+                logger = build.build_logger(cast(LoggerConfig, OmegaConf.to_object(cfg.logger)))
             except Exception:  # noqa: BLE001 - the logger section is what is invalid: the local sink alone
                 logger = build.build_logger(LoggerConfig(kind=LoggerKind.none))
             try:
                 plain = to_plain(cfg)
             except Exception:  # noqa: BLE001 - resolving it is what failed: log it unresolved
-                plain = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+                plain = cast(dict, OmegaConf.to_container(cfg, resolve=False, enum_to_str=True))
             logger.start(plain, job)
         logger.finish(failure, _exit_code(error))
     except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
-        error.add_note(f"recording the failure failed too: {_one_line(err)}")
+        note = f"recording the failure failed too: {_one_line(err)}"
+        if sys.version_info >= (3, 11):
+            error.add_note(note)
+        else:  # what add_note does
+            setattr(error, "__notes__", [*getattr(error, "__notes__", []), note])  # noqa: B010 - 3.10's mypy
 
 
 def _report_error(e: BaseException, job: JobInfo | None) -> int:
@@ -232,8 +237,11 @@ def append_run_log(job: JobInfo, text: str) -> None:
 
 def _failure(error: BaseException, line: str | None = None) -> dict:
     """A failed job's summary: its error line and, for a job stopped by a signal, the signal's name."""
-    stopped = isinstance(error, KeyboardInterrupt)
-    signal = {"signal": interrupts.as_interrupted(error).signal_name} if stopped else {}
+    signal = (
+        {"signal": interrupts.as_interrupted(error).signal_name}
+        if isinstance(error, KeyboardInterrupt)
+        else {}
+    )
     return {"error": _one_line(error) if line is None else line, **signal}
 
 
@@ -257,7 +265,7 @@ def _user_wants_full_error() -> bool:
 def objective(cfg: DictConfig) -> float:
     """What run.py returns to a search sweeper (conf/hparams_search/), read from the job's results.json."""
     results = read_results(Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE)
-    return objective_of(results, OmegaConf.to_container(cfg.search, resolve=True))
+    return objective_of(results, cast(dict, OmegaConf.to_container(cfg.search, resolve=True)))
 
 
 def objective_of(results: dict, search: dict) -> float:

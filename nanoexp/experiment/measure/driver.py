@@ -82,7 +82,8 @@ class Progress:
             leave=True,
         )
         self.done = self.tokens = self.preemptions = 0
-        self.started, self.next_draw = None, 0.0  # the first step's start; the next redraw
+        self.started: float | None = None  # the first step's start
+        self.next_draw = 0.0  # the next redraw
 
     def update(self, stats: StepStats, counted: bool = True) -> None:
         """One engine step; `counted=False` for untimed (warm-up) steps, shown but not counted."""

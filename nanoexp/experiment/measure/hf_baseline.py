@@ -33,7 +33,8 @@ class HFBaseline:
             model = AutoModelForCausalLM.from_pretrained(path, **options)
         else:
             model = AutoModelForCausalLM.from_config(**options)
-        self.model = model.to(self.device).eval()
+        # transformers types its decorated to() as an unbound function
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.load_s = time.perf_counter() - start
 
     def reset_prefix_cache(self) -> None: ...  # generate keeps no cache between calls

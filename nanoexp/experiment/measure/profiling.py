@@ -8,9 +8,10 @@ import gc
 import logging
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 from nanoexp.experiment.schema import ProfileConfig
 from nanoexp.runner.step_hooks import ENGINE_PHASES
@@ -26,12 +27,15 @@ class StepProfiler:
     def __init__(self, cfg: ProfileConfig, engine, out_dir: Path):
         self.cfg, self.engine = cfg, engine
         self.columns: dict[int, dict] = {}
-        self.phases, self.events, self.seen = Counter(), Counter(), Counter()  # seen: events of earlier steps
+        self.phases: dict[str, float] = defaultdict(float)
+        self.events: Counter[str] = Counter()
+        self.seen: Counter[str] = Counter()  # events of earlier steps
         self.phase_starts: dict[str, float] = {}
         self.reported: tuple[str, ...] = ()  # the phases the engine tells of (the runner's: when in-process)
         self.trace_path = out_dir / PROFILE_DIR / f"trace_repeat{cfg.trace_repeat}.json"
-        self.gc_started, self.tracing, self.step_started = 0.0, False, 0.0
-        self.log_steps, self.trace = None, None  # the pass being profiled: its StepLog and torch profiler
+        self.gc_started, self.tracing, self.step_started = 0, False, 0.0  # gc_started: perf_counter_ns
+        self.log_steps: Any = None  # the pass being profiled: its StepLog
+        self.trace: Any = None  # and its torch profiler
 
     @contextmanager
     def repeat(self, repeat: int, log_steps):

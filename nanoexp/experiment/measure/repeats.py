@@ -106,13 +106,14 @@ class LoadMeter:
 
     def read(self) -> dict:
         wall, own, busy = time.perf_counter() - self.start, _tree_cpu_s() - self.tree_before, _busy_cpu_s()
-        known = None not in (busy, self.busy_before)  # not on Linux: nan
+        before = self.busy_before  # busy and before: None where not on Linux (then nan)
+        other = float("nan") if busy is None or before is None else max(0.0, (busy - before - own) / wall)
         return {
             "load_avg_1m_before": self.load_before,
             "load_avg_1m_after": os.getloadavg()[0],
             "cpu_count": os.cpu_count() or 0,
             "process_cpu_cores": own / wall,
-            "other_cpu_cores": max(0.0, (busy - self.busy_before - own) / wall) if known else float("nan"),
+            "other_cpu_cores": other,
         }
 
 

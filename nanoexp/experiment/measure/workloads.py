@@ -89,6 +89,7 @@ def random_prompts(w: WorkloadConfig, num: int, vocab: int) -> Prompts:
 def file_prompts(w: WorkloadConfig, tokenize: Tokenize | None, vocab: int) -> Prompts:
     """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines;
     bytes that are not UTF-8 are an error naming the line, in any line of the file."""
+    assert w.path is not None  # WorkloadConfig requires it for prompts_file
     path, lines = Path(w.path), []
     for number, raw in enumerate(path.read_bytes().splitlines(), 1):
         try:

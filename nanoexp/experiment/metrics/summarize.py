@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +69,7 @@ def aggregate_repeats(summaries: Sequence[dict]) -> dict:
     first, n = summaries[0], len(summaries)
     out: dict = {"repeats": n}
     for key in first:
-        values = [s.get(key) for s in summaries]
+        values: list[Any] = [s.get(key) for s in summaries]
         numeric = all(is_real(v) for v in values)
         out[key] = float(np.mean(values)) if numeric and len(set(values)) > 1 else first[key]
         if numeric and n > 1 and key in HEADLINE:

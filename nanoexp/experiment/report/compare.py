@@ -71,8 +71,8 @@ def compare(sweep_a: Path, sweep_b: Path, metrics: list[str] = METRICS) -> tuple
     params = [pd.DataFrame([j["params"] for j in jobs]) for jobs in (jobs_a, jobs_b)]
     keys = sorted({key for table in params for key in swept_keys(table)})
     by_values = {tuple(j["params"].get(k) for k in keys): j for j in jobs_a}
-    pairs = [(by_values.get(tuple(b["params"].get(k) for k in keys)), b) for b in jobs_b]
-    pairs = [(a, b) for a, b in pairs if a is not None]
+    candidates = [(by_values.get(tuple(b["params"].get(k) for k in keys)), b) for b in jobs_b]
+    pairs = [(a, b) for a, b in candidates if a is not None]
     rows = []
     for a, b in pairs:
         config = ", ".join(f"{k.removeprefix('param:')}={b['params'].get(k)}" for k in keys) or "all"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import pandas as pd
 import yaml
@@ -46,7 +48,7 @@ JOB_TYPE, TABLE_KEY = "sweep-report", "sweep_table"  # of the sweep-level W&B ru
 
 def wandb_target(config: DictConfig) -> tuple[LoggerConfig, str] | None:
     """(LoggerConfig, group) of the sweep-level W&B run, or None with logger=none."""
-    plain = OmegaConf.to_container(config.logger, resolve=True, enum_to_str=True)
+    plain = cast(dict, OmegaConf.to_container(config.logger, resolve=True, enum_to_str=True))
     if plain.get("kind") != LoggerKind.wandb.value:
         return None
     cfg = LoggerConfig(**(plain | {"kind": LoggerKind.wandb}))
@@ -63,7 +65,7 @@ def expected_jobs(config: DictConfig) -> list[list[str]] | None:
         return None
 
 
-def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metrics: list[str] = ()) -> int:
+def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metrics: Sequence[str] = ()) -> int:
     """Writes the report; prints where, and how many jobs failed or vanished. Returns that count."""
     table = write_report(sweep_dir, expected, metrics)
     if table is None:
@@ -78,7 +80,7 @@ def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metric
 
 
 def write_report(
-    sweep_dir: Path, expected: list[list[str]] | None = None, metrics: list[str] = ()
+    sweep_dir: Path, expected: list[list[str]] | None = None, metrics: Sequence[str] = ()
 ) -> pd.DataFrame | None:
     """sweep_summary.csv and .md and the plots from the jobs' results.json, with `metrics` beside the main."""
     extra = [m for m in metrics if m not in METRICS]
@@ -163,7 +165,7 @@ def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def collect(
-    sweep_dir: Path, expected: list[list[str]] | None = None, metrics: list[str] = ()
+    sweep_dir: Path, expected: list[list[str]] | None = None, metrics: Sequence[str] = ()
 ) -> pd.DataFrame:
     """One row per job (its swept values, status, the table's metrics and `metrics`), vanished ones too."""
     # at any depth: an override value with a slash (workload.path=a/b.jsonl) nests Hydra's job dir
@@ -171,7 +173,9 @@ def collect(
     rows = [_row(path, sweep_dir, results, metrics) for path, results in found.items() if results]
     nums, dirs = {r["job_num"] for r in rows}, {r["job_dir"] for r in rows}
     for path in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and JOB_DIR.match(p.name)):
-        num = int(JOB_DIR.match(path.name).group(1))
+        match = JOB_DIR.match(path.name)
+        assert match is not None  # the loop takes only the dirs it matches
+        num = int(match.group(1))
         if path.name not in dirs and num not in nums:
             saved = path / ".hydra" / "overrides.yaml"  # else the ones Hydra was to launch it with
             listed = expected[num] if expected and num < len(expected) else []
@@ -190,7 +194,7 @@ def _vanished(num: int, job_dir: str, overrides: list[str], error: str) -> dict:
     return row | {"status": "vanished", "error": error}
 
 
-def _row(path: Path, sweep_dir: Path, results: dict, extra: list[str] = ()) -> dict:
+def _row(path: Path, sweep_dir: Path, results: dict, extra: Sequence[str] = ()) -> dict:
     job, summary = results.get("job", {}), results.get("summary", {})
     row = {"job_num": job.get("job_num", -1), "job_dir": str(path.parent.relative_to(sweep_dir))}
     row |= parse_overrides(job.get("overrides", []))
@@ -217,7 +221,12 @@ def swept_keys(table: pd.DataFrame) -> list[str]:
 
 
 def markdown(
-    table: pd.DataFrame, swept: list, title: str, where: str = "", lines: list | None = None, extra: list = ()
+    table: pd.DataFrame,
+    swept: list,
+    title: str,
+    where: str = "",
+    lines: list | None = None,
+    extra: Sequence = (),
 ) -> str:
     """The table with `mean ± CI half-width` cells (**bold**: a metric's best row, ≈: within noise of
     it); `lines` (such as the max rate meeting the SLOs) above it, `extra` metrics after the main."""
@@ -278,7 +287,7 @@ def typed(column: pd.Series) -> pd.Series:
     unchanged; as Python objects (pandas would turn ints beside a None into floats)."""
     present = column.dropna().astype(str)
     if len(present) and pd.to_numeric(present, errors="coerce").notna().all():
-        convert = int if present.str.fullmatch(r"[+-]?\d+").all() else float
+        convert: Callable[[Any], Any] = int if present.str.fullmatch(r"[+-]?\d+").all() else float
     elif len(present) and present.str.lower().isin(("true", "false")).all():
         convert = lambda v: str(v).lower() == "true"
     else:
@@ -313,12 +322,13 @@ def cli(argv: list[str] | None = None) -> int:
     if not args.sweep_dir.is_dir():
         parser.error(f"{args.sweep_dir}: no such sweep dir")
     saved = args.sweep_dir / "multirun.yaml"
-    config = OmegaConf.load(saved) if saved.is_file() else None
+    config = cast(DictConfig, OmegaConf.load(saved)) if saved.is_file() else None
     if args.metrics is not None:
         metrics = [m for m in args.metrics.split(",") if m]
     else:
         configs = (read_results(path).get("config") for path in sorted(args.sweep_dir.rglob(RESULTS_FILE)))
-        metrics = list((next((c for c in configs if c), {}).get("report") or {}).get("metrics") or [])
+        first: dict = next((c for c in configs if c), {})
+        metrics = list((first.get("report") or {}).get("metrics") or [])
     expected = expected_jobs(config) if config is not None else None
     target = wandb_target(config) if args.wandb and config is not None else None
     return 1 if report(args.sweep_dir, expected, target, metrics) else 0

@@ -15,6 +15,8 @@ EXIT_NOW_AFTER = 3  # signals received before the process exits without cleaning
 class Interrupted(KeyboardInterrupt):
     """The job was stopped by a signal; `exit_code` is 128 + its number."""
 
+    reported = False  # its job already recorded it (a sweep's process re-raises it to stop the sweep)
+
     def __init__(self, signum: int = signal.SIGINT):
         self.signum, self.signal_name, self.exit_code = signum, signal.Signals(signum).name, 128 + signum
         super().__init__(f"interrupted by {self.signal_name}")

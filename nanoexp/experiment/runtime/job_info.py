@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -36,12 +37,12 @@ def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
         out = Path("outputs") / "manual" / time.strftime("%Y-%m-%d_%H-%M-%S")
         return JobInfo(out, [], logger_cfg.name or "manual", logger_cfg.group)
     hc = HydraConfig.get()
-    overrides = list(OmegaConf.to_container(hc.overrides.task, resolve=False))  # may hold ${...}
+    overrides = list(cast(list, OmegaConf.to_container(hc.overrides.task, resolve=False)))  # may hold ${...}
     multirun = hc.mode == RunMode.MULTIRUN
     sweep_dir = str(Path(hc.sweep.dir)) if multirun else None
     name = logger_cfg.name or run_name(overrides, swept_keys(sweep_dir))
-    group = logger_cfg.group or (sweep_group(sweep_dir) if multirun else None)
-    job_num = int(hc.job.get("num", 0) or 0)
+    group = logger_cfg.group or (sweep_group(sweep_dir) if sweep_dir is not None else None)
+    job_num = int(cast(DictConfig, hc.job).get("num", 0) or 0)  # a DictConfig: `num` only in a multirun
     return JobInfo(Path(hc.runtime.output_dir), overrides, name, group, job_num, multirun, sweep_dir)
 
 
@@ -50,8 +51,8 @@ def run_name(overrides: list[str], swept: set[str] | None = None) -> str:
     kept = [o for o in overrides if not o.startswith(("hydra", "logger."))]
     if not swept:
         return ",".join(kept) or "default"
-    pairs = [o.lstrip("+~").split("=", 1) for o in kept if "=" in o]
-    pairs = [(k, v) for k, v in pairs if k in swept]
+    split = [o.lstrip("+~").split("=", 1) for o in kept if "=" in o]
+    pairs = [(k, v) for k, v in split if k in swept]
     last = [k.rsplit(".", 1)[-1] for k, _ in pairs]
     names = [short if last.count(short) == 1 else k for short, (k, _) in zip(last, pairs)]
     return " ".join(f"{n}={v}" for n, (_, v) in zip(names, pairs)) or "default"
@@ -62,7 +63,7 @@ def swept_keys(sweep_dir: str | None) -> set[str] | None:
     if not sweep_dir:
         return None
     try:
-        parsed = sweep_overrides(OmegaConf.load(Path(sweep_dir) / "multirun.yaml"))
+        parsed = sweep_overrides(cast(DictConfig, OmegaConf.load(Path(sweep_dir) / "multirun.yaml")))
     except Exception:  # noqa: BLE001 - not saved (yet) or unreadable: a name is never worth failing a job over
         return None
     return {o.key_or_group for o in parsed if o.is_sweep_override()}

@@ -77,9 +77,11 @@ def first_line(err: BaseException, limit: int | None = 160) -> str:
     return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)[:limit]
 
 
-class LocalSink:
+class LocalSink(Logger):
     def __init__(self) -> None:
-        self.config, self.job, self.steps = {}, None, []  # set at start, steps as they come
+        self.config: dict = {}  # set at start
+        self.job: JobInfo | None = None
+        self.steps: list[dict] = []  # as they come
 
     def start(self, config: dict, job: JobInfo) -> None:
         self.config, self.job = config, job
@@ -89,9 +91,11 @@ class LocalSink:
         self.steps.append(row)
 
     def log_requests(self, rows: list[dict]) -> None:
+        assert self.job is not None, "started first"
         write_csv(self.job.out_dir / "requests.csv", rows)
 
     def finish(self, summary: dict, exit_code: int = 0) -> None:
+        assert self.job is not None, "started first"
         write_csv(self.job.out_dir / "steps.csv", self.steps)
         results = {
             "status": "ok" if exit_code == 0 else "terminated" if summary.get("signal") else "failed",

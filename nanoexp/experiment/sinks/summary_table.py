@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
@@ -30,7 +30,7 @@ def format_summary(summary: dict, job: JobInfo | None = None, plain: dict | None
     get = lambda k: summary.get(k, "?")
     unused = BASELINE_UNUSED if summary.get("engine_kind") == "hf" else ()
     shown = [f"{SHOWN[k]} {v}" for k, v in flatten(plain or {}).items() if k in SHOWN and k not in unused]
-    changed = changed_settings(plain, job.overrides) if plain is not None else {}
+    changed = changed_settings(plain, job.overrides) if plain is not None and job is not None else {}
     lines = [
         f"{get('engine_kind')} | {get('model')} ({get('load_format')} weights) | {get('workload')}",
         ", ".join([*shown, f"attention {get('attention_backend')}"]),
@@ -38,8 +38,8 @@ def format_summary(summary: dict, job: JobInfo | None = None, plain: dict | None
     ]
     lines.append("-" * max(len(line) for line in lines))
     for label, keys, fmt, unit in _rows(summary):
-        cells = [_cell(summary, k, fmt) for k in keys]
-        if all(c is not None for c in cells):
+        cells = [c for c in (_cell(summary, k, fmt) for k in keys) if c is not None]
+        if len(cells) == len(keys):
             lines.append(f"{label:<30}{' / '.join(cells)}{' ' + unit if unit else ''}")
     repeats = summary.get("repeats", 1)
     if isinstance(repeats, int) and repeats > 1:
@@ -53,7 +53,7 @@ def format_summary(summary: dict, job: JobInfo | None = None, plain: dict | None
 def _rows(s: dict) -> list[tuple[str, tuple[str, ...], str, str]]:
     """(label, summary keys, number format, unit) of each row; memory and start-up rows show only what ran."""
     memory = ("weights_bytes", "kv_cache_bytes")[: 1 + (s.get("kv_cache_bytes", 0) > 0)]  # hf: no KV cache
-    peak = PEAK_KINDS.get(s.get("peak_memory_kind"))
+    peak = PEAK_KINDS.get(s.get("peak_memory_kind", ""))
     start = [("load", "load_s"), *[("warm-up", "warmup_s")] * (s.get("warmup_s", 0) > 0)]
     start += [("graphs", "graph_capture_s")] * bool(s.get("cuda_graphs"))
     return [
@@ -116,8 +116,8 @@ def changed_settings(plain: dict, overrides: list[str]) -> dict[str, Any]:
         defaults = choices(compose(config_name="config", return_hydra_config=True).hydra.runtime.choices)
         current = choices(HydraConfig.get().runtime.choices)
         changed = {g: o for g, o in current.items() if defaults.get(g) != o}
-        baseline = compose(config_name="config", overrides=[f"{g}={o}" for g, o in changed.items()])
-        baseline = flatten(OmegaConf.to_container(baseline, resolve=True, enum_to_str=True))
+        composed = compose(config_name="config", overrides=[f"{g}={o}" for g, o in changed.items()])
+        baseline = flatten(cast(dict, OmegaConf.to_container(composed, resolve=True, enum_to_str=True)))
     except Exception:  # noqa: BLE001 - a summary never fails a job
         return dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra"))
     plain = {k: v for k, v in flatten(plain).items() if not k.startswith("resolved.")}

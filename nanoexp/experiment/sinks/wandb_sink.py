@@ -11,12 +11,13 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from nanoexp.experiment.measure.profiling import PROFILE_DIR
 from nanoexp.experiment.runtime.job_info import JobInfo
 from nanoexp.experiment.schema import LoggerConfig
-from nanoexp.experiment.sinks.local import RESULTS_FILE, first_line
+from nanoexp.experiment.sinks.local import RESULTS_FILE, Logger, first_line
 
 MAX_SOCKET_DIR = 60  # characters; a Unix socket's path has room for about 107
 # the process tree's system metrics every second: W&B's default of 15 s leaves a short job none
@@ -33,11 +34,14 @@ STEP_SUMMARIES = {"step_time_ms": "min,max,mean", "num_waiting": "max"}  # in th
 STEP_SUMMARIES |= dict.fromkeys(("tokens_per_s", "kv_cache_usage", "num_seqs"), "max,mean")
 
 
-class WandbLogger:
+class WandbLogger(Logger):
     """One W&B run per job: totals in the summary, per-step series under `step/` against `step/index`."""
 
     def __init__(self, cfg: LoggerConfig):
-        self.cfg, self.run, self.job, self.env_set = cfg, None, None, []  # set at start
+        self.cfg = cfg
+        self.run: Any = None  # W&B's Run, from start on
+        self.job: JobInfo | None = None
+        self.env_set: list[str] = []  # the WANDB_* variables start set, unset at finish
 
     def start(self, config: dict, job: JobInfo) -> None:
         self.job = job
@@ -71,6 +75,7 @@ class WandbLogger:
         """results.json and the profile.trace_steps Chrome traces as artifacts."""
         import wandb
 
+        assert self.job is not None, "started first"
         results = [self.job.out_dir / RESULTS_FILE] if self.cfg.upload_results else []
         traces = sorted((self.job.out_dir / PROFILE_DIR).glob("*.json"))
         for kind, files in (("results", [p for p in results if p.is_file()]), ("profile", traces)):
@@ -116,9 +121,10 @@ def _init(cfg: LoggerConfig, out_dir: Path, fields: dict):
     """(run, why the online run failed or None); an online failure falls back to offline."""
     import wandb
 
-    def init(mode: str | None):
+    def init(mode: WandbMode | None):
         timeouts = {k: v for k, (var, v) in TIMEOUTS.items() if var not in os.environ}  # else the user's
-        settings = wandb.Settings(console="off", silent=True, **timeouts, **SYSTEM_METRICS)
+        options: dict[str, Any] = timeouts | SYSTEM_METRICS
+        settings = wandb.Settings(console="off", silent=True, **options)
         tags = list(cfg.tags) or None
         return wandb.init(
             project=cfg.project,
@@ -140,7 +146,10 @@ def _init(cfg: LoggerConfig, out_dir: Path, fields: dict):
             return init("offline"), first_line(err)
 
 
-def choose_mode() -> str | None:
+WandbMode = Literal["online", "offline"]
+
+
+def choose_mode() -> WandbMode | None:
     """None when WANDB_MODE is set (wandb honours it), online with an API key, else offline."""
     if os.environ.get("WANDB_MODE"):
         return None
