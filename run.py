@@ -14,7 +14,7 @@ from nanoexp.experiment.job.main import cli, objective
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
-    nanoexp.experiment.job.main(cfg)
+    nanoexp.experiment.main(cfg)
     return objective(cfg)
 
 

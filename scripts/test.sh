@@ -8,7 +8,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" test
 cd "$root"
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # One torch thread per process: the suite's models are tiny, so a second thread per op costs more
-# than it gives, and on a busy machine it waits for a core at every op (tests/test_engine_parity.py:
+# than it gives, and on a busy machine it waits for a core at every op (tests/engine/test_parity.py:
 # 28 s on one thread, 87 s on two, at load 3 on 2 cores).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # Bytecode of the project's own modules is kept (in __pycache__, which git ignores): where the

@@ -26,7 +26,8 @@ TINY_JOB = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05"]  # a run.py job th
 def job_env(home: Path) -> dict[str, str]:
     """The environment of a run.py subprocess: no W&B key (offline), no Hydra full errors, this tree."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
-    return env | {"HOME": str(home), "PYTHONPATH": str(ROOT)}
+    # run.py may load a callback from a test module (`tests.e2e....`), which imports the shared helpers
+    return env | {"HOME": str(home), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
 
 
 def run_py(

@@ -43,7 +43,7 @@ class MarkWaiting(Callback):
         driver.sleep_until = marked_sleep
 
 
-CALLBACK = "+hydra.callbacks.mark._target_=tests.test_signals.MarkWaiting"
+CALLBACK = "+hydra.callbacks.mark._target_=tests.e2e.test_job_signals.MarkWaiting"
 
 
 def start(tmp_path: Path, *args: str) -> subprocess.Popen:

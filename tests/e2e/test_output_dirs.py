@@ -97,7 +97,7 @@ class FullDiskAfterResults(Callback):
 
 def test_results_never_say_ok_for_a_job_that_failed_after_writing_them(tmp_path: Path) -> None:
     job = tmp_path / "job"
-    callback = "+hydra.callbacks.full._target_=tests.test_output_dirs.FullDiskAfterResults"
+    callback = "+hydra.callbacks.full._target_=tests.e2e.test_output_dirs.FullDiskAfterResults"
     proc = run_py(tmp_path, f"hydra.run.dir={job}", callback, *QUICK)
     assert proc.returncode == 1, proc.stderr[-2000:]
     results = json.loads((job / "results.json").read_text())

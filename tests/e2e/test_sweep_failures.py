@@ -110,7 +110,7 @@ def test_submitit_sweep_with_a_killed_job_still_reports(tmp_path):
         "-m",
         f"hydra.sweep.dir={sweep}",
         "hydra/launcher=local",
-        "+hydra.callbacks.kill._target_=tests.test_reliability_sweep.KillJobOne",
+        "+hydra.callbacks.kill._target_=tests.e2e.test_sweep_failures.KillJobOne",
         "model=qwen3_tiny",
         "cache.cpu_kv_cache_gb=0.05",
         "logger=none",

@@ -3,7 +3,7 @@
 
 flash-attn runs fp16/bf16 only and pages of 256*k tokens; the lean build of
 experiments/kernels/build_flash_attn.sh has head dim 128 only, so the checkpoint here is a tiny
-random Qwen3 with head_dim 128. Greedy tokens follow the bf16 policy of tests/test_gpu_engine.py."""
+random Qwen3 with head_dim 128. Greedy tokens follow the bf16 policy of tests/engine/test_gpu_engine.py."""
 
 from __future__ import annotations
 
