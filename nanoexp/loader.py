@@ -102,27 +102,80 @@ def load_tokenizer(path: str):
         raise CheckpointError(f"{path}: the tokenizer cannot be loaded ({reason})") from None
 
 
-def load_safetensors(model: nn.Module, path: str) -> None:
-    """Copies each checkpoint tensor (only this rank's slice of it) into its parameter."""
+def load_safetensors(model: nn.Module, path: str, check_finite: bool = True) -> None:
+    """Copies each checkpoint tensor (only this rank's slice of it) into its parameter, then checks that
+    every loaded value is finite (`check_finite=False` only to time the check, experiments/reliability)."""
     files = safetensors_files(path)
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path} (load_format=safetensors)")
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = getattr(model, "tie_word_embeddings", False)
-    loaded: set[str] = set()
+    sources: dict[str, list[tuple[str, str]]] = {}  # parameter -> its checkpoint tensors (name, file)
     seen: dict[str, str] = {}  # tensor name -> the file it came from
     for file in files:
-        loaded |= load_file(model, params, file, seen, tied)
-    missing = set(params) - loaded
-    if tied and loaded & TIED:
+        load_file(model, params, file, seen, tied, sources)
+    missing = set(params) - set(sources)
+    if tied and set(sources) & TIED:
         missing -= TIED
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {sorted(missing)[:3]}")
+    if check_finite:
+        check_loaded_finite(params, sources)
 
 
-def load_file(model: nn.Module, params: dict, file: str, seen: dict[str, str], tied: bool) -> set[str]:
-    """Loads a file's tensors (each in one file only); the parameters they set."""
-    loaded, unused = set(), []
+def check_loaded_finite(params: dict[str, nn.Parameter], sources: dict[str, list[tuple[str, str]]]) -> None:
+    """A NaN or inf anywhere in the loaded weights is an error naming the checkpoint tensor and its file.
+    The check runs on the device in the model dtype (so a value that overflows it counts too): one fused
+    multi-tensor L1 norm per dtype (NaN and inf propagate through its sums), one host sync in all; only a
+    failure reads the culprit's checkpoint tensors again, to name it."""
+    names = [n for n in sources if params[n].is_floating_point()]
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for name in names:
+        by_dtype.setdefault(params[name].dtype, []).append(name)
+    norms, order = [], []
+    for group in by_dtype.values():
+        norms += torch._foreach_norm([params[n].detach() for n in group], 1)
+        order += group
+    if not norms:
+        return
+    finite = torch.stack([n.float() for n in norms]).isfinite().cpu().tolist()  # the one host sync
+    bad = [name for name, ok in zip(order, finite) if not ok]
+    if bad:
+        raise CheckpointError(non_finite_message(bad[0], params[bad[0]].dtype, sources[bad[0]], len(bad)))
+
+
+def non_finite_message(param: str, dtype: torch.dtype, tensors: list[tuple[str, str]], count: int) -> str:
+    """Names the first checkpoint tensor of `param` that holds NaN or inf (or overflows `dtype`)."""
+    others = f" ({count - 1} more parameter(s) too)" if count > 1 else ""
+    for name, file in tensors:
+        with safe_open(file, framework="pt") as f:
+            values = f.get_tensor(name).float()
+        nans, infs = int(values.isnan().sum()), int(values.isinf().sum())
+        if nans or infs:
+            return (
+                f"checkpoint tensor {name} in {file} holds {nans} NaN and {infs} inf value(s){others}; "
+                "the checkpoint is corrupt or was converted wrongly"
+            )
+        if not values.to(dtype).isfinite().all():
+            largest = float(values.abs().max())
+            return (
+                f"checkpoint tensor {name} in {file} has values (|x| up to {largest:.3g}) that overflow "
+                f"{str(dtype).removeprefix('torch.')}{others}; load it in a wider dtype (model.dtype)"
+            )
+    names = ", ".join(f"{n} in {f}" for n, f in tensors)
+    return f"checkpoint tensor(s) {names} hold NaN or inf values once loaded{others}"
+
+
+def load_file(
+    model: nn.Module,
+    params: dict,
+    file: str,
+    seen: dict[str, str],
+    tied: bool,
+    sources: dict[str, list[tuple[str, str]]],
+) -> None:
+    """Loads a file's tensors (each in one file only); records which parameter each one set."""
+    unused = []
     try:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
@@ -131,7 +184,7 @@ def load_file(model: nn.Module, params: dict, file: str, seen: dict[str, str], t
                 seen[name] = file
                 target = load_one(model, params, name, f.get_slice(name), file)
                 if target:
-                    loaded.add(target)
+                    sources.setdefault(target, []).append((name, file))
                 # tensors a checkpoint may hold that the model computes or shares instead
                 elif not (name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight")):
                     unused.append(name)
@@ -145,7 +198,6 @@ def load_file(model: nn.Module, params: dict, file: str, seen: dict[str, str], t
             f"checkpoint file {file} has {len(unused)} tensor(s) the model built from "
             f"config.json does not have, e.g. {sorted(unused)[:3]}"
         )
-    return loaded
 
 
 def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> str | None:
