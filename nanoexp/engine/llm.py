@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -15,6 +16,8 @@ from nanoexp.config import EngineConfig, SamplingParams
 from nanoexp.engine import kv_quality
 from nanoexp.engine.llm_engine import PROMPT_KINDS, LLMEngine
 from nanoexp.engine.outputs import RequestOutput
+
+log = logging.getLogger(__name__)
 
 
 class EngineBusyError(RuntimeError):
@@ -88,6 +91,9 @@ class LLM(AbstractContextManager):
             if self.tokenizer is not None:
                 for i in ids:
                     outputs[i].text = self.tokenizer.decode(outputs[i].token_ids)
+            for index, i in enumerate(ids):
+                if outputs[i].finish_reason == "error":
+                    log.warning("prompt %d: %s", index, outputs[i].error)
             return [outputs[i] for i in ids]
 
     @contextmanager

@@ -13,6 +13,7 @@ from nanoexp.engine.block_manager import BlockManager
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
 from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
+from nanoexp.layers.sampler import NON_FINITE
 from nanoexp.runner.executor import make_executor
 
 PROMPT_KINDS = "a prompt is a str or a sequence of int token ids"
@@ -33,6 +34,7 @@ class LLMEngine:
         self.ids = itertools.count()
         self.in_flight: tuple[ScheduledBatch, float] | None = None  # a launched step, when it was scheduled
         self.last_step_end = 0.0  # overlapped steps are timed from the later of this and their start
+        self.num_steps = 0  # steps completed, counted from the engine's start: errors name them
         self._closed = False
         # Freezes what start-up built (model, block lists of up to ~1M blocks) so no full garbage collection
         # walks it inside a step (one paused a tiny fp8 step by 41 ms on an H200). close() unfreezes, or the
@@ -135,12 +137,16 @@ class LLMEngine:
     ) -> StepResult:
         """Fills the placeholders with the sampled tokens and finishes what ended."""
         now = time.perf_counter()
+        self.num_steps += 1
         for seq in batch.seqs:
             if seq.status is Status.RUNNING:  # before finishing, so ended requests' blocks are reusable
                 self.block_manager.register_full_blocks(seq)
         finished = []
         for seq, token in zip(samplers, sampled, strict=True):
             if seq is None:
+                continue
+            if token == NON_FINITE:
+                finished.append(self.fail_non_finite(seq, now))
                 continue
             seq.token_ids[-1] = token
             seq.token_times.append(now)
@@ -152,6 +158,17 @@ class LLMEngine:
         elapsed = now - max(start, self.last_step_end)
         self.last_step_end = now
         return finished, self.step_stats(batch, finished, elapsed, len(sampled))
+
+    def fail_non_finite(self, seq: Sequence, now: float) -> RequestOutput:
+        """Ends a request whose logits held NaN or inf with finish_reason "error", keeping the tokens before;
+        its K/V may hold the NaN, so no later prompt reuses its blocks. The other requests go on."""
+        seq.token_ids.pop()  # the placeholder: nothing was sampled
+        where = f"engine step {self.num_steps}, output token {seq.num_output_tokens + 1}"
+        seq.finish_reason, seq.finish_time = "error", now
+        seq.error = f"non-finite logits (NaN or inf) at {where}; the model's output is not usable"
+        self.block_manager.unpublish(seq)
+        self.scheduler.finish(seq)
+        return self.output_of(seq)
 
     def finish_reason(self, seq: Sequence) -> str:
         last = seq.token_ids[-1]
@@ -170,11 +187,12 @@ class LLMEngine:
             finish_reason=seq.finish_reason,
             arrival_time=seq.arrival_time,
             first_scheduled_time=seq.first_scheduled_time,
-            first_token_time=seq.token_times[0],
+            first_token_time=seq.token_times[0] if seq.token_times else seq.finish_time,
             token_times=list(seq.token_times),
             finish_time=seq.finish_time,
             num_cached_tokens=seq.num_cached_tokens,
             num_preemptions=seq.num_preemptions,
+            error=seq.error,
         )
 
     def step_stats(self, batch, finished, elapsed, num_sampled) -> StepStats:
