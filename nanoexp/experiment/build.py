@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +73,36 @@ def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
 
 def check_arch(model: ModelSpec, checkpoint: Checkpoint) -> list[str]:
     """Fields where the checkpoint's config.json disagrees with model.arch (warned, not fatal)."""
-    config_file = Path(checkpoint.path or "") / "config.json"
-    if checkpoint.path is None or not config_file.is_file():
-        return []
-    disk = json_object(str(config_file), checkpoint.path)  # a malformed file, named
+    disk = checkpoint_config(checkpoint)
     arch = asdict(model.arch).items()
     diffs = [f"{k}: config.json={disk[k]!r} model.arch={v!r}" for k, v in arch if k in disk and disk[k] != v]
     for d in diffs:
-        log.warning("model.arch differs from %s/config.json: %s", checkpoint.path, d)
+        log.warning(
+            "model.arch differs from %s/config.json: %s (the checkpoint's value is used)", checkpoint.path, d
+        )
     return diffs
+
+
+def checkpoint_config(checkpoint: Checkpoint) -> dict:
+    """The checkpoint's config.json, {} with dummy weights."""
+    config_file = Path(checkpoint.path or "") / "config.json"
+    if checkpoint.path is None or not config_file.is_file():
+        return {}
+    return json_object(str(config_file), checkpoint.path)  # a malformed file, named
+
+
+def adopt_checkpoint_arch(spec: NanoexpConfig, checkpoint: Checkpoint) -> tuple[NanoexpConfig, list[str]]:
+    """With real weights the checkpoint's config.json wins wherever the job reads the architecture (the
+    engine, the workload's token ids and lengths, the baseline): `model.arch` takes its values, and each
+    field that differed is a warning (`summary.arch_mismatches`). Rechecked across groups with them."""
+    diffs = check_arch(spec.model, checkpoint)
+    if not diffs:
+        return spec, diffs
+    disk = checkpoint_config(checkpoint)
+    changed = {f.name: disk[f.name] for f in fields(spec.model.arch) if f.name in disk}
+    spec = replace(spec, model=replace(spec.model, arch=replace(spec.model.arch, **changed)))
+    check(spec)
+    return spec, diffs
 
 
 def check(spec: NanoexpConfig) -> None:

@@ -23,7 +23,9 @@ class HFBaseline:
         self.device = pick_device(device, 0)
         config = AutoConfig.from_pretrained(path) if path else AutoConfig.for_model(**arch)
         self.dtype = pick_dtype(dtype, config, self.device)  # auto: as the engine picks it
-        self.max_batch, self.eos, self.request_ids = max_batch, int(arch["eos_token_id"]), itertools.count()
+        eos = config.eos_token_id  # the checkpoint's when there is one
+        self.max_batch, self.eos = max_batch, int(eos[0] if isinstance(eos, list) else eos)
+        self.request_ids = itertools.count()
         self.load_format = "safetensors" if path else "dummy"
         self.peak_memory_kind = reset_peak_memory(self.device)
         torch.manual_seed(seed)

@@ -96,9 +96,9 @@ def experiment(
     spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpoint, logger, job: JobInfo
 ) -> dict:
     """Build, warm up, run the workload `repeats` times, summarize. Returns the flat summary."""
+    spec, arch_diffs = build.adopt_checkpoint_arch(spec, checkpoint)
     tokenizer = load_tokenizer(checkpoint.path) if checkpoint.path is not None else None
     workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
-    arch_diffs = build.check_arch(spec.model, checkpoint)
     memory, start = JobMemory(), time.perf_counter()
     llm, driver = build.build_llm(spec, config, checkpoint)
     try:
