@@ -72,6 +72,12 @@ class LLMEngine:
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        never = [t for t in params.stop_token_ids if t >= self.vocab_size]  # >= 0: SamplingParams checks
+        if never:
+            raise ValueError(
+                f"{name}: SamplingParams.stop_token_ids holds {never[0]}, outside the vocabulary "
+                f"[0, {self.vocab_size}): it could never be sampled, so never stop the request"
+            )
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(
@@ -82,7 +88,8 @@ class LLMEngine:
         if total > capacity:
             raise ValueError(
                 f"{name}: prompt + max_tokens = {total} tokens exceeds the whole KV cache "
-                f"({capacity} tokens); raise num_kvcache_blocks or the memory budget"
+                f"({capacity} tokens); raise num_kvcache_blocks, or leave it unset and raise "
+                "gpu_memory_utilization (cpu_kv_cache_gb on a CPU)"
             )
         return prompt
 

@@ -143,20 +143,22 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
 
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
-    from nanoexp.experiment.workloads import build_workload
+    from nanoexp.experiment.workloads import build_workload, request_label
 
     tokenize = tokenizer.encode if tokenizer is not None else None
     try:
         workload = build_workload(spec.workload, spec.sampler, spec.model.arch.vocab_size, tokenize)
     except ValueError as e:  # ConfigError, or a value SamplingParams rejects
         raise ConfigError(str(e)) from None
-    longest = max(len(r.prompt_token_ids) + r.sampling_params.max_tokens for r in workload.requests)
     limit = spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
-    if longest > limit:
-        raise ConfigError(
-            f"workload {spec.workload.name} has a request of {longest} tokens (prompt + max_tokens) "
-            f"> max_model_len={limit} (scheduler.max_model_len or the model's limit)"
-        )
+    for index, r in enumerate(workload.requests):
+        length = len(r.prompt_token_ids) + r.sampling_params.max_tokens
+        if length > limit:
+            raise ConfigError(
+                f"workload {spec.workload.name}: {request_label(index, r)} has {length} tokens "
+                f"(prompt {len(r.prompt_token_ids)} + max_tokens {r.sampling_params.max_tokens}) "
+                f"> max_model_len={limit} (scheduler.max_model_len or the model's limit)"
+            )
     return workload
 
 

@@ -13,6 +13,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from nanoexp.config.checks import is_real
+from nanoexp.experiment import atomic_files
 from nanoexp.experiment.loggers import RESULTS_FILE, read_results
 from nanoexp.experiment.metrics import CONFIDENCE
 from nanoexp.experiment.sweep_plots import figure, save_figure
@@ -172,8 +173,8 @@ def cli(argv: list[str] | None = None) -> int:
     out = args.out or args.sweep_b
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(table, header)
-    (out / "compare.md").write_text(text)
-    table.to_csv(out / "compare.csv", index=False)
+    atomic_files.write_atomically(out / "compare.md", text)
+    atomic_files.write_table(table, out / "compare.csv")
     plot(table, out / "compare.png")
     print(text, end="")
     return 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Sequence
 
@@ -25,7 +24,6 @@ class HFBaseline:
         self.dtype = pick_dtype(dtype, config, self.device)  # auto: as the engine picks it
         eos = config.eos_token_id  # the checkpoint's when there is one
         self.max_batch, self.eos = max_batch, int(eos[0] if isinstance(eos, list) else eos)
-        self.request_ids = itertools.count()
         self.load_format = "safetensors" if path else "dummy"
         self.peak_memory_kind = reset_peak_memory(self.device)
         torch.manual_seed(seed)
@@ -41,17 +39,20 @@ class HFBaseline:
     def reset_prefix_cache(self) -> None: ...  # generate keeps no cache between calls
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
-        outputs, pending = [], list(requests)
+        outputs, pending = [], list(enumerate(requests))  # (index in `requests`: the output's id, request)
         while pending:
-            _sleep_until(t0 + pending[0].arrival_offset_s)
+            _sleep_until(t0 + pending[0][1].arrival_offset_s)
             now = time.perf_counter() - t0
-            arrived = [r for r in pending[: self.max_batch] if r.arrival_offset_s <= now]
+            arrived = [(i, r) for i, r in pending[: self.max_batch] if r.arrival_offset_s <= now]
             pending = pending[len(arrived) :]
             outputs += self._run_batch(arrived, t0, on_step)
         return outputs
 
     @torch.inference_mode()
-    def _run_batch(self, batch: list[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
+    def _run_batch(
+        self, numbered: list[tuple[int, Request]], t0: float, on_step: OnStep
+    ) -> list[RequestOutput]:
+        batch = [r for _, r in numbered]
         ids, mask = _left_pad(batch, pad_id=self.eos)
         times: list[float] = []
 
@@ -68,17 +69,17 @@ class HFBaseline:
             eos_token_id=self.eos,
             **_generate_kwargs(batch),
         )[:, ids.shape[1] :].cpu()
-        outs = [self._output(r, generated[i].tolist(), times, t0) for i, r in enumerate(batch)]
+        outs = [self._output(n, r, generated[i].tolist(), times, t0) for i, (n, r) in enumerate(numbered)]
         for stats in _step_stats(batch, outs, ids.numel(), start, times):
             on_step(stats)
         return outs
 
-    def _output(self, r: Request, row: list[int], times: list[float], t0: float) -> RequestOutput:
+    def _output(self, index: int, r: Request, row: list[int], times: list[float], t0: float) -> RequestOutput:
         tokens = row[: r.sampling_params.max_tokens]
         if not r.sampling_params.ignore_eos and self.eos in tokens:
             tokens = tokens[: tokens.index(self.eos) + 1]
         return RequestOutput(
-            request_id=next(self.request_ids),
+            request_id=index,
             prompt_token_ids=list(r.prompt_token_ids),
             token_ids=tokens,
             finish_reason="length" if len(tokens) == r.sampling_params.max_tokens else "stop",

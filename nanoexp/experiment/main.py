@@ -20,10 +20,12 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nanoexp.config import EngineConfig
+from nanoexp.config import EngineConfig, KnobError
 from nanoexp.config.checks import is_number
+from nanoexp.config.engine import in_hydra_keys
 from nanoexp.experiment import build, interrupts, kv_quality, loggers
-from nanoexp.experiment.driver import Progress
+from nanoexp.experiment.atomic_files import unwritable
+from nanoexp.experiment.driver import EngineDriver, Progress
 from nanoexp.experiment.gpus import claim
 from nanoexp.experiment.job import JobInfo, current_job
 from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results, write_atomically
@@ -32,7 +34,7 @@ from nanoexp.experiment.provenance import collect_provenance
 from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
 from nanoexp.experiment.schema import ConfigError, LoggerConfig, LoggerKind, NanoexpConfig, to_plain, to_spec
 from nanoexp.experiment.summary_table import format_summary
-from nanoexp.experiment.workloads import Request
+from nanoexp.experiment.workloads import Request, Workload, request_label
 from nanoexp.loader import load_tokenizer
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 
@@ -41,7 +43,7 @@ FULL_ERROR = "HYDRA_FULL_ERROR"
 CLI_FULL_ERROR = "NANOEXP_CLI_SET_HYDRA_FULL_ERROR"  # marks FULL_ERROR as set by `cli`, not the user
 SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"  # set in the jobs submitit starts (local or slurm)
 CPU = torch.device("cpu")
-CONFIG_ERRORS = (ConfigError, OmegaConfBaseException)
+CONFIG_ERRORS = (ConfigError, KnobError, OmegaConfBaseException)  # KnobError: a value the engine rejects
 
 
 def main(cfg: DictConfig) -> int:
@@ -106,6 +108,8 @@ def experiment(
         probe = kv_quality.wanted(spec)
         if probe:  # a num_tokens without room fails before the timed runs
             kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
+        for workload in workloads if isinstance(driver, EngineDriver) else []:
+            driver.check(workload.requests)  # every request named as the user knows it, before any runs
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
         records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
@@ -119,7 +123,8 @@ def experiment(
         torch.cuda.empty_cache()  # a no-op without CUDA
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
     if spec.save_outputs:
-        loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
+        loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer, workloads)
+    check_outputs(records, workloads)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
@@ -136,6 +141,21 @@ def experiment(
         "checkpoint_path": checkpoint.path or "",
         "arch_mismatches": len(arch_diffs),
     }
+
+
+def check_outputs(records: list, workloads: list[Workload]) -> None:
+    """A request the engine ended with an error (non-finite logits) fails the job after its outputs are
+    written: its numbers would rest on garbage. The line names the first such request as the user knows it."""
+    failed = [(r, o) for r in records for o in r.outputs if o.finish_reason == "error"]
+    if failed:
+        record, out = failed[0]
+        label = request_label(out.request_id, workloads[record.repeat].requests[out.request_id])
+        total = sum(len(r.outputs) for r in records)
+        repeat = f" in repeat {record.repeat}" if len(records) > 1 else ""
+        raise RuntimeError(
+            f"{label}{repeat}: {out.error}; {len(failed)} of {total} requests ended with finish_reason "
+            "'error' (see requests.csv)"
+        )
 
 
 class JobMemory:
@@ -163,11 +183,15 @@ class JobMemory:
 
 
 def _warm_up(driver, workload) -> float:
-    """One short untimed request (as nano-vLLM's bench), so timings exclude first-call costs."""
+    """One short untimed request (as nano-vLLM's bench), so timings exclude first-call costs; it has no
+    number of its own (outputs and errors number the workload's requests only)."""
     first = workload.requests[0]
     params = replace(first.sampling_params, max_tokens=min(4, first.sampling_params.max_tokens))
+    warm = Request(first.prompt_token_ids[:16], params)
+    if isinstance(driver, EngineDriver):
+        driver.check([warm], lambda i, r: f"the untimed warm-up request (from {request_label(0, first)})")
     start = time.perf_counter()
-    driver.drive([Request(first.prompt_token_ids[:16], params)], start, lambda s: None)
+    driver.drive([warm], start, lambda s: None)
     return time.perf_counter() - start
 
 
@@ -241,8 +265,9 @@ def _exit_code(e: BaseException) -> int:
 
 
 def _one_line(e: BaseException) -> str:
-    """The error's first line; OmegaConf's errors name their key on a later line, so it leads."""
-    line = first_line(e, limit=None)
+    """The error's first line, naming knobs by the keys run.py's users type (the engine's messages name
+    its keywords); OmegaConf's errors name their key on a later line, so it leads."""
+    line = in_hydra_keys(first_line(e, limit=None))
     key = getattr(e, "full_key", None) if isinstance(e, CONFIG_ERRORS) else None
     return f"{key}: {line}" if key and key not in line else line
 
@@ -281,9 +306,7 @@ def cli(app: Callable[[], object]) -> None:
         print(f"nanoexp: error: {_hydra_line(e)}", file=sys.stderr)
         sys.exit(CONFIG_EXIT)
     except OSError as e:  # Hydra creating the job's dir or its .hydra files (ours are caught in main)
-        where = f"'{e.filename}'" if e.filename else "the output dir"
-        hint = "set hydra.run.dir or hydra.sweep.dir to a writable directory"
-        print(f"nanoexp: error: cannot write {where}: {e.strerror or e} ({hint})", file=sys.stderr)
+        print(f"nanoexp: error: {unwritable(e.filename or 'the output dir', e)}", file=sys.stderr)
         sys.exit(RUNTIME_EXIT)
     except KeyboardInterrupt as e:  # a sweep stopped by a signal; its jobs reported themselves
         interrupt = interrupts.as_interrupted(e)

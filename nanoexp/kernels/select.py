@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from nanoexp.config.checks import KnobError
 from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.flash_attn_backend import (
     FLASH_ATTN_PAGE_MULTIPLE,
@@ -115,13 +116,16 @@ def triton_half_precision(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def require_triton(knob: str, device: torch.device) -> None:
-    """`knob`='triton' needs Triton, and CUDA or the (slow) CPU interpreter switched on."""
+    """`knob`='triton' needs Triton, and CUDA or the (slow) CPU interpreter switched on: a config error
+    naming the keyword (`attention_backend`, `gemm_backend`)."""
     if not triton_available():
-        raise ValueError(f"{knob}='triton' needs the triton package; use 'torch' or 'auto'")
+        raise KnobError(knob, "triton", "'torch' or 'auto' here: the triton package is not installed")
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(
-            f"{knob}='triton' needs a CUDA device, got {device}; use 'torch' or 'auto' (or set "
-            "TRITON_INTERPRET=1 to run the kernels in the slow Triton interpreter)"
+        raise KnobError(
+            knob,
+            "triton",
+            f"'torch' or 'auto' on {device.type} (Triton kernels need a CUDA device; TRITON_INTERPRET=1 "
+            "runs them in the slow Triton interpreter)",
         )
 
 
@@ -156,6 +160,6 @@ def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> S
     if choice == "torch":
         return None
     if choice == "triton":
-        require_triton("engine.gemm_backend", device)
+        require_triton("gemm_backend", device)
         return SkinnyGemm(MAX_ROWS)
     return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES) if triton_half_precision(device, dtype) else None
