@@ -108,8 +108,7 @@ def experiment(
         probe = kv_quality.wanted(spec)
         if probe:  # a num_tokens without room fails before the timed runs
             kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
-        for workload in workloads if isinstance(driver, EngineDriver) else []:
-            driver.check(workload.requests)  # every request named as the user knows it, before any runs
+        _check_requests(driver, workloads)
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
         records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
@@ -180,6 +179,18 @@ class JobMemory:
             used = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_initialized() else 0
             out["job_peak_device_bytes"] = used
         return out | {"memory_other_bytes": max(0, used - weights - kv)}
+
+
+def _check_requests(driver, workloads: list[Workload]) -> None:
+    """Every request against the engine before any runs (config errors: the workload and the engine's
+    limits disagree), named as the user knows it."""
+    if not isinstance(driver, EngineDriver):
+        return
+    try:
+        for workload in workloads:
+            driver.check(workload.requests)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def _warm_up(driver, workload) -> float:
