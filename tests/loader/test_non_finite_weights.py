@@ -54,6 +54,16 @@ def test_a_value_that_overflows_the_model_dtype_is_named(tmp_path: Path) -> None
     LLM(str(tmp_path), kvcache_block_size=16, dtype="float32").close()  # fits a wider dtype
 
 
+def test_a_sum_that_overflows_float32_is_no_false_alarm(tmp_path: Path) -> None:
+    from nanoexp.loader import check_loaded_finite
+
+    weight = torch.full((4, 4), 3e38)  # finite, but its sum is inf
+    save_file({"w": weight}, tmp_path / "m.safetensors")
+    check_loaded_finite(
+        {"w": torch.nn.Parameter(weight.clone())}, {"w": [("w", str(tmp_path / "m.safetensors"))]}
+    )
+
+
 def test_finite_weights_load_and_the_check_reads_no_file_again(tmp_path: Path, monkeypatch) -> None:
     build_checkpoint(tmp_path, *SHAPES["qwen3_gqa1"])
     from nanoexp import loader
@@ -78,11 +88,15 @@ def test_run_py_fails_on_a_nan_checkpoint_instead_of_reporting_ok(tmp_path: Path
 
 
 @pytest.mark.gpu
-def test_the_check_catches_nan_and_inf_on_the_device_in_bfloat16(monkeypatch) -> None:
+def test_the_check_catches_nan_and_inf_on_the_device(monkeypatch) -> None:
     from nanoexp import loader
     from nanoexp.loader import check_loaded_finite
 
     monkeypatch.setattr(loader, "non_finite_message", lambda param, *a: f"bad {param}")
+    params = {f"p{i}": torch.nn.Parameter(torch.randn(1000, 64, device="cuda").half()) for i in range(4)}
+    params["p1"].data.fill_(60.0)  # sums to 3.8e6, beyond float16: accumulated in float32, no false alarm
+    sources = {name: [(name, "f.safetensors")] for name in params}
+    check_loaded_finite(params, sources)
 
     params = {f"p{i}": torch.nn.Parameter(torch.randn(1000, 64, device="cuda").bfloat16()) for i in range(4)}
     sources = {name: [(name, "f.safetensors")] for name in params}
