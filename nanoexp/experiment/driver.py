@@ -160,9 +160,11 @@ def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_
         driver.drive(workload.requests, time.perf_counter(), log)
     log.recording = True
     record.t0 = time.perf_counter()
-    for _ in range(workload.num_iters):
+    for iteration in range(workload.num_iters):
         start = time.perf_counter()
-        record.outputs += driver.drive(workload.requests, start, log)
+        outputs = driver.drive(workload.requests, start, log)
+        offset = iteration * len(workload.requests)  # iteration k's request i: k * batch_size + i
+        record.outputs += [replace(o, request_id=offset + o.request_id) for o in outputs]
         record.iteration_latencies_s.append(time.perf_counter() - start)
     record.duration_s = time.perf_counter() - record.t0
     return record

@@ -146,7 +146,9 @@ def write_outputs(
                     "output_token_ids": list(o.token_ids),
                     "finish_reason": o.finish_reason,
                 }
-                source = requests[o.request_id] if o.request_id < len(requests) else None
+                source = (
+                    requests[o.request_id % len(requests)] if requests else None
+                )  # latency: per iteration
                 if source is not None and source.source_file:
                     row |= {"source_file": source.source_file, "source_line": source.source_line}
                 if o.error:

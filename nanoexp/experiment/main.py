@@ -148,7 +148,8 @@ def check_outputs(records: list, workloads: list[Workload]) -> None:
     failed = [(r, o) for r in records for o in r.outputs if o.finish_reason == "error"]
     if failed:
         record, out = failed[0]
-        label = request_label(out.request_id, workloads[record.repeat].requests[out.request_id])
+        requests = workloads[record.repeat].requests  # latency mode numbers across iterations
+        label = request_label(out.request_id, requests[out.request_id % len(requests)])
         total = sum(len(r.outputs) for r in records)
         repeat = f" in repeat {record.repeat}" if len(records) > 1 else ""
         raise RuntimeError(

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra.experimental.callback import Callback
 
 from tests.conftest import SHAPES, build_checkpoint
 
@@ -143,3 +144,41 @@ def test_a_job_and_a_sweep_into_an_unwritable_dir_fail_alike(tmp_path: Path) -> 
         assert (
             lines[0].startswith(f"nanoexp: error: cannot write '{blocker}") and "Traceback" not in proc.stderr
         )
+
+
+POISON = 300  # the token whose embedding the callback below turns into NaN
+
+
+class NanForToken(Callback):
+    """Test-only: every step that feeds token POISON gets NaN hidden states, so NaN logits in its row
+    (finite weights never do that here, so the fault is injected at run time)."""
+
+    def on_job_start(self, config, **kwargs) -> None:
+        import torch
+
+        from nanoexp.layers import embed_head
+
+        forward = embed_head.VocabParallelEmbedding.forward
+
+        def poisoned(self, input_ids):
+            return torch.where((input_ids == POISON).unsqueeze(-1), float("nan"), forward(self, input_ids))
+
+        embed_head.VocabParallelEmbedding.forward = poisoned
+
+
+def test_nan_logits_fail_the_job_naming_the_request_line_and_step(tmp_path: Path) -> None:
+    lines = [[5, 6, 7], [8, POISON, 9], [10, 11]]
+    text = "".join(json.dumps({"prompt_token_ids": ids}) + "\n" for ids in lines)
+    callback = "+hydra.callbacks.nan._target_=tests.e2e.test_nothing_silently_wrong.NanForToken"
+    proc = prompts_job(tmp_path, "p.jsonl", text, callback, "workload.output_len=4")
+    errors = error_lines(proc)
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
+    where = f"request 1 ({tmp_path / 'p.jsonl'}:2): non-finite logits (NaN or inf) at engine step"
+    assert where in errors[0] and "output token 1" in errors[0], errors
+    assert "1 of 3 requests ended with finish_reason 'error'" in errors[0]
+    rows = [json.loads(ln) for ln in (tmp_path / "job" / "outputs.jsonl").read_text().splitlines()]
+    assert [(r["source_line"], r["finish_reason"], len(r["output_token_ids"])) for r in rows] == [
+        (1, "length", 4), (2, "error", 0), (3, "length", 4)
+    ]  # fmt: skip
+    assert "non-finite logits" in rows[1]["error"]
+    assert results(tmp_path)["status"] == "failed"
