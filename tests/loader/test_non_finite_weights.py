@@ -54,6 +54,17 @@ def test_a_value_that_overflows_the_model_dtype_is_named(tmp_path: Path) -> None
     LLM(str(tmp_path), kvcache_block_size=16, dtype="float32").close()  # fits a wider dtype
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_the_probe_of_each_dtype_sees_nan_and_inf(dtype: torch.dtype, bad: float) -> None:
+    from nanoexp.loader import finite_probe
+
+    t = torch.randn(300, 70).to(dtype) + 100  # float16: a sum of 2.1e6, beyond its range
+    assert finite_probe(t).isfinite()
+    t[123 % 300, 45] = bad
+    assert not finite_probe(t).isfinite()
+
+
 def test_a_sum_that_overflows_float32_is_no_false_alarm(tmp_path: Path) -> None:
     from nanoexp.loader import check_loaded_finite
 
