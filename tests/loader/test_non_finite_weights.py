@@ -99,17 +99,14 @@ def test_run_py_fails_on_a_nan_checkpoint_instead_of_reporting_ok(tmp_path: Path
 
 
 @pytest.mark.gpu
-def test_the_check_catches_nan_and_inf_on_the_device(monkeypatch) -> None:
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_check_catches_nan_and_inf_on_the_device(monkeypatch, dtype: torch.dtype) -> None:
     from nanoexp import loader
     from nanoexp.loader import check_loaded_finite
 
     monkeypatch.setattr(loader, "non_finite_message", lambda param, *a: f"bad {param}")
-    params = {f"p{i}": torch.nn.Parameter(torch.randn(1000, 64, device="cuda").half()) for i in range(4)}
-    params["p1"].data.fill_(60.0)  # sums to 3.8e6, beyond float16: accumulated in float32, no false alarm
-    sources = {name: [(name, "f.safetensors")] for name in params}
-    check_loaded_finite(params, sources)
-
-    params = {f"p{i}": torch.nn.Parameter(torch.randn(1000, 64, device="cuda").bfloat16()) for i in range(4)}
+    params = {f"p{i}": torch.nn.Parameter(torch.randn(1000, 64, device="cuda").to(dtype)) for i in range(4)}
+    params["p1"].data.fill_(60.0)  # sums to 3.8e6: beyond float16's range, which its probe never sums
     sources = {name: [(name, "f.safetensors")] for name in params}
     check_loaded_finite(params, sources)  # finite: passes
     for bad in (float("nan"), float("inf"), -float("inf")):
