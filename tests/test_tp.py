@@ -289,7 +289,7 @@ def test_indivisible_sizes_fail_before_spawning(overrides, tp, allowed):
     )
     with pytest.raises(ValueError) as err:
         LLM("dummy", tensor_parallel_size=tp, load_format="dummy", hf_config={**hf, **overrides}, **ENGINE)
-    assert str(err.value) == f"parallel.tensor_parallel_size={tp} is invalid: must be {allowed}"
+    assert str(err.value) == f"tensor_parallel_size={tp} is invalid: must be {allowed}"  # the keyword typed
     assert_no_workers()
 
 

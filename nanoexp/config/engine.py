@@ -50,6 +50,13 @@ def _keyword_pattern() -> re.Pattern:
 KEYWORD_PATTERN = _keyword_pattern()
 
 
+def as_keyword(e: KnobError) -> KnobError:
+    """A config class's error (which names the Hydra key, `cache.block_size`) as `LLM(...)` callers
+    spell the knob (`kvcache_block_size`); the inverse of `in_hydra_keys`, from the same table."""
+    keyword = {key: keyword for keyword, key in HYDRA_KEYS.items()}.get(e.knob, e.knob)
+    return KnobError(keyword, e.value, e.allowed, e.reason)
+
+
 def in_hydra_keys(message: str) -> str:
     """An engine message (phrased with `LLM(**kwargs)`'s keywords) phrased with the Hydra keys run.py's
     users type: `num_kvcache_blocks` -> `cache.num_blocks`, `device='cuda'` -> `engine.device='cuda'`.
@@ -77,8 +84,7 @@ class EngineConfig:
         for keyword, value in kwargs.items():
             section, name = KEYWORDS[keyword]
             values[section][name] = value
-        by_knob = {f"{KNOB_PREFIX.get(s, s)}.{n}": k for k, (s, n) in KEYWORDS.items()}
         try:
             return cls(**{s: SECTIONS[s](**v) for s, v in values.items()})
         except KnobError as e:
-            raise KnobError(by_knob.get(e.knob, e.knob), e.value, e.allowed, e.reason) from None
+            raise as_keyword(e) from None

@@ -12,7 +12,8 @@ from contextlib import AbstractContextManager, contextmanager
 from tqdm.auto import tqdm
 
 from nanoexp import loader
-from nanoexp.config import EngineConfig, SamplingParams
+from nanoexp.config import EngineConfig, KnobError, SamplingParams
+from nanoexp.config.engine import as_keyword
 from nanoexp.engine import kv_quality
 from nanoexp.engine.llm_engine import PROMPT_KINDS, LLMEngine
 from nanoexp.engine.outputs import RequestOutput
@@ -48,7 +49,10 @@ class LLM(AbstractContextManager):
         if config.model.arch is None and not os.path.isdir(model) and "/" not in model:
             raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
         self.lock = threading.Lock()  # one caller at a time, as vLLM's LLM
-        self.engine = LLMEngine(config)
+        try:
+            self.engine = LLMEngine(config)
+        except KnobError as e:  # a limit found while starting (the model's length, the memory): a keyword
+            raise as_keyword(e) from None
         self.tokenizer = loader.load_tokenizer(model) if config.model.arch is None else None
 
     def __exit__(self, *exc) -> None:

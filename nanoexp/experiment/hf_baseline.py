@@ -9,9 +9,11 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from nanoexp.config.checkpoint_files import CheckpointError
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.experiment.driver import OnStep, _sleep_until
 from nanoexp.experiment.workloads import Request
+from nanoexp.loader import finite_probe
 from nanoexp.runner.model_setup import pick_device, pick_dtype
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 
@@ -34,6 +36,8 @@ class HFBaseline:
         else:
             model = AutoModelForCausalLM.from_config(**options)
         self.model = model.to(self.device).eval()
+        if path:
+            check_finite(self.model, path)
         self.load_s = time.perf_counter() - start
 
     def reset_prefix_cache(self) -> None: ...  # generate keeps no cache between calls
@@ -108,6 +112,20 @@ class HFBaseline:
 
     def close(self) -> None:
         self.model = None
+
+
+def check_finite(model: torch.nn.Module, path: str) -> None:
+    """The baseline's weights checked as the engine's loader checks ours (transformers loads NaN as is):
+    one probe per parameter, one host sync; an error names the first non-finite tensor."""
+    params = [(name, p) for name, p in model.named_parameters() if p.is_floating_point()]
+    finite = torch.stack([finite_probe(p.detach()) for _, p in params]).isfinite().tolist()
+    bad = [name for (name, _), ok in zip(params, finite) if not ok]
+    if bad:
+        more = f" ({len(bad) - 1} more tensor(s) too)" if len(bad) > 1 else ""
+        raise CheckpointError(
+            f"checkpoint tensor {bad[0]} in {path} holds NaN or inf values as transformers loaded it{more}; "
+            "the checkpoint is corrupt or was converted wrongly"
+        )
 
 
 def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[float]) -> list[StepStats]:

@@ -84,17 +84,27 @@ def test_finite_weights_load_and_the_check_reads_no_file_again(tmp_path: Path, m
         assert llm.generate([[1, 2, 3]], use_tqdm=False)[0].token_ids
 
 
-def test_run_py_fails_on_a_nan_checkpoint_instead_of_reporting_ok(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["nanoexp", "hf"])
+def test_run_py_fails_on_a_nan_checkpoint_instead_of_reporting_ok(tmp_path: Path, engine: str) -> None:
     ckpt = tmp_path / "ckpt"
     build_checkpoint(ckpt, *SHAPES["qwen3_gqa1"], vocab=509)
     file = spoil(ckpt, TENSOR, float("nan"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
     cmd = [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'job'}", "model=qwen3_tiny", "logger=none"]
-    cmd += [f"model.path={ckpt}", "model.load_format=safetensors", "cache.cpu_kv_cache_gb=0.05"]
+    cmd += [
+        f"model.path={ckpt}",
+        "model.load_format=safetensors",
+        "cache.cpu_kv_cache_gb=0.05",
+        f"engine={engine}",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("nanoexp: error:")]
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
-    assert TENSOR in lines[0] and str(file) in lines[0] and "NaN" in lines[0]
+    assert (
+        TENSOR in lines[0]
+        and (str(file) if engine == "nanoexp" else str(ckpt)) in lines[0]
+        and "NaN" in lines[0]
+    )
     assert '"status": "failed"' in (tmp_path / "job" / "results.json").read_text()
 
 
