@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import sys
 import time
@@ -50,6 +51,7 @@ def main(cfg: DictConfig) -> int:
     """Run the experiment described by `cfg`; returns 0, or exits non-zero with one line."""
     job, code = None, 0
     interrupts.install()
+    phrase_engine_logs()
     if os.environ.get(SUBMITIT_EXECUTOR) == "local":
         interrupts.die_with_sweep()
     try:
@@ -224,6 +226,23 @@ def _finish_failed(cfg: DictConfig, job: JobInfo, logger, failure: dict, error: 
         logger.finish(failure, _exit_code(error))
     except Exception as err:  # noqa: BLE001 - the job's own error is the one to raise
         error.add_note(f"recording the failure failed too: {_one_line(err)}")
+
+
+class HydraKeyPhrasing(logging.Filter):
+    """The engine's log lines (which name `LLM(...)` keywords) phrased with the Hydra keys, as the error
+    line is: `attention_backend=auto: not using triton` -> `engine.attention_backend=auto: ...`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("nanoexp.") and not record.name.startswith("nanoexp.experiment"):
+            record.msg, record.args = in_hydra_keys(record.getMessage()), ()
+        return True
+
+
+def phrase_engine_logs() -> None:
+    """Puts the phrasing on every handler of the root logger (Hydra's job logging), once."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, HydraKeyPhrasing) for f in handler.filters):
+            handler.addFilter(HydraKeyPhrasing())
 
 
 def _report_error(e: BaseException, job: JobInfo | None) -> int:

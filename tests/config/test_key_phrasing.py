@@ -63,3 +63,27 @@ def test_a_limit_found_while_starting_names_the_keyword(checkpoints) -> None:
     with pytest.raises(KnobError) as info:
         LLM(checkpoints["qwen3_gqa1"][0], max_model_len=5000)  # the model's limit: 1024
     assert str(info.value).startswith("max_model_len=5000 is invalid")
+
+
+def test_run_pys_logs_phrase_engine_warnings_with_hydra_keys() -> None:
+    import io
+    import logging
+
+    from nanoexp.experiment.main import phrase_engine_logs
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        phrase_engine_logs()
+        phrase_engine_logs()  # idempotent
+        logging.getLogger("nanoexp.kernels.select").warning("attention_backend=auto: not using %s", "triton")
+        logging.getLogger("nanoexp.experiment.build").warning("model.arch differs: vocab_size=3")
+    finally:
+        root.removeHandler(handler)
+    assert len(handler.filters) == 1
+    assert stream.getvalue().splitlines() == [
+        "engine.attention_backend=auto: not using triton",
+        "model.arch differs: vocab_size=3",  # the experiment layer names Hydra keys itself
+    ]
