@@ -52,10 +52,10 @@ class EngineDriver:
             now = time.perf_counter() - t0
             while pending and in_flight < self.max_concurrency and pending[0][1].arrival_offset_s <= now:
                 index, r = pending.popleft()
-                arrival = t0 + r.arrival_offset_s
-                index_of[self.engine.add_request(list(r.prompt_token_ids), r.sampling_params, arrival)] = (
-                    index
+                seq_id = self.engine.add_request(
+                    list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s
                 )
+                index_of[seq_id] = index
                 in_flight += 1
             if not self.engine.has_unfinished():
                 _sleep_until(t0 + pending[0][1].arrival_offset_s)

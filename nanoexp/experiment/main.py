@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nanoexp.config import EngineConfig, KnobError
 from nanoexp.config.checks import is_number
 from nanoexp.config.engine import in_hydra_keys
-from nanoexp.experiment import build, interrupts, kv_quality, loggers
+from nanoexp.experiment import build, interrupts, kv_quality, loggers, request_checks
 from nanoexp.experiment.atomic_files import unwritable
 from nanoexp.experiment.driver import EngineDriver, Progress
 from nanoexp.experiment.gpus import claim
@@ -35,7 +35,7 @@ from nanoexp.experiment.provenance import collect_provenance
 from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
 from nanoexp.experiment.schema import ConfigError, LoggerConfig, LoggerKind, NanoexpConfig, to_plain, to_spec
 from nanoexp.experiment.summary_table import format_summary
-from nanoexp.experiment.workloads import Request, Workload, request_label
+from nanoexp.experiment.workloads import Request, request_label
 from nanoexp.loader import load_tokenizer
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 
@@ -110,7 +110,7 @@ def experiment(
         probe = kv_quality.wanted(spec)
         if probe:  # a num_tokens without room fails before the timed runs
             kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
-        _check_requests(driver, workloads)
+        request_checks.check_requests(driver, workloads)
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
         records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
@@ -125,7 +125,7 @@ def experiment(
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
     if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer, workloads)
-    check_outputs(records, workloads)
+    request_checks.check_outputs(records, workloads)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
@@ -142,22 +142,6 @@ def experiment(
         "checkpoint_path": checkpoint.path or "",
         "arch_mismatches": len(arch_diffs),
     }
-
-
-def check_outputs(records: list, workloads: list[Workload]) -> None:
-    """A request the engine ended with an error (non-finite logits) fails the job after its outputs are
-    written: its numbers would rest on garbage. The line names the first such request as the user knows it."""
-    failed = [(r, o) for r in records for o in r.outputs if o.finish_reason == "error"]
-    if failed:
-        record, out = failed[0]
-        requests = workloads[record.repeat].requests  # latency mode numbers across iterations
-        label = request_label(out.request_id, requests[out.request_id % len(requests)])
-        total = sum(len(r.outputs) for r in records)
-        repeat = f" in repeat {record.repeat}" if len(records) > 1 else ""
-        raise RuntimeError(
-            f"{label}{repeat}: {out.error}; {len(failed)} of {total} requests ended with finish_reason "
-            "'error' (see requests.csv)"
-        )
 
 
 class JobMemory:
@@ -182,18 +166,6 @@ class JobMemory:
             used = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_initialized() else 0
             out["job_peak_device_bytes"] = used
         return out | {"memory_other_bytes": max(0, used - weights - kv)}
-
-
-def _check_requests(driver, workloads: list[Workload]) -> None:
-    """Every request against the engine before any runs (config errors: the workload and the engine's
-    limits disagree), named as the user knows it."""
-    if not isinstance(driver, EngineDriver):
-        return
-    try:
-        for workload in workloads:
-            driver.check(workload.requests)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(str(e)) from None
 
 
 def _warm_up(driver, workload) -> float:
