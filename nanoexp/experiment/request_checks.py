@@ -21,8 +21,15 @@ def check_requests(driver, workloads: list[Workload]) -> None:
 
 
 def check_outputs(records: list[RunRecord], workloads: list[Workload]) -> None:
-    """A request the engine ended with an error (non-finite logits) fails the job after its outputs are
-    written: its numbers would rest on garbage. The line names the first such request as the user knows it."""
+    """Every request of every pass has its output, and none ended in error (non-finite logits): else the
+    job fails after its outputs are written, as its numbers would rest on garbage, naming the first such
+    request as the user knows it."""
+    for record, workload in zip(records, workloads):
+        expected = len(workload.requests) * (workload.num_iters if workload.latency_mode else 1)
+        if len(record.outputs) != expected:  # no summary may rest on a pass that lost outputs
+            raise RuntimeError(
+                f"repeat {record.repeat}: {len(record.outputs)} outputs for {expected} requests"
+            )
     failed = [(r, o) for r in records for o in r.outputs if o.finish_reason == "error"]
     if failed:
         record, out = failed[0]
