@@ -87,3 +87,13 @@ def test_run_pys_logs_phrase_engine_warnings_with_hydra_keys() -> None:
         "engine.attention_backend=auto: not using triton",
         "model.arch differs: vocab_size=3",  # the experiment layer names Hydra keys itself
     ]
+
+
+def test_a_kv_cache_too_small_names_the_keyword_in_the_api(checkpoints) -> None:
+    with LLM(checkpoints["qwen3_gqa1"][0], kvcache_block_size=16, num_kvcache_blocks=1) as llm:
+        with pytest.raises(ValueError) as info:
+            llm.generate([[1] * 20], use_tqdm=False)
+    message = str(info.value)
+    assert (
+        message.startswith("prompt 0: ") and "raise num_kvcache_blocks" in message and "cache." not in message
+    )
