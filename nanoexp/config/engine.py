@@ -44,7 +44,7 @@ def _keyword_pattern() -> re.Pattern:
     names = sorted(HYDRA_KEYS, key=len, reverse=True)
     bare = "|".join(re.escape(k) for k in names if "_" in k)
     assigned = "|".join(re.escape(k) for k in names)
-    return re.compile(rf"(?<![\w./-])(?:(?:{assigned})(?=\s*=)|(?:{bare})(?![\w]))")
+    return re.compile(rf"(?<![\w./=-])(?:(?:{assigned})(?=\s*=)|(?:{bare})(?![\w]))")
 
 
 KEYWORD_PATTERN = _keyword_pattern()

@@ -46,6 +46,7 @@ def test_every_keyword_maps_to_a_key_of_the_composed_config() -> None:
             "no CUDA device is available; the seed of the run",
         ),
         ("/data/max_num_seqs=4/x.jsonl:2: not valid JSON", "/data/max_num_seqs=4/x.jsonl:2: not valid JSON"),
+        ("notes=seed=3 is a value", "notes=seed=3 is a value"),
     ],
 )
 def test_engine_messages_are_phrased_with_hydra_keys(engine_message: str, run_py_message: str) -> None:
