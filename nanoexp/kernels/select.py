@@ -53,7 +53,7 @@ def make_attention_backend(
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         return choose_auto(device, block_size, dtype, head_dim, kv_cache_dtype != "auto")
     if name == "triton":
-        require_triton("attention_backend", device)
+        require_triton("engine.attention_backend", device)
         backend = _triton_backend()
     elif name == "flash_attn":
         backend = FlashAttnBackend(block_size, kv_cache_dtype, device)
@@ -117,7 +117,7 @@ def triton_half_precision(device: torch.device, dtype: torch.dtype) -> bool:
 
 def require_triton(knob: str, device: torch.device) -> None:
     """`knob`='triton' needs Triton, and CUDA or the (slow) CPU interpreter switched on: a config error
-    naming the keyword (`attention_backend`, `gemm_backend`)."""
+    naming the knob (`engine.attention_backend`, `engine.gemm_backend`)."""
     if not triton_available():
         raise KnobError(knob, "triton", "'torch' or 'auto' here: the triton package is not installed")
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -160,6 +160,6 @@ def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> S
     if choice == "torch":
         return None
     if choice == "triton":
-        require_triton("gemm_backend", device)
+        require_triton("engine.gemm_backend", device)
         return SkinnyGemm(MAX_ROWS)
     return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES) if triton_half_precision(device, dtype) else None

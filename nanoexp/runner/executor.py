@@ -109,7 +109,7 @@ class MultiprocExecutor:
         have = torch.cuda.device_count()  # 0 without CUDA
         if config.execution.device != "cpu" and torch.cuda.is_available() and have < size:
             why = f"needs that many CUDA devices; {have} available"
-            raise KnobError("tensor_parallel_size", size, f"at most {have}", why)
+            raise KnobError("parallel.tensor_parallel_size", size, f"at most {have}", why)
         install_sigterm_cleanup()
         self.group = WorkerGroup(config)
         self.finalizer = weakref.finalize(self, self.group.stop)

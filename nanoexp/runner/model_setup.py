@@ -100,18 +100,21 @@ def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
 
 def check_execution(config: EngineConfig) -> None:
     """The device and the explicit Triton choices, before any weights load: config errors naming the
-    keyword (`device`, `attention_backend`, `gemm_backend`)."""
+    knob (`engine.device`, ...; the API says `device`)."""
     execution = config.execution
     device = pick_device(execution.device, 0)
     for knob in ("attention_backend", "gemm_backend"):
         if getattr(execution, knob) == "triton":
-            require_triton(knob, device)
+            require_triton(f"engine.{knob}", device)
 
 
 def pick_device(choice: str, rank: int) -> torch.device:
     if choice == "cuda" and not torch.cuda.is_available():
         raise KnobError(
-            "device", "cuda", "auto or cpu", "needs a CUDA device, and none is available; use auto or cpu"
+            "engine.device",
+            "cuda",
+            "auto or cpu",
+            "needs a CUDA device, and none is available; use auto or cpu",
         )
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
