@@ -18,11 +18,11 @@ log="$OUT/reliability.log"
     case "$part" in
       load) timeout 90 python3 experiments/reliability/check_cost.py load; rc=$?
             rm -rf "${TMPDIR:-/tmp}/qwen3_8b_zeros" ;;
-      step) timeout 120 python3 experiments/reliability/check_cost.py step --trials 5; rc=$? ;;
-      tests) timeout 150 python3 -m pytest -q -p no:xdist -p no:cacheprovider -m "gpu or not gpu" \
+      step) timeout 120 python3 experiments/reliability/check_cost.py step --trials 4; rc=$? ;;
+      tests) timeout 150 python3 -m pytest -q -p no:xdist -p no:cacheprovider -m "gpu or not gpu" -k "not run_py" \
                tests/loader/test_non_finite_weights.py tests/layers/test_sampler_non_finite.py \
-               tests/engine/test_non_finite_logits.py tests/experiment/test_request_numbering.py \
-               tests/test_triton_sampler.py tests/test_sampler.py 2>&1 | tail -25; rc=${PIPESTATUS[0]} ;;
+               tests/engine/test_non_finite_logits.py tests/test_triton_sampler.py 2>&1 | tail -25
+             rc=${PIPESTATUS[0]} ;;
       *) echo "unknown part $part"; rc=2 ;;
     esac
     echo "== $part exit $rc"
