@@ -7,7 +7,8 @@ python experiments/reliability/check_cost.py load [--dir /tmp/qwen3_8b_zeros]
 python experiments/reliability/check_cost.py step [--trials 5]
     Qwen3-0.6B (dummy bf16 weights, CUDA graphs): batch-1 TPOT (greedy: torch path; temperature 0.6:
     one-pass kernel) and the nano-vLLM benchmark's throughput, with the run-time checks and without
-    them (the sampler's greedy path as before: argmax and no flag; the kernel without its scan),
+    them (the greedy path's flag a no-op, its max one reduction as argmax was; the kernel without its
+    scan),
     the two interleaved trial by trial in one process.
 """
 
@@ -111,7 +112,7 @@ def load_cost(directory: Path, repeats: int) -> None:
 
 
 def without_checks() -> None:
-    """The sampler as before the checks: greedy rows by argmax with no flag, the kernel without its scan."""
+    """The sampler without the checks: no flag on greedy rows, the kernel without its scan."""
     from nanoexp.kernels import triton_sampler
     from nanoexp.layers import sampler
 
