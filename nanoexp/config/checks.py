@@ -12,9 +12,12 @@ from typing import TypeGuard
 class KnobError(ValueError):
     """A knob set to a value it cannot take. `knob` is its dotted name (`cache.block_size`)."""
 
-    def __init__(self, knob: str, value: object, allowed: str):
-        self.knob, self.value, self.allowed = knob, value, allowed
-        super().__init__(f"{knob}={value!r} is invalid: must be {allowed}")
+    def __init__(self, knob: str, value: object, allowed: str, reason: str | None = None):
+        """`reason`: what the value cannot do, in place of "is invalid: must be <allowed>"."""
+        self.knob, self.value, self.allowed, self.reason = knob, value, allowed, reason
+        super().__init__(
+            f"{knob}={value!r} {reason}" if reason else f"{knob}={value!r} is invalid: must be {allowed}"
+        )
 
 
 MAX_INT64 = 2**63 - 1  # seeds and other integers that reach torch or numpy as int64

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -33,6 +34,34 @@ KEYWORDS = {
     if (section, f.name) != ("model", "path")
 }
 KNOB_PREFIX = {"execution": "engine"}  # a section whose knobs are named after another (the Hydra group)
+# every keyword -> the key run.py's users type for the same knob (the Hydra config's dotted key)
+HYDRA_KEYS = {keyword: f"{KNOB_PREFIX.get(s, s)}.{n}" for keyword, (s, n) in KEYWORDS.items()}
+
+
+def _keyword_pattern() -> re.Pattern:
+    """A keyword as a message names a knob: `keyword=...`, or bare where it cannot be a plain word (it has
+    an underscore); never inside a dotted key (`engine.device`) or another identifier."""
+    names = sorted(HYDRA_KEYS, key=len, reverse=True)
+    bare = "|".join(re.escape(k) for k in names if "_" in k)
+    assigned = "|".join(re.escape(k) for k in names)
+    return re.compile(rf"(?<![\w./=-])(?:(?:{assigned})(?=\s*=)|(?:{bare})(?![\w]))")
+
+
+KEYWORD_PATTERN = _keyword_pattern()
+
+
+def as_keyword(e: KnobError) -> KnobError:
+    """A config class's error (which names the Hydra key, `cache.block_size`) as `LLM(...)` callers
+    spell the knob (`kvcache_block_size`); the inverse of `in_hydra_keys`, from the same table."""
+    keyword = {key: keyword for keyword, key in HYDRA_KEYS.items()}.get(e.knob, e.knob)
+    return KnobError(keyword, e.value, e.allowed, e.reason)
+
+
+def in_hydra_keys(message: str) -> str:
+    """An engine message (phrased with `LLM(**kwargs)`'s keywords) phrased with the Hydra keys run.py's
+    users type: `num_kvcache_blocks` -> `cache.num_blocks`, `device='cuda'` -> `engine.device='cuda'`.
+    The one place where the two spellings meet; run.py's error path applies it to every error line."""
+    return KEYWORD_PATTERN.sub(lambda m: HYDRA_KEYS[m.group(0)], message)
 
 
 @dataclass
@@ -55,8 +84,7 @@ class EngineConfig:
         for keyword, value in kwargs.items():
             section, name = KEYWORDS[keyword]
             values[section][name] = value
-        by_knob = {f"{KNOB_PREFIX.get(s, s)}.{n}": k for k, (s, n) in KEYWORDS.items()}
         try:
             return cls(**{s: SECTIONS[s](**v) for s, v in values.items()})
         except KnobError as e:
-            raise KnobError(by_knob.get(e.knob, e.knob), e.value, e.allowed) from None
+            raise as_keyword(e) from None

@@ -92,6 +92,14 @@ class BlockManager:
                 self.cached_hash[block_id], self.cached_tokens[block_id] = hashes[-1], tokens
                 self.hash_to_block.setdefault(hashes[-1], block_id)
 
+    def unpublish(self, seq: Sequence) -> None:
+        """Takes the blocks seq computed itself (not those it found cached) out of the prefix cache."""
+        for block_id in seq.block_table[seq.num_cached_tokens // self.block_size :]:
+            old = self.cached_hash[block_id]
+            if old is not None and self.hash_to_block.get(old) == block_id:
+                del self.hash_to_block[old]
+            self.cached_hash[block_id], self.cached_tokens[block_id] = None, ()
+
     def free_seq(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
             self.ref_counts[block_id] -= 1

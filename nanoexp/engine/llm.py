@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -11,10 +12,13 @@ from contextlib import AbstractContextManager, contextmanager
 from tqdm.auto import tqdm
 
 from nanoexp import loader
-from nanoexp.config import EngineConfig, SamplingParams
+from nanoexp.config import EngineConfig, KnobError, SamplingParams
+from nanoexp.config.engine import as_keyword
 from nanoexp.engine import kv_quality
 from nanoexp.engine.llm_engine import PROMPT_KINDS, LLMEngine
 from nanoexp.engine.outputs import RequestOutput
+
+log = logging.getLogger(__name__)
 
 
 class EngineBusyError(RuntimeError):
@@ -45,7 +49,10 @@ class LLM(AbstractContextManager):
         if model is not None and config.model.arch is None and not os.path.isdir(model) and "/" not in model:
             raise FileNotFoundError(f"model={model!r}: no such checkpoint directory")
         self.lock = threading.Lock()  # one caller at a time, as vLLM's LLM
-        self.engine = LLMEngine(config)
+        try:
+            self.engine = LLMEngine(config)
+        except KnobError as e:  # a limit found while starting (the model's length, the memory): a keyword
+            raise as_keyword(e) from None
         self.tokenizer = (
             loader.load_tokenizer(model) if model is not None and config.model.arch is None else None
         )
@@ -90,6 +97,9 @@ class LLM(AbstractContextManager):
             if self.tokenizer is not None:
                 for i in ids:
                     outputs[i].text = self.tokenizer.decode(outputs[i].token_ids)
+            for index, i in enumerate(ids):
+                if outputs[i].finish_reason == "error":
+                    log.warning("prompt %d: %s", index, outputs[i].error)
             return [outputs[i] for i in ids]
 
     @contextmanager

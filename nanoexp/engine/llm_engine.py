@@ -13,6 +13,7 @@ from nanoexp.engine.block_manager import BlockManager
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
 from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
+from nanoexp.layers.sampler import NON_FINITE
 from nanoexp.runner.executor import make_executor
 from nanoexp.runner.step_hooks import ENGINE_PHASES, RUNNER_PHASES, PhaseHooks, StepHooks
 from nanoexp.runner.step_input import RunnerInfo
@@ -37,6 +38,7 @@ class LLMEngine:
         self.last_step_end = 0.0  # overlapped steps are timed from the later of this and their start
         self.step_hooks: StepHooks | None = None  # set_hooks
         self.phase_hooks: PhaseHooks | None = None
+        self.num_steps = 0  # steps completed, counted from the engine's start: errors name them
         self._closed = False
         # Freezes what start-up built (model, block lists of up to ~1M blocks) so no full garbage collection
         # walks it inside a step (one paused a tiny fp8 step by 41 ms on an H200). close() unfreezes, or the
@@ -74,6 +76,12 @@ class LLMEngine:
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        never = [t for t in params.stop_token_ids if t >= self.vocab_size]  # >= 0: SamplingParams checks
+        if never:
+            raise ValueError(
+                f"{name}: SamplingParams.stop_token_ids holds {never[0]}, outside the vocabulary "
+                f"[0, {self.vocab_size}): it could never be sampled, so never stop the request"
+            )
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(
@@ -84,7 +92,8 @@ class LLMEngine:
         if total > capacity:
             raise ValueError(
                 f"{name}: prompt + max_tokens = {total} tokens exceeds the whole KV cache "
-                f"({capacity} tokens); raise num_kvcache_blocks or the memory budget"
+                f"({capacity} tokens); raise num_kvcache_blocks, or leave it unset and raise "
+                "gpu_memory_utilization (cpu_kv_cache_gb on a CPU)"
             )
         return prompt
 
@@ -188,12 +197,16 @@ class LLMEngine:
         if self.phase_hooks is not None:
             self.phase_hooks.phase_begin("bookkeeping")
         now = time.perf_counter()
+        self.num_steps += 1
         for running in batch.seqs:
             if running.status is Status.RUNNING:  # before finishing, so ended requests' blocks are reusable
                 self.block_manager.register_full_blocks(running)
         finished = []
         for seq, token in zip(samplers, sampled, strict=True):
             if seq is None:
+                continue
+            if token == NON_FINITE:
+                finished.append(self.fail_non_finite(seq, now))
                 continue
             seq.token_ids[-1] = token
             seq.token_times.append(now)
@@ -210,6 +223,17 @@ class LLMEngine:
         if self.step_hooks is not None:
             self.step_hooks.step_end()
         return finished, stats
+
+    def fail_non_finite(self, seq: Sequence, now: float) -> RequestOutput:
+        """Ends a request whose logits held NaN or inf with finish_reason "error", keeping the tokens before;
+        its K/V may hold the NaN, so no later prompt reuses its blocks. The other requests go on."""
+        seq.token_ids.pop()  # the placeholder: nothing was sampled
+        where = f"engine step {self.num_steps}, output token {seq.num_output_tokens + 1}"
+        seq.finish_reason, seq.finish_time = "error", now
+        seq.error = f"non-finite logits (NaN or inf) at {where}; the model's output is not usable"
+        self.block_manager.unpublish(seq)
+        self.scheduler.finish(seq)
+        return self.output_of(seq)
 
     def finish_reason(self, seq: Sequence) -> str:
         last = seq.token_ids[-1]
@@ -228,11 +252,12 @@ class LLMEngine:
             finish_reason=seq.finish_reason,
             arrival_time=seq.arrival_time,
             first_scheduled_time=seq.first_scheduled_time,
-            first_token_time=seq.token_times[0],
+            first_token_time=seq.token_times[0] if seq.token_times else seq.finish_time,
             token_times=list(seq.token_times),
             finish_time=seq.finish_time,
             num_cached_tokens=seq.num_cached_tokens,
             num_preemptions=seq.num_preemptions,
+            error=seq.error,
         )
 
     def step_stats(self, batch, finished, elapsed, num_sampled) -> StepStats:

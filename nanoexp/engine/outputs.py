@@ -12,7 +12,7 @@ class RequestOutput:
     request_id: int
     prompt_token_ids: list[int]
     token_ids: list[int]
-    finish_reason: str  # "stop" (eos or stop token) or "length"
+    finish_reason: str  # "stop" (eos or stop token), "length", or "error" (then `error` says why)
     arrival_time: float
     first_scheduled_time: float
     first_token_time: float
@@ -21,6 +21,7 @@ class RequestOutput:
     num_cached_tokens: int
     num_preemptions: int
     text: str = ""
+    error: str = ""  # with finish_reason "error": what went wrong, e.g. non-finite logits at a step
 
     def __getitem__(self, key: str):
         return getattr(self, key)

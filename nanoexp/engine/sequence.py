@@ -29,6 +29,7 @@ class Sequence:
         self.block_hashes: list[int] = []  # chained hashes of the full blocks published so far
         self.num_preemptions = 0
         self.finish_reason = ""
+        self.error = ""  # why it ended with finish_reason "error"
         self.arrival_time = time.perf_counter() if arrival is None else arrival
         self.first_scheduled_time = 0.0
         self.token_times: list[float] = []

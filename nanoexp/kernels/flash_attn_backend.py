@@ -11,6 +11,7 @@ import importlib.util
 
 import torch
 
+from nanoexp.config.checks import KnobError
 from nanoexp.kernels.base import AttentionBackend
 
 FLASH_ATTN_PAGE_MULTIPLE = 256
@@ -45,7 +46,7 @@ class FlashAttnBackend(AttentionBackend):
         ]
         for refused, why in refusals:
             if refused:
-                raise ValueError(f"attention_backend='flash_attn' {why}")
+                raise KnobError("engine.attention_backend", "flash_attn", "torch, triton or auto", why)
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
         from nanoexp.kernels.triton_kv import store_kv

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 
 import torch
 
+from nanoexp.config.checks import KnobError
+
 MIN_CAPABILITY = (9, 0)
 
 _enabled = False
@@ -31,10 +33,8 @@ def configure(choice: str, device: torch.device, has_triton: bool) -> bool:
     global _enabled
     usable = has_triton and supported(device)
     if choice == "on" and not usable:
-        raise ValueError(
-            f"engine.pdl='on' needs Triton and a CUDA GPU of compute capability >= 9.0, got {device}; "
-            "use 'auto' or 'off'"
-        )
+        why = f"needs Triton and a CUDA GPU of compute capability >= 9.0, got {device}; use 'auto' or 'off'"
+        raise KnobError("engine.pdl", "on", "auto or off", why)
     _enabled = usable and choice != "off"
     return _enabled
 

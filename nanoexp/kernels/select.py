@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from nanoexp.config.checks import KnobError
 from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.flash_attn_backend import (
     FLASH_ATTN_PAGE_MULTIPLE,
@@ -52,7 +53,7 @@ def make_attention_backend(
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         return choose_auto(device, block_size, dtype, head_dim, kv_cache_dtype != "auto")
     if name == "triton":
-        require_triton("attention_backend", device)
+        require_triton("engine.attention_backend", device)
         backend = _triton_backend()
     elif name == "flash_attn":
         backend = FlashAttnBackend(block_size, kv_cache_dtype, device)
@@ -115,13 +116,16 @@ def triton_half_precision(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def require_triton(knob: str, device: torch.device) -> None:
-    """`knob`='triton' needs Triton, and CUDA or the (slow) CPU interpreter switched on."""
+    """`knob`='triton' needs Triton, and CUDA or the (slow) CPU interpreter switched on: a config error
+    naming the knob (`engine.attention_backend`, `engine.gemm_backend`)."""
     if not triton_available():
-        raise ValueError(f"{knob}='triton' needs the triton package; use 'torch' or 'auto'")
+        raise KnobError(knob, "triton", "'torch' or 'auto' here: the triton package is not installed")
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(
-            f"{knob}='triton' needs a CUDA device, got {device}; use 'torch' or 'auto' (or set "
-            "TRITON_INTERPRET=1 to run the kernels in the slow Triton interpreter)"
+        raise KnobError(
+            knob,
+            "triton",
+            f"'torch' or 'auto' on {device.type} (Triton kernels need a CUDA device; TRITON_INTERPRET=1 "
+            "runs them in the slow Triton interpreter)",
         )
 
 

@@ -6,7 +6,9 @@ the batch. GPU logs are the approximate lg2 (~1e-7 relative; the accurate log ma
 arithmetic-bound, experiments/nanovllm_bench/README.md). A second kernel picks across a row's
 slices (ties to the lowest index, as torch.argmax). A TP rank scans its vocabulary shard (from
 `vocab_offset`, the winners' scores into `values`): noise keyed by the full-vocabulary index makes the
-best of the ranks' winners the whole-vocabulary draw."""
+best of the ranks' winners the whole-vocabulary draw. A row holding NaN or +inf, or only -inf, gets token
+-1 (layers/sampler.py NON_FINITE) and under TP the score +inf, so it wins the ranks' comparison: the scan
+notes non-finite values on the way, at no extra memory traffic."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_pdl import wait_for_previous
 
 BLOCK = 1024
+CHECK_FINITE = True  # False only for the with/without timing of experiments/reliability/gpu_check.sh
 TARGET_PROGRAMS = 4096  # short slices: each program's loop is load-latency bound
 MAX_SLICES = 64  # a power of two: the pick kernel reads this many slots per row
 
@@ -62,7 +65,7 @@ def _sample_slice_kernel(
     temperature_ptr,
     seed_ptr,
     part_ptr,  # float32 [rows, slices, 2]: best sampled score, best logit
-    part_index_ptr,  # int32 [rows, slices, 2]
+    part_index_ptr,  # int32 [rows, slices, 2]; -1 in both where the slice holds NaN or +inf
     vocab_size,
     slice_len,
     num_slices,
@@ -70,6 +73,7 @@ def _sample_slice_kernel(
     BLOCK: tl.constexpr,
     FAST_LOG: tl.constexpr = True,
     PDL: tl.constexpr = False,
+    CHECK_FINITE: tl.constexpr = True,
 ):
     wait_for_previous(PDL)
     row = tl.program_id(0)
@@ -83,6 +87,7 @@ def _sample_slice_kernel(
     best_score_index = tl.zeros([BLOCK], tl.int32)
     best_logit = tl.full([BLOCK], float("-inf"), tl.float32)
     best_logit_index = tl.zeros([BLOCK], tl.int32)
+    non_finite = tl.zeros([BLOCK], tl.int32)
     start = part * slice_len
     end = tl.minimum(start + slice_len, vocab_size)
     # Tiles start at full-vocabulary ids that are multiples of 4, so every shard draws the same
@@ -93,6 +98,8 @@ def _sample_slice_kernel(
         local = index - vocab_offset
         inside = (local >= start) & (local < end)
         x = tl.load(row_logits + local, mask=inside, other=float("-inf")).to(tl.float32)
+        if CHECK_FINITE:
+            non_finite |= ((x != x) | (x == float("inf"))).to(tl.int32)
         score = x * inv_temperature + _gumbel(_uniforms(seed, tile // 4, BLOCK), FAST_LOG)
         score = tl.where(inside, score, float("-inf"))
         better = score > best_score
@@ -104,6 +111,9 @@ def _sample_slice_kernel(
     out = (row * num_slices + part) * 2
     score, score_index = _best(best_score, best_score_index)
     logit, logit_index = _best(best_logit, best_logit_index)
+    bad = tl.max(non_finite, axis=0) > 0
+    score_index = tl.where(bad, -1, score_index)
+    logit_index = tl.where(bad, -1, logit_index)
     tl.store(part_ptr + out, score)
     tl.store(part_index_ptr + out, score_index)
     tl.store(part_ptr + out + 1, logit)
@@ -121,8 +131,10 @@ def _pick_kernel(
     SLICES_PAD: tl.constexpr,
     WRITE_VALUE: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    CHECK_FINITE: tl.constexpr = True,
 ):
-    """Each row's winner across slices (largest logit where t = 0); WRITE_VALUE: also its score."""
+    """Each row's winner across slices (largest logit where t = 0); WRITE_VALUE: also its score. -1 (and
+    the score +inf) where a slice saw NaN or +inf, or where the winner is -inf (every logit -inf)."""
     wait_for_previous(PDL)
     row = tl.program_id(0)
     slices = tl.arange(0, SLICES_PAD)
@@ -133,6 +145,10 @@ def _pick_kernel(
     values = tl.load(part_ptr + base + which, mask=inside, other=float("-inf"))
     indices = tl.load(part_index_ptr + base + which, mask=inside, other=2147483647)
     value, index = _best(values, indices)
+    if CHECK_FINITE:
+        flagged = (tl.min(indices, axis=0) < 0) | (value == float("-inf"))
+        index = tl.where(flagged, -1, index)
+        value = tl.where(flagged, float("inf"), value)
     tl.store(out_ptr + row, index.to(tl.int64))
     if WRITE_VALUE:
         tl.store(value_ptr + row, value)
@@ -172,6 +188,7 @@ def sample(
         vocab_offset,
         BLOCK=BLOCK,
         FAST_LOG=logits.is_cuda,
+        CHECK_FINITE=CHECK_FINITE,
         **launch_options(),
     )
     _pick_kernel[(rows,)](
@@ -183,6 +200,7 @@ def sample(
         slices,
         SLICES_PAD=MAX_SLICES,
         WRITE_VALUE=values is not None,
+        CHECK_FINITE=CHECK_FINITE,
         **launch_options(),
     )
     return out

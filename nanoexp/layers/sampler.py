@@ -9,6 +9,8 @@ from torch import Tensor, nn
 
 from nanoexp.layers.compiled import compilable
 
+NON_FINITE = -1  # the token id a row gets when its logits hold NaN or +inf (or are all -inf)
+
 
 @dataclass
 class SamplingTensors:
@@ -29,7 +31,11 @@ class Sampler(nn.Module):
     """`one_pass=True` (CUDA with Triton) samples unfiltered rows with the one-pass Gumbel kernel;
     filtered rows, and every row on the CPU, take the torch path. Under TP a step that is all
     greedy or all one-pass is drawn from each rank's vocabulary shard (`shard_winners`) and the
-    ranks' winners compared (`pick_shard_winner`): no rank gathers the full logits."""
+    ranks' winners compared (`pick_shard_winner`): no rank gathers the full logits.
+
+    A row whose logits hold NaN or +inf (or only -inf) samples NON_FINITE instead of a token: every path
+    reads that off the reduction it already makes (the row's largest logit or winning score), so the
+    flag comes back with the sampled ids, without a host sync of its own."""
 
     def __init__(self, one_pass: bool = False) -> None:
         super().__init__()
@@ -48,20 +54,21 @@ class Sampler(nn.Module):
 
     def shard_winners(self, logits, st: SamplingTensors, vocab_offset: int) -> tuple[Tensor, Tensor]:
         """Per row of this shard's logits: the winner's score (float32) and its token id."""
-        if st.all_greedy:
-            index = logits.argmax(dim=-1)
-            return logits.gather(1, index.unsqueeze(1)).squeeze(1).float(), index + vocab_offset
+        if st.all_greedy:  # a NaN row's NaN score wins the ranks' comparison, so its flag does too
+            values, index = logits.max(dim=-1)
+            return values.float(), flag_non_finite(values, index + vocab_offset)
         assert st.row_seeds is not None  # can_shard(st) holds
         scores = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         return scores, self.one_pass_sample(logits, st.temperatures, st.row_seeds, vocab_offset, scores)
 
     def forward(self, logits: Tensor, st: SamplingTensors) -> Tensor:
         if st.all_greedy:
-            return logits.argmax(dim=-1)
+            values, tokens = logits.max(dim=-1)  # the index as argmax's; the value says whether it is finite
+            return flag_non_finite(values, tokens)
         if self.draws_in_one_pass(st):
             assert st.row_seeds is not None
             return self.one_pass_sample(logits, st.temperatures, st.row_seeds)
-        greedy_tokens = logits.argmax(dim=-1)
+        values, greedy_tokens = logits.max(dim=-1)
         if not st.needs_filter and all(seed is None for seed in st.seeds):
             sampled = sample_with_temperature(logits, st.temperatures)
         else:
@@ -71,7 +78,7 @@ class Sampler(nn.Module):
                 logits = filter_logits(logits, st.top_k, st.top_p, st.min_p)
             probs = torch.softmax(logits, dim=-1)
             sampled = (probs / exponential_noise(probs, st.seeds)).argmax(dim=-1)
-        return torch.where(st.temperatures == 0, greedy_tokens, sampled)
+        return flag_non_finite(values, torch.where(st.temperatures == 0, greedy_tokens, sampled))
 
 
 def pick_shard_winner(scores: Tensor, tokens: Tensor) -> Tensor:
@@ -79,6 +86,13 @@ def pick_shard_winner(scores: Tensor, tokens: Tensor) -> Tensor:
     order): the best score, ties to the first shard, i.e. the lowest token id, as argmax does."""
     best = scores.argmax(dim=0, keepdim=True)
     return tokens.gather(0, best).squeeze(0)
+
+
+@compilable
+def flag_non_finite(row_max: Tensor, tokens: Tensor) -> Tensor:
+    """`tokens`, with NON_FINITE where the row's largest logit is NaN or inf (max propagates NaN);
+    compiled, one small kernel."""
+    return torch.where(row_max.isfinite(), tokens, NON_FINITE)
 
 
 @compilable

@@ -13,8 +13,9 @@ from collections.abc import Callable
 import torch
 
 from nanoexp.config import EngineConfig
+from nanoexp.config.checks import KnobError
 from nanoexp.runner.model_runner import ModelRunner
-from nanoexp.runner.model_setup import checked_hf_config
+from nanoexp.runner.model_setup import check_execution, checked_hf_config
 from nanoexp.runner.step_hooks import PhaseHooks
 from nanoexp.runner.step_input import RunnerInfo, StepInput
 from nanoexp.runner.workers import WorkerGroup, invoke
@@ -117,11 +118,13 @@ class MultiprocExecutor:
     def __init__(self, config: EngineConfig):
         """A worker past its deadline is an error, as a dead one: a step's is $NANOEXP_TP_STEP_TIMEOUT_S
         (default 60 s) + 10x the slowest step so far, start-up's $NANOEXP_TP_STARTUP_TIMEOUT_S (1800 s)."""
-        checked_hf_config(config)  # fail before spawning: the split, the length, the devices
+        check_execution(config)  # fail before spawning: the devices, the kernels, the split, the length
+        checked_hf_config(config)
         size = self.size = config.parallel.tensor_parallel_size
         have = torch.cuda.device_count()  # 0 without CUDA
         if config.execution.device != "cpu" and torch.cuda.is_available() and have < size:
-            raise ValueError(f"tensor_parallel_size={size} needs that many CUDA devices; {have} available")
+            why = f"needs that many CUDA devices; {have} available"
+            raise KnobError("parallel.tensor_parallel_size", size, f"at most {have}", why)
         install_sigterm_cleanup()
         self.group = WorkerGroup(config)
         self.finalizer = weakref.finalize(self, self.group.stop)

@@ -17,7 +17,7 @@ from nanoexp.kernels import pdl
 from nanoexp.kernels.select import triton_available
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.compiled import use_compiled
-from nanoexp.layers.sampler import Sampler, SamplingTensors, pick_shard_winner
+from nanoexp.layers.sampler import Sampler, SamplingTensors, flag_non_finite, pick_shard_winner
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, DecodeGraphs, StepGraphs
 from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_step
 from nanoexp.runner.kv_cache import create_kv_cache
@@ -210,7 +210,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up_sampler(self) -> None:
-        """Compiles the sampler for 1 row and for 2 (size 1 is specialized), on rank 0 and per TP shard."""
+        """Compiles the sampler for 1 row and for 2 (size 1 is specialized), on rank 0 and per TP shard; the
+        greedy path's non-finite flag too (the temperature draws below take other paths)."""
         vocab = self.hf_config.vocab_size
         for rows in (1, 2):
             step = StepInput(
@@ -230,6 +231,9 @@ class ModelRunner:
             assert sampling is not None  # temperature 1: the rows sample
             if self.rank == 0:
                 self.sampler(torch.randn(rows, vocab, device=self.device, dtype=self.dtype), sampling)
+            if self.rank == 0 or self.shards_sampling:
+                values = torch.zeros(rows, device=self.device, dtype=self.dtype)
+                flag_non_finite(values, torch.zeros(rows, device=self.device, dtype=torch.int64))
             if self.shards_sampling and self.sampler.can_shard(sampling):
                 hidden = torch.zeros(rows, self.hf_config.hidden_size, device=self.device, dtype=self.dtype)
                 logits, offset = self.model.compute_local_logits(hidden)

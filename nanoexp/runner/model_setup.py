@@ -13,7 +13,7 @@ from transformers import PretrainedConfig
 
 from nanoexp.config import EngineConfig, ModelConfig
 from nanoexp.config.checkpoint_files import CheckpointError, json_object
-from nanoexp.config.checks import is_int
+from nanoexp.config.checks import KnobError, is_int
 from nanoexp.config.parallel import check_split
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import AttentionBackend
@@ -21,6 +21,7 @@ from nanoexp.kernels.select import (
     SkinnyGemm,
     make_attention_backend,
     make_skinny_gemm,
+    require_triton,
     triton_available,
     triton_half_precision,
 )
@@ -48,6 +49,7 @@ class LoadedModel:
 
 def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = None) -> LoadedModel:
     """Checks the config, joins the process group, loads this rank's shard and binds its kernels."""
+    check_execution(config)
     hf_config = checked_hf_config(config)
     max_model_len = config.scheduler.model_len(hf_config.max_position_embeddings)
     device = pick_device(config.execution.device, rank)
@@ -95,9 +97,24 @@ def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
     return hf_config
 
 
+def check_execution(config: EngineConfig) -> None:
+    """The device and the explicit Triton choices, before any weights load: config errors naming the
+    knob (`engine.device`, ...; the API says `device`)."""
+    execution = config.execution
+    device = pick_device(execution.device, 0)
+    for knob in ("attention_backend", "gemm_backend"):
+        if getattr(execution, knob) == "triton":
+            require_triton(f"engine.{knob}", device)
+
+
 def pick_device(choice: str, rank: int) -> torch.device:
     if choice == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but no CUDA device is available; use device=auto or cpu")
+        raise KnobError(
+            "engine.device",
+            "cuda",
+            "auto or cpu",
+            "needs a CUDA device, and none is available; use auto or cpu",
+        )
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     return torch.device("cuda", rank)

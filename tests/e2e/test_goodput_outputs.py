@@ -77,8 +77,18 @@ def test_prompts_file_saves_outputs_and_reports_goodput(tmp_path: Path) -> None:
     with (job / "requests.csv").open() as f:
         requests = {int(r["request_id"]): r for r in csv.DictReader(f)}
     assert [r["prompt_len"] for r in rows] == [1, 2, 3]
+    keys = {
+        "request_id",
+        "repeat",
+        "prompt_len",
+        "output_token_ids",
+        "finish_reason",
+        "source_file",
+        "source_line",
+    }
+    assert [(r["request_id"], r["source_line"]) for r in rows] == [(0, 1), (1, 2), (2, 3)]
     for row in rows:
-        assert set(row) == {"request_id", "repeat", "prompt_len", "output_token_ids", "finish_reason"}
+        assert set(row) == keys
         assert len(row["output_token_ids"]) == int(requests[row["request_id"]]["output_len"])
         assert row["finish_reason"] == requests[row["request_id"]]["finish_reason"]
 

@@ -17,6 +17,7 @@ import pytest
 from helpers import ROOT, TINY_JOB, job_env
 
 from nanoexp.config import SamplingParams
+from nanoexp.engine.outputs import RequestOutput
 from nanoexp.experiment.measure.driver import EngineDriver
 from nanoexp.experiment.measure.workloads import Request, arrival_offsets
 from nanoexp.experiment.report.sweep_plots import NumericAxis, figure, max_rates, rate_line, spans_decades
@@ -41,7 +42,8 @@ class SlowEngine:
 
     def step(self):
         time.sleep(self.step_s)
-        return [self.queue.pop(0)], None
+        done = RequestOutput(self.queue.pop(0), [1, 2, 3], [4], "length", 0.0, 0.0, 0.0, [0.0], 0.0, 0, 0)
+        return [done], None
 
 
 def requests(offsets: list[float]) -> list[Request]:

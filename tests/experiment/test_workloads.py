@@ -100,8 +100,12 @@ def file_error(tmp_path, lines: list[str]) -> str:
 GOOD = '{"prompt_token_ids": [1, 2, 3]}'
 
 
-def test_malformed_json_names_the_file_and_its_line_counting_blank_lines(tmp_path):
-    assert ":4:" in file_error(tmp_path, [GOOD, "", GOOD, '{"prompt_token_ids": [1, 2'])
+def test_malformed_json_names_the_file_and_its_line(tmp_path):
+    assert ":3:" in file_error(tmp_path, [GOOD, GOOD, '{"prompt_token_ids": [1, 2'])
+
+
+def test_a_blank_line_among_the_prompts_is_an_error_naming_it(tmp_path):
+    assert ":2: a blank line" in file_error(tmp_path, [GOOD, "", GOOD, '{"prompt_token_ids": [1, 2'])
 
 
 def test_a_line_that_is_not_an_object(tmp_path):

@@ -227,12 +227,12 @@ def test_indivisible_sizes_fail_before_spawning(overrides, tp, allowed):
     )
     with pytest.raises(ValueError) as err:
         LLM("dummy", tensor_parallel_size=tp, load_format="dummy", hf_config={**hf, **overrides}, **ENGINE)
-    assert str(err.value) == f"parallel.tensor_parallel_size={tp} is invalid: must be {allowed}"
+    assert str(err.value) == f"tensor_parallel_size={tp} is invalid: must be {allowed}"  # the keyword typed
     assert_no_workers()
 
 
 def test_too_long_max_model_len_fails_before_spawning(models):
-    with pytest.raises(ValueError, match=r"^scheduler\.max_model_len=1025 is invalid: must be <= 1024"):
+    with pytest.raises(ValueError, match=r"^max_model_len=1025 is invalid: must be <= 1024"):  # the keyword
         LLM(models["qwen3_kv4"], tensor_parallel_size=2, **{**ENGINE, "max_model_len": 1025})
     assert_no_workers()
 

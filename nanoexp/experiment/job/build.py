@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +73,36 @@ def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
 
 def check_arch(model: ModelSpec, checkpoint: Checkpoint) -> list[str]:
     """Fields where the checkpoint's config.json disagrees with model.arch (warned, not fatal)."""
-    config_file = Path(checkpoint.path or "") / "config.json"
-    if checkpoint.path is None or not config_file.is_file():
-        return []
-    disk = json_object(str(config_file), checkpoint.path)  # a malformed file, named
+    disk = checkpoint_config(checkpoint)
     arch = asdict(model.arch).items()
     diffs = [f"{k}: config.json={disk[k]!r} model.arch={v!r}" for k, v in arch if k in disk and disk[k] != v]
     for d in diffs:
-        log.warning("model.arch differs from %s/config.json: %s", checkpoint.path, d)
+        log.warning(
+            "model.arch differs from %s/config.json: %s (the checkpoint's value is used)", checkpoint.path, d
+        )
     return diffs
+
+
+def checkpoint_config(checkpoint: Checkpoint) -> dict:
+    """The checkpoint's config.json, {} with dummy weights."""
+    config_file = Path(checkpoint.path or "") / "config.json"
+    if checkpoint.path is None or not config_file.is_file():
+        return {}
+    return json_object(str(config_file), checkpoint.path)  # a malformed file, named
+
+
+def adopt_checkpoint_arch(spec: NanoexpConfig, checkpoint: Checkpoint) -> tuple[NanoexpConfig, list[str]]:
+    """With real weights the checkpoint's config.json wins wherever the job reads the architecture (the
+    engine, the workload's token ids and lengths, the baseline): `model.arch` takes its values, and each
+    field that differed is a warning (`summary.arch_mismatches`). Rechecked across groups with them."""
+    diffs = check_arch(spec.model, checkpoint)
+    if not diffs:
+        return spec, diffs
+    disk = checkpoint_config(checkpoint)
+    changed = {f.name: disk[f.name] for f in fields(spec.model.arch) if f.name in disk}
+    spec = replace(spec, model=replace(spec.model, arch=replace(spec.model.arch, **changed)))
+    check(spec)
+    return spec, diffs
 
 
 def check(spec: NanoexpConfig) -> None:
@@ -122,20 +143,22 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
 
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
-    from nanoexp.experiment.measure.workloads import build_workload
+    from nanoexp.experiment.measure.workloads import build_workload, request_label
 
     tokenize = tokenizer.encode if tokenizer is not None else None
     try:
         workload = build_workload(spec.workload, spec.sampler, spec.model.arch.vocab_size, tokenize)
     except ValueError as e:  # ConfigError, or a value SamplingParams rejects
         raise ConfigError(str(e)) from None
-    longest = max(len(r.prompt_token_ids) + r.sampling_params.max_tokens for r in workload.requests)
     limit = spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
-    if longest > limit:
-        raise ConfigError(
-            f"workload {spec.workload.name} has a request of {longest} tokens (prompt + max_tokens) "
-            f"> max_model_len={limit} (scheduler.max_model_len or the model's limit)"
-        )
+    for index, r in enumerate(workload.requests):
+        length = len(r.prompt_token_ids) + r.sampling_params.max_tokens
+        if length > limit:
+            raise ConfigError(
+                f"workload {spec.workload.name}: {request_label(index, r)} has {length} tokens "
+                f"(prompt {len(r.prompt_token_ids)} + max_tokens {r.sampling_params.max_tokens}) "
+                f"> max_model_len={limit} (scheduler.max_model_len or the model's limit)"
+            )
     return workload
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import sys
 import time
@@ -21,17 +22,19 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nanoexp.config import EngineConfig
+from nanoexp.config import EngineConfig, KnobError
 from nanoexp.config.checks import is_number
+from nanoexp.config.engine import in_hydra_keys
 from nanoexp.experiment.job import build
 from nanoexp.experiment.launch.gpus import claim
 from nanoexp.experiment.launch.provenance import collect_provenance
-from nanoexp.experiment.measure import kv_quality
-from nanoexp.experiment.measure.driver import Progress
+from nanoexp.experiment.measure import kv_quality, request_checks
+from nanoexp.experiment.measure.driver import EngineDriver, Progress
 from nanoexp.experiment.measure.repeats import measure, progress_total, repeat_specs, summarize_repeats
-from nanoexp.experiment.measure.workloads import Request
+from nanoexp.experiment.measure.workloads import Request, request_label
 from nanoexp.experiment.metrics.summarize import request_rows
 from nanoexp.experiment.runtime import interrupts
+from nanoexp.experiment.runtime.atomic_files import unwritable
 from nanoexp.experiment.runtime.job_info import JobInfo, current_job
 from nanoexp.experiment.schema import ConfigError, LoggerConfig, LoggerKind, NanoexpConfig, to_plain, to_spec
 from nanoexp.experiment.sinks import local as loggers
@@ -45,13 +48,14 @@ FULL_ERROR = "HYDRA_FULL_ERROR"
 CLI_FULL_ERROR = "NANOEXP_CLI_SET_HYDRA_FULL_ERROR"  # marks FULL_ERROR as set by `cli`, not the user
 SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"  # set in the jobs submitit starts (local or slurm)
 CPU = torch.device("cpu")
-CONFIG_ERRORS = (ConfigError, OmegaConfBaseException)
+CONFIG_ERRORS = (ConfigError, KnobError, OmegaConfBaseException)  # KnobError: a value the engine rejects
 
 
 def main(cfg: DictConfig) -> int:
     """Run the experiment described by `cfg`; returns 0, or exits non-zero with one line."""
     job, code = None, 0
     interrupts.install()
+    phrase_engine_logs()
     if os.environ.get(SUBMITIT_EXECUTOR) == "local":
         interrupts.die_with_sweep()
     try:
@@ -100,9 +104,9 @@ def experiment(
     spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpoint, logger, job: JobInfo
 ) -> dict:
     """Build, warm up, run the workload `repeats` times, summarize. Returns the flat summary."""
+    spec, arch_diffs = build.adopt_checkpoint_arch(spec, checkpoint)
     tokenizer = load_tokenizer(checkpoint.path) if checkpoint.path is not None else None
     workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
-    arch_diffs = build.check_arch(spec.model, checkpoint)
     memory, start = JobMemory(), time.perf_counter()
     llm, driver = build.build_llm(spec, config, checkpoint)
     try:
@@ -110,6 +114,7 @@ def experiment(
         probe = kv_quality.wanted(spec)
         if probe:  # a num_tokens without room fails before the timed runs
             kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
+        request_checks.check_requests(driver, workloads)
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
         records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
@@ -123,7 +128,8 @@ def experiment(
         torch.cuda.empty_cache()  # a no-op without CUDA
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
     if spec.save_outputs:
-        loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
+        loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer, workloads)
+    request_checks.check_outputs(records, workloads)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
@@ -167,11 +173,15 @@ class JobMemory:
 
 
 def _warm_up(driver, workload) -> float:
-    """One short untimed request (as nano-vLLM's bench), so timings exclude first-call costs."""
+    """One short untimed request (as nano-vLLM's bench), so timings exclude first-call costs; it has no
+    number of its own (outputs and errors number the workload's requests only)."""
     first = workload.requests[0]
     params = replace(first.sampling_params, max_tokens=min(4, first.sampling_params.max_tokens))
+    warm = Request(first.prompt_token_ids[:16], params)
+    if isinstance(driver, EngineDriver):
+        driver.check([warm], lambda i, r: f"the untimed warm-up request (from {request_label(0, first)})")
     start = time.perf_counter()
-    driver.drive([Request(first.prompt_token_ids[:16], params)], start, lambda s: None)
+    driver.drive([warm], start, lambda s: None)
     return time.perf_counter() - start
 
 
@@ -196,6 +206,23 @@ def _finish_failed(cfg: DictConfig, job: JobInfo, logger, failure: dict, error: 
             error.add_note(note)
         else:  # what add_note does
             setattr(error, "__notes__", [*getattr(error, "__notes__", []), note])  # noqa: B010 - 3.10's mypy
+
+
+class HydraKeyPhrasing(logging.Filter):
+    """The engine's log lines (which name `LLM(...)` keywords) phrased with the Hydra keys, as the error
+    line is: `attention_backend=auto: not using triton` -> `engine.attention_backend=auto: ...`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("nanoexp.") and not record.name.startswith("nanoexp.experiment"):
+            record.msg, record.args = in_hydra_keys(record.getMessage()), ()
+        return True
+
+
+def phrase_engine_logs() -> None:
+    """Puts the phrasing on every handler of the root logger (Hydra's job logging), once."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, HydraKeyPhrasing) for f in handler.filters):
+            handler.addFilter(HydraKeyPhrasing())
 
 
 def _report_error(e: BaseException, job: JobInfo | None) -> int:
@@ -252,8 +279,9 @@ def _exit_code(e: BaseException) -> int:
 
 
 def _one_line(e: BaseException) -> str:
-    """The error's first line; OmegaConf's errors name their key on a later line, so it leads."""
-    line = first_line(e, limit=None)
+    """The error's first line, naming knobs by the keys run.py's users type (the engine's messages name
+    its keywords); OmegaConf's errors name their key on a later line, so it leads."""
+    line = in_hydra_keys(first_line(e, limit=None))
     key = getattr(e, "full_key", None) if isinstance(e, CONFIG_ERRORS) else None
     return f"{key}: {line}" if key and key not in line else line
 
@@ -292,9 +320,7 @@ def cli(app: Callable[[], object]) -> None:
         print(f"nanoexp: error: {_hydra_line(e)}", file=sys.stderr)
         sys.exit(CONFIG_EXIT)
     except OSError as e:  # Hydra creating the job's dir or its .hydra files (ours are caught in main)
-        where = f"'{e.filename}'" if e.filename else "the output dir"
-        hint = "set hydra.run.dir or hydra.sweep.dir to a writable directory"
-        print(f"nanoexp: error: cannot write {where}: {e.strerror or e} ({hint})", file=sys.stderr)
+        print(f"nanoexp: error: {unwritable(e.filename or 'the output dir', e)}", file=sys.stderr)
         sys.exit(RUNTIME_EXIT)
     except KeyboardInterrupt as e:  # a sweep stopped by a signal; its jobs reported themselves
         interrupt = interrupts.as_interrupted(e)

@@ -17,6 +17,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from nanoexp.experiment.runtime import interrupts
+from nanoexp.experiment.runtime.atomic_files import unwritable
 from nanoexp.experiment.sinks.local import RESULTS_FILE
 
 STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselves
@@ -36,7 +37,17 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         atexit.unregister(self._report_after_abort)
-        if self.report():
+        if self._report():
+            sys.exit(1)
+
+    def _report(self) -> int:
+        """The report; jobs failed or vanished. A report that cannot be written (a full disk) is one error
+        line and exit 1 here: Hydra would turn the callback's exception into a warning and exit 0."""
+        try:
+            return self.report()
+        except Exception as err:  # noqa: BLE001 - every failure of the report is the sweep's error
+            reason = unwritable(err.filename or self.sweep_dir, err) if isinstance(err, OSError) else err
+            print(f"nanoexp: error: the sweep report in {self.sweep_dir} failed: {reason}", file=sys.stderr)
             sys.exit(1)
 
     def _report_after_abort(self, wait_s: float) -> None:
@@ -45,7 +56,8 @@ class SweepReport(Callback):
             stop_local_jobs(self.sweep_dir, STOP_GRACE_S)
         else:
             wait_for_local_jobs(self.sweep_dir, wait_s)
-        self.report()
+        with contextlib.suppress(SystemExit):  # exiting already, with the launcher's error
+            self._report()
 
 
 def lock_sweep_dir(sweep_dir: Path, append: bool = False):
@@ -54,8 +66,8 @@ def lock_sweep_dir(sweep_dir: Path, append: bool = False):
     try:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         lock = (sweep_dir / ".sweep.lock").open("a+")
-    except OSError as err:
-        _refuse(f"hydra.sweep.dir={sweep_dir}: cannot write there ({err.strerror or err})")
+    except OSError as err:  # the same line and exit code as a single job's unwritable dir
+        _refuse(unwritable(err.filename or sweep_dir, err, "hydra.sweep.dir"), code=1)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -78,9 +90,9 @@ def lock_sweep_dir(sweep_dir: Path, append: bool = False):
     return lock
 
 
-def _refuse(line: str) -> None:
+def _refuse(line: str, code: int = 2) -> None:
     print(f"nanoexp: error: {line}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def wait_for_local_jobs(sweep_dir: Path, wait_s: float) -> list[int]:

@@ -6,20 +6,21 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TextIO
 
 from tqdm import tqdm
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
-from nanoexp.experiment.measure.workloads import Request, Workload
+from nanoexp.experiment.measure.workloads import Request, Workload, request_label
 
 OnStep = Callable[[StepStats], None]
 REFRESH_S = 0.25  # the progress line is redrawn at most this often: it costs far less than 1% of a run
 
 
 class Driver(Protocol):
-    """Submits requests at their arrival offsets from t0 and returns their outputs when all finish."""
+    """Submits requests at their arrival offsets from t0 and returns their outputs when all finish, each
+    output's `request_id` the request's index in `requests` (never an engine-internal number)."""
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]: ...
 
@@ -36,19 +37,31 @@ class EngineDriver:
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
 
+    def check(
+        self, requests: Sequence[Request], label: Callable[[int, Request], str] = request_label
+    ) -> None:
+        """Every request checked against the engine (vocabulary, max_model_len, KV cache) before any runs;
+        an error names the request as `label` does."""
+        for index, r in enumerate(requests):
+            self.engine.check_request(label(index, r), r.prompt_token_ids, r.sampling_params)
+
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
-        pending, outputs, in_flight = deque(requests), [], 0
+        pending, outputs, in_flight = deque(enumerate(requests)), [], 0
+        index_of: dict[int, int] = {}  # the engine's request id -> the request's index in `requests`
         while pending or self.engine.has_unfinished():
             now = time.perf_counter() - t0
-            while pending and in_flight < self.max_concurrency and pending[0].arrival_offset_s <= now:
-                r = pending.popleft()
-                self.engine.add_request(list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s)
+            while pending and in_flight < self.max_concurrency and pending[0][1].arrival_offset_s <= now:
+                index, r = pending.popleft()
+                seq_id = self.engine.add_request(
+                    list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s
+                )
+                index_of[seq_id] = index
                 in_flight += 1
             if not self.engine.has_unfinished():
-                sleep_until(t0 + pending[0].arrival_offset_s)
+                sleep_until(t0 + pending[0][1].arrival_offset_s)
                 continue
             finished, stats = self.engine.step()
-            outputs += finished
+            outputs += [replace(o, request_id=index_of.pop(o.request_id)) for o in finished]
             in_flight -= len(finished)
             on_step(stats)
         return outputs
@@ -148,9 +161,11 @@ def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_
         driver.drive(workload.requests, time.perf_counter(), log)
     log.recording = True
     record.t0 = time.perf_counter()
-    for _ in range(workload.num_iters):
+    for iteration in range(workload.num_iters):
         start = time.perf_counter()
-        record.outputs += driver.drive(workload.requests, start, log)
+        outputs = driver.drive(workload.requests, start, log)
+        offset = iteration * len(workload.requests)  # iteration k's request i: k * batch_size + i
+        record.outputs += [replace(o, request_id=offset + o.request_id) for o in outputs]
         record.iteration_latencies_s.append(time.perf_counter() - start)
     record.duration_s = time.perf_counter() - record.t0
     return record

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Sequence
 
@@ -10,9 +9,11 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from nanoexp.config.checkpoint_files import CheckpointError
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.experiment.measure.driver import OnStep, sleep_until
 from nanoexp.experiment.measure.workloads import Request
+from nanoexp.loader import finite_probe
 from nanoexp.runner.model_setup import pick_device, pick_dtype
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 
@@ -23,7 +24,8 @@ class HFBaseline:
         self.device = pick_device(device, 0)
         config = AutoConfig.from_pretrained(path) if path else AutoConfig.for_model(**arch)
         self.dtype = pick_dtype(dtype, config, self.device)  # auto: as the engine picks it
-        self.max_batch, self.eos, self.request_ids = max_batch, int(arch["eos_token_id"]), itertools.count()
+        eos = config.eos_token_id  # the checkpoint's when there is one
+        self.max_batch, self.eos = max_batch, int(eos[0] if isinstance(eos, list) else eos)
         self.load_format = "safetensors" if path else "dummy"
         self.peak_memory_kind = reset_peak_memory(self.device)
         torch.manual_seed(seed)
@@ -35,22 +37,27 @@ class HFBaseline:
             model = AutoModelForCausalLM.from_config(**options)
         # transformers types its decorated to() as an unbound function
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
+        if path:
+            check_finite(self.model, path)
         self.load_s = time.perf_counter() - start
 
     def reset_prefix_cache(self) -> None: ...  # generate keeps no cache between calls
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
-        outputs, pending = [], list(requests)
+        outputs, pending = [], list(enumerate(requests))  # (index in `requests`: the output's id, request)
         while pending:
-            sleep_until(t0 + pending[0].arrival_offset_s)
+            sleep_until(t0 + pending[0][1].arrival_offset_s)
             now = time.perf_counter() - t0
-            arrived = [r for r in pending[: self.max_batch] if r.arrival_offset_s <= now]
+            arrived = [(i, r) for i, r in pending[: self.max_batch] if r.arrival_offset_s <= now]
             pending = pending[len(arrived) :]
             outputs += self._run_batch(arrived, t0, on_step)
         return outputs
 
     @torch.inference_mode()
-    def _run_batch(self, batch: list[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
+    def _run_batch(
+        self, numbered: list[tuple[int, Request]], t0: float, on_step: OnStep
+    ) -> list[RequestOutput]:
+        batch = [r for _, r in numbered]
         ids, mask = _left_pad(batch, pad_id=self.eos)
         times: list[float] = []
 
@@ -67,17 +74,17 @@ class HFBaseline:
             eos_token_id=self.eos,
             **_generate_kwargs(batch),
         )[:, ids.shape[1] :].cpu()
-        outs = [self._output(r, generated[i].tolist(), times, t0) for i, r in enumerate(batch)]
+        outs = [self._output(n, r, generated[i].tolist(), times, t0) for i, (n, r) in enumerate(numbered)]
         for stats in _step_stats(batch, outs, ids.numel(), start, times):
             on_step(stats)
         return outs
 
-    def _output(self, r: Request, row: list[int], times: list[float], t0: float) -> RequestOutput:
+    def _output(self, index: int, r: Request, row: list[int], times: list[float], t0: float) -> RequestOutput:
         tokens = row[: r.sampling_params.max_tokens]
         if not r.sampling_params.ignore_eos and self.eos in tokens:
             tokens = tokens[: tokens.index(self.eos) + 1]
         return RequestOutput(
-            request_id=next(self.request_ids),
+            request_id=index,
             prompt_token_ids=list(r.prompt_token_ids),
             token_ids=tokens,
             finish_reason="length" if len(tokens) == r.sampling_params.max_tokens else "stop",
@@ -106,6 +113,20 @@ class HFBaseline:
 
     def close(self) -> None:
         self.model = None
+
+
+def check_finite(model: torch.nn.Module, path: str) -> None:
+    """The baseline's weights checked as the engine's loader checks ours (transformers loads NaN as is):
+    one probe per parameter, one host sync; an error names the first non-finite tensor."""
+    params = [(name, p) for name, p in model.named_parameters() if p.is_floating_point()]
+    finite = torch.stack([finite_probe(p.detach()) for _, p in params]).isfinite().tolist()
+    bad = [name for (name, _), ok in zip(params, finite) if not ok]
+    if bad:
+        more = f" ({len(bad) - 1} more tensor(s) too)" if len(bad) > 1 else ""
+        raise CheckpointError(
+            f"checkpoint tensor {bad[0]} in {path} holds NaN or inf values as transformers loaded it{more}; "
+            "the checkpoint is corrupt or was converted wrongly"
+        )
 
 
 def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[float]) -> list[StepStats]:

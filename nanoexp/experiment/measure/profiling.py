@@ -13,6 +13,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from nanoexp.experiment.runtime import atomic_files
 from nanoexp.experiment.schema import ProfileConfig
 from nanoexp.runner.step_hooks import ENGINE_PHASES
 
@@ -145,7 +146,7 @@ def _torch_profiler(first: int, count: int, path: Path):
     warmup = min(1, first)
     path.parent.mkdir(parents=True, exist_ok=True)
     steps = schedule(wait=first - warmup, warmup=warmup, active=count, repeat=1)
-    export = lambda prof: prof.export_chrome_trace(str(path))
+    export = lambda prof: atomic_files.write_by_name(path, prof.export_chrome_trace)
     return profile(schedule=steps, on_trace_ready=export)  # default activities: CPU, and CUDA if present
 
 

@@ -25,6 +25,15 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_offset_s: float = 0.0  # seconds after the workload starts
+    source_file: str = ""  # where the request came from (a prompts file), for errors and outputs.jsonl
+    source_line: int = 0  # its line there, from 1
+
+
+def request_label(index: int, request: Request) -> str:
+    """How errors name a workload's request: its index in the workload (what outputs.jsonl and
+    requests.csv call `request_id`) and, from a prompts file, the file and line."""
+    where = f" ({request.source_file}:{request.source_line})" if request.source_file else ""
+    return f"request {index}{where}"
 
 
 @dataclass
@@ -47,6 +56,9 @@ def build_workload(
     params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
     offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed)
     requests = [Request(p, sp, o) for p, sp, o in zip(prompts, params, offsets)]
+    if w.kind is WorkloadKind.prompts_file:
+        lines, source = prompt_lines(w), str(w.path)
+        requests = [replace(r, source_file=source, source_line=n) for r, n in zip(requests, lines)]
     iters = (w.num_iters, w.num_iters_warmup) if w.kind is WorkloadKind.latency else (1, 0)
     return Workload(w.name, requests, *iters)
 
@@ -89,8 +101,20 @@ def random_prompts(w: WorkloadConfig, num: int, vocab: int) -> Prompts:
 def file_prompts(w: WorkloadConfig, tokenize: Tokenize | None, vocab: int) -> Prompts:
     """JSONL lines {"prompt": str} | {"prompt_token_ids": [...]} (+ "max_tokens"), or text lines;
     bytes that are not UTF-8 are an error naming the line, in any line of the file."""
-    assert w.path is not None  # WorkloadConfig requires it for prompts_file
-    path, lines = Path(w.path), []
+    numbered, path = numbered_lines(w), Path(str(w.path))  # WorkloadConfig requires it for prompts_file
+    items = [_file_request(path, i, ln, w.output_len, tokenize, vocab) for i, ln in numbered]
+    return [p for p, _ in items], [m for _, m in items]
+
+
+def prompt_lines(w: WorkloadConfig) -> list[int]:
+    """The line (from 1) each request of a prompts file comes from."""
+    return [number for number, _ in numbered_lines(w)]
+
+
+def numbered_lines(w: WorkloadConfig) -> list[tuple[int, str]]:
+    """The prompts' lines with their numbers: every line up to the last non-blank one (blank lines at the
+    end are not prompts), at most `num_requests`; a blank line among them is an error, as an empty prompt."""
+    path, lines = Path(str(w.path)), []
     for number, raw in enumerate(path.read_bytes().splitlines(), 1):
         try:
             lines.append((number, raw.decode("utf-8")))
@@ -99,12 +123,19 @@ def file_prompts(w: WorkloadConfig, tokenize: Tokenize | None, vocab: int) -> Pr
                 f"{path}:{number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
                 "a prompts file is JSONL or text, one prompt a line"
             ) from None
+    while lines and not lines[-1][1].strip():
+        lines.pop()
     limit = w.num_requests if w.num_requests > 0 else None  # -1: every prompt
-    numbered = [(i, ln) for i, ln in lines if ln.strip()][:limit]
+    numbered = lines[:limit]
     if not numbered:
         raise ConfigError(f"workload.path={w.path!r}: no prompts in the file")
-    items = [_file_request(path, i, ln, w.output_len, tokenize, vocab) for i, ln in numbered]
-    return [p for p, _ in items], [m for _, m in items]
+    blank = next((number for number, line in numbered if not line.strip()), None)
+    if blank is not None:
+        raise ConfigError(
+            f"{path}:{blank}: a blank line, i.e. an empty prompt; a prompts file holds one prompt a line "
+            "(remove the line, so each request keeps its line number)"
+        )
+    return numbered
 
 
 def _file_request(

@@ -22,6 +22,7 @@ from nanoexp.experiment.report.sweep_report import (
     parse_overrides,
     swept_keys,
 )
+from nanoexp.experiment.runtime import atomic_files
 from nanoexp.experiment.sinks.local import RESULTS_FILE, read_results
 
 METRICS = ["output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "duration_s"]
@@ -172,8 +173,8 @@ def cli(argv: list[str] | None = None) -> int:
     out = args.out or args.sweep_b
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(table, header)
-    (out / "compare.md").write_text(text)
-    table.to_csv(out / "compare.csv", index=False)
+    atomic_files.write_atomically(out / "compare.md", text)
+    atomic_files.write_table(table, out / "compare.csv")
     plot(table, out / "compare.png")
     print(text, end="")
     return 0

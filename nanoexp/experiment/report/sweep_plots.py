@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from nanoexp.experiment.runtime import atomic_files
 from nanoexp.experiment.sinks.local import json_safe
 
 METRIC_LABELS = {  # metric -> its name in a panel title and its unit (GB: the values are bytes)
@@ -207,7 +208,7 @@ def save_figure(fig, title: str, path: Path, legend_title: str | None = None) ->
             title_fontsize=7,
             frameon=False,
         )
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # grown to hold the legend below
+    atomic_files.save_figure(fig, path, dpi=110, bbox_inches="tight")  # grown to hold the legend below
 
 
 def serving_report(table: pd.DataFrame, swept: list[str], title: str, sweep_dir: Path) -> list[str]:
@@ -218,7 +219,7 @@ def serving_report(table: pd.DataFrame, swept: list[str], title: str, sweep_dir:
     slo = shared_slo(table)
     found = max_rates(table, others) if slo else []
     summary = {"slo": slo, "min_slo_attainment": MIN_ATTAINMENT, "max_rate_meeting_slo": found}
-    (sweep_dir / "sweep_serving.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_files.write_atomically(sweep_dir / "sweep_serving.json", json.dumps(summary, indent=2) + "\n")
     plot_serving(table, others, slo, title, sweep_dir / "sweep_serving.png")
     unset = "max rate meeting SLOs: no SLOs set (metrics.slo.ttft_ms, tpot_ms, e2el_ms)"
     return [rate_line(slo, entry) for entry in found] or [unset]

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from nanoexp.config.checks import is_real
 from nanoexp.experiment.metrics.summarize import HEADLINE, aggregate_repeats
 from nanoexp.experiment.report import sweep_plots
+from nanoexp.experiment.runtime import atomic_files
 from nanoexp.experiment.runtime.job_info import sweep_group, sweep_overrides
 from nanoexp.experiment.schema import LoggerConfig, LoggerKind
 from nanoexp.experiment.sinks.local import RESULTS_FILE, first_line, json_safe, read_results
@@ -89,10 +90,11 @@ def write_report(
         return None
     table = mark_noise(pool_trials(jobs, sweep_dir))
     swept = swept_keys(table)
-    table.to_csv(sweep_dir / "sweep_summary.csv", index=False)
+    atomic_files.write_table(table, sweep_dir / "sweep_summary.csv")
     title = plot_title(table, swept)
     serving = sweep_plots.serving_report(table, swept, title, sweep_dir)
-    (sweep_dir / "sweep_summary.md").write_text(markdown(table, swept, str(sweep_dir), title, serving, extra))
+    summary_md = markdown(table, swept, str(sweep_dir), title, serving, extra)
+    atomic_files.write_atomically(sweep_dir / "sweep_summary.md", summary_md)
     for key in swept:
         others = [k for k in swept if k != key]
         slug = key.removeprefix("param:").replace("/", "_").replace(".", "_")

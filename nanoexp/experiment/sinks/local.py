@@ -6,13 +6,12 @@ import contextlib
 import csv
 import json
 import math
-import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TextIO
 
 from nanoexp.experiment.measure.driver import RunRecord
+from nanoexp.experiment.runtime.atomic_files import atomic_open, write_atomically
 from nanoexp.experiment.runtime.job_info import JobInfo
 
 RESULTS_FILE = "results.json"
@@ -116,25 +115,6 @@ def read_results(path: Path) -> dict:
         return {}
 
 
-def write_atomically(path: Path, text: str, partial_suffix: str = ".partial") -> None:
-    with atomic_open(path, partial_suffix=partial_suffix) as f:
-        f.write(text)
-
-
-@contextlib.contextmanager
-def atomic_open(path: Path, newline: str | None = None, partial_suffix: str = ".partial") -> Iterator[TextIO]:
-    """A text file written under a temporary name and renamed into place once whole: never half a file."""
-    partial = path.with_name(path.name + partial_suffix)
-    try:
-        with partial.open("w", newline=newline) as f:
-            yield f
-        os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            partial.unlink()
-        raise
-
-
 def write_csv(path: Path, rows: list[dict]) -> None:
     if rows:
         with atomic_open(path, newline="") as f:
@@ -154,10 +134,14 @@ def json_safe(value):
     return value
 
 
-def write_outputs(path: Path, records: list[RunRecord], tokenizer=None) -> None:
-    """outputs.jsonl: one object per request and repeat (with its text when there is a tokenizer)."""
+def write_outputs(
+    path: Path, records: list[RunRecord], tokenizer=None, workloads: list | None = None
+) -> None:
+    """outputs.jsonl: one object per request and repeat (with its text when there is a tokenizer); a request
+    from a prompts file names its `source_file` and `source_line`, one that ended in error its `error`."""
     with atomic_open(path) as f:
         for record in records:
+            requests = workloads[record.repeat].requests if workloads else []
             for o in record.outputs:
                 row = {
                     "request_id": o.request_id,
@@ -166,6 +150,13 @@ def write_outputs(path: Path, records: list[RunRecord], tokenizer=None) -> None:
                     "output_token_ids": list(o.token_ids),
                     "finish_reason": o.finish_reason,
                 }
+                source = (
+                    requests[o.request_id % len(requests)] if requests else None
+                )  # latency: per iteration
+                if source is not None and source.source_file:
+                    row |= {"source_file": source.source_file, "source_line": source.source_line}
+                if o.error:
+                    row["error"] = o.error
                 if tokenizer is not None:
                     row["text"] = tokenizer.decode(o.token_ids, skip_special_tokens=True)
                 f.write(json.dumps(row) + "\n")
