@@ -91,7 +91,8 @@ def swiglu_kernel(device: torch.device, dtype: torch.dtype) -> Callable[[torch.T
 def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
     """The model's config, after checking that it can be split and is long enough for the config."""
     hf_config = load_hf_config(config.model.path, config.model.arch)
-    check_split(hf_config.to_dict(), config.parallel.tensor_parallel_size)
+    parallel = config.parallel
+    check_split(hf_config.to_dict(), parallel.tensor_parallel_size, parallel.expert_parallel)
     config.scheduler.model_len(hf_config.max_position_embeddings)
     return hf_config
 

@@ -1,0 +1,217 @@
+"""Fused MoE experts on the GPU: tokens grouped by expert on the device, then two grouped GEMMs.
+
+Grouping (torch ops, no host sync, shapes fixed by the token count so CUDA graphs capture it): each
+(token, k) slot goes to its expert's group, each group padded to a multiple of BLOCK_M with a sentinel
+slot; the padded buffer is sized for the worst case (every non-empty expert wasting BLOCK_M - 1 rows),
+and blocks past the real groups carry expert id `num_experts` and exit at once.
+
+gate_up: one program per (block of BLOCK_M slots of one expert, BLOCK_N intermediate columns) gathers
+its tokens' rows, multiplies by the expert's gate and up rows and writes silu(gate) * up, rounded where
+the unfused torch ops round. down: the same grouping over the intermediate rows, times the slot's routing
+weight, written per slot; one sum over the top-k slots of each token gives the output (deterministic,
+no atomics). Decode sizes (a handful of tokens per expert) and prefill sizes take different tiles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class MoeTiles:
+    block_m: int  # slots per block: both GEMMs share the grouping
+    gate_up: GemmTile
+    down: GemmTile
+
+
+# (largest token count, tiles): decode, batched decode, prefill
+REGIMES: tuple[tuple[int | None, MoeTiles], ...] = (
+    (16, MoeTiles(16, GemmTile(64, 128, 4, 4), GemmTile(64, 128, 4, 4))),
+    (256, MoeTiles(16, GemmTile(64, 128, 4, 4), GemmTile(128, 64, 4, 4))),
+    (None, MoeTiles(64, GemmTile(64, 64, 4, 3), GemmTile(128, 64, 4, 3))),
+)
+
+
+def tiles_for(num_tokens: int) -> MoeTiles:
+    return next(tiles for limit, tiles in REGIMES if limit is None or num_tokens <= limit)
+
+
+def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids: [n] expert id of each slot, `num_experts` for a slot whose expert is on another rank.
+    (slots [blocks * block_m]: slot indices grouped by expert, each group padded with the sentinel n;
+    block_expert [blocks]: each block's expert, num_experts past the last group)."""
+    n = ids.numel()
+    blocks = triton.cdiv(n, block_m) + min(num_experts, n)  # >= sum over experts of cdiv(count, block_m)
+    ids = ids.to(torch.int64)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, ids, torch.ones_like(ids))
+    counts = counts[:num_experts]
+    padded_ends = ((counts + block_m - 1) // block_m * block_m).cumsum(0)
+    padded_starts = torch.cat([padded_ends.new_zeros(1), padded_ends[:-1]])
+    starts = counts.cumsum(0) - counts
+    order = torch.argsort(ids, stable=True)
+    sorted_ids = ids[order]
+    local = sorted_ids.clamp(max=num_experts - 1)
+    dest = padded_starts[local] + torch.arange(n, device=ids.device) - starts[local]
+    trash = blocks * block_m  # the slots of other ranks' experts land past the end, then are cut off
+    dest = torch.where(sorted_ids < num_experts, dest, trash)
+    slots = torch.full((trash + 1,), n, dtype=torch.int32, device=ids.device)
+    slots.scatter_(0, dest, order.to(torch.int32))
+    block_starts = torch.arange(blocks, device=ids.device) * block_m
+    block_expert = torch.searchsorted(padded_ends, block_starts, right=True).to(torch.int32)
+    return slots[:trash], block_expert
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    slots_ptr,
+    block_expert_ptr,
+    num_slots,
+    num_experts,
+    top_k,
+    K,
+    N,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """out[slot, n] = silu(x[token] . gate_e[n]) * (x[token] . up_e[n]); w = [E, 2N, K], gate rows first."""
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    if expert >= num_experts:
+        return
+    slots = tl.load(slots_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = slots < num_slots
+    tokens = (slots // top_k).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + tokens[:, None] * stride_xm
+    w_expert = w_ptr + expert.to(tl.int64) * stride_we
+    gate_rows = w_expert + cols[:, None] * stride_wn
+    up_rows = w_expert + (cols + N)[:, None] * stride_wn
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_mask = kk[None, :] < K
+        a = tl.load(x_rows + kk[None, :], mask=valid[:, None] & k_mask, other=0.0)
+        gate = tl.load(gate_rows + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
+        up = tl.load(up_rows + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
+        acc_gate = tl.dot(a, tl.trans(gate), acc_gate, input_precision=PRECISION)
+        acc_up = tl.dot(a, tl.trans(up), acc_up, input_precision=PRECISION)
+    DT = out_ptr.dtype.element_ty
+    gate = acc_gate.to(DT).to(tl.float32)  # rounded where torch's linear, silu and product round
+    act = (gate * tl.sigmoid(gate)).to(DT).to(tl.float32)
+    out = (act * acc_up.to(DT).to(tl.float32)).to(DT)
+    out_ptrs = out_ptr + slots.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    tl.store(out_ptrs, out, mask=valid[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    weights_ptr,
+    slots_ptr,
+    block_expert_ptr,
+    num_slots,
+    num_experts,
+    K,
+    N,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """out[slot, n] = weight[slot] * (a[slot] . down_e[n]); w = [E, N, K]."""
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    if expert >= num_experts:
+        return
+    slots = tl.load(slots_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = slots < num_slots
+    rows = slots.to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    a_rows = a_ptr + rows[:, None] * stride_am
+    w_rows = w_ptr + expert.to(tl.int64) * stride_we + cols[:, None] * stride_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_mask = kk[None, :] < K
+        a = tl.load(a_rows + kk[None, :], mask=valid[:, None] & k_mask, other=0.0)
+        w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
+        acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+    DT = out_ptr.dtype.element_ty
+    weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
+    out = (acc.to(DT).to(tl.float32) * weight[:, None]).to(DT)
+    tl.store(
+        out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=valid[:, None] & col_mask[None, :]
+    )
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    local_ids: torch.Tensor,
+    all_local: bool = True,
+    tiles: MoeTiles | None = None,
+) -> torch.Tensor:
+    """experts_reference (kernels/moe_ref.py) in two grouped GEMMs. local_ids [T, top_k]: this rank's
+    expert of each slot, w13.shape[0] for another rank's (then all_local must be False)."""
+    num_tokens, hidden = x.shape
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    top_k = local_ids.shape[1]
+    num_slots = num_tokens * top_k
+    if num_tokens == 0:
+        return torch.zeros_like(x)
+    tiles = tiles or tiles_for(num_tokens)
+    ids = local_ids.reshape(-1)
+    slots, block_expert = group_by_expert(ids, num_experts, tiles.block_m)
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    blocks = block_expert.numel()
+    act = x.new_empty((num_slots, inter))
+    up = tiles.gate_up
+    _gate_up_kernel[(blocks, triton.cdiv(inter, up.block_n))](
+        x, w13, act, slots, block_expert, num_slots, num_experts, top_k, hidden, inter,
+        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        BLOCK_M=tiles.block_m, BLOCK_N=up.block_n, BLOCK_K=up.block_k, PRECISION=precision,
+        num_warps=up.num_warps, num_stages=up.num_stages,
+    )  # fmt: skip
+    per_slot = x.new_empty((num_slots, hidden)) if all_local else x.new_zeros((num_slots, hidden))
+    down = tiles.down
+    _down_kernel[(blocks, triton.cdiv(hidden, down.block_n))](
+        act, w2, per_slot, weights.contiguous(), slots, block_expert, num_slots, num_experts, inter, hidden,
+        act.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0),
+        BLOCK_M=tiles.block_m, BLOCK_N=down.block_n, BLOCK_K=down.block_k, PRECISION=precision,
+        num_warps=down.num_warps, num_stages=down.num_stages,
+    )  # fmt: skip
+    return per_slot.view(num_tokens, top_k, hidden).sum(dim=1)
