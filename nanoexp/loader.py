@@ -12,6 +12,7 @@ from transformers import AutoConfig, PretrainedConfig
 from nanoexp.config.checkpoint_files import CheckpointError, json_object, regular_file, safetensors_files
 from nanoexp.config.checks import is_number
 from nanoexp.layers.embed_head import VocabParallelEmbedding
+from nanoexp.layers.fused_moe import FusedMoE
 from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, shape_of
 
 WEIGHT_DTYPES = ("F32", "F16", "BF16")  # safetensors' names; weights are copied into the model dtype
@@ -116,8 +117,20 @@ def load_safetensors(model: nn.Module, path: str) -> None:
     missing = set(params) - loaded
     if tied and loaded & TIED:
         missing -= TIED
+    missing = sorted(missing) + missing_expert_tensors(model)
     if missing:
-        raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {sorted(missing)[:3]}")
+        raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+
+
+def missing_expert_tensors(model: nn.Module) -> list[str]:
+    """Per-expert tensors of this rank's experts that no checkpoint file held (their fused parameter is
+    marked loaded by any one of them)."""
+    return [
+        f"{name}.{piece}"
+        for name, m in model.named_modules()
+        if isinstance(m, FusedMoE)
+        for piece in m.missing_pieces()
+    ]
 
 
 def load_file(model: nn.Module, params: dict, file: str, seen: dict[str, str], tied: bool) -> set[str]:
@@ -157,11 +170,7 @@ def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> st
             f"checkpoint tensor {name} in {file} has dtype {dtype}; "
             f"weights are one of {', '.join(WEIGHT_DTYPES)}"
         )
-    target, shard = name, ()
-    for source, (dest, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
-        if f".{source}." in name:
-            target, shard = name.replace(f".{source}.", f".{dest}."), (shard_id,)
-            break
+    target, shard = checkpoint_target(model, name)
     if target not in params:
         return None  # the caller decides whether the model may ignore it
     param = params[target]
@@ -176,8 +185,23 @@ def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> st
     return target
 
 
-def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id=None) -> list[int]:
+def checkpoint_target(model: nn.Module, name: str) -> tuple[str, tuple]:
+    """The parameter a checkpoint tensor loads into and its part of it: a MoE expert's tensor into the fused
+    experts (model.checkpoint_target), q/k/v and gate/up into their fused projection, else itself."""
+    expert = getattr(model, "checkpoint_target", lambda _: None)(name)
+    if expert is not None:
+        return expert
+    for source, (dest, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
+        if f".{source}." in name:
+            return name.replace(f".{source}.", f".{dest}."), (shard_id,)
+    return name, ()
+
+
+def checkpoint_shape(module: nn.Module, param: nn.Parameter, *shard) -> list[int]:
     """The whole (unsharded) shape the checkpoint tensor of `param` must have."""
+    if isinstance(module, FusedMoE):
+        return module.checkpoint_shape(shard[1])
+    shard_id = shard[0] if shard else None
     local = list(param.shape)
     if isinstance(module, VocabParallelEmbedding):
         return [module.vocab_size, *local[1:]]

@@ -29,7 +29,7 @@ from nanoexp.layers.activation import bind_activation_kernel
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.linear import bind_gemm_backend
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
-from nanoexp.models.qwen3 import model_class
+from nanoexp.models.registry import model_class
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -135,7 +135,7 @@ def build_model(
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = cls(hf_config, max_model_len).eval()
+            model = cls(hf_config, max_model_len, config.parallel.expert_parallel).eval()
     finally:
         torch.set_default_dtype(previous)
     if config.model.load_format == "dummy":
