@@ -21,12 +21,14 @@ from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.select import (
     SkinnyGemm,
     make_attention_backend,
+    make_moe_kernel,
     make_skinny_gemm,
     triton_available,
     triton_half_precision,
 )
 from nanoexp.layers.activation import bind_activation_kernel
 from nanoexp.layers.attention import attention_layers
+from nanoexp.layers.fused_moe import bind_moe_kernel, moe_layers
 from nanoexp.layers.linear import bind_gemm_backend
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
 from nanoexp.models.registry import model_class
@@ -45,6 +47,7 @@ class LoadedModel:
     max_model_len: int  # the configured limit, or the model's own
     skinny_gemm: SkinnyGemm | None  # the Triton GEMM for decode-sized rows, or None: torch only
     swiglu_kernel: bool = False  # SwiGLU through the Triton kernel (else torch's op)
+    moe_kernel: str = "none"  # a MoE model's experts: "triton" (fused) or "torch" (the reference)
 
 
 def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = None) -> LoadedModel:
@@ -74,8 +77,20 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     bind_gemm_backend(model, skinny)
     swiglu = swiglu_kernel(device, dtype)
     bind_activation_kernel(model, swiglu)
+    moe = make_moe_kernel(device)
+    bind_moe_kernel(model, moe)
+    moe_kernel = "none" if not moe_layers(model) else "torch" if moe is None else "triton"
     return LoadedModel(
-        model, hf_config, device, dtype, backend, load_s, max_model_len, skinny, swiglu is not None
+        model,
+        hf_config,
+        device,
+        dtype,
+        backend,
+        load_s,
+        max_model_len,
+        skinny,
+        swiglu is not None,
+        moe_kernel,
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass
 class StepInput:
@@ -42,3 +44,16 @@ def blockless_prefill(sequences: list[list[int]]) -> StepInput:
         [[] for _ in sequences],
         list(range(len(sequences))),
     )
+
+
+class SampledTokens(list):
+    """One step's sampled ids (a list), and the tokens its MoE layers routed to each expert
+    (`expert_load` [moe layers, experts], None for a dense model or with the count off)."""
+
+    expert_load: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, ids: list[int], expert_load: np.ndarray | None) -> SampledTokens:
+        out = cls(ids)
+        out.expert_load = expert_load
+        return out
