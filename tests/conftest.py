@@ -107,6 +107,14 @@ def reference_outputs(checkpoints):
     return get
 
 
+@pytest.fixture(scope="session")
+def moe_checkpoints(tmp_path_factory):
+    """MoE name (tests/moe_checkpoints.py) -> (directory, transformers model), built on first use."""
+    from tests.moe_checkpoints import MoeCheckpoints
+
+    return MoeCheckpoints(tmp_path_factory)
+
+
 @pytest.fixture(autouse=True)
 def release_gpu_memory(request):
     """After a GPU test, frees what it left unreferenced, so the next test's engine sizes its KV

@@ -52,3 +52,24 @@ def build_moe_checkpoint(path, name: str, seed: int = 0) -> Qwen3MoeForCausalLM:
                 p.normal_(0.0, 0.5)
     model.save_pretrained(path)
     return model
+
+
+class MoeCheckpoints:
+    """Each shape's checkpoint built on first use; transformers' greedy tokens cached per prompt."""
+
+    def __init__(self, tmp_path_factory):
+        self.tmp, self.built, self.greedy = tmp_path_factory, {}, {}
+
+    def __getitem__(self, name: str) -> tuple[str, Qwen3MoeForCausalLM]:
+        if name not in self.built:
+            path = self.tmp.mktemp(name)
+            self.built[name] = (str(path), build_moe_checkpoint(path, name))
+        return self.built[name]
+
+    def reference(self, name: str, prompt: list[int], max_tokens: int) -> list[int]:
+        from tests.conftest import hf_greedy
+
+        key = (name, tuple(prompt), max_tokens)
+        if key not in self.greedy:
+            self.greedy[key] = hf_greedy(self[name][1], prompt, max_tokens)
+        return self.greedy[key]

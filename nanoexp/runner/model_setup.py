@@ -146,6 +146,8 @@ def build_model(
     """This rank's shard of the model, with the checkpoint's weights or seeded random ones."""
     torch.manual_seed(config.execution.seed)
     cls = model_class(hf_config)
+    if device.type == "cuda":
+        check_weights_fit(config, hf_config, cls, dtype, device, max_model_len)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -158,6 +160,37 @@ def build_model(
     else:
         load_safetensors(model, resolve_model_dir(config.model.path))
     return model
+
+
+def check_weights_fit(
+    config: EngineConfig,
+    hf_config: PretrainedConfig,
+    cls: type[nn.Module],
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+) -> None:
+    """One line before allocating weights that cannot fit: the model, dtype, this rank's weight bytes, the
+    free GPU memory, and the tensor-parallel sizes (or a 16-bit dtype) that would fit."""
+    parallel = config.parallel
+    with torch.device("meta"):
+        shell = cls(hf_config, max_model_len, parallel.expert_parallel)
+    need = sum(p.numel() for p in shell.parameters()) * dtype.itemsize
+    free = torch.cuda.mem_get_info(device)[0]
+    if need <= free:
+        return
+    size = parallel.tensor_parallel_size
+    whole = need * size  # all ranks' weights (replicated parts counted per rank: a bound)
+    fits = [n for n in (2, 4, 8, 16) if n > size and whole / n < 0.9 * free]
+    fixes = [f"parallel.tensor_parallel_size={fits[0]}" if fits else "more GPUs than 16"]
+    if dtype.itemsize > 2:
+        fixes.append("model.dtype=bfloat16 (half the bytes)")
+    name = config.model.path or (hf_config.architectures or ["the model"])[0]
+    raise ValueError(
+        f"model {name} does not fit: its {str(dtype).removeprefix('torch.')} weights take "
+        f"{need / 2**30:.1f} GiB on each of {size} rank(s), the GPU has {free / 2**30:.1f} GiB free; "
+        f"would fit: {' or '.join(fixes)} (no fp8 weights yet)"
+    )
 
 
 def eos_token_ids(hf_config: PretrainedConfig, model: ModelConfig) -> list[int]:

@@ -1,0 +1,160 @@
+"""The fused MoE experts (kernels/triton_moe.py) at Qwen3-30B-A3B's shapes (128 experts, top-8, hidden
+2048, expert intermediate 768, bf16) against their floors: bytes of the experts the tokens touch over the
+card's bandwidth, FLOPs over its bf16 rate. Each size is timed as a CUDA graph of calls on different
+weight copies (so no call finds its experts in L2), after a check against the torch reference.
+
+    python experiments/moe/bench_moe.py [--budget-s 60] [--tokens 1 16 64 256 4096]
+
+Prints, per token count: the default tiles' time and ratio to floor, then every candidate tile (one GEMM's
+tile changed at a time) within the time budget, best first."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from nanoexp.kernels.moe_ref import experts_reference, route
+from nanoexp.kernels.triton_moe import GemmTile, MoeTiles, fused_moe, group_by_expert, tiles_for
+
+EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
+COPIES = 4  # weight sets per graph: 4 x 1.2 GB, far beyond L2
+GATE_UP = [
+    (32, 128, 4, 4),
+    (64, 128, 4, 4),
+    (64, 256, 4, 3),
+    (128, 64, 4, 4),
+    (128, 128, 8, 3),
+    (64, 64, 4, 4),
+]
+DOWN = [(64, 128, 4, 4), (128, 64, 4, 4), (128, 128, 4, 3), (256, 64, 8, 3), (64, 256, 4, 3), (32, 256, 4, 4)]
+PREFILL_GATE_UP = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 4), (128, 32, 4, 4), (128, 64, 4, 3)]
+PREFILL_DOWN = [(128, 64, 4, 3), (128, 64, 8, 3), (256, 64, 8, 3), (64, 64, 4, 4), (128, 32, 4, 4)]
+
+
+def card() -> tuple[str, float, float]:
+    """(name, copy bandwidth B/s, bf16 dense FLOP/s): DESIGN.md's measured floors."""
+    name = torch.cuda.get_device_name()
+    bandwidth = 4.2e12 if "H200" in name else 3.0e12
+    return name, bandwidth, 790e12
+
+
+def graph_us(calls, replays: int = 10) -> float:
+    """Mean time per call of `calls` replayed back to back from one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * len(calls))
+
+
+def inputs(tokens: int, seed: int = 0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).bfloat16()
+    logits = torch.randn(tokens, EXPERTS, device="cuda", generator=gen).bfloat16()
+    weights, ids = route(logits, TOP_K, renormalize=True)
+    return x, weights, ids
+
+
+def floors(ids: torch.Tensor, tokens: int) -> tuple[float, float, int]:
+    """(bytes, FLOPs, experts touched): each touched expert's three matrices read once, x read and the
+    output written; 2 FLOPs per multiply-add of the 3 projections of each (token, expert) pair."""
+    touched = int(ids.unique().numel())
+    expert_bytes = 3 * INTER * HIDDEN * 2
+    return (
+        touched * expert_bytes + 2 * tokens * HIDDEN * 2,
+        2.0 * tokens * TOP_K * 3 * INTER * HIDDEN,
+        touched,
+    )
+
+
+def candidates(tokens: int) -> list[MoeTiles]:
+    base = tiles_for(tokens)
+    prefill = tokens > 256
+    ups, downs = (PREFILL_GATE_UP, PREFILL_DOWN) if prefill else (GATE_UP, DOWN)
+    out = [MoeTiles(base.block_m, GemmTile(*t), base.down) for t in ups]
+    out += [MoeTiles(base.block_m, base.gate_up, GemmTile(*t)) for t in downs]
+    for block_m in (128,) if prefill else (32,) if tokens >= 64 else ():
+        out.append(MoeTiles(block_m, base.gate_up, base.down))
+    return [t for t in out if t != base]
+
+
+def describe(tiles: MoeTiles) -> str:
+    g, d = tiles.gate_up, tiles.down
+    return (
+        f"BM={tiles.block_m} gate_up(BN={g.block_n},BK={g.block_k},w={g.num_warps},s={g.num_stages}) "
+        f"down(BN={d.block_n},BK={d.block_k},w={d.num_warps},s={d.num_stages})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 256, 4096])
+    parser.add_argument("--budget-s", type=float, default=60.0)
+    args = parser.parse_args()
+    name, bandwidth, flops_rate = card()
+    print(f"card: {name}; floors at {bandwidth / 1e12:.1f} TB/s and {flops_rate / 1e12:.0f} TFLOP/s (bf16)")
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    sets = [
+        (
+            torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda", generator=gen).bfloat16() * 0.02,
+            torch.randn(EXPERTS, HIDDEN, INTER, device="cuda", generator=gen).bfloat16() * 0.02,
+        )
+        for _ in range(COPIES)
+    ]
+    deadline = time.perf_counter() + args.budget_s
+    for tokens in args.tokens:
+        bench(tokens, sets, bandwidth, flops_rate, deadline)
+
+
+def bench(tokens: int, sets, bandwidth: float, flops_rate: float, deadline: float) -> None:
+    x, weights, ids = inputs(tokens)
+    w13, w2 = sets[0]
+    ref = experts_reference(x.float(), w13.float(), w2.float(), weights.float(), ids)
+    err = ((fused_moe(x, w13, w2, weights, ids).float() - ref).norm() / ref.norm()).item()
+    nbytes, flops, touched = floors(ids, tokens)
+    floor_us = max(nbytes / bandwidth, flops / flops_rate) * 1e6
+    bound = "bytes" if nbytes / bandwidth > flops / flops_rate else "FLOPs"
+
+    def timed(tiles: MoeTiles | None) -> float:
+        return graph_us([lambda w=w: fused_moe(x, w[0], w[1], weights, ids, tiles=tiles) for w in sets])
+
+    default = timed(None)
+    block_m = tiles_for(tokens).block_m
+    group = graph_us([lambda: group_by_expert(ids.reshape(-1), EXPERTS, block_m)] * COPIES)
+    print(
+        f"\ntokens={tokens}: experts touched {touched}, floor {floor_us:.1f} us ({bound}: "
+        f"{nbytes / 1e6:.1f} MB, {flops / 1e9:.2f} GFLOP); default {describe(tiles_for(tokens))}: "
+        f"{default:.1f} us = {default / floor_us:.2f}x floor ({nbytes / default / 1e6:.2f} TB/s, "
+        f"{flops / default / 1e6:.1f} TFLOP/s); grouping alone {group:.1f} us; "
+        f"rel. err vs torch {err:.2e}"
+    )
+    results = []
+    for tiles in candidates(tokens):
+        if time.perf_counter() > deadline:
+            print("  (time budget spent: remaining candidates not run)")
+            break
+        try:
+            results.append((timed(tiles), describe(tiles)))
+        except Exception as exc:  # noqa: BLE001 - a tile that does not compile (shared memory) is a result
+            results.append((float("inf"), f"{describe(tiles)}: {type(exc).__name__}"))
+    for us, what in sorted(results):
+        print(f"  {us:8.1f} us  {us / floor_us:5.2f}x  {what}")
+
+
+if __name__ == "__main__":
+    main()
