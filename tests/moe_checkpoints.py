@@ -40,8 +40,9 @@ def moe_config(name: str, vocab: int = 384) -> Qwen3MoeConfig:
 
 
 def build_moe_checkpoint(path, name: str, seed: int = 0) -> Qwen3MoeForCausalLM:
-    """Saved to `path`; returns the float32 transformers model. The routers are scaled up so top-k picks
-    are decisive (the gap to the next expert far above float32 rounding), the norms perturbed."""
+    """Saved to `path` (its config.json says num_local_experts, as transformers 5 writes it; Qwen's own
+    checkpoints say num_experts); returns the float32 transformers model. The routers are scaled up so
+    top-k picks are decisive (the gap to the next expert far above float32 rounding), the norms perturbed."""
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(moe_config(name)).float().eval()
     with torch.no_grad():
@@ -49,7 +50,7 @@ def build_moe_checkpoint(path, name: str, seed: int = 0) -> Qwen3MoeForCausalLM:
             if "norm" in param_name:
                 p.add_(torch.randn_like(p) * 0.1)
             elif param_name.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 0.5)
+                p.normal_(0.0, 1.0)
     model.save_pretrained(path)
     return model
 

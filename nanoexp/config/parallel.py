@@ -35,9 +35,16 @@ def split_dims(arch: Mapping[str, Any], expert_parallel: bool) -> tuple[str, ...
     """The dimensions tensor parallelism splits: a MoE model's experts whole (expert parallel) or each
     expert's intermediate dim."""
     dims = ("num_attention_heads", "intermediate_size", "num_key_value_heads")
-    if not arch.get("num_experts"):
+    experts = experts_key(arch)
+    if experts is None:
         return dims
-    return (*dims, "num_experts" if expert_parallel else "moe_intermediate_size")
+    return (*dims, experts if expert_parallel else "moe_intermediate_size")
+
+
+def experts_key(arch: Mapping[str, Any]) -> str | None:
+    """A MoE config's key for its expert count (config.json says num_experts; transformers' to_dict
+    num_local_experts), None for a dense model."""
+    return next((k for k in ("num_experts", "num_local_experts") if arch.get(k)), None)
 
 
 def unsplit_dim(arch: Mapping[str, Any], size: int, expert_parallel: bool = False) -> str | None:
@@ -58,7 +65,7 @@ def check_split(arch: Mapping[str, Any], size: int, expert_parallel: bool = Fals
     heads = arch["num_attention_heads"]
     allowed = [d for d in range(1, heads + 1) if unsplit_dim(arch, d, expert_parallel) is None]
     sizes = f"one of {', '.join(map(str, allowed))}"
-    mode = f" with parallel.expert_parallel={expert_parallel}" if arch.get("num_experts") else ""
+    mode = f" with parallel.expert_parallel={expert_parallel}" if experts_key(arch) else ""
     raise KnobError(
         "parallel.tensor_parallel_size", size, f"{sizes}{mode} ({dim}={arch[dim]} is not divisible)"
     )
