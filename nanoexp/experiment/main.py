@@ -24,6 +24,7 @@ from nanoexp.config import EngineConfig
 from nanoexp.config.checks import is_number
 from nanoexp.experiment import build, interrupts, kv_quality, loggers
 from nanoexp.experiment.driver import Progress
+from nanoexp.experiment.expert_load import expert_load_summary
 from nanoexp.experiment.gpus import claim
 from nanoexp.experiment.job import JobInfo, current_job
 from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results, write_atomically
@@ -121,6 +122,7 @@ def experiment(
     if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
+    summary |= expert_load_summary(records, job.out_dir)
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
     return summary | {
