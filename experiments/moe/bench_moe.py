@@ -16,7 +16,19 @@ import time
 import torch
 
 from nanoexp.kernels.moe_ref import experts_reference, route
-from nanoexp.kernels.triton_moe import GemmTile, MoeTiles, fused_moe, group_by_expert, tiles_for
+from nanoexp.kernels.triton_moe import (
+    SLOT_MAX_TOKENS,
+    SLOT_TILES,
+    GemmTile,
+    MoeTiles,
+    SlotTiles,
+    experts_triton,
+    fused_moe,
+    group_by_expert,
+    route_triton,
+    slot_moe,
+    tiles_for,
+)
 
 EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
 COPIES = 4  # weight sets per graph: 4 x 1.2 GB, far beyond L2
@@ -29,6 +41,23 @@ GATE_UP = [
     (64, 64, 4, 4),
 ]
 DOWN = [(64, 128, 4, 4), (128, 64, 4, 4), (128, 128, 4, 3), (256, 64, 8, 3), (64, 256, 4, 3), (32, 256, 4, 4)]
+SLOT_GATE_UP = [
+    (16, 128, 4, 3),
+    (64, 128, 4, 3),
+    (32, 256, 4, 3),
+    (16, 256, 4, 2),
+    (32, 64, 4, 4),
+    (32, 128, 8, 3),
+]
+SLOT_DOWN = [
+    (16, 128, 4, 3),
+    (64, 128, 4, 3),
+    (32, 256, 4, 3),
+    (16, 256, 4, 2),
+    (32, 64, 4, 4),
+    (32, 128, 8, 3),
+]
+SLOT_PATH_UP_TO = 64  # token counts where the slot path is timed too
 PREFILL_GATE_UP = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 4), (128, 32, 4, 4), (128, 64, 4, 3)]
 PREFILL_DOWN = [(128, 64, 4, 3), (128, 64, 8, 3), (256, 64, 8, 3), (64, 64, 4, 4), (128, 32, 4, 4)]
 
@@ -93,7 +122,18 @@ def candidates(tokens: int) -> list[MoeTiles]:
     return [t for t in out if t != base]
 
 
-def describe(tiles: MoeTiles) -> str:
+def slot_candidates() -> list[SlotTiles]:
+    out = [SlotTiles(GemmTile(*t), SLOT_TILES.down) for t in SLOT_GATE_UP]
+    return out + [SlotTiles(SLOT_TILES.gate_up, GemmTile(*t)) for t in SLOT_DOWN]
+
+
+def describe(tiles: MoeTiles | SlotTiles) -> str:
+    if isinstance(tiles, SlotTiles):
+        g, d = tiles.gate_up, tiles.down
+        return (
+            f"slot gate_up(BN={g.block_n},BK={g.block_k},w={g.num_warps},s={g.num_stages}) "
+            f"down+sum(BN={d.block_n},BK={d.block_k},w={d.num_warps},s={d.num_stages})"
+        )
     g, d = tiles.gate_up, tiles.down
     return (
         f"BM={tiles.block_m} gate_up(BN={g.block_n},BK={g.block_k},w={g.num_warps},s={g.num_stages}) "
@@ -116,35 +156,52 @@ def main() -> None:
         )
         for _ in range(COPIES)
     ]
-    deadline = time.perf_counter() + args.budget_s
-    for tokens in args.tokens:
-        bench(tokens, sets, bandwidth, flops_rate, deadline)
+    for tokens in args.tokens:  # each size gets its share of the candidates' time budget
+        bench(tokens, sets, bandwidth, flops_rate, time.perf_counter() + args.budget_s / len(args.tokens))
 
 
 def bench(tokens: int, sets, bandwidth: float, flops_rate: float, deadline: float) -> None:
     x, weights, ids = inputs(tokens)
     w13, w2 = sets[0]
     ref = experts_reference(x.float(), w13.float(), w2.float(), weights.float(), ids)
-    err = ((fused_moe(x, w13, w2, weights, ids).float() - ref).norm() / ref.norm()).item()
+    outs = (fused_moe(x, w13, w2, weights, ids), experts_triton(x, w13, w2, weights, ids.int()))
+    err = max(((out.float() - ref).norm() / ref.norm()).item() for out in outs)
     nbytes, flops, touched = floors(ids, tokens)
     floor_us = max(nbytes / bandwidth, flops / flops_rate) * 1e6
     bound = "bytes" if nbytes / bandwidth > flops / flops_rate else "FLOPs"
 
-    def timed(tiles: MoeTiles | None) -> float:
-        return graph_us([lambda w=w: fused_moe(x, w[0], w[1], weights, ids, tiles=tiles) for w in sets])
+    ids32 = ids.int()
 
+    def timed(tiles: MoeTiles | SlotTiles | None) -> float:
+        if isinstance(tiles, SlotTiles):
+            calls = [lambda w=w: slot_moe(x, w[0], w[1], weights, ids32, tiles=tiles) for w in sets]
+        else:
+            calls = [lambda w=w: fused_moe(x, w[0], w[1], weights, ids, tiles=tiles) for w in sets]
+        return graph_us(calls)
+
+    dispatched = graph_us([lambda w=w: experts_triton(x, w[0], w[1], weights, ids32) for w in sets])
+    path = "slot" if tokens <= SLOT_MAX_TOKENS else "grouped"
     default = timed(None)
     block_m = tiles_for(tokens).block_m
     group = graph_us([lambda: group_by_expert(ids.reshape(-1), EXPERTS, block_m)] * COPIES)
+    logits = torch.randn(tokens, EXPERTS, device="cuda").bfloat16()
+    fused_route = graph_us([lambda: route_triton(logits, TOP_K, True)] * COPIES)
+    torch_route = graph_us([lambda: route(logits, TOP_K, True)] * COPIES)
     print(
         f"\ntokens={tokens}: experts touched {touched}, floor {floor_us:.1f} us ({bound}: "
-        f"{nbytes / 1e6:.1f} MB, {flops / 1e9:.2f} GFLOP); default {describe(tiles_for(tokens))}: "
-        f"{default:.1f} us = {default / floor_us:.2f}x floor ({nbytes / default / 1e6:.2f} TB/s, "
-        f"{flops / default / 1e6:.1f} TFLOP/s); grouping alone {group:.1f} us; "
-        f"rel. err vs torch {err:.2e}"
+        f"{nbytes / 1e6:.1f} MB, {flops / 1e9:.2f} GFLOP); rel. err vs torch {err:.2e}\n"
+        f"  engine path ({path}): {dispatched:.1f} us = {dispatched / floor_us:.2f}x floor "
+        f"({nbytes / dispatched / 1e6:.2f} TB/s, {flops / dispatched / 1e6:.1f} TFLOP/s)\n"
+        f"  grouped, default {describe(tiles_for(tokens))}: {default:.1f} us = {default / floor_us:.2f}x; "
+        f"of which grouping {group:.1f} us\n"
+        f"  routing: one kernel {fused_route:.1f} us, torch ops {torch_route:.1f} us"
     )
+    if tokens <= SLOT_PATH_UP_TO:
+        slot = timed(SLOT_TILES)
+        print(f"  slot, default {describe(SLOT_TILES)}: {slot:.1f} us = {slot / floor_us:.2f}x")
     results = []
-    for tiles in candidates(tokens):
+    tried = candidates(tokens) + (slot_candidates() if tokens <= SLOT_PATH_UP_TO else [])
+    for tiles in tried:
         if time.perf_counter() > deadline:
             print("  (time budget spent: remaining candidates not run)")
             break

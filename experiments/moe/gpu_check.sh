@@ -5,7 +5,7 @@
 # 256 sequences. Everything goes to the one log $OUT/moe.log.
 # Usage (repo root; hydra/wandb installed, PYTHONPATH set to the repo root):
 #   OUT=/some/dir bash experiments/moe/gpu_check.sh
-# Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 50).
+# Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 40).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 LOG="$OUT/moe.log"
@@ -42,16 +42,16 @@ echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 
 section "MoE GPU tests (-m ${TESTS:-gpu_quick})"
-timeout 100 python3 -m pytest -q -p no:cacheprovider -m "${TESTS:-gpu_quick}" \
+timeout 110 python3 -m pytest -q -p no:cacheprovider -m "${TESTS:-gpu_quick}" \
   tests/models/test_moe_gpu.py tests/kernels/test_triton_moe.py 2>&1 | tail -25
 
 section "fused MoE kernels, Qwen3-30B-A3B shapes"
-timeout 75 python3 experiments/moe/bench_moe.py --budget-s "${BENCH_S:-50}" 2>&1 | tail -80
+timeout 75 python3 experiments/moe/bench_moe.py --budget-s "${BENCH_S:-40}" 2>&1 | tail -150
 
 LAT=(model=qwen3_30b_a3b model.load_format=dummy model.dtype=bfloat16 workload=latency logger=none
      workload.input_len=128 scheduler.max_num_batched_tokens=2048)
 section "Qwen3-30B-A3B latency: batch 1 (expert-load count on, off), batch 64 and 256"
-timeout 150 python3 run.py -m "${LAT[@]}" workload.batch_size=1 workload.output_len=128 workload.num_iters=4 \
+timeout 110 python3 run.py -m "${LAT[@]}" workload.batch_size=1 workload.output_len=128 workload.num_iters=4 \
   workload.num_iters_warmup=2 scheduler.max_num_seqs=8 engine.expert_load_stats=true,false \
   hydra.sweep.dir=/tmp/moe_b1 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 \
   | grep -E "Error|Traceback|TPOT|E2E|iteration latency|weights|peak|changed from|^nanoexp" | head -40

@@ -161,11 +161,12 @@ def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> S
     return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES) if triton_half_precision(device, dtype) else None
 
 
-def make_moe_kernel(device: torch.device) -> Callable | None:
-    """A MoE model's experts: the fused Triton kernels on CUDA in every dtype (the torch reference syncs
-    with the host to find each expert's tokens, so no CUDA graph could capture it); None (torch) on CPU."""
+def make_moe_kernel(device: torch.device):
+    """A MoE model's routing and experts: the Triton kernels (kernels/triton_moe.TritonMoe) on CUDA in every
+    dtype (the torch reference syncs with the host to find each expert's tokens, so no CUDA graph could
+    capture it); None (torch) on CPU."""
     if device.type != "cuda" or not triton_available():
         return None
-    from nanoexp.kernels.triton_moe import fused_moe
+    from nanoexp.kernels.triton_moe import TritonMoe
 
-    return fused_moe
+    return TritonMoe

@@ -43,6 +43,17 @@ REGIMES: tuple[tuple[int | None, MoeTiles], ...] = (
 )
 
 
+@dataclass(frozen=True)
+class SlotTiles:
+    gate_up: GemmTile
+    down: GemmTile
+
+
+# Decode sizes: one GEMV per (token, k) slot, no grouping (slot_moe)
+SLOT_MAX_TOKENS = 16
+SLOT_TILES = SlotTiles(GemmTile(32, 128, 4, 3), GemmTile(32, 128, 4, 3))
+
+
 def tiles_for(num_tokens: int) -> MoeTiles:
     return next(tiles for limit, tiles in REGIMES if limit is None or num_tokens <= limit)
 
@@ -176,6 +187,223 @@ def _down_kernel(
     )
 
 
+@triton.jit
+def _route_kernel(
+    logits_ptr,
+    weights_ptr,
+    ids_ptr,
+    counts_ptr,
+    valid_ptr,
+    stride_l,
+    num_experts,
+    first_local,
+    num_local,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    COUNT: tl.constexpr,
+    HAS_VALID: tl.constexpr,
+):
+    """One token: softmax over its router logits in fp32, the top-k (ties: the lowest id, as torch.topk on
+    CPU), renormalized; writes the weights (in the logits' dtype), this rank's expert ids (num_local for
+    another rank's) and, when counting, adds the token's experts to counts."""
+    row = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, BLOCK_E)
+    logits = tl.load(logits_ptr + row * stride_l + experts, mask=experts < num_experts, other=-float("inf"))
+    logits = logits.to(tl.float32)
+    probs = tl.exp(logits - tl.max(logits, axis=0))
+    probs = probs / tl.sum(probs, axis=0)
+    ks = tl.arange(0, K_PAD)
+    chosen = tl.zeros([K_PAD], dtype=tl.int32)
+    values = tl.zeros([K_PAD], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(probs, axis=0)
+        pick = tl.min(tl.where(probs == best, experts, BLOCK_E), axis=0)
+        chosen = tl.where(ks == k, pick, chosen)
+        values = tl.where(ks == k, best, values)
+        probs = tl.where(experts == pick, -1.0, probs)
+    if RENORMALIZE:
+        values = values / tl.sum(values, axis=0)
+    in_k = ks < TOP_K
+    tl.store(weights_ptr + row * TOP_K + ks, values.to(weights_ptr.dtype.element_ty), mask=in_k)
+    local = chosen - first_local
+    local = tl.where((local >= 0) & (local < num_local), local, num_local)
+    tl.store(ids_ptr + row * TOP_K + ks, local, mask=in_k)
+    if COUNT:
+        counted = in_k
+        if HAS_VALID:
+            counted = counted & (tl.load(valid_ptr + row) != 0)
+        tl.atomic_add(counts_ptr + chosen, tl.full([K_PAD], 1, tl.int32), mask=counted)
+
+
+def route_triton(
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    first_local: int = 0,
+    num_local: int | None = None,
+    counts: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """kernels/moe_ref.route in one kernel: (weights [T, top_k] in the logits' dtype, this rank's expert
+    ids [T, top_k] int32: experts [first_local, first_local + num_local) as 0.., others num_local). Adds
+    each valid token's experts to `counts` [experts] int32 when given."""
+    tokens, experts = logits.shape
+    num_local = experts if num_local is None else num_local
+    weights = logits.new_empty((tokens, top_k))
+    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=logits.device)
+    if tokens:
+        _route_kernel[(tokens,)](
+            logits, weights, ids, counts if counts is not None else ids,
+            valid if valid is not None else ids, logits.stride(0), experts, first_local, num_local,
+            TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), BLOCK_E=triton.next_power_of_2(experts),
+            RENORMALIZE=renormalize, COUNT=counts is not None, HAS_VALID=valid is not None, num_warps=1,
+        )  # fmt: skip
+    return weights, ids
+
+
+@triton.jit
+def _slot_gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    ids_ptr,
+    num_experts,
+    top_k,
+    K,
+    N,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_om,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Decode sizes: one (token, k) slot per program row, no grouping: a GEMV on its expert's gate and up."""
+    slot = tl.program_id(0)
+    expert = tl.load(ids_ptr + slot)
+    if expert >= num_experts:
+        return
+    token = (slot // top_k).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    w_expert = w_ptr + expert.to(tl.int64) * stride_we
+    gate_rows = w_expert + cols[:, None] * stride_wn
+    up_rows = w_expert + (cols + N)[:, None] * stride_wn
+    acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_mask = kk < K
+        a = tl.load(x_ptr + token * stride_xm + kk, mask=k_mask, other=0.0).to(tl.float32)
+        w_mask = col_mask[:, None] & k_mask[None, :]
+        gate = tl.load(gate_rows + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
+        up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
+        acc_gate += tl.sum(gate * a[None, :], axis=1)
+        acc_up += tl.sum(up * a[None, :], axis=1)
+    DT = out_ptr.dtype.element_ty
+    gate = acc_gate.to(DT).to(tl.float32)
+    act = (gate * tl.sigmoid(gate)).to(DT).to(tl.float32)
+    tl.store(
+        out_ptr + slot.to(tl.int64) * stride_om + cols,
+        (act * acc_up.to(DT).to(tl.float32)).to(DT),
+        mask=col_mask,
+    )
+
+
+@triton.jit
+def _slot_down_sum_kernel(
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    weights_ptr,
+    ids_ptr,
+    num_experts,
+    top_k,
+    K,
+    N,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Decode sizes: one token per program row; its top-k experts' down GEMVs, weighted and summed."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    DT = out_ptr.dtype.element_ty
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k in range(top_k):
+        slot = token * top_k + k
+        expert = tl.load(ids_ptr + slot)
+        if expert < num_experts:
+            w_rows = w_ptr + expert.to(tl.int64) * stride_we + cols[:, None] * stride_wn
+            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                kk = k0 + ks
+                k_mask = kk < K
+                a = tl.load(a_ptr + slot * stride_am + kk, mask=k_mask, other=0.0).to(tl.float32)
+                w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+                acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+            weight = tl.load(weights_ptr + slot).to(tl.float32)
+            y = (acc.to(DT).to(tl.float32) * weight).to(DT).to(tl.float32)
+            total = (total + y).to(DT).to(tl.float32)  # rounded per add, as the reference's index_add_
+    tl.store(out_ptr + token * stride_om + cols, total.to(DT), mask=col_mask)
+
+
+def slot_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    local_ids: torch.Tensor,
+    tiles: SlotTiles | None = None,
+) -> torch.Tensor:
+    """fused_moe for a few tokens: no grouping; each slot's GEMVs stream its expert's rows, and the down
+    kernel sums each token's top-k in registers (two launches)."""
+    num_tokens, hidden = x.shape
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    top_k = local_ids.shape[1]
+    tiles = tiles or SLOT_TILES
+    act = x.new_empty((num_tokens * top_k, inter))
+    out = x.new_empty((num_tokens, hidden))
+    if num_tokens == 0:
+        return out
+    ids = local_ids.contiguous()
+    _slot_gate_up_kernel[(num_tokens * top_k, triton.cdiv(inter, tiles.gate_up.block_n))](
+        x, w13, act, ids, num_experts, top_k, hidden, inter,
+        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        BLOCK_N=tiles.gate_up.block_n, BLOCK_K=tiles.gate_up.block_k,
+        num_warps=tiles.gate_up.num_warps, num_stages=tiles.gate_up.num_stages,
+    )  # fmt: skip
+    _slot_down_sum_kernel[(num_tokens, triton.cdiv(hidden, tiles.down.block_n))](
+        act, w2, out, weights.contiguous(), ids, num_experts, top_k, inter, hidden,
+        act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        BLOCK_N=tiles.down.block_n, BLOCK_K=tiles.down.block_k,
+        num_warps=tiles.down.num_warps, num_stages=tiles.down.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def experts_triton(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    local_ids: torch.Tensor,
+    all_local: bool = True,
+) -> torch.Tensor:
+    """The GPU path: slot GEMVs up to SLOT_MAX_TOKENS tokens, grouped GEMMs above."""
+    if x.shape[0] <= SLOT_MAX_TOKENS:
+        return slot_moe(x, w13, w2, weights, local_ids)
+    return fused_moe(x, w13, w2, weights, local_ids, all_local)
+
+
 def fused_moe(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -215,3 +443,11 @@ def fused_moe(
         num_warps=down.num_warps, num_stages=down.num_stages,
     )  # fmt: skip
     return per_slot.view(num_tokens, top_k, hidden).sum(dim=1)
+
+
+class TritonMoe:
+    """The GPU MoE path bound to the layers (layers/fused_moe.py): routing in one kernel, then the experts."""
+
+    name = "triton"
+    route = staticmethod(route_triton)
+    experts = staticmethod(experts_triton)

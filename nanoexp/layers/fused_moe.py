@@ -5,7 +5,7 @@ sums the partial outputs: no all-to-all."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -14,7 +14,7 @@ from nanoexp.distributed import tp_rank, tp_size
 from nanoexp.kernels.moe_ref import experts_reference, route
 from nanoexp.layers.linear import rows
 
-ExpertsKernel = Callable[..., Tensor]  # fused_moe's signature (kernels/triton_moe.py)
+ExpertsKernel = Any  # kernels/triton_moe.TritonMoe: route(...) and experts(...)
 SHARDS = ("gate", "up", "down")
 
 
@@ -81,18 +81,21 @@ class FusedMoE(nn.Module):
     def forward(self, x: Tensor, router_logits: Tensor, valid: Tensor | None = None) -> Tensor:
         """This rank's partial output (before the all-reduce). `valid` [T] bool marks the real tokens whose
         routing `load_counts` counts (padding rows of a graph are routed too, not counted)."""
+        if self.kernel is not None:
+            counts, first, local = self.load_counts, self.first_expert, self.num_local
+            weights, ids = self.kernel.route(
+                router_logits, self.top_k, self.renormalize, first, local, counts, valid
+            )
+            return self.kernel.experts(x, self.w13, self.w2, weights, ids, not self.expert_parallel)
         weights, ids = route(router_logits, self.top_k, self.renormalize)
         if self.load_counts is not None:
             counted = torch.ones_like(ids, dtype=torch.int32) if valid is None else valid[:, None].int()
             self.load_counts.scatter_add_(0, ids.reshape(-1), counted.expand_as(ids).reshape(-1))
-        local, all_local = ids, not self.expert_parallel
+        local = ids
         if self.expert_parallel:
             local = ids - self.first_expert
-            outside = (local < 0) | (local >= self.num_local)
-            local = torch.where(outside, -1 if self.kernel is None else self.num_local, local)
-        if self.kernel is None:
-            return experts_reference(x, self.w13, self.w2, weights, local)
-        return self.kernel(x, self.w13, self.w2, weights, local, all_local)
+            local = torch.where((local < 0) | (local >= self.num_local), -1, local)
+        return experts_reference(x, self.w13, self.w2, weights, local)
 
 
 def moe_layers(model: nn.Module) -> list[FusedMoE]:

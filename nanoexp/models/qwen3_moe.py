@@ -43,7 +43,8 @@ class Qwen3MoeSparseBlock(nn.Module):
         self, hidden: Tensor, residual: Tensor, norm: RMSNorm, md: AttentionMetadata | None = None
     ) -> tuple[Tensor, Tensor]:
         normed, residual = norm(hidden, residual)
-        valid = None if md is None else md.slot_mapping >= 0
+        counting = md is not None and self.experts.load_counts is not None
+        valid = md.real_tokens if counting else None
         return all_reduce(self.experts(normed, self.gate(normed), valid)), residual
 
 

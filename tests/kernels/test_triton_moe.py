@@ -6,7 +6,16 @@ import pytest
 import torch
 
 from nanoexp.kernels.moe_ref import experts_reference, route
-from nanoexp.kernels.triton_moe import REGIMES, fused_moe, group_by_expert
+from nanoexp.kernels.triton_moe import (
+    REGIMES,
+    TritonMoe,
+    experts_triton,
+    fused_moe,
+    group_by_expert,
+    route_triton,
+    slot_moe,
+)
+from nanoexp.layers.fused_moe import FusedMoE
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -61,3 +70,63 @@ def test_other_ranks_experts_add_nothing():
     out = fused_moe(x, w13[4:], w2[4:], weights, local, all_local=False)
     ref = experts_reference(x, w13[4:], w2[4:], weights, torch.where(ids >= 4, ids - 4, -1))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("experts,top_k", [(8, 2), (16, 4), (6, 3)])
+def test_route_kernel_matches_torch_route(experts, top_k, renormalize):
+    gen = torch.Generator().manual_seed(experts + top_k)
+    logits = torch.randn(9, experts, generator=gen).to(DEVICE)
+    want_w, want_ids = route(logits, top_k, renormalize)
+    counts = torch.zeros(experts, dtype=torch.int32, device=DEVICE)
+    valid = torch.tensor([True] * 7 + [False] * 2, device=DEVICE)
+    weights, ids = route_triton(logits, top_k, renormalize, counts=counts, valid=valid)
+    assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights, want_w, atol=1e-6, rtol=1e-6)
+    assert torch.equal(counts.long(), torch.bincount(want_ids[:7].flatten(), minlength=experts))
+
+
+def test_route_kernel_maps_other_ranks_experts_past_the_local_ones():
+    logits = torch.randn(5, 8, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    _, want = route(logits, 3, True)
+    _, ids = route_triton(logits, 3, True, first_local=4, num_local=4)
+    assert torch.equal(ids.long(), torch.where(want >= 4, want - 4, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 3, 16])
+def test_slot_path_matches_reference(tokens, dtype):
+    x, w13, w2, weights, ids = moe_inputs(tokens, 8, 3, 40, 24, dtype, seed=tokens)
+    ref = experts_reference(x.float(), w13.float(), w2.float(), weights.float(), ids).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(slot_moe(x, w13, w2, weights, ids.int()), ref, atol=tol, rtol=tol)
+
+
+def test_slot_path_skips_other_ranks_experts():
+    x, w13, w2, weights, ids = moe_inputs(4, 8, 3, 32, 16, torch.float32, seed=5)
+    local = torch.where(ids >= 4, ids - 4, 4).int()
+    ref = experts_reference(x, w13[4:], w2[4:], weights, torch.where(ids >= 4, ids - 4, -1))
+    for out in (
+        slot_moe(x, w13[4:], w2[4:], weights, local),
+        experts_triton(x, w13[4:], w2[4:], weights, local, False),
+    ):
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_moe_layer_with_triton_kernels_matches_torch_and_counts_real_tokens():
+    layer = FusedMoE(8, 2, 32, 24, renormalize=True).to(DEVICE)
+    gen = torch.Generator().manual_seed(1)
+    for param in (layer.w13, layer.w2):
+        param.data.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+    x = torch.randn(20, 32, generator=gen).to(DEVICE)
+    logits = torch.randn(20, 8, generator=gen).to(DEVICE)
+    valid = torch.arange(20, device=DEVICE) < 17
+    counts = {}
+    outs = {}
+    for kernel in (None, TritonMoe):
+        layer.kernel = kernel
+        layer.load_counts = torch.zeros(8, dtype=torch.int32, device=DEVICE)
+        outs[kernel] = layer(x, logits, valid)
+        counts[kernel] = layer.load_counts
+    torch.testing.assert_close(outs[TritonMoe], outs[None], atol=1e-5, rtol=1e-5)
+    assert torch.equal(counts[TritonMoe], counts[None]) and counts[None].sum() == 17 * 2

@@ -26,7 +26,12 @@ PATHS = {
     "prefill_first": dict(batching="prefill_first"),
 }
 ENGINE = dict(
-    device="cuda", kvcache_block_size=16, max_model_len=1024, max_num_seqs=16, num_kvcache_blocks=512
+    device="cuda",
+    kvcache_block_size=16,
+    max_model_len=1024,
+    max_num_seqs=16,
+    num_kvcache_blocks=512,
+    max_num_batched_tokens=512,  # fewer step graphs to capture
 )
 
 
