@@ -78,7 +78,26 @@ def check_hf_config(config: PretrainedConfig, source: str) -> PretrainedConfig:
         value = getattr(config, key, None)
         if not (type(value) is int and value >= 1):
             raise CheckpointError(f"{source}: {key}={value!r} is invalid: must be an integer >= 1")
+    if getattr(config, "num_experts", None) is not None:
+        check_moe_config(config, source)
     return config
+
+
+def check_moe_config(config: PretrainedConfig, source: str) -> None:
+    """A Qwen3-MoE config's expert fields: counts >= 1, top-k at most the experts, layer indices in range."""
+    for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+        value = getattr(config, key, None)
+        if not (type(value) is int and value >= 1):
+            raise CheckpointError(f"{source}: {key}={value!r} is invalid: must be an integer >= 1")
+    if config.num_experts_per_tok > config.num_experts:
+        raise CheckpointError(
+            f"{source}: num_experts_per_tok={config.num_experts_per_tok} is invalid: must be <= "
+            f"num_experts={config.num_experts}"
+        )
+    layers = getattr(config, "mlp_only_layers", None) or []
+    if not all(type(i) is int and 0 <= i < config.num_hidden_layers for i in layers):
+        allowed = f"layer indices in [0, {config.num_hidden_layers})"
+        raise CheckpointError(f"{source}: mlp_only_layers={layers!r} is invalid: must be {allowed}")
 
 
 def load_tokenizer(path: str):

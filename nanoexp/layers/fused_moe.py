@@ -72,7 +72,7 @@ class FusedMoE(nn.Module):
         """The per-expert checkpoint tensors of this rank's experts that no file held."""
         names = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
         return [
-            f"experts.{self.first_expert + e}.{names[s]}"
+            f"{self.first_expert + e}.{names[s]}.weight"
             for e in range(self.num_local)
             for s in SHARDS
             if (e, s) not in self.loaded

@@ -7,6 +7,9 @@ are within float32 rounding of each other, so torch.topk picks the same experts 
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -190,3 +193,34 @@ def test_expert_parallel_holds_whole_experts_per_rank(moe_checkpoints, ep, want)
     path = moe_checkpoints["moe_e16_top4_unnormed"][0]
     with LLM(path, tensor_parallel_size=2, expert_parallel=ep, **(CPU | TP_ENGINE)) as llm:
         assert llm.engine.executor.call(expert_shapes) == want  # rank 0's
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok=9 is invalid: must be <= num_experts=8"),
+        ({"moe_intermediate_size": 0}, "moe_intermediate_size=0 is invalid: must be an integer >= 1"),
+        ({"mlp_only_layers": [2]}, r"mlp_only_layers=\[2\] is invalid: must be layer indices in \[0, 2\)"),
+    ],
+)
+def test_bad_moe_config_is_one_line_naming_the_key(changes, message):
+    arch = {k: v for k, v in moe_config("moe_e8_top2").to_dict().items() if k != "num_local_experts"}
+    arch |= {"num_experts": 8, "model_type": "qwen3_moe"} | changes
+    with pytest.raises(ValueError, match=f"^model.arch: {message}$"):
+        LLM("moe", load_format="dummy", hf_config=arch, **CPU)
+
+
+def test_checkpoint_missing_an_expert_tensor_names_it(moe_checkpoints, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    source = moe_checkpoints["moe_e8_top2"][0]
+    for name in ("config.json", "generation_config.json"):
+        if (Path(source) / name).exists():
+            shutil.copy(Path(source) / name, tmp_path / name)
+    tensors = load_file(Path(source) / "model.safetensors")
+    del tensors["model.layers.1.mlp.experts.5.up_proj.weight"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(
+        ValueError, match=r"missing 1 tensor\(s\), e.g. \['model.layers.1.mlp.experts.5.up_proj.weight'\]"
+    ):
+        LLM(str(tmp_path), **CPU)
