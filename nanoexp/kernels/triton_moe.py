@@ -85,6 +85,68 @@ def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[
 
 
 @triton.jit
+def _group_kernel(
+    ids_ptr,
+    slots_ptr,
+    block_expert_ptr,
+    cursor_ptr,
+    n,
+    num_experts,
+    num_blocks,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    B_CHUNK: tl.constexpr,
+):
+    """group_by_expert in one program: a histogram of the ids, each expert's padded start (cumsum), the
+    blocks' experts, the sentinel fill, then each slot to its expert's next row (an atomic cursor: rows
+    within a group are in no fixed order, which changes no result, each slot's row being its own)."""
+    offs = tl.arange(0, CHUNK)
+    bins = tl.arange(0, E_PAD)
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    for start in range(0, n, CHUNK):
+        i = start + offs
+        ids = tl.load(ids_ptr + i, mask=i < n, other=0).to(tl.int32)
+        counts += tl.histogram(ids, E_PAD, mask=i < n)
+    padded = tl.where(bins < num_experts, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(cursor_ptr + bins, ends - padded)
+    ends = tl.where(bins < num_experts, ends, 2**30)
+    for b0 in range(0, num_blocks, B_CHUNK):
+        b = b0 + tl.arange(0, B_CHUNK)
+        expert = tl.sum((ends[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + b, expert, mask=b < num_blocks)
+    rows = num_blocks * BLOCK_M
+    for r0 in range(0, rows, CHUNK):
+        r = r0 + offs
+        tl.store(slots_ptr + r, tl.zeros([CHUNK], dtype=tl.int32) + n, mask=r < rows)
+    tl.debug_barrier()
+    for start in range(0, n, CHUNK):
+        i = start + offs
+        ids = tl.load(ids_ptr + i, mask=i < n, other=0).to(tl.int32)
+        local = (i < n) & (ids < num_experts)
+        row = tl.atomic_add(cursor_ptr + ids, tl.full([CHUNK], 1, tl.int32), mask=local)
+        tl.store(slots_ptr + row, i, mask=local)
+
+
+def group_by_expert_kernel(
+    ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """group_by_expert (same outputs, rows within an expert's group in any order) in one launch."""
+    n = ids.numel()
+    blocks = triton.cdiv(n, block_m) + min(num_experts, n)
+    slots = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)
+    e_pad = triton.next_power_of_2(num_experts + 1)
+    cursor = torch.empty(e_pad, dtype=torch.int32, device=ids.device)
+    _group_kernel[(1,)](
+        ids, slots, block_expert, cursor, n, num_experts, blocks,
+        BLOCK_M=block_m, E_PAD=e_pad, CHUNK=1024, B_CHUNK=32, num_warps=8,
+    )  # fmt: skip
+    return slots, block_expert
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,
     w_ptr,
@@ -404,6 +466,9 @@ def experts_triton(
     return fused_moe(x, w13, w2, weights, local_ids, all_local)
 
 
+GROUPING = group_by_expert  # or group_by_expert_kernel: one launch instead of ~13 torch ops
+
+
 def fused_moe(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -412,6 +477,7 @@ def fused_moe(
     local_ids: torch.Tensor,
     all_local: bool = True,
     tiles: MoeTiles | None = None,
+    group=None,
 ) -> torch.Tensor:
     """experts_reference (kernels/moe_ref.py) in two grouped GEMMs. local_ids [T, top_k]: this rank's
     expert of each slot, w13.shape[0] for another rank's (then all_local must be False)."""
@@ -423,7 +489,7 @@ def fused_moe(
         return torch.zeros_like(x)
     tiles = tiles or tiles_for(num_tokens)
     ids = local_ids.reshape(-1)
-    slots, block_expert = group_by_expert(ids, num_experts, tiles.block_m)
+    slots, block_expert = (group or GROUPING)(ids, num_experts, tiles.block_m)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     blocks = block_expert.numel()
     act = x.new_empty((num_slots, inter))

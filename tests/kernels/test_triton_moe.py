@@ -12,6 +12,7 @@ from nanoexp.kernels.triton_moe import (
     experts_triton,
     fused_moe,
     group_by_expert,
+    group_by_expert_kernel,
     route_triton,
     slot_moe,
 )
@@ -130,3 +131,28 @@ def test_moe_layer_with_triton_kernels_matches_torch_and_counts_real_tokens():
         counts[kernel] = layer.load_counts
     torch.testing.assert_close(outs[TritonMoe], outs[None], atol=1e-5, rtol=1e-5)
     assert torch.equal(counts[TritonMoe], counts[None]) and counts[None].sum() == 17 * 2
+
+
+@pytest.mark.parametrize("block_m", [1, 4, 16])
+def test_one_kernel_grouping_puts_the_same_slots_in_the_same_blocks(block_m):
+    ids = torch.tensor([3, 0, 3, 5, 1, 0, 3, 5, 5, 5, 2, 5, 0, 0, 0], device=DEVICE)
+    want_slots, want_experts = group_by_expert(ids, 5, block_m)
+    slots, experts = group_by_expert_kernel(ids, 5, block_m)
+    assert torch.equal(experts, want_experts)
+    blocks = lambda s: [sorted(b) for b in s.cpu().view(-1, block_m).tolist()]  # noqa: E731
+    assert blocks(slots) == blocks(want_slots)
+
+
+def test_one_kernel_grouping_over_several_chunks():
+    ids = torch.randint(0, 129, (2500,), generator=torch.Generator().manual_seed(0)).to(DEVICE)  # 128: remote
+    want_slots, want_experts = group_by_expert(ids, 128, 16)
+    slots, experts = group_by_expert_kernel(ids, 128, 16)
+    assert torch.equal(experts, want_experts)
+    assert torch.equal(slots.view(-1, 16).sort(dim=1).values, want_slots.view(-1, 16).sort(dim=1).values)
+
+
+@pytest.mark.parametrize("tokens", [5, 40])
+def test_fused_moe_with_one_kernel_grouping_matches_reference(tokens):
+    x, w13, w2, weights, ids = moe_inputs(tokens, 8, 2, 32, 48, torch.float32, seed=9)
+    out = fused_moe(x, w13, w2, weights, ids.int(), group=group_by_expert_kernel)
+    torch.testing.assert_close(out, experts_reference(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)
