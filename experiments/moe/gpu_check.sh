@@ -25,15 +25,18 @@ for root in sys.argv[1:]:
         by_seqs = {}
         for r in decode:
             by_seqs.setdefault(int(float(r["num_seqs"])), []).append(float(r["step_time_ms"]))
-        prefill = [float(r["step_time_ms"]) for r in rows if int(float(r["num_decode_tokens"])) == 0]
+        prefill = {}
+        for r in rows:
+            if int(float(r["num_decode_tokens"])) == 0:
+                prefill.setdefault(int(float(r["num_tokens"])), []).append(float(r["step_time_ms"]))
         load = [float(r["expert_load_max"]) / float(r["expert_load_mean"]) for r in decode if r.get("expert_load_max")]
         print(path)
         for seqs, times in sorted(by_seqs.items()):
             if len(times) >= 3:
                 q1, med, q3 = statistics.quantiles(times, n=4)
                 print(f"  decode steps of {seqs} seqs: median {med:.3f} ms (quartiles {q1:.3f}, {q3:.3f}; n={len(times)})")
-        if prefill:
-            print(f"  prefill steps: median {statistics.median(prefill):.2f} ms (n={len(prefill)})")
+        for tokens, times in sorted(prefill.items()):
+            print(f"  prefill-only steps of {tokens} tokens: median {statistics.median(times):.2f} ms (n={len(times)})")
         if load:
             print(f"  decode expert load max/mean (worst layer): median {statistics.median(load):.2f}")
 PY
@@ -59,7 +62,7 @@ step_medians /tmp/moe_b1
 remaining=$(( 285 - ($(date +%s) - started) ))
 if [ "$remaining" -gt 40 ]; then
   timeout "$remaining" python3 run.py -m "${LAT[@]}" workload.batch_size=64,256 workload.output_len=24 \
-    workload.num_iters=2 workload.num_iters_warmup=1 scheduler.max_num_seqs=256 \
+    workload.num_iters=2 workload.num_iters_warmup=1 scheduler.max_num_seqs=256 scheduler.max_num_batched_tokens=4096 \
     hydra.sweep.dir=/tmp/moe_bn 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 \
     | grep -E "Error|Traceback|TPOT|E2E|iteration latency|weights|peak|changed from|^nanoexp" | head -30
   step_medians /tmp/moe_bn
