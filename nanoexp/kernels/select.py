@@ -167,6 +167,6 @@ def make_moe_kernel(device: torch.device):
     capture it); None (torch) on CPU."""
     if device.type != "cuda" or not triton_available():
         return None
-    from nanoexp.kernels.triton_moe import TritonMoe
+    from nanoexp.kernels.triton_moe import make_triton_moe
 
-    return TritonMoe
+    return make_triton_moe(device)

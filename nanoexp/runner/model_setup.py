@@ -47,7 +47,9 @@ class LoadedModel:
     max_model_len: int  # the configured limit, or the model's own
     skinny_gemm: SkinnyGemm | None  # the Triton GEMM for decode-sized rows, or None: torch only
     swiglu_kernel: bool = False  # SwiGLU through the Triton kernel (else torch's op)
-    moe_kernel: str = "none"  # a MoE model's experts: "triton" (fused) or "torch" (the reference)
+    moe_kernel: str = (
+        "none"  # a MoE model's experts: "triton: ..." (how it groups) or "torch" (the reference)
+    )
 
 
 def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = None) -> LoadedModel:
@@ -79,7 +81,7 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     bind_activation_kernel(model, swiglu)
     moe = make_moe_kernel(device)
     bind_moe_kernel(model, moe)
-    moe_kernel = "none" if not moe_layers(model) else "torch" if moe is None else "triton"
+    moe_kernel = "none" if not moe_layers(model) else "torch" if moe is None else moe.selection
     return LoadedModel(
         model,
         hf_config,

@@ -8,11 +8,11 @@ import torch
 from nanoexp.kernels.moe_ref import experts_reference, route
 from nanoexp.kernels.triton_moe import (
     REGIMES,
-    TritonMoe,
     experts_triton,
     fused_moe,
     group_by_expert,
     group_by_expert_kernel,
+    make_triton_moe,
     route_triton,
     slot_moe,
 )
@@ -114,23 +114,25 @@ def test_slot_path_skips_other_ranks_experts():
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_moe_layer_with_triton_kernels_matches_torch_and_counts_real_tokens():
+@pytest.mark.parametrize("tokens", [12, 20])  # the slot path and the grouped one
+def test_moe_layer_with_triton_kernels_matches_torch_and_counts_real_tokens(tokens):
     layer = FusedMoE(8, 2, 32, 24, renormalize=True).to(DEVICE)
     gen = torch.Generator().manual_seed(1)
     for param in (layer.w13, layer.w2):
         param.data.copy_(torch.randn(param.shape, generator=gen) * 0.2)
-    x = torch.randn(20, 32, generator=gen).to(DEVICE)
-    logits = torch.randn(20, 8, generator=gen).to(DEVICE)
-    valid = torch.arange(20, device=DEVICE) < 17
-    counts = {}
-    outs = {}
-    for kernel in (None, TritonMoe):
+    x = torch.randn(tokens, 32, generator=gen).to(DEVICE)
+    logits = torch.randn(tokens, 8, generator=gen).to(DEVICE)
+    valid = torch.arange(tokens, device=DEVICE) < tokens - 3
+    triton_moe = make_triton_moe(torch.device(DEVICE))
+    assert triton_moe.grouping is group_by_expert_kernel
+    counts, outs = {}, {}
+    for kernel in (None, triton_moe):
         layer.kernel = kernel
         layer.load_counts = torch.zeros(8, dtype=torch.int32, device=DEVICE)
         outs[kernel] = layer(x, logits, valid)
         counts[kernel] = layer.load_counts
-    torch.testing.assert_close(outs[TritonMoe], outs[None], atol=1e-5, rtol=1e-5)
-    assert torch.equal(counts[TritonMoe], counts[None]) and counts[None].sum() == 17 * 2
+    torch.testing.assert_close(outs[triton_moe], outs[None], atol=1e-5, rtol=1e-5)
+    assert torch.equal(counts[triton_moe], counts[None]) and counts[None].sum() == (tokens - 3) * 2
 
 
 @pytest.mark.parametrize("block_m", [1, 4, 16])
