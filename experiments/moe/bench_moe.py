@@ -59,8 +59,8 @@ SLOT_DOWN = [
     (32, 128, 8, 3),
 ]
 SLOT_PATH_UP_TO = 64  # token counts where the slot path is timed too
-PREFILL_GATE_UP = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 4), (128, 32, 4, 4), (128, 64, 4, 3)]
-PREFILL_DOWN = [(128, 64, 4, 3), (128, 64, 8, 3), (256, 64, 8, 3), (64, 64, 4, 4), (128, 32, 4, 4)]
+PREFILL_GATE_UP = [(64, 64, 8, 3), (128, 64, 8, 3), (64, 64, 4, 4), (64, 32, 4, 4), (128, 32, 8, 4)]
+PREFILL_DOWN = [(128, 64, 8, 3), (256, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4), (128, 64, 4, 4)]
 
 
 def card() -> tuple[str, float, float]:
@@ -118,7 +118,7 @@ def candidates(tokens: int) -> list[MoeTiles]:
     ups, downs = (PREFILL_GATE_UP, PREFILL_DOWN) if prefill else (GATE_UP, DOWN)
     out = [MoeTiles(base.block_m, GemmTile(*t), base.down) for t in ups]
     out += [MoeTiles(base.block_m, base.gate_up, GemmTile(*t)) for t in downs]
-    for block_m in (128,) if prefill else (32,) if tokens >= 64 else ():
+    for block_m in (64,) if prefill else (16, 32) if tokens >= 64 else ():
         out.append(MoeTiles(block_m, base.gate_up, base.down))
     return [t for t in out if t != base]
 
@@ -197,6 +197,8 @@ def bench(tokens: int, sets, bandwidth: float, flops_rate: float, deadline: floa
         kernel_grouping = f"one-kernel grouping failed: {type(exc).__name__}: {str(exc)[:200]}"
     logits = torch.randn(tokens, EXPERTS, device="cuda").bfloat16()
     fused_route = graph_us([lambda: route_triton(logits, TOP_K, True)] * COPIES)
+    counts = torch.zeros(EXPERTS, dtype=torch.int32, device="cuda")
+    counted_route = graph_us([lambda: route_triton(logits, TOP_K, True, counts=counts)] * COPIES)
     torch_route = graph_us([lambda: route(logits, TOP_K, True)] * COPIES)
     print(
         f"\ntokens={tokens}: experts touched {touched}, floor {floor_us:.1f} us ({bound}: "
@@ -205,7 +207,8 @@ def bench(tokens: int, sets, bandwidth: float, flops_rate: float, deadline: floa
         f"({nbytes / dispatched / 1e6:.2f} TB/s, {flops / dispatched / 1e6:.1f} TFLOP/s)\n"
         f"  grouped, default {describe(tiles_for(tokens))}: {default:.1f} us = {default / floor_us:.2f}x; "
         f"of which grouping {group:.1f} us ({kernel_grouping})\n"
-        f"  routing: one kernel {fused_route:.1f} us, torch ops {torch_route:.1f} us"
+        f"  routing: one kernel {fused_route:.1f} us ({counted_route:.1f} us counting the expert load), "
+        f"torch ops {torch_route:.1f} us"
     )
     if tokens <= SLOT_PATH_UP_TO:
         slot = timed(SLOT_TILES)

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One GPU call for the MoE study (one H100 or H200, under 5 minutes): the MoE GPU tests, the fused-MoE
 # kernel microbenchmark at Qwen3-30B-A3B's shapes against its floors, and Qwen3-30B-A3B (dummy bf16
-# weights) latency jobs: batch-1 TPOT (with the expert-load count on and off) and decode steps of 64 and
-# 256 sequences. Everything goes to the one log $OUT/moe.log.
+# weights) latency jobs: batch-1 TPOT and decode steps of 64 and
+# 256 sequences (the expert-load count's cost: the routing kernel with and without it, in the
+# microbenchmark). Everything goes to the one log $OUT/moe.log.
 # Usage (repo root; hydra/wandb installed, PYTHONPATH set to the repo root):
 #   OUT=/some/dir bash experiments/moe/gpu_check.sh
-# Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 40).
+# Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 25), TESTS_TIMEOUT (default 120).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 LOG="$OUT/moe.log"
@@ -45,23 +46,23 @@ echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 
 section "MoE GPU tests (-m ${TESTS:-gpu_quick})"
-timeout 110 python3 -m pytest -q -p no:cacheprovider -m "${TESTS:-gpu_quick}" \
-  tests/models/test_moe_gpu.py tests/kernels/test_triton_moe.py 2>&1 | tail -25
+timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider -m "${TESTS:-gpu_quick}" --durations=5 \
+  tests/kernels/test_triton_moe.py tests/models/test_moe_gpu.py 2>&1 | tail -25
 
 section "fused MoE kernels, Qwen3-30B-A3B shapes"
-timeout 75 python3 experiments/moe/bench_moe.py --budget-s "${BENCH_S:-40}" 2>&1 | tail -150
+timeout 70 python3 experiments/moe/bench_moe.py --budget-s "${BENCH_S:-25}" 2>&1 | tail -150
 
 LAT=(model=qwen3_30b_a3b model.load_format=dummy model.dtype=bfloat16 workload=latency logger=none
      workload.input_len=128 scheduler.max_num_batched_tokens=2048)
-section "Qwen3-30B-A3B latency: batch 1 (expert-load count on, off), batch 64 and 256"
-timeout 110 python3 run.py -m "${LAT[@]}" workload.batch_size=1 workload.output_len=128 workload.num_iters=4 \
-  workload.num_iters_warmup=2 scheduler.max_num_seqs=8 engine.expert_load_stats=true,false \
+section "Qwen3-30B-A3B latency: batch 1, then batch 256 and 64"
+timeout 80 python3 run.py -m "${LAT[@]}" workload.batch_size=1 workload.output_len=128 workload.num_iters=4 \
+  workload.num_iters_warmup=2 scheduler.max_num_seqs=8 \
   hydra.sweep.dir=/tmp/moe_b1 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 \
-  | grep -E "Error|Traceback|TPOT|E2E|iteration latency|weights|peak|changed from|^nanoexp" | head -40
+  | grep -E "Error|Traceback|TPOT|E2E|iteration latency|weights|peak|changed from|^nanoexp|graph|warm" | head -40
 step_medians /tmp/moe_b1
 remaining=$(( 285 - ($(date +%s) - started) ))
 if [ "$remaining" -gt 40 ]; then
-  timeout "$remaining" python3 run.py -m "${LAT[@]}" workload.batch_size=64,256 workload.output_len=24 \
+  timeout "$remaining" python3 run.py -m "${LAT[@]}" workload.batch_size=256,64 workload.output_len=24 \
     workload.num_iters=2 workload.num_iters_warmup=1 scheduler.max_num_seqs=256 scheduler.max_num_batched_tokens=4096 \
     hydra.sweep.dir=/tmp/moe_bn 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 \
     | grep -E "Error|Traceback|TPOT|E2E|iteration latency|weights|peak|changed from|^nanoexp" | head -30

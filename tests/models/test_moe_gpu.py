@@ -47,8 +47,11 @@ def generate(path: str, prompts, max_tokens: int, **kwargs):
         return llm.generate(prompts, params, use_tqdm=False)
 
 
-@pytest.mark.gpu_quick
-@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+GRAPHS_QUICK = pytest.param(False, marks=pytest.mark.gpu_quick, id="graphs")  # graphs on: in the quick subset
+QUICK_PATHS = ("prefix_cache", "chunked", "preemption", "prefill_first")
+
+
+@pytest.mark.parametrize("eager", [GRAPHS_QUICK, pytest.param(True, id="eager")])
 @pytest.mark.parametrize("name", list(MOE_SHAPES))
 def test_float32_greedy_matches_transformers(moe_checkpoints, name, eager):
     prompts = prompts_with_shared_prefix()
@@ -57,8 +60,14 @@ def test_float32_greedy_matches_transformers(moe_checkpoints, name, eager):
         assert out.token_ids == moe_checkpoints.reference(name, prompt, 12), f"prompt length {len(prompt)}"
 
 
-@pytest.mark.parametrize("eager", [pytest.param(False, marks=pytest.mark.gpu_quick, id="graphs"), True])
-@pytest.mark.parametrize("path_name", list(PATHS))
+@pytest.mark.parametrize(
+    "path_name,eager",
+    [
+        pytest.param(p, eager, marks=[pytest.mark.gpu_quick] if p in QUICK_PATHS and not eager else [])
+        for p in PATHS
+        for eager in (False, True)
+    ],
+)
 def test_float32_every_engine_path(moe_checkpoints, path_name, eager):
     name = "moe_e8_top2"
     prompts = prompts_with_shared_prefix()
@@ -68,8 +77,7 @@ def test_float32_every_engine_path(moe_checkpoints, path_name, eager):
         assert out.token_ids == moe_checkpoints.reference(name, prompt, 12), f"prompt length {len(prompt)}"
 
 
-@pytest.mark.gpu_quick
-@pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
+@pytest.mark.parametrize("batching", [pytest.param("mixed", marks=pytest.mark.gpu_quick), "prefill_first"])
 def test_float32_staggered_arrivals(moe_checkpoints, batching):
     name = "moe_e16_top4_unnormed"
     prompts = prompts_with_shared_prefix()
@@ -80,8 +88,7 @@ def test_float32_staggered_arrivals(moe_checkpoints, batching):
     assert (seen["mixed"] > 0) == (batching == "mixed")
 
 
-@pytest.mark.gpu_quick
-@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("eager", [GRAPHS_QUICK, pytest.param(True, id="eager")])
 @pytest.mark.parametrize("name", list(MOE_SHAPES))
 def test_bfloat16_follows_transformers(moe_checkpoints, name, eager):
     prompts = random_prompts(LENGTHS, seed=13)
