@@ -42,7 +42,7 @@ for root in sys.argv[1:]:
             print(f"  decode expert load max/mean (worst layer): median {statistics.median(load):.2f}")
 PY
 }
-echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+echo "GPU_READY: $(cat GPU_READY 2>/dev/null || echo none); git HEAD: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 
 section "MoE GPU tests (-m ${TESTS:-gpu_quick})"

@@ -57,7 +57,8 @@ class SlotTiles:
 
 # Decode sizes: one GEMV per (token, k) slot, no grouping (slot_moe)
 SLOT_MAX_TOKENS = 16
-SLOT_TILES = SlotTiles(GemmTile(32, 128, 4, 3), GemmTile(32, 128, 4, 3))
+# down: 16 columns per program so even one token launches 128 programs (hidden 2048), one per SM
+SLOT_TILES = SlotTiles(GemmTile(32, 128, 4, 3), GemmTile(16, 128, 4, 3))
 
 
 def tiles_for(num_tokens: int) -> MoeTiles:
