@@ -20,6 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.triton_pdl import wait_for_previous
+
 log = logging.getLogger(__name__)
 
 
@@ -104,10 +107,12 @@ def _group_kernel(
     E_PAD: tl.constexpr,
     CHUNK: tl.constexpr,
     B_CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """group_by_expert in one program: a histogram of the ids, each expert's padded start (cumsum), the
     blocks' experts, the sentinel fill, then each slot to its expert's next row (an atomic cursor: rows
     within a group are in no fixed order, which changes no result, each slot's row being its own)."""
+    wait_for_previous(PDL)
     offs = tl.arange(0, CHUNK)
     bins = tl.arange(0, E_PAD)
     counts = tl.zeros([E_PAD], dtype=tl.int32)
@@ -147,9 +152,20 @@ def group_by_expert_kernel(
     e_pad = triton.next_power_of_2(num_experts + 1)
     cursor = torch.empty(e_pad, dtype=torch.int32, device=ids.device)
     _group_kernel[(1,)](
-        ids, slots, block_expert, cursor, n, num_experts, blocks,
-        BLOCK_M=block_m, E_PAD=e_pad, CHUNK=1024, B_CHUNK=32, num_warps=8,
-    )  # fmt: skip
+        ids,
+        slots,
+        block_expert,
+        cursor,
+        n,
+        num_experts,
+        blocks,
+        BLOCK_M=block_m,
+        E_PAD=e_pad,
+        CHUNK=1024,
+        B_CHUNK=32,
+        num_warps=8,
+        **launch_options(),
+    )
     return slots, block_expert
 
 
@@ -173,8 +189,10 @@ def _gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """out[slot, n] = silu(x[token] . gate_e[n]) * (x[token] . up_e[n]); w = [E, 2N, K], gate rows first."""
+    wait_for_previous(PDL)
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block)
     if expert >= num_experts:
@@ -227,8 +245,10 @@ def _down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """out[slot, n] = weight[slot] * (a[slot] . down_e[n]); w = [E, N, K]."""
+    wait_for_previous(PDL)
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block)
     if expert >= num_experts:
@@ -273,10 +293,12 @@ def _route_kernel(
     RENORMALIZE: tl.constexpr,
     COUNT: tl.constexpr,
     HAS_VALID: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One token: softmax over its router logits in fp32, the top-k (ties: the lowest id, as torch.topk on
     CPU), renormalized; writes the weights (in the logits' dtype), this rank's expert ids (num_local for
     another rank's) and, when counting, adds the token's experts to counts."""
+    wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     logits = tl.load(logits_ptr + row * stride_l + experts, mask=experts < num_experts, other=-float("inf"))
@@ -324,11 +346,24 @@ def route_triton(
     ids = torch.empty((tokens, top_k), dtype=torch.int32, device=logits.device)
     if tokens:
         _route_kernel[(tokens,)](
-            logits, weights, ids, counts if counts is not None else ids,
-            valid if valid is not None else ids, logits.stride(0), experts, first_local, num_local,
-            TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), BLOCK_E=triton.next_power_of_2(experts),
-            RENORMALIZE=renormalize, COUNT=counts is not None, HAS_VALID=valid is not None, num_warps=1,
-        )  # fmt: skip
+            logits,
+            weights,
+            ids,
+            counts if counts is not None else ids,
+            valid if valid is not None else ids,
+            logits.stride(0),
+            experts,
+            first_local,
+            num_local,
+            TOP_K=top_k,
+            K_PAD=triton.next_power_of_2(top_k),
+            BLOCK_E=triton.next_power_of_2(experts),
+            RENORMALIZE=renormalize,
+            COUNT=counts is not None,
+            HAS_VALID=valid is not None,
+            num_warps=1,
+            **launch_options(),
+        )
     return weights, ids
 
 
@@ -348,8 +383,10 @@ def _slot_gate_up_kernel(
     stride_om,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Decode sizes: one (token, k) slot per program row, no grouping: a GEMV on its expert's gate and up."""
+    wait_for_previous(PDL)
     slot = tl.program_id(0)
     expert = tl.load(ids_ptr + slot)
     if expert >= num_experts:
@@ -399,8 +436,10 @@ def _slot_down_sum_kernel(
     stride_om,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Decode sizes: one token per program row; its top-k experts' down GEMVs, weighted and summed."""
+    wait_for_previous(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -445,17 +484,44 @@ def slot_moe(
         return out
     ids = local_ids.contiguous()
     _slot_gate_up_kernel[(num_tokens * top_k, triton.cdiv(inter, tiles.gate_up.block_n))](
-        x, w13, act, ids, num_experts, top_k, hidden, inter,
-        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        BLOCK_N=tiles.gate_up.block_n, BLOCK_K=tiles.gate_up.block_k,
-        num_warps=tiles.gate_up.num_warps, num_stages=tiles.gate_up.num_stages,
-    )  # fmt: skip
+        x,
+        w13,
+        act,
+        ids,
+        num_experts,
+        top_k,
+        hidden,
+        inter,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        act.stride(0),
+        BLOCK_N=tiles.gate_up.block_n,
+        BLOCK_K=tiles.gate_up.block_k,
+        num_warps=tiles.gate_up.num_warps,
+        num_stages=tiles.gate_up.num_stages,
+        **launch_options(),
+    )
     _slot_down_sum_kernel[(num_tokens, triton.cdiv(hidden, tiles.down.block_n))](
-        act, w2, out, weights.contiguous(), ids, num_experts, top_k, inter, hidden,
-        act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        BLOCK_N=tiles.down.block_n, BLOCK_K=tiles.down.block_k,
-        num_warps=tiles.down.num_warps, num_stages=tiles.down.num_stages,
-    )  # fmt: skip
+        act,
+        w2,
+        out,
+        weights.contiguous(),
+        ids,
+        num_experts,
+        top_k,
+        inter,
+        hidden,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        out.stride(0),
+        BLOCK_N=tiles.down.block_n,
+        BLOCK_K=tiles.down.block_k,
+        num_warps=tiles.down.num_warps,
+        num_stages=tiles.down.num_stages,
+        **launch_options(),
+    )
     return out
 
 
@@ -500,19 +566,53 @@ def fused_moe(
     act = x.new_empty((num_slots, inter))
     up = tiles.gate_up
     _gate_up_kernel[(blocks, triton.cdiv(inter, up.block_n))](
-        x, w13, act, slots, block_expert, num_slots, num_experts, top_k, hidden, inter,
-        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        BLOCK_M=tiles.block_m, BLOCK_N=up.block_n, BLOCK_K=up.block_k, PRECISION=precision,
-        num_warps=up.num_warps, num_stages=up.num_stages,
-    )  # fmt: skip
+        x,
+        w13,
+        act,
+        slots,
+        block_expert,
+        num_slots,
+        num_experts,
+        top_k,
+        hidden,
+        inter,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        act.stride(0),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=up.block_n,
+        BLOCK_K=up.block_k,
+        PRECISION=precision,
+        num_warps=up.num_warps,
+        num_stages=up.num_stages,
+        **launch_options(),
+    )
     per_slot = x.new_empty((num_slots, hidden)) if all_local else x.new_zeros((num_slots, hidden))
     down = tiles.down
     _down_kernel[(blocks, triton.cdiv(hidden, down.block_n))](
-        act, w2, per_slot, weights.contiguous(), slots, block_expert, num_slots, num_experts, inter, hidden,
-        act.stride(0), w2.stride(0), w2.stride(1), per_slot.stride(0),
-        BLOCK_M=tiles.block_m, BLOCK_N=down.block_n, BLOCK_K=down.block_k, PRECISION=precision,
-        num_warps=down.num_warps, num_stages=down.num_stages,
-    )  # fmt: skip
+        act,
+        w2,
+        per_slot,
+        weights.contiguous(),
+        slots,
+        block_expert,
+        num_slots,
+        num_experts,
+        inter,
+        hidden,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        per_slot.stride(0),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=down.block_n,
+        BLOCK_K=down.block_k,
+        PRECISION=precision,
+        num_warps=down.num_warps,
+        num_stages=down.num_stages,
+        **launch_options(),
+    )
     return per_slot.view(num_tokens, top_k, hidden).sum(dim=1)
 
 
