@@ -224,3 +224,27 @@ def test_checkpoint_missing_an_expert_tensor_names_it(moe_checkpoints, tmp_path)
         ValueError, match=r"missing 1 tensor\(s\), e.g. \['model.layers.1.mlp.experts.5.up_proj.weight'\]"
     ):
         LLM(str(tmp_path), **CPU)
+
+
+def test_triton_moe_path_in_the_engine_matches_transformers(moe_checkpoints, monkeypatch):
+    """The GPU's MoE path (routing kernel, per-slot GEMVs for decode steps, one-kernel grouping and grouped
+    GEMMs for prefills, the load count) through the engine on CPU, in the Triton interpreter."""
+    from nanoexp.kernels.triton_moe import make_triton_moe
+    from nanoexp.runner import model_setup
+
+    monkeypatch.setattr(model_setup, "make_moe_kernel", make_triton_moe)
+    name = "moe_e8_top2"
+    prompts = random_prompts([3, 17, 40], seed=8)
+    with LLM(moe_checkpoints[name][0], kvcache_block_size=16, **CPU) as llm:
+        assert llm.stats()["moe_kernel"] == "triton: grouping in one kernel (self-checked)"
+        engine = llm.engine
+        for prompt in prompts:
+            engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+        outputs, steps = {}, []
+        while engine.has_unfinished():
+            finished, stats = engine.step()
+            steps.append(stats)
+            outputs.update({out.request_id: out.token_ids for out in finished})
+    for prompt, tokens in zip(prompts, [outputs[i] for i in sorted(outputs)], strict=True):
+        assert tokens == moe_checkpoints.reference(name, prompt, 6), f"prompt length {len(prompt)}"
+    assert all((s.expert_load.sum(axis=1) == s.num_tokens * 2).all() for s in steps)
