@@ -12,6 +12,7 @@ from transformers import AutoConfig, PretrainedConfig
 from nanoexp.config.checkpoint_files import CheckpointError, json_object, regular_file, safetensors_files
 from nanoexp.config.checks import is_number
 from nanoexp.layers.embed_head import VocabParallelEmbedding
+from nanoexp.layers.fused_moe import FusedMoE
 from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, shape_of
 
 WEIGHT_DTYPES = ("F32", "F16", "BF16")  # safetensors' names; weights are copied into the model dtype
@@ -78,7 +79,26 @@ def check_hf_config(config: PretrainedConfig, source: str) -> PretrainedConfig:
         value = getattr(config, key, None)
         if not (type(value) is int and value >= 1):
             raise CheckpointError(f"{source}: {key}={value!r} is invalid: must be an integer >= 1")
+    if getattr(config, "num_experts", None) is not None:
+        check_moe_config(config, source)
     return config
+
+
+def check_moe_config(config: PretrainedConfig, source: str) -> None:
+    """A Qwen3-MoE config's expert fields: counts >= 1, top-k at most the experts, layer indices in range."""
+    for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+        value = getattr(config, key, None)
+        if not (type(value) is int and value >= 1):
+            raise CheckpointError(f"{source}: {key}={value!r} is invalid: must be an integer >= 1")
+    if config.num_experts_per_tok > config.num_experts:
+        raise CheckpointError(
+            f"{source}: num_experts_per_tok={config.num_experts_per_tok} is invalid: must be <= "
+            f"num_experts={config.num_experts}"
+        )
+    layers = getattr(config, "mlp_only_layers", None) or []
+    if not all(type(i) is int and 0 <= i < config.num_hidden_layers for i in layers):
+        allowed = f"layer indices in [0, {config.num_hidden_layers})"
+        raise CheckpointError(f"{source}: mlp_only_layers={layers!r} is invalid: must be {allowed}")
 
 
 def load_tokenizer(path: str):
@@ -115,13 +135,25 @@ def load_safetensors(model: nn.Module, path: str, check_finite: bool = True) -> 
     seen: dict[str, str] = {}  # tensor name -> the file it came from
     for file in files:
         load_file(model, params, file, seen, tied, sources)
-    missing = set(params) - set(sources)
+    unloaded = set(params) - set(sources)
     if tied and set(sources) & TIED:
-        missing -= TIED
+        unloaded -= TIED
+    missing = sorted(unloaded) + missing_expert_tensors(model)
     if missing:
-        raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {sorted(missing)[:3]}")
+        raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
     if check_finite:
         check_loaded_finite(params, sources)
+
+
+def missing_expert_tensors(model: nn.Module) -> list[str]:
+    """Per-expert tensors of this rank's experts that no checkpoint file held (their fused parameter is
+    marked loaded by any one of them)."""
+    return [
+        f"{name}.{piece}"
+        for name, m in model.named_modules()
+        if isinstance(m, FusedMoE)
+        for piece in m.missing_pieces()
+    ]
 
 
 def check_loaded_finite(params: dict[str, nn.Parameter], sources: dict[str, list[tuple[str, str]]]) -> None:
@@ -217,12 +249,7 @@ def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> st
             f"checkpoint tensor {name} in {file} has dtype {dtype}; "
             f"weights are one of {', '.join(WEIGHT_DTYPES)}"
         )
-    target = name
-    shard: tuple[int | str, ...] = ()  # (shard id,) for a part of a packed module
-    for source, (dest, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
-        if f".{source}." in name:
-            target, shard = name.replace(f".{source}.", f".{dest}."), (shard_id,)
-            break
+    target, shard = checkpoint_target(model, name)
     if target not in params:
         return None  # the caller decides whether the model may ignore it
     param = params[target]
@@ -237,8 +264,23 @@ def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> st
     return target
 
 
-def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id=None) -> list[int]:
+def checkpoint_target(model: nn.Module, name: str) -> tuple[str, tuple]:
+    """The parameter a checkpoint tensor loads into and its part of it: a MoE expert's tensor into the fused
+    experts (model.checkpoint_target), q/k/v and gate/up into their fused projection, else itself."""
+    expert = getattr(model, "checkpoint_target", lambda _: None)(name)
+    if expert is not None:
+        return expert
+    for source, (dest, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
+        if f".{source}." in name:
+            return name.replace(f".{source}.", f".{dest}."), (shard_id,)
+    return name, ()
+
+
+def checkpoint_shape(module: nn.Module, param: nn.Parameter, *shard) -> list[int]:
     """The whole (unsharded) shape the checkpoint tensor of `param` must have."""
+    if isinstance(module, FusedMoE):
+        return module.checkpoint_shape(shard[1])
+    shard_id = shard[0] if shard else None
     local = list(param.shape)
     if isinstance(module, VocabParallelEmbedding):
         return [module.vocab_size, *local[1:]]

@@ -39,6 +39,14 @@ def reference_outputs(checkpoints):
     return get
 
 
+@pytest.fixture(scope="session")
+def moe_checkpoints(tmp_path_factory):
+    """MoE name (tests/moe_checkpoints.py) -> (directory, transformers model), built on first use."""
+    from tests.moe_checkpoints import MoeCheckpoints
+
+    return MoeCheckpoints(tmp_path_factory)
+
+
 @pytest.fixture(autouse=True)
 def release_gpu_memory(request):
     """After a GPU test, frees what it left unreferenced, so the next test's engine sizes its KV
@@ -52,7 +60,11 @@ def release_gpu_memory(request):
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Jobs through run.py (tests/e2e/) are `slow`: `pytest -m "not slow"` is the quick loop."""
+    """Jobs through run.py (tests/e2e/) are `slow`: `pytest -m "not slow"` is the quick loop. GPU tests
+    skip without CUDA, also when a `-m` of the caller's replaces the default `-m 'not gpu'`."""
+    no_cuda = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "e2e" in item.path.parts:
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("gpu") and not torch.cuda.is_available():
+            item.add_marker(no_cuda)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanoexp.config.checks import MAX_INT64, choice, integer
+from nanoexp.config.checks import MAX_INT64, boolean, choice, integer
 
 
 @dataclass
@@ -23,6 +23,9 @@ class ExecutionConfig:
     # launches as the previous one exits; auto = on for CUDA compute capability 9.0+
     pdl: str = "auto"
     seed: int = 0  # dummy weights and unseeded sampling
+    # MoE models: tokens routed to each expert per layer, counted on the device each step and read back
+    # with the sampled ids (StepStats' expert_load_* fields); no effect on a dense model
+    expert_load_stats: bool = True
 
     def __post_init__(self) -> None:
         choice("engine.device", self.device, ("auto", "cuda", "cpu"))
@@ -30,3 +33,4 @@ class ExecutionConfig:
         choice("engine.gemm_backend", self.gemm_backend, ("auto", "torch", "triton"))
         choice("engine.pdl", self.pdl, ("auto", "on", "off"))
         integer("engine.seed", self.seed, 0, high=MAX_INT64)
+        boolean("engine.expert_load_stats", self.expert_load_stats)

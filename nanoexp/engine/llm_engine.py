@@ -10,6 +10,7 @@ import weakref
 
 from nanoexp.config import EngineConfig, SamplingParams
 from nanoexp.engine.block_manager import BlockManager
+from nanoexp.engine.expert_load import step_expert_load
 from nanoexp.engine.outputs import RequestOutput, StepStats
 from nanoexp.engine.scheduler import ScheduledBatch, Scheduler
 from nanoexp.engine.sequence import PLACEHOLDER, Sequence, Status
@@ -217,7 +218,8 @@ class LLMEngine:
                 finished.append(self.output_of(seq))
         elapsed = now - max(start, self.last_step_end)
         self.last_step_end = now
-        stats = self.step_stats(batch, finished, elapsed, len(sampled))
+        load = getattr(sampled, "expert_load", None)
+        stats = self.step_stats(batch, finished, elapsed, len(sampled), load)
         if self.phase_hooks is not None:
             self.phase_hooks.phase_end("bookkeeping")
         if self.step_hooks is not None:
@@ -260,9 +262,10 @@ class LLMEngine:
             error=seq.error,
         )
 
-    def step_stats(self, batch, finished, elapsed, num_sampled) -> StepStats:
-        manager = self.block_manager
+    def step_stats(self, batch, finished, elapsed, num_sampled, expert_load=None) -> StepStats:
+        manager, parallel = self.block_manager, self.config.parallel
         phase = ("mixed" if batch.num_decodes else "prefill") if batch.is_prefill else "decode"
+        ep_ranks = parallel.tensor_parallel_size if parallel.expert_parallel else 1
         return StepStats(
             phase=phase,
             num_seqs=len(batch.seqs),
@@ -279,6 +282,8 @@ class LLMEngine:
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
             num_finished=len(finished),
+            expert_load=expert_load,
+            **step_expert_load(expert_load, ep_ranks),
         )
 
     def stats(self) -> dict:

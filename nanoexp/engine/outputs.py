@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 
 @dataclass
@@ -64,3 +66,10 @@ class StepStats:
     num_finished: int = 0
     num_decode_tokens: int = 0  # of num_tokens: one-token decodes
     num_prefill_tokens: int = 0  # of num_tokens: prompt (or recompute) chunks
+    # MoE models (engine.expert_load_stats): tokens routed to the busiest expert and the mean per expert,
+    # in the layer where their ratio is highest; with expert parallelism the busiest rank's share of a
+    # layer's routed tokens (worst layer); `expert_load` holds the step's [moe layers, experts] counts
+    expert_load_max: int | None = None
+    expert_load_mean: float | None = None
+    expert_load_rank_share_max: float | None = None
+    expert_load: np.ndarray | None = field(default=None, repr=False)

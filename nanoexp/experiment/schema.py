@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -73,6 +73,17 @@ class ArchConfig:
     hidden_act: str = "silu"
     bos_token_id: int = MISSING
     eos_token_id: int = MISSING
+    # Qwen3-MoE only (None: absent from the model's config)
+    num_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    moe_intermediate_size: int | None = None
+    norm_topk_prob: bool | None = None
+    decoder_sparse_step: int | None = None
+    mlp_only_layers: list[int] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The config.json fields the model has (those left None are not its own)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass

@@ -163,3 +163,14 @@ def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> S
         require_triton("engine.gemm_backend", device)
         return SkinnyGemm(MAX_ROWS)
     return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES) if triton_half_precision(device, dtype) else None
+
+
+def make_moe_kernel(device: torch.device):
+    """A MoE model's routing and experts: the Triton kernels (kernels/triton_moe.TritonMoe) on CUDA in every
+    dtype (the torch reference syncs with the host to find each expert's tokens, so no CUDA graph could
+    capture it); None (torch) on CPU."""
+    if device.type != "cuda" or not triton_available():
+        return None
+    from nanoexp.kernels.triton_moe import make_triton_moe
+
+    return make_triton_moe(device)

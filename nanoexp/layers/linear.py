@@ -71,6 +71,13 @@ class LinearBase(nn.Module):
         return (out if act_fn is None else act_fn(out)), residual
 
 
+class ReplicatedLinear(LinearBase):
+    """The whole weight on every rank (a MoE router): no split, no communication."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, out_features, bias, tp_dim=2)  # dim 2: past the weight's dims
+
+
 class MergedColumnParallelLinear(LinearBase):
     """Column-parallel outputs (split across ranks, no communication), several (e.g. gate and up)
     stored side by side per rank."""

@@ -1,7 +1,9 @@
-"""Qwen3 (and Qwen2/Qwen2.5, which differ by q/k/v bias instead of per-head q/k norm), and the registry
-that maps a checkpoint's `architectures` entry to one of them."""
+"""Qwen3 (and Qwen2/Qwen2.5, which differ by q/k/v bias instead of per-head q/k norm): attention, the
+dense MLP and the layer structure that Qwen3-MoE (models/qwen3_moe.py) shares."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from torch import Tensor, nn
 from transformers import PretrainedConfig
@@ -57,31 +59,48 @@ class Qwen3MLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, config.hidden_size)
         self.act_fn = SiluAndMul()
 
-    def forward(self, hidden: Tensor, residual: Tensor, norm: RMSNorm) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, hidden: Tensor, residual: Tensor, norm: RMSNorm, md: AttentionMetadata | None = None
+    ) -> tuple[Tensor, Tensor]:
         """(down(SwiGLU(gate_up(norm(hidden + residual)))), hidden + residual)."""
         act, residual = self.gate_up_proj.norm_linear(norm, hidden, residual, self.act_fn)
         return self.down_proj(act), residual
 
 
+MlpFactory = Callable[[PretrainedConfig, int], nn.Module]  # (config, layer index) -> the layer's MLP
+
+
+def dense_mlp(config: PretrainedConfig, layer: int) -> nn.Module:
+    return Qwen3MLP(config)
+
+
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, max_position: int, qk_norm: bool):
+    """Attention then an MLP, each after an RMSNorm; the MLP (dense, or a MoE block) takes
+    (hidden, residual, norm, md) and returns (its output, hidden + residual)."""
+
+    def __init__(self, config: PretrainedConfig, max_position: int, qk_norm: bool, mlp: nn.Module):
         super().__init__()
         self.self_attn = Qwen3Attention(config, max_position, qk_norm)
-        self.mlp = Qwen3MLP(config)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, positions, hidden, residual, md: AttentionMetadata):
         qkv, residual = self.self_attn.qkv_proj.norm_linear(self.input_layernorm, hidden, residual)
         hidden = self.self_attn(positions, qkv, md)
-        return self.mlp(hidden, residual, self.post_attention_layernorm)
+        return self.mlp(hidden, residual, self.post_attention_layernorm, md)
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, config: PretrainedConfig, max_position: int, qk_norm: bool):
+    def __init__(
+        self, config: PretrainedConfig, max_position: int, qk_norm: bool, mlp: MlpFactory = dense_mlp
+    ):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        layers = (Qwen3DecoderLayer(config, max_position, qk_norm) for _ in range(config.num_hidden_layers))
+        layers = (
+            Qwen3DecoderLayer(config, max_position, qk_norm, mlp(config, i))
+            for i in range(config.num_hidden_layers)
+        )
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -94,6 +113,8 @@ class Qwen3Model(nn.Module):
 
 
 class Qwen3ForCausalLM(nn.Module):
+    """Qwen3 dense; subclasses change the attention's q/k norm (Qwen2) or the MLPs (`make_mlp`: MoE)."""
+
     qk_norm = True
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"),
@@ -103,13 +124,17 @@ class Qwen3ForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config: PretrainedConfig, max_position: int):
+    def __init__(self, config: PretrainedConfig, max_position: int, expert_parallel: bool = False):
         super().__init__()
-        self.model = Qwen3Model(config, max_position, self.qk_norm)
+        self.expert_parallel = expert_parallel
+        self.model = Qwen3Model(config, max_position, self.qk_norm, self.make_mlp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
+        return dense_mlp(config, layer)
 
     def forward(self, input_ids, positions, md: AttentionMetadata) -> Tensor:
         return self.model(input_ids, positions, md)
@@ -124,17 +149,3 @@ class Qwen3ForCausalLM(nn.Module):
 
 class Qwen2ForCausalLM(Qwen3ForCausalLM):
     qk_norm = False
-
-
-MODELS: dict[str, type[Qwen3ForCausalLM]] = {
-    cls.__name__: cls for cls in (Qwen3ForCausalLM, Qwen2ForCausalLM)
-}
-
-
-def model_class(config: PretrainedConfig) -> type[Qwen3ForCausalLM]:
-    """Our model class for a checkpoint's `architectures` entry."""
-    archs = getattr(config, "architectures", None)
-    for arch in archs or []:
-        if arch in MODELS:
-            return MODELS[arch]
-    raise ValueError(f"unsupported architecture {archs}; supported: {', '.join(MODELS)}")

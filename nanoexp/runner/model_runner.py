@@ -19,13 +19,14 @@ from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.compiled import use_compiled
 from nanoexp.layers.sampler import Sampler, SamplingTensors, flag_non_finite, pick_shard_winner
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, DecodeGraphs, StepGraphs
+from nanoexp.runner.expert_load import ExpertLoadCounter
 from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_step
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import eos_token_ids, set_up_model
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 from nanoexp.runner.step_hooks import PhaseHooks
-from nanoexp.runner.step_input import RunnerInfo, StepInput, blockless_prefill
+from nanoexp.runner.step_input import RunnerInfo, SampledTokens, StepInput, blockless_prefill
 
 MIN_READBACK_IDS = 256  # ids per pinned buffer; a larger step gets a buffer of its own size
 
@@ -53,7 +54,8 @@ class Readback:
 
     def __init__(self) -> None:
         self.free: list[tuple[torch.Tensor, torch.cuda.Event]] = []
-        self.pending: deque[tuple[torch.Tensor, tuple | None]] = deque()  # (ids or their host copy, slot)
+        # (ids or their host copy, slot, how many ids, the expert-load counts' shape)
+        self.pending: deque[tuple[torch.Tensor, tuple | None, int, tuple[int, ...] | None]] = deque()
 
     def take(self, count: int) -> tuple[torch.Tensor, torch.cuda.Event]:
         for i, slot in enumerate(self.free):
@@ -62,23 +64,28 @@ class Readback:
         host = torch.empty(max(count, MIN_READBACK_IDS), dtype=torch.int64, pin_memory=True)
         return host, torch.cuda.Event()
 
-    def push(self, tokens: torch.Tensor) -> None:
-        slot = None
+    def push(self, tokens: torch.Tensor, expert_load: torch.Tensor | None = None) -> None:
+        """Copies the step's ids, and its expert-load counts after them in the same buffer."""
+        slot, count = None, tokens.numel()
+        shape = None if expert_load is None else tuple(expert_load.shape)
+        if expert_load is not None:
+            tokens = torch.cat([tokens.reshape(-1), expert_load.reshape(-1).to(torch.int64)])
         if tokens.is_cuda:
             slot = self.take(tokens.numel())
             host = slot[0][: tokens.numel()]
             host.copy_(tokens, non_blocking=True)
             slot[1].record()
             tokens = host
-        self.pending.append((tokens, slot))
+        self.pending.append((tokens, slot, count, shape))
 
-    def pop(self) -> list[int]:
-        """The oldest pushed step's ids, once copied."""
-        tokens, slot = self.pending.popleft()
+    def pop(self) -> SampledTokens:
+        """The oldest pushed step's ids (and expert load), once copied."""
+        tokens, slot, count, shape = self.pending.popleft()
         if slot is not None:
             slot[1].synchronize()
             self.free.append(slot)  # free again once read below, before any push can take it
-        return tokens.tolist()
+        load = None if shape is None else tokens[count:].numpy().reshape(shape).copy()
+        return SampledTokens.of(tokens[:count].tolist(), load)
 
 
 class ModelRunner:
@@ -94,6 +101,9 @@ class ModelRunner:
             self.peak_memory_kind = reset_peak_memory(self.device)
         self.skinny_gemm, self.swiglu_kernel = loaded.skinny_gemm, loaded.swiglu_kernel
         self.max_model_len = loaded.max_model_len
+        self.moe_kernel = loaded.moe_kernel
+        counting = config.execution.expert_load_stats and rank == 0  # routing is replicated: rank 0 counts
+        self.expert_load = ExpertLoadCounter.for_model(self.model, self.device, counting)
         # sized for the largest all-reduce of a captured decode step: one hidden row per sequence
         message_bytes = min(config.scheduler.max_num_seqs, MAX_GRAPH_BATCH) * self.hf_config.hidden_size
         self.all_reduce = init_all_reduce(
@@ -245,7 +255,10 @@ class ModelRunner:
     def run(self, step: StepInput) -> list[int] | None:
         """Runs one step; rank 0 returns the sampled token per sampling sequence."""
         tokens, _ = self.forward_step(step)
-        return None if tokens is None or self.rank != 0 else tokens.tolist()
+        if tokens is None or self.rank != 0:
+            return None
+        load = None if self.expert_load is None else self.expert_load.counts.cpu().numpy().astype(np.int64)
+        return SampledTokens.of(tokens.tolist(), load)
 
     @torch.inference_mode()
     def forward_step(
@@ -265,6 +278,8 @@ class ModelRunner:
             substitute_tokens(inputs.input_ids, inputs.prev_sample_rows, prev_tokens, every_row)
         if phases is not None:
             phases.phase_begin("forward")
+        if self.expert_load is not None:
+            self.expert_load.start_step()
         hidden = self.forward_hidden(step, inputs)
         if phases is not None:
             phases.phase_end("forward")
@@ -318,9 +333,9 @@ class ModelRunner:
         self.last_sampled = tokens
         if self.rank == 0:
             assert tokens is not None  # rank 0 always samples
-            self.readback.push(tokens)
+            self.readback.push(tokens, None if self.expert_load is None else self.expert_load.counts)
 
-    def collect(self) -> list[int] | None:
+    def collect(self) -> SampledTokens | None:
         """Rank 0: the sampled ids of the oldest launched step not collected yet."""
         return self.readback.pop() if self.rank == 0 else None
 
@@ -355,6 +370,8 @@ class ModelRunner:
             "attention_backend_selection": self.backend.selection,
             "gemm_backend": self.skinny_gemm.describe() if self.skinny_gemm else "torch",
             "swiglu_kernel": self.swiglu_kernel,
+            "moe_kernel": self.moe_kernel,
+            "expert_load_stats": self.expert_load is not None,
             "pdl": pdl.enabled(),
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,

@@ -20,6 +20,7 @@ from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.select import (
     SkinnyGemm,
     make_attention_backend,
+    make_moe_kernel,
     make_skinny_gemm,
     require_triton,
     triton_available,
@@ -27,9 +28,11 @@ from nanoexp.kernels.select import (
 )
 from nanoexp.layers.activation import bind_activation_kernel
 from nanoexp.layers.attention import attention_layers
+from nanoexp.layers.fused_moe import bind_moe_kernel, moe_layers
 from nanoexp.layers.linear import bind_gemm_backend
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
-from nanoexp.models.qwen3 import Qwen3ForCausalLM, model_class
+from nanoexp.models.qwen3 import Qwen3ForCausalLM
+from nanoexp.models.registry import model_class
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -45,6 +48,9 @@ class LoadedModel:
     max_model_len: int  # the configured limit, or the model's own
     skinny_gemm: SkinnyGemm | None  # the Triton GEMM for decode-sized rows, or None: torch only
     swiglu_kernel: bool = False  # SwiGLU through the Triton kernel (else torch's op)
+    moe_kernel: str = (
+        "none"  # a MoE model's experts: "triton: ..." (how it groups) or "torch" (the reference)
+    )
 
 
 def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = None) -> LoadedModel:
@@ -75,8 +81,20 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     bind_gemm_backend(model, skinny)
     swiglu = swiglu_kernel(device, dtype)
     bind_activation_kernel(model, swiglu)
+    moe = make_moe_kernel(device)
+    bind_moe_kernel(model, moe)
+    moe_kernel = "none" if not moe_layers(model) else "torch" if moe is None else moe.selection
     return LoadedModel(
-        model, hf_config, device, dtype, backend, load_s, max_model_len, skinny, swiglu is not None
+        model,
+        hf_config,
+        device,
+        dtype,
+        backend,
+        load_s,
+        max_model_len,
+        skinny,
+        swiglu is not None,
+        moe_kernel,
     )
 
 
@@ -92,7 +110,8 @@ def swiglu_kernel(device: torch.device, dtype: torch.dtype) -> Callable[[torch.T
 def checked_hf_config(config: EngineConfig) -> PretrainedConfig:
     """The model's config, after checking that it can be split and is long enough for the config."""
     hf_config = load_hf_config(config.model.path, config.model.arch)
-    check_split(hf_config.to_dict(), config.parallel.tensor_parallel_size)
+    parallel = config.parallel
+    check_split(hf_config.to_dict(), parallel.tensor_parallel_size, parallel.expert_parallel)
     config.scheduler.model_len(hf_config.max_position_embeddings)
     return hf_config
 
@@ -146,11 +165,13 @@ def build_model(
     """This rank's shard of the model, with the checkpoint's weights or seeded random ones."""
     torch.manual_seed(config.execution.seed)
     cls = model_class(hf_config)
+    if device.type == "cuda":
+        check_weights_fit(config, hf_config, cls, dtype, device, max_model_len)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = cls(hf_config, max_model_len).eval()
+            model = cls(hf_config, max_model_len, config.parallel.expert_parallel).eval()
     finally:
         torch.set_default_dtype(previous)
     if config.model.load_format == "dummy":
@@ -159,6 +180,37 @@ def build_model(
         assert config.model.path is not None  # ModelConfig: no path means dummy weights
         load_safetensors(model, resolve_model_dir(config.model.path))
     return model
+
+
+def check_weights_fit(
+    config: EngineConfig,
+    hf_config: PretrainedConfig,
+    cls: type[Qwen3ForCausalLM],
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+) -> None:
+    """One line before allocating weights that cannot fit: the model, dtype, this rank's weight bytes, the
+    free GPU memory, and the tensor-parallel sizes (or a 16-bit dtype) that would fit."""
+    parallel = config.parallel
+    with torch.device("meta"):
+        shell = cls(hf_config, max_model_len, parallel.expert_parallel)
+    need = sum(p.numel() for p in shell.parameters()) * dtype.itemsize
+    free = torch.cuda.mem_get_info(device)[0]
+    if need <= free:
+        return
+    size = parallel.tensor_parallel_size
+    whole = need * size  # all ranks' weights (replicated parts counted per rank: a bound)
+    fits = [n for n in (2, 4, 8, 16) if n > size and whole / n < 0.9 * free]
+    fixes = [f"parallel.tensor_parallel_size={fits[0]}" if fits else "more GPUs than 16"]
+    if dtype.itemsize > 2:
+        fixes.append("model.dtype=bfloat16 (half the bytes)")
+    name = config.model.path or (hf_config.architectures or ["the model"])[0]
+    raise ValueError(
+        f"model {name} does not fit: its {str(dtype).removeprefix('torch.')} weights take "
+        f"{need / 2**30:.1f} GiB on each of {size} rank(s), the GPU has {free / 2**30:.1f} GiB free; "
+        f"would fit: {' or '.join(fixes)} (no fp8 weights yet)"
+    )
 
 
 def eos_token_ids(hf_config: PretrainedConfig, model: ModelConfig) -> list[int]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class RunnerInfo:
@@ -55,3 +57,16 @@ def blockless_prefill(sequences: list[list[int]]) -> StepInput:
         [[] for _ in sequences],
         list(range(len(sequences))),
     )
+
+
+class SampledTokens(list):
+    """One step's sampled ids (a list), and the tokens its MoE layers routed to each expert
+    (`expert_load` [moe layers, experts], None for a dense model or with the count off)."""
+
+    expert_load: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, ids: list[int], expert_load: np.ndarray | None) -> SampledTokens:
+        out = cls(ids)
+        out.expert_load = expert_load
+        return out

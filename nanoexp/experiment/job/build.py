@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
 def check_arch(model: ModelSpec, checkpoint: Checkpoint) -> list[str]:
     """Fields where the checkpoint's config.json disagrees with model.arch (warned, not fatal)."""
     disk = checkpoint_config(checkpoint)
-    arch = asdict(model.arch).items()
+    arch = model.arch.as_dict().items()
     diffs = [f"{k}: config.json={disk[k]!r} model.arch={v!r}" for k, v in arch if k in disk and disk[k] != v]
     for d in diffs:
         log.warning(
@@ -108,7 +108,8 @@ def adopt_checkpoint_arch(spec: NanoexpConfig, checkpoint: Checkpoint) -> tuple[
 def check(spec: NanoexpConfig) -> None:
     """Rules across groups that need the model's architecture."""
     try:
-        check_split(asdict(spec.model.arch), spec.parallel.tensor_parallel_size)
+        parallel = spec.parallel
+        check_split(spec.model.arch.as_dict(), parallel.tensor_parallel_size, parallel.expert_parallel)
         spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
     except KnobError as e:
         raise ConfigError(f"{e} (model={spec.model.name})") from None
@@ -116,7 +117,7 @@ def check(spec: NanoexpConfig) -> None:
 
 def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
     """The sections are the engine's classes; `model.arch` goes along only with dummy weights."""
-    arch = asdict(spec.model.arch) if checkpoint.load_format == "dummy" else None
+    arch = spec.model.arch.as_dict() if checkpoint.load_format == "dummy" else None
     weights = {"path": checkpoint.path, "load_format": checkpoint.load_format, "arch": arch}
     model, execution = _narrow(spec.model, ModelConfig, **weights), _narrow(spec.engine, ExecutionConfig)
     return EngineConfig(model, spec.cache, spec.scheduler, spec.parallel, execution)
@@ -134,7 +135,7 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
     if spec.engine.kind is EngineKind.hf:
         from nanoexp.experiment.measure.hf_baseline import HFBaseline
 
-        e, arch, batch = config.execution, asdict(spec.model.arch), config.scheduler.max_num_seqs
+        e, arch, batch = config.execution, spec.model.arch.as_dict(), config.scheduler.max_num_seqs
         batch = min(batch, spec.workload.max_concurrency or batch)
         baseline = HFBaseline(arch, checkpoint.path, config.model.dtype, e.device, e.seed, batch)
         return baseline, baseline

@@ -30,6 +30,7 @@ from nanoexp.experiment.launch.gpus import claim
 from nanoexp.experiment.launch.provenance import collect_provenance
 from nanoexp.experiment.measure import kv_quality, request_checks
 from nanoexp.experiment.measure.driver import EngineDriver, Progress
+from nanoexp.experiment.measure.expert_load import expert_load_summary
 from nanoexp.experiment.measure.repeats import measure, progress_total, repeat_specs, summarize_repeats
 from nanoexp.experiment.measure.workloads import Request, request_label
 from nanoexp.experiment.metrics.summarize import request_rows
@@ -131,6 +132,7 @@ def experiment(
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer, workloads)
     request_checks.check_outputs(records, workloads)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
+    summary |= expert_load_summary(records, job.out_dir)
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
     return summary | {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -148,9 +148,13 @@ def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -
     ]
 
 
+NOT_IN_STEP_ROWS = ("phase", "step_time_s", "expert_load")  # the last: a matrix, summed per job
+
+
 def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
     """A flat, numeric row for the per-step history (`t_s`: seconds since the repeat started)."""
-    row = {k: v for k, v in asdict(stats).items() if k not in ("phase", "step_time_s")}
+    values = ((f.name, getattr(stats, f.name)) for f in fields(stats) if f.name not in NOT_IN_STEP_ROWS)
+    row = {k: v for k, v in values if v is not None}  # a dense model's step has no expert_load_* columns
     return row | {
         "step": index,
         "repeat": repeat,

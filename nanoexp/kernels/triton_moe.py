@@ -1,0 +1,661 @@
+"""Fused MoE experts on the GPU: tokens grouped by expert on the device, then two grouped GEMMs.
+
+Grouping (torch ops, no host sync, shapes fixed by the token count so CUDA graphs capture it): each
+(token, k) slot goes to its expert's group, each group padded to a multiple of BLOCK_M with a sentinel
+slot; the padded buffer is sized for the worst case (every non-empty expert wasting BLOCK_M - 1 rows),
+and blocks past the real groups carry expert id `num_experts` and exit at once.
+
+gate_up: one program per (block of BLOCK_M slots of one expert, BLOCK_N intermediate columns) gathers
+its tokens' rows, multiplies by the expert's gate and up rows and writes silu(gate) * up, rounded where
+the unfused torch ops round. down: the same grouping over the intermediate rows, times the slot's routing
+weight, written per slot; one sum over the top-k slots of each token gives the output (deterministic,
+no atomics). Decode sizes (a handful of tokens per expert) and prefill sizes take different tiles."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.triton_pdl import wait_for_previous
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class MoeTiles:
+    block_m: int  # slots per block: both GEMMs share the grouping
+    gate_up: GemmTile
+    down: GemmTile
+
+
+# (largest token count, tiles): decode, batched decode, prefill. On an H200 at Qwen3-30B-A3B's shapes
+# (experiments/moe/README.md): 16-row blocks from 16 to 64 tokens (1.29-1.30x the bytes floor; 32-row
+# blocks 2% slower at 64), 32-row blocks at 256 (2% faster than 16), 128-row blocks for a 4,096-token
+# prefill (3% faster than 64).
+REGIMES: tuple[tuple[int | None, MoeTiles], ...] = (
+    (128, MoeTiles(16, GemmTile(64, 128, 4, 4), GemmTile(128, 64, 4, 4))),
+    (512, MoeTiles(32, GemmTile(64, 128, 4, 4), GemmTile(128, 64, 4, 4))),
+    (None, MoeTiles(128, GemmTile(64, 64, 4, 3), GemmTile(128, 64, 4, 3))),
+)
+
+
+@dataclass(frozen=True)
+class SlotTiles:
+    gate_up: GemmTile
+    down: GemmTile
+
+
+# Decode sizes: one GEMV per (token, k) slot, no grouping (slot_moe)
+SLOT_MAX_TOKENS = 16
+# down: 16 columns per program so even one token launches 128 programs (hidden 2048), one per SM
+SLOT_TILES = SlotTiles(GemmTile(32, 128, 4, 3), GemmTile(16, 128, 4, 3))
+
+
+def tiles_for(num_tokens: int) -> MoeTiles:
+    return next(tiles for limit, tiles in REGIMES if limit is None or num_tokens <= limit)
+
+
+def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids: [n] expert id of each slot, `num_experts` for a slot whose expert is on another rank.
+    (slots [blocks * block_m]: slot indices grouped by expert, each group padded with the sentinel n;
+    block_expert [blocks]: each block's expert, num_experts past the last group)."""
+    n = ids.numel()
+    blocks = triton.cdiv(n, block_m) + min(num_experts, n)  # >= sum over experts of cdiv(count, block_m)
+    ids = ids.to(torch.int64)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, ids, torch.ones_like(ids))
+    counts = counts[:num_experts]
+    padded_ends = ((counts + block_m - 1) // block_m * block_m).cumsum(0)
+    padded_starts = torch.cat([padded_ends.new_zeros(1), padded_ends[:-1]])
+    starts = counts.cumsum(0) - counts
+    order = torch.argsort(ids, stable=True)
+    sorted_ids = ids[order]
+    local = sorted_ids.clamp(max=num_experts - 1)
+    dest = padded_starts[local] + torch.arange(n, device=ids.device) - starts[local]
+    trash = blocks * block_m  # the slots of other ranks' experts land past the end, then are cut off
+    dest = torch.where(sorted_ids < num_experts, dest, trash)
+    slots = torch.full((trash + 1,), n, dtype=torch.int32, device=ids.device)
+    slots.scatter_(0, dest, order.to(torch.int32))
+    block_starts = torch.arange(blocks, device=ids.device) * block_m
+    block_expert = torch.searchsorted(padded_ends, block_starts, right=True).to(torch.int32)
+    return slots[:trash], block_expert
+
+
+@triton.jit
+def _group_kernel(
+    ids_ptr,
+    slots_ptr,
+    block_expert_ptr,
+    cursor_ptr,
+    n,
+    num_experts,
+    num_blocks,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    B_CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """group_by_expert in one program: a histogram of the ids, each expert's padded start (cumsum), the
+    blocks' experts, the sentinel fill, then each slot to its expert's next row (an atomic cursor: rows
+    within a group are in no fixed order, which changes no result, each slot's row being its own)."""
+    wait_for_previous(PDL)
+    offs = tl.arange(0, CHUNK)
+    bins = tl.arange(0, E_PAD)
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    for start in range(0, n, CHUNK):
+        i = start + offs
+        ids = tl.load(ids_ptr + i, mask=i < n, other=0).to(tl.int32)
+        counts += tl.histogram(ids, E_PAD, mask=i < n)
+    padded = tl.where(bins < num_experts, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(cursor_ptr + bins, ends - padded)
+    ends = tl.where(bins < num_experts, ends, 2**30)
+    for b0 in range(0, num_blocks, B_CHUNK):
+        b = b0 + tl.arange(0, B_CHUNK)
+        expert = tl.sum((ends[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + b, expert, mask=b < num_blocks)
+    rows = num_blocks * BLOCK_M
+    for r0 in range(0, rows, CHUNK):
+        r = r0 + offs
+        tl.store(slots_ptr + r, tl.zeros([CHUNK], dtype=tl.int32) + n, mask=r < rows)
+    tl.debug_barrier()
+    for start in range(0, n, CHUNK):
+        i = start + offs
+        ids = tl.load(ids_ptr + i, mask=i < n, other=0).to(tl.int32)
+        local = (i < n) & (ids < num_experts)
+        row = tl.atomic_add(cursor_ptr + ids, tl.full([CHUNK], 1, tl.int32), mask=local)
+        tl.store(slots_ptr + row, i, mask=local)
+
+
+def group_by_expert_kernel(
+    ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """group_by_expert (same outputs, rows within an expert's group in any order) in one launch."""
+    n = ids.numel()
+    blocks = triton.cdiv(n, block_m) + min(num_experts, n)
+    slots = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)
+    e_pad = triton.next_power_of_2(num_experts + 1)
+    cursor = torch.empty(e_pad, dtype=torch.int32, device=ids.device)
+    _group_kernel[(1,)](
+        ids,
+        slots,
+        block_expert,
+        cursor,
+        n,
+        num_experts,
+        blocks,
+        BLOCK_M=block_m,
+        E_PAD=e_pad,
+        CHUNK=1024,
+        B_CHUNK=32,
+        num_warps=8,
+        **launch_options(),
+    )
+    return slots, block_expert
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    slots_ptr,
+    block_expert_ptr,
+    num_slots,
+    num_experts,
+    top_k,
+    K,
+    N,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """out[slot, n] = silu(x[token] . gate_e[n]) * (x[token] . up_e[n]); w = [E, 2N, K], gate rows first."""
+    wait_for_previous(PDL)
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    if expert >= num_experts:
+        return
+    slots = tl.load(slots_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = slots < num_slots
+    tokens = (slots // top_k).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + tokens[:, None] * stride_xm
+    w_expert = w_ptr + expert.to(tl.int64) * stride_we
+    gate_rows = w_expert + cols[:, None] * stride_wn
+    up_rows = w_expert + (cols + N)[:, None] * stride_wn
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_mask = kk[None, :] < K
+        a = tl.load(x_rows + kk[None, :], mask=valid[:, None] & k_mask, other=0.0)
+        gate = tl.load(gate_rows + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
+        up = tl.load(up_rows + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
+        acc_gate = tl.dot(a, tl.trans(gate), acc_gate, input_precision=PRECISION)
+        acc_up = tl.dot(a, tl.trans(up), acc_up, input_precision=PRECISION)
+    DT = out_ptr.dtype.element_ty
+    gate = acc_gate.to(DT).to(tl.float32)  # rounded where torch's linear, silu and product round
+    act = (gate * tl.sigmoid(gate)).to(DT).to(tl.float32)
+    out = (act * acc_up.to(DT).to(tl.float32)).to(DT)
+    out_ptrs = out_ptr + slots.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    tl.store(out_ptrs, out, mask=valid[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    weights_ptr,
+    slots_ptr,
+    block_expert_ptr,
+    num_slots,
+    num_experts,
+    K,
+    N,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """out[slot, n] = weight[slot] * (a[slot] . down_e[n]); w = [E, N, K]."""
+    wait_for_previous(PDL)
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    if expert >= num_experts:
+        return
+    slots = tl.load(slots_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = slots < num_slots
+    rows = slots.to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    a_rows = a_ptr + rows[:, None] * stride_am
+    w_rows = w_ptr + expert.to(tl.int64) * stride_we + cols[:, None] * stride_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_mask = kk[None, :] < K
+        a = tl.load(a_rows + kk[None, :], mask=valid[:, None] & k_mask, other=0.0)
+        w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask, other=0.0)
+        acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+    DT = out_ptr.dtype.element_ty
+    weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
+    out = (acc.to(DT).to(tl.float32) * weight[:, None]).to(DT)
+    tl.store(
+        out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=valid[:, None] & col_mask[None, :]
+    )
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr,
+    weights_ptr,
+    ids_ptr,
+    counts_ptr,
+    valid_ptr,
+    stride_l,
+    num_experts,
+    first_local,
+    num_local,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    COUNT: tl.constexpr,
+    HAS_VALID: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """One token: softmax over its router logits in fp32, the top-k (ties: the lowest id, as torch.topk on
+    CPU), renormalized; writes the weights (in the logits' dtype), this rank's expert ids (num_local for
+    another rank's) and, when counting, adds the token's experts to counts."""
+    wait_for_previous(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, BLOCK_E)
+    logits = tl.load(logits_ptr + row * stride_l + experts, mask=experts < num_experts, other=-float("inf"))
+    logits = logits.to(tl.float32)
+    probs = tl.exp(logits - tl.max(logits, axis=0))
+    probs = probs / tl.sum(probs, axis=0)
+    ks = tl.arange(0, K_PAD)
+    chosen = tl.zeros([K_PAD], dtype=tl.int32)
+    values = tl.zeros([K_PAD], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(probs, axis=0)
+        pick = tl.min(tl.where(probs == best, experts, BLOCK_E), axis=0)
+        chosen = tl.where(ks == k, pick, chosen)
+        values = tl.where(ks == k, best, values)
+        probs = tl.where(experts == pick, -1.0, probs)
+    if RENORMALIZE:
+        values = values / tl.sum(values, axis=0)
+    in_k = ks < TOP_K
+    tl.store(weights_ptr + row * TOP_K + ks, values.to(weights_ptr.dtype.element_ty), mask=in_k)
+    local = chosen - first_local
+    local = tl.where((local >= 0) & (local < num_local), local, num_local)
+    tl.store(ids_ptr + row * TOP_K + ks, local, mask=in_k)
+    if COUNT:
+        counted = in_k
+        if HAS_VALID:
+            counted = counted & (tl.load(valid_ptr + row) != 0)
+        tl.atomic_add(counts_ptr + chosen, tl.full([K_PAD], 1, tl.int32), mask=counted)
+
+
+def route_triton(
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    first_local: int = 0,
+    num_local: int | None = None,
+    counts: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """kernels/moe_ref.route in one kernel: (weights [T, top_k] in the logits' dtype, this rank's expert
+    ids [T, top_k] int32: experts [first_local, first_local + num_local) as 0.., others num_local). Adds
+    each valid token's experts to `counts` [experts] int32 when given."""
+    tokens, experts = logits.shape
+    num_local = experts if num_local is None else num_local
+    weights = logits.new_empty((tokens, top_k))
+    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=logits.device)
+    if tokens:
+        _route_kernel[(tokens,)](
+            logits,
+            weights,
+            ids,
+            counts if counts is not None else ids,
+            valid if valid is not None else ids,
+            logits.stride(0),
+            experts,
+            first_local,
+            num_local,
+            TOP_K=top_k,
+            K_PAD=triton.next_power_of_2(top_k),
+            BLOCK_E=triton.next_power_of_2(experts),
+            RENORMALIZE=renormalize,
+            COUNT=counts is not None,
+            HAS_VALID=valid is not None,
+            num_warps=1,
+            **launch_options(),
+        )
+    return weights, ids
+
+
+@triton.jit
+def _slot_gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    ids_ptr,
+    num_experts,
+    top_k,
+    K,
+    N,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_om,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Decode sizes: one (token, k) slot per program row, no grouping: a GEMV on its expert's gate and up."""
+    wait_for_previous(PDL)
+    slot = tl.program_id(0)
+    expert = tl.load(ids_ptr + slot)
+    if expert >= num_experts:
+        return
+    token = (slot // top_k).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    w_expert = w_ptr + expert.to(tl.int64) * stride_we
+    gate_rows = w_expert + cols[:, None] * stride_wn
+    up_rows = w_expert + (cols + N)[:, None] * stride_wn
+    acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_mask = kk < K
+        a = tl.load(x_ptr + token * stride_xm + kk, mask=k_mask, other=0.0).to(tl.float32)
+        w_mask = col_mask[:, None] & k_mask[None, :]
+        gate = tl.load(gate_rows + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
+        up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
+        acc_gate += tl.sum(gate * a[None, :], axis=1)
+        acc_up += tl.sum(up * a[None, :], axis=1)
+    DT = out_ptr.dtype.element_ty
+    gate = acc_gate.to(DT).to(tl.float32)
+    act = (gate * tl.sigmoid(gate)).to(DT).to(tl.float32)
+    tl.store(
+        out_ptr + slot.to(tl.int64) * stride_om + cols,
+        (act * acc_up.to(DT).to(tl.float32)).to(DT),
+        mask=col_mask,
+    )
+
+
+@triton.jit
+def _slot_down_sum_kernel(
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    weights_ptr,
+    ids_ptr,
+    num_experts,
+    top_k,
+    K,
+    N,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Decode sizes: one token per program row; its top-k experts' down GEMVs, weighted and summed."""
+    wait_for_previous(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    DT = out_ptr.dtype.element_ty
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k in range(top_k):
+        slot = token * top_k + k
+        expert = tl.load(ids_ptr + slot)
+        if expert < num_experts:
+            w_rows = w_ptr + expert.to(tl.int64) * stride_we + cols[:, None] * stride_wn
+            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                kk = k0 + ks
+                k_mask = kk < K
+                a = tl.load(a_ptr + slot * stride_am + kk, mask=k_mask, other=0.0).to(tl.float32)
+                w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+                acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+            weight = tl.load(weights_ptr + slot).to(tl.float32)
+            y = (acc.to(DT).to(tl.float32) * weight).to(DT).to(tl.float32)
+            total = (total + y).to(DT).to(tl.float32)  # rounded per add, as the reference's index_add_
+    tl.store(out_ptr + token * stride_om + cols, total.to(DT), mask=col_mask)
+
+
+def slot_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    local_ids: torch.Tensor,
+    tiles: SlotTiles | None = None,
+) -> torch.Tensor:
+    """fused_moe for a few tokens: no grouping; each slot's GEMVs stream its expert's rows, and the down
+    kernel sums each token's top-k in registers (two launches)."""
+    num_tokens, hidden = x.shape
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    top_k = local_ids.shape[1]
+    tiles = tiles or SLOT_TILES
+    act = x.new_empty((num_tokens * top_k, inter))
+    out = x.new_empty((num_tokens, hidden))
+    if num_tokens == 0:
+        return out
+    ids = local_ids.contiguous()
+    _slot_gate_up_kernel[(num_tokens * top_k, triton.cdiv(inter, tiles.gate_up.block_n))](
+        x,
+        w13,
+        act,
+        ids,
+        num_experts,
+        top_k,
+        hidden,
+        inter,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        act.stride(0),
+        BLOCK_N=tiles.gate_up.block_n,
+        BLOCK_K=tiles.gate_up.block_k,
+        num_warps=tiles.gate_up.num_warps,
+        num_stages=tiles.gate_up.num_stages,
+        **launch_options(),
+    )
+    _slot_down_sum_kernel[(num_tokens, triton.cdiv(hidden, tiles.down.block_n))](
+        act,
+        w2,
+        out,
+        weights.contiguous(),
+        ids,
+        num_experts,
+        top_k,
+        inter,
+        hidden,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        out.stride(0),
+        BLOCK_N=tiles.down.block_n,
+        BLOCK_K=tiles.down.block_k,
+        num_warps=tiles.down.num_warps,
+        num_stages=tiles.down.num_stages,
+        **launch_options(),
+    )
+    return out
+
+
+def experts_triton(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    local_ids: torch.Tensor,
+    all_local: bool = True,
+    group=None,
+) -> torch.Tensor:
+    """The GPU path: slot GEMVs up to SLOT_MAX_TOKENS tokens, grouped GEMMs above."""
+    if x.shape[0] <= SLOT_MAX_TOKENS:
+        return slot_moe(x, w13, w2, weights, local_ids)
+    return fused_moe(x, w13, w2, weights, local_ids, all_local, group=group)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    local_ids: torch.Tensor,
+    all_local: bool = True,
+    tiles: MoeTiles | None = None,
+    group=None,
+) -> torch.Tensor:
+    """experts_reference (kernels/moe_ref.py) in two grouped GEMMs. local_ids [T, top_k]: this rank's
+    expert of each slot, w13.shape[0] for another rank's (then all_local must be False)."""
+    num_tokens, hidden = x.shape
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    top_k = local_ids.shape[1]
+    num_slots = num_tokens * top_k
+    if num_tokens == 0:
+        return torch.zeros_like(x)
+    tiles = tiles or tiles_for(num_tokens)
+    ids = local_ids.reshape(-1)
+    slots, block_expert = (group or group_by_expert)(ids, num_experts, tiles.block_m)
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    blocks = block_expert.numel()
+    act = x.new_empty((num_slots, inter))
+    up = tiles.gate_up
+    _gate_up_kernel[(blocks, triton.cdiv(inter, up.block_n))](
+        x,
+        w13,
+        act,
+        slots,
+        block_expert,
+        num_slots,
+        num_experts,
+        top_k,
+        hidden,
+        inter,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        act.stride(0),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=up.block_n,
+        BLOCK_K=up.block_k,
+        PRECISION=precision,
+        num_warps=up.num_warps,
+        num_stages=up.num_stages,
+        **launch_options(),
+    )
+    per_slot = x.new_empty((num_slots, hidden)) if all_local else x.new_zeros((num_slots, hidden))
+    down = tiles.down
+    _down_kernel[(blocks, triton.cdiv(hidden, down.block_n))](
+        act,
+        w2,
+        per_slot,
+        weights.contiguous(),
+        slots,
+        block_expert,
+        num_slots,
+        num_experts,
+        inter,
+        hidden,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        per_slot.stride(0),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=down.block_n,
+        BLOCK_K=down.block_k,
+        PRECISION=precision,
+        num_warps=down.num_warps,
+        num_stages=down.num_stages,
+        **launch_options(),
+    )
+    return per_slot.view(num_tokens, top_k, hidden).sum(dim=1)
+
+
+class TritonMoe:
+    """The GPU MoE path bound to the layers (layers/fused_moe.py): routing in one kernel, then the experts,
+    grouped (above decode sizes) by `grouping`."""
+
+    name = "triton"
+
+    def __init__(self, grouping=group_by_expert, selection: str = ""):
+        self.grouping, self.selection = grouping, selection
+
+    route = staticmethod(route_triton)
+
+    def experts(self, x, w13, w2, weights, local_ids, all_local: bool = True) -> torch.Tensor:
+        return experts_triton(x, w13, w2, weights, local_ids, all_local, group=self.grouping)
+
+
+def grouping_agrees(device: torch.device) -> str | None:
+    """None when group_by_expert_kernel groups 3,000 random slots (128 experts, some remote) into the same
+    blocks as group_by_expert on `device`; else why not."""
+    try:
+        gen = torch.Generator(device=device).manual_seed(0)
+        ids = torch.randint(0, 129, (3000,), device=device, generator=gen, dtype=torch.int32)
+        want_slots, want_experts = group_by_expert(ids, 128, 16)
+        slots, experts = group_by_expert_kernel(ids, 128, 16)
+        rows = lambda s: s.view(-1, 16).sort(dim=1).values  # noqa: E731 - a group's rows in any order
+        if torch.equal(experts, want_experts) and torch.equal(rows(slots), rows(want_slots)):
+            return None
+        return "its groups differ from the torch grouping's"
+    except Exception as err:  # noqa: BLE001 - a kernel that cannot even run is rejected like a wrong one
+        return f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+
+
+def make_triton_moe(device: torch.device) -> TritonMoe:
+    """The Triton MoE path, grouping by expert in one kernel where a one-time check on `device` agrees with
+    the torch grouping, else with the torch ops (~13 launches, 50-130 us on an H200)."""
+    problem = grouping_agrees(device)
+    if problem is None:
+        return TritonMoe(group_by_expert_kernel, "triton: grouping in one kernel (self-checked)")
+    log.warning(
+        "MoE: grouping by expert with torch ops, the one-kernel grouping failed its check: %s", problem
+    )
+    return TritonMoe(
+        group_by_expert, f"triton: grouping with torch ops (one-kernel grouping rejected: {problem})"
+    )
