@@ -13,6 +13,7 @@ from nanoexp.config.checkpoint_files import CheckpointError, json_object, regula
 from nanoexp.config.checks import is_number
 from nanoexp.layers.embed_head import VocabParallelEmbedding
 from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, shape_of
+from nanoexp.layers.quantization import BLOCK
 
 WEIGHT_DTYPES = ("F32", "F16", "BF16")  # safetensors' names; weights are copied into the model dtype
 ACTIVATIONS = ("silu",)  # the MLP's fused gate (layers/activation.py)
@@ -116,6 +117,7 @@ def load_safetensors(model: nn.Module, path: str) -> None:
     missing = set(params) - loaded
     if tied and loaded & TIED:
         missing -= TIED
+    missing -= {n for n in missing if getattr(params[n], "quantized_here", False)}  # from unquantized weights
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {sorted(missing)[:3]}")
 
@@ -151,20 +153,20 @@ def load_file(model: nn.Module, params: dict, file: str, seen: dict[str, str], t
 def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> str | None:
     """Copies one checkpoint tensor into its parameter (q/k/v and gate/up into their part of the fused
     one); the parameter's name, or None where the model has none. Checkpoints hold floating-point weights."""
-    dtype = tensor.get_dtype()
-    if dtype not in WEIGHT_DTYPES:
-        raise CheckpointError(
-            f"checkpoint tensor {name} in {file} has dtype {dtype}; "
-            f"weights are one of {', '.join(WEIGHT_DTYPES)}"
-        )
     target, shard = name, ()
     for source, (dest, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
         if f".{source}." in name:
             target, shard = name.replace(f".{source}.", f".{dest}."), (shard_id,)
             break
-    if target not in params:
+    param = params.get(target)
+    dtype, allowed = tensor.get_dtype(), getattr(param, "checkpoint_dtypes", WEIGHT_DTYPES)
+    if dtype not in allowed:
+        raise CheckpointError(
+            f"checkpoint tensor {name} in {file} has dtype {dtype}; "
+            f"{'this tensor is' if param is not None else 'weights are'} one of {', '.join(allowed)}"
+        )
+    if param is None:
         return None  # the caller decides whether the model may ignore it
-    param = params[target]
     expected = checkpoint_shape(model.get_submodule(target.rpartition(".")[0]), param, *shard)
     if shape_of(tensor) != expected:
         raise CheckpointError(
@@ -177,8 +179,14 @@ def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> st
 
 
 def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id=None) -> list[int]:
-    """The whole (unsharded) shape the checkpoint tensor of `param` must have."""
-    local = list(param.shape)
+    """The whole (unsharded) shape the checkpoint tensor of `param` must have; of a block-scaled fp8
+    weight's scales, the weight's in 128 x 128 blocks."""
+    whole = unsharded_shape(module, getattr(param, "logical_shape", list(param.shape)), shard_id)
+    return [-(-d // BLOCK) for d in whole] if getattr(param, "block_scale", False) else whole
+
+
+def unsharded_shape(module: nn.Module, local: list[int], shard_id=None) -> list[int]:
+    local = list(local)
     if isinstance(module, VocabParallelEmbedding):
         return [module.vocab_size, *local[1:]]
     if isinstance(module, QKVParallelLinear) and shard_id is not None:
@@ -195,8 +203,19 @@ def checkpoint_shape(module: nn.Module, param: nn.Parameter, shard_id=None) -> l
 def init_dummy(model: nn.Module, seed: int) -> None:
     """Random weights with the real shapes; norms at 1 so activations stay in range."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    modules = dict(model.named_modules())
     for name, param in model.named_parameters():
-        if "norm" in name:
+        module_name, _, kind = name.rpartition(".")
+        fp8 = getattr(modules[module_name], "fp8", None)
+        if fp8 is not None and kind in ("weight", "weight_scale_inv"):
+            if kind == "weight":  # drawn as the unquantized weight would be, then quantized
+                fp8.fill_dummy(param, modules[module_name].weight_scale_inv, gen, model_dtype(model))
+        elif "norm" in name:
             param.fill_(1.0)
         else:
             param.uniform_(-0.02, 0.02, generator=gen)
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The floating-point dtype the model was built in (its norms')."""
+    return next(p.dtype for p in model.parameters() if p.dtype != torch.float8_e4m3fn)

@@ -159,3 +159,17 @@ def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> S
         require_triton("engine.gemm_backend", device)
         return SkinnyGemm(MAX_ROWS)
     return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES) if triton_half_precision(device, dtype) else None
+
+
+def make_fp8_gemm(choice: str, device: torch.device):
+    """The block-scaled fp8 GEMM: the Triton kernels on CUDA (or `triton` under the interpreter), else
+    the torch reference of the same arithmetic (`torch`, and CPUs)."""
+    from nanoexp.kernels.fp8_reference import w8a8_reference
+
+    if choice == "torch" or not triton_available():
+        return w8a8_reference
+    if device.type != "cuda" and not (choice == "triton" and os.environ.get("TRITON_INTERPRET") == "1"):
+        return w8a8_reference
+    from nanoexp.kernels.triton_fp8 import fp8_linear
+
+    return fp8_linear

@@ -21,6 +21,7 @@ from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.select import (
     SkinnyGemm,
     make_attention_backend,
+    make_fp8_gemm,
     make_skinny_gemm,
     triton_available,
     triton_half_precision,
@@ -28,6 +29,7 @@ from nanoexp.kernels.select import (
 from nanoexp.layers.activation import bind_activation_kernel
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.linear import bind_gemm_backend
+from nanoexp.layers.quantization import bind_fp8_gemm, building, checkpoint_method
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
 from nanoexp.models.qwen3 import model_class
 
@@ -72,6 +74,7 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     skinny = make_skinny_gemm(execution.gemm_backend, device, dtype)
     pdl.configure(execution.pdl, device, triton_available())
     bind_gemm_backend(model, skinny)
+    bind_fp8_gemm(model, make_fp8_gemm(execution.gemm_backend, device))
     swiglu = swiglu_kernel(device, dtype)
     bind_activation_kernel(model, swiglu)
     return LoadedModel(
@@ -133,7 +136,7 @@ def build_model(
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
+        with torch.device(device), building(weight_quantization(config.model, hf_config)):
             model = cls(hf_config, max_model_len).eval()
     finally:
         torch.set_default_dtype(previous)
@@ -142,6 +145,13 @@ def build_model(
     else:
         load_safetensors(model, resolve_model_dir(config.model.path))
     return model
+
+
+def weight_quantization(model: ModelConfig, hf_config: PretrainedConfig) -> str:
+    """model.quantization, or the checkpoint's own format (an FP8 checkpoint selects fp8 by itself)."""
+    source = "model.arch" if model.arch is not None else f"{model.path}/config.json"
+    ckpt = checkpoint_method(getattr(hf_config, "quantization_config", None), source)
+    return ckpt if ckpt != "none" else model.quantization
 
 
 def eos_token_ids(hf_config: PretrainedConfig, model: ModelConfig) -> list[int]:
