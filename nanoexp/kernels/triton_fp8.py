@@ -1,0 +1,244 @@
+"""Block-scaled FP8 linear layers in Triton: y[M, N] = x[M, K] @ dequant(w)[N, K]^T in the W8A8 arithmetic
+of kernels/fp8_reference.py (its oracle). Three kernels:
+
+- per-token-group activation quantization: x -> e4m3 [M, k_padded] at the layout's offset, scales [M, KB];
+- the GEMV for decode rows (M <= GEMV_ROWS): fp8 weights streamed once (half a bf16 weight's bytes), each
+  128-block's fp32 dot products scaled by both scales, FMAs on CUDA cores;
+- the GEMM above: tl.dot on e4m3 operands (Hopper's fp8 tensor cores), one 128-wide K block per
+  iteration, its fp32 product scaled by the row's activation scale and the column's weight scale.
+
+M is never specialized (`do_not_specialize`), so a step's token count picks among a handful of variants
+(GEMV rows, BLOCK_M) that the warm-up and graph captures compile, never a timed step."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from nanoexp.kernels.base import num_sms
+from nanoexp.kernels.fp8_reference import BLOCK, FP8_MAX, Fp8Layout
+
+GEMV_ROWS = 4
+# The interpreter has no fp8 dot: there the operands (exact in fp16) are multiplied as fp16, fp32 sums.
+UPCAST_DOT = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _round_to_e4m3(v):
+    """v (|v| <= 448) rounded to the nearest e4m3 value, ties to even, in fp32: the cast after it is exact.
+    (The Triton interpreter's fp8 cast mis-rounds values that carry into the next binade.)"""
+    exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    step_exponent = tl.maximum(exponent, -6) - 3  # 3 mantissa bits; subnormals below 2^-6
+    step = ((step_exponent + 127) << 23).to(tl.float32, bitcast=True)
+    magic = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds |a| < 2^22 to an integer, ties to even
+    return ((v / step + magic) - magic) * step
+
+
+@triton.jit(do_not_specialize=["M"])
+def _quantize_groups_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    M,
+    K_LOCAL,
+    K_OFFSET,
+    stride_xm,
+    stride_qm,
+    stride_sm,
+    eps,
+    fp8_max,
+):
+    """One program per (row, 128-group) of the padded layout: scale = max(amax, eps) / 448, q = x / scale."""
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1)
+    padded = group * 128 + tl.arange(0, 128)
+    local = padded - K_OFFSET
+    mask = (local >= 0) & (local < K_LOCAL)
+    x = tl.load(x_ptr + row * stride_xm + local, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), eps) / fp8_max
+    q = _round_to_e4m3(tl.clamp(x / scale, -fp8_max, fp8_max))
+    tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty))
+    tl.store(s_ptr + row * stride_sm + group, scale)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fp8_gemv_kernel(
+    xq_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    y_ptr,
+    M,
+    N,
+    KB,
+    stride_xq,
+    stride_xs,
+    stride_w,
+    stride_ws,
+    stride_y,
+    ROW_BLOCK,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KB_TILE: tl.constexpr,
+):
+    """Rows 0..M-1 (M <= ROWS) of BLOCK_N output columns; KB_TILE weight blocks per iteration (KB is a
+    multiple of it, so no K mask)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    safe_cols = tl.where(col_mask, cols, 0).to(tl.int64)
+    rows = tl.arange(0, ROWS)
+    kbs = tl.arange(0, KB_TILE)
+    kk = tl.arange(0, KB_TILE * 128)
+    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    w_tile = w_ptr + safe_cols[:, None] * stride_w + kk[None, :]
+    ws_tile = ws_ptr + (safe_cols // ROW_BLOCK)[:, None] * stride_ws + kbs[None, :]
+    for kb0 in range(0, KB, KB_TILE):
+        w = tl.load(w_tile + kb0 * 128, eviction_policy="evict_first").to(tl.float32)
+        w3 = tl.reshape(w, [BLOCK_N, KB_TILE, 128])
+        ws = tl.load(ws_tile + kb0)
+        for m in tl.static_range(ROWS):
+            if m < M:
+                x = tl.load(xq_ptr + m * stride_xq + kb0 * 128 + kk).to(tl.float32)
+                xs = tl.load(xs_ptr + m * stride_xs + kb0 + kbs)
+                part = tl.sum(w3 * tl.reshape(x, [1, KB_TILE, 128]), axis=2)
+                contrib = tl.sum(part * ws * xs[None, :], axis=1)
+                acc += tl.where(rows[:, None] == m, contrib[None, :], 0.0)
+    out = y_ptr + rows[:, None] * stride_y + cols[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & col_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fp8_gemm_kernel(
+    xq_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    y_ptr,
+    M,
+    N,
+    KB,
+    stride_xq,
+    stride_xs,
+    stride_w,
+    stride_ws,
+    stride_y,
+    ROW_BLOCK,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask, col_mask = rows < M, cols < N
+    safe_rows = tl.where(row_mask, rows, 0).to(tl.int64)
+    safe_cols = tl.where(col_mask, cols, 0).to(tl.int64)
+    ks = tl.arange(0, 128)
+    x_tile = xq_ptr + safe_rows[:, None] * stride_xq + ks[None, :]
+    w_tile = w_ptr + safe_cols[:, None] * stride_w + ks[None, :]
+    xs_col = xs_ptr + safe_rows * stride_xs
+    ws_col = ws_ptr + (safe_cols // ROW_BLOCK) * stride_ws
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in range(0, KB):
+        a = tl.load(x_tile + kb * 128)
+        b = tl.load(w_tile + kb * 128)
+        if UPCAST:
+            a, b = a.to(tl.float16), b.to(tl.float16)
+        product = tl.dot(a, tl.trans(b))
+        acc += product * tl.load(xs_col + kb)[:, None] * tl.load(ws_col + kb)[None, :]
+    out = y_ptr + safe_rows[:, None] * stride_y + cols[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+
+
+def quantize_activation(x: torch.Tensor, layout: Fp8Layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of fp8_reference.quantize_activation for x [M, k_local] (last dim contiguous)."""
+    m = x.shape[0]
+    q = torch.empty(m, layout.k_padded, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(m, layout.k_blocks, dtype=torch.float32, device=x.device)
+    if m:
+        _quantize_groups_kernel[(m, layout.k_blocks)](
+            x, q, s, m, layout.k_local, layout.k_offset, x.stride(0), q.stride(0), s.stride(0), 1e-10, FP8_MAX
+        )
+    return q, s
+
+
+def gemv_block_n(n: int, sms: int) -> int:
+    """Narrow enough column tiles for about four programs per SM."""
+    block_n = 16
+    while block_n > 4 and triton.cdiv(n, block_n) < 4 * sms:
+        block_n //= 2
+    return block_n
+
+
+def gemm_config(m: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) by row count: a few variants, all compiled at warm-up."""
+    if m > 64:
+        return 128, 128, 8, 3
+    return max(16, triton.next_power_of_2(m)), 32, 4, 4
+
+
+def fp8_matmul(
+    xq: torch.Tensor,
+    xs: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    layout: Fp8Layout,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """y [M, N] in `dtype` from quantized activations and block-scaled weights."""
+    m, n, kb = xq.shape[0], layout.n, layout.k_blocks
+    y = torch.empty(m, n, dtype=dtype, device=xq.device)
+    if m == 0:
+        return y
+    args = (
+        xq,
+        xs,
+        weight,
+        scale,
+        y,
+        m,
+        n,
+        kb,
+        xq.stride(0),
+        xs.stride(0),
+        weight.stride(0),
+        scale.stride(0),
+        y.stride(0),
+        layout.row_block,
+    )
+    if m <= GEMV_ROWS:
+        block_n = gemv_block_n(n, num_sms(xq.device))
+        kb_tile = next(t for t in (4, 2, 1) if kb % t == 0)
+        rows = triton.next_power_of_2(m)
+        _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
+            *args, ROWS=rows, BLOCK_N=block_n, KB_TILE=kb_tile, num_warps=4
+        )
+        return y
+    block_m, block_n, warps, stages = gemm_config(m)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _fp8_gemm_kernel[grid](
+        *args, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=UPCAST_DOT, num_warps=warps, num_stages=stages
+    )
+    return y
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    layout: Fp8Layout,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., k_local] -> [..., n]: quantize per token and group, then the GEMV or GEMM (+ bias after
+    rounding, as the reference)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, layout.k_local)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    xq, xs = quantize_activation(x2, layout)
+    y = fp8_matmul(xq, xs, weight, scale, layout, x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.view(*lead, layout.n)
