@@ -62,14 +62,27 @@ def quantize_weight(w: Tensor) -> tuple[Tensor, Tensor]:
     return q.view(rows * BLOCK, cols * BLOCK)[:n, :k].contiguous(), (1.0 / scale).float()
 
 
-def quantize_activation(x: Tensor, layout: Fp8Layout) -> tuple[Tensor, Tensor]:
-    """x [M, k_local] -> (e4m3 [M, k_padded] at the layout's offset, float32 scales [M, k_blocks]) per token
-    and group of 128: scale = max(amax, eps) / 448, q = clamp(x / scale)."""
+def padded_groups(x: Tensor, layout: Fp8Layout) -> Tensor:
+    """x [M, k_local] as float32 [M, k_blocks, 128] at the layout's offset, zeros around."""
     m = x.shape[0]
     padded = x.new_zeros(m, layout.k_padded, dtype=torch.float32)
     padded[:, layout.k_offset : layout.k_offset + layout.k_local] = x
-    groups = padded.view(m, layout.k_blocks, BLOCK)
-    scale = groups.abs().amax(-1).clamp_min(ACT_EPS) / FP8_MAX
+    return padded.view(m, layout.k_blocks, BLOCK)
+
+
+def group_amax(x: Tensor, layout: Fp8Layout) -> Tensor:
+    """Each token's max |x| per 128-group of the layout, float32 [M, k_blocks]."""
+    return padded_groups(x, layout).abs().amax(-1)
+
+
+def quantize_activation(x: Tensor, layout: Fp8Layout, amax: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """x [M, k_local] -> (e4m3 [M, k_padded] at the layout's offset, float32 scales [M, k_blocks]) per token
+    and group of 128: scale = max(amax, eps) / 448, q = clamp(x / scale). `amax`: the groups' amax when
+    given (a group that straddles TP ranks takes the max over all of them)."""
+    m = x.shape[0]
+    groups = padded_groups(x, layout)
+    amax = groups.abs().amax(-1) if amax is None else amax
+    scale = amax.clamp_min(ACT_EPS) / FP8_MAX
     q = (groups / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.view(m, layout.k_padded), scale
 
@@ -80,12 +93,17 @@ def expand_scale(scale: Tensor, layout: Fp8Layout) -> Tensor:
 
 
 def w8a8_reference(
-    x: Tensor, weight: Tensor, scale: Tensor, layout: Fp8Layout, bias: Tensor | None = None
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    layout: Fp8Layout,
+    bias: Tensor | None = None,
+    amax: Tensor | None = None,
 ) -> Tensor:
     """x [..., k_local] @ dequant(weight)^T in the W8A8 arithmetic: per-block products of the quantized
     operands times both scales, summed in float32, rounded to x's dtype, then + bias."""
     lead, m = x.shape[:-1], math.prod(x.shape[:-1])
-    xq, xs = quantize_activation(x.reshape(m, layout.k_local), layout)
+    xq, xs = quantize_activation(x.reshape(m, layout.k_local), layout, amax)
     kb = layout.k_blocks
     xd = (xq.float().view(m, kb, BLOCK) * xs[..., None]).view(m, -1)
     wd = (weight.float().view(layout.n, kb, BLOCK) * expand_scale(scale, layout)[..., None]).view(
@@ -97,4 +115,4 @@ def w8a8_reference(
     return y.view(*lead, layout.n)
 
 
-Fp8Gemm = Callable[[Tensor, Tensor, Tensor, Fp8Layout, Tensor | None], Tensor]
+Fp8Gemm = Callable[[Tensor, Tensor, Tensor, Fp8Layout, Tensor | None, Tensor | None], Tensor]

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from nanoexp.kernels.base import num_sms
-from nanoexp.kernels.fp8_reference import BLOCK, FP8_MAX, Fp8Layout
+from nanoexp.kernels.fp8_reference import ACT_EPS, FP8_MAX, Fp8Layout
 
 GEMV_ROWS = 4
 # The interpreter has no fp8 dot: there the operands (exact in fp16) are multiplied as fp16, fp32 sums.
@@ -40,6 +40,7 @@ def _round_to_e4m3(v):
 @triton.jit(do_not_specialize=["M"])
 def _quantize_groups_kernel(
     x_ptr,
+    amax_ptr,
     q_ptr,
     s_ptr,
     M,
@@ -50,15 +51,21 @@ def _quantize_groups_kernel(
     stride_sm,
     eps,
     fp8_max,
+    HAS_AMAX: tl.constexpr,
 ):
-    """One program per (row, 128-group) of the padded layout: scale = max(amax, eps) / 448, q = x / scale."""
+    """One program per (row, 128-group) of the padded layout: scale = max(amax, eps) / 448, q = x / scale;
+    HAS_AMAX: the group's amax is given ([M, k_blocks] like the scales)."""
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
     padded = group * 128 + tl.arange(0, 128)
     local = padded - K_OFFSET
     mask = (local >= 0) & (local < K_LOCAL)
     x = tl.load(x_ptr + row * stride_xm + local, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0), eps) / fp8_max
+    if HAS_AMAX:
+        amax = tl.load(amax_ptr + row * stride_sm + group)
+    else:
+        amax = tl.max(tl.abs(x), axis=0)
+    scale = tl.maximum(amax, eps) / fp8_max
     q = _round_to_e4m3(tl.clamp(x / scale, -fp8_max, fp8_max))
     tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty))
     tl.store(s_ptr + row * stride_sm + group, scale)
@@ -152,14 +159,29 @@ def _fp8_gemm_kernel(
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
 
-def quantize_activation(x: torch.Tensor, layout: Fp8Layout) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton twin of fp8_reference.quantize_activation for x [M, k_local] (last dim contiguous)."""
+def quantize_activation(
+    x: torch.Tensor, layout: Fp8Layout, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of fp8_reference.quantize_activation for x [M, k_local] (last dim contiguous); `amax`
+    contiguous [M, k_blocks] when given."""
     m = x.shape[0]
     q = torch.empty(m, layout.k_padded, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(m, layout.k_blocks, dtype=torch.float32, device=x.device)
     if m:
         _quantize_groups_kernel[(m, layout.k_blocks)](
-            x, q, s, m, layout.k_local, layout.k_offset, x.stride(0), q.stride(0), s.stride(0), 1e-10, FP8_MAX
+            x,
+            amax if amax is not None else s,
+            q,
+            s,
+            m,
+            layout.k_local,
+            layout.k_offset,
+            x.stride(0),
+            q.stride(0),
+            s.stride(0),
+            ACT_EPS,
+            FP8_MAX,
+            HAS_AMAX=amax is not None,
         )
     return q, s
 
@@ -230,14 +252,15 @@ def fp8_linear(
     scale: torch.Tensor,
     layout: Fp8Layout,
     bias: torch.Tensor | None = None,
+    amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [..., k_local] -> [..., n]: quantize per token and group, then the GEMV or GEMM (+ bias after
-    rounding, as the reference)."""
+    rounding, as the reference). `amax` as in fp8_reference.quantize_activation."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, layout.k_local)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    xq, xs = quantize_activation(x2, layout)
+    xq, xs = quantize_activation(x2, layout, amax)
     y = fp8_matmul(xq, xs, weight, scale, layout, x.dtype)
     if bias is not None:
         y = y + bias

@@ -48,7 +48,8 @@ class LinearBase(nn.Module):
         """Block-scaled fp8 weights (layers/quantization.py) in place of the dense ones."""
         k_start = self.tp_rank * in_features if self.tp_dim == 1 else 0
         layout = layout_for(out_features, in_features, k_start, self.local_part_sizes(out_features))
-        self.fp8 = Fp8Weights(self, layout, [out_features, in_features])
+        k_total = in_features * self.tp_size if self.tp_dim == 1 else in_features
+        self.fp8 = Fp8Weights(self, layout, [out_features, in_features], k_total)
         self.weight.weight_loader = self.fp8_weight_loader
         self.weight_scale_inv.weight_loader = self.fp8_scale_loader
 

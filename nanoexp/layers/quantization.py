@@ -16,11 +16,14 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from nanoexp.config.checkpoint_files import CheckpointError
+from nanoexp.distributed import all_reduce_max
 from nanoexp.kernels.fp8_reference import (
     BLOCK,
     FP8_DTYPE,
     Fp8Gemm,
     Fp8Layout,
+    group_amax,
     quantize_weight,
     w8a8_reference,
 )
@@ -30,7 +33,7 @@ CHECKPOINT_FIELDS = {"fmt": "e4m3", "activation_scheme": "dynamic", "weight_bloc
 _building: str = "none"  # the method linear layers built now take (set by `building`)
 
 
-class QuantizationError(ValueError):
+class QuantizationError(CheckpointError):
     """A checkpoint's quantization_config that the engine cannot run."""
 
 
@@ -94,8 +97,13 @@ def scale_rows_index(
 class Fp8Weights:
     """What a linear layer (layers/linear.py) holds in fp8: its layout and GEMM, and its loaders."""
 
-    def __init__(self, layer: nn.Module, layout: Fp8Layout, logical_shape: list[int]):
+    def __init__(self, layer: nn.Module, layout: Fp8Layout, logical_shape: list[int], k_total: int):
         self.layout = layout
+        # a row-parallel shard whose activation groups straddle ranks: their amax is the max over the ranks,
+        # so every rank quantizes a group as one rank holding all of K would
+        self.groups = -(-k_total // BLOCK)
+        straddles = layout.k_offset != 0 or (layout.k_offset + layout.k_local) % BLOCK != 0
+        self.sync_amax = straddles and layout.k_local != k_total
         self.gemm: Fp8Gemm = w8a8_reference  # bound by bind_fp8_gemm
         device = layer.weight.device
         weight = torch.zeros(layout.n, layout.k_padded, dtype=FP8_DTYPE, device=device)
@@ -149,7 +157,15 @@ class Fp8Weights:
         scale.copy_(s.repeat_interleave(BLOCK, 0)[: layout.n : layout.row_block])
 
     def forward(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
-        return self.gemm(x, weight, scale, self.layout, bias)
+        amax = self.shared_amax(x) if self.sync_amax else None
+        return self.gemm(x, weight, scale, self.layout, bias, amax)
+
+    def shared_amax(self, x: Tensor) -> Tensor:
+        """Per token and 128-group of this shard, the group's amax over every rank's part of it."""
+        layout, first = self.layout, self.layout.k_start // BLOCK
+        whole = x.new_zeros(x.shape[:-1].numel(), self.groups, dtype=torch.float32)
+        whole[:, first : first + layout.k_blocks] = group_amax(x.reshape(-1, layout.k_local), layout)
+        return all_reduce_max(whole)[:, first : first + layout.k_blocks].contiguous()
 
 
 def bind_fp8_gemm(model: nn.Module, gemm: Fp8Gemm) -> None:

@@ -1,0 +1,72 @@
+"""Qwen3-8B's linear layers in fp8 (the Triton kernels) against bf16 (cuBLAS) and against their floors:
+bytes over the measured copy bandwidth, FLOPs over the dense bf16 / fp8 rates. Each time is the median of
+CUDA-graph replays of 20 back-to-back calls. Also checks each kernel's result against the torch reference."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from nanoexp.kernels.fp8_reference import Fp8Layout, quantize_weight, w8a8_reference
+from nanoexp.kernels.triton_fp8 import fp8_linear, fp8_matmul, quantize_activation
+
+SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096), "down_proj": (4096, 12288)}
+BF16_TFLOPS, FP8_TFLOPS = 790e12, 1580e12  # DESIGN.md's measured dense rates (fp8 twice bf16)
+
+
+def timed_us(fn, calls: int = 20, reps: int = 15) -> float:
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    us = timed_us(lambda: b.copy_(a), calls=5, reps=5)
+    return 2 * a.numel() / (us * 1e-6)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    bw = copy_bandwidth()
+    print(f"device {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    print("| layer | M | bf16 us | fp8 us (quant+GEMM) | fp8 GEMM only us | fp8 floor us | fp8/floor | fp8/bf16 | max err vs ref |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, device="cuda") * 0.02
+        q, s = quantize_weight(w)
+        w16 = w.bfloat16()
+        layout = Fp8Layout(n, k, 0, 128)
+        for m in (1, 2, 4, 8, 16, 4096):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            xq, xs = quantize_activation(x, layout)
+            t16 = timed_us(lambda: F.linear(x, w16))
+            t8 = timed_us(lambda: fp8_linear(x, q, s, layout))
+            tg = timed_us(lambda: fp8_matmul(xq, xs, q, s, layout, torch.bfloat16))
+            bytes_ = n * k + n * (k // 128) * 4 / 128 + m * k * 3 + m * n * 2
+            floor = max(bytes_ / bw, 2 * m * n * k / FP8_TFLOPS) * 1e6
+            ref = w8a8_reference(x[:64], q, s, layout).float()
+            err = (fp8_linear(x[:64], q, s, layout).float() - ref).abs().max().item() / ref.abs().max().item()
+            print(f"| {name} | {m} | {t16:.1f} | {t8:.1f} | {tg:.1f} | {floor:.1f} | {t8 / floor:.2f} | {t8 / t16:.2f} | {err:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
