@@ -43,9 +43,10 @@ def published_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def build_fp8_checkpoint(
-    path, seed: int = 0, vocab: int = 160, layers: int = 2, scale_dtype=torch.float32
+    path, seed: int = 0, vocab: int = 160, layers: int = 2, scale_dtype=torch.float32, bf16_path=None
 ) -> str:
-    """A random bf16 Qwen3 saved by transformers, its linear weights then quantized in place."""
+    """A random bf16 Qwen3 saved by transformers (also unquantized at `bf16_path`), its linear weights
+    then quantized in place."""
     torch.manual_seed(seed)
     config = Qwen3Config(
         vocab_size=vocab,
@@ -64,6 +65,8 @@ def build_fp8_checkpoint(
             if "norm" in name:
                 p.uniform_(0.7, 1.3)
     model.save_pretrained(path)
+    if bf16_path is not None:
+        model.save_pretrained(bf16_path)
     file = os.path.join(path, "model.safetensors")
     tensors = load_file(file)
     for name in list(tensors):
