@@ -18,7 +18,7 @@ say "machine"; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --f
 git log --oneline -1 >> "$LOG" 2>&1
 
 say "gpu tests"
-timeout 90 python3 -m pytest -q -x -m gpu tests/kernels/test_fp8_kernels.py tests/e2e/test_fp8_gpu.py >> "$LOG" 2>&1
+timeout 120 python3 -m pytest -q -m gpu --durations=8 tests/kernels/test_fp8_kernels.py tests/e2e/test_fp8_gpu.py >> "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
 
 say "kernel microbenchmarks"
@@ -27,6 +27,8 @@ timeout 70 python3 experiments/fp8/kernel_bench.py >> "$LOG" 2>&1; echo "bench e
 summary() { python3 - "$1" "$2" <<'PY' >> "$LOG" 2>&1
 import csv, glob, json, os, statistics, sys
 root, what = sys.argv[1], sys.argv[2]
+if os.path.exists(root + "/sweep_summary.md"):
+    print("".join(open(root + "/sweep_summary.md").readlines()[:14]))
 for d in sorted(glob.glob(root + "/*/")):
     cfg = open(d + ".hydra/overrides.yaml").read().replace("\n", " ") if os.path.exists(d + ".hydra/overrides.yaml") else ""
     res = json.load(open(d + "results.json")) if os.path.exists(d + "results.json") else {}

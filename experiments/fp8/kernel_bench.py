@@ -12,7 +12,15 @@ import torch.nn.functional as F
 from nanoexp.kernels.fp8_reference import Fp8Layout, quantize_weight, w8a8_reference
 from nanoexp.kernels.triton_fp8 import fp8_linear, fp8_matmul, quantize_activation
 
-SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096), "down_proj": (4096, 12288)}
+SHAPES = {
+    "qkv_proj": (6144, 4096),
+    "o_proj": (4096, 4096),
+    "gate_up_proj": (24576, 4096),
+    "down_proj": (4096, 12288),
+}
+COLUMNS = (
+    "layer|M|bf16 us|fp8 us (quant+GEMM)|fp8 GEMM only us|fp8 floor us|fp8/floor|fp8/bf16|rel err vs ref"
+)
 BF16_TFLOPS, FP8_TFLOPS = 790e12, 1580e12  # DESIGN.md's measured dense rates (fp8 twice bf16)
 
 
@@ -48,24 +56,30 @@ def main() -> None:
     torch.manual_seed(0)
     bw = copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s")
-    print("| layer | M | bf16 us | fp8 us (quant+GEMM) | fp8 GEMM only us | fp8 floor us | fp8/floor | fp8/bf16 | max err vs ref |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| " + " | ".join(COLUMNS.split("|")) + " |")
+    print("|---" * len(COLUMNS.split("|")) + "|")
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, device="cuda") * 0.02
-        q, s = quantize_weight(w)
-        w16 = w.bfloat16()
-        layout = Fp8Layout(n, k, 0, 128)
         for m in (1, 2, 4, 8, 16, 4096):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            xq, xs = quantize_activation(x, layout)
-            t16 = timed_us(lambda: F.linear(x, w16))
-            t8 = timed_us(lambda: fp8_linear(x, q, s, layout))
-            tg = timed_us(lambda: fp8_matmul(xq, xs, q, s, layout, torch.bfloat16))
-            bytes_ = n * k + n * (k // 128) * 4 / 128 + m * k * 3 + m * n * 2
-            floor = max(bytes_ / bw, 2 * m * n * k / FP8_TFLOPS) * 1e6
-            ref = w8a8_reference(x[:64], q, s, layout).float()
-            err = (fp8_linear(x[:64], q, s, layout).float() - ref).abs().max().item() / ref.abs().max().item()
-            print(f"| {name} | {m} | {t16:.1f} | {t8:.1f} | {tg:.1f} | {floor:.1f} | {t8 / floor:.2f} | {t8 / t16:.2f} | {err:.1e} |")
+            print(row(name, w, m, bw))
+
+
+def row(name: str, w: torch.Tensor, m: int, bw: float) -> str:
+    """One shape's times, floor and error, as a markdown table row."""
+    (n, k), layout = w.shape, Fp8Layout(*w.shape, 0, 128)
+    q, s = quantize_weight(w)
+    w16 = w.bfloat16()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    xq, xs = quantize_activation(x, layout)
+    t16 = timed_us(lambda: F.linear(x, w16))
+    t8 = timed_us(lambda: fp8_linear(x, q, s, layout))
+    tg = timed_us(lambda: fp8_matmul(xq, xs, q, s, layout, torch.bfloat16))
+    bytes_ = n * k + (n // 128) * (k // 128) * 4 + m * k * 3 + m * n * 2  # weights, scales, x, x quantized, y
+    floor = max(bytes_ / bw, 2 * m * n * k / FP8_TFLOPS) * 1e6
+    ref = w8a8_reference(x[:64], q, s, layout).float()
+    err = (fp8_linear(x[:64], q, s, layout).float() - ref).abs().max().item() / ref.abs().max().item()
+    cells = [name, m, f"{t16:.1f}", f"{t8:.1f}", f"{tg:.1f}", f"{floor:.1f}", f"{t8 / floor:.2f}"]
+    return "| " + " | ".join(map(str, [*cells, f"{t8 / t16:.2f}", f"{err:.1e}"])) + " |"
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ PATHS = {
     # prefix cache hits and preemption: a 14-block cache of 4-token blocks
     "prefix_cache_preemption": dict(kvcache_block_size=4, num_kvcache_blocks=14, max_num_batched_tokens=64),
     "chunked_prefill_mixed": dict(kvcache_block_size=16, max_num_batched_tokens=8, batching="mixed"),
-    "prefill_first_block_8": dict(kvcache_block_size=8, batching="prefill_first", enable_prefix_caching=False),
+    "prefill_first_block_8": dict(
+        kvcache_block_size=8, batching="prefill_first", enable_prefix_caching=False
+    ),
 }
 
 
