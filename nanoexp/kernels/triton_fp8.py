@@ -3,7 +3,8 @@ of kernels/fp8_reference.py (its oracle). Three kernels:
 
 - per-token-group activation quantization: x -> e4m3 [M, k_padded] at the layout's offset, scales [M, KB];
 - the GEMV for decode rows (M <= GEMV_ROWS): fp8 weights streamed once (half a bf16 weight's bytes), each
-  128-block's fp32 dot products scaled by both scales, FMAs on CUDA cores;
+  128-block's fp32 dot products scaled by both scales, FMAs on CUDA cores; it quantizes its rows itself
+  (the same arithmetic as the quantization kernel), so a decode-sized linear layer is one launch;
 - the GEMM above: tl.dot on e4m3 operands (Hopper's fp8 tensor cores), one 128-wide K block per
   iteration, its fp32 product scaled by the row's activation scale and the column's weight scale.
 
@@ -71,9 +72,20 @@ def _quantize_groups_kernel(
     tl.store(s_ptr + row * stride_sm + group, scale)
 
 
+@triton.jit
+def _quantized_row_tile(x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE: tl.constexpr):
+    """KB_TILE groups of one row of x quantized as _quantize_groups_kernel does: (q [KB_TILE, 128] in fp32,
+    scales [KB_TILE])."""
+    local = kb0 * 128 + tl.arange(0, KB_TILE * 128) - K_OFFSET
+    x = tl.load(x_row + local, mask=(local >= 0) & (local < K_LOCAL), other=0.0).to(tl.float32)
+    x3 = tl.reshape(x, [KB_TILE, 128])
+    scale = tl.maximum(tl.max(tl.abs(x3), axis=1), eps) / fp8_max
+    return _round_to_e4m3(tl.clamp(x3 / scale[:, None], -fp8_max, fp8_max)), scale
+
+
 @triton.jit(do_not_specialize=["M"])
 def _fp8_gemv_kernel(
-    xq_ptr,
+    x_ptr,
     xs_ptr,
     w_ptr,
     ws_ptr,
@@ -81,18 +93,25 @@ def _fp8_gemv_kernel(
     M,
     N,
     KB,
-    stride_xq,
+    stride_x,
     stride_xs,
     stride_w,
     stride_ws,
     stride_y,
     ROW_BLOCK,
+    K_LOCAL,
+    K_OFFSET,
+    eps,
+    fp8_max,
+    QUANTIZE: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     KB_TILE: tl.constexpr,
 ):
     """Rows 0..M-1 (M <= ROWS) of BLOCK_N output columns; KB_TILE weight blocks per iteration (KB is a
-    multiple of it, so no K mask)."""
+    multiple of it, so no K mask). QUANTIZE: x is the unquantized activation [M, K_LOCAL], quantized here
+    per group (each program redoes it: a decode row is a few KB read from L2), one launch fewer; else x
+    is quantized [M, k_padded] with scales xs."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     safe_cols = tl.where(col_mask, cols, 0).to(tl.int64)
@@ -108,9 +127,15 @@ def _fp8_gemv_kernel(
         ws = tl.load(ws_tile + kb0)
         for m in tl.static_range(ROWS):
             if m < M:
-                x = tl.load(xq_ptr + m * stride_xq + kb0 * 128 + kk).to(tl.float32)
-                xs = tl.load(xs_ptr + m * stride_xs + kb0 + kbs)
-                part = tl.sum(w3 * tl.reshape(x, [1, KB_TILE, 128]), axis=2)
+                if QUANTIZE:
+                    x3, xs = _quantized_row_tile(
+                        x_ptr + m * stride_x, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE
+                    )
+                else:
+                    x = tl.load(x_ptr + m * stride_x + kb0 * 128 + kk).to(tl.float32)
+                    x3 = tl.reshape(x, [KB_TILE, 128])
+                    xs = tl.load(xs_ptr + m * stride_xs + kb0 + kbs)
+                part = tl.sum(w3 * x3[None, :, :], axis=2)
                 contrib = tl.sum(part * ws * xs[None, :], axis=1)
                 acc += tl.where(rows[:, None] == m, contrib[None, :], 0.0)
     out = y_ptr + rows[:, None] * stride_y + cols[None, :]
@@ -210,11 +235,16 @@ def fp8_matmul(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """y [M, N] in `dtype` from quantized activations and block-scaled weights."""
-    m, n, kb = xq.shape[0], layout.n, layout.k_blocks
+    m, n = xq.shape[0], layout.n
     y = torch.empty(m, n, dtype=dtype, device=xq.device)
     if m == 0:
         return y
-    args = (
+    if m <= GEMV_ROWS:
+        _gemv(xq, xs, weight, scale, layout, y, quantize=False)
+        return y
+    block_m, block_n, warps, stages = gemm_config(m)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _fp8_gemm_kernel[grid](
         xq,
         xs,
         weight,
@@ -222,28 +252,51 @@ def fp8_matmul(
         y,
         m,
         n,
-        kb,
+        layout.k_blocks,
         xq.stride(0),
         xs.stride(0),
         weight.stride(0),
         scale.stride(0),
         y.stride(0),
         layout.row_block,
-    )
-    if m <= GEMV_ROWS:
-        block_n = gemv_block_n(n, num_sms(xq.device))
-        kb_tile = next(t for t in (4, 2, 1) if kb % t == 0)
-        rows = triton.next_power_of_2(m)
-        _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
-            *args, ROWS=rows, BLOCK_N=block_n, KB_TILE=kb_tile, num_warps=4
-        )
-        return y
-    block_m, block_n, warps, stages = gemm_config(m)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _fp8_gemm_kernel[grid](
-        *args, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=UPCAST_DOT, num_warps=warps, num_stages=stages
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        UPCAST=UPCAST_DOT,
+        num_warps=warps,
+        num_stages=stages,
     )
     return y
+
+
+def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool) -> None:
+    m, n, kb = x.shape[0], layout.n, layout.k_blocks
+    block_n = gemv_block_n(n, num_sms(x.device))
+    kb_tile = next(t for t in (4, 2, 1) if kb % t == 0)
+    _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
+        x,
+        xs,
+        weight,
+        scale,
+        y,
+        m,
+        n,
+        kb,
+        x.stride(0),
+        xs.stride(0),
+        weight.stride(0),
+        scale.stride(0),
+        y.stride(0),
+        layout.row_block,
+        layout.k_local,
+        layout.k_offset,
+        ACT_EPS,
+        FP8_MAX,
+        QUANTIZE=quantize,
+        ROWS=triton.next_power_of_2(m),
+        BLOCK_N=block_n,
+        KB_TILE=kb_tile,
+        num_warps=4,
+    )
 
 
 def fp8_linear(
@@ -260,8 +313,12 @@ def fp8_linear(
     x2 = x.reshape(-1, layout.k_local)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    xq, xs = quantize_activation(x2, layout, amax)
-    y = fp8_matmul(xq, xs, weight, scale, layout, x.dtype)
+    if amax is None and 0 < x2.shape[0] <= GEMV_ROWS:  # the GEMV quantizes its rows itself
+        y = torch.empty(x2.shape[0], layout.n, dtype=x.dtype, device=x.device)
+        _gemv(x2, y, weight, scale, layout, y, quantize=True)  # (y stands in for the unused scales)
+    else:
+        xq, xs = quantize_activation(x2, layout, amax)
+        y = fp8_matmul(xq, xs, weight, scale, layout, x.dtype)
     if bias is not None:
         y = y + bias
     return y.view(*lead, layout.n)

@@ -121,3 +121,18 @@ def test_gpu_fp8_linear_replays_in_a_cuda_graph():
     torch.cuda.synchronize()
     want = w8a8_reference(x, q, s, layout)
     assert torch.allclose(y.float(), want.float(), rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("shape", LAYOUTS[1:])
+def test_fp8_linear_with_given_amax_matches_the_reference(shape, rows):
+    """The path of a row-parallel shard whose groups straddle ranks: quantization kernel, then the GEMV
+    on quantized rows (or the GEMM)."""
+    torch.manual_seed(4)
+    layout = Fp8Layout(*shape)
+    q, s = random_weights(layout)
+    x = torch.randn(rows, layout.k_local, device=DEVICE)
+    amax = group_amax(x, layout) * 1.5
+    want = w8a8_reference(x, q, s, layout, amax=amax)
+    got = triton_fp8.fp8_linear(x, q, s, layout, amax=amax)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
