@@ -174,3 +174,15 @@ def bind_fp8_gemm(model: nn.Module, gemm: Fp8Gemm) -> None:
         fp8 = getattr(module, "fp8", None)
         if isinstance(fp8, Fp8Weights):
             fp8.gemm = gemm
+
+
+def weight_quantization(model: nn.Module) -> tuple[str, str]:
+    """(the weights' format: 'fp8' or 'none', the fp8 GEMM bound: 'triton', 'torch' or '')."""
+    gemms = {
+        getattr(m.fp8.gemm, "__module__", "")
+        for m in model.modules()
+        if isinstance(getattr(m, "fp8", None), Fp8Weights)
+    }
+    if not gemms:
+        return "none", ""
+    return "fp8", "triton" if any("triton" in g for g in gemms) else "torch"

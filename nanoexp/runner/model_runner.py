@@ -17,6 +17,7 @@ from nanoexp.kernels import pdl
 from nanoexp.kernels.select import triton_available
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.compiled import use_compiled
+from nanoexp.layers.quantization import weight_quantization
 from nanoexp.layers.sampler import Sampler, SamplingTensors, pick_shard_winner
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, DecodeGraphs, StepGraphs
 from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, prepare_step
@@ -339,6 +340,7 @@ class ModelRunner:
             "attention_backend_selection": self.backend.selection,
             "gemm_backend": self.skinny_gemm.describe() if self.skinny_gemm else "torch",
             "swiglu_kernel": self.swiglu_kernel,
+            **dict(zip(("weight_quantization", "fp8_gemm"), weight_quantization(self.model), strict=True)),
             "pdl": pdl.enabled(),
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,
