@@ -1,6 +1,7 @@
 """Qwen3-8B's linear layers in fp8 (the Triton kernels) against bf16 (cuBLAS) and against their floors:
-bytes over the measured copy bandwidth, FLOPs over the dense bf16 / fp8 rates. Each time is the median of
-CUDA-graph replays of 20 back-to-back calls. Also checks each kernel's result against the torch reference."""
+bytes over the measured copy bandwidth, FLOPs over the dense fp8 rate. Each time is the median of CUDA-graph
+replays of 20 back-to-back calls. Each row also checks the kernel's result against the torch reference, and
+a few tile configurations are timed beside the default (decode GEMV at 1 row, skinny GEMM at 16, 4,096)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from nanoexp.kernels.fp8_reference import Fp8Layout, quantize_weight, w8a8_reference
-from nanoexp.kernels.triton_fp8 import fp8_linear, fp8_matmul, quantize_activation
+from nanoexp.kernels.triton_fp8 import GemmConfig, GemvConfig, fp8_linear, fp8_matmul, quantize_activation
 
 SHAPES = {
     "qkv_proj": (6144, 4096),
@@ -18,10 +19,26 @@ SHAPES = {
     "gate_up_proj": (24576, 4096),
     "down_proj": (4096, 12288),
 }
+FP8_TFLOPS = 1580e12  # DESIGN.md: ~790 TFLOP/s bf16 dense measured, fp8 twice that
 COLUMNS = (
     "layer|M|bf16 us|fp8 us (quant+GEMM)|fp8 GEMM only us|fp8 floor us|fp8/floor|fp8/bf16|rel err vs ref"
 )
-BF16_TFLOPS, FP8_TFLOPS = 790e12, 1580e12  # DESIGN.md's measured dense rates (fp8 twice bf16)
+CANDIDATES = {
+    1: [GemvConfig(4, 4), GemvConfig(8, 4), GemvConfig(8, 8), GemvConfig(16, 4, 8), GemvConfig(32, 2, 8)],
+    16: [
+        GemmConfig(16, 32, 4, 4),
+        GemmConfig(16, 64, 4, 4),
+        GemmConfig(16, 128, 4, 3),
+        GemmConfig(16, 64, 4, 6),
+    ],
+    4096: [
+        GemmConfig(128, 128, 8, 3),
+        GemmConfig(128, 128, 8, 4),
+        GemmConfig(128, 256, 8, 3),
+        GemmConfig(64, 128, 4, 4),
+        GemmConfig(128, 64, 4, 4),
+    ],
+}
 
 
 def timed_us(fn, calls: int = 20, reps: int = 15) -> float:
@@ -58,10 +75,23 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s")
     print("| " + " | ".join(COLUMNS.split("|")) + " |")
     print("|---" * len(COLUMNS.split("|")) + "|")
-    for name, (n, k) in SHAPES.items():
-        w = torch.randn(n, k, device="cuda") * 0.02
-        for m in (1, 2, 4, 8, 16, 4096):
+    weights = {name: torch.randn(n, k, device="cuda") * 0.02 for name, (n, k) in SHAPES.items()}
+    for name, w in weights.items():
+        for m in (1, 2, 4, 8, 16, 64, 4096):
             print(row(name, w, m, bw))
+    print("\nTile configurations (fp8 us, quantization included):")
+    for m, configs in CANDIDATES.items():
+        for name, w in weights.items():
+            print(f"M={m} {name}: {tile_times(w, m, configs)}")
+
+
+def tile_times(w: torch.Tensor, m: int, configs: list) -> str:
+    layout = Fp8Layout(*w.shape, 0, 128)
+    q, s = quantize_weight(w)
+    x = torch.randn(m, w.shape[1], device="cuda", dtype=torch.bfloat16)
+    times = {c: timed_us(lambda c=c: fp8_linear(x, q, s, layout, config=c)) for c in configs}
+    best = min(times, key=times.get)
+    return f"best {best} {times[best]:.1f} us | " + ", ".join(f"{c}: {t:.1f}" for c, t in times.items())
 
 
 def row(name: str, w: torch.Tensor, m: int, bw: float) -> str:

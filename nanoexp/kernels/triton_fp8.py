@@ -14,6 +14,7 @@ M is never specialized (`do_not_specialize`), so a step's token count picks amon
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -160,10 +161,19 @@ def _fp8_gemm_kernel(
     ROW_BLOCK,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Tiles in groups of GROUP_M row tiles per column sweep, so neighbours share weight tiles in L2."""
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    tile_m = first_m + (pid % (GROUP_M * tiles_n)) % group_rows
+    tile_n = (pid % (GROUP_M * tiles_n)) // group_rows
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask, col_mask = rows < M, cols < N
     safe_rows = tl.where(row_mask, rows, 0).to(tl.int64)
     safe_cols = tl.where(col_mask, cols, 0).to(tl.int64)
@@ -211,19 +221,35 @@ def quantize_activation(
     return q, s
 
 
-def gemv_block_n(n: int, sms: int) -> int:
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    kb_tile: int  # 128-blocks of K per iteration (the largest of it, 2 and 1 that divides K's blocks)
+    num_warps: int = 4
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+
+def default_gemv_config(n: int, sms: int) -> GemvConfig:
     """Narrow enough column tiles for about four programs per SM."""
     block_n = 16
     while block_n > 4 and triton.cdiv(n, block_n) < 4 * sms:
         block_n //= 2
-    return block_n
+    return GemvConfig(block_n, 4)
 
 
-def gemm_config(m: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) by row count: a few variants, all compiled at warm-up."""
+def default_gemm_config(m: int) -> GemmConfig:
+    """By row count: a few variants, all compiled at warm-up or graph capture."""
     if m > 64:
-        return 128, 128, 8, 3
-    return max(16, triton.next_power_of_2(m)), 32, 4, 4
+        return GemmConfig(128, 128, 8, 3)
+    return GemmConfig(max(16, triton.next_power_of_2(m)), 32, 4, 4)
 
 
 def fp8_matmul(
@@ -233,17 +259,18 @@ def fp8_matmul(
     scale: torch.Tensor,
     layout: Fp8Layout,
     dtype: torch.dtype,
+    config: GemvConfig | GemmConfig | None = None,
 ) -> torch.Tensor:
-    """y [M, N] in `dtype` from quantized activations and block-scaled weights."""
+    """y [M, N] in `dtype` from quantized activations and block-scaled weights (`config`: benchmarks)."""
     m, n = xq.shape[0], layout.n
     y = torch.empty(m, n, dtype=dtype, device=xq.device)
     if m == 0:
         return y
-    if m <= GEMV_ROWS:
-        _gemv(xq, xs, weight, scale, layout, y, quantize=False)
+    if isinstance(config, GemvConfig) or (config is None and m <= GEMV_ROWS):
+        _gemv(xq, xs, weight, scale, layout, y, False, config)
         return y
-    block_m, block_n, warps, stages = gemm_config(m)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    config = config or default_gemm_config(m)
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
     _fp8_gemm_kernel[grid](
         xq,
         xs,
@@ -259,20 +286,21 @@ def fp8_matmul(
         scale.stride(0),
         y.stride(0),
         layout.row_block,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        GROUP_M=config.group_m,
         UPCAST=UPCAST_DOT,
-        num_warps=warps,
-        num_stages=stages,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return y
 
 
-def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool) -> None:
+def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: GemvConfig | None) -> None:
     m, n, kb = x.shape[0], layout.n, layout.k_blocks
-    block_n = gemv_block_n(n, num_sms(x.device))
-    kb_tile = next(t for t in (4, 2, 1) if kb % t == 0)
-    _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
+    config = config or default_gemv_config(n, num_sms(x.device))
+    kb_tile = next(t for t in (config.kb_tile, 2, 1) if kb % t == 0)
+    _fp8_gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x,
         xs,
         weight,
@@ -293,9 +321,9 @@ def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool) -> None:
         FP8_MAX,
         QUANTIZE=quantize,
         ROWS=triton.next_power_of_2(m),
-        BLOCK_N=block_n,
+        BLOCK_N=config.block_n,
         KB_TILE=kb_tile,
-        num_warps=4,
+        num_warps=config.num_warps,
     )
 
 
@@ -306,19 +334,21 @@ def fp8_linear(
     layout: Fp8Layout,
     bias: torch.Tensor | None = None,
     amax: torch.Tensor | None = None,
+    config: GemvConfig | GemmConfig | None = None,
 ) -> torch.Tensor:
     """x [..., k_local] -> [..., n]: quantize per token and group, then the GEMV or GEMM (+ bias after
-    rounding, as the reference). `amax` as in fp8_reference.quantize_activation."""
+    rounding, as the reference). `amax` as in fp8_reference.quantize_activation; `config`: benchmarks."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, layout.k_local)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if amax is None and 0 < x2.shape[0] <= GEMV_ROWS:  # the GEMV quantizes its rows itself
+    gemv = isinstance(config, GemvConfig) or (config is None and x2.shape[0] <= GEMV_ROWS)
+    if amax is None and x2.shape[0] > 0 and gemv:  # the GEMV quantizes its rows itself
         y = torch.empty(x2.shape[0], layout.n, dtype=x.dtype, device=x.device)
-        _gemv(x2, y, weight, scale, layout, y, quantize=True)  # (y stands in for the unused scales)
+        _gemv(x2, y, weight, scale, layout, y, True, config)  # (y stands in for the unused scales)
     else:
         xq, xs = quantize_activation(x2, layout, amax)
-        y = fp8_matmul(xq, xs, weight, scale, layout, x.dtype)
+        y = fp8_matmul(xq, xs, weight, scale, layout, x.dtype, config)
     if bias is not None:
         y = y + bias
     return y.view(*lead, layout.n)
