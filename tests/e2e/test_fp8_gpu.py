@@ -94,8 +94,10 @@ def test_gpu_no_timed_step_compiles(quantization, kv_cache_dtype):
         dtype="bfloat16",
         quantization=quantization,
         kv_cache_dtype=kv_cache_dtype,
-        max_num_seqs=512,
+        max_num_seqs=128,
         max_model_len=4096,
+        batching="prefill_first",
+        enable_chunked_prefill=False,
     )
     with llm:
         llm.generate([prompts[0][:16]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
