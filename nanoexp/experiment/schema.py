@@ -381,6 +381,7 @@ class NanoexpConfig:
             ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size, 1),
             ("cache.kv_cache_dtype", self.cache.kv_cache_dtype, "auto"),
             ("cache.num_blocks", self.cache.num_blocks, -1),
+            ("model.quantization", self.model.quantization, "none"),
         )
         for knob, value, default in baseline_only if self.engine.kind is EngineKind.hf else ():
             if value != default:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,15 +47,19 @@ def test_fp8_job_reports_weight_quality_beside_speed(tmp_path):
     assert fp8["mean_tpot_ms"] > 0
 
 
-def test_bad_quantization_value_is_one_line_exit_2(tmp_path):
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.quantization=int4"], "model.quantization='int4' is invalid: must be one of none, fp8"),
+        (
+            ["model.quantization=fp8", "engine=hf"],
+            "model.quantization='fp8' is invalid: must be 'none' with engine=hf",
+        ),
+    ],
+)
+def test_bad_quantization_is_one_line_exit_2(tmp_path, overrides, message):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "HOME": str(tmp_path)}
-    cmd = [
-        sys.executable,
-        "run.py",
-        "model=qwen3_tiny",
-        "model.quantization=int4",
-        f"hydra.run.dir={tmp_path}",
-    ]
+    cmd = [sys.executable, "run.py", "model=qwen3_tiny", *overrides, f"hydra.run.dir={tmp_path}"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
-    assert "model.quantization='int4' is invalid: must be one of none, fp8" in proc.stderr
+    assert message in proc.stderr
