@@ -24,7 +24,15 @@ COLUMNS = (
     "layer|M|bf16 us|fp8 us (quant+GEMM)|fp8 GEMM only us|fp8 floor us|fp8/floor|fp8/bf16|rel err vs ref"
 )
 CANDIDATES = {
-    1: [GemvConfig(4, 4), GemvConfig(8, 4), GemvConfig(8, 8), GemvConfig(16, 4, 8), GemvConfig(32, 2, 8)],
+    1: [
+        GemvConfig(4, 4),
+        GemvConfig(8, 4),
+        GemvConfig(8, 8),
+        GemvConfig(16, 4, 8),
+        GemvConfig(32, 2, 8),
+        GemmConfig(16, 32, 4, 4),  # the tensor-core kernel at one row (rows padded to 16)
+        GemmConfig(16, 64, 4, 6),
+    ],
     16: [
         GemmConfig(16, 32, 4, 4),
         GemmConfig(16, 64, 4, 4),
