@@ -101,9 +101,17 @@ def test_gpu_no_timed_step_compiles(quantization, kv_cache_dtype):
     )
     with llm:
         llm.generate([prompts[0][:16]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+        graphs_before = torch_compiled_graphs()
         with CompileLog() as compiled:
             llm.generate(prompts, params, use_tqdm=False)
             torch.cuda.synchronize()
     assert compiled.names == [], (
         f"timed work compiled {len(compiled.names)} kernels: {sorted(set(compiled.names))}"
     )
+    assert torch_compiled_graphs() == graphs_before, "timed work ran torch.compile"
+
+
+def torch_compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
