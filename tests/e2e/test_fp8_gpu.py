@@ -80,12 +80,12 @@ class CompileLog:
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
 @pytest.mark.parametrize("quantization", ["none", "fp8"])
 def test_gpu_no_timed_step_compiles(quantization, kv_cache_dtype):
-    """nanovllm_bench's shape of work (prompts of 100..1024 tokens, 100..400 outputs, prefill_first and
-    mixed steps) after the experiment layer's warm-up request: no Triton kernel compiles."""
+    """nanovllm_bench's shape of work (its scheduler; prompts of 100..1024 tokens, 50..300 outputs, decode
+    batches from 1 to 96) after the experiment layer's warm-up request: no kernel compiles."""
     rng = random.Random(1)
-    prompts = [[rng.randrange(150000) for _ in range(rng.randint(100, 1024))] for _ in range(48)]
+    prompts = [[rng.randrange(150000) for _ in range(rng.randint(100, 1024))] for _ in range(96)]
     params = [
-        SamplingParams(temperature=0, max_tokens=rng.randint(100, 400), ignore_eos=True) for _ in prompts
+        SamplingParams(temperature=0, max_tokens=rng.randint(50, 300), ignore_eos=True) for _ in prompts
     ]
     llm = LLM(
         "dummy",
