@@ -11,6 +11,7 @@ LOG="$OUT/fp8.log"; : > "$LOG"
 export PYTHONPATH="${PYTHONPATH:-}:$PWD" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-285} - ($(date +%s) - start) )); }
+cap() { local l; l=$(left); [ "$l" -lt 5 ] && l=5; echo $(( l < $1 ? l : $1 )); }  # a part's limit: its cap or what is left
 say() { echo "== $* (t=$(( $(date +%s) - start )) s)" | tee -a "$LOG"; }
 MODEL=(model=qwen3_8b model.load_format=dummy model.dtype=bfloat16 logger=none metrics.weight_quality.num_requests=0)
 
@@ -18,15 +19,15 @@ say "machine"; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --f
 git log --oneline -1 >> "$LOG" 2>&1
 
 say "gpu tests: kernels, the fp8 checkpoint on the GPU path"
-timeout 45 python3 -m pytest -q -m gpu --durations=5 tests/kernels/test_fp8_kernels.py \
+timeout $(cap 60) python3 -m pytest -q -m gpu --durations=5 tests/kernels/test_fp8_kernels.py \
   tests/e2e/test_fp8_gpu.py -k "not no_timed_step_compiles" >> "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
 say "gpu tests: no timed step compiles (weights none/fp8 x KV auto/fp8)"
-timeout 75 python3 -m pytest -q -m gpu --durations=4 tests/e2e/test_fp8_gpu.py -k no_timed_step_compiles >> "$LOG" 2>&1
+timeout $(cap 80) python3 -m pytest -q -m gpu --durations=4 tests/e2e/test_fp8_gpu.py -k no_timed_step_compiles >> "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
 
 say "kernel microbenchmarks"
-timeout 60 python3 experiments/fp8/kernel_bench.py >> "$LOG" 2>&1; echo "bench exit $?" >> "$LOG"
+timeout $(cap 55) python3 experiments/fp8/kernel_bench.py >> "$LOG" 2>&1; echo "bench exit $?" >> "$LOG"
 
 summary() { python3 - "$1" "$2" <<'PY' >> "$LOG" 2>&1
 import csv, glob, json, os, statistics, sys
@@ -50,14 +51,14 @@ PY
 }
 
 say "batch-1 TPOT, Qwen3-8B, quantization none,fp8"
-timeout $(( $(left) > 65 ? 65 : $(left) )) python3 run.py -m "${MODEL[@]}" model.quantization=none,fp8 \
+timeout $(cap 55) python3 run.py -m "${MODEL[@]}" model.quantization=none,fp8 \
   workload=latency workload.batch_size=1 workload.input_len=128 workload.output_len=128 \
   workload.num_iters=4 workload.num_iters_warmup=1 hydra.sweep.dir=/tmp/fp8_tpot 'hydra.sweep.subdir=${hydra.job.num}' \
   > /tmp/fp8_tpot.log 2>&1; echo "exit $?" >> "$LOG"; tail -4 /tmp/fp8_tpot.log >> "$LOG"
 summary /tmp/fp8_tpot none
 
 say "4,096-token prefill step, Qwen3-8B, quantization none,fp8"
-timeout $(( $(left) > 50 ? 50 : $(left) )) python3 run.py -m "${MODEL[@]}" model.quantization=none,fp8 \
+timeout $(cap 45) python3 run.py -m "${MODEL[@]}" model.quantization=none,fp8 \
   workload=latency workload.batch_size=1 workload.input_len=4096 workload.output_len=1 \
   workload.num_iters=5 workload.num_iters_warmup=1 hydra.sweep.dir=/tmp/fp8_prefill 'hydra.sweep.subdir=${hydra.job.num}' \
   > /tmp/fp8_prefill.log 2>&1; echo "exit $?" >> "$LOG"; tail -4 /tmp/fp8_prefill.log >> "$LOG"
