@@ -122,9 +122,14 @@ def _fp8_gemv_kernel(
     acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     w_tile = w_ptr + safe_cols[:, None] * stride_w + kk[None, :]
     ws_tile = ws_ptr + (safe_cols // ROW_BLOCK)[:, None] * stride_ws + kbs[None, :]
+    w_next = tl.load(w_tile, eviction_policy="evict_first")
     for kb0 in range(0, KB, KB_TILE):
-        w = tl.load(w_tile + kb0 * 128, eviction_policy="evict_first").to(tl.float32)
-        w3 = tl.reshape(w, [BLOCK_N, KB_TILE, 128])
+        # the next tile's load is issued before this one's arithmetic: two tiles in flight per program
+        w = w_next
+        w_next = tl.load(
+            w_tile + tl.minimum(kb0 + KB_TILE, KB - KB_TILE) * 128, eviction_policy="evict_first"
+        )
+        w3 = tl.reshape(w.to(tl.float32), [BLOCK_N, KB_TILE, 128])
         ws = tl.load(ws_tile + kb0)
         for m in tl.static_range(ROWS):
             if m < M:
