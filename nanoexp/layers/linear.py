@@ -28,6 +28,8 @@ class LinearBase(nn.Module):
     """Holds a [out_local, in_local] weight (and bias); `tp_dim` is the sharded weight dim. Sharded
     sizes divide evenly: the model passed `config.parallel.check_split`."""
 
+    quantizable = True  # built in fp8 under `quantization.building("fp8")`; False keeps it dense (a router)
+
     def __init__(self, in_features: int, out_features: int, bias: bool, tp_dim: int):
         super().__init__()
         self.tp_dim = tp_dim
@@ -41,7 +43,7 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.fp8: Fp8Weights | None = None
-        if building_method() == "fp8":
+        if building_method() == "fp8" and self.quantizable:
             self.use_fp8(in_features, out_features)
 
     def use_fp8(self, in_features: int, out_features: int) -> None:
