@@ -24,6 +24,7 @@ from nanoexp.kernels.base import num_sms
 from nanoexp.kernels.fp8_reference import ACT_EPS, FP8_MAX, Fp8Layout
 
 GEMV_ROWS = 4
+QUANT_GROUPS = 8  # 128-groups per program of the quantization kernel (a row's 1,024 values)
 # The interpreter has no fp8 dot: there the operands (exact in fp16) are multiplied as fp16, fp32 sums.
 UPCAST_DOT = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -46,6 +47,7 @@ def _quantize_groups_kernel(
     q_ptr,
     s_ptr,
     M,
+    KB,
     K_LOCAL,
     K_OFFSET,
     stride_xm,
@@ -53,24 +55,26 @@ def _quantize_groups_kernel(
     stride_sm,
     eps,
     fp8_max,
+    GROUPS: tl.constexpr,
     HAS_AMAX: tl.constexpr,
 ):
-    """One program per (row, 128-group) of the padded layout: scale = max(amax, eps) / 448, q = x / scale;
-    HAS_AMAX: the group's amax is given ([M, k_blocks] like the scales)."""
+    """One program per row and GROUPS 128-groups of the padded layout: scale = max(amax, eps) / 448,
+    q = x / scale; HAS_AMAX: the groups' amax is given ([M, k_blocks] like the scales)."""
     row = tl.program_id(0).to(tl.int64)
-    group = tl.program_id(1)
-    padded = group * 128 + tl.arange(0, 128)
+    groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    group_mask = groups < KB
+    padded = groups[:, None] * 128 + tl.arange(0, 128)[None, :]
     local = padded - K_OFFSET
     mask = (local >= 0) & (local < K_LOCAL)
     x = tl.load(x_ptr + row * stride_xm + local, mask=mask, other=0.0).to(tl.float32)
     if HAS_AMAX:
-        amax = tl.load(amax_ptr + row * stride_sm + group)
+        amax = tl.load(amax_ptr + row * stride_sm + groups, mask=group_mask, other=0.0)
     else:
-        amax = tl.max(tl.abs(x), axis=0)
+        amax = tl.max(tl.abs(x), axis=1)
     scale = tl.maximum(amax, eps) / fp8_max
-    q = _round_to_e4m3(tl.clamp(x / scale, -fp8_max, fp8_max))
-    tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty))
-    tl.store(s_ptr + row * stride_sm + group, scale)
+    q = _round_to_e4m3(tl.clamp(x / scale[:, None], -fp8_max, fp8_max))
+    tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty), mask=group_mask[:, None])
+    tl.store(s_ptr + row * stride_sm + groups, scale, mask=group_mask)
 
 
 @triton.jit
@@ -207,13 +211,15 @@ def quantize_activation(
     m = x.shape[0]
     q = torch.empty(m, layout.k_padded, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(m, layout.k_blocks, dtype=torch.float32, device=x.device)
+    groups = min(QUANT_GROUPS, triton.next_power_of_2(layout.k_blocks))
     if m:
-        _quantize_groups_kernel[(m, layout.k_blocks)](
+        _quantize_groups_kernel[(m, triton.cdiv(layout.k_blocks, groups))](
             x,
             amax if amax is not None else s,
             q,
             s,
             m,
+            layout.k_blocks,
             layout.k_local,
             layout.k_offset,
             x.stride(0),
@@ -221,6 +227,7 @@ def quantize_activation(
             s.stride(0),
             ACT_EPS,
             FP8_MAX,
+            GROUPS=groups,
             HAS_AMAX=amax is not None,
         )
     return q, s
