@@ -38,6 +38,7 @@ CANDIDATES = {
         GemmConfig(16, 64, 4, 4),
         GemmConfig(16, 128, 4, 3),
         GemmConfig(16, 64, 4, 6),
+        GemmConfig(16, 64, 4, 4, quantize_a=True),  # no quantization kernel: the GEMM quantizes x's tiles
     ],
     4096: [
         GemmConfig(128, 128, 8, 3),
@@ -45,6 +46,8 @@ CANDIDATES = {
         GemmConfig(128, 256, 8, 3),
         GemmConfig(64, 128, 4, 4),
         GemmConfig(128, 64, 4, 4),
+        GemmConfig(128, 128, 8, 3, quantize_a=True),
+        GemmConfig(128, 128, 8, 4, quantize_a=True),
     ],
 }
 

@@ -168,12 +168,18 @@ def _fp8_gemm_kernel(
     stride_ws,
     stride_y,
     ROW_BLOCK,
+    K_LOCAL,
+    eps,
+    fp8_max,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr,
+    QUANTIZE: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """Tiles in groups of GROUP_M row tiles per column sweep, so neighbours share weight tiles in L2."""
+    """Tiles in groups of GROUP_M row tiles per column sweep, so neighbours share weight tiles in L2.
+    QUANTIZE: xq_ptr is the unquantized x [M, K_LOCAL] (no offset), each 128-wide K step one group,
+    quantized in registers as the quantization kernel does (xs_ptr unused)."""
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     group = pid // (GROUP_M * tiles_n)
@@ -193,12 +199,18 @@ def _fp8_gemm_kernel(
     ws_col = ws_ptr + (safe_cols // ROW_BLOCK) * stride_ws
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kb in range(0, KB):
-        a = tl.load(x_tile + kb * 128)
+        if QUANTIZE:
+            x = tl.load(x_tile + kb * 128, mask=(kb * 128 + ks < K_LOCAL)[None, :], other=0.0).to(tl.float32)
+            a_scale = tl.maximum(tl.max(tl.abs(x), axis=1), eps) / fp8_max
+            a = _round_to_e4m3(tl.clamp(x / a_scale[:, None], -fp8_max, fp8_max)).to(w_ptr.dtype.element_ty)
+        else:
+            a = tl.load(x_tile + kb * 128)
+            a_scale = tl.load(xs_col + kb)
         b = tl.load(w_tile + kb * 128)
         if UPCAST:
             a, b = a.to(tl.float16), b.to(tl.float16)
         product = tl.dot(a, tl.trans(b))
-        acc += product * tl.load(xs_col + kb)[:, None] * tl.load(ws_col + kb)[None, :]
+        acc += product * a_scale[:, None] * tl.load(ws_col + kb)[None, :]
     out = y_ptr + safe_rows[:, None] * stride_y + cols[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
@@ -247,6 +259,7 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_m: int = 8
+    quantize_a: bool = False  # the GEMM quantizes x's tiles itself (no offset, no given amax)
 
 
 def default_gemv_config(n: int, sms: int) -> GemvConfig:
@@ -280,11 +293,16 @@ def fp8_matmul(
         return y
     if isinstance(config, GemvConfig) or (config is None and m <= GEMV_ROWS):
         _gemv(xq, xs, weight, scale, layout, y, False, config)
-        return y
-    config = config or default_gemm_config(m)
+    else:
+        _gemm(xq, xs, weight, scale, layout, y, False, config or default_gemm_config(m))
+    return y
+
+
+def _gemm(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: GemmConfig) -> None:
+    m, n = x.shape[0], layout.n
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
     _fp8_gemm_kernel[grid](
-        xq,
+        x,
         xs,
         weight,
         scale,
@@ -292,20 +310,23 @@ def fp8_matmul(
         m,
         n,
         layout.k_blocks,
-        xq.stride(0),
+        x.stride(0),
         xs.stride(0),
         weight.stride(0),
         scale.stride(0),
         y.stride(0),
         layout.row_block,
+        layout.k_local,
+        ACT_EPS,
+        FP8_MAX,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         GROUP_M=config.group_m,
+        QUANTIZE=quantize,
         UPCAST=UPCAST_DOT,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    return y
 
 
 def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: GemvConfig | None) -> None:
@@ -354,10 +375,15 @@ def fp8_linear(
     x2 = x.reshape(-1, layout.k_local)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    gemv = isinstance(config, GemvConfig) or (config is None and x2.shape[0] <= GEMV_ROWS)
-    if amax is None and x2.shape[0] > 0 and gemv:  # the GEMV quantizes its rows itself
-        y = torch.empty(x2.shape[0], layout.n, dtype=x.dtype, device=x.device)
+    m = x2.shape[0]
+    gemv = isinstance(config, GemvConfig) or (config is None and m <= GEMV_ROWS)
+    gemm = config if isinstance(config, GemmConfig) else default_gemm_config(m)
+    if amax is None and m > 0 and gemv:  # the GEMV quantizes its rows itself
+        y = torch.empty(m, layout.n, dtype=x.dtype, device=x.device)
         _gemv(x2, y, weight, scale, layout, y, True, config)  # (y stands in for the unused scales)
+    elif amax is None and m > 0 and gemm.quantize_a and layout.k_offset == 0:  # so does this GEMM
+        y = torch.empty(m, layout.n, dtype=x.dtype, device=x.device)
+        _gemm(x2, y, weight, scale, layout, y, True, gemm)
     else:
         xq, xs = quantize_activation(x2, layout, amax)
         y = fp8_matmul(xq, xs, weight, scale, layout, x.dtype, config)

@@ -141,3 +141,16 @@ def test_fp8_linear_with_given_amax_matches_the_reference(shape, rows):
     want = w8a8_reference(x, q, s, layout, amax=amax)
     got = triton_fp8.fp8_linear(x, q, s, layout, amax=amax)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("rows", [5, 20])
+@pytest.mark.parametrize("shape", [LAYOUTS[0], LAYOUTS[2]])
+def test_gemm_quantizing_its_own_tiles_matches_the_reference(shape, rows):
+    torch.manual_seed(5)
+    layout = Fp8Layout(*shape)
+    q, s = random_weights(layout)
+    x = torch.randn(rows, layout.k_local, device=DEVICE)
+    config = triton_fp8.GemmConfig(16, 32, 4, 2, quantize_a=True)
+    want = w8a8_reference(x, q, s, layout)
+    got = triton_fp8.fp8_linear(x, q, s, layout, config=config)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
