@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device call for the fp8-weights study (one H100 or H200, repo root; hydra/wandb importable):
 #   bash experiments/fp8/gpu_check.sh
-# Writes $OUT/fp8.log (everything) and $OUT/fp8_sweep.tgz (the run.py outputs). Parts, in order: the fp8
-# GPU tests; the kernel microbenchmarks against their floors (Qwen3-8B shapes); one run.py sweep of
-# Qwen3-8B dummy weights with model.quantization=none,fp8: batch-1 TPOT, a 4,096-token prefill step, and
-# (time left permitting) nanovllm_bench-style throughput with and without an fp8 KV cache.
+# Writes $OUT/fp8.log (everything) and $OUT/fp8_sweep.tgz (the run.py outputs). Parts, in order, each
+# capped by what is left of ~285 s: the fp8 GPU tests; one run.py sweep per table of Qwen3-8B dummy
+# weights with model.quantization=none,fp8 (batch-1 TPOT, a 4,096-token prefill step); the kernel
+# microbenchmarks against their floors (Qwen3-8B shapes); with time left, nanovllm_bench-style throughput
+# with and without an fp8 KV cache.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 LOG="$OUT/fp8.log"; : > "$LOG"
@@ -19,15 +20,12 @@ say "machine"; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --f
 git log --oneline -1 >> "$LOG" 2>&1
 
 say "gpu tests: kernels, the fp8 checkpoint on the GPU path"
-timeout $(cap 60) python3 -m pytest -q -m gpu --durations=5 tests/kernels/test_fp8_kernels.py \
+timeout $(cap 50) python3 -m pytest -q -m gpu --durations=5 tests/kernels/test_fp8_kernels.py \
   tests/e2e/test_fp8_gpu.py -k "not no_timed_step_compiles" >> "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
 say "gpu tests: no timed step compiles (weights none/fp8 x KV auto/fp8)"
-timeout $(cap 80) python3 -m pytest -q -m gpu --durations=4 tests/e2e/test_fp8_gpu.py -k no_timed_step_compiles >> "$LOG" 2>&1
+timeout $(cap 70) python3 -m pytest -q -m gpu --durations=4 tests/e2e/test_fp8_gpu.py -k no_timed_step_compiles >> "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
-
-say "kernel microbenchmarks"
-timeout $(cap 55) python3 experiments/fp8/kernel_bench.py >> "$LOG" 2>&1; echo "bench exit $?" >> "$LOG"
 
 summary() { python3 - "$1" "$2" <<'PY' >> "$LOG" 2>&1
 import csv, glob, json, os, statistics, sys
@@ -51,18 +49,21 @@ PY
 }
 
 say "batch-1 TPOT, Qwen3-8B, quantization none,fp8"
-timeout $(cap 55) python3 run.py -m "${MODEL[@]}" model.quantization=none,fp8 \
-  workload=latency workload.batch_size=1 workload.input_len=128 workload.output_len=128 \
+timeout $(cap 70) python3 run.py -m "${MODEL[@]}" model.quantization=none,fp8 \
+  workload=latency workload.batch_size=1 workload.input_len=128 workload.output_len=128 scheduler.max_num_seqs=8 \
   workload.num_iters=4 workload.num_iters_warmup=1 hydra.sweep.dir=/tmp/fp8_tpot 'hydra.sweep.subdir=${hydra.job.num}' \
   > /tmp/fp8_tpot.log 2>&1; echo "exit $?" >> "$LOG"; tail -4 /tmp/fp8_tpot.log >> "$LOG"
 summary /tmp/fp8_tpot none
 
 say "4,096-token prefill step, Qwen3-8B, quantization none,fp8"
 timeout $(cap 45) python3 run.py -m "${MODEL[@]}" model.quantization=none,fp8 \
-  workload=latency workload.batch_size=1 workload.input_len=4096 workload.output_len=1 \
+  workload=latency workload.batch_size=1 workload.input_len=4096 workload.output_len=1 scheduler.max_num_seqs=8 \
   workload.num_iters=5 workload.num_iters_warmup=1 hydra.sweep.dir=/tmp/fp8_prefill 'hydra.sweep.subdir=${hydra.job.num}' \
   > /tmp/fp8_prefill.log 2>&1; echo "exit $?" >> "$LOG"; tail -4 /tmp/fp8_prefill.log >> "$LOG"
 summary /tmp/fp8_prefill steps
+
+say "kernel microbenchmarks"
+timeout $(cap 90) python3 experiments/fp8/kernel_bench.py >> "$LOG" 2>&1; echo "bench exit $?" >> "$LOG"
 
 if [ "$(left)" -gt 70 ]; then
   say "throughput (nanovllm_bench workload, 128 requests), Qwen3-8B, quantization x kv cache dtype"
