@@ -58,6 +58,7 @@ summary /tmp/fp8_tpot none
 say "4,096-token prefill step, Qwen3-8B, quantization none,fp8"
 timeout $(cap 45) python3 run.py -m "${MODEL[@]}" model.quantization=none,fp8 \
   workload=latency workload.batch_size=1 workload.input_len=4096 workload.output_len=1 scheduler.max_num_seqs=8 \
+  cache.enable_prefix_caching=false \
   workload.num_iters=5 workload.num_iters_warmup=1 hydra.sweep.dir=/tmp/fp8_prefill 'hydra.sweep.subdir=${hydra.job.num}' \
   > /tmp/fp8_prefill.log 2>&1; echo "exit $?" >> "$LOG"; tail -4 /tmp/fp8_prefill.log >> "$LOG"
 summary /tmp/fp8_prefill steps

@@ -10,6 +10,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from nanoexp.kernels.fp8_cublas import MIN_ROWS, blockwise_scaled_mm_works, cublas_fp8_linear
 from nanoexp.kernels.fp8_reference import Fp8Layout, quantize_weight, w8a8_reference
 from nanoexp.kernels.triton_fp8 import GemmConfig, GemvConfig, fp8_linear, fp8_matmul, quantize_activation
 
@@ -19,6 +20,7 @@ SHAPES = {
     "gate_up_proj": (24576, 4096),
     "down_proj": (4096, 12288),
 }
+CUBLAS = False  # cuBLAS's block-scaled fp8 GEMM passed its check here (set in main)
 FP8_TFLOPS = 1580e12  # DESIGN.md: ~790 TFLOP/s bf16 dense measured, fp8 twice that
 COLUMNS = (
     "layer|M|bf16 us|fp8 us (quant+GEMM)|fp8 GEMM only us|fp8 floor us|fp8/floor|fp8/bf16|rel err vs ref"
@@ -82,8 +84,13 @@ def copy_bandwidth() -> float:
 
 def main() -> None:
     torch.manual_seed(0)
+    global CUBLAS
+    CUBLAS = blockwise_scaled_mm_works(torch.device("cuda", torch.cuda.current_device()))
     bw = copy_bandwidth()
-    print(f"device {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    print(
+        f"device {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s; "
+        f"cuBLAS block-scaled fp8 GEMM: {CUBLAS}"
+    )
     print("| " + " | ".join(COLUMNS.split("|")) + " |")
     print("|---" * len(COLUMNS.split("|")) + "|")
     weights = {name: torch.randn(n, k, device="cuda") * 0.02 for name, (n, k) in SHAPES.items()}
@@ -101,6 +108,8 @@ def tile_times(w: torch.Tensor, m: int, configs: list) -> str:
     q, s = quantize_weight(w)
     x = torch.randn(m, w.shape[1], device="cuda", dtype=torch.bfloat16)
     times = {c: timed_us(lambda c=c: fp8_linear(x, q, s, layout, config=c)) for c in configs}
+    if m >= MIN_ROWS and CUBLAS:
+        times["cublas"] = timed_us(lambda: cublas_fp8_linear(x, q, s, layout))
     best = min(times, key=times.get)
     return f"best {best} {times[best]:.1f} us | " + ", ".join(f"{c}: {t:.1f}" for c, t in times.items())
 
@@ -114,6 +123,8 @@ def row(name: str, w: torch.Tensor, m: int, bw: float) -> str:
     xq, xs = quantize_activation(x, layout)
     t16 = timed_us(lambda: F.linear(x, w16))
     t8 = timed_us(lambda: fp8_linear(x, q, s, layout))
+    if m >= MIN_ROWS and CUBLAS:  # the engine's prefill path under gemm_backend=auto
+        t8 = min(t8, timed_us(lambda: cublas_fp8_linear(x, q, s, layout)))
     tg = timed_us(lambda: fp8_matmul(xq, xs, q, s, layout, torch.bfloat16))
     bytes_ = n * k + (n // 128) * (k // 128) * 4 + m * k * 3 + m * n * 2  # weights, scales, x, x quantized, y
     floor = max(bytes_ / bw, 2 * m * n * k / FP8_TFLOPS) * 1e6

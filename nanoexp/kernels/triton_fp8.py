@@ -2,9 +2,9 @@
 of kernels/fp8_reference.py (its oracle). Three kernels:
 
 - per-token-group activation quantization: x -> e4m3 [M, k_padded] at the layout's offset, scales [M, KB];
-- the GEMV for decode rows (M <= GEMV_ROWS): fp8 weights streamed once (half a bf16 weight's bytes), each
-  128-block's fp32 dot products scaled by both scales, FMAs on CUDA cores; it quantizes its rows itself
-  (the same arithmetic as the quantization kernel), so a decode-sized linear layer is one launch;
+- the GEMV for one decode row (M <= GEMV_ROWS): fp8 weights streamed once (half a bf16 weight's bytes),
+  each 128-block's fp32 dot products scaled by both scales, FMAs on CUDA cores; up to FUSED_QUANT_MAX_K it
+  quantizes its row itself (the quantization kernel's arithmetic), so such a layer is one launch;
 - the GEMM above: tl.dot on e4m3 operands (Hopper's fp8 tensor cores), one 128-wide K block per
   iteration, its fp32 product scaled by the row's activation scale and the column's weight scale.
 
@@ -23,7 +23,11 @@ import triton.language as tl
 from nanoexp.kernels.base import num_sms
 from nanoexp.kernels.fp8_reference import ACT_EPS, FP8_MAX, Fp8Layout
 
-GEMV_ROWS = 4
+# Up to where the GEMV runs, and up to which K it quantizes its row itself (each column tile redoes it: at
+# K = 12,288 that cost 8 us of down_proj's 32 on an H200, a separate quantization launch ~2); above, the
+# tensor-core kernel, faster at 2-4 rows already (H200, Qwen3-8B shapes: experiments/fp8/README.md).
+GEMV_ROWS = 1
+FUSED_QUANT_MAX_K = 4096
 QUANT_GROUPS = 8  # 128-groups per program of the quantization kernel (a row's 1,024 values)
 # The interpreter has no fp8 dot: there the operands (exact in fp16) are multiplied as fp16, fp32 sums.
 UPCAST_DOT = os.environ.get("TRITON_INTERPRET") == "1"
@@ -53,6 +57,7 @@ def _quantize_groups_kernel(
     stride_xm,
     stride_qm,
     stride_sm,
+    stride_sg,
     eps,
     fp8_max,
     GROUPS: tl.constexpr,
@@ -67,14 +72,14 @@ def _quantize_groups_kernel(
     local = padded - K_OFFSET
     mask = (local >= 0) & (local < K_LOCAL)
     x = tl.load(x_ptr + row * stride_xm + local, mask=mask, other=0.0).to(tl.float32)
-    if HAS_AMAX:
-        amax = tl.load(amax_ptr + row * stride_sm + groups, mask=group_mask, other=0.0)
+    if HAS_AMAX:  # contiguous [M, KB]
+        amax = tl.load(amax_ptr + row * KB + groups, mask=group_mask, other=0.0)
     else:
         amax = tl.max(tl.abs(x), axis=1)
     scale = tl.maximum(amax, eps) / fp8_max
     q = _round_to_e4m3(tl.clamp(x / scale[:, None], -fp8_max, fp8_max))
     tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty), mask=group_mask[:, None])
-    tl.store(s_ptr + row * stride_sm + groups, scale, mask=group_mask)
+    tl.store(s_ptr + row * stride_sm + groups * stride_sg, scale, mask=group_mask)
 
 
 @triton.jit
@@ -216,13 +221,17 @@ def _fp8_gemm_kernel(
 
 
 def quantize_activation(
-    x: torch.Tensor, layout: Fp8Layout, amax: torch.Tensor | None = None
+    x: torch.Tensor, layout: Fp8Layout, amax: torch.Tensor | None = None, scales_m_major: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton twin of fp8_reference.quantize_activation for x [M, k_local] (last dim contiguous); `amax`
-    contiguous [M, k_blocks] when given."""
+    contiguous [M, k_blocks] when given. scales_m_major: the scales [M, k_blocks] stored M-major (a
+    transposed view), as cuBLAS's block-scaled GEMM reads them."""
     m = x.shape[0]
     q = torch.empty(m, layout.k_padded, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(m, layout.k_blocks, dtype=torch.float32, device=x.device)
+    if scales_m_major:
+        s = torch.empty(layout.k_blocks, m, dtype=torch.float32, device=x.device).t()
+    else:
+        s = torch.empty(m, layout.k_blocks, dtype=torch.float32, device=x.device)
     groups = min(QUANT_GROUPS, triton.next_power_of_2(layout.k_blocks))
     if m:
         _quantize_groups_kernel[(m, triton.cdiv(layout.k_blocks, groups))](
@@ -237,6 +246,7 @@ def quantize_activation(
             x.stride(0),
             q.stride(0),
             s.stride(0),
+            s.stride(1),
             ACT_EPS,
             FP8_MAX,
             GROUPS=groups,
@@ -378,7 +388,7 @@ def fp8_linear(
     m = x2.shape[0]
     gemv = isinstance(config, GemvConfig) or (config is None and m <= GEMV_ROWS)
     gemm = config if isinstance(config, GemmConfig) else default_gemm_config(m)
-    if amax is None and m > 0 and gemv:  # the GEMV quantizes its rows itself
+    if amax is None and m > 0 and gemv and layout.k_local <= FUSED_QUANT_MAX_K:  # the GEMV quantizes x itself
         y = torch.empty(m, layout.n, dtype=x.dtype, device=x.device)
         _gemv(x2, y, weight, scale, layout, y, True, config)  # (y stands in for the unused scales)
     elif amax is None and m > 0 and gemm.quantize_a and layout.k_offset == 0:  # so does this GEMM

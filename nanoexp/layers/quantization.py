@@ -177,12 +177,7 @@ def bind_fp8_gemm(model: nn.Module, gemm: Fp8Gemm) -> None:
 
 
 def weight_quantization(model: nn.Module) -> tuple[str, str]:
-    """(the weights' format: 'fp8' or 'none', the fp8 GEMM bound: 'triton', 'torch' or '')."""
-    gemms = {
-        getattr(m.fp8.gemm, "__module__", "")
-        for m in model.modules()
-        if isinstance(getattr(m, "fp8", None), Fp8Weights)
-    }
-    if not gemms:
-        return "none", ""
-    return "fp8", "triton" if any("triton" in g for g in gemms) else "torch"
+    """(the weights' format, 'fp8' or 'none'; the fp8 GEMM bound: triton, triton+cublas, torch or '')."""
+    gemms = {m.fp8.gemm.__name__ for m in model.modules() if isinstance(getattr(m, "fp8", None), Fp8Weights)}
+    names = {"w8a8_reference": "torch", "fp8_linear": "triton", "cublas_fp8_linear": "triton+cublas"}
+    return ("fp8", ",".join(sorted(names.get(g, g) for g in gemms))) if gemms else ("none", "")

@@ -24,6 +24,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LAYOUTS = [(256, 256, 0, 128), (40, 96, 96, 1), (48, 300, 0, 1)]
 
 
+def assert_close(got: torch.Tensor, want: torch.Tensor, rows: int) -> None:
+    """Equal up to fp32 summation order on the CPU; on a GPU, Hopper's fp8 tensor cores (more than one row)
+    sum a block's products in fewer bits than fp32."""
+    tol = 1e-6 if DEVICE == "cpu" else 1e-5 if rows == 1 else 5e-3
+    err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+    assert err <= tol, err
+
+
 def random_weights(layout: Fp8Layout, device=DEVICE) -> tuple[torch.Tensor, torch.Tensor]:
     w = torch.zeros(layout.n, layout.k_padded, device=device)
     w[:, layout.k_offset : layout.k_offset + layout.k_local] = torch.randn(layout.n, layout.k_local) * 0.05
@@ -88,7 +96,7 @@ def test_fp8_linear_matches_the_reference(shape, rows):
     bias = torch.randn(layout.n, device=DEVICE)
     want = w8a8_reference(x, q, s, layout, bias)
     got = triton_fp8.fp8_linear(x, q, s, layout, bias)
-    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
+    assert_close(got, want, rows)
 
 
 GPU_CASES = [(torch.bfloat16, rows) for rows in (1, 2, 4, 5, 33, 65, 4096)] + [
@@ -107,9 +115,11 @@ def test_gpu_fp8_linear_at_qwen3_8b_shapes(dtype, rows):
         x = torch.randn(rows, k, device="cuda", dtype=dtype)
         want = w8a8_reference(x.float(), q, s, layout)
         got = triton_fp8.fp8_linear(x, q, s, layout).float()
-        # fp32 sums in another order; bf16 output rounding on top
-        tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
-        assert (got - want).abs().max() <= tol * want.abs().max(), (rows, n, k)
+        # fp32 sums in another order (Hopper's fp8 tensor cores sum a block's products in fewer bits than
+        # fp32: rows > 1); bf16 output rounding on top
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-4 if rows == 1 else 5e-3
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        assert err <= tol, (rows, n, k, err)
 
 
 @pytest.mark.gpu
@@ -140,7 +150,7 @@ def test_fp8_linear_with_given_amax_matches_the_reference(shape, rows):
     amax = group_amax(x, layout) * 1.5
     want = w8a8_reference(x, q, s, layout, amax=amax)
     got = triton_fp8.fp8_linear(x, q, s, layout, amax=amax)
-    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
+    assert_close(got, want, rows)
 
 
 @pytest.mark.parametrize("rows", [5, 20])
@@ -153,4 +163,4 @@ def test_gemm_quantizing_its_own_tiles_matches_the_reference(shape, rows):
     config = triton_fp8.GemmConfig(16, 32, 4, 2, quantize_a=True)
     want = w8a8_reference(x, q, s, layout)
     got = triton_fp8.fp8_linear(x, q, s, layout, config=config)
-    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
+    assert_close(got, want, rows)
