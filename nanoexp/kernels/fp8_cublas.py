@@ -64,7 +64,8 @@ def scaled_mm(
 
 @functools.lru_cache(maxsize=8)
 def blockwise_scaled_mm_works(device: torch.device) -> bool:
-    """One check on `device`: cuBLAS's block-scaled GEMM runs and matches the reference (bf16 rounding)."""
+    """One check on `device`: cuBLAS's block-scaled GEMM runs, replays in a CUDA graph and matches the
+    reference (to bf16 rounding)."""
     if device.type != "cuda" or not hasattr(F, "scaled_mm") or not hasattr(F, "ScalingType"):
         return False
     try:
@@ -72,9 +73,14 @@ def blockwise_scaled_mm_works(device: torch.device) -> bool:
         layout = Fp8Layout(256, 384, 0, BLOCK)
         q, s = quantize_weight(torch.randn(256, 384, device=device, generator=gen) * 0.05)
         x = torch.randn(MIN_ROWS + 63, 384, device=device, generator=gen).bfloat16()
-        got = cublas_fp8_linear(x, q, s, layout).float()
+        cublas_fp8_linear(x, q, s, layout)  # first call outside the capture, as the engine's warm-up
+        graph = torch.cuda.CUDAGraph()  # prefill-sized steps run in step graphs too
+        with torch.cuda.graph(graph):
+            got = cublas_fp8_linear(x, q, s, layout)
+        graph.replay()
+        torch.cuda.synchronize(device)
         want = w8a8_reference(x, q, s, layout).float()
-        err = ((got - want).abs().max() / want.abs().max()).item()
+        err = ((got.float() - want).abs().max() / want.abs().max()).item()
     except Exception as exc:  # noqa: BLE001 - any failure means "not here"
         log.info("fp8 prefill GEMM: cuBLAS block-scaled GEMM unavailable (%s); Triton's", exc)
         return False

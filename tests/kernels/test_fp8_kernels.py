@@ -164,3 +164,20 @@ def test_gemm_quantizing_its_own_tiles_matches_the_reference(shape, rows):
     want = w8a8_reference(x, q, s, layout)
     got = triton_fp8.fp8_linear(x, q, s, layout, config=config)
     assert_close(got, want, rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [65, 300, 4096])
+def test_gpu_cublas_prefill_gemm_matches_the_reference(rows):
+    from nanoexp.kernels.fp8_cublas import blockwise_scaled_mm_works, cublas_fp8_linear
+
+    if not blockwise_scaled_mm_works(torch.device("cuda", torch.cuda.current_device())):
+        pytest.skip("cuBLAS's block-scaled fp8 GEMM is not available here (CUDA < 12.9 or not Hopper)")
+    torch.manual_seed(6)
+    layout = Fp8Layout(6144, 4096, 0, 128)
+    q, s = random_weights(layout)
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    err = (
+        (cublas_fp8_linear(x, q, s, layout).float() - w8a8_reference(x, q, s, layout).float()).abs().max()
+    ).item()
+    assert err <= 2e-2 * w8a8_reference(x, q, s, layout).float().abs().max().item()
