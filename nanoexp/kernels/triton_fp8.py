@@ -22,6 +22,8 @@ import triton.language as tl
 
 from nanoexp.kernels.base import num_sms
 from nanoexp.kernels.fp8_reference import ACT_EPS, FP8_MAX, Fp8Layout
+from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.triton_pdl import wait_for_previous
 
 # Up to where the GEMV runs, and up to which K it quantizes its row itself (each column tile redoes it: at
 # K = 12,288 that cost 8 us of down_proj's 32 on an H200, a separate quantization launch ~2); above, the
@@ -62,9 +64,11 @@ def _quantize_groups_kernel(
     fp8_max,
     GROUPS: tl.constexpr,
     HAS_AMAX: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program per row and GROUPS 128-groups of the padded layout: scale = max(amax, eps) / 448,
     q = x / scale; HAS_AMAX: the groups' amax is given ([M, k_blocks] like the scales)."""
+    wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     group_mask = groups < KB
@@ -117,6 +121,7 @@ def _fp8_gemv_kernel(
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     KB_TILE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Rows 0..M-1 (M <= ROWS) of BLOCK_N output columns; KB_TILE weight blocks per iteration (KB is a
     multiple of it, so no K mask). QUANTIZE: x is the unquantized activation [M, K_LOCAL], quantized here
@@ -131,7 +136,9 @@ def _fp8_gemv_kernel(
     acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     w_tile = w_ptr + safe_cols[:, None] * stride_w + kk[None, :]
     ws_tile = ws_ptr + (safe_cols // ROW_BLOCK)[:, None] * stride_ws + kbs[None, :]
+    # the weights, which no kernel writes, are requested before waiting for the previous kernel (PDL)
     w_next = tl.load(w_tile, eviction_policy="evict_first")
+    wait_for_previous(PDL)
     for kb0 in range(0, KB, KB_TILE):
         # the next tile's load is issued before this one's arithmetic: two tiles in flight per program
         w = w_next
@@ -181,10 +188,12 @@ def _fp8_gemm_kernel(
     GROUP_M: tl.constexpr,
     QUANTIZE: tl.constexpr,
     UPCAST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Tiles in groups of GROUP_M row tiles per column sweep, so neighbours share weight tiles in L2.
     QUANTIZE: xq_ptr is the unquantized x [M, K_LOCAL] (no offset), each 128-wide K step one group,
     quantized in registers as the quantization kernel does (xs_ptr unused)."""
+    wait_for_previous(PDL)
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     group = pid // (GROUP_M * tiles_n)
@@ -251,6 +260,7 @@ def quantize_activation(
             FP8_MAX,
             GROUPS=groups,
             HAS_AMAX=amax is not None,
+            **launch_options(),
         )
     return q, s
 
@@ -336,6 +346,7 @@ def _gemm(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
         UPCAST=UPCAST_DOT,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **launch_options(),
     )
 
 
@@ -367,6 +378,7 @@ def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
         BLOCK_N=config.block_n,
         KB_TILE=kb_tile,
         num_warps=config.num_warps,
+        **launch_options(),
     )
 
 
