@@ -21,7 +21,9 @@ MIN_ROWS = 65  # below, the Triton kernels (decode-sized steps run in CUDA graph
 
 def takes(layout: Fp8Layout, rows: int, dtype: torch.dtype, amax) -> bool:
     aligned = layout.row_block == BLOCK and layout.k_offset == 0 and layout.k_local % BLOCK == 0
-    return rows >= MIN_ROWS and aligned and layout.n % BLOCK == 0 and dtype == torch.bfloat16 and amax is None
+    # the weight scales' rows are read with a leading dimension of K / 128, a multiple of 4 (16 bytes)
+    shaped = layout.n % BLOCK == 0 and layout.k_blocks % 4 == 0
+    return rows >= MIN_ROWS and aligned and shaped and dtype == torch.bfloat16 and amax is None
 
 
 def cublas_fp8_linear(
@@ -70,9 +72,9 @@ def blockwise_scaled_mm_works(device: torch.device) -> bool:
         return False
     try:
         gen = torch.Generator(device=device).manual_seed(0)
-        layout = Fp8Layout(256, 384, 0, BLOCK)
-        q, s = quantize_weight(torch.randn(256, 384, device=device, generator=gen) * 0.05)
-        x = torch.randn(MIN_ROWS + 63, 384, device=device, generator=gen).bfloat16()
+        layout = Fp8Layout(256, 512, 0, BLOCK)
+        q, s = quantize_weight(torch.randn(256, 512, device=device, generator=gen) * 0.05)
+        x = torch.randn(MIN_ROWS + 63, 512, device=device, generator=gen).bfloat16()
         cublas_fp8_linear(x, q, s, layout)  # first call outside the capture, as the engine's warm-up
         graph = torch.cuda.CUDAGraph()  # prefill-sized steps run in step graphs too
         with torch.cuda.graph(graph):
