@@ -32,6 +32,9 @@ CANDIDATES = {
         GemvConfig(8, 8),
         GemvConfig(16, 4, 8),
         GemvConfig(32, 2, 8),
+        GemvConfig(16, 4, 4, split_k=4),
+        GemvConfig(32, 4, 8, split_k=4),
+        GemvConfig(8, 4, 4, split_k=2),
         GemmConfig(16, 32, 4, 4),  # the tensor-core kernel at one row (rows padded to 16)
         GemmConfig(16, 64, 4, 6),
     ],

@@ -13,6 +13,7 @@ M is never specialized (`do_not_specialize`), so a step's token count picks amon
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from nanoexp.kernels.triton_pdl import wait_for_previous
 # tensor-core kernel, faster at 2-4 rows already (H200, Qwen3-8B shapes: experiments/fp8/README.md).
 GEMV_ROWS = 1
 FUSED_QUANT_MAX_K = 4096
+TICKETS = 8192  # column tiles a split-K GEMV launch may have
 QUANT_GROUPS = 8  # 128-groups per program of the quantization kernel (a row's 1,024 values)
 # The interpreter has no fp8 dot: there the operands (exact in fp16) are multiplied as fp16, fp32 sums.
 UPCAST_DOT = os.environ.get("TRITON_INTERPRET") == "1"
@@ -117,17 +119,25 @@ def _fp8_gemv_kernel(
     K_OFFSET,
     eps,
     fp8_max,
+    part_ptr,
+    ticket_ptr,
+    KB_PER_SPLIT,
     QUANTIZE: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     KB_TILE: tl.constexpr,
+    SPLIT_K: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
     """Rows 0..M-1 (M <= ROWS) of BLOCK_N output columns; KB_TILE weight blocks per iteration (KB is a
     multiple of it, so no K mask). QUANTIZE: x is the unquantized activation [M, K_LOCAL], quantized here
     per group (each program redoes it: a decode row is a few KB read from L2), one launch fewer; else x
-    is quantized [M, k_padded] with scales xs."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    is quantized [M, k_padded] with scales xs. SPLIT_K > 1: program (tile, s) takes K blocks
+    [s * KB_PER_SPLIT, +KB_PER_SPLIT); the last of a tile's programs (an atomic ticket) sums the fp32
+    partials, writes y and resets its ticket (CUDA-graph replays start clean)."""
+    tile = tl.program_id(0)
+    split = tl.program_id(1)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     safe_cols = tl.where(col_mask, cols, 0).to(tl.int64)
     rows = tl.arange(0, ROWS)
@@ -137,14 +147,14 @@ def _fp8_gemv_kernel(
     w_tile = w_ptr + safe_cols[:, None] * stride_w + kk[None, :]
     ws_tile = ws_ptr + (safe_cols // ROW_BLOCK)[:, None] * stride_ws + kbs[None, :]
     # the weights, which no kernel writes, are requested before waiting for the previous kernel (PDL)
-    w_next = tl.load(w_tile, eviction_policy="evict_first")
+    kb_start = split * KB_PER_SPLIT
+    kb_last = kb_start + KB_PER_SPLIT - KB_TILE
+    w_next = tl.load(w_tile + kb_start * 128, eviction_policy="evict_first")
     wait_for_previous(PDL)
-    for kb0 in range(0, KB, KB_TILE):
+    for kb0 in range(kb_start, kb_start + KB_PER_SPLIT, KB_TILE):
         # the next tile's load is issued before this one's arithmetic: two tiles in flight per program
         w = w_next
-        w_next = tl.load(
-            w_tile + tl.minimum(kb0 + KB_TILE, KB - KB_TILE) * 128, eviction_policy="evict_first"
-        )
+        w_next = tl.load(w_tile + tl.minimum(kb0 + KB_TILE, kb_last) * 128, eviction_policy="evict_first")
         w3 = tl.reshape(w.to(tl.float32), [BLOCK_N, KB_TILE, 128])
         ws = tl.load(ws_tile + kb0)
         for m in tl.static_range(ROWS):
@@ -160,8 +170,26 @@ def _fp8_gemv_kernel(
                 part = tl.sum(w3 * x3[None, :, :], axis=2)
                 contrib = tl.sum(part * ws * xs[None, :], axis=1)
                 acc += tl.where(rows[:, None] == m, contrib[None, :], 0.0)
-    out = y_ptr + rows[:, None] * stride_y + cols[None, :]
-    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & col_mask[None, :])
+    out_mask = (rows[:, None] < M) & col_mask[None, :]
+    if SPLIT_K > 1:
+        parts = part_ptr + rows[:, None] * N + cols[None, :]
+        tl.store(parts + split * ROWS * N, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partials are written before the ticket publishes them
+        done = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
+        if done == SPLIT_K - 1:
+            acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for s in range(SPLIT_K):
+                acc += tl.load(parts + s * ROWS * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            tl.store(
+                y_ptr + rows[:, None] * stride_y + cols[None, :],
+                acc.to(y_ptr.dtype.element_ty),
+                mask=out_mask,
+            )
+            tl.store(ticket_ptr + tile, 0)
+    else:
+        tl.store(
+            y_ptr + rows[:, None] * stride_y + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask
+        )
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -270,6 +298,7 @@ class GemvConfig:
     block_n: int
     kb_tile: int  # 128-blocks of K per iteration (the largest of it, 2 and 1 that divides K's blocks)
     num_warps: int = 4
+    split_k: int = 1  # K split across programs (1 where it does not divide K's blocks in whole tiles)
 
 
 @dataclass(frozen=True)
@@ -280,6 +309,12 @@ class GemmConfig:
     num_stages: int
     group_m: int = 8
     quantize_a: bool = False  # the GEMM quantizes x's tiles itself (no offset, no given amax)
+
+
+@functools.lru_cache(maxsize=8)
+def _tickets(device: torch.device) -> torch.Tensor:
+    """The split-K GEMV's per-column-tile counters (each reset by the program that finishes its tile)."""
+    return torch.zeros(TICKETS, dtype=torch.int32, device=device)
 
 
 def default_gemv_config(n: int, sms: int) -> GemvConfig:
@@ -354,7 +389,10 @@ def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
     m, n, kb = x.shape[0], layout.n, layout.k_blocks
     config = config or default_gemv_config(n, num_sms(x.device))
     kb_tile = next(t for t in (config.kb_tile, 2, 1) if kb % t == 0)
-    _fp8_gemv_kernel[(triton.cdiv(n, config.block_n),)](
+    tiles, rows = triton.cdiv(n, config.block_n), triton.next_power_of_2(m)
+    split = config.split_k if kb % (config.split_k * kb_tile) == 0 and tiles <= TICKETS else 1
+    part = torch.empty(split * rows * n, dtype=torch.float32, device=x.device) if split > 1 else y
+    _fp8_gemv_kernel[(tiles, split)](
         x,
         xs,
         weight,
@@ -373,10 +411,14 @@ def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
         layout.k_offset,
         ACT_EPS,
         FP8_MAX,
+        part,
+        _tickets(x.device),
+        kb // split,
         QUANTIZE=quantize,
-        ROWS=triton.next_power_of_2(m),
+        ROWS=rows,
         BLOCK_N=config.block_n,
         KB_TILE=kb_tile,
+        SPLIT_K=split,
         num_warps=config.num_warps,
         **launch_options(),
     )
