@@ -43,7 +43,13 @@ def published_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def build_fp8_checkpoint(
-    path, seed: int = 0, vocab: int = 160, layers: int = 2, scale_dtype=torch.float32, bf16_path=None
+    path,
+    seed: int = 0,
+    vocab: int = 160,
+    layers: int = 2,
+    scale_dtype=torch.float32,
+    bf16_path=None,
+    shape=None,
 ) -> str:
     """A random bf16 Qwen3 saved by transformers (also unquantized at `bf16_path`), its linear weights
     then quantized in place."""
@@ -57,7 +63,7 @@ def build_fp8_checkpoint(
         eos_token_id=vocab - 1,
         bos_token_id=vocab - 2,
         initializer_range=0.08,
-        **SHAPE,
+        **(shape or SHAPE),
     )
     model = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
     with torch.no_grad():

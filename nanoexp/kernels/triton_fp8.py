@@ -412,7 +412,7 @@ def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
         ACT_EPS,
         FP8_MAX,
         part,
-        _tickets(x.device),
+        _tickets(x.device) if split > 1 else y,  # (y: unused without a split)
         kb // split,
         QUANTIZE=quantize,
         ROWS=rows,
