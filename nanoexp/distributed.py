@@ -43,6 +43,13 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
+    """The elementwise maximum of x over the TP ranks, in place."""
+    if tp_size() > 1:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x
+
+
 def all_gather_stacked(x: torch.Tensor) -> torch.Tensor:
     """[world, *x.shape]: every rank's x, in rank order, on every rank."""
     out = torch.empty((tp_size(), *x.shape), dtype=x.dtype, device=x.device)

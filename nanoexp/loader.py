@@ -14,6 +14,7 @@ from nanoexp.config.checks import is_number
 from nanoexp.layers.embed_head import VocabParallelEmbedding
 from nanoexp.layers.fused_moe import FusedMoE
 from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, shape_of
+from nanoexp.layers.quantization import BLOCK
 
 WEIGHT_DTYPES = ("F32", "F16", "BF16")  # safetensors' names; weights are copied into the model dtype
 ACTIVATIONS = ("silu",)  # the MLP's fused gate (layers/activation.py)
@@ -138,6 +139,7 @@ def load_safetensors(model: nn.Module, path: str, check_finite: bool = True) -> 
     unloaded = set(params) - set(sources)
     if tied and set(sources) & TIED:
         unloaded -= TIED
+    unloaded -= {n for n in unloaded if getattr(params[n], "quantized_here", False)}  # quantized at load
     missing = sorted(unloaded) + missing_expert_tensors(model)
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
@@ -179,6 +181,8 @@ def finite_probe(t: torch.Tensor) -> torch.Tensor:
     """A float32 scalar that is finite iff every value of `t` is. The sum in t's own dtype is the fastest
     reduction on a CPU (bfloat16: ~30 GB/s on one core, 10x amax; float32's range); float16 would overflow
     it, so there max - min (NaN propagates through both)."""
+    if t.element_size() == 1:  # fp8 weights: no reduction of their own; e4m3 holds NaN (no inf)
+        t = t.to(torch.bfloat16)
     if t.dtype == torch.float16:
         low, high = torch.aminmax(t)
         return high.float() - low.float()
@@ -243,16 +247,16 @@ def load_file(
 def load_one(model: nn.Module, params: dict, name: str, tensor, file: str) -> str | None:
     """Copies one checkpoint tensor into its parameter (q/k/v and gate/up into their part of the fused
     one); the parameter's name, or None where the model has none. Checkpoints hold floating-point weights."""
-    dtype = tensor.get_dtype()
-    if dtype not in WEIGHT_DTYPES:
+    target, shard = checkpoint_target(model, name)
+    param = params.get(target)
+    dtype, allowed = tensor.get_dtype(), getattr(param, "checkpoint_dtypes", WEIGHT_DTYPES)
+    if dtype not in allowed:
         raise CheckpointError(
             f"checkpoint tensor {name} in {file} has dtype {dtype}; "
-            f"weights are one of {', '.join(WEIGHT_DTYPES)}"
+            f"{'this tensor is' if param is not None else 'weights are'} one of {', '.join(allowed)}"
         )
-    target, shard = checkpoint_target(model, name)
-    if target not in params:
+    if param is None:
         return None  # the caller decides whether the model may ignore it
-    param = params[target]
     expected = checkpoint_shape(model.get_submodule(target.rpartition(".")[0]), param, *shard)
     if shape_of(tensor) != expected:
         raise CheckpointError(
@@ -277,11 +281,17 @@ def checkpoint_target(model: nn.Module, name: str) -> tuple[str, tuple]:
 
 
 def checkpoint_shape(module: nn.Module, param: nn.Parameter, *shard) -> list[int]:
-    """The whole (unsharded) shape the checkpoint tensor of `param` must have."""
+    """The whole (unsharded) shape the checkpoint tensor of `param` must have; of a block-scaled fp8
+    weight's scales, the weight's in 128 x 128 blocks."""
     if isinstance(module, FusedMoE):
         return module.checkpoint_shape(shard[1])
     shard_id = shard[0] if shard else None
-    local = list(param.shape)
+    whole = unsharded_shape(module, getattr(param, "logical_shape", list(param.shape)), shard_id)
+    return [-(-d // BLOCK) for d in whole] if getattr(param, "block_scale", False) else whole
+
+
+def unsharded_shape(module: nn.Module, local: list[int], shard_id=None) -> list[int]:
+    local = list(local)
     if isinstance(module, VocabParallelEmbedding):
         return [module.vocab_size, *local[1:]]
     if isinstance(module, QKVParallelLinear) and shard_id is not None:
@@ -298,8 +308,19 @@ def checkpoint_shape(module: nn.Module, param: nn.Parameter, *shard) -> list[int
 def init_dummy(model: nn.Module, seed: int) -> None:
     """Random weights with the real shapes; norms at 1 so activations stay in range."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    modules = dict(model.named_modules())
     for name, param in model.named_parameters():
-        if "norm" in name:
+        module_name, _, kind = name.rpartition(".")
+        fp8 = getattr(modules[module_name], "fp8", None)
+        if fp8 is not None and kind in ("weight", "weight_scale_inv"):
+            if kind == "weight":  # drawn as the unquantized weight would be, then quantized
+                fp8.fill_dummy(param, modules[module_name].weight_scale_inv, gen, model_dtype(model))
+        elif "norm" in name:
             param.fill_(1.0)
         else:
             param.uniform_(-0.02, 0.02, generator=gen)
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The floating-point dtype the model was built in (its norms')."""
+    return next(p.dtype for p in model.parameters() if p.dtype != torch.float8_e4m3fn)

@@ -42,7 +42,7 @@ def reference_outputs(checkpoints):
 @pytest.fixture(scope="session")
 def moe_checkpoints(tmp_path_factory):
     """MoE name (tests/moe_checkpoints.py) -> (directory, transformers model), built on first use."""
-    from tests.moe_checkpoints import MoeCheckpoints
+    from moe_checkpoints import MoeCheckpoints
 
     return MoeCheckpoints(tmp_path_factory)
 

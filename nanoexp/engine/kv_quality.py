@@ -5,8 +5,6 @@ packs the prompts into groups that fit one step and the cache; `probe_group` run
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 import torch
 
@@ -22,21 +20,41 @@ MAX_REFERENCE_ROWS = 512
 def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
     """LLM.kv_cache_quality: greedy_agreement, kl_mean, kl_p99, kl_max, num_positions, num_requests.
     The prefix cache is emptied before and after; every block is returned."""
+    results = run_groups(engine, prompt_token_ids, num_tokens, "kv_cache_quality", probe_group)
+    return scores(np.concatenate([kl for kl, _ in results]), np.concatenate([agree for _, agree in results]))
+
+
+def scores(kl: np.ndarray, agree: np.ndarray) -> dict:
+    """Over every position [requests, positions]: argmax agreement with the reference and KL(reference ||
+    probed) in nats."""
+    return {
+        "greedy_agreement": float(agree.mean()),
+        "kl_mean": float(kl.mean()),
+        "kl_p99": float(np.percentile(kl, 99)),
+        "kl_max": float(kl.max()),
+        "num_positions": int(kl.size),
+        "num_requests": int(kl.shape[0]),
+    }
+
+
+def run_groups(engine, prompt_token_ids: list[list[int]], num_tokens: int, name: str, on_ranks) -> list:
+    """`on_ranks(runner, prompts, num_tokens, block_tables)` for each group of the checked prompts, on an
+    idle engine whose prefix cache is emptied before and after; rank 0's results in order."""
     engine.check_open()
     if engine.has_unfinished():
-        raise RuntimeError("kv_cache_quality needs an idle engine: requests are still running")
+        raise RuntimeError(f"{name} needs an idle engine: requests are still running")
     if type(num_tokens) is not int or num_tokens < 1:
-        raise ValueError(f"kv_cache_quality: num_tokens={num_tokens!r} is invalid: must be an int >= 1")
+        raise ValueError(f"{name}: num_tokens={num_tokens!r} is invalid: must be an int >= 1")
     if not prompt_token_ids:
-        raise ValueError("kv_cache_quality: no prompts given")
+        raise ValueError(f"{name}: no prompts given")
     scheduler, manager = engine.config.scheduler, engine.block_manager
     budget, prompts = scheduler.max_num_batched_tokens, []
     for i, tokens in enumerate(prompt_token_ids):
-        name = f"kv_cache_quality prompt {i}"
-        prompt = engine.check_request(name, tokens, SamplingParams(max_tokens=num_tokens))
+        label = f"{name} prompt {i}"
+        prompt = engine.check_request(label, tokens, SamplingParams(max_tokens=num_tokens))
         if len(prompt) + num_tokens > budget:  # its reference is one prefill of the whole sequence
             raise ValueError(
-                f"{name}: prompt ({len(prompt)} tokens) + num_tokens ({num_tokens}) exceeds "
+                f"{label}: prompt ({len(prompt)} tokens) + num_tokens ({num_tokens}) exceeds "
                 f"max_num_batched_tokens={budget}: the reference is one prefill of both"
             )
         prompts.append(prompt)
@@ -50,24 +68,13 @@ def measure(engine, prompt_token_ids: list[list[int]], num_tokens: int) -> dict:
     )
     manager.reset_prefix_cache()
     try:
-        results = [run_group(engine, [prompts[i] for i in group], num_tokens) for group in groups]
+        return [run_group(engine, [prompts[i] for i in group], num_tokens, on_ranks) for group in groups]
     finally:
         manager.reset_prefix_cache()
-    # over every position: argmax agreement with the reference, and KL(reference || decode) in nats
-    kl = np.concatenate([kl for kl, _ in results]).ravel()
-    agree = np.concatenate([agree for _, agree in results]).ravel()
-    return {
-        "greedy_agreement": float(agree.mean()),
-        "kl_mean": float(kl.mean()),
-        "kl_p99": float(np.percentile(kl, 99)),
-        "kl_max": float(kl.max()),
-        "num_positions": int(kl.size),
-        "num_requests": sum(len(kl) for kl, _ in results),
-    }
 
 
 def probe_groups(
-    lengths: list[int], num_tokens: int, budget: int, max_num_seqs: int, block_size: int, num_blocks: int
+    lengths: list[int], num_tokens: int, budget: int, max_num_seqs: int, block_size: int, num_blocks: float
 ) -> list[list[int]]:
     """Request indices in order, packed so each group's prefill of prompt + continuation fits `budget`
     tokens, `max_num_seqs` sequences, MAX_REFERENCE_ROWS reference rows and the cache's blocks (each
@@ -86,15 +93,16 @@ def probe_groups(
     return groups
 
 
-def run_group(engine, prompts: list[list[int]], num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """Probes requests that fit one step, on blocks taken from the block manager."""
+def run_group(engine, prompts: list[list[int]], num_tokens: int, on_ranks=None):
+    """Probes requests that fit one step (`on_ranks`, default probe_group), on blocks taken from the
+    block manager."""
     manager = engine.block_manager
     seqs = [Sequence(-1 - i, p, SamplingParams()) for i, p in enumerate(prompts)]
     try:
         for seq in seqs:  # room for all: the engine is idle and probe_groups fit the group to the cache
             manager.grow(seq, len(seq) + num_tokens - 1)
         tables = [seq.block_table for seq in seqs]
-        return engine.executor.call(probe_group, prompts, num_tokens, tables)
+        return engine.executor.call(on_ranks or probe_group, prompts, num_tokens, tables)
     finally:
         for seq in seqs:
             manager.free_seq(seq)
@@ -110,6 +118,19 @@ def probe_group(
     """Greedy decode steps reading the cache (blocks for prompt + num_tokens - 1 tokens each), then one
     plain prefill of prompt + continuation as the reference. Rank 0's [requests, positions] KL(reference ||
     decode) and argmax agreement, None elsewhere."""
+    continuations, decoded = greedy_decode(runner, prompts, num_tokens, block_tables)
+    reference = reference_log_probs(runner, prompts, continuations)
+    if runner.rank != 0:
+        return None
+    assert reference is not None  # rank 0 has the logits, every step's
+    kl = [kl_divergence(reference[:, t], d) for t, d in enumerate(decoded)]
+    agree = [reference[:, t].argmax(-1) == d.argmax(-1) for t, d in enumerate(decoded)]
+    return torch.stack(kl, 1).cpu().numpy(), torch.stack(agree, 1).cpu().numpy()
+
+
+def greedy_decode(runner, prompts, num_tokens: int, block_tables) -> tuple[list[list[int]], list]:
+    """Each prompt's greedy continuation, one decode step reading the cache per token, and those steps'
+    log-probs ([requests, vocab] per step on rank 0, None elsewhere)."""
     fill_cache(runner, prompts, block_tables)
     n = len(prompts)
     continuations: list[list[int]] = [[] for _ in prompts]
@@ -124,14 +145,7 @@ def probe_group(
         assert greedy is not None  # rank 0 decoded; the others received its tokens
         for c, token in zip(continuations, greedy.tolist()):
             c.append(token)
-    reference = reference_log_probs(runner, prompts, continuations)
-    if runner.rank != 0:
-        return None
-    assert reference is not None  # rank 0 has the logits, every step's
-    decoded_logits = cast(list[torch.Tensor], decoded)
-    kl = [kl_divergence(reference[:, t], d) for t, d in enumerate(decoded_logits)]
-    agree = [reference[:, t].argmax(-1) == d.argmax(-1) for t, d in enumerate(decoded_logits)]
-    return torch.stack(kl, 1).cpu().numpy(), torch.stack(agree, 1).cpu().numpy()
+    return continuations, decoded
 
 
 def log_probs_of(runner, step: StepInput, rows: list[int] | None = None) -> torch.Tensor | None:

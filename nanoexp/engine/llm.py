@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from nanoexp import loader
 from nanoexp.config import EngineConfig, KnobError, SamplingParams
 from nanoexp.config.engine import as_keyword
-from nanoexp.engine import kv_quality
+from nanoexp.engine import kv_quality, weight_quality
 from nanoexp.engine.llm_engine import PROMPT_KINDS, LLMEngine
 from nanoexp.engine.outputs import RequestOutput
 
@@ -151,6 +151,22 @@ class LLM(AbstractContextManager):
         with self.alone("kv_cache_quality"):
             token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(as_prompt_list(prompts))]
             return kv_quality.measure(self.engine, token_lists, num_tokens)
+
+    def greedy_log_probs(self, prompts: Seq[str] | Seq[list[int]], num_tokens: int = 32):
+        """(each prompt's greedy continuation, the float32 log-probs [requests, num_tokens, vocab] of the
+        decode steps that chose it), on an idle engine; with `prefill_log_probs` of another engine (e.g.
+        bf16 weights against fp8), `weight_quality.compare` scores one model against another."""
+        with self.alone("greedy_log_probs"):
+            token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(as_prompt_list(prompts))]
+            return weight_quality.greedy_log_probs(self.engine, token_lists, num_tokens)
+
+    def prefill_log_probs(self, prompts: Seq[str] | Seq[list[int]], continuations: Seq[list[int]]):
+        """Log-probs [requests, positions, vocab] of each continuation token, from one plain prefill."""
+        with self.alone("prefill_log_probs"):
+            token_lists = [self.prompt_tokens(i, p) for i, p in enumerate(as_prompt_list(prompts))]
+            return weight_quality.prefill_log_probs(
+                self.engine, token_lists, [list(c) for c in continuations]
+            )
 
     def stats(self) -> dict:
         return self.engine.stats()

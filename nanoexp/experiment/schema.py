@@ -258,6 +258,20 @@ class KvQualityConfig:
 
 
 @dataclass
+class WeightQualityConfig:
+    """What quantized weights cost in accuracy (model.quantization != none, an unquantized checkpoint):
+    `num_requests` prompts (0 = off), each continued `num_tokens` greedy tokens by the job's engine and
+    scored against the unquantized model (KV cache in the model dtype) on the same tokens."""
+
+    num_requests: int = 4
+    num_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        integer("metrics.weight_quality.num_requests", self.num_requests, 0, " (0 = off)")
+        integer("metrics.weight_quality.num_tokens", self.num_tokens, 1)
+
+
+@dataclass
 class NoiseConfig:
     """When a job is flagged noisy: other load above `busy_cores`, or a CI wider than `max_ci_share`."""
 
@@ -273,6 +287,7 @@ class NoiseConfig:
 class MetricsConfig:
     slo: SloConfig = field(default_factory=SloConfig)
     kv_quality: KvQualityConfig = field(default_factory=KvQualityConfig)
+    weight_quality: WeightQualityConfig = field(default_factory=WeightQualityConfig)
     noise: NoiseConfig = field(default_factory=NoiseConfig)
 
 
@@ -290,7 +305,11 @@ SEARCH_OBJECTIVES = (
     *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "std", "p90", "p99")),
     "mean_latency_ms",
     *(f"p{p}_latency_ms" for p in (10, 25, 50, 75, 90, 99)),
-    *(f"kv_quality/{k}" for k in ("greedy_agreement", "kl_mean", "kl_p99", "kl_max")),
+    *(
+        f"{p}/{k}"
+        for p in ("kv_quality", "weight_quality")
+        for k in ("greedy_agreement", "kl_mean", "kl_p99", "kl_max")
+    ),
 )
 
 
@@ -378,6 +397,7 @@ class NanoexpConfig:
             ("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size, 1),
             ("cache.kv_cache_dtype", self.cache.kv_cache_dtype, "auto"),
             ("cache.num_blocks", self.cache.num_blocks, -1),
+            ("model.quantization", self.model.quantization, "none"),
         )
         for knob, value, default in baseline_only if self.engine.kind is EngineKind.hf else ():
             if value != default:

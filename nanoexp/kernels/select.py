@@ -174,3 +174,19 @@ def make_moe_kernel(device: torch.device):
     from nanoexp.kernels.triton_moe import make_triton_moe
 
     return make_triton_moe(device)
+
+
+def make_fp8_gemm(choice: str, device: torch.device):
+    """The block-scaled fp8 GEMM: the Triton kernels on CUDA (or `triton` under the interpreter), with
+    cuBLAS's block-scaled GEMM for prefill-sized steps under `auto` where it passes its check; else the
+    torch reference of the same arithmetic (`torch`, and CPUs)."""
+    from nanoexp.kernels.fp8_reference import w8a8_reference
+
+    if choice == "torch" or not triton_available():
+        return w8a8_reference
+    if device.type != "cuda" and not (choice == "triton" and os.environ.get("TRITON_INTERPRET") == "1"):
+        return w8a8_reference
+    from nanoexp.kernels.fp8_cublas import blockwise_scaled_mm_works, cublas_fp8_linear
+    from nanoexp.kernels.triton_fp8 import fp8_linear
+
+    return cublas_fp8_linear if choice == "auto" and blockwise_scaled_mm_works(device) else fp8_linear

@@ -11,6 +11,7 @@ from nanoexp.kernels.base import NormFirst
 from nanoexp.kernels.select import SkinnyGemm
 from nanoexp.layers.activation import SiluAndMul
 from nanoexp.layers.norm import RMSNorm
+from nanoexp.layers.quantization import Fp8Weights, building_method, layout_for
 
 
 def shape_of(loaded) -> list[int]:
@@ -27,6 +28,8 @@ class LinearBase(nn.Module):
     """Holds a [out_local, in_local] weight (and bias); `tp_dim` is the sharded weight dim. Sharded
     sizes divide evenly: the model passed `config.parallel.check_split`."""
 
+    quantizable = True  # built in fp8 under `quantization.building("fp8")`; False keeps it dense (a router)
+
     def __init__(self, in_features: int, out_features: int, bias: bool, tp_dim: int):
         super().__init__()
         self.tp_dim = tp_dim
@@ -39,6 +42,33 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         else:
             self.register_parameter("bias", None)
+        self.fp8: Fp8Weights | None = None
+        if building_method() == "fp8" and self.quantizable:
+            self.use_fp8(in_features, out_features)
+
+    def use_fp8(self, in_features: int, out_features: int) -> None:
+        """Block-scaled fp8 weights (layers/quantization.py) in place of the dense ones."""
+        k_start = self.tp_rank * in_features if self.tp_dim == 1 else 0
+        layout = layout_for(out_features, in_features, k_start, self.local_part_sizes(out_features))
+        k_total = in_features * self.tp_size if self.tp_dim == 1 else in_features
+        self.fp8 = Fp8Weights(self, layout, [out_features, in_features], k_total)
+        self.weight.weight_loader = self.fp8_weight_loader
+        self.weight_scale_inv.weight_loader = self.fp8_scale_loader
+
+    def local_part_sizes(self, out_features: int) -> list[int]:
+        """This rank's rows of each checkpoint tensor fused into the weight."""
+        return [out_features]
+
+    def rows_of(self, shard_id=None) -> tuple[int, int, int]:
+        """(first local row, rows, first checkpoint row) of the checkpoint tensor `shard_id`."""
+        n = self.fp8.layout.n if self.fp8 else self.weight.shape[0]
+        return (0, n, self.tp_rank * n) if self.tp_dim == 0 else (0, n, 0)
+
+    def fp8_weight_loader(self, param: nn.Parameter, loaded, *shard) -> None:
+        self.fp8.load_weight(param, self.weight_scale_inv, loaded, self.rows_of(*shard))
+
+    def fp8_scale_loader(self, param: nn.Parameter, loaded, *shard) -> None:
+        self.fp8.load_scale(param, loaded, self.rows_of(*shard))
 
     def shard_of(self, loaded, dim: int) -> Tensor:
         size = shape_of(loaded)[dim] // self.tp_size
@@ -52,6 +82,8 @@ class LinearBase(nn.Module):
         return self.linear(x, self.bias)
 
     def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        if self.fp8 is not None:
+            return self.fp8.forward(x, self.weight, self.weight_scale_inv, bias)
         if self.skinny is not None and self.skinny.applies(x, self.weight):
             return self.skinny.kernel(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
@@ -86,11 +118,16 @@ class MergedColumnParallelLinear(LinearBase):
         self.output_sizes = output_sizes
         super().__init__(in_features, sum(output_sizes) // tp_size(), bias, 0)
 
-    # packed layers take the shard id the loader finds in the checkpoint name
-    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:  # type: ignore[override]
-        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+    def local_part_sizes(self, out_features: int) -> list[int]:
+        return [size // self.tp_size for size in self.output_sizes]
+
+    def rows_of(self, shard_id=None) -> tuple[int, int, int]:
         size = self.output_sizes[shard_id] // self.tp_size
-        param.data.narrow(0, offset, size).copy_(self.shard_of(loaded, 0))
+        return sum(self.output_sizes[:shard_id]) // self.tp_size, size, self.tp_rank * size
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:  # type: ignore[override]
+        offset, size, start = self.rows_of(shard_id)
+        param.data.narrow(0, offset, size).copy_(rows(loaded, start, size))
 
 
 class QKVParallelLinear(LinearBase):
@@ -105,12 +142,20 @@ class QKVParallelLinear(LinearBase):
         self.total_kv_heads = num_kv_heads
         super().__init__(hidden, (self.num_heads + 2 * self.num_kv_heads) * head_dim, bias, 0)
 
-    def weight_loader(self, param: nn.Parameter, loaded, shard_id: str) -> None:  # type: ignore[override]
+    def local_part_sizes(self, out_features: int) -> list[int]:
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return [q_size, kv_size, kv_size]
+
+    def rows_of(self, shard_id=None) -> tuple[int, int, int]:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[shard_id]
         heads = self.num_heads * self.tp_size if shard_id == "q" else self.total_kv_heads
         first_head = self.tp_rank * heads // self.tp_size  # replicated KV heads: ranks share one
-        param.data.narrow(0, offset, size).copy_(rows(loaded, first_head * self.head_dim, size))
+        return offset, size, first_head * self.head_dim
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: str) -> None:  # type: ignore[override]
+        offset, size, start = self.rows_of(shard_id)
+        param.data.narrow(0, offset, size).copy_(rows(loaded, start, size))
 
 
 class RowParallelLinear(LinearBase):
@@ -128,4 +173,4 @@ def bind_gemm_backend(model: nn.Module, skinny: SkinnyGemm | None) -> None:
     """Every linear layer of `model` sends decode-sized inputs to `skinny` (None: torch only)."""
     for module in model.modules():
         if isinstance(module, LinearBase):
-            module.skinny = skinny
+            module.skinny = None if module.fp8 is not None else skinny

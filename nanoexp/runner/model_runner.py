@@ -17,6 +17,7 @@ from nanoexp.kernels import pdl
 from nanoexp.kernels.select import triton_available
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.compiled import use_compiled
+from nanoexp.layers.quantization import weight_quantization
 from nanoexp.layers.sampler import Sampler, SamplingTensors, flag_non_finite, pick_shard_winner
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, DecodeGraphs, StepGraphs
 from nanoexp.runner.expert_load import ExpertLoadCounter
@@ -372,6 +373,7 @@ class ModelRunner:
             "swiglu_kernel": self.swiglu_kernel,
             "moe_kernel": self.moe_kernel,
             "expert_load_stats": self.expert_load is not None,
+            **dict(zip(("weight_quantization", "fp8_gemm"), weight_quantization(self.model), strict=True)),
             "pdl": pdl.enabled(),
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,

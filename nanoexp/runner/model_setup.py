@@ -20,6 +20,7 @@ from nanoexp.kernels.base import AttentionBackend
 from nanoexp.kernels.select import (
     SkinnyGemm,
     make_attention_backend,
+    make_fp8_gemm,
     make_moe_kernel,
     make_skinny_gemm,
     require_triton,
@@ -30,6 +31,7 @@ from nanoexp.layers.activation import bind_activation_kernel
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.fused_moe import bind_moe_kernel, moe_layers
 from nanoexp.layers.linear import bind_gemm_backend
+from nanoexp.layers.quantization import bind_fp8_gemm, building, checkpoint_method
 from nanoexp.loader import init_dummy, load_hf_config, load_safetensors, resolve_model_dir
 from nanoexp.models.qwen3 import Qwen3ForCausalLM
 from nanoexp.models.registry import model_class
@@ -79,6 +81,7 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     skinny = make_skinny_gemm(execution.gemm_backend, device, dtype)
     pdl.configure(execution.pdl, device, triton_available())
     bind_gemm_backend(model, skinny)
+    bind_fp8_gemm(model, make_fp8_gemm(execution.gemm_backend, device))
     swiglu = swiglu_kernel(device, dtype)
     bind_activation_kernel(model, swiglu)
     moe = make_moe_kernel(device)
@@ -170,7 +173,7 @@ def build_model(
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
+        with torch.device(device), building(weight_quantization(config.model, hf_config)):
             model = cls(hf_config, max_model_len, config.parallel.expert_parallel).eval()
     finally:
         torch.set_default_dtype(previous)
@@ -193,9 +196,10 @@ def check_weights_fit(
     """One line before allocating weights that cannot fit: the model, dtype, this rank's weight bytes, the
     free GPU memory, and the tensor-parallel sizes (or a 16-bit dtype) that would fit."""
     parallel = config.parallel
-    with torch.device("meta"):
+    quantization = weight_quantization(config.model, hf_config)
+    with torch.device("meta"), building(quantization):
         shell = cls(hf_config, max_model_len, parallel.expert_parallel)
-    need = sum(p.numel() for p in shell.parameters()) * dtype.itemsize
+    need = sum(p.numel() * (1 if p.element_size() == 1 else dtype.itemsize) for p in shell.parameters())
     free = torch.cuda.mem_get_info(device)[0]
     if need <= free:
         return
@@ -205,12 +209,21 @@ def check_weights_fit(
     fixes = [f"parallel.tensor_parallel_size={fits[0]}" if fits else "more GPUs than 16"]
     if dtype.itemsize > 2:
         fixes.append("model.dtype=bfloat16 (half the bytes)")
+    if quantization == "none":
+        fixes.append("model.quantization=fp8 (about half the bytes of bf16)")
     name = config.model.path or (hf_config.architectures or ["the model"])[0]
     raise ValueError(
         f"model {name} does not fit: its {str(dtype).removeprefix('torch.')} weights take "
         f"{need / 2**30:.1f} GiB on each of {size} rank(s), the GPU has {free / 2**30:.1f} GiB free; "
-        f"would fit: {' or '.join(fixes)} (no fp8 weights yet)"
+        f"would fit: {' or '.join(fixes)}"
     )
+
+
+def weight_quantization(model: ModelConfig, hf_config: PretrainedConfig) -> str:
+    """model.quantization, or the checkpoint's own format (an FP8 checkpoint selects fp8 by itself)."""
+    source = "model.arch" if model.arch is not None else f"{model.path}/config.json"
+    ckpt = checkpoint_method(getattr(hf_config, "quantization_config", None), source)
+    return ckpt if ckpt != "none" else model.quantization
 
 
 def eos_token_ids(hf_config: PretrainedConfig, model: ModelConfig) -> list[int]:

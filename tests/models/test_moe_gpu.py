@@ -7,9 +7,9 @@ import pytest
 import torch
 from checkpoints import random_prompts
 from helpers import assert_follows_transformers, staggered_run
+from moe_checkpoints import MOE_SHAPES
 
 from nanoexp import LLM, SamplingParams
-from tests.moe_checkpoints import MOE_SHAPES
 
 pytestmark = [
     pytest.mark.gpu,

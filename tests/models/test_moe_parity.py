@@ -14,12 +14,12 @@ import pytest
 import torch
 from checkpoints import random_prompts
 from helpers import prefill_logits, staggered_run
+from moe_checkpoints import MOE_SHAPES, moe_config
 
 from nanoexp import LLM, SamplingParams
 from nanoexp.config import KnobError
 from nanoexp.config.parallel import check_split
 from nanoexp.runner.step_input import StepInput
-from tests.moe_checkpoints import MOE_SHAPES, moe_config
 
 LENGTHS = [1, 2, 15, 16, 17, 63, 129]
 CPU = dict(device="cpu", dtype="float32")

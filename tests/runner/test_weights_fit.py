@@ -29,7 +29,8 @@ def config_for(model: str, **kwargs) -> EngineConfig:
             1,
             "model Qwen3MoeForCausalLM does not fit: its bfloat16 weights take 56.9 GiB "
             "on each of 1 rank(s), "
-            "the GPU has 40.0 GiB free; would fit: parallel.tensor_parallel_size=2 (no fp8 weights yet)",
+            "the GPU has 40.0 GiB free; would fit: parallel.tensor_parallel_size=2 or model.quantization=fp8 "
+            "(about half the bytes of bf16)",
         ),
         (
             torch.float32,
@@ -37,7 +38,7 @@ def config_for(model: str, **kwargs) -> EngineConfig:
             "model Qwen3MoeForCausalLM does not fit: its float32 weights take 113.7 GiB "
             "on each of 1 rank(s), "
             "the GPU has 40.0 GiB free; would fit: parallel.tensor_parallel_size=4 or model.dtype=bfloat16 "
-            "(half the bytes) (no fp8 weights yet)",
+            "(half the bytes) or model.quantization=fp8 (about half the bytes of bf16)",
         ),
     ],
 )

@@ -28,7 +28,7 @@ from nanoexp.config.engine import in_hydra_keys
 from nanoexp.experiment.job import build
 from nanoexp.experiment.launch.gpus import claim
 from nanoexp.experiment.launch.provenance import collect_provenance
-from nanoexp.experiment.measure import kv_quality, request_checks
+from nanoexp.experiment.measure import kv_quality, request_checks, weight_quality
 from nanoexp.experiment.measure.driver import EngineDriver, Progress
 from nanoexp.experiment.measure.expert_load import expert_load_summary
 from nanoexp.experiment.measure.repeats import measure, progress_total, repeat_specs, summarize_repeats
@@ -112,21 +112,27 @@ def experiment(
     llm, driver = build.build_llm(spec, config, checkpoint)
     try:
         build_s = time.perf_counter() - start
-        probe = kv_quality.wanted(spec)
+        probe, weights_probe = kv_quality.wanted(spec), weight_quality.wanted(spec)
         if probe:  # a num_tokens without room fails before the timed runs
             kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
         request_checks.check_requests(driver, workloads)
+        if weights_probe:
+            kv_quality.prompt_limit(llm.engine, spec.metrics.weight_quality.num_tokens, "weight_quality")
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
         records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
         stats = llm.stats()
         quality = kv_quality.measure_kv_quality(llm, workloads[0], spec.metrics.kv_quality) if probe else {}
+        cfg = spec.metrics.weight_quality
+        probed = weight_quality.continue_prompts(llm, workloads[0], cfg) if weights_probe else None
     finally:
         llm.close()
         # drop the model and KV cache and hand their memory back: the next job may size its cache from it
         del llm, driver
         gc.collect()
         torch.cuda.empty_cache()  # a no-op without CUDA
+    if probed is not None:  # the unquantized model is built once the job's engine has released its memory
+        quality |= weight_quality.score(probed, config, cfg)
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
     if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer, workloads)

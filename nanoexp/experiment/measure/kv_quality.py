@@ -33,14 +33,14 @@ def measure_kv_quality(llm, workload: Workload, cfg: KvQualityConfig) -> dict:
     }
 
 
-def prompt_limit(engine, num_tokens: int) -> int:
+def prompt_limit(engine, num_tokens: int, probe: str = "kv_quality") -> int:
     """The longest prompt that fits with `num_tokens` more in one prefill, max_model_len and the KV cache."""
     manager, budget = engine.block_manager, engine.config.scheduler.max_num_batched_tokens
     room = min(engine.max_model_len, budget, manager.num_blocks * manager.block_size)
     if room - num_tokens < 1:
         raise ConfigError(
-            f"metrics.kv_quality.num_tokens={num_tokens} is invalid: must leave room for a prompt "
+            f"metrics.{probe}.num_tokens={num_tokens} is invalid: must leave room for a prompt "
             f"within {room} tokens (the least of max_model_len, max_num_batched_tokens and the KV "
-            "cache); lower it or set metrics.kv_quality.num_requests=0"
+            f"cache); lower it or set metrics.{probe}.num_requests=0"
         )
     return room - num_tokens

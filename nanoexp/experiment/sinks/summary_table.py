@@ -83,6 +83,13 @@ def _rows(s: dict) -> list[tuple[str, tuple[str, ...], str, str]]:
             "{:.3g}",
             "nats",
         ),
+        ("weights greedy agreement", ("weight_quality/greedy_agreement",), "{:.2%}", ""),
+        (
+            "weights KL mean / p99 / max",
+            tuple(f"weight_quality/kl_{k}" for k in ("mean", "p99", "max")),
+            "{:.3g}",
+            "nats",
+        ),
     ]
 
 

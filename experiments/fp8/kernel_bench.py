@@ -1,0 +1,141 @@
+"""Qwen3-8B's linear layers in fp8 (the Triton kernels) against bf16 (cuBLAS) and against their floors:
+bytes over the measured copy bandwidth, FLOPs over the dense fp8 rate. Each time is the median of CUDA-graph
+replays of 20 back-to-back calls. Each row also checks the kernel's result against the torch reference, and
+a few tile configurations are timed beside the default (decode GEMV at 1 row, skinny GEMM at 16, 4,096)."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from nanoexp.kernels.fp8_cublas import MIN_ROWS, blockwise_scaled_mm_works, cublas_fp8_linear
+from nanoexp.kernels.fp8_reference import Fp8Layout, quantize_weight, w8a8_reference
+from nanoexp.kernels.triton_fp8 import GemmConfig, GemvConfig, fp8_linear, fp8_matmul, quantize_activation
+
+SHAPES = {
+    "qkv_proj": (6144, 4096),
+    "o_proj": (4096, 4096),
+    "gate_up_proj": (24576, 4096),
+    "down_proj": (4096, 12288),
+}
+CUBLAS = False  # cuBLAS's block-scaled fp8 GEMM passed its check here (set in main)
+FP8_TFLOPS = 1580e12  # DESIGN.md: ~790 TFLOP/s bf16 dense measured, fp8 twice that
+COLUMNS = (
+    "layer|M|bf16 us|fp8 us (quant+GEMM)|fp8 GEMM only us|fp8 floor us|fp8/floor|fp8/bf16|rel err vs ref"
+)
+CANDIDATES = {
+    1: [
+        GemvConfig(4, 4),
+        GemvConfig(8, 4),
+        GemvConfig(8, 8),
+        GemvConfig(16, 4, 8),
+        GemvConfig(32, 2, 8),
+        GemvConfig(16, 4, 4, split_k=4),
+        GemvConfig(32, 4, 8, split_k=4),
+        GemvConfig(8, 4, 4, split_k=2),
+        GemmConfig(16, 32, 4, 4),  # the tensor-core kernel at one row (rows padded to 16)
+        GemmConfig(16, 64, 4, 6),
+    ],
+    16: [
+        GemmConfig(16, 32, 4, 4),
+        GemmConfig(16, 64, 4, 4),
+        GemmConfig(16, 128, 4, 3),
+        GemmConfig(16, 64, 4, 6),
+        GemmConfig(16, 64, 4, 4, quantize_a=True),  # no quantization kernel: the GEMM quantizes x's tiles
+    ],
+    4096: [
+        GemmConfig(128, 128, 8, 3),
+        GemmConfig(128, 128, 8, 4),
+        GemmConfig(128, 256, 8, 3),
+        GemmConfig(64, 128, 4, 4),
+        GemmConfig(128, 64, 4, 4),
+        GemmConfig(128, 128, 8, 3, quantize_a=True),
+        GemmConfig(128, 128, 8, 4, quantize_a=True),
+    ],
+}
+
+
+def timed_us(fn, calls: int = 20, reps: int = 15) -> float:
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    us = timed_us(lambda: b.copy_(a), calls=5, reps=5)
+    return 2 * a.numel() / (us * 1e-6)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    global CUBLAS
+    CUBLAS = blockwise_scaled_mm_works(torch.device("cuda", torch.cuda.current_device()))
+    bw = copy_bandwidth()
+    print(
+        f"device {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s; "
+        f"cuBLAS block-scaled fp8 GEMM: {CUBLAS}"
+    )
+    print("| " + " | ".join(COLUMNS.split("|")) + " |")
+    print("|---" * len(COLUMNS.split("|")) + "|")
+    weights = {name: torch.randn(n, k, device="cuda") * 0.02 for name, (n, k) in SHAPES.items()}
+    for name, w in weights.items():
+        for m in (1, 2, 4, 8, 16, 64, 4096):
+            print(row(name, w, m, bw))
+    print("\nTile configurations (fp8 us, quantization included):")
+    for m, configs in CANDIDATES.items():
+        for name, w in weights.items():
+            print(f"M={m} {name}: {tile_times(w, m, configs)}")
+
+
+def tile_times(w: torch.Tensor, m: int, configs: list) -> str:
+    layout = Fp8Layout(*w.shape, 0, 128)
+    q, s = quantize_weight(w)
+    x = torch.randn(m, w.shape[1], device="cuda", dtype=torch.bfloat16)
+    times = {c: timed_us(lambda c=c: fp8_linear(x, q, s, layout, config=c)) for c in configs}
+    if m >= MIN_ROWS and CUBLAS:
+        times["cublas"] = timed_us(lambda: cublas_fp8_linear(x, q, s, layout))
+    best = min(times, key=times.get)
+    return f"best {best} {times[best]:.1f} us | " + ", ".join(f"{c}: {t:.1f}" for c, t in times.items())
+
+
+def row(name: str, w: torch.Tensor, m: int, bw: float) -> str:
+    """One shape's times, floor and error, as a markdown table row."""
+    (n, k), layout = w.shape, Fp8Layout(*w.shape, 0, 128)
+    q, s = quantize_weight(w)
+    w16 = w.bfloat16()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    xq, xs = quantize_activation(x, layout)
+    t16 = timed_us(lambda: F.linear(x, w16))
+    t8 = timed_us(lambda: fp8_linear(x, q, s, layout))
+    if m >= MIN_ROWS and CUBLAS:  # the engine's prefill path under gemm_backend=auto
+        t8 = min(t8, timed_us(lambda: cublas_fp8_linear(x, q, s, layout)))
+    tg = timed_us(lambda: fp8_matmul(xq, xs, q, s, layout, torch.bfloat16))
+    bytes_ = n * k + (n // 128) * (k // 128) * 4 + m * k * 3 + m * n * 2  # weights, scales, x, x quantized, y
+    floor = max(bytes_ / bw, 2 * m * n * k / FP8_TFLOPS) * 1e6
+    ref = w8a8_reference(x[:64], q, s, layout).float()
+    err = (fp8_linear(x[:64], q, s, layout).float() - ref).abs().max().item() / ref.abs().max().item()
+    cells = [name, m, f"{t16:.1f}", f"{t8:.1f}", f"{tg:.1f}", f"{floor:.1f}", f"{t8 / floor:.2f}"]
+    return "| " + " | ".join(map(str, [*cells, f"{t8 / t16:.2f}", f"{err:.1e}"])) + " |"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Prefill-sized fp8 linear layers on cuBLAS's block-scaled fp8 GEMM (`torch.nn.functional.scaled_mm`,
+1 x 128 activation blocks times 128 x 128 weight blocks: the W8A8 arithmetic of kernels/fp8_reference.py,
+CUDA 12.9+ on Hopper), the activations quantized by the Triton kernel; decode-sized ones, and layouts it
+cannot take (scale rows per output row, a shard at an offset inside its blocks), on kernels/triton_fp8.py.
+Used only where a one-time check against the reference passes (`blockwise_scaled_mm_works`)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from nanoexp.kernels.fp8_reference import BLOCK, Fp8Layout, quantize_weight, w8a8_reference
+from nanoexp.kernels.triton_fp8 import fp8_linear, quantize_activation
+
+log = logging.getLogger(__name__)
+MIN_ROWS = 65  # below, the Triton kernels (decode-sized steps run in CUDA graphs on them)
+
+
+def takes(layout: Fp8Layout, rows: int, dtype: torch.dtype, amax) -> bool:
+    aligned = layout.row_block == BLOCK and layout.k_offset == 0 and layout.k_local % BLOCK == 0
+    # the weight scales' rows are read with a leading dimension of K / 128, a multiple of 4 (16 bytes)
+    shaped = layout.n % BLOCK == 0 and layout.k_blocks % 4 == 0
+    return rows >= MIN_ROWS and aligned and shaped and dtype == torch.bfloat16 and amax is None
+
+
+def cublas_fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    layout: Fp8Layout,
+    bias: torch.Tensor | None = None,
+    amax: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """triton_fp8.fp8_linear's result; prefill-sized bf16 rows through cuBLAS."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, layout.k_local)
+    if not takes(layout, x2.shape[0], x.dtype, amax):
+        return fp8_linear(x, weight, scale, layout, bias, amax)
+    xq, xs = quantize_activation(x2 if x2.stride(-1) == 1 else x2.contiguous(), layout, scales_m_major=True)
+    y = scaled_mm(xq, weight, xs, scale, x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.view(*lead, layout.n)
+
+
+def scaled_mm(
+    xq: torch.Tensor, weight: torch.Tensor, xs: torch.Tensor, scale: torch.Tensor, dtype
+) -> torch.Tensor:
+    """xq [M, K] e4m3 with M-major scales [M, K/128] @ weight [N, K]^T with scales [N/128, K/128]."""
+    blockwise = F.ScalingType
+    return F.scaled_mm(
+        xq,
+        weight.t(),
+        xs,
+        blockwise.BlockWise1x128,
+        scale.t(),
+        blockwise.BlockWise128x128,
+        swizzle_a=F.SwizzleType.NO_SWIZZLE,
+        swizzle_b=F.SwizzleType.NO_SWIZZLE,
+        output_dtype=dtype,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def blockwise_scaled_mm_works(device: torch.device) -> bool:
+    """One check on `device`: cuBLAS's block-scaled GEMM runs, replays in a CUDA graph and matches the
+    reference (to bf16 rounding)."""
+    if device.type != "cuda" or not hasattr(F, "scaled_mm") or not hasattr(F, "ScalingType"):
+        return False
+    try:
+        gen = torch.Generator(device=device).manual_seed(0)
+        layout = Fp8Layout(256, 512, 0, BLOCK)
+        q, s = quantize_weight(torch.randn(256, 512, device=device, generator=gen) * 0.05)
+        x = torch.randn(MIN_ROWS + 63, 512, device=device, generator=gen).bfloat16()
+        cublas_fp8_linear(x, q, s, layout)  # first call outside the capture, as the engine's warm-up
+        graph = torch.cuda.CUDAGraph()  # prefill-sized steps run in step graphs too
+        with torch.cuda.graph(graph):
+            got = cublas_fp8_linear(x, q, s, layout)
+        graph.replay()
+        torch.cuda.synchronize(device)
+        want = w8a8_reference(x, q, s, layout).float()
+        err = ((got.float() - want).abs().max() / want.abs().max()).item()
+    except Exception as exc:  # noqa: BLE001 - any failure means "not here"
+        log.info("fp8 prefill GEMM: cuBLAS block-scaled GEMM unavailable (%s); Triton's", exc)
+        return False
+    if err > 2e-2:
+        log.warning("fp8 prefill GEMM: cuBLAS block-scaled GEMM off by %.2g of the reference; Triton's", err)
+    return err <= 2e-2

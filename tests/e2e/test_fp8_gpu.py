@@ -1,0 +1,122 @@
+"""On a CUDA device: fp8 weights through the engine's GPU path (Triton fp8 kernels, CUDA graphs, step
+graphs) against transformers running the torch W8A8 reference; and no timed step compiles a kernel, for
+every weight and KV-cache precision, after the engine's warm-up."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from fp8_checkpoints import build_fp8_checkpoint, w8a8_transformers_model
+from helpers import assert_follows_transformers
+
+from nanoexp import LLM, SamplingParams
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+LENGTHS = [1, 2, 15, 16, 17, 63, 129, 300, 40]
+PATHS = {
+    "graphs": dict(),
+    "eager": dict(enforce_eager=True),
+    "chunked_prefix_cache": dict(max_num_batched_tokens=48, enable_prefix_caching=True),
+    "preemption_block256": dict(kvcache_block_size=256, num_kvcache_blocks=3),
+}
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint(tmp_path_factory) -> str:
+    # head_dim 64 (the GPU kernels' tested sizes); gate/up parts of 320 rows: scales per output row, and
+    # down_proj's K ragged in its last block
+    shape = dict(
+        hidden_size=256, intermediate_size=320, num_attention_heads=4, num_key_value_heads=2, head_dim=64
+    )
+    return build_fp8_checkpoint(tmp_path_factory.mktemp("fp8"), shape=shape)
+
+
+@pytest.mark.gpu_quick
+@pytest.mark.parametrize("path_name", PATHS)
+def test_gpu_fp8_checkpoint_follows_the_w8a8_reference(fp8_checkpoint, path_name):
+    rng = random.Random(0)
+    prompts = [[rng.randrange(150) for _ in range(n)] for n in LENGTHS]
+    args = dict(kvcache_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
+    with LLM(fp8_checkpoint, **{**args, **PATHS[path_name]}) as llm:
+        outs = llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+        )
+    # fp8 tensor cores sum a block's products in another order (and, on Hopper, narrower) than torch
+    assert_follows_transformers(w8a8_transformers_model(fp8_checkpoint), prompts, outs, min_exact=0.75)
+
+
+def qwen3_0_6b_arch() -> dict:
+    arch = yaml.safe_load((ROOT / "conf/model/qwen3_0_6b.yaml").read_text())["arch"]
+    return arch
+
+
+class CompileLog:
+    """Names the Triton kernels compiled (or loaded from the disk cache) while installed."""
+
+    def __init__(self):
+        import triton
+
+        self.knobs = triton.knobs.runtime
+        self.names: list[str] = []
+
+    def __enter__(self):
+        self.previous = self.knobs.jit_post_compile_hook
+
+        def hook(*args, **kwargs):
+            fn = kwargs.get("fn")
+            self.names.append(getattr(fn, "name", None) or str(kwargs.get("repr", "?"))[:120])
+            return self.previous(*args, **kwargs) if self.previous else None
+
+        self.knobs.jit_post_compile_hook = hook
+        return self
+
+    def __exit__(self, *exc):
+        self.knobs.jit_post_compile_hook = self.previous
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
+def test_gpu_no_timed_step_compiles(quantization, kv_cache_dtype):
+    """nanovllm_bench's shape of work (its scheduler; prompts of 100..1024 tokens, 50..300 outputs, decode
+    batches from 1 to 96) after the experiment layer's warm-up request: no kernel compiles."""
+    rng = random.Random(1)
+    prompts = [[rng.randrange(150000) for _ in range(rng.randint(100, 1024))] for _ in range(96)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=rng.randint(50, 300), ignore_eos=True) for _ in prompts
+    ]
+    llm = LLM(
+        "dummy",
+        hf_config=qwen3_0_6b_arch(),
+        load_format="dummy",
+        dtype="bfloat16",
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+        max_num_seqs=128,
+        max_model_len=4096,
+        batching="prefill_first",
+        enable_chunked_prefill=False,
+    )
+    with llm:
+        llm.generate([prompts[0][:16]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+        graphs_before = torch_compiled_graphs()
+        with CompileLog() as compiled:
+            llm.generate(prompts, params, use_tqdm=False)
+            torch.cuda.synchronize()
+    assert compiled.names == [], (
+        f"timed work compiled {len(compiled.names)} kernels: {sorted(set(compiled.names))}"
+    )
+    assert torch_compiled_graphs() == graphs_before, "timed work ran torch.compile"
+
+
+def torch_compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

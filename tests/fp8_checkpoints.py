@@ -1,0 +1,122 @@
+"""Tiny Qwen3 checkpoints in the published block-scaled FP8 format, and a transformers model that runs
+the same W8A8 arithmetic (the engine's greedy tokens must equal its tokens)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from nanoexp.kernels.fp8_reference import Fp8Layout, w8a8_reference
+
+QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+QUANT_CONFIG = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128],
+}
+# shards that are not multiples of 128 at TP=2 and 4: q 192 -> 96 / 48 rows, intermediate 384 -> 192 / 96
+# (a scale block straddles ranks along N in q/k/v and gate/up, along K in o_proj and down_proj)
+SHAPE = dict(
+    hidden_size=192, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=48
+)
+
+
+def published_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block by block, as written: scale = 448 / amax, q = clamp(w * scale) in e4m3, stored 1 / scale."""
+    n, k = w.shape
+    rows, cols = -(-n // 128), -(-k // 128)
+    q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    inv = torch.empty(rows, cols, dtype=torch.float32)
+    for i in range(rows):
+        for j in range(cols):
+            block = w[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128].float()
+            amax = block.abs().max()
+            scale = 448.0 / amax if amax > 0 else torch.tensor(1.0)
+            q[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128] = (block * scale).clamp(-448, 448).to(q.dtype)
+            inv[i, j] = 1.0 / scale
+    return q, inv
+
+
+def build_fp8_checkpoint(
+    path,
+    seed: int = 0,
+    vocab: int = 160,
+    layers: int = 2,
+    scale_dtype=torch.float32,
+    bf16_path=None,
+    shape=None,
+) -> str:
+    """A random bf16 Qwen3 saved by transformers (also unquantized at `bf16_path`), its linear weights
+    then quantized in place."""
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        num_hidden_layers=layers,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+        eos_token_id=vocab - 1,
+        bos_token_id=vocab - 2,
+        initializer_range=0.08,
+        **(shape or SHAPE),
+    )
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.7, 1.3)
+    model.save_pretrained(path)
+    if bf16_path is not None:
+        model.save_pretrained(bf16_path)
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    for name in list(tensors):
+        if name.rpartition(".")[0].rpartition(".")[2] in QUANTIZED and name.endswith(".weight"):
+            q, inv = published_quantize(tensors[name])
+            tensors[name] = q
+            tensors[name.removesuffix("weight") + "weight_scale_inv"] = inv.to(scale_dtype)
+    save_file(tensors, file, metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = QUANT_CONFIG
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return str(path)
+
+
+def w8a8_transformers_model(path: str, dtype=torch.float32) -> Qwen3ForCausalLM:
+    """transformers' Qwen3 with every quantized linear computing the torch W8A8 reference from the
+    checkpoint's fp8 weights and scales (TP=1 layout), the rest in `dtype`."""
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    config = Qwen3Config.from_pretrained(path)
+    config.quantization_config = None
+    model = Qwen3ForCausalLM(config).to(dtype).eval()
+    state = {
+        k: v.to(dtype) for k, v in tensors.items() if not (v.dtype == torch.float8_e4m3fn or "scale_inv" in k)
+    }
+    model.load_state_dict(state, strict=False)
+    for name, module in model.named_modules():
+        if name.rpartition(".")[2] in QUANTIZED:
+            q, s = tensors[name + ".weight"], tensors[name + ".weight_scale_inv"].float()
+            layout = Fp8Layout(q.shape[0], q.shape[1], 0, 128)
+            padded = torch.zeros(q.shape[0], layout.k_padded, dtype=q.dtype)
+            padded[:, : q.shape[1]] = q
+            module.forward = lambda x, w=padded, s=s, layout=layout: w8a8_reference(x, w, s, layout)
+    return model
+
+
+def greedy_reference(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    out = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            for _ in range(max_tokens):
+                nxt = model(ids).logits[0, -1].argmax()
+                ids = torch.cat([ids, nxt.view(1, 1)], 1)
+        out.append(ids[0, len(prompt) :].tolist())
+    return out

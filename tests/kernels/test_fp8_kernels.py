@@ -1,0 +1,199 @@
+"""The fp8 Triton kernels against the torch W8A8 reference (kernels/fp8_reference.py): on CPU under the
+interpreter (tiny shapes; it has no fp8 dot, so the GEMM multiplies the e4m3 operands as fp16, which holds
+them exactly) and on the GPU with fp8 tensor cores, in CUDA graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fp8_checkpoints import published_quantize
+
+from nanoexp.kernels import triton_fp8
+from nanoexp.kernels.fp8_reference import (
+    FP8_DTYPE,
+    Fp8Layout,
+    group_amax,
+    quantize_activation,
+    quantize_weight,
+    w8a8_reference,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# (n, k_local, k_start, row_block): aligned; a shard at offset 96 of a 128-block (two partial groups); a
+# ragged K with per-row scales
+LAYOUTS = [(256, 256, 0, 128), (40, 96, 96, 1), (48, 300, 0, 1)]
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, rows: int) -> None:
+    """Equal up to fp32 summation order on the CPU; on a GPU, Hopper's fp8 tensor cores (more than one row)
+    sum a block's products in fewer bits than fp32."""
+    tol = 1e-6 if DEVICE == "cpu" else 1e-5 if rows == 1 else 5e-3
+    err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+    assert err <= tol, err
+
+
+def random_weights(layout: Fp8Layout, device=DEVICE) -> tuple[torch.Tensor, torch.Tensor]:
+    w = torch.zeros(layout.n, layout.k_padded, device=device)
+    w[:, layout.k_offset : layout.k_offset + layout.k_local] = torch.randn(layout.n, layout.k_local) * 0.05
+    q, s = quantize_weight(w)
+    return q, s.repeat_interleave(128, 0)[: layout.n : layout.row_block].contiguous()
+
+
+def test_quantize_weight_is_the_published_rule_with_ragged_blocks():
+    w = torch.randn(200, 300) * 0.1
+    w[:128, :128] = 0.0  # an all-zero block: scale 1, zeros
+    q, s = quantize_weight(w)
+    want_q, want_s = published_quantize(w)
+    assert torch.equal(q.float(), want_q.float()) and torch.equal(s, want_s)
+    assert s.shape == (2, 3) and s[0, 0] == 1.0
+
+
+def test_reference_is_blockwise_products_summed_in_fp32():
+    """The definition, written out block by block: sum_b (xq_b . wq_b) * xs_b * ws_b."""
+    torch.manual_seed(0)
+    layout = Fp8Layout(8, 300, 0, 1)
+    q, s = random_weights(layout, "cpu")
+    x = torch.randn(3, 300, dtype=torch.float64).float()
+    xq, xs = quantize_activation(x, layout)
+    want = torch.zeros(3, 8, dtype=torch.float64)
+    for b in range(layout.k_blocks):
+        cols = slice(b * 128, (b + 1) * 128)
+        dots = xq[:, cols].double() @ q[:, cols].double().T
+        want += dots * xs[:, b, None].double() * s[None, :, b].double()
+    got = w8a8_reference(x, q, s, layout).double()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    amax = x.abs().view(3, -1)[:, :128].amax(-1)
+    assert torch.allclose(xs[:, 0], amax / 448) and xq.dtype == FP8_DTYPE
+
+
+@pytest.mark.parametrize("shape", [*LAYOUTS, (16, 1100, 0, 1)])  # 9 groups: a program's 8, then 1 of 8
+def test_activation_quantization_kernel_is_exact(shape):
+    torch.manual_seed(1)
+    layout = Fp8Layout(*shape)
+    x = torch.randn(5, layout.k_local, device=DEVICE) * 3
+    x[0, :4] = torch.tensor([0.0, 1e-9, -448.0, 447.9])
+    x[1] = 0.0  # an all-zero row: the eps floor, zeros
+    want_q, want_s = quantize_activation(x, layout)
+    got_q, got_s = triton_fp8.quantize_activation(x, layout)
+    assert torch.equal(got_q.float(), want_q.float()) and torch.equal(got_s, want_s)
+    amax = group_amax(x, layout) * 2  # given amaxes (a group straddling TP ranks) are used as given
+    want_q, want_s = quantize_activation(x, layout, amax)
+    got_q, got_s = triton_fp8.quantize_activation(x, layout, amax)
+    assert torch.equal(got_q.float(), want_q.float()) and torch.equal(got_s, want_s)
+
+
+@pytest.mark.parametrize(
+    "rows", [1, 3, 4, 7, 20, 70]
+)  # the GEMV (<= 4 rows), the GEMM's small and large tiles
+@pytest.mark.parametrize("shape", LAYOUTS)
+def test_fp8_linear_matches_the_reference(shape, rows):
+    if DEVICE == "cpu" and rows == 70 and shape[0] > 64:
+        pytest.skip("the 128 x 128 tile is slow in the interpreter; the smaller layouts cover it")
+    torch.manual_seed(2)
+    layout = Fp8Layout(*shape)
+    q, s = random_weights(layout)
+    x = torch.randn(rows, layout.k_local, device=DEVICE)
+    bias = torch.randn(layout.n, device=DEVICE)
+    want = w8a8_reference(x, q, s, layout, bias)
+    got = triton_fp8.fp8_linear(x, q, s, layout, bias)
+    assert_close(got, want, rows)
+
+
+GPU_CASES = [(torch.bfloat16, rows) for rows in (1, 2, 4, 5, 33, 65, 4096)] + [
+    (torch.float32, 1),
+    (torch.float32, 300),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "rows"), GPU_CASES)
+def test_gpu_fp8_linear_at_qwen3_8b_shapes(dtype, rows):
+    torch.manual_seed(3)
+    for n, k in ((6144, 4096), (4096, 12288)):
+        layout = Fp8Layout(n, k, 0, 128)
+        q, s = random_weights(layout)
+        x = torch.randn(rows, k, device="cuda", dtype=dtype)
+        want = w8a8_reference(x.float(), q, s, layout)
+        got = triton_fp8.fp8_linear(x, q, s, layout).float()
+        # fp32 sums in another order (Hopper's fp8 tensor cores sum a block's products in fewer bits than
+        # fp32: rows > 1); bf16 output rounding on top
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-4 if rows == 1 else 5e-3
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        assert err <= tol, (rows, n, k, err)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_linear_replays_in_a_cuda_graph():
+    layout = Fp8Layout(384, 96, 96, 1)
+    q, s = random_weights(layout)
+    x = torch.randn(4, 96, device="cuda", dtype=torch.bfloat16)
+    triton_fp8.fp8_linear(x, q, s, layout)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = triton_fp8.fp8_linear(x, q, s, layout)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = w8a8_reference(x, q, s, layout)
+    assert torch.allclose(y.float(), want.float(), rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("shape", LAYOUTS[1:])
+def test_fp8_linear_with_given_amax_matches_the_reference(shape, rows):
+    """The path of a row-parallel shard whose groups straddle ranks: quantization kernel, then the GEMV
+    on quantized rows (or the GEMM)."""
+    torch.manual_seed(4)
+    layout = Fp8Layout(*shape)
+    q, s = random_weights(layout)
+    x = torch.randn(rows, layout.k_local, device=DEVICE)
+    amax = group_amax(x, layout) * 1.5
+    want = w8a8_reference(x, q, s, layout, amax=amax)
+    got = triton_fp8.fp8_linear(x, q, s, layout, amax=amax)
+    assert_close(got, want, rows)
+
+
+@pytest.mark.parametrize("rows", [5, 20])
+@pytest.mark.parametrize("shape", [LAYOUTS[0], LAYOUTS[2]])
+def test_gemm_quantizing_its_own_tiles_matches_the_reference(shape, rows):
+    torch.manual_seed(5)
+    layout = Fp8Layout(*shape)
+    q, s = random_weights(layout)
+    x = torch.randn(rows, layout.k_local, device=DEVICE)
+    config = triton_fp8.GemmConfig(16, 32, 4, 2, quantize_a=True)
+    want = w8a8_reference(x, q, s, layout)
+    got = triton_fp8.fp8_linear(x, q, s, layout, config=config)
+    assert_close(got, want, rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [65, 300, 4096])
+def test_gpu_cublas_prefill_gemm_matches_the_reference(rows):
+    from nanoexp.kernels.fp8_cublas import blockwise_scaled_mm_works, cublas_fp8_linear
+
+    if not blockwise_scaled_mm_works(torch.device("cuda", torch.cuda.current_device())):
+        pytest.skip("cuBLAS's block-scaled fp8 GEMM is not available here (CUDA < 12.9 or not Hopper)")
+    torch.manual_seed(6)
+    layout = Fp8Layout(6144, 4096, 0, 128)
+    q, s = random_weights(layout)
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    err = (
+        (cublas_fp8_linear(x, q, s, layout).float() - w8a8_reference(x, q, s, layout).float()).abs().max()
+    ).item()
+    assert err <= 2e-2 * w8a8_reference(x, q, s, layout).float().abs().max().item()
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("shape", [(40, 1024, 0, 1), (256, 512, 0, 128)])
+def test_split_k_gemv_matches_the_reference_twice(shape, rows):
+    """K split across programs (partials summed by the last of a tile's programs); a second call finds
+    the tickets reset."""
+    torch.manual_seed(7)
+    layout = Fp8Layout(*shape)
+    q, s = random_weights(layout)
+    config = triton_fp8.GemvConfig(8, 2, 4, split_k=2)
+    for _ in range(2):
+        x = torch.randn(rows, layout.k_local, device=DEVICE)
+        want = w8a8_reference(x, q, s, layout)
+        assert_close(triton_fp8.fp8_linear(x, q, s, layout, config=config), want, 1)
+    assert int(triton_fp8._tickets(torch.device(DEVICE)).abs().sum()) == 0
