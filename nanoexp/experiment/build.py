@@ -129,11 +129,14 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
         workload = build_workload(spec.workload, spec.sampler, spec.model.arch.vocab_size, tokenize)
     except ValueError as e:  # ConfigError, or a value SamplingParams rejects
         raise ConfigError(str(e)) from None
-    longest = max(len(r.prompt_token_ids) + r.sampling_params.max_tokens for r in workload.requests)
+    length = lambda r: len(r.prompt_token_ids) + r.sampling_params.max_tokens
+    first = max(workload.requests, key=length)
+    longest = max(length(first), workload.longest or 0)
     limit = spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
     if longest > limit:
+        where = f" ({first.origin})" if first.origin and longest == length(first) else ""
         raise ConfigError(
-            f"workload {spec.workload.name} has a request of {longest} tokens (prompt + max_tokens) "
+            f"workload {spec.workload.name} has a request of {longest} tokens (prompt + max_tokens){where} "
             f"> max_model_len={limit} (scheduler.max_model_len or the model's limit)"
         )
     return workload

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
@@ -12,7 +13,7 @@ from typing import Protocol, TextIO
 from tqdm import tqdm
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
-from nanoexp.experiment.workloads import Request, Workload
+from nanoexp.experiment.workloads import FollowUp, Request, Workload
 
 OnStep = Callable[[StepStats], None]
 REFRESH_S = 0.25  # the progress line is redrawn at most this often: it costs far less than 1% of a run
@@ -28,30 +29,61 @@ class Driver(Protocol):
 
 class EngineDriver:
     """Our engine: each request submitted when due (and a slot is free), stamped with its scheduled arrival
-    time, then `engine.step()` until done."""
+    time, then `engine.step()` until done. With `follow_up` (closed loop), a finished request may bring the
+    next one, due at the offset the follow-up sets (after the finish). `submitted`: request id -> Request."""
 
     def __init__(self, engine, max_concurrency: int | None = None):
         self.engine, self.max_concurrency = engine, max_concurrency or math.inf
+        self.submitted: dict[int, Request] = {}
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
 
-    def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
-        pending, outputs, in_flight = deque(requests), [], 0
+    def drive(
+        self, requests: Sequence[Request], t0: float, on_step: OnStep, follow_up: FollowUp | None = None
+    ) -> list[RequestOutput]:
+        pending, outputs, in_flight, self.submitted = Arrivals(requests), [], 0, {}
         while pending or self.engine.has_unfinished():
             now = time.perf_counter() - t0
-            while pending and in_flight < self.max_concurrency and pending[0].arrival_offset_s <= now:
-                r = pending.popleft()
-                self.engine.add_request(list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s)
+            while pending and in_flight < self.max_concurrency and pending.next_offset() <= now:
+                r = pending.pop()
+                arrival = t0 + r.arrival_offset_s
+                self.submitted[
+                    self.engine.add_request(list(r.prompt_token_ids), r.sampling_params, arrival)
+                ] = r
                 in_flight += 1
             if not self.engine.has_unfinished():
-                _sleep_until(t0 + pending[0].arrival_offset_s)
+                _sleep_until(t0 + pending.next_offset())
                 continue
             finished, stats = self.engine.step()
             outputs += finished
             in_flight -= len(finished)
+            for out in finished if follow_up else ():
+                pending.push(follow_up(self.submitted[out.request_id], out, out.finish_time - t0))
             on_step(stats)
         return outputs
+
+
+class Arrivals:
+    """Requests not yet submitted, earliest arrival first (ties in the order they came)."""
+
+    def __init__(self, requests: Sequence[Request]):
+        self.order = itertools.count()
+        self.heap = [(r.arrival_offset_s, next(self.order), r) for r in requests]
+        heapq.heapify(self.heap)
+
+    def __bool__(self) -> bool:
+        return bool(self.heap)
+
+    def next_offset(self) -> float:
+        return self.heap[0][0]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self.heap)[2]
+
+    def push(self, request: Request | None) -> None:
+        if request is not None:
+            heapq.heappush(self.heap, (request.arrival_offset_s, next(self.order), request))
 
 
 @dataclass
@@ -65,6 +97,7 @@ class RunRecord:
     duration_s: float = 0.0
     iteration_latencies_s: list[float] = field(default_factory=list)
     facts: dict = field(default_factory=dict)  # what else was measured: machine load, profile counts
+    requests: dict[int, Request] = field(default_factory=dict)  # request id -> what was submitted
 
 
 class Progress:
@@ -138,9 +171,12 @@ def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_
     """One timed pass: offline/online, or in latency mode `num_iters` timed iterations of one batch."""
     record = log.record = RunRecord(repeat)
     if not workload.latency_mode:
+        closed_loop = {"follow_up": workload.follow_up} if workload.follow_up else {}
         record.t0 = time.perf_counter()
-        record.outputs = sorted(driver.drive(workload.requests, record.t0, log), key=lambda o: o.request_id)
+        outputs = driver.drive(workload.requests, record.t0, log, **closed_loop)
+        record.outputs = sorted(outputs, key=lambda o: o.request_id)
         record.duration_s = time.perf_counter() - record.t0
+        record.requests = dict(getattr(driver, "submitted", {}))
         return record
     log.recording = False
     for _ in range(workload.num_iters_warmup if warm_up else 0):

@@ -117,7 +117,7 @@ def experiment(
         llm = driver = None
         gc.collect()
         torch.cuda.empty_cache()  # a no-op without CUDA
-    logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
+    logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat, r.requests)])
     if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
@@ -135,7 +135,7 @@ def experiment(
         "load_format": checkpoint.load_format,
         "checkpoint_path": checkpoint.path or "",
         "arch_mismatches": len(arch_diffs),
-    }
+    } | workloads[0].facts
 
 
 class JobMemory:

@@ -6,13 +6,14 @@ import json
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from nanoexp.config import SamplingParams
 from nanoexp.config.checks import is_int
+from nanoexp.engine.outputs import RequestOutput
 from nanoexp.experiment.schema import ConfigError, SamplerConfig, WorkloadConfig, WorkloadKind, length_range
 
 Tokenize = Callable[[str], list[int]]
@@ -25,14 +26,30 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_offset_s: float = 0.0  # seconds after the workload starts
+    origin: str = ""  # where it came from (`trace.csv:row 12`), named by errors and requests.csv
+    session: int | None = None  # multi_turn: its session and turn (from 1)
+    turn: int | None = None
+
+
+# closed loop: (finished request, its output, its finish in seconds after t0) -> the request it brings
+FollowUp = Callable[[Request, RequestOutput, float], "Request | None"]
 
 
 @dataclass
 class Workload:
     name: str
-    requests: list[Request]
+    requests: list[Request]  # those known up front (multi_turn: each session's first turn)
     num_iters: int = 1  # >1 or warm-up iterations: latency mode, the same batch run repeatedly
     num_iters_warmup: int = 0
+    follow_up: FollowUp | None = None
+    num_total: int | None = None  # requests with the follow-ups (None: len(requests))
+    longest: int | None = None  # the longest request's prompt + max_tokens, when follow-ups grow them
+    offered_rates: list[float] | None = None  # the rate each request's arrival was drawn at (None: trace)
+    facts: dict = field(default_factory=dict)  # what building it found (a trace's rate and window)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests) if self.num_total is None else self.num_total
 
     @property
     def latency_mode(self) -> bool:
@@ -43,12 +60,25 @@ def build_workload(
     w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int, tokenize: Tokenize | None = None
 ) -> Workload:
     """Build the requests of workload `w`; random token ids are drawn inside [0, vocab_size)."""
-    prompts, max_tokens = _prompts(w, vocab_size, tokenize)
+    if w.kind is WorkloadKind.trace:
+        from nanoexp.experiment.traces import trace_workload
+
+        return trace_workload(w, lambda m, i: _sampling_params(w, sampler, m, i), vocab_size)
+    if w.kind is WorkloadKind.multi_turn:
+        from nanoexp.experiment.sessions import multi_turn_workload
+
+        return multi_turn_workload(w, lambda m, i: _sampling_params(w, sampler, m, i), vocab_size)
+    prompts, max_tokens, origins = _prompts(w, vocab_size, tokenize), None, None
+    if w.kind is WorkloadKind.sharegpt:
+        prompts, origins = prompts[:2], prompts[2]
+    prompts, max_tokens = prompts
     params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
-    offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed)
-    requests = [Request(p, sp, o) for p, sp, o in zip(prompts, params, offsets)]
+    rates = offered_rates(len(prompts), w.request_rate, w.ramp, w.ramp_end_rate)
+    offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed, rates)
+    origins = origins or [""] * len(prompts)
+    requests = [Request(p, sp, o, org) for p, sp, o, org in zip(prompts, params, offsets, origins)]
     iters = (w.num_iters, w.num_iters_warmup) if w.kind is WorkloadKind.latency else (1, 0)
-    return Workload(w.name, requests, *iters)
+    return Workload(w.name, requests, *iters, offered_rates=rates)
 
 
 def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None) -> Prompts:
@@ -63,6 +93,10 @@ def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None) -> Prompt
         return [prefixes[i % w.num_prefixes] + s for i, s in enumerate(suffixes)], out_lens
     if w.kind is WorkloadKind.latency:  # one batch, every prompt and output of the same length
         return random_prompts(replace(w, range_ratio=0.0, output_range_ratio=None), w.batch_size, vocab)
+    if w.kind is WorkloadKind.sharegpt:
+        from nanoexp.experiment.datasets import sharegpt_prompts
+
+        return sharegpt_prompts(w, tokenize)
     return file_prompts(w, tokenize, vocab)
 
 
@@ -167,14 +201,30 @@ def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
     return ids
 
 
-def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> list[float]:
-    """All zero when offline (rate=inf); else gamma inter-arrival times (burstiness 1 = Poisson)."""
+def arrival_offsets(
+    num: int, rate: float, burstiness: float, seed: int, rates: list[float] | None = None
+) -> list[float]:
+    """All zero when offline (rate=inf); else gamma inter-arrival times (burstiness 1 = Poisson), the gap
+    before request i drawn at `rates[i]` when given (a ramp, as `vllm bench serve --ramp-up-strategy`)."""
     if math.isinf(rate):
         return [0.0] * num
     rng = np.random.default_rng(seed + 1)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=num)
-    gaps[0] = 0.0
+    scale = 1.0 / (np.asarray(rates, dtype=float) * burstiness) if rates else 1.0 / (rate * burstiness)
+    gaps = rng.gamma(shape=burstiness, scale=scale, size=num)
+    if num:
+        gaps[0] = 0.0
     return np.cumsum(gaps).tolist()
+
+
+def offered_rates(num: int, rate: float, ramp: str = "none", end_rate: float | None = None) -> list[float]:
+    """The rate request i's arrival is drawn at: `rate` throughout, or a ramp from `rate` to `end_rate`
+    over the requests (linear, or exponential: a constant ratio from one request to the next)."""
+    if ramp == "none" or num < 2:
+        return [rate] * num
+    progress = np.arange(num) / (num - 1)
+    if ramp == "linear":
+        return (rate + (end_rate - rate) * progress).tolist()
+    return (rate * (end_rate / rate) ** progress).tolist()
 
 
 def _sampling_params(w: WorkloadConfig, s: SamplerConfig, max_tokens: int, i: int) -> SamplingParams:
