@@ -61,13 +61,14 @@ def test_csv_trace_arrivals_and_lengths(tmp_path: Path, name, text, knobs, offse
     assert summary["offered_request_rate"] == pytest.approx((len(offsets) - 1) / (1.5 * offsets[-1]))
 
 
+@pytest.mark.slow
 def test_mooncake_shared_blocks_come_from_the_prefix_cache(tmp_path: Path) -> None:
     keys = ("timestamp", "input_length", "output_length", "hash_ids")
     rows = [
         (0, 101, 3, [1, 2, 3]),
-        (1500, 105, 2, [1, 2, 7]),
-        (3000, 120, 2, [1, 2, 3, 9]),
-        (4500, 40, 2, [5]),
+        (800, 105, 2, [1, 2, 7]),
+        (1600, 120, 2, [1, 2, 3, 9]),
+        (2400, 40, 2, [5]),
     ]
     path = tmp_path / "mooncake.jsonl"
     path.write_text("".join(json.dumps(dict(zip(keys, r))) + "\n" for r in rows))

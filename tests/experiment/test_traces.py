@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nanoexp.config import KnobError, SamplingParams
-from nanoexp.experiment.schema import ConfigError, WorkloadConfig
+from nanoexp.experiment.schema import ConfigError, WorkloadConfig, WorkloadKind
 from nanoexp.experiment.traces import native_rate, trace_workload
 
 PARAMS = lambda m, i: SamplingParams(max_tokens=m, ignore_eos=True)
@@ -32,7 +32,7 @@ BURSTGPT = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Ty
 def trace(tmp_path: Path, text: str, name: str, **knobs) -> tuple[WorkloadConfig, Path]:
     path = tmp_path / name
     path.write_text(text)
-    return WorkloadConfig(name="trace", kind="trace", path=str(path), **knobs), path
+    return WorkloadConfig(name="trace", kind=WorkloadKind.trace, path=str(path), **knobs), path
 
 
 def mooncake_text(rows: list[tuple[float, int, int, list[int]]]) -> str:
@@ -137,4 +137,4 @@ def test_a_missing_trace_file_names_workload_path(tmp_path: Path) -> None:
     with pytest.raises(
         KnobError, match=r"workload.path='.*nope.csv' is invalid: must be a readable trace file"
     ):
-        WorkloadConfig(name="trace", kind="trace", path=str(tmp_path / "nope.csv"))
+        WorkloadConfig(name="trace", kind=WorkloadKind.trace, path=str(tmp_path / "nope.csv"))
