@@ -31,6 +31,7 @@ from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.provenance import collect_provenance
 from nanoexp.experiment.repeats import measure, progress_total, repeat_specs, summarize_repeats
 from nanoexp.experiment.schema import ConfigError, LoggerConfig, LoggerKind, NanoexpConfig, to_plain, to_spec
+from nanoexp.experiment.sessions import turn_metrics
 from nanoexp.experiment.summary_table import format_summary
 from nanoexp.experiment.workloads import Request
 from nanoexp.loader import load_tokenizer
@@ -120,22 +121,28 @@ def experiment(
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat, r.requests)])
     if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
-    summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
+    summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise) | turn_metrics(
+        records
+    )
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
-    return summary | {
-        "build_s": build_s,
-        "bench_warmup_s": warmup_s,
-        "engine_kind": spec.engine.kind.value,
-        "model": spec.model.name,
-        "workload": spec.workload.name,
-        "offered_request_rate": spec.workload.request_rate,  # achieved: request_throughput
-        "max_concurrency": spec.workload.max_concurrency,
-        "load_format_requested": checkpoint.requested,
-        "load_format": checkpoint.load_format,
-        "checkpoint_path": checkpoint.path or "",
-        "arch_mismatches": len(arch_diffs),
-    } | workloads[0].facts
+    return (
+        summary
+        | {
+            "build_s": build_s,
+            "bench_warmup_s": warmup_s,
+            "engine_kind": spec.engine.kind.value,
+            "model": spec.model.name,
+            "workload": spec.workload.name,
+            "offered_request_rate": spec.workload.request_rate,  # achieved: request_throughput
+            "max_concurrency": spec.workload.max_concurrency,
+            "load_format_requested": checkpoint.requested,
+            "load_format": checkpoint.load_format,
+            "checkpoint_path": checkpoint.path or "",
+            "arch_mismatches": len(arch_diffs),
+        }
+        | workloads[0].facts
+    )
 
 
 class JobMemory:

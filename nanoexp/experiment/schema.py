@@ -453,6 +453,8 @@ class NanoexpConfig:
             ("cache.kv_cache_dtype", self.cache.kv_cache_dtype, "auto"),
             ("cache.num_blocks", self.cache.num_blocks, -1),
         )
+        if self.engine.kind is EngineKind.hf and self.workload.kind is WorkloadKind.multi_turn:
+            raise KnobError("engine.kind", "hf", "nanoexp with workload=multi_turn (turns follow answers)")
         for knob, value, default in baseline_only if self.engine.kind is EngineKind.hf else ():
             if value != default:
                 raise KnobError(knob, value, f"{default!r} with engine=hf (transformers cannot apply it)")

@@ -41,6 +41,7 @@ NOISE = "noise_warning"  # a job's noise flags (repeats.noise_flags)
 RUN_CONTROL = {"append_to_sweep"}
 TRIAL = "param:trial"  # the interleaved pass of a configuration (see pool_trials)
 JOB_DIR = re.compile(r"^(\d+)(_|$)")
+TURN_METRIC = re.compile(r"^(turn\d+_(mean_ttft_ms|prefix_hit_rate)|followup_prefix_hit_rate)$")  # multi_turn
 JOB_TYPE, TABLE_KEY = "sweep-report", "sweep_table"  # of the sweep-level W&B run
 
 
@@ -85,6 +86,7 @@ def write_report(
     jobs = collect(sweep_dir, expected, extra)
     if jobs.empty:
         return None
+    extra += sorted((c for c in jobs.columns if TURN_METRIC.match(c)), key=lambda c: (len(c), c))
     table = mark_noise(pool_trials(jobs, sweep_dir))
     swept = swept_keys(table)
     table.to_csv(sweep_dir / "sweep_summary.csv", index=False)
@@ -199,6 +201,7 @@ def _row(path: Path, sweep_dir: Path, results: dict, extra: list[str] = ()) -> d
     keys = [*CONTEXT, *metrics, *(m + s for m in metrics for s in CI)]
     number = lambda v: float(v) if v in ("inf", "-inf") else v  # results.json spells inf "inf" (strict JSON)
     row |= {k: number(summary[k]) for k in keys if k in summary}
+    row |= {k: v for k, v in summary.items() if TURN_METRIC.match(k)}
     row[NOISE] = summary.get(NOISE, "")
     slo = results.get("config", {}).get("metrics", {}).get("slo") or {}
     return row | {f"slo:{k}": v for k, v in slo.items() if v is not None}
