@@ -26,6 +26,7 @@ from nanoexp.experiment import build, interrupts, kv_quality, loggers
 from nanoexp.experiment.driver import Progress
 from nanoexp.experiment.gpus import claim
 from nanoexp.experiment.job import JobInfo, current_job
+from nanoexp.experiment.job_plots import plot_timeline
 from nanoexp.experiment.loggers import RESULTS_FILE, first_line, read_results, write_atomically
 from nanoexp.experiment.metrics import request_rows
 from nanoexp.experiment.provenance import collect_provenance
@@ -119,6 +120,7 @@ def experiment(
         gc.collect()
         torch.cuda.empty_cache()  # a no-op without CUDA
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat, r.requests)])
+    plot_timeline(records, workloads, job.out_dir, f"{spec.model.name}, workload {spec.workload.name}")
     if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise) | turn_metrics(

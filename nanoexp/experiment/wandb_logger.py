@@ -63,9 +63,18 @@ class WandbLogger:
         try:
             logged = lambda k, v: isinstance(v, int | float | str | bool) or k == "per_repeat"
             self.run.summary.update({k: v for k, v in summary.items() if logged(k, v)})
+            self._log_plots()
             self._upload_results()
         finally:
             finish_run(self.run, self.env_set, exit_code)
+
+    def _log_plots(self) -> None:
+        """The job's own plots (timeline.png, capacity.png) as images under `plots/`."""
+        import wandb
+
+        images = {f"plots/{p.stem}": wandb.Image(str(p)) for p in sorted(self.job.out_dir.glob("*.png"))}
+        if images:
+            self.run.log(images)
 
     def _upload_results(self) -> None:
         """results.json and the profile.trace_steps Chrome traces as artifacts."""
