@@ -34,7 +34,8 @@ def plot_timeline(
 def _draw(records: list[RunRecord], workloads: list[Workload], path: Path, title: str) -> Path:
     fig = figure(figsize=(13, 3.4))
     rate_ax, ttft_ax, tpot_ax = fig.subplots(1, 3)
-    for colour, (record, workload) in enumerate(zip(records, workloads)):
+    for colour, record in enumerate(records):
+        workload = workloads[colour] if colour < len(workloads) else None
         arrivals = np.array([o.arrival_time - record.t0 for o in record.outputs])
         finishes = np.array([o.finish_time - record.t0 for o in record.outputs])
         style = {"color": f"C{colour}", "label": f"repeat {record.repeat}"}
@@ -66,7 +67,12 @@ def _rates(
     colour = style["color"]
     ax.plot(mids, come, "--", color=colour, linewidth=1, label=f"{style['label']} arrivals")
     ax.plot(mids, done, "-", color=colour, linewidth=1, label=f"{style['label']} completions")
-    if first and workload.offered_rates and np.isfinite(workload.offered_rates).all():
+    if (
+        first
+        and workload is not None
+        and workload.offered_rates
+        and np.isfinite(workload.offered_rates).all()
+    ):
         offsets = [r.arrival_offset_s for r in workload.requests]
         ax.plot(
             offsets, workload.offered_rates[: len(offsets)], color="black", linewidth=1.5, label="offered"

@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nanoexp.config import EngineConfig
 from nanoexp.config.checks import is_number
-from nanoexp.experiment import build, interrupts, kv_quality, loggers
+from nanoexp.experiment import build, capacity, engine_reuse, interrupts, kv_quality, loggers
 from nanoexp.experiment.driver import Progress
 from nanoexp.experiment.gpus import claim
 from nanoexp.experiment.job import JobInfo, current_job
@@ -102,7 +102,8 @@ def experiment(
     workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
     arch_diffs = build.check_arch(spec.model, checkpoint)
     memory, start = JobMemory(), time.perf_counter()
-    llm, driver = build.build_llm(spec, config, checkpoint)
+    lease = engine_reuse.acquire(spec, config, checkpoint, job)
+    llm, driver, ok, found, reuse_facts = lease.llm, lease.driver, False, {}, lease.facts
     try:
         build_s = time.perf_counter() - start
         probe = kv_quality.wanted(spec)
@@ -110,41 +111,46 @@ def experiment(
             kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
-        records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
+        if spec.capacity.enabled:
+            workload_at = lambda s: build.build_workload(s, tokenizer)
+            records, found = capacity.search(spec, driver, workload_at, job)
+        else:
+            records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
         stats = llm.stats()
         quality = kv_quality.measure_kv_quality(llm, workloads[0], spec.metrics.kv_quality) if probe else {}
+        ok = True
     finally:
-        llm.close()
+        lease.release(ok)  # kept for the sweep's next job, or closed
         # drop the model and KV cache and hand their memory back: the next job may size its cache from it
-        llm = driver = None
+        llm = driver = lease = None
         gc.collect()
         torch.cuda.empty_cache()  # a no-op without CUDA
     logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat, r.requests)])
-    plot_timeline(records, workloads, job.out_dir, f"{spec.model.name}, workload {spec.workload.name}")
+    shown = [] if found else workloads  # a capacity job's records are its probe's, drawn at another rate
+    plot_timeline(records, shown, job.out_dir, f"{spec.model.name}, workload {spec.workload.name}")
+    if found:
+        print(capacity.describe(found), flush=True)
     if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer)
-    summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise) | turn_metrics(
-        records
-    )
+    summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
+    summary |= turn_metrics(records) | reuse_facts | found
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
-    return (
-        summary
-        | {
-            "build_s": build_s,
-            "bench_warmup_s": warmup_s,
-            "engine_kind": spec.engine.kind.value,
-            "model": spec.model.name,
-            "workload": spec.workload.name,
-            "offered_request_rate": spec.workload.request_rate,  # achieved: request_throughput
-            "max_concurrency": spec.workload.max_concurrency,
-            "load_format_requested": checkpoint.requested,
-            "load_format": checkpoint.load_format,
-            "checkpoint_path": checkpoint.path or "",
-            "arch_mismatches": len(arch_diffs),
-        }
-        | workloads[0].facts
-    )
+    summary |= {
+        "build_s": build_s,
+        "bench_warmup_s": warmup_s,
+        "engine_kind": spec.engine.kind.value,
+        "model": spec.model.name,
+        "workload": spec.workload.name,
+        "offered_request_rate": spec.workload.request_rate,  # achieved: request_throughput
+        "max_concurrency": spec.workload.max_concurrency,
+        "load_format_requested": checkpoint.requested,
+        "load_format": checkpoint.load_format,
+        "checkpoint_path": checkpoint.path or "",
+        "arch_mismatches": len(arch_diffs),
+    }
+    at_capacity = {"offered_request_rate": found["capacity_request_rate"]} if found else {}
+    return summary | workloads[0].facts | at_capacity
 
 
 class JobMemory:
