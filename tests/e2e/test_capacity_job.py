@@ -21,7 +21,7 @@ def test_capacity_search_converges_between_a_passing_and_a_failing_probe(tmp_pat
     env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
     search = [
         "experiment=capacity",
-        "workload.num_requests=16",
+        "workload.num_requests=32",
         "workload.input_len=256",
         "workload.output_len=4",
     ]
