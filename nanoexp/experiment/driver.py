@@ -171,7 +171,8 @@ def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_
     """One timed pass: offline/online, or in latency mode `num_iters` timed iterations of one batch."""
     record = log.record = RunRecord(repeat)
     if not workload.latency_mode:
-        closed_loop = {"follow_up": workload.follow_up} if workload.follow_up else {}
+        follow_up = getattr(workload, "follow_up", None)  # closed loop: requests that bring the next
+        closed_loop = {"follow_up": follow_up} if follow_up else {}
         record.t0 = time.perf_counter()
         outputs = driver.drive(workload.requests, record.t0, log, **closed_loop)
         record.outputs = sorted(outputs, key=lambda o: o.request_id)
