@@ -35,6 +35,7 @@ RATES = ["offered_request_rate", "request_throughput", "slo_attainment"]  # slo_
 TABLE_METRICS = [*RATES, *METRICS, "mean_latency_ms", "duration_s", "num_preemptions"]
 TABLE_METRICS += ["prefix_cache_hit_rate", "kv_quality/greedy_agreement"]
 TABLE_METRICS += ["kv_quality/kl_mean", "kv_quality/kl_max"]
+TABLE_METRICS += ["capacity_request_rate", "capacity_bracket_low", "capacity_bracket_high"]
 CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
 CI = ("_ci95_low", "_ci95_high")
 NOISE = "noise_warning"  # a job's noise flags (repeats.noise_flags)
