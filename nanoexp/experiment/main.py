@@ -110,11 +110,10 @@ def experiment(
         if probe:  # a num_tokens without room fails before the timed runs
             kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
-        progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
-        if spec.capacity.enabled:
-            workload_at = lambda s: build.build_workload(s, tokenizer)
-            records, found = capacity.search(spec, driver, workload_at, job)
+        if spec.capacity.enabled:  # each probe has its own progress line and logs
+            records, found = capacity.search(spec, driver, lambda s: build.build_workload(s, tokenizer), job)
         else:
+            progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
             records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
         stats = llm.stats()
         quality = kv_quality.measure_kv_quality(llm, workloads[0], spec.metrics.kv_quality) if probe else {}
