@@ -26,7 +26,7 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_offset_s: float = 0.0  # seconds after the workload starts
-    origin: str = ""  # where it came from (`trace.csv:row 12`), named by errors and requests.csv
+    origin: str = ""  # where it came from (`trace.csv:12`, a file's line), named by errors and requests.csv
     session: int | None = None  # multi_turn: its session and turn (from 1)
     turn: int | None = None
 
@@ -68,14 +68,17 @@ def build_workload(
         from nanoexp.experiment.sessions import multi_turn_workload
 
         return multi_turn_workload(w, lambda m, i: _sampling_params(w, sampler, m, i), vocab_size)
-    prompts, max_tokens, origins = _prompts(w, vocab_size, tokenize), None, None
     if w.kind is WorkloadKind.sharegpt:
-        prompts, origins = prompts[:2], prompts[2]
-    prompts, max_tokens = prompts
+        from nanoexp.experiment.datasets import sharegpt_prompts
+
+        prompts, max_tokens, origins = sharegpt_prompts(w, tokenize)
+    else:
+        prompts, max_tokens = _prompts(w, vocab_size, tokenize)
+        origins = [""] * len(prompts)
     params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
     rates = offered_rates(len(prompts), w.request_rate, w.ramp, w.ramp_end_rate)
-    offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed, rates)
-    origins = origins or [""] * len(prompts)
+    ramp = rates if w.ramp != "none" else None
+    offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed, ramp)
     requests = [Request(p, sp, o, org) for p, sp, o, org in zip(prompts, params, offsets, origins)]
     iters = (w.num_iters, w.num_iters_warmup) if w.kind is WorkloadKind.latency else (1, 0)
     return Workload(w.name, requests, *iters, offered_rates=rates)
@@ -93,10 +96,6 @@ def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None) -> Prompt
         return [prefixes[i % w.num_prefixes] + s for i, s in enumerate(suffixes)], out_lens
     if w.kind is WorkloadKind.latency:  # one batch, every prompt and output of the same length
         return random_prompts(replace(w, range_ratio=0.0, output_range_ratio=None), w.batch_size, vocab)
-    if w.kind is WorkloadKind.sharegpt:
-        from nanoexp.experiment.datasets import sharegpt_prompts
-
-        return sharegpt_prompts(w, tokenize)
     return file_prompts(w, tokenize, vocab)
 
 
