@@ -42,7 +42,7 @@ def tokens(sweep):
     out = {}
     for path in pathlib.Path(sweep).glob("*/outputs.jsonl"):
         rows = [json.loads(line) for line in path.read_text().splitlines()]
-        out[path.parent.name] = [(r["repeat"], r["request_id"], r["output_token_ids"]) for r in rows]
+        out[int(path.parent.name.split("_")[0])] = [(r["repeat"], r["request_id"], r["output_token_ids"]) for r in rows]
     return out
 a, b = tokens(sys.argv[1]), tokens(sys.argv[2])
 equal = [job for job in a if a[job] == b.get(job)]
