@@ -23,6 +23,7 @@ from nanoexp.experiment.schema import (
     LoggerKind,
     ModelSpec,
     NanoexpConfig,
+    WorkloadKind,
 )
 
 log = logging.getLogger(__name__)
@@ -122,11 +123,19 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
 
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
-    from nanoexp.experiment.workloads import build_workload
+    from nanoexp.experiment import sessions, traces
+    from nanoexp.experiment.workloads import build_workload, sampling_params
 
-    tokenize = tokenizer.encode if tokenizer is not None else None
+    w, vocab, tokenize = spec.workload, spec.model.arch.vocab_size, tokenizer.encode if tokenizer else None
+    own_builders = {
+        WorkloadKind.trace: traces.trace_workload,
+        WorkloadKind.multi_turn: sessions.multi_turn_workload,
+    }
     try:
-        workload = build_workload(spec.workload, spec.sampler, spec.model.arch.vocab_size, tokenize)
+        if w.kind in own_builders:
+            workload = own_builders[w.kind](w, lambda m, i: sampling_params(w, spec.sampler, m, i), vocab)
+        else:
+            workload = build_workload(w, spec.sampler, vocab, tokenize)
     except ValueError as e:  # ConfigError, or a value SamplingParams rejects
         raise ConfigError(str(e)) from None
     length = lambda r: len(r.prompt_token_ids) + r.sampling_params.max_tokens

@@ -59,15 +59,10 @@ class Workload:
 def build_workload(
     w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int, tokenize: Tokenize | None = None
 ) -> Workload:
-    """Build the requests of workload `w`; random token ids are drawn inside [0, vocab_size)."""
-    if w.kind is WorkloadKind.trace:
-        from nanoexp.experiment.traces import trace_workload
-
-        return trace_workload(w, lambda m, i: _sampling_params(w, sampler, m, i), vocab_size)
-    if w.kind is WorkloadKind.multi_turn:
-        from nanoexp.experiment.sessions import multi_turn_workload
-
-        return multi_turn_workload(w, lambda m, i: _sampling_params(w, sampler, m, i), vocab_size)
+    """Build the requests of workload `w`; random token ids are drawn inside [0, vocab_size). (trace and
+    multi_turn have their own modules, which build on this one: build.build_workload picks.)"""
+    if w.kind in (WorkloadKind.trace, WorkloadKind.multi_turn):
+        raise ValueError(f"workload.kind={w.kind.value} is built by nanoexp.experiment.build.build_workload")
     if w.kind is WorkloadKind.sharegpt:
         from nanoexp.experiment.datasets import sharegpt_prompts
 
@@ -75,7 +70,7 @@ def build_workload(
     else:
         prompts, max_tokens = _prompts(w, vocab_size, tokenize)
         origins = [""] * len(prompts)
-    params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
+    params = [sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
     rates = offered_rates(len(prompts), w.request_rate, w.ramp, w.ramp_end_rate)
     ramp = rates if w.ramp != "none" else None
     offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed, ramp)
@@ -226,7 +221,8 @@ def offered_rates(num: int, rate: float, ramp: str = "none", end_rate: float | N
     return (rate * (end_rate / rate) ** progress).tolist()
 
 
-def _sampling_params(w: WorkloadConfig, s: SamplerConfig, max_tokens: int, i: int) -> SamplingParams:
+def sampling_params(w: WorkloadConfig, s: SamplerConfig, max_tokens: int, i: int) -> SamplingParams:
+    """Request i's params: the sampler's knobs (its seed + i), the workload's temperature and ignore_eos."""
     temperature = s.temperature if w.temperature is None else w.temperature  # set by the workload: pinned
     knobs = s.knobs() | {"temperature": temperature, "seed": None if s.seed is None else s.seed + i}
     return SamplingParams(**knobs, max_tokens=max_tokens, ignore_eos=w.ignore_eos)
