@@ -47,10 +47,10 @@ class EngineDriver:
             now = time.perf_counter() - t0
             while pending and in_flight < self.max_concurrency and pending.next_offset() <= now:
                 r = pending.pop()
-                arrival = t0 + r.arrival_offset_s
-                self.submitted[
-                    self.engine.add_request(list(r.prompt_token_ids), r.sampling_params, arrival)
-                ] = r
+                request_id = self.engine.add_request(
+                    list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s
+                )
+                self.submitted[request_id] = r
                 in_flight += 1
             if not self.engine.has_unfinished():
                 _sleep_until(t0 + pending.next_offset())
