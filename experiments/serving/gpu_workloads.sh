@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The workloads study in one device call, Qwen3-0.6B (dummy weights, bf16), everything in $OUT/workloads.log
 # (and the sweep dirs in $OUT/workloads.tgz). Run from the repo root with the wheels on PYTHONPATH:
-#   bash experiments/serving/gpu_workloads.sh             # all parts: about 5 min on an H100
-#   PARTS=reuse bash experiments/serving/gpu_workloads.sh                 # ~2.5 min
+#   bash experiments/serving/gpu_workloads.sh             # all parts: about 6 min on an H100
+#   PARTS=reuse bash experiments/serving/gpu_workloads.sh                 # ~3 min
 #   PARTS="trace capacity" bash experiments/serving/gpu_workloads.sh      # ~3 min
 # Parts:
-#   reuse     the serving preset's workload (64 requests, 512 prompt and 128 output tokens, 2 repeats,
+#   reuse     the serving preset's workload (256 requests, 512 prompt and 128 output tokens, 2 repeats,
 #             greedy, SLOs TTFT 200 ms and TPOT 20 ms) swept over 6 rates, once with a fresh engine per
 #             job (engine.reuse=false) and once reusing one; the wall time of each sweep, whether the
 #             tokens agree job by job, and `compare` on the latencies (fresh = A, reused = B); the grid's
@@ -21,8 +21,8 @@ LOG="$OUT/workloads.log"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 MODEL=(model=qwen3_0_6b model.load_format=dummy model.dtype=bfloat16 logger=none engine.use_tqdm=false)
-SERVING=(experiment=serving workload.num_requests=64 repeats=2 sampler=greedy save_outputs=true)
-RATES="${RATES:-16,32,64,128,256,inf}"
+SERVING=(experiment=serving repeats=2 sampler=greedy save_outputs=true)
+RATES="${RATES:-64,128,192,256,384,inf}"
 say() { echo "$*" | tee -a "$LOG"; }
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 # Each job's build time, whether it reused an engine, and its mean TTFT/TPOT, from its results.json
@@ -56,7 +56,7 @@ for part in ${PARTS:-reuse trace capacity}; do
     reuse)
       for mode in fresh reused; do
         reuse=$([ "$mode" = reused ] && echo true || echo false); start=$(date +%s%N)
-        timeout 200 "$PY" run.py -m "${MODEL[@]}" "${SERVING[@]}" "workload.request_rate=$RATES" engine.reuse=$reuse \
+        timeout 240 "$PY" run.py -m "${MODEL[@]}" "${SERVING[@]}" "workload.request_rate=$RATES" engine.reuse=$reuse \
           hydra.sweep.dir=/tmp/wl_$mode 'hydra.sweep.subdir=${hydra.job.num}' > "/tmp/wl_$mode.log" 2>&1
         say "6-point rate sweep, engine.reuse=$reuse: rc $? wall $(ms_since "$start") ms"
         grep -E "max rate|error" /tmp/wl_$mode/sweep_summary.md "/tmp/wl_$mode.log" 2>/dev/null | head -5 | tee -a "$LOG"
@@ -77,9 +77,9 @@ for part in ${PARTS:-reuse trace capacity}; do
       cat /tmp/wl_trace/sweep_summary.md 2>/dev/null | tee -a "$LOG" ;;
     capacity)
       start=$(date +%s%N)
-      timeout 200 "$PY" run.py experiment=capacity "${MODEL[@]}" workload.num_requests=64 capacity.start_rate=32 \
-        capacity.precision=0.15 hydra.run.dir=/tmp/wl_capacity > /tmp/wl_capacity.log 2>&1
-      say "capacity search (serving workload, 64 requests, 2 repeats): rc $? wall $(ms_since "$start") ms"
+      timeout 240 "$PY" run.py experiment=capacity "${MODEL[@]}" capacity.start_rate=128 capacity.precision=0.15 \
+        hydra.run.dir=/tmp/wl_capacity > /tmp/wl_capacity.log 2>&1
+      say "capacity search (serving workload: 256 requests, 2 repeats): rc $? wall $(ms_since "$start") ms"
       grep -E "^capacity|error" /tmp/wl_capacity.log | tee -a "$LOG"
       cat /tmp/wl_capacity/capacity.md 2>/dev/null | tee -a "$LOG" ;;
   esac
