@@ -47,10 +47,7 @@ class EngineDriver:
             now = time.perf_counter() - t0
             while pending and in_flight < self.max_concurrency and pending.next_offset() <= now:
                 r = pending.pop()
-                request_id = self.engine.add_request(
-                    list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s
-                )
-                self.submitted[request_id] = r
+                self.submitted[self._add(r, t0)] = r
                 in_flight += 1
             if not self.engine.has_unfinished():
                 _sleep_until(t0 + pending.next_offset())
@@ -62,6 +59,17 @@ class EngineDriver:
                 pending.push(follow_up(self.submitted[out.request_id], out, out.finish_time - t0))
             on_step(stats)
         return outputs
+
+    def _add(self, r: Request, t0: float) -> int:
+        """Submits `r` stamped with its scheduled arrival; an engine's refusal names the request's origin."""
+        try:
+            return self.engine.add_request(
+                list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s
+            )
+        except ValueError as err:
+            if r.origin:
+                raise ValueError(f"{r.origin}: {err}") from None
+            raise
 
 
 class Arrivals:

@@ -4,13 +4,16 @@ share exactly their common hash_ids blocks; bad files are one line naming the ke
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from nanoexp.config import KnobError, SamplingParams
+from nanoexp.experiment.driver import EngineDriver
 from nanoexp.experiment.schema import ConfigError, WorkloadConfig, WorkloadKind
 from nanoexp.experiment.traces import native_rate, trace_workload
+from nanoexp.experiment.workloads import Request
 
 PARAMS = lambda m, i: SamplingParams(max_tokens=m, ignore_eos=True)
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
@@ -138,3 +141,17 @@ def test_a_missing_trace_file_names_workload_path(tmp_path: Path) -> None:
         KnobError, match=r"workload.path='.*nope.csv' is invalid: must be a readable trace file"
     ):
         WorkloadConfig(name="trace", kind=WorkloadKind.trace, path=str(tmp_path / "nope.csv"))
+
+
+class RefusingEngine:
+    def add_request(self, prompt, params, arrival_time=None) -> int:
+        raise ValueError("request 0: prompt + max_tokens = 900 tokens exceeds the whole KV cache (64 tokens)")
+
+    def has_unfinished(self) -> bool:
+        return False
+
+
+def test_an_engine_refusal_names_the_trace_line() -> None:
+    request = Request([1, 2], SamplingParams(max_tokens=2), 0.0, "azure.csv:7")
+    with pytest.raises(ValueError, match=r"^azure.csv:7: request 0: prompt \+ max_tokens = 900"):
+        EngineDriver(RefusingEngine()).drive([request], time.perf_counter(), lambda s: None)
