@@ -295,6 +295,12 @@ class LLMEngine:
             raise RuntimeError("reset_prefix_cache needs an idle engine: requests are still running")
         self.block_manager.reset_prefix_cache()
 
+    def reset_for_next_job(self) -> None:
+        """Empties the prefix cache and restarts request ids at 0: as fresh, for a sweep's next job."""
+        self.reset_prefix_cache()
+        self.ids = itertools.count()
+        self.last_step_end = 0.0
+
     def abort_all(self) -> None:
         """Drops every queued, running or in-flight request and their blocks. A launched step's tokens are
         waited for and dropped, so the next step's are its own; if that fails (a dead worker), it closes."""

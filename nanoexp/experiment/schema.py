@@ -4,6 +4,7 @@ OmegaConf checks each field's type (bool, int, enum) as it composes; `__post_ini
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -45,6 +46,9 @@ class WorkloadKind(Enum):
     shared_prefix = "shared_prefix"
     prompts_file = "prompts_file"
     latency = "latency"
+    trace = "trace"  # timestamps and lengths of a production trace (nanoexp/experiment/measure/traces.py)
+    sharegpt = "sharegpt"  # conversations of a ShareGPT-format dataset (datasets.py)
+    multi_turn = "multi_turn"  # closed-loop chat sessions (sessions.py)
 
 
 class LoggerKind(Enum):
@@ -106,6 +110,7 @@ class EngineSpec(ExecutionConfig):
     kind: EngineKind = EngineKind.nanoexp
     warmup: bool = True  # one short untimed request before the workload
     use_tqdm: bool = True  # a progress line while the workload runs (only on a terminal)
+    reuse: bool = True  # a sweep's next job reuses this engine when its engine settings are equal
 
 
 @dataclass
@@ -144,6 +149,14 @@ RANDOM: dict[str, Check] = dict.fromkeys(("num_requests", "input_len", "output_l
     "range_ratio": RATIO,
     "output_range_ratio": (lambda v: v is None or RATIO[0](v), "null or a number in [0, 1)"),
 }
+TRACE_FORMATS = ("auto", "azure", "burstgpt", "mooncake")
+RAMPS = ("none", "linear", "exponential")
+ALL_OR_COUNT: Check = (lambda v: is_int(v) and (v == -1 or v >= 1), "-1 (all) or an integer >= 1")
+SECONDS: Check = (lambda v: is_number(v) and v >= 0, "a number >= 0 (seconds)")
+RAMP: dict[str, Check] = {
+    "ramp": (lambda v: v in RAMPS, f"one of {', '.join(RAMPS)}"),
+    "ramp_end_rate": (lambda v: v is None or (is_number(v) and v >= 1e-3), "null or a number >= 0.001"),
+}
 FIELDS_BY_KIND: dict[WorkloadKind, dict[str, Check]] = {  # the fields each kind uses
     WorkloadKind.random: RANDOM,
     WorkloadKind.shared_prefix: RANDOM | {"prefix_len": POSITIVE_INT, "num_prefixes": POSITIVE_INT},
@@ -155,6 +168,24 @@ FIELDS_BY_KIND: dict[WorkloadKind, dict[str, Check]] = {  # the fields each kind
         "num_requests": (lambda v: is_int(v) and (v == -1 or v >= 1), "-1 (all prompts) or an integer >= 1"),
         "output_len": POSITIVE_INT,
     },
+    WorkloadKind.trace: {
+        "format": (lambda v: v in TRACE_FORMATS, f"one of {', '.join(TRACE_FORMATS)}"),
+        "num_requests": ALL_OR_COUNT,
+        "time_scale": (lambda v: is_number(v) and v > 0, "a number > 0 (2 = the trace at half its rate)"),
+        "start_s": SECONDS,
+        "trace_block_size": POSITIVE_INT,
+    },
+    WorkloadKind.sharegpt: {"num_requests": POSITIVE_INT, "min_len": COUNT_INT}
+    | dict.fromkeys(("max_input_len", "max_total_len"), POSITIVE_INT),
+    WorkloadKind.multi_turn: dict.fromkeys(
+        ("num_sessions", "num_turns", "input_len", "output_len"), POSITIVE_INT
+    )
+    | {"range_ratio": RATIO, "prefix_len": COUNT_INT, "think_time_s": SECONDS},
+}
+FILE_KINDS = {  # the kinds that read workload.path, and what it must be
+    WorkloadKind.prompts_file: "a readable file (JSONL or text, one prompt a line)",
+    WorkloadKind.trace: "a readable trace file (Azure or BurstGPT CSV, Mooncake JSONL)",
+    WorkloadKind.sharegpt: "a readable ShareGPT-format JSON file",
 }
 
 
@@ -186,6 +217,19 @@ class WorkloadConfig:
     batch_size: int = 8  # latency: requests per iteration (vllm bench latency's defaults, as the next two)
     num_iters: int = 30  # latency: timed iterations
     num_iters_warmup: int = 10  # latency: untimed iterations
+    format: str = "auto"  # trace: azure, burstgpt or mooncake (auto: from the file's header)
+    time_scale: float = 1.0  # trace: its inter-arrival times times this (2 = half its rate)
+    start_s: float = 0.0  # trace: skip its first start_s seconds (the window starts there)
+    model_filter: str | None = None  # trace, burstgpt: only the rows of this Model (ChatGPT, GPT-4)
+    trace_block_size: int = 512  # trace, mooncake: tokens per hash_ids block
+    min_len: int = 4  # sharegpt: drop conversations whose prompt or output is shorter
+    max_input_len: int = 1024  # sharegpt: ... or whose prompt is longer
+    max_total_len: int = 2048  # sharegpt: ... or whose prompt + output is longer
+    num_sessions: int = 8  # multi_turn: sessions, started at request_rate
+    num_turns: int = 4  # multi_turn: turns per session
+    think_time_s: float = 0.0  # multi_turn: mean (exponential) pause between an answer and the next turn
+    ramp: str = "none"  # arrivals' rate from request_rate to ramp_end_rate: none, linear or exponential
+    ramp_end_rate: float | None = None
 
     def __post_init__(self) -> None:  # checks every field the workload's kind uses; reports the first bad one
         for name, (ok, allowed) in (ARRIVALS | FIELDS_BY_KIND[WorkloadKind(self.kind)]).items():
@@ -199,9 +243,24 @@ class WorkloadConfig:
                 if length_range(length, ratio)[0] < 1:
                     allowed = f"small enough that {name}={length} * (1 - {ratio_name}) >= 1"
                     raise KnobError(f"workload.{ratio_name}", ratio, allowed)
+        self._check_ramp()
         readable = self.path and Path(self.path).is_file() and os.access(self.path, os.R_OK)
-        if self.kind is WorkloadKind.prompts_file and not readable:
-            raise KnobError("workload.path", self.path, "a readable file (JSONL or text, one prompt a line)")
+        if WorkloadKind(self.kind) in FILE_KINDS and not readable:
+            raise KnobError("workload.path", self.path, FILE_KINDS[WorkloadKind(self.kind)])
+
+    def _check_ramp(self) -> None:
+        for name, (ok, allowed) in RAMP.items():
+            if not ok(getattr(self, name)):
+                raise KnobError(f"workload.{name}", getattr(self, name), allowed)
+        if self.ramp == "none":
+            return
+        if WorkloadKind(self.kind) in (WorkloadKind.trace, WorkloadKind.latency):
+            raise KnobError(
+                "workload.ramp", self.ramp, f"none with workload.kind={WorkloadKind(self.kind).value}"
+            )
+        if math.isinf(self.request_rate) or self.ramp_end_rate is None:
+            allowed = "none unless workload.request_rate and workload.ramp_end_rate are finite rates"
+            raise KnobError("workload.ramp", self.ramp, allowed)
 
 
 @dataclass
@@ -235,13 +294,16 @@ class SloConfig:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2el_ms: float | None = None
+    attainment: float = 0.9  # a load meets the SLOs when this share of its requests does (capacity search)
 
     def __post_init__(self) -> None:
         for name, value in self.as_dict().items():
             number(f"metrics.slo.{name}", value, lambda v: v > 0, "null or a number > 0 (milliseconds)")
+        number("metrics.slo.attainment", self.attainment, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
     def as_dict(self) -> dict[str, float]:
-        return {k: v for k, v in vars(self).items() if v is not None}
+        """The latency limits that are set (ms), by metric."""
+        return {k: v for k, v in vars(self).items() if v is not None and k != "attainment"}
 
 
 @dataclass
@@ -329,6 +391,33 @@ class SearchConfig:
 
 
 @dataclass
+class CapacityConfig:
+    """The capacity search (experiment=capacity, capacity.py): the highest offered rate meeting the SLOs."""
+
+    enabled: bool = False
+    start_rate: float = 4.0  # the first probe (requests/s; sessions/s for multi_turn)
+    growth: float = 2.0  # bracketing: the rate times (or divided by) this until the SLOs flip
+    precision: float = 0.1  # bisection stops when (failing - passing) / passing <= this
+    max_probes: int = 16
+    min_rate: float = 0.01  # the search gives up below this rate (nothing meets the SLOs) ...
+    max_rate: float = 10000.0  # ... or above this one (everything does)
+
+    def __post_init__(self) -> None:
+        positive = lambda v: v > 0
+        number("capacity.start_rate", self.start_rate, positive, "a number > 0 (requests/s)")
+        number("capacity.growth", self.growth, lambda v: v > 1, "a number > 1")
+        number("capacity.precision", self.precision, lambda v: 0 < v < 1, "a number in (0, 1) (0.1 = 10%)")
+        integer("capacity.max_probes", self.max_probes, 2)
+        number(
+            "capacity.min_rate",
+            self.min_rate,
+            lambda v: 1e-3 <= v <= self.start_rate,
+            "in [0.001, start_rate]",
+        )
+        number("capacity.max_rate", self.max_rate, lambda v: v >= self.start_rate, "a number >= start_rate")
+
+
+@dataclass
 class ProfileConfig:
     """What to profile in the timed passes (experiment/profiling.py); off, it costs nothing."""
 
@@ -376,6 +465,7 @@ class NanoexpConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     repeats: int = 1  # timed passes of the workload on one engine, after the warm-up
@@ -399,6 +489,8 @@ class NanoexpConfig:
             ("cache.num_blocks", self.cache.num_blocks, -1),
             ("model.quantization", self.model.quantization, "none"),
         )
+        if self.engine.kind is EngineKind.hf and self.workload.kind is WorkloadKind.multi_turn:
+            raise KnobError("engine.kind", "hf", "nanoexp with workload=multi_turn (turns follow answers)")
         for knob, value, default in baseline_only if self.engine.kind is EngineKind.hf else ():
             if value != default:
                 raise KnobError(knob, value, f"{default!r} with engine=hf (transformers cannot apply it)")

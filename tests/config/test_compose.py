@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import subprocess
 import sys
 from collections import Counter
@@ -60,10 +61,30 @@ def prompts_file(tmp_path: Path) -> Path:
     return path
 
 
+class WordTokenizer:
+    """One token per word: what workload=sharegpt needs from a checkpoint's tokenizer."""
+
+    def encode(self, text: str) -> list[int]:
+        return [len(word) for word in text.split()]
+
+
+def data_files(tmp_path: Path) -> dict[str, list[str]]:
+    """The workload.path each file workload needs, by option."""
+    trace, sharegpt = tmp_path / "trace.csv", tmp_path / "sharegpt.json"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,30,4\n2023-11-16 18:15:47,9,2\n"
+    )
+    turns = [{"from": "human", "value": "a b c d e"}, {"from": "gpt", "value": "f g h i"}]
+    sharegpt.write_text(json.dumps([{"conversations": turns}] * 300))
+    paths = {"prompts_file": prompts_file(tmp_path), "trace": trace, "sharegpt": sharegpt}
+    return {option: [f"workload.path={path}"] for option, path in paths.items()}
+
+
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_option_composes_and_builds(group: str, tmp_path: Path) -> None:
+    files = data_files(tmp_path)
     for option in options(group):
-        extra = [f"workload.path={prompts_file(tmp_path)}"] if option == "prompts_file" else []
+        extra = files.get(option, []) if group == "workload" else []
         tp_safe = ["model=qwen3_0_6b"] if group == "parallel" else ["model=qwen3_tiny"]
         if group in ("model", "experiment"):
             tp_safe = []
@@ -71,7 +92,7 @@ def test_every_option_composes_and_builds(group: str, tmp_path: Path) -> None:
         spec = to_spec(cfg)
         build.check(spec)
         assert isinstance(build.engine_config(spec, DUMMY), EngineConfig)
-        workload = build.build_workload(spec)
+        workload = build.build_workload(spec, WordTokenizer())
         assert workload.requests, f"{group}={option} built no requests"
         assert build.build_logger(spec.logger) is not None
         assert to_plain(cfg)["model"]["name"] == spec.model.name

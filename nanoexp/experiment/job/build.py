@@ -22,6 +22,7 @@ from nanoexp.experiment.schema import (
     LoggerKind,
     ModelSpec,
     NanoexpConfig,
+    WorkloadKind,
 )
 from nanoexp.experiment.sinks.local import FanoutLogger, LocalSink
 
@@ -144,11 +145,19 @@ def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint)
 
 
 def build_workload(spec: NanoexpConfig, tokenizer=None):
-    from nanoexp.experiment.measure.workloads import build_workload, request_label
+    from nanoexp.experiment.measure import sessions, traces
+    from nanoexp.experiment.measure.workloads import build_workload, request_label, sampling_params
 
-    tokenize = tokenizer.encode if tokenizer is not None else None
+    w, vocab, tokenize = spec.workload, spec.model.arch.vocab_size, tokenizer.encode if tokenizer else None
+    own_builders = {
+        WorkloadKind.trace: traces.trace_workload,
+        WorkloadKind.multi_turn: sessions.multi_turn_workload,
+    }
     try:
-        workload = build_workload(spec.workload, spec.sampler, spec.model.arch.vocab_size, tokenize)
+        if w.kind in own_builders:
+            workload = own_builders[w.kind](w, lambda m, i: sampling_params(w, spec.sampler, m, i), vocab)
+        else:
+            workload = build_workload(w, spec.sampler, vocab, tokenize)
     except ValueError as e:  # ConfigError, or a value SamplingParams rejects
         raise ConfigError(str(e)) from None
     limit = spec.scheduler.model_len(spec.model.arch.max_position_embeddings)
@@ -160,6 +169,11 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
                 f"(prompt {len(r.prompt_token_ids)} + max_tokens {r.sampling_params.max_tokens}) "
                 f"> max_model_len={limit} (scheduler.max_model_len or the model's limit)"
             )
+    if (workload.longest or 0) > limit:  # a multi-turn session's later turns carry the conversation
+        raise ConfigError(
+            f"workload {spec.workload.name}: its longest request grows to {workload.longest} tokens "
+            f"(prompt + max_tokens) > max_model_len={limit} (scheduler.max_model_len or the model's limit)"
+        )
     return workload
 
 

@@ -25,15 +25,17 @@ from omegaconf.errors import OmegaConfBaseException
 from nanoexp.config import EngineConfig, KnobError
 from nanoexp.config.checks import is_number
 from nanoexp.config.engine import in_hydra_keys
-from nanoexp.experiment.job import build
+from nanoexp.experiment.job import build, capacity, engine_reuse
 from nanoexp.experiment.launch.gpus import claim
 from nanoexp.experiment.launch.provenance import collect_provenance
 from nanoexp.experiment.measure import kv_quality, request_checks, weight_quality
 from nanoexp.experiment.measure.driver import EngineDriver, Progress
 from nanoexp.experiment.measure.expert_load import expert_load_summary
 from nanoexp.experiment.measure.repeats import measure, progress_total, repeat_specs, summarize_repeats
+from nanoexp.experiment.measure.sessions import turn_metrics
 from nanoexp.experiment.measure.workloads import Request, request_label
 from nanoexp.experiment.metrics.summarize import request_rows
+from nanoexp.experiment.report.job_plots import plot_timeline
 from nanoexp.experiment.runtime import interrupts
 from nanoexp.experiment.runtime.atomic_files import unwritable
 from nanoexp.experiment.runtime.job_info import JobInfo, current_job
@@ -109,7 +111,8 @@ def experiment(
     tokenizer = load_tokenizer(checkpoint.path) if checkpoint.path is not None else None
     workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
     memory, start = JobMemory(), time.perf_counter()
-    llm, driver = build.build_llm(spec, config, checkpoint)
+    lease = engine_reuse.acquire(spec, config, checkpoint, job)
+    llm, driver, ok, found, reuse_facts = lease.llm, lease.driver, False, {}, lease.facts
     try:
         build_s = time.perf_counter() - start
         probe, weights_probe = kv_quality.wanted(spec), weight_quality.wanted(spec)
@@ -119,29 +122,38 @@ def experiment(
         if weights_probe:
             kv_quality.prompt_limit(llm.engine, spec.metrics.weight_quality.num_tokens, "weight_quality")
         warmup_s = _warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
-        progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
-        records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
+        if spec.capacity.enabled:  # each probe has its own progress line and logs
+            records, found = capacity.search(spec, driver, lambda s: build.build_workload(s, tokenizer), job)
+        else:
+            progress = Progress(progress_total(workloads), spec.engine.use_tqdm, desc=job.name)
+            records = measure(driver, workloads, logger, progress, spec.profile, job.out_dir)
         stats = llm.stats()
         quality = kv_quality.measure_kv_quality(llm, workloads[0], spec.metrics.kv_quality) if probe else {}
         cfg = spec.metrics.weight_quality
         probed = weight_quality.continue_prompts(llm, workloads[0], cfg) if weights_probe else None
+        ok = True
     finally:
-        llm.close()
+        lease.release(ok)  # kept for the sweep's next job, or closed
         # drop the model and KV cache and hand their memory back: the next job may size its cache from it
-        del llm, driver
+        llm = driver = lease = None
         gc.collect()
         torch.cuda.empty_cache()  # a no-op without CUDA
     if probed is not None:  # the unquantized model is built once the job's engine has released its memory
         quality |= weight_quality.score(probed, config, cfg)
-    logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat)])
+    logger.log_requests([row for r in records for row in request_rows(r.outputs, r.t0, r.repeat, r.requests)])
+    shown = [] if found else workloads  # a capacity job's records are its probe's, drawn at another rate
+    plot_timeline(records, shown, job.out_dir, f"{spec.model.name}, workload {spec.workload.name}")
+    if found:
+        print(capacity.describe(found), flush=True)
     if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer, workloads)
     request_checks.check_outputs(records, workloads)
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
     summary |= expert_load_summary(records, job.out_dir)
+    summary |= turn_metrics(records) | reuse_facts | found
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
     summary |= memory.summary(stats)
-    return summary | {
+    summary |= {
         "build_s": build_s,
         "bench_warmup_s": warmup_s,
         "engine_kind": spec.engine.kind.value,
@@ -154,6 +166,8 @@ def experiment(
         "checkpoint_path": checkpoint.path or "",
         "arch_mismatches": len(arch_diffs),
     }
+    at_capacity = {"offered_request_rate": found["capacity_request_rate"]} if found else {}
+    return summary | workloads[0].facts | at_capacity
 
 
 class JobMemory:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TextIO
@@ -12,7 +13,7 @@ from typing import Protocol, TextIO
 from tqdm import tqdm
 
 from nanoexp.engine.outputs import RequestOutput, StepStats
-from nanoexp.experiment.measure.workloads import Request, Workload, request_label
+from nanoexp.experiment.measure.workloads import FollowUp, Request, Workload, request_label
 
 OnStep = Callable[[StepStats], None]
 REFRESH_S = 0.25  # the progress line is redrawn at most this often: it costs far less than 1% of a run
@@ -29,10 +30,12 @@ class Driver(Protocol):
 
 class EngineDriver:
     """Our engine: each request submitted when due (and a slot is free), stamped with its scheduled arrival
-    time, then `engine.step()` until done."""
+    time, then `engine.step()` until done. With `follow_up` (closed loop), a finished request may bring the
+    next one, due at the offset the follow-up sets (after the finish). `submitted`: request id -> Request."""
 
     def __init__(self, engine, max_concurrency: int | None = None):
         self.engine, self.max_concurrency = engine, max_concurrency or math.inf
+        self.submitted: dict[int, Request] = {}
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
@@ -45,26 +48,64 @@ class EngineDriver:
         for index, r in enumerate(requests):
             self.engine.check_request(label(index, r), r.prompt_token_ids, r.sampling_params)
 
-    def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]:
-        pending, outputs, in_flight = deque(enumerate(requests)), [], 0
-        index_of: dict[int, int] = {}  # the engine's request id -> the request's index in `requests`
+    def drive(
+        self, requests: Sequence[Request], t0: float, on_step: OnStep, follow_up: FollowUp | None = None
+    ) -> list[RequestOutput]:
+        pending, outputs, in_flight, self.submitted = Arrivals(requests), [], 0, {}
+        index_of: dict[int, int] = {}  # the engine's request id -> the request's index in the workload
         while pending or self.engine.has_unfinished():
             now = time.perf_counter() - t0
-            while pending and in_flight < self.max_concurrency and pending[0][1].arrival_offset_s <= now:
-                index, r = pending.popleft()
-                seq_id = self.engine.add_request(
-                    list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s
-                )
-                index_of[seq_id] = index
+            while pending and in_flight < self.max_concurrency and pending.next_offset() <= now:
+                index, r = pending.pop()
+                index_of[self._add(r, t0)] = index
+                self.submitted[index] = r
                 in_flight += 1
             if not self.engine.has_unfinished():
-                sleep_until(t0 + pending[0][1].arrival_offset_s)
+                sleep_until(t0 + pending.next_offset())
                 continue
-            finished, stats = self.engine.step()
-            outputs += [replace(o, request_id=index_of.pop(o.request_id)) for o in finished]
+            step_finished, stats = self.engine.step()
+            finished = [replace(o, request_id=index_of.pop(o.request_id)) for o in step_finished]
+            outputs += finished
             in_flight -= len(finished)
+            for out in finished if follow_up else ():
+                pending.push(follow_up(self.submitted[out.request_id], out, out.finish_time - t0))
             on_step(stats)
         return outputs
+
+    def _add(self, r: Request, t0: float) -> int:
+        """Submits `r` stamped with its scheduled arrival; an engine's refusal names the request's origin."""
+        try:
+            return self.engine.add_request(
+                list(r.prompt_token_ids), r.sampling_params, t0 + r.arrival_offset_s
+            )
+        except ValueError as err:
+            if r.origin:
+                raise ValueError(f"{r.origin}: {err}") from None
+            raise
+
+
+class Arrivals:
+    """Requests not yet submitted, earliest arrival first (ties in the order they came)."""
+
+    def __init__(self, requests: Sequence[Request]):
+        self.order = itertools.count()
+        self.heap = [(r.arrival_offset_s, next(self.order), r) for r in requests]
+        heapq.heapify(self.heap)
+
+    def __bool__(self) -> bool:
+        return bool(self.heap)
+
+    def next_offset(self) -> float:
+        return self.heap[0][0]
+
+    def pop(self) -> tuple[int, Request]:
+        """The next request and its index: its place in the workload, follow-ups numbered after it."""
+        _, index, request = heapq.heappop(self.heap)
+        return index, request
+
+    def push(self, request: Request | None) -> None:
+        if request is not None:
+            heapq.heappush(self.heap, (request.arrival_offset_s, next(self.order), request))
 
 
 @dataclass
@@ -78,6 +119,7 @@ class RunRecord:
     duration_s: float = 0.0
     iteration_latencies_s: list[float] = field(default_factory=list)
     facts: dict = field(default_factory=dict)  # what else was measured: machine load, profile counts
+    requests: dict[int, Request] = field(default_factory=dict)  # request id -> what was submitted
 
 
 class Progress:
@@ -152,9 +194,13 @@ def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_
     """One timed pass: offline/online, or in latency mode `num_iters` timed iterations of one batch."""
     record = log.record = RunRecord(repeat)
     if not workload.latency_mode:
+        follow_up = getattr(workload, "follow_up", None)  # closed loop: requests that bring the next
+        closed_loop = {"follow_up": follow_up} if follow_up else {}
         record.t0 = time.perf_counter()
-        record.outputs = sorted(driver.drive(workload.requests, record.t0, log), key=lambda o: o.request_id)
+        outputs = driver.drive(workload.requests, record.t0, log, **closed_loop)
+        record.outputs = sorted(outputs, key=lambda o: o.request_id)
         record.duration_s = time.perf_counter() - record.t0
+        record.requests = dict(getattr(driver, "submitted", {}))
         return record
     log.recording = False
     for _ in range(workload.num_iters_warmup if warm_up else 0):

@@ -12,6 +12,7 @@ import numpy as np
 
 from nanoexp.engine.expert_load import layer_imbalance
 from nanoexp.experiment.measure.driver import RunRecord
+from nanoexp.experiment.runtime import atomic_files
 
 HEATMAP = "expert_load.png"
 COUNTS = "expert_load.csv"
@@ -41,7 +42,7 @@ def expert_load_summary(records: Sequence[RunRecord], out_dir: Path) -> dict:
 
 
 def write_counts(totals: np.ndarray, path: Path) -> None:
-    with open(path, "w", newline="") as f:
+    with atomic_files.atomic_open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["moe_layer", *(f"expert_{e}" for e in range(totals.shape[1]))])
         writer.writerows([i, *row] for i, row in enumerate(totals.tolist()))
@@ -59,4 +60,5 @@ def write_heatmap(totals: np.ndarray, path: Path) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="expert", ylabel="MoE layer (in model order)", title="tokens routed per layer and expert")
-    fig.savefig(path, dpi=100)
+    with atomic_files.atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)

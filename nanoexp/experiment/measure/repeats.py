@@ -83,7 +83,7 @@ def _profiler(profile: ProfileConfig | None, driver: Driver, out_dir: Path | Non
 
 def progress_total(workloads: list[Workload]) -> int:
     """Requests the progress line counts: every timed request of every repeat."""
-    return sum(len(w.requests) * (w.num_iters if w.latency_mode else 1) for w in workloads)
+    return sum(w.num_requests * (w.num_iters if w.latency_mode else 1) for w in workloads)
 
 
 def summarize_repeats(records: list[RunRecord], slo: dict[str, float], noise: NoiseConfig) -> dict:

@@ -6,13 +6,14 @@ import json
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from nanoexp.config import SamplingParams
 from nanoexp.config.checks import is_int
+from nanoexp.engine.outputs import RequestOutput
 from nanoexp.experiment.schema import ConfigError, SamplerConfig, WorkloadConfig, WorkloadKind, length_range
 
 Tokenize = Callable[[str], list[int]]
@@ -25,23 +26,45 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_offset_s: float = 0.0  # seconds after the workload starts
-    source_file: str = ""  # where the request came from (a prompts file), for errors and outputs.jsonl
-    source_line: int = 0  # its line there, from 1
+    source_file: str = ""  # where it came from (a prompts file, a trace, a dataset), for errors and outputs
+    source_line: int = 0  # its line there, from 1 (0: a source without lines, e.g. a dataset's conversation)
+    session: int | None = None  # multi_turn: its session and turn (from 1)
+    turn: int | None = None
+
+    @property
+    def origin(self) -> str:
+        """`file:line` (or the source alone), as errors, requests.csv and outputs.jsonl name it."""
+        if not self.source_file:
+            return ""
+        return f"{self.source_file}:{self.source_line}" if self.source_line else self.source_file
 
 
 def request_label(index: int, request: Request) -> str:
     """How errors name a workload's request: its index in the workload (what outputs.jsonl and
-    requests.csv call `request_id`) and, from a prompts file, the file and line."""
-    where = f" ({request.source_file}:{request.source_line})" if request.source_file else ""
+    requests.csv call `request_id`) and where it came from."""
+    where = f" ({request.origin})" if request.origin else ""
     return f"request {index}{where}"
+
+
+# closed loop: (finished request, its output, its finish in seconds after t0) -> the request it brings
+FollowUp = Callable[[Request, RequestOutput, float], "Request | None"]
 
 
 @dataclass
 class Workload:
     name: str
-    requests: list[Request]
+    requests: list[Request]  # those known up front (multi_turn: each session's first turn)
     num_iters: int = 1  # >1 or warm-up iterations: latency mode, the same batch run repeatedly
     num_iters_warmup: int = 0
+    follow_up: FollowUp | None = None
+    num_total: int | None = None  # requests with the follow-ups (None: len(requests))
+    longest: int | None = None  # the longest request's prompt + max_tokens, when follow-ups grow them
+    offered_rates: list[float] | None = None  # the rate each request's arrival was drawn at (None: trace)
+    facts: dict = field(default_factory=dict)  # what building it found (a trace's rate and window)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests) if self.num_total is None else self.num_total
 
     @property
     def latency_mode(self) -> bool:
@@ -51,16 +74,31 @@ class Workload:
 def build_workload(
     w: WorkloadConfig, sampler: SamplerConfig, vocab_size: int, tokenize: Tokenize | None = None
 ) -> Workload:
-    """Build the requests of workload `w`; random token ids are drawn inside [0, vocab_size)."""
-    prompts, max_tokens = _prompts(w, vocab_size, tokenize)
-    params = [_sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
-    offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed)
-    requests = [Request(p, sp, o) for p, sp, o in zip(prompts, params, offsets)]
+    """Build the requests of workload `w`; random token ids are drawn inside [0, vocab_size). (trace and
+    multi_turn have their own modules, which build on this one: build.build_workload picks.)"""
+    if w.kind in (WorkloadKind.trace, WorkloadKind.multi_turn):
+        raise ValueError(
+            f"workload.kind={w.kind.value} is built by nanoexp.experiment.job.build.build_workload"
+        )
+    if w.kind is WorkloadKind.sharegpt:
+        from nanoexp.experiment.measure.datasets import sharegpt_prompts
+
+        prompts, max_tokens, origins = sharegpt_prompts(w, tokenize)
+    else:
+        prompts, max_tokens = _prompts(w, vocab_size, tokenize)
+        origins = [""] * len(prompts)
+    params = [sampling_params(w, sampler, m, i) for i, m in enumerate(max_tokens)]
+    rates = offered_rates(len(prompts), w.request_rate, w.ramp, w.ramp_end_rate)
+    ramp = rates if w.ramp != "none" else None
+    offsets = arrival_offsets(len(prompts), w.request_rate, w.burstiness, w.seed, ramp)
+    requests = [
+        Request(p, sp, o, source_file=org) for p, sp, o, org in zip(prompts, params, offsets, origins)
+    ]
     if w.kind is WorkloadKind.prompts_file:
         lines, source = prompt_lines(w), str(w.path)
         requests = [replace(r, source_file=source, source_line=n) for r, n in zip(requests, lines)]
     iters = (w.num_iters, w.num_iters_warmup) if w.kind is WorkloadKind.latency else (1, 0)
-    return Workload(w.name, requests, *iters)
+    return Workload(w.name, requests, *iters, offered_rates=rates)
 
 
 def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None) -> Prompts:
@@ -199,17 +237,34 @@ def _tokenized(text: str, tokenize: Tokenize | None, where: str) -> list[int]:
     return ids
 
 
-def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> list[float]:
-    """All zero when offline (rate=inf); else gamma inter-arrival times (burstiness 1 = Poisson)."""
+def arrival_offsets(
+    num: int, rate: float, burstiness: float, seed: int, rates: list[float] | None = None
+) -> list[float]:
+    """All zero when offline (rate=inf); else gamma inter-arrival times (burstiness 1 = Poisson), the gap
+    before request i drawn at `rates[i]` when given (a ramp, as `vllm bench serve --ramp-up-strategy`)."""
     if math.isinf(rate):
         return [0.0] * num
     rng = np.random.default_rng(seed + 1)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=num)
-    gaps[0] = 0.0
+    scale = 1.0 / (np.asarray(rates, dtype=float) * burstiness) if rates else 1.0 / (rate * burstiness)
+    gaps = rng.gamma(shape=burstiness, scale=scale, size=num)
+    if num:
+        gaps[0] = 0.0
     return np.cumsum(gaps).tolist()
 
 
-def _sampling_params(w: WorkloadConfig, s: SamplerConfig, max_tokens: int, i: int) -> SamplingParams:
+def offered_rates(num: int, rate: float, ramp: str = "none", end_rate: float | None = None) -> list[float]:
+    """The rate request i's arrival is drawn at: `rate` throughout, or a ramp from `rate` to `end_rate`
+    over the requests (linear, or exponential: a constant ratio from one request to the next)."""
+    if ramp == "none" or num < 2:
+        return [rate] * num
+    progress = np.arange(num) / (num - 1)
+    if ramp == "linear":
+        return (rate + (end_rate - rate) * progress).tolist()
+    return (rate * (end_rate / rate) ** progress).tolist()
+
+
+def sampling_params(w: WorkloadConfig, s: SamplerConfig, max_tokens: int, i: int) -> SamplingParams:
+    """Request i's params: the sampler's knobs (its seed + i), the workload's temperature and ignore_eos."""
     temperature = s.temperature if w.temperature is None else w.temperature  # set by the workload: pinned
     knobs = s.knobs() | {"temperature": temperature, "seed": None if s.seed is None else s.seed + i}
     return SamplingParams(**knobs, max_tokens=max_tokens, ignore_eos=w.ignore_eos)

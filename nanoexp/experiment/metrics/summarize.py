@@ -129,9 +129,12 @@ def latency_summary(latencies_s: Sequence[float]) -> dict[str, float]:
     return distribution("latency_ms", latencies_ms, LATENCY_PERCENTILES) | {"num_iters": len(latencies_ms)}
 
 
-def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -> list[dict]:
-    """One row per finished request, times in ms (arrival relative to the workload start)."""
-    return [
+def request_rows(
+    outputs: Sequence[RequestOutput], t0: float, repeat: int = 0, requests: dict | None = None
+) -> list[dict]:
+    """One row per finished request, times in ms (arrival relative to the workload start); with `requests`
+    (request id -> the workload's Request), its origin and its session and turn where it has them."""
+    rows = [
         {
             "repeat": repeat,
             "request_id": o.request_id,
@@ -146,6 +149,21 @@ def request_rows(outputs: Sequence[RequestOutput], t0: float, repeat: int = 0) -
         }
         for o in outputs
     ]
+    tags = request_tags(requests or {})
+    return [row | tags(row["request_id"]) for row in rows]
+
+
+def request_tags(requests: dict):
+    """request id -> its origin, session and turn columns (for the workloads that set them)."""
+    with_origin = any(r.origin for r in requests.values())
+    with_session = any(r.session is not None for r in requests.values())
+
+    def tags(request_id: int) -> dict:
+        r = requests.get(request_id)
+        out = {"origin": r.origin if r else ""} if with_origin else {}
+        return out | ({"session": r and r.session, "turn": r and r.turn} if with_session else {})
+
+    return tags
 
 
 NOT_IN_STEP_ROWS = ("phase", "step_time_s", "expert_load")  # the last: a matrix, summed per job

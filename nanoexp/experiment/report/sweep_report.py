@@ -39,12 +39,14 @@ TABLE_METRICS = [*RATES, *METRICS, "mean_latency_ms", "duration_s", "num_preempt
 TABLE_METRICS += ["prefix_cache_hit_rate", "kv_quality/greedy_agreement"]
 TABLE_METRICS += ["kv_quality/kl_mean", "kv_quality/kl_max"]
 TABLE_METRICS += ["weight_quality/greedy_agreement", "weight_quality/kl_mean", "weight_quality/kl_max"]
+TABLE_METRICS += ["capacity_request_rate", "capacity_bracket_low", "capacity_bracket_high"]
 CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
 CI = ("_ci95_low", "_ci95_high")
 NOISE = "noise_warning"  # a job's noise flags (repeats.noise_flags)
 RUN_CONTROL = {"append_to_sweep"}
 TRIAL = "param:trial"  # the interleaved pass of a configuration (see pool_trials)
 JOB_DIR = re.compile(r"^(\d+)(_|$)")
+TURN_METRIC = re.compile(r"^(turn\d+_(mean_ttft_ms|prefix_hit_rate)|followup_prefix_hit_rate)$")  # multi_turn
 JOB_TYPE, TABLE_KEY = "sweep-report", "sweep_table"  # of the sweep-level W&B run
 
 
@@ -89,6 +91,7 @@ def write_report(
     jobs = collect(sweep_dir, expected, extra)
     if jobs.empty:
         return None
+    extra += sorted((c for c in jobs.columns if TURN_METRIC.match(c)), key=lambda c: (len(c), c))
     table = mark_noise(pool_trials(jobs, sweep_dir))
     swept = swept_keys(table)
     atomic_files.write_table(table, sweep_dir / "sweep_summary.csv")
@@ -206,6 +209,7 @@ def _row(path: Path, sweep_dir: Path, results: dict, extra: Sequence[str] = ()) 
     keys = [*CONTEXT, *metrics, *(m + s for m in metrics for s in CI)]
     number = lambda v: float(v) if v in ("inf", "-inf") else v  # results.json spells inf "inf" (strict JSON)
     row |= {k: number(summary[k]) for k in keys if k in summary}
+    row |= {k: v for k, v in summary.items() if TURN_METRIC.match(k)}
     row[NOISE] = summary.get(NOISE, "")
     slo = results.get("config", {}).get("metrics", {}).get("slo") or {}
     return row | {f"slo:{k}": v for k, v in slo.items() if v is not None}

@@ -67,19 +67,19 @@ class WandbLogger(Logger):
         try:
             logged = lambda k, v: isinstance(v, int | float | str | bool) or k == "per_repeat"
             self.run.summary.update({k: v for k, v in summary.items() if logged(k, v)})
-            self._log_images(summary)
+            self._log_plots()
             self._upload_results()
         finally:
             finish_run(self.run, self.env_set, exit_code)
 
-    def _log_images(self, summary: dict) -> None:
-        """Images the job wrote to its dir and named in the summary (a MoE job's expert-load heatmap)."""
+    def _log_plots(self) -> None:
+        """The job's own plots (timeline.png, capacity.png) as images under `plots/`."""
         import wandb
 
         assert self.job is not None  # set by start
-        path = self.job.out_dir / str(summary.get("expert_load_heatmap", ""))
-        if "expert_load_heatmap" in summary and path.is_file():
-            self.run.log({"expert_load_heatmap": wandb.Image(str(path))})
+        images = {f"plots/{p.stem}": wandb.Image(str(p)) for p in sorted(self.job.out_dir.glob("*.png"))}
+        if images:
+            self.run.log(images)
 
     def _upload_results(self) -> None:
         """results.json and the profile.trace_steps Chrome traces as artifacts."""
