@@ -60,5 +60,4 @@ def write_heatmap(totals: np.ndarray, path: Path) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="expert", ylabel="MoE layer (in model order)", title="tokens routed per layer and expert")
-    with atomic_files.atomic_open(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
+    atomic_files.save_figure(fig, path, dpi=100)
