@@ -153,7 +153,7 @@ def run_job(tmp_path, *overrides: str) -> tuple[dict, str]:
         f"hydra.run.dir={tmp_path / 'job'}",
         "model=qwen3_tiny",
         "logger=none",
-        "cache.cpu_kv_cache_gb=0.05",
+        "cache.cpu_kv_cache_gib=0.05",
         "workload.num_requests=4",
         "workload.input_len=24",
         "workload.output_len=4",

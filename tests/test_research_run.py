@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05"]
+TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05"]
 WANDB = Path(sys.executable).with_name("wandb")
 
 

@@ -21,7 +21,7 @@ from nanoexp.experiment.sweep_report import collect, job_requests, swept_keys, w
 
 ROOT = Path(__file__).resolve().parents[1]
 WANDB = Path(sys.executable).with_name("wandb")
-SWEEP = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05", "cache.block_size=16,64", "repeats=2"]
+SWEEP = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05", "cache.block_size=16,64", "repeats=2"]
 REPORT_FILES = (
     "sweep_summary.csv",
     "sweep_summary.md",

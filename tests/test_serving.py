@@ -22,7 +22,7 @@ from nanoexp.experiment.sweep_plots import NumericAxis, figure, max_rates, rate_
 from nanoexp.experiment.workloads import Request, arrival_offsets
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05", "logger=none", "metrics.kv_quality.num_requests=0"]
+TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05", "logger=none", "metrics.kv_quality.num_requests=0"]
 
 
 class SlowEngine:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05", "logger=none", "workload.num_requests=4"]
+TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05", "logger=none", "workload.num_requests=4"]
 
 
 def multirun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -42,7 +42,7 @@ def test_slo_must_be_positive(tmp_path: Path) -> None:
 def run_py(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
     env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
-    tiny = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05", "logger=none"]
+    tiny = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05", "logger=none"]
     cmd = [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'job'}", *tiny, *overrides]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 

@@ -18,7 +18,7 @@ from nanoexp.experiment.repeats import measure, progress_total
 from nanoexp.experiment.schema import to_spec
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05", "workload.num_requests=12"]
+TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05", "workload.num_requests=12"]
 TINY += ["workload.output_len=32"]
 
 

@@ -15,7 +15,7 @@ import torch
 from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05", "logger=none", "metrics.kv_quality.num_requests=0"]
+TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05", "logger=none", "metrics.kv_quality.num_requests=0"]
 LABEL_WIDTH = 30  # summary_table's label column
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a per-job resident peak: Linux")
 

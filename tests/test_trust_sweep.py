@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WANDB = Path(sys.executable).with_name("wandb")
 SWEEP = ["model=qwen3_tiny", "cache.block_size=16,64", "repeats=3"]
 SMALL = [
-    "cache.cpu_kv_cache_gb=0.05",
+    "cache.cpu_kv_cache_gib=0.05",
     "workload.num_requests=4",
     "workload.output_len=8",
     "workload.range_ratio=0",

@@ -11,7 +11,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nanoexp.experiment.schema import LoggerConfig
+from nanoexp.experiment.schema import LoggerConfig, job_number
 
 
 @dataclass
@@ -41,7 +41,7 @@ def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
     sweep_dir = str(Path(hc.sweep.dir)) if multirun else None
     name = logger_cfg.name or run_name(overrides, swept_keys(sweep_dir))
     group = logger_cfg.group or (sweep_group(sweep_dir) if multirun else None)
-    job_num = int(hc.job.get("num", 0) or 0)
+    job_num = job_number(hc.job.get("num", 0) or 0) if multirun else 0
     return JobInfo(Path(hc.runtime.output_dir), overrides, name, group, job_num, multirun, sweep_dir)
 
 

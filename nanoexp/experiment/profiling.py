@@ -45,9 +45,11 @@ class StepProfiler:
     @contextmanager
     def repeat(self, repeat: int, log_steps):
         """Profiles one timed pass; `log_steps` (the StepLog) says whether a step is timed and its index."""
-        trace = None  # a torch profiler, started at the pass's first timed step (not in a warm-up)
+        trace = None  # a torch profiler, started before the pass's clock (its start-up is in no timed step)
         if self.cfg.trace_steps and repeat == self.cfg.trace_repeat:
             trace = _torch_profiler(self.cfg.trace_first_step, self.cfg.trace_steps, self.trace_path)
+            trace.start()  # its schedule counts timed steps only (trace.step() after each)
+            self.tracing = True
         restore = self._wrap(log_steps, trace)
         try:
             with self._event_hooks() if self.cfg.events else nullcontext():
@@ -111,9 +113,6 @@ class StepProfiler:
 
     def _step(self, inner, log_steps, trace):
         def step():
-            if trace is not None and log_steps.recording and not self.tracing:
-                trace.start()
-                self.tracing = True
             self.phases.clear()
             start = time.perf_counter()
             result = inner()
