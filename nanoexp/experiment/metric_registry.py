@@ -69,7 +69,6 @@ LATENCY_ROLES = {
 
 METRICS: list[Metric] = [
     _m("offered_request_rate", "offered request rate", "req/s", None, TABLE, fmt=",.4g"),
-    _m("request_throughput", "achieved request rate", "req/s", HIGHER, TABLE, SEARCH, headline=True),
     _m(
         "output_throughput",
         "output throughput",
@@ -94,6 +93,7 @@ METRICS: list[Metric] = [
         headline=True,
         fmt=",.0f",
     ),
+    _m("request_throughput", "achieved request rate", "req/s", HIGHER, TABLE, SEARCH, headline=True),
     _m("request_goodput", "request goodput", "req/s", HIGHER, TABLE, PLOT, SEARCH, headline=True),
     _m(
         "slo_attainment",
