@@ -28,7 +28,10 @@ def test_objective_is_the_metric_only_when_the_slo_holds() -> None:
 
 
 def test_a_trial_flagged_busy_is_infeasible_never_the_best() -> None:
-    busy = {"status": "ok", "summary": {"output_throughput": 5000.0, "p99_ttft_ms": 1.0, "noise_busy_repeats": 1}}
+    busy = {
+        "status": "ok",
+        "summary": {"output_throughput": 5000.0, "p99_ttft_ms": 1.0, "noise_busy_repeats": 1},
+    }
     assert objective_of(busy, SEARCH) == 0.0
     latency = {"objective": "p99_ttft_ms", "infeasible_value": None}
     assert objective_of(busy, latency) >= 1e18  # minimizing: the worst value, not 0 (which would win)
