@@ -131,6 +131,17 @@ METRICS: list[Metric] = [
     _m("kv_cache_bytes", "KV cache (one rank)", "GB", None, scale=GB, fmt=",.3g", engines=NANOEXP_ONLY),
     _m("num_preemptions", "preemptions", "", LOWER, TABLE, fmt=",.0f", engines=NANOEXP_ONLY),
     _m("prefix_cache_hit_rate", "prefix cache hit rate", "", HIGHER, TABLE, fmt=".1%", engines=NANOEXP_ONLY),
+    _m("num_kv_blocks", "KV blocks", "", None, fmt=",.0f", engines=NANOEXP_ONLY),
+    _m("kv_block_size", "KV block size", "tokens", None, fmt=",.0f", engines=NANOEXP_ONLY),
+    _m(
+        "total_cached_tokens",
+        "prompt tokens from the prefix cache",
+        "",
+        None,
+        fmt=",.0f",
+        engines=NANOEXP_ONLY,
+    ),
+    _m("total_preempted_requests", "preempted requests", "", LOWER, fmt=",.0f", engines=NANOEXP_ONLY),
     _m("peak_kv_blocks_used", "peak KV blocks used", "", None, fmt=",.0f", engines=NANOEXP_ONLY),
     _m("peak_kv_cache_usage", "peak KV cache usage", "", None, fmt=".1%", engines=NANOEXP_ONLY),
     *[
