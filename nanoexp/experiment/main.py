@@ -264,11 +264,13 @@ def _user_wants_full_error() -> bool:
 
 def objective(cfg: DictConfig) -> float:
     """What run.py returns to a search sweeper (conf/hparams_search/), read from the job's results.json."""
-    results = read_results(Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE)
-    return objective_of(results, OmegaConf.to_container(cfg.search, resolve=True))
+    hydra_cfg = HydraConfig.get()
+    results = read_results(Path(hydra_cfg.runtime.output_dir) / RESULTS_FILE)
+    searching = "BasicSweeper" not in str(hydra_cfg.sweeper.get("_target_", "BasicSweeper"))
+    return objective_of(results, OmegaConf.to_container(cfg.search, resolve=True), say=searching)
 
 
-def objective_of(results: dict, search: dict) -> float:
+def objective_of(results: dict, search: dict, say: bool = True) -> float:
     """`search.objective`, or `search.infeasible_value` for a failed job, a p99 TTFT above the limit, or a
     job flagged busy (infeasible by noise: its number measured the neighbour, so it is never the best)."""
     summary = results.get("summary", {})
@@ -276,7 +278,7 @@ def objective_of(results: dict, search: dict) -> float:
     limit, p99 = search.get("max_p99_ttft_ms"), summary.get("p99_ttft_ms")
     too_slow = limit is not None and not (is_number(p99) and p99 <= limit)
     busy = bool(summary.get("noise_busy_repeats"))
-    if busy and results.get("status") == "ok":
+    if busy and say and results.get("status") == "ok":  # `say`: a search sweeper reads the value
         print("nanoexp: search trial infeasible by noise (machine busy; see noise_warning)", file=sys.stderr)
     if results.get("status") != "ok" or not is_number(value) or too_slow or busy:
         return infeasible_value(search)
