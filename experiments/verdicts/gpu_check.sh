@@ -26,7 +26,7 @@ python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version
 job() {  # side trial overrides...
   local side=$1 trial=$2
   shift 2
-  timeout 150 python run.py -m "trial=$trial" "${COMMON[@]}" "$@" "hydra.sweep.dir=$WORK/$side" append_to_sweep=true \
+  timeout 150 python run.py -m "trial=$trial" "${COMMON[@]}" "$@" "hydra.sweep.dir=$WORK/$side" append_to_sweep=true 2>&1 \
     | grep -E "^(output throughput|duration|TPOT|TTFT)|noisy|error" | sed "s/^/  $side$trial /"
   elapsed "side $side trial $trial done"
 }
@@ -36,7 +36,7 @@ for trial in 0 1 2; do  # A/A, interleaved processes
   job b "$trial"
 done
 elapsed "A/B: fp8_e4m3 KV cache, 3 trials in one process (fresh engine each)"
-timeout 200 python run.py -m trial=0,1,2 "${COMMON[@]}" cache.kv_cache_dtype=fp8_e4m3 "hydra.sweep.dir=$WORK/c" \
+timeout 200 python run.py -m trial=0,1,2 "${COMMON[@]}" cache.kv_cache_dtype=fp8_e4m3 "hydra.sweep.dir=$WORK/c" 2>&1 \
   | grep -E "^(output throughput|duration)|noisy|error"
 elapsed "compares"
 {

@@ -128,7 +128,7 @@ def pool_trials(table: pd.DataFrame, sweep_dir: Path | None = None) -> pd.DataFr
     groups = list(ok.groupby(keys, dropna=False, sort=False)) if keys else [((), ok)]
     if all(len(part) == 1 for _, part in groups):
         return table
-    pooled = [_pool(part) for _, part in groups]
+    pooled = [_pool(part) if len(part) > 1 else part.iloc[0].to_dict() for _, part in groups]
     rest = table[table["status"] != "ok"]
     return pd.concat([pd.DataFrame(pooled), rest], ignore_index=True).sort_values("job_num", kind="stable")
 
