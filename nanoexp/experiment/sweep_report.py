@@ -181,7 +181,9 @@ def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
     first = (ok if not ok.empty else table).iloc[0]
     context = [f"{k} {first[k]}" for k in CONTEXT if k in table.columns and pd.notna(first[k])]
     fixed = {c.removeprefix("param:"): first[c] for c in table.columns.drop(swept) if c.startswith("param:")}
-    settings = [f"{k}={v}" for k, v in fixed.items() if k not in CONTEXT and pd.notna(v)]
+    settings = [
+        f"{k}={v}" for k, v in fixed.items() if k not in CONTEXT and f"param:{k}" != TRIAL and pd.notna(v)
+    ]
     return " | ".join([", ".join(context), "fixed: " + (" ".join(settings) or "defaults")])
 
 
@@ -209,8 +211,8 @@ def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
     for metric in registry.names():
         direction = registry.better(metric)
         low, high = (f"{metric}{s}" for s in CI)
-        if direction is None or low not in table.columns or table.loc[judged, low].isna().all():
-            continue
+        if direction is None or low not in table.columns or table.loc[judged, low].notna().sum() < 2:
+            continue  # a best needs two rows to be best among
         values = pd.to_numeric(table.loc[judged, metric])
         best = values.idxmax() if direction == registry.HIGHER else values.idxmin()
         overlaps = (table[low] <= table.at[best, high]) & (table[high] >= table.at[best, low]) & judged
