@@ -373,6 +373,9 @@ def log_sweep(sweep_dir: Path, table: pd.DataFrame, cfg: LoggerConfig, group: st
         values = {k.removeprefix("param:"): list(dict.fromkeys(typed(table[k]).dropna())) for k in swept}
         config = json_safe(values) | {"sweep_dir": str(sweep_dir), "num_jobs": len(table)}
         config["swept_keys"] = [k.removeprefix("param:") for k in swept]
+        # each table metric's unit and which way is better (metric_registry), for whoever reads the table
+        shown = [m for m in registry.METRICS if m.name in table.columns]
+        config["metrics"] = {m.name: {"unit": m.unit, "better": m.better or "neither"} for m in shown}
         run, env_set = start_run(cfg, sweep_dir, config, group, "sweep-report", JOB_TYPE)
         try:
             run.log({TABLE_KEY: wandb.Table(dataframe=_loggable(table))})

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
-from nanoexp.experiment import metric_registry as registry
 from nanoexp.experiment.job import JobInfo
 from nanoexp.experiment.loggers import RESULTS_FILE, first_line
 from nanoexp.experiment.profiling import PROFILE_DIR
@@ -28,7 +27,6 @@ TIMEOUTS = {"init_timeout": ("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S)}  # setting -
 TIMEOUTS["finish_timeout"] = ("WANDB_FINISH_TIMEOUT", FINISH_TIMEOUT_S)
 # wandb's variable -> subdir of <out>/wandb/local
 LOCAL_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", "WANDB_ARTIFACT_DIR": "artifacts"}
-GOALS = {registry.HIGHER: "maximize", registry.LOWER: "minimize"}
 STEP_PREFIX = "step/"
 STEP_AXIS = STEP_PREFIX + "index"
 STEP_SUMMARIES = {"step_time_ms": "min,max,mean", "num_waiting": "max"}  # in the run's summary
@@ -48,9 +46,6 @@ class WandbLogger:
         self.run.define_metric(STEP_PREFIX + "*", step_metric=STEP_AXIS)
         for key, ops in STEP_SUMMARIES.items():
             self.run.define_metric(STEP_PREFIX + key, step_metric=STEP_AXIS, summary=ops)
-        for metric in registry.METRICS:  # which way is better, for W&B's run tables and sweep views
-            if metric.better is not None:
-                self.run.define_metric(metric.name, goal=GOALS[metric.better])
         job.extra["wandb"] = {"id": self.run.id, "dir": run_dir(self.run), "mode": self.run.settings.mode}
 
     def log_step(self, step: int, row: dict) -> None:
