@@ -201,7 +201,7 @@ def test_sweep_report_lists_kv_quality(tmp_path):
         table = list(csv.DictReader(f))
     assert [row["kv_quality/greedy_agreement"] for row in table] == ["", "0.97"]
     markdown = (tmp_path / "sweep_summary.md").read_text()
-    assert "| kv_quality/greedy_agreement | kv_quality/kl_mean |" in markdown
+    assert "| kv_quality/greedy_agreement | kv_quality/kl_mean (nats) |" in markdown
 
 
 def test_long_prompts_are_cut_to_the_probe_limit(tiny):
