@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from contextlib import closing, nullcontext, suppress
@@ -129,7 +130,8 @@ def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig, device:
     """`noise_busy_repeats`, `noise_too_short`, `noise_wide_ci` and `noise_warning`, one line ("" when the
     job is not noisy). A busy repeat makes the job one that no verdict, max-rate line or search uses; a
     repeat shorter than the device's minimum duration says so instead of a wide-CI warning."""
-    busy = [r for r in per_repeat if r.get("other_cpu_cores", 0.0) > cfg.busy_cores]
+    limit = busy_limit(per_repeat, summary.get("cpu_count"), cfg.busy_cores)
+    busy = [r for r in per_repeat if r.get("other_cpu_cores", 0.0) > limit]
     min_s = cfg.min_duration(device)
     duration = summary.get("duration_s")
     too_short = isinstance(duration, int | float) and duration < min_s
@@ -138,8 +140,9 @@ def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig, device:
     lines = []
     if busy:
         lines.append(
-            f"machine busy in {len(busy)} of {len(per_repeat)} repeats (up to {worst:.2f} other cores, "
-            f"metrics.noise.busy_cores={cfg.busy_cores:g}): shown, not judged; {BUSY_HELP}"
+            f"machine busy in {len(busy)} of {len(per_repeat)} repeats (up to {worst:.2f} other cores; "
+            f"the job left {limit - cfg.busy_cores:g} free, metrics.noise.busy_cores={cfg.busy_cores:g}): "
+            f"shown, not judged; {BUSY_HELP}"
         )
     if too_short:
         lines.append(
@@ -157,6 +160,15 @@ def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig, device:
         "noise_wide_ci": ", ".join(wide),
         "noise_warning": warning,
     }
+
+
+def busy_limit(per_repeat: list[dict], cpu_count: float | None, busy_cores: float) -> float:
+    """Other cores a repeat may see before it is busy: `busy_cores` beyond the cores the job left free.
+    The job's cores: the most it used in a repeat, rounded up (1.24 cores: 2; a 1.03-core job: 1), so a
+    2-core CPU job using both has no free core, while a GPU job using one of 16 cores leaves 15."""
+    cores = float(cpu_count or os.cpu_count() or 1)
+    used = max((r.get("process_cpu_cores", cores) for r in per_repeat), default=cores)
+    return busy_cores + max(0.0, cores - math.ceil(max(used - 0.1, 0.0)))
 
 
 BUSY_HELP = "what helps: a quieter machine, OMP_NUM_THREADS below the free cores, or rerun the job"

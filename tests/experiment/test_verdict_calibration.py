@@ -103,3 +103,20 @@ def test_a_run_flagged_busy_is_shown_but_withholds_the_verdict(tmp_path: Path) -
     row = table.iloc[0]
     assert row["verdict"] == "withheld: noisy" and row["noisy_runs"] == "0/1" and row["runs"] == "3/2"
     assert row["b"] == pytest.approx(1000.0)  # the clean runs' mean; the busy run is not in it
+
+
+def test_busy_means_load_beyond_the_cores_the_job_left_free() -> None:
+    from nanoexp.experiment.repeats import busy_limit, noise_flags
+    from nanoexp.experiment.schema import BUSY_CORES, NoiseConfig
+
+    both_cores = [{"process_cpu_cores": 2.0, "other_cpu_cores": 0.38}]  # issue 46: 0.38 cores cost 40%
+    assert busy_limit(both_cores, 2, BUSY_CORES) == pytest.approx(BUSY_CORES) and BUSY_CORES < 0.38
+    squeezed = [{"process_cpu_cores": 1.24, "other_cpu_cores": 0.74}]  # the job got less than it wanted
+    assert busy_limit(squeezed, 2, BUSY_CORES) == pytest.approx(BUSY_CORES)
+    one_thread = [{"process_cpu_cores": 1.03}]  # OMP_NUM_THREADS=1 on 2 cores: one core free
+    assert busy_limit(one_thread, 2, BUSY_CORES) == pytest.approx(1 + BUSY_CORES)
+    gpu_job = [{"process_cpu_cores": 1.2, "other_cpu_cores": 0.6}]  # a GPU host's 16 cores
+    assert busy_limit(gpu_job, 16, BUSY_CORES) == pytest.approx(14 + BUSY_CORES)
+    cfg = NoiseConfig(min_duration_s=0)
+    assert noise_flags({"cpu_count": 2}, both_cores, cfg)["noise_busy_repeats"] == 1
+    assert noise_flags({"cpu_count": 16}, gpu_job, cfg)["noise_busy_repeats"] == 0
