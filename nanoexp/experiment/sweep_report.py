@@ -157,7 +157,7 @@ def _pool(part: pd.DataFrame) -> dict:
     row |= {
         RUNS: len(clean),
         NOISY_RUNS: len(part) - len(clean),
-        "repeats": pd.to_numeric(part["repeats"]).sum(),
+        "repeats": int(pd.to_numeric(part.get("repeats", pd.Series(1, index=part.index))).fillna(1).sum()),
     }
     for metric in registry.names(headline=True):
         if metric not in part.columns:
