@@ -39,7 +39,10 @@ def job(out: Path, repeats: int, requests: int, threads: str | None) -> list[dic
         env["OMP_NUM_THREADS"] = threads
     overrides = ["model=qwen3_tiny", "logger=none", f"repeats={repeats}", f"workload.num_requests={requests}"]
     subprocess.run(
-        [sys.executable, "run.py", *overrides, f"hydra.run.dir={out}"], cwd=ROOT, env=env, check=True,
+        [sys.executable, "run.py", *overrides, f"hydra.run.dir={out}"],
+        cwd=ROOT,
+        env=env,
+        check=True,
         capture_output=True,
     )
     return json.loads((out / "results.json").read_text())["summary"]["per_repeat"]
@@ -64,8 +67,11 @@ def main() -> None:
                 out = args.out / f"r{round_}_duty{duty}"
                 for r, rep in enumerate(job(out, args.repeats, args.requests, args.threads)):
                     rows.append({"round": round_, "duty": duty, "repeat": r} | rep)
-                    print(f"duty {duty:.1f} r{r}: other {rep['other_cpu_cores']:.2f} cores, "
-                          f"{rep['output_throughput']:.0f} tok/s", flush=True)
+                    print(
+                        f"duty {duty:.1f} r{r}: other {rep['other_cpu_cores']:.2f} cores, "
+                        f"{rep['output_throughput']:.0f} tok/s",
+                        flush=True,
+                    )
             finally:
                 if neighbour:
                     neighbour.terminate()
@@ -80,7 +86,10 @@ def main() -> None:
     summary["relative"] = summary["median"] / quiet
     print(f"quiet median (other < 0.05 cores): {quiet:.0f} tok/s")
     print(summary.to_string())
-    print("corr(other_cpu_cores, throughput):", np.corrcoef(table["other_cpu_cores"], table["output_throughput"])[0, 1])
+    print(
+        "corr(other_cpu_cores, throughput):",
+        np.corrcoef(table["other_cpu_cores"], table["output_throughput"])[0, 1],
+    )
 
 
 if __name__ == "__main__":
