@@ -10,6 +10,8 @@ from contextlib import closing, nullcontext, suppress
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from nanoexp.experiment import metric_registry as registry
 from nanoexp.experiment.driver import Driver, Progress, RunRecord, StepLog, run
 from nanoexp.experiment.interrupts import process_tree
@@ -130,7 +132,8 @@ def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig, device:
     """`noise_busy_repeats`, `noise_too_short`, `noise_wide_ci` and `noise_warning`, one line ("" when the
     job is not noisy). A busy repeat makes the job one that no verdict, max-rate line or search uses; a
     repeat shorter than the device's minimum duration says so instead of a wide-CI warning."""
-    limit = busy_limit(per_repeat, summary.get("cpu_count"), cfg.busy_cores)
+    threads = torch.get_num_threads() if device == "cpu" else 0  # a CPU job wants its threads' cores
+    limit = busy_limit(per_repeat, summary.get("cpu_count"), cfg.busy_cores, threads)
     busy = [r for r in per_repeat if r.get("other_cpu_cores", 0.0) > limit]
     min_s = cfg.min_duration(device)
     duration = summary.get("duration_s")
@@ -156,19 +159,22 @@ def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig, device:
         log.warning("noisy measurement: %s", warning)
     return {
         "noise_busy_repeats": len(busy),
+        "noise_busy_limit_cores": limit,  # other cores above which a repeat counted as busy
         "noise_too_short": bool(too_short),
         "noise_wide_ci": ", ".join(wide),
         "noise_warning": warning,
     }
 
 
-def busy_limit(per_repeat: list[dict], cpu_count: float | None, busy_cores: float) -> float:
+def busy_limit(per_repeat: list[dict], cpu_count: float | None, busy_cores: float, threads: int = 0) -> float:
     """Other cores a repeat may see before it is busy: `busy_cores` beyond the cores the job left free.
-    The job's cores: the most it used in a repeat, rounded up (1.24 cores: 2; a 1.03-core job: 1), so a
-    2-core CPU job using both has no free core, while a GPU job using one of 16 cores leaves 15."""
+    The job's cores: the most it used in a repeat, rounded up (1.24 cores: 2; a 1.03-core job: 1), and
+    at least its torch threads on a CPU (a squeezed job uses fewer than it wants); so a 2-core CPU job
+    on both has no free core, while a GPU job using one of 16 cores leaves 15."""
     cores = float(cpu_count or os.cpu_count() or 1)
     used = max((r.get("process_cpu_cores", cores) for r in per_repeat), default=cores)
-    return busy_cores + max(0.0, cores - math.ceil(max(used - 0.1, 0.0)))
+    wanted = max(math.ceil(max(used - 0.1, 0.0)), threads)
+    return busy_cores + max(0.0, cores - wanted)
 
 
 BUSY_HELP = "what helps: a quieter machine, OMP_NUM_THREADS below the free cores, or rerun the job"
