@@ -20,7 +20,7 @@ from nanoexp.runner.inputs import prepare_inputs
 from nanoexp.runner.step_input import RunnerInfo, StepInput
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: run.py, conf/, scripts/
-TINY_JOB = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05"]  # a run.py job that takes seconds on a CPU
+TINY_JOB = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05"]  # a run.py job that takes seconds on a CPU
 
 
 def job_env(home: Path) -> dict[str, str]:

@@ -23,7 +23,7 @@ LAYERS = [
     "experiment",
 ]
 # the experiment layer's own folders, in the same sense: each may import its own and the ones before it
-EXPERIMENT_LAYERS = ["schema", "runtime", "metrics", "measure", "sinks", "report", "launch", "job"]
+EXPERIMENT_LAYERS = ["metrics", "schema", "runtime", "measure", "sinks", "report", "launch", "job"]
 
 
 def module_name(path: Path) -> str:

@@ -55,7 +55,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         max_model_len=1024,
         max_num_seqs=64,
         gpu_memory_utilization=0.5,
-        cpu_kv_cache_gb=0.5,
+        cpu_kv_cache_gib=0.5,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from nanoexp.config.checks import KnobError, boolean, choice, integer, is_int, machine_memory_gb, number
@@ -10,6 +11,7 @@ from nanoexp.config.checks import KnobError, boolean, choice, integer, is_int, m
 # with one scale per layer for K and one for V, calibrated at start-up).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 MAX_BLOCKS = 2**31 - 1  # block tables hold int32 block ids
+GB_DEPRECATED = "cache.cpu_kv_cache_gb is deprecated (it is in GiB): use cache.cpu_kv_cache_gib"
 
 
 @dataclass
@@ -18,8 +20,9 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9  # share of the GPU's memory for weights, activations and KV
     num_blocks: int = -1  # -1 = as many as memory allows
     enable_prefix_caching: bool = True
-    cpu_kv_cache_gb: float = 2.0  # KV cache size on the CPU
+    cpu_kv_cache_gib: float = 2.0  # KV cache size on the CPU, in GiB (2**30 bytes)
     kv_cache_dtype: str = "auto"  # auto (the model's dtype), fp8 or fp8_e4m3
+    cpu_kv_cache_gb: float | None = None  # deprecated spelling of cpu_kv_cache_gib (it always meant GiB)
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -32,7 +35,11 @@ class CacheConfig:
         boolean("cache.enable_prefix_caching", self.enable_prefix_caching)
         memory = machine_memory_gb()
         allowed = f"a number in (0, {memory:.4g}] (this machine's memory in GiB)"
-        number("cache.cpu_kv_cache_gb", self.cpu_kv_cache_gb, lambda x: 0 < x <= memory, allowed)
+        if self.cpu_kv_cache_gb is not None:
+            number("cache.cpu_kv_cache_gb", self.cpu_kv_cache_gb, lambda x: 0 < x <= memory, allowed)
+            logging.getLogger(__name__).warning(GB_DEPRECATED)
+            self.cpu_kv_cache_gib, self.cpu_kv_cache_gb = self.cpu_kv_cache_gb, None
+        number("cache.cpu_kv_cache_gib", self.cpu_kv_cache_gib, lambda x: 0 < x <= memory, allowed)
         choice("cache.kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
 
     @property

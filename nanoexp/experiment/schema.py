@@ -26,6 +26,7 @@ from nanoexp.config import (
 )
 from nanoexp.config.checks import MAX_INT64, choice, integer, is_int, is_number, is_real, number
 from nanoexp.config.model import LOAD_FORMATS
+from nanoexp.experiment.metrics import registry
 
 DUMMY_IF_MISSING = "dummy_if_missing"
 NAME_MAX = 200  # bytes of a job dir name; file systems allow 255
@@ -319,6 +320,13 @@ class KvQualityConfig:
         integer("metrics.kv_quality.num_tokens", self.num_tokens, 1)
 
 
+# Measured (README, Statistics; experiments/verdicts/): other load above this many cores in a repeat
+# costs a 2-core CPU job more than its run-to-run noise; a repeat shorter than MIN_DURATION_S on a device
+# does not repeat within ~5% from one run to the next.
+BUSY_CORES = 0.15
+MIN_DURATION_S = {"cpu": 1.0, "cuda": 0.5}
+
+
 @dataclass
 class WeightQualityConfig:
     """What quantized weights cost in accuracy (model.quantization != none, an unquantized checkpoint):
@@ -335,14 +343,29 @@ class WeightQualityConfig:
 
 @dataclass
 class NoiseConfig:
-    """When a job is flagged noisy: other load above `busy_cores`, or a CI wider than `max_ci_share`."""
+    """When a job is flagged noisy: other load above `busy_cores` in a repeat (the job is then shown but
+    used for no verdict), a repeat shorter than `min_duration_s` (null: the device's, MIN_DURATION_S),
+    or a CI wider than `max_ci_share`. Both numbers are measured: README, Statistics."""
 
-    busy_cores: float = 0.5
+    busy_cores: float = BUSY_CORES
     max_ci_share: float = 0.1
+    min_duration_s: float | None = None
 
     def __post_init__(self) -> None:
         number("metrics.noise.busy_cores", self.busy_cores, lambda v: v >= 0, "a number >= 0 (cores)")
         number("metrics.noise.max_ci_share", self.max_ci_share, lambda v: v > 0, "a number > 0 (0.1 = 10%)")
+        if self.min_duration_s is not None:
+            number(
+                "metrics.noise.min_duration_s",
+                self.min_duration_s,
+                lambda v: v >= 0,
+                "null or a number >= 0 (s)",
+            )
+
+    def min_duration(self, device: str) -> float:
+        if self.min_duration_s is not None:
+            return self.min_duration_s
+        return MIN_DURATION_S.get(device, MIN_DURATION_S["cpu"])
 
 
 @dataclass
@@ -353,26 +376,8 @@ class MetricsConfig:
     noise: NoiseConfig = field(default_factory=NoiseConfig)
 
 
-LATENCY_SERIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
-RATES: tuple[str, ...] = (
-    "output_throughput",
-    "total_token_throughput",
-    "request_throughput",
-    "request_goodput",
-)
-RATES += ("slo_attainment", "duration_s")
-# the job summary's metrics a search can optimize (metrics.summarize, kv_quality, latency mode)
-SEARCH_OBJECTIVES = (
-    *RATES,
-    *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "std", "p90", "p99")),
-    "mean_latency_ms",
-    *(f"p{p}_latency_ms" for p in (10, 25, 50, 75, 90, 99)),
-    *(
-        f"{p}/{k}"
-        for p in ("kv_quality", "weight_quality")
-        for k in ("greedy_agreement", "kl_mean", "kl_p99", "kl_max")
-    ),
-)
+# the job summary's metrics a search can optimize (metric_registry: metrics.summarize, kv_quality, latency)
+SEARCH_OBJECTIVES = tuple(registry.names(registry.SEARCH))
 
 
 @dataclass
@@ -381,11 +386,14 @@ class SearchConfig:
 
     objective: str = "output_throughput"
     max_p99_ttft_ms: float | None = None
-    infeasible_value: float = 0.0
+    infeasible_value: float | None = None  # null: the objective's worst (0 for a rate, 1e18 for a latency)
 
     def __post_init__(self) -> None:
         choice("search.objective", self.objective, SEARCH_OBJECTIVES)
-        number("search.infeasible_value", self.infeasible_value, lambda v: True, "a finite number")
+        if self.infeasible_value is not None:
+            number(
+                "search.infeasible_value", self.infeasible_value, lambda v: True, "null or a finite number"
+            )
         if self.max_p99_ttft_ms is not None:
             number("search.max_p99_ttft_ms", self.max_p99_ttft_ms, lambda v: v > 0, "null or a number > 0")
 
@@ -530,6 +538,16 @@ def safe_dir_name(name: str) -> str:
     return encoded[: NAME_MAX - 13].decode(errors="ignore") + "~" + hashlib.sha1(encoded).hexdigest()[:12]
 
 
+JOB_NUM_OFFSET = "NANOEXP_JOB_NUM_OFFSET"  # set by the sweep callback: jobs appended to a sweep come after
+
+
+def job_number(num: int | str) -> int:
+    """A job's number in its sweep dir: Hydra's, after the jobs an earlier sweep left there (append_to_sweep),
+    so an appended job never takes (and overwrites) an earlier job's dir."""
+    return int(num) + int(os.environ.get(JOB_NUM_OFFSET, "0") or 0)
+
+
 # the root schema (conf/config.yaml lists it first) and the resolver of hydra.sweep.subdir
 ConfigStore.instance().store(name="nanoexp_schema", node=NanoexpConfig)
 OmegaConf.register_new_resolver("nanoexp_dir_name", safe_dir_name, replace=True)
+OmegaConf.register_new_resolver("nanoexp_job_num", lambda num: job_number(num), replace=True)

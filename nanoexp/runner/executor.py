@@ -60,7 +60,11 @@ class InProcessExecutor:
 
     def stats(self) -> dict:
         """The runner's facts; after close, those it had when it closed."""
-        return self.runner.stats() if self.runner else self.final_stats
+        return (
+            {**(stats := self.runner.stats()), **per_rank_memory([stats])}
+            if self.runner
+            else self.final_stats
+        )
 
     @property
     def closed(self) -> bool:
@@ -70,7 +74,7 @@ class InProcessExecutor:
         """Releases weights, KV cache and graphs now: a later engine here sizes its cache from free memory."""
         if self.runner is None:
             return
-        self.final_stats = self.runner.stats()
+        self.final_stats = self.stats()
         self.runner.close()
         self.runner = None
         gc.collect()
@@ -160,7 +164,17 @@ class MultiprocExecutor:
         return False
 
     def stats(self) -> dict:
-        return {**self.call("stats"), "tensor_parallel_size": self.size}
+        """Rank 0's facts, and each rank's memory (every rank replies to "stats"): `<key>_per_rank` lists
+        and `<key>_total` sums, so TP memory is never one rank's share read as the whole."""
+        if not self.finalizer.alive:
+            raise RuntimeError("the engine is closed (its tensor-parallel workers were shut down)")
+        try:
+            self.group.send("stats")
+            ranks = self.group.receive(list(range(self.size)))
+        except BaseException:
+            self.close()
+            raise
+        return {**ranks[0], **per_rank_memory(ranks), "tensor_parallel_size": self.size}
 
     @property
     def closed(self) -> bool:
@@ -176,6 +190,21 @@ class MultiprocExecutor:
         if self.finalizer.detach():
             self.group.stop(graceful=False)
         _live.discard(self)
+
+
+PER_RANK_KEYS = ("peak_memory_bytes", "weights_bytes", "kv_cache_bytes")
+
+
+def per_rank_memory(ranks: list[dict]) -> dict:
+    """Each rank's value of PER_RANK_KEYS as `<key>_per_rank` and their sum as `<key>_total`; the plain
+    key stays rank 0's, and `memory_per_rank` says so."""
+    out: dict = {
+        "memory_per_rank": "peak_memory_bytes, weights_bytes, kv_cache_bytes: rank 0's; see _per_rank"
+    }
+    for key in PER_RANK_KEYS:
+        values = [int(r.get(key, 0)) for r in ranks]
+        out |= {f"{key}_per_rank": values, f"{key}_total": sum(values)}
+    return out
 
 
 def make_executor(config: EngineConfig) -> InProcessExecutor | MultiprocExecutor:

@@ -35,7 +35,7 @@ def create_kv_cache(
         num_blocks = int(agreed.item())
     if num_blocks < 1:
         raise ValueError(
-            "no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gb "
+            "no memory left for the KV cache: raise gpu_memory_utilization / cpu_kv_cache_gib "
             "or lower max_num_batched_tokens"
         )
     first = layers[0]
@@ -54,7 +54,7 @@ def blocks_for(
     reserve_bytes: int,
 ) -> int:
     """cache.num_blocks set by hand, once it fits in the device's whole memory (before allocating it). Else
-    cpu_kv_cache_gb on a CPU; on CUDA, after `profile`, this process's share: utilization x total memory,
+    cpu_kv_cache_gib on a CPU; on CUDA, after `profile`, this process's share: utilization x total memory,
     minus its own peak usage so far and a reserve (CUDA graphs, sampler buffers), capped by what is free."""
     num_blocks = config.cache.num_blocks
     if num_blocks != -1:
@@ -70,7 +70,7 @@ def blocks_for(
             )
         return num_blocks
     if device.type == "cpu":
-        budget = config.cache.cpu_kv_cache_gb * 2**30
+        budget = config.cache.cpu_kv_cache_gib * 2**30
     else:
         profile()
         free, total = torch.cuda.mem_get_info(device)

@@ -25,7 +25,7 @@ from nanoexp.runner.inputs import ModelInputs, counter_seeds, prepare_inputs, pr
 from nanoexp.runner.kv_cache import create_kv_cache
 from nanoexp.runner.kv_scales import calibrate_kv_scales, calibration_tokens, scales_summary
 from nanoexp.runner.model_setup import eos_token_ids, set_up_model
-from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory
+from nanoexp.runner.peak_memory import peak_memory_bytes, reset_peak_memory, resident_bytes
 from nanoexp.runner.step_hooks import PhaseHooks
 from nanoexp.runner.step_input import RunnerInfo, SampledTokens, StepInput, blockless_prefill
 
@@ -358,7 +358,8 @@ class ModelRunner:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return {
             "weights_bytes": weights,
-            "kv_cache_bytes": self.kv_cache.nbytes,
+            "kv_cache_bytes": self.kv_cache.nbytes,  # allocated
+            "kv_cache_resident_bytes": resident_bytes(self.kv_cache),  # CPU: the touched part; GPU: None
             "kv_cache_dtype": str(self.kv_cache.dtype).removeprefix("torch."),
             **scales_summary(self.model),
             "num_kv_blocks": self.num_blocks,

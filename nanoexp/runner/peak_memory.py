@@ -4,6 +4,8 @@ not work, the CPU figure is the process's lifetime peak, and reset_peak_memory s
 
 from __future__ import annotations
 
+import ctypes
+import os
 import re
 import resource
 import sys
@@ -44,3 +46,22 @@ def _resident_peak() -> int | None:
     except OSError:
         return None
     return int(match.group(1)) * 1024 if match else None
+
+
+def resident_bytes(tensor: torch.Tensor) -> int | None:
+    """How many bytes of a CPU tensor's memory are resident (mincore(2) over its pages): an allocated but
+    never touched KV cache is mostly not. None where mincore is unavailable or the tensor is on a GPU."""
+    if tensor.device.type != "cpu" or not sys.platform.startswith("linux") or tensor.nbytes == 0:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = tensor.data_ptr() - tensor.data_ptr() % page
+    length = tensor.data_ptr() + tensor.nbytes - start
+    pages = (ctypes.c_ubyte * -(-length // page))()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), pages) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    resident = sum(1 for flag in bytes(pages) if flag & 1)
+    return min(resident * page, tensor.nbytes)

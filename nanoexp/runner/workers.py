@@ -57,6 +57,7 @@ except OSError:
     pass
 """  # removes the rendezvous dir and the ring when the main process dies without releasing them
 UNANSWERED = frozenset({"launch"})  # enqueued without a reply; its result comes with "collect"
+ANSWERED_BY_ALL = frozenset({"stats"})  # every rank replies (its own memory), not rank 0 alone
 STARTUP_HINT = (
     " (its traceback is above; a script that builds the engine at import time must guard that"
     " with `if __name__ == '__main__':` because workers are spawned)"
@@ -137,7 +138,7 @@ def serve(
             runner.close()
             return
         result = invoke(runner, method, args)
-        if rank == 0 and method not in UNANSWERED:
+        if (rank == 0 or method in ANSWERED_BY_ALL) and method not in UNANSWERED:
             conn.send(("ok", result))
 
 

@@ -24,7 +24,7 @@ from nanoexp.experiment.schema import ConfigError, to_spec
         (["launch.gpus_per_job=-1"], "launch.gpus_per_job=-1 is invalid: must be an integer >= 0"),
         ([f"engine.seed={2**64}"], f"engine.seed={2**64} is invalid: must be an integer in [0, {2**63 - 1}]"),
         ([f"workload.seed={2**64}"], "workload.seed="),
-        (["cache.cpu_kv_cache_gb=1e12"], "this machine's memory in GiB"),
+        (["cache.cpu_kv_cache_gib=1e12"], "this machine's memory in GiB"),
         ([f"cache.num_blocks={10**12}"], f"cache.num_blocks={10**12} is invalid: must be an integer in [1, "),
         (
             ["workload.request_rate=1e-300"],

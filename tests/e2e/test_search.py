@@ -26,6 +26,16 @@ def test_objective_is_the_metric_only_when_the_slo_holds() -> None:
     assert objective_of(slow, SEARCH | {"max_p99_ttft_ms": None}) == 90.0
 
 
+def test_a_trial_flagged_busy_is_infeasible_never_the_best() -> None:
+    busy = {
+        "status": "ok",
+        "summary": {"output_throughput": 5000.0, "p99_ttft_ms": 1.0, "noise_busy_repeats": 1},
+    }
+    assert objective_of(busy, SEARCH) == 0.0
+    latency = {"objective": "p99_ttft_ms", "infeasible_value": None}
+    assert objective_of(busy, latency) >= 1e18  # minimizing: the worst value, not 0 (which would win)
+
+
 def test_optuna_search_runs_four_trials_and_reports_the_best(tmp_path: Path) -> None:
     env = job_env(tmp_path / "home")
     sweep = tmp_path / "sweep"
@@ -36,7 +46,8 @@ def test_optuna_search_runs_four_trials_and_reports_the_best(tmp_path: Path) -> 
         "logger=none",
     ]
     overrides += ["workload.num_requests=4", "workload.output_len=6", "workload.range_ratio=0"]
-    overrides += ["cache.cpu_kv_cache_gb=0.05", "search.max_p99_ttft_ms=60000", f"hydra.sweep.dir={sweep}"]
+    overrides += ["cache.cpu_kv_cache_gib=0.05", "search.max_p99_ttft_ms=60000", f"hydra.sweep.dir={sweep}"]
+    overrides += ["metrics.noise.busy_cores=1000"]  # the search's mechanics, on a shared machine too
     proc = subprocess.run(
         [sys.executable, "run.py", *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
     )

@@ -112,7 +112,7 @@ def test_submitit_sweep_with_a_killed_job_still_reports(tmp_path):
         "hydra/launcher=local",
         "+hydra.callbacks.kill._target_=tests.e2e.test_sweep_failures.KillJobOne",
         "model=qwen3_tiny",
-        "cache.cpu_kv_cache_gb=0.05",
+        "cache.cpu_kv_cache_gib=0.05",
         "logger=none",
         "workload.num_requests=2",
         "workload.output_len=4",

@@ -20,7 +20,7 @@ from nanoexp.experiment.report.sweep_report import JOB_TYPE, TABLE_KEY, mark_noi
 WANDB = Path(sys.executable).with_name("wandb")
 SWEEP = ["model=qwen3_tiny", "cache.block_size=16,64", "repeats=3"]
 SMALL = [
-    "cache.cpu_kv_cache_gb=0.05",
+    "cache.cpu_kv_cache_gib=0.05",
     "workload.num_requests=4",
     "workload.output_len=8",
     "workload.range_ratio=0",
@@ -62,7 +62,9 @@ def test_sweep_table_has_mean_and_ci(sweep: Path) -> None:
     for row in rows.values():
         low, mean, high = (float(row[f"output_throughput{s}"]) for s in ("_ci95_low", "", "_ci95_high"))
         assert low <= mean <= high and row["repeats"] == "3"
-    assert {rows[k]["noise:output_throughput"] for k in rows} & {"best"}
+    # one run a configuration: its CI spans its repeats only, so no row is marked best (no verdict)
+    assert {rows[k]["interval"] for k in rows} == {"within 1 run (3 repeats)"}
+    assert "noise:output_throughput" not in rows["16"]
     markdown = (sweep / "sweep_summary.md").read_text()
     assert "±" in markdown and "95% CI" in markdown
     for name in ("sweep_cache_block_size.png", "sweep_latency_cdf.png"):
@@ -111,9 +113,12 @@ def test_noise_marks_overlapping_intervals() -> None:
             "output_throughput": [100.0, 95.0, 50.0],
             "output_throughput_ci95_low": [90.0, 85.0, 45.0],
             "output_throughput_ci95_high": [110.0, 105.0, 55.0],
+            "runs": [3, 3, 3],  # intervals over 3 independent runs each
         }
     )
     assert mark_noise(table)["noise:output_throughput"].tolist() == ["best", "within noise", ""]
+    one_run = table.assign(runs=[3, 1, 3])  # a row of one run (or flagged) gets no mark, not a guess
+    assert mark_noise(one_run)["noise:output_throughput"].tolist() == ["best", "", ""]
 
 
 def synthetic(engines: list[str], blocks: list[str]) -> pd.DataFrame:

@@ -110,7 +110,7 @@ def test_run_py_with_unreachable_server_finishes_offline(tmp_path, silent_server
         "run.py",
         f"hydra.run.dir={tmp_path / 'job'}",
         "model=qwen3_tiny",
-        "cache.cpu_kv_cache_gb=0.05",
+        "cache.cpu_kv_cache_gib=0.05",
         "workload.num_requests=2",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -88,7 +88,7 @@ def test_invalid_sampling_params(kwargs, needle):
         ({"max_num_seqs": 0}, "max_num_seqs=0"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization=1.5"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size=0"),
-        ({"cpu_kv_cache_gb": float("inf")}, "cpu_kv_cache_gb=inf is invalid: must be a number in (0, "),
+        ({"cpu_kv_cache_gib": float("inf")}, "cpu_kv_cache_gib=inf is invalid: must be a number in (0, "),
         ({"enable_prefix_caching": "yes"}, "enable_prefix_caching='yes' is invalid: must be true or false"),
         ({"all_reduce": "nvls"}, "all_reduce='nvls' is invalid"),
     ],

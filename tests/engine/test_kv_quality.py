@@ -149,7 +149,7 @@ def run_job(tmp_path, *overrides: str) -> tuple[dict, str]:
         f"hydra.run.dir={tmp_path / 'job'}",
         "model=qwen3_tiny",
         "logger=none",
-        "cache.cpu_kv_cache_gb=0.05",
+        "cache.cpu_kv_cache_gib=0.05",
         "workload.num_requests=4",
         "workload.input_len=24",
         "workload.output_len=4",
@@ -197,7 +197,7 @@ def test_sweep_report_lists_kv_quality(tmp_path):
         table = list(csv.DictReader(f))
     assert [row["kv_quality/greedy_agreement"] for row in table] == ["", "0.97"]
     markdown = (tmp_path / "sweep_summary.md").read_text()
-    assert "| kv_quality/greedy_agreement | kv_quality/kl_mean |" in markdown
+    assert "| kv_quality/greedy_agreement | kv_quality/kl_mean (nats) |" in markdown
 
 
 def test_long_prompts_are_cut_to_the_probe_limit(tiny):

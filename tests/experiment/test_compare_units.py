@@ -74,7 +74,13 @@ def test_noise_flags_name_busy_repeats_and_wide_intervals() -> None:
     assert flags["noise_busy_repeats"] == 1 and flags["noise_wide_ci"] == "output_throughput ±30%"
     assert "machine busy in 1 of 2 repeats" in flags["noise_warning"]
     quiet = noise_flags({"output_throughput": 100.0}, [{"other_cpu_cores": 0.1}], cfg)
-    assert quiet == {"noise_busy_repeats": 0, "noise_wide_ci": "", "noise_warning": ""}
+    assert quiet.pop("noise_busy_limit_cores") >= 0.5  # busy_cores beyond the cores the job left free
+    assert quiet == {
+        "noise_busy_repeats": 0,
+        "noise_too_short": False,
+        "noise_wide_ci": "",
+        "noise_warning": "",
+    }
 
 
 def test_load_meter_counts_a_busy_loop_beside_it() -> None:
@@ -103,17 +109,35 @@ def test_interleaved_trials_pool_into_one_row_per_configuration(tmp_path: Path) 
     from nanoexp.experiment.report.sweep_report import collect, pool_trials
 
     sweep = tmp_path / "sweep"
-    for num, (trial, size) in enumerate([(0, 16), (0, 64), (1, 16), (1, 64)]):
+    order = [(t, size) for t in range(3) for size in (16, 64)]
+    for num, (trial, size) in enumerate(order):
         values = [100.0 + trial, 102.0 + trial] if size == 16 else [200.0 + trial, 198.0 + trial]
         _fake_job(sweep, num, [f"trial={trial}", f"cache.block_size={size}"], values)
     table = pool_trials(collect(sweep, metrics=["prefill_time_s"]), sweep)
     rows = {r["param:cache.block_size"]: r for _, r in table.iterrows()}
-    assert sorted(rows) == ["16", "64"] and list(table["param:trial"]) == ["0,1", "0,1"]
-    assert rows["16"]["repeats"] == 4 and rows["16"]["output_throughput"] == pytest.approx(101.5)
-    assert rows["16"]["output_throughput_ci95_low"] < 101.5 < rows["16"]["output_throughput_ci95_high"]
-    assert rows["16"]["prefill_time_s"] == pytest.approx(1.0)  # mean of jobs 0 and 2
+    assert sorted(rows) == ["16", "64"] and list(table["param:trial"]) == ["0,1,2", "0,1,2"]
+    assert rows["16"]["repeats"] == 6 and rows["16"]["output_throughput"] == pytest.approx(102.0)
+    # the interval is over the 3 runs' means (101, 102, 103): t(2) * 1 / sqrt(3) = 2.48
+    assert rows["16"]["output_throughput_ci95_low"] == pytest.approx(102.0 - 2.484, abs=0.01)
+    assert rows["16"]["runs"] == 3 and rows["16"]["interval"] == "over 3 runs"
+    assert rows["16"]["prefill_time_s"] == pytest.approx(2.0)  # mean of jobs 0, 2 and 4
     compared, header = compare(sweep, sweep, ["output_throughput"])
-    assert set(compared["repeats"]) == {"4/4"} and "matched on cache.block_size" in header[2]
+    assert set(compared["runs"]) == {"3/3"} and "matched on cache.block_size" in header[2]
+    assert set(compared["verdict"]) == {"within noise"}
+
+
+def test_two_runs_are_not_enough_for_an_interval(tmp_path: Path) -> None:
+    from nanoexp.experiment.report.compare import compare
+    from nanoexp.experiment.report.sweep_report import collect, mark_noise, pool_trials
+
+    for num, trial in enumerate((0, 1)):
+        _fake_job(tmp_path, num, [f"trial={trial}", "cache.block_size=16"], [100.0 + trial, 101.0 + trial])
+        _fake_job(tmp_path, num + 2, [f"trial={trial}", "cache.block_size=64"], [300.0, 301.0])
+    table = mark_noise(pool_trials(collect(tmp_path), tmp_path))
+    assert table["output_throughput_ci95_low"].isna().all() and "noise:output_throughput" not in table
+    assert set(table["interval"]) == {"none: 2 clean runs"}
+    compared, _ = compare(tmp_path, tmp_path, ["output_throughput"])
+    assert set(compared["verdict"]) == {"not enough runs"}
 
 
 def test_sweep_table_shows_a_noisy_jobs_warning(tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ def test_an_fp8_cache_holds_twice_the_blocks_of_bf16_in_the_same_budget():
     caches = {}
     for kv_dtype in ("auto", "fp8"):
         config = EngineConfig.from_kwargs(
-            "m", cpu_kv_cache_gb=1 / 64, kvcache_block_size=16, kv_cache_dtype=kv_dtype
+            "m", cpu_kv_cache_gib=1 / 64, kvcache_block_size=16, kv_cache_dtype=kv_dtype
         )
         caches[kv_dtype] = create_kv_cache(config, model, torch.bfloat16, torch.device("cpu"), lambda: 0, 0)
     auto, fp8 = caches["auto"], caches["fp8"]
@@ -315,7 +315,7 @@ SHARED = random_prompts([48], seed=2)[0]
 # The last two share three 16-token blocks (prefix-cache hits when they run one after the other).
 PROMPTS = random_prompts([5, 30, 70, 17, 120, 9], seed=1) + [SHARED + [1], SHARED + [2, 3]]
 AGREE_TOKENS = 4  # the first token comes from the prefill's fresh K/V; the next three read the cache
-SMALL_BUDGET = dict(cpu_kv_cache_gb=1 / 64, num_kvcache_blocks=-1)
+SMALL_BUDGET = dict(cpu_kv_cache_gib=1 / 64, num_kvcache_blocks=-1)
 
 
 def generate(path, max_tokens=12, **kwargs):

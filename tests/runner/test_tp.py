@@ -192,7 +192,15 @@ def test_killed_worker_raises_quickly_and_leaves_no_processes(models):
 def test_close_is_idempotent_and_reaps_workers(models):
     llm = LLM(models["qwen3_kv4"], tensor_parallel_size=2, **ENGINE)
     assert len(mp.active_children()) == 2
-    assert llm.stats()["tensor_parallel_size"] == 2
+    stats = llm.stats()
+    assert stats["tensor_parallel_size"] == 2
+    per_rank = stats["peak_memory_bytes_per_rank"]  # every rank's peak, not rank 0's alone
+    assert (
+        len(per_rank) == 2
+        and all(p > 0 for p in per_rank)
+        and stats["peak_memory_bytes_total"] == sum(per_rank)
+    )
+    assert stats["weights_bytes_total"] == sum(stats["weights_bytes_per_rank"]) > stats["weights_bytes"]
     llm.close()
     llm.close()
     assert_no_workers()

@@ -62,7 +62,8 @@ def acquire(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpo
     """The kept engine when its settings are the job's (reset for the job), else a new one (the kept one
     closed first, so its memory is free for the new one)."""
     global _kept
-    key, keep = repr(config), reusable(spec, job)
+    # a new trial is an independent run (DESIGN: the unit of a verdict): it always builds its own engine
+    key, keep = repr((config, spec.trial)), reusable(spec, job)
     kept, _kept = _kept, None
     if kept is not None and (not keep or kept.key != key or kept.llm.closed):
         log.info("engine settings changed: closing engine %d", kept.engine_id)

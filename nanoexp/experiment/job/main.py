@@ -34,6 +34,7 @@ from nanoexp.experiment.measure.expert_load import expert_load_summary
 from nanoexp.experiment.measure.repeats import measure, progress_total, repeat_specs, summarize_repeats
 from nanoexp.experiment.measure.sessions import turn_metrics
 from nanoexp.experiment.measure.workloads import Request, request_label
+from nanoexp.experiment.metrics import registry
 from nanoexp.experiment.metrics.summarize import request_rows
 from nanoexp.experiment.report.job_plots import plot_timeline
 from nanoexp.experiment.runtime import interrupts
@@ -52,6 +53,7 @@ CLI_FULL_ERROR = "NANOEXP_CLI_SET_HYDRA_FULL_ERROR"  # marks FULL_ERROR as set b
 SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"  # set in the jobs submitit starts (local or slurm)
 CPU = torch.device("cpu")
 CONFIG_ERRORS = (ConfigError, KnobError, OmegaConfBaseException)  # KnobError: a value the engine rejects
+INFEASIBLE_LOWER = 1e18  # an infeasible trial's value when the search minimizes (finite: Optuna stores it)
 
 
 def main(cfg: DictConfig) -> int:
@@ -148,10 +150,16 @@ def experiment(
     if spec.save_outputs:
         loggers.write_outputs(job.out_dir / "outputs.jsonl", records, tokenizer, workloads)
     request_checks.check_outputs(records, workloads)
-    summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise)
+    traced = spec.profile.trace_repeat if spec.profile.trace_steps else None
+    device = "cuda" if stats.get("device") == "cuda" else "cpu"
+    summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise, device, traced)
     summary |= expert_load_summary(records, job.out_dir)
     summary |= turn_metrics(records) | reuse_facts | found
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | quality
+    for name in registry.not_applicable(
+        spec.engine.kind.value
+    ):  # absent, not 0: transformers has no KV blocks
+        summary.pop(name, None)
     summary |= memory.summary(stats)
     summary |= {
         "build_s": build_s,
@@ -186,11 +194,14 @@ class JobMemory:
         peak_rss = peak_memory_bytes(CPU)
         out = {"job_memory_scope": self.scope, "job_peak_rss_bytes": peak_rss}
         out["job_rss_at_start_bytes"] = self.rss_at_start
-        out |= {"memory_weights_bytes": weights, "memory_kv_cache_bytes": kv}
         used = peak_rss - self.rss_at_start
         if stats.get("device") == "cuda":
             used = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_initialized() else 0
             out["job_peak_device_bytes"] = used
+        elif stats.get("kv_cache_resident_bytes") is not None:  # the CPU split counts what is resident
+            kv = int(stats["kv_cache_resident_bytes"])
+        out |= {"memory_weights_bytes": weights, "memory_kv_cache_bytes": kv}
+        out["memory_kv_cache_allocated_bytes"] = int(stats.get("kv_cache_bytes", 0))
         return out | {"memory_other_bytes": max(0, used - weights - kv)}
 
 
@@ -314,19 +325,35 @@ def _user_wants_full_error() -> bool:
 
 def objective(cfg: DictConfig) -> float:
     """What run.py returns to a search sweeper (conf/hparams_search/), read from the job's results.json."""
-    results = read_results(Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE)
-    return objective_of(results, cast(dict, OmegaConf.to_container(cfg.search, resolve=True)))
+    hydra_cfg = HydraConfig.get()
+    results = read_results(Path(hydra_cfg.runtime.output_dir) / RESULTS_FILE)
+    searching = "BasicSweeper" not in str(hydra_cfg.sweeper.get("_target_", "BasicSweeper"))
+    search = cast(dict, OmegaConf.to_container(cfg.search, resolve=True))
+    return objective_of(results, search, say=searching)
 
 
-def objective_of(results: dict, search: dict) -> float:
-    """`search.objective`, or `search.infeasible_value` for a failed job or a p99 TTFT above the limit."""
+def objective_of(results: dict, search: dict, say: bool = True) -> float:
+    """`search.objective`, or `search.infeasible_value` for a failed job, a p99 TTFT above the limit, or a
+    job flagged busy (infeasible by noise: its number measured the neighbour, so it is never the best)."""
     summary = results.get("summary", {})
     value = summary.get(search.get("objective", "output_throughput"))
     limit, p99 = search.get("max_p99_ttft_ms"), summary.get("p99_ttft_ms")
     too_slow = limit is not None and not (is_number(p99) and p99 <= limit)
-    if results.get("status") != "ok" or not is_number(value) or too_slow:
-        return float(search.get("infeasible_value", 0.0))
+    busy = bool(summary.get("noise_busy_repeats"))
+    if busy and say and results.get("status") == "ok":  # `say`: a search sweeper reads the value
+        print("nanoexp: search trial infeasible by noise (machine busy; see noise_warning)", file=sys.stderr)
+    if results.get("status") != "ok" or not is_number(value) or too_slow or busy:
+        return infeasible_value(search)
     return float(value)
+
+
+def infeasible_value(search: dict) -> float:
+    """`search.infeasible_value`; unset, the worst value of the objective's direction (0 for a rate, a
+    huge latency for a metric where lower is better), so an infeasible trial is never the best."""
+    chosen = search.get("infeasible_value")
+    if chosen is not None:
+        return float(chosen)
+    return INFEASIBLE_LOWER if registry.better(search.get("objective", "")) == registry.LOWER else 0.0
 
 
 def cli(app: Callable[[], object]) -> None:

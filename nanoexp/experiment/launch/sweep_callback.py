@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import fcntl
 import os
+import re
 import signal
 import sys
 import time
@@ -18,7 +19,10 @@ from omegaconf import DictConfig
 
 from nanoexp.experiment.runtime import interrupts
 from nanoexp.experiment.runtime.atomic_files import unwritable
+from nanoexp.experiment.schema import JOB_NUM_OFFSET
 from nanoexp.experiment.sinks.local import RESULTS_FILE
+
+JOB_DIR = re.compile(r"^(\d+)(_|$)")  # a job dir's name: its number, then its overrides
 
 STOP_GRACE_S = 30.0  # a signalled sweep's jobs get this long to record themselves
 
@@ -29,8 +33,12 @@ class SweepReport(Callback):
 
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.lock = lock_sweep_dir(self.sweep_dir, bool(config.get("append_to_sweep", False)))
+        offset = next_job_number(self.sweep_dir)  # 0 for a new sweep dir
+        os.environ[JOB_NUM_OFFSET] = str(offset)  # read as the jobs resolve their dirs (schema.job_number)
         metrics = list(config.report.metrics) if config.get("report") is not None else []
         expected, wandb = sweep_report.expected_jobs(config), sweep_report.wandb_target(config)
+        # the earlier jobs' overrides are unknown here: the report lists their dirs as they are
+        expected = None if expected is None else [[] for _ in range(offset)] + expected
         self.report = partial(sweep_report.report, self.sweep_dir, expected, wandb, metrics)
         wait_s = 60.0 * float(config.hydra.launcher.get("timeout_min", 0) or 0) + 60.0
         atexit.register(self._report_after_abort, wait_s)
@@ -58,6 +66,12 @@ class SweepReport(Callback):
             wait_for_local_jobs(self.sweep_dir, wait_s)
         with contextlib.suppress(SystemExit):  # exiting already, with the launcher's error
             self._report()
+
+
+def next_job_number(sweep_dir: Path) -> int:
+    """One past the highest job number in the sweep dir (its `<n>_...` or `<n>` dirs); 0 when empty."""
+    nums = [int(m.group(1)) for p in sweep_dir.iterdir() if p.is_dir() and (m := JOB_DIR.match(p.name))]
+    return max(nums, default=-1) + 1
 
 
 def lock_sweep_dir(sweep_dir: Path, append: bool = False):

@@ -41,9 +41,12 @@ class StepProfiler:
     @contextmanager
     def repeat(self, repeat: int, log_steps):
         """Profiles one timed pass; `log_steps` (the StepLog) says whether a step is timed and its index."""
-        self.log_steps, self.trace = log_steps, None  # a torch profiler starts at the first timed step
-        if self.cfg.trace_steps and repeat == self.cfg.trace_repeat:
+        self.log_steps, self.trace = log_steps, None
+        if self.cfg.trace_steps and repeat == self.cfg.trace_repeat:  # started before the pass's clock: its
+            # start-up is in no timed step; its schedule counts timed steps only (trace.step() after each)
             self.trace = _torch_profiler(self.cfg.trace_first_step, self.cfg.trace_steps, self.trace_path)
+            self.trace.start()
+            self.tracing = True
         self.reported = self.engine.set_hooks(self, self if self.cfg.host_phases else None)
         try:
             with self._event_hooks() if self.cfg.events else nullcontext():
@@ -74,9 +77,6 @@ class StepProfiler:
         return out
 
     def step_begin(self) -> None:
-        if self.trace is not None and self.log_steps.recording and not self.tracing:
-            self.trace.start()
-            self.tracing = True
         self.phases.clear()
         self.step_started = time.perf_counter()
 

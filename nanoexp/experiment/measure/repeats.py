@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from contextlib import closing, nullcontext, suppress
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from nanoexp.experiment.measure.driver import Driver, Progress, RunRecord, StepLog, run
 from nanoexp.experiment.measure.profiling import StepProfiler
 from nanoexp.experiment.measure.workloads import Workload
+from nanoexp.experiment.metrics import registry
 from nanoexp.experiment.metrics.summarize import (
     HEADLINE,
     aggregate_repeats,
@@ -24,7 +28,7 @@ from nanoexp.experiment.schema import NanoexpConfig, NoiseConfig, ProfileConfig
 
 log = logging.getLogger(__name__)
 LOAD_KEYS = ("load_avg_1m_before", "load_avg_1m_after", "process_cpu_cores", "other_cpu_cores")
-CI_CHECKED = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_latency_ms")
+CI_CHECKED = tuple(registry.names(registry.CI_CHECK))
 
 
 def repeat_specs(spec: NanoexpConfig) -> list[NanoexpConfig]:
@@ -86,13 +90,27 @@ def progress_total(workloads: list[Workload]) -> int:
     return sum(w.num_requests * (w.num_iters if w.latency_mode else 1) for w in workloads)
 
 
-def summarize_repeats(records: list[RunRecord], slo: dict[str, float], noise: NoiseConfig) -> dict:
-    """The job's summary over its repeats, each repeat's headline metrics and load, and the noise flags."""
+def summarize_repeats(
+    records: list[RunRecord],
+    slo: dict[str, float],
+    noise: NoiseConfig,
+    device: str = "cpu",
+    traced: int | None = None,
+) -> dict:
+    """The job's summary over its repeats, each repeat's headline metrics and load, and the noise flags.
+    The `traced` repeat (run under the torch profiler) is left out of the summary when others exist."""
     latency = lambda r: latency_summary(r.iteration_latencies_s) if r.iteration_latencies_s else {}
     summaries = [summarize(r.outputs, r.steps, r.duration_s, slo) | r.facts | latency(r) for r in records]
-    summary = aggregate_repeats(summaries)
-    summary["per_repeat"] = [{k: s[k] for k in (*HEADLINE, *LOAD_KEYS) if k in s} for s in summaries]
-    return summary | noise_flags(summary, summary["per_repeat"], noise)
+    timed = [s for r, s in zip(records, summaries) if r.repeat != traced] or summaries
+    summary = aggregate_repeats(timed)
+    summary["per_repeat"] = [{k: s[k] for k in (*HEADLINE, *LOAD_KEYS) if k in s} for s in timed]
+    if traced is not None:
+        left_out = len(timed) < len(summaries)
+        summary["traced_repeat"] = traced
+        summary["traced_repeat_in_summary"] = not left_out
+        if not left_out:
+            log.warning("the only repeat ran under the profiler: its times include the profiler's cost")
+    return summary | noise_flags(summary, summary["per_repeat"], noise, device)
 
 
 class LoadMeter:
@@ -117,17 +135,58 @@ class LoadMeter:
         }
 
 
-def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig) -> dict:
-    """`noise_busy_repeats`, `noise_wide_ci` and `noise_warning`, one line ("" when the job is not noisy)."""
-    busy = [r for r in per_repeat if r.get("other_cpu_cores", 0.0) > cfg.busy_cores]
+def noise_flags(summary: dict, per_repeat: list[dict], cfg: NoiseConfig, device: str = "cpu") -> dict:
+    """`noise_busy_repeats`, `noise_too_short`, `noise_wide_ci` and `noise_warning`, one line ("" when the
+    job is not noisy). A busy repeat makes the job one that no verdict, max-rate line or search uses; a
+    repeat shorter than the device's minimum duration says so instead of a wide-CI warning."""
+    threads = torch.get_num_threads() if device == "cpu" else 0  # a CPU job wants its threads' cores
+    limit = busy_limit(per_repeat, summary.get("cpu_count"), cfg.busy_cores, threads)
+    busy = [r for r in per_repeat if r.get("other_cpu_cores", 0.0) > limit]
+    min_s = cfg.min_duration(device)
+    duration = summary.get("duration_s")
+    too_short = isinstance(duration, int | float) and duration < min_s
     wide = [f"{m} ±{share:.0%}" for m in CI_CHECKED if (share := _ci_share(summary, m)) > cfg.max_ci_share]
     worst = max((r["other_cpu_cores"] for r in busy), default=0.0)
-    busy_line = f"machine busy in {len(busy)} of {len(per_repeat)} repeats (up to {worst:.1f} other cores)"
-    wide_line = f"wide CI: {', '.join(wide)} of the mean"
-    warning = "; ".join(line for line, flagged in ((busy_line, busy), (wide_line, wide)) if flagged)
+    lines = []
+    if busy:
+        lines.append(
+            f"machine busy in {len(busy)} of {len(per_repeat)} repeats (up to {worst:.2f} other cores; "
+            f"the job left {limit - cfg.busy_cores:g} free, metrics.noise.busy_cores={cfg.busy_cores:g}): "
+            f"shown, not judged; {BUSY_HELP}"
+        )
+    if too_short:
+        lines.append(
+            f"measurement too short: {duration:.2f} s a repeat, under the {min_s:g} s a {device} repeat "
+            f"needs to be repeatable (metrics.noise.min_duration_s); {SHORT_HELP}"
+        )
+    elif wide:
+        lines.append(f"wide CI: {', '.join(wide)} of the mean; {WIDE_HELP}")
+    warning = "; ".join(lines)
     if warning:
         log.warning("noisy measurement: %s", warning)
-    return {"noise_busy_repeats": len(busy), "noise_wide_ci": ", ".join(wide), "noise_warning": warning}
+    return {
+        "noise_busy_repeats": len(busy),
+        "noise_busy_limit_cores": limit,  # other cores above which a repeat counted as busy
+        "noise_too_short": bool(too_short),
+        "noise_wide_ci": ", ".join(wide),
+        "noise_warning": warning,
+    }
+
+
+def busy_limit(per_repeat: list[dict], cpu_count: float | None, busy_cores: float, threads: int = 0) -> float:
+    """Other cores a repeat may see before it is busy: `busy_cores` beyond the cores the job left free.
+    The job's cores: the most it used in a repeat, rounded up (1.24 cores: 2; a 1.03-core job: 1), and
+    at least its torch threads on a CPU (a squeezed job uses fewer than it wants); so a 2-core CPU job
+    on both has no free core, while a GPU job using one of 16 cores leaves 15."""
+    cores = float(cpu_count or os.cpu_count() or 1)
+    used = max((r.get("process_cpu_cores", cores) for r in per_repeat), default=cores)
+    wanted = max(math.ceil(max(used - 0.1, 0.0)), threads)
+    return busy_cores + max(0.0, cores - wanted)
+
+
+BUSY_HELP = "what helps: a quieter machine, OMP_NUM_THREADS below the free cores, or rerun the job"
+SHORT_HELP = "what helps: a longer workload (workload.num_requests, workload.output_len)"
+WIDE_HELP = "what helps: more repeats, a longer workload, a quieter machine"
 
 
 def _ci_share(summary: dict, metric: str) -> float:

@@ -11,20 +11,23 @@ import numpy as np
 
 from nanoexp.config.checks import is_real
 from nanoexp.engine.outputs import RequestOutput, StepStats
-from nanoexp.experiment.schema import LATENCY_SERIES, RATES
+from nanoexp.experiment.metrics import registry
 
 PERCENTILES = (90, 99)
-LATENCY_PERCENTILES = (10, 25, 50, 75, 90, 99)  # as `vllm bench latency`
+LATENCY_PERCENTILES = registry.ITERATION_PERCENTILES
 CONFIDENCE = 0.95
 # Metrics that get a spread over repeats: `<key>_std`, `<key>_ci95_low`, `<key>_ci95_high`.
-HEADLINE = (
-    *RATES,
-    *(f"{s}_{m}" for m in LATENCY_SERIES for s in ("mean", "median", "p99")),
-    "mean_latency_ms",
-    "p50_latency_ms",
-    "p99_latency_ms",
-)
+HEADLINE = tuple(registry.names(headline=True))
 FRACTIONS = {"slo_attainment": 1.0}  # HEADLINE metrics bounded above (all are >= 0)
+# rates over repeats: total amount over total time (the ratio of the means), not the mean of the ratios
+POOLED_RATES = {
+    "request_throughput": "completed",
+    "output_throughput": "total_output_tokens",
+    "total_token_throughput": ("total_input_tokens", "total_output_tokens"),
+    "request_goodput": "good_requests",
+}
+RATES_OVER_REPEATS = "total over total time (mean amount / mean duration_s); per repeat in per_repeat"
+PHASES = ("prefill", "decode", "mixed")  # a mixed step carries decodes and prefill chunks
 
 
 def summarize(
@@ -65,7 +68,8 @@ def _latencies_ms(o: RequestOutput) -> dict[str, float]:
 
 
 def aggregate_repeats(summaries: Sequence[dict]) -> dict:
-    """Each numeric key's mean over the repeats; with two or more, each HEADLINE key's spread too."""
+    """Each numeric key's mean over the repeats, a rate as total over total time (POOLED_RATES); with two
+    or more repeats, each HEADLINE key's spread too (over the repeats' own values: within-run noise)."""
     first, n = summaries[0], len(summaries)
     out: dict = {"repeats": n}
     for key in first:
@@ -74,7 +78,21 @@ def aggregate_repeats(summaries: Sequence[dict]) -> dict:
         out[key] = float(np.mean(values)) if numeric and len(set(values)) > 1 else first[key]
         if numeric and n > 1 and key in HEADLINE:
             out |= spread(key, values)
+    if n > 1:
+        out |= pooled_rates(summaries)
     return out
+
+
+def pooled_rates(summaries: Sequence[dict]) -> dict:
+    """Each rate of POOLED_RATES as the repeats' total amount over their total duration, so that rate,
+    duration and tokens of a job agree; `rates_over_repeats` says so."""
+    duration = sum(float(s.get("duration_s", 0.0)) for s in summaries)
+    out = {}
+    for rate, amounts in POOLED_RATES.items():
+        keys = (amounts,) if isinstance(amounts, str) else amounts
+        if all(k in s and is_real(s[k]) for s in summaries for k in keys) and rate in summaries[0]:
+            out[rate] = _rate(sum(float(s[k]) for s in summaries for k in keys), duration)
+    return out | {"rates_over_repeats": RATES_OVER_REPEATS} if out else {}
 
 
 def spread(key: str, values: Sequence[float]) -> dict[str, float]:
@@ -102,17 +120,20 @@ def distribution(
 
 
 def step_aggregates(steps: Sequence[StepStats]) -> dict[str, float]:
-    prefill = [s for s in steps if s.phase == "prefill"]
-    decode = [s for s in steps if s.phase != "prefill"]
+    """Per phase (prefill, decode, mixed: decodes and prefill chunks in one step) the steps, their time
+    and tokens; decode_throughput and mean_decode_batch_size count pure decode steps only."""
+    by_phase = {phase: [s for s in steps if s.phase == phase] for phase in PHASES}
     queries = sum(s.prefix_cache_queries for s in steps)
     peak_blocks = max((s.kv_blocks_used for s in steps), default=0)
     total_blocks = max((s.kv_blocks_total for s in steps), default=0)
-    return {
-        "num_steps": len(steps),
-        "num_prefill_steps": len(prefill),
-        "num_decode_steps": len(decode),
-        "prefill_time_s": _time(prefill),
-        "decode_time_s": _time(decode),
+    prefill, decode, mixed = (by_phase[p] for p in PHASES)
+    out: dict[str, float] = {"num_steps": len(steps)}
+    for phase, part in by_phase.items():
+        out |= {f"num_{phase}_steps": len(part), f"{phase}_time_s": _time(part)}
+        out[f"{phase}_tokens"] = sum(s.num_tokens for s in part)
+    out["mixed_prefill_tokens"] = sum(s.num_prefill_tokens for s in mixed)
+    out["mixed_decode_tokens"] = sum(s.num_decode_tokens for s in mixed)
+    return out | {
         "mean_decode_batch_size": _rate(sum(s.num_seqs for s in decode), len(decode)),
         "prefill_throughput": _rate(sum(s.num_tokens for s in prefill), _time(prefill)),
         "decode_throughput": _rate(sum(s.num_output_tokens for s in decode), _time(decode)),
@@ -177,7 +198,10 @@ def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
         "step": index,
         "repeat": repeat,
         "t_s": t_s,
-        "is_prefill": int(stats.phase == "prefill"),
+        "phase": stats.phase,  # prefill, decode or mixed
+        "is_prefill": int(
+            stats.phase == "prefill"
+        ),  # deprecated (one release): 0 for a mixed step; read phase
         "step_time_ms": stats.step_time_s * 1e3,
         "tokens_per_s": _rate(stats.num_tokens, stats.step_time_s),
         "kv_cache_usage": _rate(stats.kv_blocks_used, stats.kv_blocks_total),

@@ -11,21 +11,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from nanoexp.experiment.metrics import registry
 from nanoexp.experiment.runtime import atomic_files
 from nanoexp.experiment.sinks.local import json_safe
 
-METRIC_LABELS = {  # metric -> its name in a panel title and its unit (GB: the values are bytes)
-    "output_throughput": ("output throughput", "tok/s"),
-    "request_goodput": ("request goodput", "req/s"),
-    "total_token_throughput": ("total token throughput", "tok/s"),
-    "peak_memory_bytes": ("peak memory", "GB"),
-    "request_throughput": ("achieved request rate", "req/s"),
-    "duration_s": ("duration", "s"),
-    "offered_request_rate": ("offered request rate", "req/s"),
-    "slo_attainment": ("SLO attainment", "fraction of requests"),
-}
-LATENCIES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end latency"}
-LATENCIES["latency"] = "iteration latency"
 INF_LABELS = {"workload.request_rate": "all at t0"}  # what an infinite value of a parameter means
 RATE = "param:workload.request_rate"
 MIN_ATTAINMENT = 0.9
@@ -39,23 +28,34 @@ SERVING_PANELS = [  # (y label, [(metric, series name)]: the first drawn solid, 
     ("requests/s", [("request_throughput", "achieved"), ("request_goodput", "goodput")]),
     ("SLO attainment", [("slo_attainment", "")]),
 ]
+FLAGGED_LABEL = "machine busy: shown, not judged"
+LEGEND_PT = 9
 HEADROOM = 1.08  # the y axis ends this far above the highest point (error bars included)
 LOG_SPAN = 30  # a latency panel whose points span more than this factor gets a log axis
 
 
 def metric_title(metric: str) -> str:
     """The panel title: the metric in words and its unit, `p99 TTFT (ms)`, `peak memory (GB)`."""
-    stat, _, rest = metric.partition("_")
-    latency = LATENCIES.get(rest.removesuffix("_ms")) if metric.endswith("_ms") else None
-    name = f"{stat} {latency}" if latency else metric.replace("_", " ")
-    name, label = METRIC_LABELS.get(metric, (name,))[0], unit(metric)[0]
-    return f"{name} ({label})" if label else name
+    return registry.title(metric)
 
 
 def unit(metric: str) -> tuple[str, float]:
     """(unit, divisor) of a metric's values."""
-    label = METRIC_LABELS.get(metric, ("", "ms" if metric.endswith("_ms") else ""))[1]
-    return label, 1e9 if label == "GB" else 1.0
+    return registry.unit(metric)
+
+
+def flagged(part: pd.DataFrame) -> pd.Series:
+    """Rows resting on a run flagged busy (repeats.noise_flags): drawn, and marked as such."""
+    noisy = part.get("noisy_runs", part.get("noise_busy_repeats", pd.Series(0, index=part.index)))
+    return pd.to_numeric(noisy, errors="coerce").fillna(0) > 0
+
+
+def mark_flagged(ax, x, y, rows: pd.DataFrame) -> None:
+    """A red ring around each point of a flagged job (legend: `machine busy: not judged`)."""
+    where = flagged(rows).to_numpy()
+    if where.any():
+        xs, ys = np.asarray(x, dtype=float)[where], np.asarray(y, dtype=float)[where]
+        ax.plot(xs, ys, "o", ms=11, mfc="none", mec="red", mew=1.5, label=FLAGGED_LABEL, zorder=5)
 
 
 def plot_param(
@@ -98,6 +98,7 @@ def _lines(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> No
         part = part.assign(_x=axis.place(part[key])).sort_values("_x")
         y, err = metric_values(part, metric)
         ax.errorbar(part["_x"], y, yerr=err, marker="o", capsize=3, label=label)
+        mark_flagged(ax, part["_x"], y, part)
     axis.apply(ax)
 
 
@@ -136,6 +137,7 @@ def _bars(ax, ok: pd.DataFrame, key: str, others: list[str], metric: str) -> Non
         y, err = metric_values(part, metric)
         positions = [c + (i - (len(series) - 1) / 2) * width for c in range(len(categories))]
         ax.bar(positions, y, width=width, yerr=err, capsize=3, label=label)
+        mark_flagged(ax, positions, y, part)
     ax.set_xticks(range(len(categories)), categories)
 
 
@@ -192,20 +194,26 @@ def figure(**kwargs):
 
 
 def save_figure(fig, title: str, path: Path, legend_title: str | None = None) -> None:
-    """Saves with the title on top and the first panel's legend below the panels (inside, it hides data)."""
+    """Saves with the title on top and one legend below the panels (inside, it hides data): the series
+    of every panel (once each), and the mark of flagged jobs wherever a panel has one."""
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    handles, labels = fig.axes[0].get_legend_handles_labels()
-    if legend_title is not None and handles:
+    found: dict[str, object] = {}
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            found.setdefault(label, handle)
+    if legend_title is None:  # no series legend asked for: only the flagged mark's entry, if any
+        found = {k: v for k, v in found.items() if k == FLAGGED_LABEL}
+    if found:
         fig.legend(
-            handles,
-            labels,
+            list(found.values()),
+            list(found),
             loc="upper center",
             bbox_to_anchor=(0.5, 0.0),
-            ncol=min(len(labels), 4),
-            fontsize=7,
+            ncol=min(len(found), 4),
+            fontsize=LEGEND_PT,
             title=legend_title,
-            title_fontsize=7,
+            title_fontsize=LEGEND_PT,
             frameon=False,
         )
     atomic_files.save_figure(fig, path, dpi=110, bbox_inches="tight")  # grown to hold the legend below
@@ -233,19 +241,29 @@ def shared_slo(table: pd.DataFrame) -> dict[str, float]:
 
 
 def max_rates(table: pd.DataFrame, others: list[str]) -> list[dict]:
-    """Per group of the other swept values: the highest rate up to which every rate meets the SLOs."""
+    """Per group of the other swept values: the highest rate up to which every rate meets the SLOs. A
+    rate whose job was flagged busy (or failed) cannot say either way: the search stops below it and
+    names it (`withheld_at`)."""
     out = []
     for label, part in groups(table, others):
         part = part.assign(_rate=pd.to_numeric(part[RATE])).sort_values("_rate")
         attainment = pd.to_numeric(part.get("slo_attainment", pd.Series(dtype=float)), errors="coerce")
-        met = (attainment.reindex(part.index) >= MIN_ATTAINMENT).cummin()  # every rate up to it met them
-        best = part.loc[met, "_rate"].iloc[-1] if met.any() else None
+        attainment = attainment.reindex(part.index)
+        unknown = flagged(part) | (part["status"] != "ok")
+        best, withheld = None, None
+        for index, row in part.iterrows():
+            if unknown[index]:
+                withheld = row["_rate"]
+                break
+            if not attainment[index] >= MIN_ATTAINMENT:
+                break
+            best = row["_rate"]
         rates = [
-            {"offered_request_rate": row["_rate"], "status": row["status"]}
+            {"offered_request_rate": row["_rate"], "status": row["status"], "flagged": bool(unknown[i])}
             | {k: row.get(k) for k in RATE_METRICS}
-            for _, row in part.iterrows()
+            for i, row in part.iterrows()
         ]
-        out.append({"group": label, "max_rate": best, "rates": rates})
+        out.append({"group": label, "max_rate": best, "withheld_at": withheld, "rates": rates})
     return json_safe(out)  # inf as "inf", NaN as null
 
 
@@ -254,10 +272,16 @@ def rate_line(slo: dict[str, float], entry: dict) -> str:
     rule = ", ".join(f"{k} <= {v:g}" for k, v in slo.items())
     where = f", {entry['group']}" if entry["group"] else ""
     head = f"max rate meeting SLOs ({rule} for >= {MIN_ATTAINMENT:.0%} of requests{where})"
-    rate = entry["max_rate"]
+    rate, withheld = entry["max_rate"], entry.get("withheld_at")
+    name = lambda r: "all at t0 (inf)" if r == "inf" else f"{r:g} req/s"
+    after = (
+        f"; rate {name(withheld)} unknown (machine busy or job failed): rerun it"
+        if withheld is not None
+        else ""
+    )
     if rate is None:
-        return f"{head}: none of the offered rates"
-    return f"{head}: {'all at t0 (inf)' if rate == 'inf' else f'{rate:g} req/s'}"
+        return f"{head}: {'not known' if withheld is not None else 'none of the offered rates'}{after}"
+    return f"{head}: {name(rate)}{' or more' if withheld is not None else ''}{after}"
 
 
 def plot_serving(
@@ -267,8 +291,9 @@ def plot_serving(
     ok = table[table["status"] == "ok"]
     if ok.empty:
         return
-    fig = figure(figsize=(18, 3.6))
-    axes = fig.subplots(1, len(SERVING_PANELS))
+    fig = figure(figsize=(13, 7.6))
+    grid = fig.subplots(2, 3)
+    axes, spare = list(grid.flat[: len(SERVING_PANELS)]), grid.flat[len(SERVING_PANELS) :]
     axis = NumericAxis(ok[RATE], RATE)
     for colour, (label, part) in enumerate(groups(ok, others)):
         label = label.split("=", 1)[1] if len(others) == 1 else label  # the key names the legend
@@ -279,6 +304,7 @@ def plot_serving(
                     y, err = metric_values(part, metric)
                     style = {"fmt": fmt, "color": f"C{colour}", "capsize": 3}
                     ax.errorbar(part["_x"], y, yerr=err, label=f"{label} {name}".strip(), **style)
+                    mark_flagged(ax, part["_x"], y, part)
     axes[3].plot(axis.finite, axis.finite, color="grey", linestyle=":", linewidth=1, label="offered")
     limits = [(slo.get(m), f"SLO {slo.get(m, 0):g} ms") for _, m in LATENCY_PANELS]
     limits += [(None, ""), (MIN_ATTAINMENT if slo else None, f"{MIN_ATTAINMENT:.0%}")]
@@ -291,15 +317,6 @@ def plot_serving(
             ax.set_yscale("log")  # all at t0 queues for hundreds of ms; low rates take a few
         else:
             from_zero(ax)
-        if ax.get_legend_handles_labels()[0]:  # below the panel: inside, it would hide data
-            ax.legend(
-                fontsize=6,
-                loc="upper center",
-                bbox_to_anchor=(0.5, -0.2),
-                frameon=False,
-                title=others[0].removeprefix("param:") if len(others) == 1 else None,
-                title_fontsize=6,
-            )
     axes[-1].set_ylim(0, HEADROOM)  # a fraction: up to 1, with room for the markers at 1
     if not slo:
         axes[-1].text(
@@ -312,4 +329,11 @@ def plot_serving(
             fontsize=8,
             color="grey",
         )
-    save_figure(fig, title, path)
+    for ax in spare:
+        ax.set_visible(False)
+    legend = (
+        others[0].removeprefix("param:")
+        if len(others) == 1
+        else ", ".join(o.removeprefix("param:") for o in others)
+    )
+    save_figure(fig, title, path, legend_title=f"{legend} (median: solid circles, p99: dashed squares)")

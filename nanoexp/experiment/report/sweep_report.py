@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -14,8 +15,8 @@ import yaml
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig, OmegaConf
 
-from nanoexp.config.checks import is_real
-from nanoexp.experiment.metrics.summarize import HEADLINE, aggregate_repeats
+from nanoexp.experiment.metrics import registry
+from nanoexp.experiment.metrics.trial_stats import MIN_TRIALS, run_interval
 from nanoexp.experiment.report import sweep_plots
 from nanoexp.experiment.runtime import atomic_files
 from nanoexp.experiment.runtime.job_info import sweep_group, sweep_overrides
@@ -24,26 +25,15 @@ from nanoexp.experiment.sinks.local import RESULTS_FILE, first_line, json_safe, 
 from nanoexp.experiment.sinks.summary_table import interval_suffix
 from nanoexp.experiment.sinks.wandb_sink import finish_run, run_dir, start_run
 
-HIGHER_IS_BETTER = ("output_throughput", "total_token_throughput", "request_goodput")
-LOWER_IS_BETTER = (
-    "mean_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "p99_itl_ms",
-    "mean_e2el_ms",
-    "mean_latency_ms",
-)
-METRICS = [*HIGHER_IS_BETTER, *LOWER_IS_BETTER[:-1], "peak_memory_bytes"]  # the plots' and the table's
-RATES = ["offered_request_rate", "request_throughput", "slo_attainment"]  # slo_attainment only with SLOs
-TABLE_METRICS = [*RATES, *METRICS, "mean_latency_ms", "duration_s", "num_preemptions"]
-TABLE_METRICS += ["prefix_cache_hit_rate", "kv_quality/greedy_agreement"]
-TABLE_METRICS += ["kv_quality/kl_mean", "kv_quality/kl_max"]
-TABLE_METRICS += ["weight_quality/greedy_agreement", "weight_quality/kl_mean", "weight_quality/kl_max"]
-TABLE_METRICS += ["capacity_request_rate", "capacity_bracket_low", "capacity_bracket_high"]
+METRICS = registry.names(registry.PLOT)  # each plotted against every swept key
+TABLE_METRICS = registry.names(registry.TABLE)
 CONTEXT = ("model", "workload", "repeats")  # from each job's summary, for titles
 CI = ("_ci95_low", "_ci95_high")
 NOISE = "noise_warning"  # a job's noise flags (repeats.noise_flags)
+BUSY = "noise_busy_repeats"  # a job with a busy repeat is shown, marked, and never used for a verdict
+RUNS, NOISY_RUNS, BASIS = "runs", "noisy_runs", "interval"  # the runs a row rests on and what its CI spans
 RUN_CONTROL = {"append_to_sweep"}
+UNSET = "(default)"  # the value of a setting in a job that did not override it, beside jobs that did
 TRIAL = "param:trial"  # the interleaved pass of a configuration (see pool_trials)
 JOB_DIR = re.compile(r"^(\d+)(_|$)")
 TURN_METRIC = re.compile(r"^(turn\d+_(mean_ttft_ms|prefix_hit_rate)|followup_prefix_hit_rate)$")  # multi_turn
@@ -69,9 +59,25 @@ def expected_jobs(config: DictConfig) -> list[list[str]] | None:
         return None
 
 
+class ReportError(RuntimeError):
+    """The report could not be written: one `nanoexp: error:` line and a non-zero exit."""
+
+
 def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metrics: Sequence[str] = ()) -> int:
-    """Writes the report; prints where, and how many jobs failed or vanished. Returns that count."""
-    table = write_report(sweep_dir, expected, metrics)
+    """Writes the report; prints where, and how many jobs failed or vanished. Returns that count, or 1
+    after one `nanoexp: error:` line when the report itself failed."""
+    try:
+        table = write_report(sweep_dir, expected, metrics)
+    except registry.UnknownMetric as err:
+        print(f"nanoexp: error: {err}", file=sys.stderr, flush=True)
+        return 1
+    except Exception as err:  # noqa: BLE001 - a sweep whose report failed must not look finished
+        print(
+            f"nanoexp: error: sweep report of {sweep_dir} failed: {first_line(err)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     if table is None:
         return 0
     if wandb is not None:
@@ -86,7 +92,10 @@ def report(sweep_dir: Path, expected: list[list[str]] | None, wandb=None, metric
 def write_report(
     sweep_dir: Path, expected: list[list[str]] | None = None, metrics: Sequence[str] = ()
 ) -> pd.DataFrame | None:
-    """sweep_summary.csv and .md and the plots from the jobs' results.json, with `metrics` beside the main."""
+    """sweep_summary.csv and .md and the plots from the jobs' results.json, with `metrics` beside the main.
+    A metric neither in the registry nor in any job's summary raises UnknownMetric."""
+    summaries = [read_results(path).get("summary", {}) for path in sorted(sweep_dir.rglob(RESULTS_FILE))]
+    registry.check_names(metrics, {k for s in summaries for k in s}, "--metrics (report.metrics)")
     extra = [m for m in metrics if m not in METRICS]
     jobs = collect(sweep_dir, expected, extra)
     if jobs.empty:
@@ -108,27 +117,67 @@ def write_report(
     return table
 
 
-def pool_trials(table: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
-    """With `trial` swept, one row per configuration, its CIs over every repeat of its finished trials."""
-    if TRIAL not in swept_keys(table):
-        return table
+def pool_trials(table: pd.DataFrame, sweep_dir: Path | None = None) -> pd.DataFrame:
+    """One row per configuration: the jobs that differ only in `trial` (or ran the same settings again,
+    appended) are its independent runs. Its values are the mean over its clean runs (over all when every
+    run was flagged busy), and with MIN_TRIALS clean runs its CIs are over the runs' means (trial_stats);
+    a configuration of one run keeps that run's CIs, which span its repeats only (column `interval`)."""
+    table = table.copy()
+    flagged = pd.to_numeric(table.get(BUSY, pd.Series(0, index=table.index)), errors="coerce").fillna(0) > 0
+    table[NOISY_RUNS] = flagged.astype(int)
+    table[RUNS] = 1 - table[NOISY_RUNS]
+    table[BASIS] = table.get("repeats", pd.Series(1, index=table.index)).map(_within_run)
     ok = table[table["status"] == "ok"]
-    keys = [k for k in swept_keys(table) if k != TRIAL]
-    pooled = []
-    for _, part in ok.groupby(keys, dropna=False, sort=False) if keys else [((), ok)]:
-        row = part.iloc[0].to_dict() | {TRIAL: ",".join(map(str, part[TRIAL]))}
-        numeric = [c for c in part.columns if c != "job_num" and pd.api.types.is_numeric_dtype(part[c])]
-        row |= {c: part[c].mean() for c in numeric if not c.endswith(CI)}
-        row[NOISE] = "; ".join(dict.fromkeys(w for w in part[NOISE].fillna("") if w))
-        results = [read_results(sweep_dir / str(d) / RESULTS_FILE) for d in part["job_dir"]]
-        repeats = [r for res in results for r in res.get("summary", {}).get("per_repeat") or []]
-        pooled_repeats = aggregate_repeats(repeats) if repeats else {}
-        headline = [f"{key}{suffix}" for key in HEADLINE for suffix in ("", "_std", *CI)]
-        row |= {k: pooled_repeats[k] for k in headline if is_real(pooled_repeats.get(k))}
-        row["repeats"] = len(repeats)
-        pooled.append(row)
+    keys = [k for k in _setting_keys(table) if k != TRIAL]
+    groups = list(ok.groupby(keys, dropna=False, sort=False)) if keys else [((), ok)]
+    if all(len(part) == 1 for _, part in groups):
+        return table
+    pooled = [_pool(part) if len(part) > 1 else part.iloc[0].to_dict() for _, part in groups]
     rest = table[table["status"] != "ok"]
     return pd.concat([pd.DataFrame(pooled), rest], ignore_index=True).sort_values("job_num", kind="stable")
+
+
+def _within_run(repeats) -> str:
+    n = int(repeats) if pd.notna(repeats) else 1
+    return f"within 1 run ({n} repeats)" if n > 1 else "1 run, 1 repeat: none"
+
+
+def _setting_keys(table: pd.DataFrame) -> list[str]:
+    return [c for c in table.columns if c.startswith("param:")]
+
+
+def _pool(part: pd.DataFrame) -> dict:
+    """The row of one configuration from its runs (`part`: one finished job each)."""
+    clean = part[part[NOISY_RUNS] == 0]
+    used = clean if len(clean) else part
+    row = part.iloc[0].to_dict()
+    if TRIAL in part.columns:
+        row[TRIAL] = ",".join(map(str, part[TRIAL]))
+    numeric = [c for c in part.columns if c not in ("job_num", RUNS, NOISY_RUNS) and _is_numeric(part[c])]
+    row |= {
+        c: pd.to_numeric(used[c]).mean() for c in numeric if not c.endswith(CI) and not c.endswith("_std")
+    }
+    row[NOISE] = "; ".join(dict.fromkeys(w for w in part[NOISE].fillna("") if w))
+    row |= {
+        RUNS: len(clean),
+        NOISY_RUNS: len(part) - len(clean),
+        "repeats": int(pd.to_numeric(part.get("repeats", pd.Series(1, index=part.index))).fillna(1).sum()),
+    }
+    for metric in registry.names(headline=True):
+        if metric not in part.columns:
+            continue
+        values = pd.to_numeric(clean[metric], errors="coerce").dropna().tolist()
+        known = registry.get(metric)
+        upper = 1.0 if known is not None and known.fmt.endswith("%") else math.inf
+        estimate = run_interval(values, MIN_TRIALS, upper)
+        low, high = (estimate.low, estimate.high) if estimate.has_interval else (math.nan, math.nan)
+        row |= {f"{metric}{CI[0]}": low, f"{metric}{CI[1]}": high}
+    row[BASIS] = f"over {len(clean)} runs" if len(clean) >= MIN_TRIALS else f"none: {len(clean)} clean runs"
+    return row
+
+
+def _is_numeric(column: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
 
 
 def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
@@ -137,7 +186,9 @@ def plot_title(table: pd.DataFrame, swept: list[str]) -> str:
     first = (ok if not ok.empty else table).iloc[0]
     context = [f"{k} {first[k]}" for k in CONTEXT if k in table.columns and pd.notna(first[k])]
     fixed = {c.removeprefix("param:"): first[c] for c in table.columns.drop(swept) if c.startswith("param:")}
-    settings = [f"{k}={v}" for k, v in fixed.items() if k not in CONTEXT and pd.notna(v)]
+    settings = [
+        f"{k}={v}" for k, v in fixed.items() if k not in CONTEXT and f"param:{k}" != TRIAL and pd.notna(v)
+    ]
     return " | ".join([", ".join(context), "fixed: " + (" ".join(settings) or "defaults")])
 
 
@@ -149,22 +200,27 @@ def job_requests(sweep_dir: Path, table: pd.DataFrame, swept: list[str]) -> list
         if not path.is_file():
             continue
         label = ", ".join(f"{k.removeprefix('param:')}={row[k]}" for k in swept) or str(row["job_dir"])
+        label += " (machine busy: not judged)" if pd.notna(row.get(BUSY)) and row.get(BUSY) else ""
         repeats = list(pd.read_csv(path).groupby("repeat", sort=True))
         out += [(label if len(repeats) == 1 else f"{label} r{r}", part) for r, part in repeats]
     return out
 
 
 def mark_noise(table: pd.DataFrame) -> pd.DataFrame:
-    """`noise:<metric>`: "best", "within noise" (CI overlaps the best row's) or "" (with repeats)."""
+    """`noise:<metric>`: "best", "within noise" (CI overlaps the best row's) or "", among the rows whose
+    interval spans independent runs (MIN_TRIALS clean runs); a row flagged busy or with fewer runs gets
+    no mark: the table says it has not enough runs rather than guessing."""
     table = table.copy()
-    ok = table["status"] == "ok"
-    for metric in HIGHER_IS_BETTER + LOWER_IS_BETTER:
+    runs = pd.to_numeric(table.get(RUNS, pd.Series(0, index=table.index)), errors="coerce").fillna(0)
+    judged = (table["status"] == "ok") & (runs >= MIN_TRIALS)
+    for metric in registry.names():
+        direction = registry.better(metric)
         low, high = (f"{metric}{s}" for s in CI)
-        if low not in table.columns or table.loc[ok, low].isna().all():
-            continue
-        values = pd.to_numeric(table.loc[ok, metric])
-        best = values.idxmax() if metric in HIGHER_IS_BETTER else values.idxmin()
-        overlaps = (table[low] <= table.at[best, high]) & (table[high] >= table.at[best, low]) & ok
+        if direction is None or low not in table.columns or table.loc[judged, low].notna().sum() < 2:
+            continue  # a best needs two rows to be best among
+        values = pd.to_numeric(table.loc[judged, metric])
+        best = values.idxmax() if direction == registry.HIGHER else values.idxmin()
+        overlaps = (table[low] <= table.at[best, high]) & (table[high] >= table.at[best, low]) & judged
         table[f"noise:{metric}"] = overlaps.map({True: "within noise", False: ""})
         table.at[best, f"noise:{metric}"] = "best"
     return table
@@ -184,15 +240,18 @@ def collect(
         num = int(match.group(1))
         if path.name not in dirs and num not in nums:
             saved = path / ".hydra" / "overrides.yaml"  # else the ones Hydra was to launch it with
-            listed = expected[num] if expected and num < len(expected) else []
+            listed = (expected[num] if expected and num < len(expected) else None) or []
             overrides = list(yaml.safe_load(saved.read_text()) or []) if saved.is_file() else listed
             error = "no readable results.json: the job died before writing it"
             rows.append(_vanished(num, path.name, overrides, error))
             nums.add(num)
     for num, overrides in enumerate(expected or []):
-        if num not in nums:
+        if overrides is not None and num not in nums:  # None: a job of an earlier sweep (appended to)
             rows.append(_vanished(num, "", overrides, "no job dir: the job never started"))
-    return pd.DataFrame(sorted(rows, key=lambda row: row["job_num"]))
+    table = pd.DataFrame(sorted(rows, key=lambda row: row["job_num"]))
+    params = _setting_keys(table)  # a key some jobs did not set: they ran its default
+    table[params] = table[params].astype(object).where(table[params].notna(), UNSET)
+    return table
 
 
 def _vanished(num: int, job_dir: str, overrides: list[str], error: str) -> dict:
@@ -208,11 +267,16 @@ def _row(path: Path, sweep_dir: Path, results: dict, extra: Sequence[str] = ()) 
     metrics = [*dict.fromkeys([*TABLE_METRICS, *sweep_plots.SERVING_METRICS, *extra])]
     keys = [*CONTEXT, *metrics, *(m + s for m in metrics for s in CI)]
     number = lambda v: float(v) if v in ("inf", "-inf") else v  # results.json spells inf "inf" (strict JSON)
-    row |= {k: number(summary[k]) for k in keys if k in summary}
+    engine = summary.get("engine_kind")
+    row |= {k: number(summary[k]) for k in keys if k in summary and registry.applies(_base(k), engine)}
     row |= {k: v for k, v in summary.items() if TURN_METRIC.match(k)}
-    row[NOISE] = summary.get(NOISE, "")
+    row[NOISE], row[BUSY] = summary.get(NOISE, ""), summary.get(BUSY, 0)
     slo = results.get("config", {}).get("metrics", {}).get("slo") or {}
     return row | {f"slo:{k}": v for k, v in slo.items() if v is not None}
+
+
+def _base(key: str) -> str:
+    return key.removesuffix(CI[0]).removesuffix(CI[1])
 
 
 def parse_overrides(overrides: list[str]) -> dict:
@@ -235,34 +299,80 @@ def markdown(
     lines: list | None = None,
     extra: Sequence = (),
 ) -> str:
-    """The table with `mean ± CI half-width` cells (**bold**: a metric's best row, ≈: within noise of
-    it); `lines` (such as the max rate meeting the SLOs) above it, `extra` metrics after the main."""
+    """The table with `mean ± CI half-width` cells in each metric's unit (**bold**: a metric's best row,
+    ≈: within noise of it, among rows with enough runs); `lines` (such as the max rate meeting the SLOs)
+    above it, `extra` metrics after the main; settings that only some jobs have listed under it."""
     metrics = [m for m in dict.fromkeys([*TABLE_METRICS, *extra]) if m in table.columns]
     errors = ["error"] if (table["status"] != "ok").any() else []
     noisy = [NOISE] if NOISE in table.columns and table[NOISE].fillna("").astype(bool).any() else []
-    columns = ["job_num", *swept, "status", *metrics, *errors, *noisy]
-    header = "| " + " | ".join(c.removeprefix("param:") for c in columns) + " |"
+    runs = [RUNS, NOISY_RUNS, BASIS] if RUNS in table.columns else []
+    columns = ["job_num", *swept, "status", *runs, *metrics, *errors, *noisy]
+    header = "| " + " | ".join(_header(c) for c in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
     body = ["| " + " | ".join(_metric_cell(row, c) for c in columns) + " |" for _, row in table.iterrows()]
     notes = [where] if where else []
-    if any(c.startswith("noise:") for c in table.columns):
-        notes.append(
-            "mean ± 95% CI half-width over repeats ([low, high] where the CI stops at 0); **bold**: "
-            "best row, ≈: CI overlaps the best row's (within noise)"
-        )
+    notes.append(
+        "mean ± 95% CI half-width ([low, high] where the CI stops at 0); `interval` says what it spans: "
+        f"over runs (independent jobs: `-m trial=0,1,2 ...`) when a configuration has {MIN_TRIALS} clean "
+        "runs, else within one run (its repeats share a process: no verdict); **bold**: best row, "
+        "≈: CI overlaps the best row's (within noise), among rows over runs only"
+    )
     if noisy:
-        notes.append(f"{NOISE}: the job's machine was busy or its CIs are wide (metrics.noise)")
+        notes.append(
+            f"{NOISE}: the job's machine was busy or its CIs are wide (metrics.noise); a job busy in a "
+            "repeat is shown but counted in no verdict, max-rate line or search"
+        )
     lines = [*(f"- {line}" for line in lines), ""] if lines else []
-    return "\n".join([f"# Sweep {title}", "", *notes, "", *lines, header, rule, *body, ""])
+    partial = partial_settings(table, swept)
+    partial_lines = [f"- {k.removeprefix('param:')}: set only in jobs {v}" for k, v in partial.items()]
+    if partial_lines:
+        partial_lines = [
+            "",
+            f"Settings not shared by every job ({UNSET}: the job left it at its default):",
+            *partial_lines,
+        ]
+    return "\n".join([f"# Sweep {title}", "", *notes, "", *lines, header, rule, *body, *partial_lines, ""])
+
+
+def partial_settings(table: pd.DataFrame, swept: list) -> dict[str, str]:
+    """Override keys that some jobs set and others did not (an appended job with another setting)."""
+    out = {}
+    for key in swept:
+        present = table[key].astype(str) != UNSET
+        if not present.all():
+            out[key] = ", ".join(str(n) for n in table.loc[present, "job_num"])
+    return out
+
+
+def _header(column: str) -> str:
+    name = column.removeprefix("param:")
+    unit = registry.unit(column)[0] if registry.get(column) else ""
+    shown = unit and unit != "fraction of requests" and not name.endswith(f"_{unit}")
+    return f"{name} ({unit})" if shown else name
 
 
 def _metric_cell(row: pd.Series, column: str) -> str:
-    v = row.get(column)  # NaN: a failed job has no metrics
-    text = "" if pd.isna(v) else f"{v:.4g}" if isinstance(v, float) else str(v)
+    v = row.get(column)  # NaN: a failed job has no metrics, or the metric does not apply to its engine
+    if column.startswith("param:"):
+        return "" if pd.isna(v) else str(v)
+    if isinstance(v, float) and pd.isna(v):
+        text = "n/a" if registry.get(column) and row.get("status") == "ok" else ""
+        return text
+    text = (
+        ""
+        if v is None
+        else registry.display(column, v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+        else str(v)
+    )
     low, high = row.get(f"{column}{CI[0]}"), row.get(f"{column}{CI[1]}")
     if text and pd.notna(low) and pd.notna(high):
-        text += interval_suffix(float(row[column]), low, high, lambda v: f"{v:.3g}")
+        _, scale = registry.unit(column)
+        fmt = lambda x: registry.display(column, x * scale)
+        text += interval_suffix(float(row[column]) / scale, low / scale, high / scale, fmt)
     mark = row.get(f"noise:{column}", "")
+    if text and registry.get(column) and row.get(RUNS, 1) == 0:  # every run of the row flagged busy
+        text += " (busy)"
     return f"**{text}**" if mark == "best" else f"≈{text}" if mark == "within noise" else text
 
 
@@ -276,6 +386,9 @@ def log_sweep(sweep_dir: Path, table: pd.DataFrame, cfg: LoggerConfig, group: st
         values = {k.removeprefix("param:"): list(dict.fromkeys(typed(table[k]).dropna())) for k in swept}
         config = json_safe(values) | {"sweep_dir": str(sweep_dir), "num_jobs": len(table)}
         config["swept_keys"] = [k.removeprefix("param:") for k in swept]
+        # each table metric's unit and which way is better (metric_registry), for whoever reads the table
+        shown = [m for m in registry.METRICS if m.name in table.columns]
+        config["metrics"] = {m.name: {"unit": m.unit, "better": m.better or "neither"} for m in shown}
         run, env_set = start_run(cfg, sweep_dir, config, group, "sweep-report", JOB_TYPE)
         try:
             run.log({TABLE_KEY: wandb.Table(dataframe=_loggable(table))})

@@ -12,7 +12,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nanoexp.experiment.schema import LoggerConfig
+from nanoexp.experiment.schema import LoggerConfig, job_number
 
 
 @dataclass
@@ -42,7 +42,7 @@ def current_job(logger_cfg: LoggerConfig | DictConfig) -> JobInfo:
     sweep_dir = str(Path(hc.sweep.dir)) if multirun else None
     name = logger_cfg.name or run_name(overrides, swept_keys(sweep_dir))
     group = logger_cfg.group or (sweep_group(sweep_dir) if sweep_dir is not None else None)
-    job_num = int(cast(DictConfig, hc.job).get("num", 0) or 0)  # a DictConfig: `num` only in a multirun
+    job_num = job_number(cast(DictConfig, hc.job).get("num", 0) or 0) if multirun else 0
     return JobInfo(Path(hc.runtime.output_dir), overrides, name, group, job_num, multirun, sweep_dir)
 
 

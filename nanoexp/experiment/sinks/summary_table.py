@@ -11,9 +11,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from nanoexp.config.checks import is_real
+from nanoexp.experiment.metrics import registry
 from nanoexp.experiment.runtime.job_info import JobInfo
 
-GB_KEYS = {"weights_bytes", "kv_cache_bytes", "peak_memory_bytes"}
 PEAK_KINDS = {"allocated": "allocated", "resident": "resident", "resident_lifetime": "process, resident"}
 SHOWN = {  # always in the header, whether or not they differ from the defaults
     "parallel.tensor_parallel_size": "TP",
@@ -43,7 +43,10 @@ def format_summary(summary: dict, job: JobInfo | None = None, plain: dict | None
             lines.append(f"{label:<30}{' / '.join(cells)}{' ' + unit if unit else ''}")
     repeats = summary.get("repeats", 1)
     if isinstance(repeats, int) and repeats > 1:
-        note = f"(mean ± 95% CI half-width over {repeats} repeats; [low, high] where it stops at 0)"
+        note = (
+            f"(mean ± 95% CI half-width over {repeats} repeats of one run: within-run noise only, a verdict "
+            "needs independent runs; [low, high] where it stops at 0; rates: total over total time)"
+        )
         lines.append(f"{'':<30}{note}")
     if job is not None:
         lines.append(f"{'results':<30}{job.out_dir / 'results.json'}")
@@ -54,6 +57,8 @@ def _rows(s: dict) -> list[tuple[str, tuple[str, ...], str, str]]:
     """(label, summary keys, number format, unit) of each row; memory and start-up rows show only what ran."""
     memory = ("weights_bytes", "kv_cache_bytes")[: 1 + (s.get("kv_cache_bytes", 0) > 0)]  # hf: no KV cache
     peak = PEAK_KINDS.get(s.get("peak_memory_kind", ""))
+    tp = int(s.get("tensor_parallel_size", 1) or 1)
+    ranks = ", rank 0" if tp > 1 else ""  # each rank holds its share; the total is its own row
     start = [("load", "load_s"), *[("warm-up", "warmup_s")] * (s.get("warmup_s", 0) > 0)]
     start += [("graphs", "graph_capture_s")] * bool(s.get("cuda_graphs"))
     return [
@@ -72,8 +77,14 @@ def _rows(s: dict) -> list[tuple[str, tuple[str, ...], str, str]]:
         ("iteration latency mean / p99", ("mean_latency_ms", "p99_latency_ms"), "{:.1f}", "ms"),
         ("prefix cache hit rate", ("prefix_cache_hit_rate",), "{:.1%}", ""),
         ("preemptions", ("num_preemptions",), "{:.0f}", ""),
-        ("weights / KV cache" if len(memory) > 1 else "weights", memory, "{:.3g}", "GB"),
-        (f"peak memory ({peak})" if peak else "peak memory", ("peak_memory_bytes",), "{:.3g}", "GB"),
+        (("weights / KV cache" if len(memory) > 1 else "weights") + ranks, memory, "{:.3g}", "GB"),
+        (
+            f"peak memory ({peak}){ranks}" if peak else f"peak memory{ranks}",
+            ("peak_memory_bytes",),
+            "{:.3g}",
+            "GB",
+        ),
+        *[(f"peak memory, all {tp} ranks", ("peak_memory_bytes_total",), "{:.3g}", "GB")] * (tp > 1),
         (" / ".join(name for name, _ in start), tuple(key for _, key in start), "{:.2f}", "s"),
         *[("warm-up request", ("bench_warmup_s",), "{:.2f}", "s")] * (s.get("bench_warmup_s", 0) > 0),
         ("KV cache greedy agreement", ("kv_quality/greedy_agreement",), "{:.2%}", ""),
@@ -98,7 +109,7 @@ def _cell(summary: dict, key: str, fmt: str) -> str | None:
     value, low, high = (summary.get(k) for k in (key, f"{key}_ci95_low", f"{key}_ci95_high"))
     if not is_real(value) or math.isnan(value):
         return None
-    scale = 1e9 if key in GB_KEYS else 1.0
+    scale = registry.unit(key)[1]
     text = fmt.format(value / scale)
     if is_real(low) and is_real(high) and not (math.isnan(low) or math.isnan(high)):
         text += interval_suffix(value / scale, low / scale, high / scale, fmt.format)
