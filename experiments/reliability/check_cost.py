@@ -82,7 +82,7 @@ def write_sparse_checkpoint(path: Path) -> int:
 
 def load_cost(directory: Path, repeats: int) -> None:
     from nanoexp.loader import check_loaded_finite, load_hf_config, load_safetensors
-    from nanoexp.models.qwen3 import model_class
+    from nanoexp.models.registry import model_class
 
     size = write_sparse_checkpoint(directory)
     config = load_hf_config(str(directory), None)
