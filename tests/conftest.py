@@ -59,12 +59,16 @@ def release_gpu_memory(request):
         torch.cuda.empty_cache()
 
 
+# tensor-parallel engines and killed processes: each test starts worker processes (seconds apiece)
+PROCESS_TESTS = {"test_tp.py", "test_tp_host.py", "test_leftovers.py"}
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Jobs through run.py (tests/e2e/) are `slow`: `pytest -m "not slow"` is the quick loop. GPU tests
     skip without CUDA, also when a `-m` of the caller's replaces the default `-m 'not gpu'`."""
     no_cuda = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "e2e" in item.path.parts:
+        if "e2e" in item.path.parts or item.path.name in PROCESS_TESTS:
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("gpu") and not torch.cuda.is_available():
             item.add_marker(no_cuda)

@@ -329,6 +329,7 @@ def help_config() -> dict:
     return yaml.safe_load(listing.split("\n", 2)[2])  # after the "Override anything" line
 
 
+@pytest.mark.slow
 def test_help_lists_the_defaults_the_presets_run_with() -> None:
     """`--help` shows the default job's config; knobs that only the latency workload reads show the
     values its preset runs with (vllm bench latency's), not others the preset would replace."""

@@ -54,6 +54,7 @@ def test_the_engine_settings_a_baseline_can_apply_still_pass() -> None:
     assert spec.engine.kind.value == "hf"
 
 
+@pytest.mark.slow
 def test_a_bad_logging_interval_fails_before_the_benchmark_runs(tmp_path: Path) -> None:
     env = job_env(tmp_path / "home")
     job = tmp_path / "job"

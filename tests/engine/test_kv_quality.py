@@ -163,6 +163,7 @@ def run_job(tmp_path, *overrides: str) -> tuple[dict, str]:
     return json.loads((tmp_path / "job" / "results.json").read_text())["summary"], proc.stdout
 
 
+@pytest.mark.slow
 def test_job_probes_a_lossy_cache(tmp_path):
     summary, stdout = run_job(tmp_path, "cache.kv_cache_dtype=fp8_e4m3")
     assert 0 <= summary["kv_quality/greedy_agreement"] <= 1 and summary["kv_quality/kl_mean"] > 0
@@ -171,6 +172,7 @@ def test_job_probes_a_lossy_cache(tmp_path):
     assert "KV cache greedy agreement" in stdout
 
 
+@pytest.mark.slow
 def test_job_probes_an_exact_cache_only_when_asked(tmp_path):
     assert not kv_quality.wanted(to_spec(compose_cfg("model=qwen3_tiny")))
     assert kv_quality.wanted(to_spec(compose_cfg("model=qwen3_tiny", "cache.kv_cache_dtype=fp8")))

@@ -119,5 +119,6 @@ def gloo_rank(rank: int, world: int, init: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_gloo_tp2_all_reduce_through_nanoexp_distributed(tmp_path):
     mp.spawn(gloo_rank, args=(2, f"file://{tmp_path / 'rendezvous'}"), nprocs=2, join=True)

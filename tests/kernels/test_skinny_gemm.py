@@ -178,6 +178,7 @@ def test_norm_first_bf16_on_gpu(rows, gated):
         assert torch.equal(got_sum, summed)
 
 
+@pytest.mark.slow
 def test_tp2_with_triton_gemm_matches_tp1_torch_gemm(checkpoints, monkeypatch):
     """Row-parallel layers all-reduce the kernel's partial products; the fused norm reads the
     replicated hidden state on every rank."""
