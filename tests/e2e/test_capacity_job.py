@@ -21,11 +21,12 @@ def test_capacity_search_converges_between_a_passing_and_a_failing_probe(tmp_pat
     env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
     search = [
         "experiment=capacity",
-        "workload.num_requests=32",
+        "workload.num_requests=64",
         "workload.input_len=256",
         "workload.output_len=4",
     ]
-    search += ["metrics.slo.ttft_ms=150", "metrics.slo.tpot_ms=null", "capacity.start_rate=16", "repeats=1"]
+    # a TTFT bound one prefill meets and a burst of 64 does not, on a fast or a busy CPU alike
+    search += ["metrics.slo.ttft_ms=40", "metrics.slo.tpot_ms=null", "capacity.start_rate=16", "repeats=1"]
     search += [
         "capacity.precision=0.5",
         "capacity.max_rate=4096",

@@ -19,7 +19,8 @@ TINY = ["model=qwen3_tiny", "logger=none", "cache.cpu_kv_cache_gb=0.05", "engine
 
 def run_py(tmp_path: Path, *overrides: str, multirun: bool = False) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
-    env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    # run.py loads this module's callback by name (`tests.e2e....`), which imports the shared helpers
+    env |= {"HOME": str(tmp_path / "home"), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     where = f"hydra.sweep.dir={tmp_path / 'sweep'}" if multirun else f"hydra.run.dir={tmp_path / 'job'}"
     cmd = [sys.executable, "run.py", *(["-m"] if multirun else []), where, *overrides]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

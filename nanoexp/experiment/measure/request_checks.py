@@ -25,7 +25,9 @@ def check_outputs(records: list[RunRecord], workloads: list[Workload]) -> None:
     job fails after its outputs are written, as its numbers would rest on garbage, naming the first such
     request as the user knows it."""
     for record, workload in zip(records, workloads):
-        expected = len(workload.requests) * (workload.num_iters if workload.latency_mode else 1)
+        expected = workload.num_requests * (
+            workload.num_iters if workload.latency_mode else 1
+        )  # follow-ups too
         if len(record.outputs) != expected:  # no summary may rest on a pass that lost outputs
             raise RuntimeError(
                 f"repeat {record.repeat}: {len(record.outputs)} outputs for {expected} requests"
@@ -34,7 +36,8 @@ def check_outputs(records: list[RunRecord], workloads: list[Workload]) -> None:
     if failed:
         record, out = failed[0]
         requests = workloads[record.repeat].requests  # latency mode numbers across iterations
-        label = request_label(out.request_id, requests[out.request_id % len(requests)])
+        request = record.requests.get(out.request_id) or requests[out.request_id % len(requests)]
+        label = request_label(out.request_id, request)
         total = sum(len(r.outputs) for r in records)
         repeat = f" in repeat {record.repeat}" if len(records) > 1 else ""
         raise RuntimeError(
