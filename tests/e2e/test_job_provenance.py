@@ -56,7 +56,17 @@ def profiled_job(tmp_path_factory) -> Path:
     job = tmp / "job"
     busy = subprocess.Popen([sys.executable, "-c", BUSY_DURING_THE_JOB, str(job)])
     try:
-        run_py(tmp / "home", f"hydra.run.dir={job}", *TINY_JOB, "profile=all", "repeats=2", "sampler=greedy")
+        # repeats of ~1 s (metrics.noise.min_duration_s on a CPU): long enough to see the loop beside them
+        size = ["workload.num_requests=32", "workload.output_len=200"]
+        run_py(
+            tmp / "home",
+            f"hydra.run.dir={job}",
+            *TINY_JOB,
+            *size,
+            "profile=all",
+            "repeats=2",
+            "sampler=greedy",
+        )
     finally:
         busy.kill()
         busy.wait()
