@@ -5,8 +5,12 @@
 # 256 sequences (the expert-load count's cost: the routing kernel with and without it, in the
 # microbenchmark). Everything goes to the one log $OUT/moe.log.
 # Usage (repo root; hydra/wandb installed, PYTHONPATH set to the repo root):
-#   OUT=/some/dir bash experiments/moe/gpu_check.sh
-# Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 25), TESTS_TIMEOUT (default 120).
+#   OUT=/some/dir bash experiments/moe/gpu_check.sh [parts]
+# parts (default: tests kernels b1 bn prefill): tests = the MoE GPU tests and the kernel tests on the device;
+# kernels = bench_moe.py; b1 = batch-1 TPOT with the expert-load count on and off; bn = decode steps of 64
+# and 256 sequences; prefill = one 4,096-token prefill per iteration; bench = experiment=nanovllm_bench.
+# Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 25),
+# TESTS_TIMEOUT (default 150).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 LOG="$OUT/moe.log"
@@ -42,32 +46,45 @@ for root in sys.argv[1:]:
             print(f"  decode expert load max/mean (worst layer): median {statistics.median(load):.2f}")
 PY
 }
-echo "GPU_READY: $(cat GPU_READY 2>/dev/null || echo none); git HEAD: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+echo "git HEAD: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-
-section "MoE GPU tests (-m ${TESTS:-gpu_quick})"
-timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider -m "${TESTS:-gpu_quick}" --durations=5 \
-  tests/kernels/test_triton_moe.py tests/models/test_moe_gpu.py 2>&1 | tail -25
-
-section "fused MoE kernels, Qwen3-30B-A3B shapes"
-timeout 70 python3 experiments/moe/bench_moe.py --budget-s "${BENCH_S:-25}" 2>&1 | tail -150
-
 LAT=(model=qwen3_30b_a3b model.load_format=dummy model.dtype=bfloat16 workload=latency logger=none
-     workload.input_len=128 scheduler.max_num_batched_tokens=2048)
-section "Qwen3-30B-A3B latency: batch 1, then batch 256 and 64"
-timeout 80 python3 run.py -m "${LAT[@]}" workload.batch_size=1 workload.output_len=128 workload.num_iters=4 \
-  workload.num_iters_warmup=2 scheduler.max_num_seqs=8 \
-  hydra.sweep.dir=/tmp/moe_b1 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 \
-  | grep -E "Error|Traceback|TPOT|E2E|iteration latency|weights|peak|changed from|^nanoexp|graph|warm" | head -40
-step_medians /tmp/moe_b1
-remaining=$(( 285 - ($(date +%s) - started) ))
-if [ "$remaining" -gt 40 ]; then
-  timeout "$remaining" python3 run.py -m "${LAT[@]}" workload.batch_size=256,64 workload.output_len=24 \
-    workload.num_iters=2 workload.num_iters_warmup=1 scheduler.max_num_seqs=256 scheduler.max_num_batched_tokens=4096 \
-    hydra.sweep.dir=/tmp/moe_bn 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 \
-    | grep -E "Error|Traceback|TPOT|E2E|iteration latency|weights|peak|changed from|^nanoexp" | head -30
-  step_medians /tmp/moe_bn
-else
-  echo "skipped batch 64/256: ${remaining} s left"
-fi
+     scheduler.max_num_batched_tokens=4096 'hydra.sweep.subdir=${hydra.job.num}')
+SHOW="Error|error|Traceback|TPOT|E2E|TTFT|iteration latency|weights|peak|changed from|^nanoexp|graphs"
+for part in ${*:-tests kernels b1 bn prefill}; do
+  case "$part" in
+    tests)
+      section "MoE GPU tests (-m ${TESTS:-gpu_quick}) and kernel tests"
+      timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -m "${TESTS:-gpu_quick}" --durations=5 \
+        tests/models/test_moe_gpu.py 2>&1 | tail -25
+      timeout 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_moe.py 2>&1 | tail -8 ;;
+    kernels)
+      section "fused MoE kernels, Qwen3-30B-A3B shapes"
+      timeout 70 python3 experiments/moe/bench_moe.py --budget-s "${BENCH_S:-25}" 2>&1 | tail -150 ;;
+    b1)
+      section "Qwen3-30B-A3B batch 1 (128 prompt tokens), expert-load count on and off"
+      timeout 150 python3 run.py -m "${LAT[@]}" workload.batch_size=1 workload.input_len=128 workload.output_len=128 \
+        workload.num_iters=4 workload.num_iters_warmup=2 scheduler.max_num_seqs=8 engine.expert_load_stats=true,false \
+        hydra.sweep.dir=/tmp/moe_b1 2>&1 | grep -E "$SHOW" | head -40
+      step_medians /tmp/moe_b1 ;;
+    bn)
+      section "Qwen3-30B-A3B decode steps of 256 and 64 sequences"
+      timeout 150 python3 run.py -m "${LAT[@]}" workload.batch_size=256,64 workload.input_len=128 workload.output_len=24 \
+        workload.num_iters=2 workload.num_iters_warmup=1 scheduler.max_num_seqs=256 \
+        hydra.sweep.dir=/tmp/moe_bn 2>&1 | grep -E "$SHOW" | head -30
+      step_medians /tmp/moe_bn ;;
+    prefill)
+      section "Qwen3-30B-A3B one 4,096-token prefill per iteration (the prefix cache emptied before each)"
+      timeout 120 python3 run.py -m "${LAT[@]}" workload.batch_size=1 workload.input_len=4096 workload.output_len=1 \
+        workload.num_iters=6 workload.num_iters_warmup=2 scheduler.max_num_seqs=8 scheduler.max_model_len=4608 \
+        hydra.sweep.dir=/tmp/moe_prefill 2>&1 | grep -E "$SHOW" | head -20
+      step_medians /tmp/moe_prefill ;;
+    bench)
+      section "experiment=nanovllm_bench model=qwen3_30b_a3b"
+      timeout 240 python3 run.py -m experiment=nanovllm_bench model=qwen3_30b_a3b logger=none repeats=2 \
+        hydra.sweep.dir=/tmp/moe_bench 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | grep -E "$SHOW|throughput" | head -30
+      step_medians /tmp/moe_bench ;;
+    *) echo "unknown part $part" ;;
+  esac
+done
 section "done"

@@ -216,11 +216,14 @@ def _fp8_gemm_kernel(
     GROUP_M: tl.constexpr,
     QUANTIZE: tl.constexpr,
     UPCAST: tl.constexpr,
+    EXACT_SUMS: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """Tiles in groups of GROUP_M row tiles per column sweep, so neighbours share weight tiles in L2.
     QUANTIZE: xq_ptr is the unquantized x [M, K_LOCAL] (no offset), each 128-wide K step one group,
-    quantized in registers as the quantization kernel does (xs_ptr unused)."""
+    quantized in registers as the quantization kernel does (xs_ptr unused). EXACT_SUMS: Hopper's fp8 MMA
+    sums a block's products in fewer bits than fp32 unless each instruction's partial sum is added in
+    fp32 (max_num_imprecise_acc=0): float32 runs, which must follow the reference, take that."""
     wait_for_previous(PDL)
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -251,7 +254,10 @@ def _fp8_gemm_kernel(
         b = tl.load(w_tile + kb * 128)
         if UPCAST:
             a, b = a.to(tl.float16), b.to(tl.float16)
-        product = tl.dot(a, tl.trans(b))
+        if EXACT_SUMS:
+            product = tl.dot(a, tl.trans(b), max_num_imprecise_acc=0)
+        else:
+            product = tl.dot(a, tl.trans(b))
         acc += product * a_scale[:, None] * tl.load(ws_col + kb)[None, :]
     out = y_ptr + safe_rows[:, None] * stride_y + cols[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
@@ -379,6 +385,7 @@ def _gemm(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
         GROUP_M=config.group_m,
         QUANTIZE=quantize,
         UPCAST=UPCAST_DOT,
+        EXACT_SUMS=y.dtype == torch.float32,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(),

@@ -14,7 +14,7 @@ no atomics). Decode sizes (a handful of tokens per expert) and prefill sizes tak
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -64,8 +64,14 @@ SLOT_MAX_TOKENS = 16
 SLOT_TILES = SlotTiles(GemmTile(32, 128, 4, 3), GemmTile(16, 128, 4, 3))
 
 
-def tiles_for(num_tokens: int) -> MoeTiles:
-    return next(tiles for limit, tiles in REGIMES if limit is None or num_tokens <= limit)
+def tiles_for(num_tokens: int, element_size: int = 2) -> MoeTiles:
+    """The regime's tiles; 4-byte elements (float32) take half as deep K steps and two stages, so the
+    operand buffers fit in shared memory (a 128-row prefill tile would need 240 KB of an H100's 227)."""
+    tiles = next(tiles for limit, tiles in REGIMES if limit is None or num_tokens <= limit)
+    if element_size <= 2:
+        return tiles
+    shallow = lambda g: replace(g, block_k=max(32, g.block_k // 2), num_stages=min(2, g.num_stages))  # noqa: E731
+    return MoeTiles(tiles.block_m, shallow(tiles.gate_up), shallow(tiles.down))
 
 
 def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -558,7 +564,7 @@ def fused_moe(
     num_slots = num_tokens * top_k
     if num_tokens == 0:
         return torch.zeros_like(x)
-    tiles = tiles or tiles_for(num_tokens)
+    tiles = tiles or tiles_for(num_tokens, x.element_size())
     ids = local_ids.reshape(-1)
     slots, block_expert = (group or group_by_expert)(ids, num_experts, tiles.block_m)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
@@ -631,16 +637,29 @@ class TritonMoe:
         return experts_triton(x, w13, w2, weights, local_ids, all_local, group=self.grouping)
 
 
+def same_groups(
+    slots: torch.Tensor, block_expert: torch.Tensor, want_slots: torch.Tensor, want_expert: torch.Tensor
+) -> bool:
+    """Whether two groupings give every block the same expert and every expert the same slots (which of
+    its blocks a slot lands in, and its row there, change no result: each slot's row is its own)."""
+    if not torch.equal(block_expert, want_expert):
+        return False
+    block_m = slots.numel() // max(block_expert.numel(), 1)
+    row_expert = block_expert.to(torch.int64).repeat_interleave(block_m)
+    span = int(max(slots.max().item(), want_slots.max().item())) + 1 if slots.numel() else 1
+    key = lambda s: (row_expert * span + s.to(torch.int64)).sort().values  # noqa: E731
+    return torch.equal(key(slots), key(want_slots))
+
+
 def grouping_agrees(device: torch.device) -> str | None:
-    """None when group_by_expert_kernel groups 3,000 random slots (128 experts, some remote) into the same
-    blocks as group_by_expert on `device`; else why not."""
+    """None when group_by_expert_kernel groups 3,000 random slots (128 experts, some remote) as
+    group_by_expert does on `device` (`same_groups`); else why not."""
     try:
         gen = torch.Generator(device=device).manual_seed(0)
         ids = torch.randint(0, 129, (3000,), device=device, generator=gen, dtype=torch.int32)
         want_slots, want_experts = group_by_expert(ids, 128, 16)
         slots, experts = group_by_expert_kernel(ids, 128, 16)
-        rows = lambda s: s.view(-1, 16).sort(dim=1).values  # noqa: E731 - a group's rows in any order
-        if torch.equal(experts, want_experts) and torch.equal(rows(slots), rows(want_slots)):
+        if same_groups(slots, experts, want_slots, want_experts):
             return None
         return "its groups differ from the torch grouping's"
     except Exception as err:  # noqa: BLE001 - a kernel that cannot even run is rejected like a wrong one

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from nanoexp.engine.outputs import StepStats
-from nanoexp.experiment.measure.driver import Progress, StepLog
+from nanoexp.experiment.measure.driver import Progress, StepLog, run
 from nanoexp.experiment.measure.repeats import measure
 
 
@@ -67,3 +67,26 @@ def test_measure_logs_each_pass_after_it_and_a_failed_pass_too():
     with pytest.raises(RuntimeError, match="engine failed"):
         measure(driver, [workload(), workload(), workload()], logger, Progress(6, enabled=False))
     assert logger.rows == [(0, 0, 1), (1, 0, 2), (2, 1, 1), (3, 1, 2)]
+
+
+class CacheTracking:
+    """Records, per drive, whether the prefix cache was emptied since the last one."""
+
+    def __init__(self):
+        self.cold, self.reset = [], False
+
+    def reset_prefix_cache(self) -> None:
+        self.reset = True
+
+    def drive(self, requests, t0, on_step):
+        self.cold.append(self.reset)
+        self.reset = False
+        return []
+
+
+def test_latency_iterations_each_prefill_their_batch_cold():
+    """The same batch run again must not find its prompts cached: its TTFT would be a cache hit's."""
+    driver = CacheTracking()
+    latency = SimpleNamespace(latency_mode=True, requests=[], num_iters=3, num_iters_warmup=2)
+    run(driver, latency, StepLog(lambda *a: None))
+    assert driver.cold == [True] * 5

@@ -14,7 +14,9 @@ from nanoexp.kernels.triton_moe import (
     group_by_expert_kernel,
     make_triton_moe,
     route_triton,
+    same_groups,
     slot_moe,
+    tiles_for,
 )
 from nanoexp.layers.fused_moe import FusedMoE
 
@@ -141,8 +143,7 @@ def test_one_kernel_grouping_puts_the_same_slots_in_the_same_blocks(block_m):
     want_slots, want_experts = group_by_expert(ids, 5, block_m)
     slots, experts = group_by_expert_kernel(ids, 5, block_m)
     assert torch.equal(experts, want_experts)
-    blocks = lambda s: [sorted(b) for b in s.cpu().view(-1, block_m).tolist()]  # noqa: E731
-    assert blocks(slots) == blocks(want_slots)
+    assert slots_by_expert(slots, experts) == slots_by_expert(want_slots, want_experts)
 
 
 def test_one_kernel_grouping_over_several_chunks():
@@ -150,7 +151,29 @@ def test_one_kernel_grouping_over_several_chunks():
     want_slots, want_experts = group_by_expert(ids, 128, 16)
     slots, experts = group_by_expert_kernel(ids, 128, 16)
     assert torch.equal(experts, want_experts)
-    assert torch.equal(slots.view(-1, 16).sort(dim=1).values, want_slots.view(-1, 16).sort(dim=1).values)
+    assert slots_by_expert(slots, experts) == slots_by_expert(want_slots, want_experts)
+    assert same_groups(slots, experts, want_slots, want_experts)
+
+
+def slots_by_expert(slots: torch.Tensor, block_expert: torch.Tensor) -> dict[int, list[int]]:
+    """Each expert's slots (padding included), in order: on a GPU the one-kernel grouping's atomic cursor
+    fills an expert's rows in any order, across its blocks too."""
+    block_m = slots.numel() // block_expert.numel()
+    groups: dict[int, list[int]] = {}
+    for block, expert in enumerate(block_expert.tolist()):
+        groups.setdefault(expert, []).extend(slots[block * block_m : (block + 1) * block_m].tolist())
+    return {expert: sorted(group) for expert, group in groups.items()}
+
+
+def test_same_groups_tells_a_misplaced_slot():
+    ids = torch.tensor([0, 1, 0, 1, 1], device=DEVICE)
+    slots, experts = group_by_expert(ids, 2, 2)
+    shuffled = slots.clone()
+    shuffled[[2, 4]] = shuffled[[4, 2]]  # expert 1's slots 1 and 4 trade blocks: the same groups
+    assert same_groups(shuffled, experts, slots, experts)
+    swapped = slots.clone()
+    swapped[[0, 2]] = swapped[[2, 0]]  # a slot of expert 0 moved into expert 1's block
+    assert not same_groups(swapped, experts, slots, experts)
 
 
 @pytest.mark.parametrize("tokens", [5, 40])
@@ -158,3 +181,15 @@ def test_fused_moe_with_one_kernel_grouping_matches_reference(tokens):
     x, w13, w2, weights, ids = moe_inputs(tokens, 8, 2, 32, 48, torch.float32, seed=9)
     out = fused_moe(x, w13, w2, weights, ids.int(), group=group_by_expert_kernel)
     torch.testing.assert_close(out, experts_reference(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [limit or 4096 for limit, _ in REGIMES])
+def test_float32_tiles_fit_hopper_shared_memory(tokens):
+    """Operand buffers of both GEMMs, all stages, in float32: under 3/4 of an H100's 227 KB (Triton adds
+    its own buffers; the 128-row bf16 prefill tile in float32 asked for 240 KB and did not launch)."""
+    tiles = tiles_for(tokens, element_size=4)
+    gate_up, down, m = tiles.gate_up, tiles.down, tiles.block_m
+    gate_up_bytes = gate_up.num_stages * (m + 2 * gate_up.block_n) * gate_up.block_k * 4
+    down_bytes = down.num_stages * (m + down.block_n) * down.block_k * 4
+    assert max(gate_up_bytes, down_bytes) <= 227 * 1024 * 3 // 4
+    assert tiles_for(tokens) == next(t for limit, t in REGIMES if limit is None or tokens <= limit)

@@ -204,10 +204,12 @@ def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_
         return record
     log.recording = False
     for _ in range(workload.num_iters_warmup if warm_up else 0):
+        driver.reset_prefix_cache()
         driver.drive(workload.requests, time.perf_counter(), log)
     log.recording = True
     record.t0 = time.perf_counter()
     for iteration in range(workload.num_iters):
+        driver.reset_prefix_cache()  # every iteration prefills its batch: none reuses the last one's blocks
         start = time.perf_counter()
         outputs = driver.drive(workload.requests, start, log)
         offset = iteration * len(workload.requests)  # iteration k's request i: k * batch_size + i
