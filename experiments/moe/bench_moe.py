@@ -17,7 +17,6 @@ import torch
 
 from nanoexp.kernels.moe_ref import experts_reference, route
 from nanoexp.kernels.triton_moe import (
-    SLOT_MAX_TOKENS,
     SLOT_TILES,
     GemmTile,
     MoeTiles,
@@ -26,6 +25,7 @@ from nanoexp.kernels.triton_moe import (
     fused_moe,
     group_by_expert,
     group_by_expert_kernel,
+    make_triton_moe,
     route_triton,
     slot_moe,
     tiles_for,
@@ -180,8 +180,9 @@ def bench(tokens: int, sets, bandwidth: float, flops_rate: float, deadline: floa
             calls = [lambda w=w: fused_moe(x, w[0], w[1], weights, ids, tiles=tiles) for w in sets]
         return graph_us(calls)
 
-    dispatched = graph_us([lambda w=w: experts_triton(x, w[0], w[1], weights, ids32) for w in sets])
-    path = "slot" if tokens <= SLOT_MAX_TOKENS else "grouped"
+    engine = make_triton_moe(x.device)
+    dispatched = graph_us([lambda w=w: engine.experts(x, w[0], w[1], weights, ids32) for w in sets])
+    path = "slot" if tokens <= engine.slot_max_tokens else "grouped"
     default = timed(None)
     block_m = tiles_for(tokens).block_m
     group = graph_us([lambda: group_by_expert(ids.reshape(-1), EXPERTS, block_m)] * COPIES)

@@ -34,7 +34,8 @@ for root in sys.argv[1:]:
         for r in rows:
             if int(float(r["num_decode_tokens"])) == 0:
                 prefill.setdefault(int(float(r["num_tokens"])), []).append(float(r["step_time_ms"]))
-        load = [float(r["expert_load_max"]) / float(r["expert_load_mean"]) for r in decode if r.get("expert_load_max")]
+        load = [float(r["expert_load_max"]) / float(r["expert_load_mean"]) for r in decode
+                if r.get("expert_load_max") and float(r.get("expert_load_mean") or 0) > 0]
         print(path)
         for seqs, times in sorted(by_seqs.items()):
             if len(times) >= 3:

@@ -49,11 +49,6 @@ class AttentionMetadata:
     decode_context_lens: Tensor | None = None
 
     @functools.cached_property
-    def real_tokens(self) -> Tensor:
-        """bool [num_tokens]: rows that are the step's tokens, not a graph's padding (slot -1)."""
-        return self.slot_mapping >= 0
-
-    @functools.cached_property
     def decode_part(self) -> AttentionMetadata:
         """A mixed step's leading decodes, as a decode step."""
         d = self.num_decodes

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -221,9 +221,9 @@ def _fp8_gemm_kernel(
 ):
     """Tiles in groups of GROUP_M row tiles per column sweep, so neighbours share weight tiles in L2.
     QUANTIZE: xq_ptr is the unquantized x [M, K_LOCAL] (no offset), each 128-wide K step one group,
-    quantized in registers as the quantization kernel does (xs_ptr unused). EXACT_SUMS: Hopper's fp8 MMA
-    sums a block's products in fewer bits than fp32 unless each instruction's partial sum is added in
-    fp32 (max_num_imprecise_acc=0): float32 runs, which must follow the reference, take that."""
+    quantized in registers as the quantization kernel does (xs_ptr unused). EXACT_SUMS (float32 runs, which
+    must follow the reference): the operands upcast to fp32 and multiplied without tensor cores, since
+    Hopper's fp8 MMA adds its products into the accumulator in fewer bits than fp32."""
     wait_for_previous(PDL)
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -252,10 +252,10 @@ def _fp8_gemm_kernel(
             a = tl.load(x_tile + kb * 128)
             a_scale = tl.load(xs_col + kb)
         b = tl.load(w_tile + kb * 128)
-        if UPCAST:
-            a, b = a.to(tl.float16), b.to(tl.float16)
         if EXACT_SUMS:
-            product = tl.dot(a, tl.trans(b), max_num_imprecise_acc=0)
+            product = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+        elif UPCAST:
+            product = tl.dot(a.to(tl.float16), tl.trans(b.to(tl.float16)))
         else:
             product = tl.dot(a, tl.trans(b))
         acc += product * a_scale[:, None] * tl.load(ws_col + kb)[None, :]
@@ -361,6 +361,11 @@ def fp8_matmul(
 
 def _gemm(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: GemmConfig) -> None:
     m, n = x.shape[0], layout.n
+    exact = y.dtype == torch.float32
+    if exact:  # fp32 operand tiles of 128 K: at most 64 x 128 of each, two stages, within shared memory
+        config = replace(
+            config, block_m=min(config.block_m, 64), block_n=min(config.block_n, 64), num_stages=2
+        )
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
     _fp8_gemm_kernel[grid](
         x,
@@ -385,7 +390,7 @@ def _gemm(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
         GROUP_M=config.group_m,
         QUANTIZE=quantize,
         UPCAST=UPCAST_DOT,
-        EXACT_SUMS=y.dtype == torch.float32,
+        EXACT_SUMS=exact,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(),

@@ -58,7 +58,9 @@ class SlotTiles:
     down: GemmTile
 
 
-# Decode sizes: one GEMV per (token, k) slot, no grouping (slot_moe)
+# Decode sizes without the one-kernel grouping: one GEMV per (token, k) slot, no grouping (slot_moe). With
+# it, the grouped GEMMs win at every size (H100, Qwen3-30B-A3B shapes: 39 us against 97 at one token, 301
+# against 358 at 16; experiments/moe/README.md), so only the torch-op grouping's ~50 us make this path pay.
 SLOT_MAX_TOKENS = 16
 # down: 16 columns per program so even one token launches 128 programs (hidden 2048), one per SM
 SLOT_TILES = SlotTiles(GemmTile(32, 128, 4, 3), GemmTile(16, 128, 4, 3))
@@ -288,7 +290,7 @@ def _route_kernel(
     weights_ptr,
     ids_ptr,
     counts_ptr,
-    valid_ptr,
+    slots_ptr,
     stride_l,
     num_experts,
     first_local,
@@ -298,7 +300,7 @@ def _route_kernel(
     BLOCK_E: tl.constexpr,
     RENORMALIZE: tl.constexpr,
     COUNT: tl.constexpr,
-    HAS_VALID: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """One token: softmax over its router logits in fp32, the top-k (ties: the lowest id, as torch.topk on
@@ -329,8 +331,8 @@ def _route_kernel(
     tl.store(ids_ptr + row * TOP_K + ks, local, mask=in_k)
     if COUNT:
         counted = in_k
-        if HAS_VALID:
-            counted = counted & (tl.load(valid_ptr + row) != 0)
+        if HAS_SLOTS:  # a graph's padding rows have KV slot -1: routed, not counted
+            counted = counted & (tl.load(slots_ptr + row) >= 0)
         tl.atomic_add(counts_ptr + chosen, tl.full([K_PAD], 1, tl.int32), mask=counted)
 
 
@@ -341,11 +343,12 @@ def route_triton(
     first_local: int = 0,
     num_local: int | None = None,
     counts: torch.Tensor | None = None,
-    valid: torch.Tensor | None = None,
+    token_slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """kernels/moe_ref.route in one kernel: (weights [T, top_k] in the logits' dtype, this rank's expert
     ids [T, top_k] int32: experts [first_local, first_local + num_local) as 0.., others num_local). Adds
-    each valid token's experts to `counts` [experts] int32 when given."""
+    each token's experts to `counts` [experts] int32 when given, but for tokens whose `token_slots` entry (the
+    step's KV slot mapping) is -1."""
     tokens, experts = logits.shape
     num_local = experts if num_local is None else num_local
     weights = logits.new_empty((tokens, top_k))
@@ -356,7 +359,7 @@ def route_triton(
             weights,
             ids,
             counts if counts is not None else ids,
-            valid if valid is not None else ids,
+            token_slots if token_slots is not None else ids,
             logits.stride(0),
             experts,
             first_local,
@@ -366,7 +369,7 @@ def route_triton(
             BLOCK_E=triton.next_power_of_2(experts),
             RENORMALIZE=renormalize,
             COUNT=counts is not None,
-            HAS_VALID=valid is not None,
+            HAS_SLOTS=token_slots is not None,
             num_warps=1,
             **launch_options(),
         )
@@ -539,9 +542,10 @@ def experts_triton(
     local_ids: torch.Tensor,
     all_local: bool = True,
     group=None,
+    slot_max_tokens: int = SLOT_MAX_TOKENS,
 ) -> torch.Tensor:
-    """The GPU path: slot GEMVs up to SLOT_MAX_TOKENS tokens, grouped GEMMs above."""
-    if x.shape[0] <= SLOT_MAX_TOKENS:
+    """The GPU path: slot GEMVs up to `slot_max_tokens` tokens, grouped GEMMs above."""
+    if x.shape[0] <= slot_max_tokens:
         return slot_moe(x, w13, w2, weights, local_ids)
     return fused_moe(x, w13, w2, weights, local_ids, all_local, group=group)
 
@@ -624,17 +628,26 @@ def fused_moe(
 
 class TritonMoe:
     """The GPU MoE path bound to the layers (layers/fused_moe.py): routing in one kernel, then the experts,
-    grouped (above decode sizes) by `grouping`."""
+    grouped by `grouping` (above `slot_max_tokens` tokens; below, per-slot GEMVs)."""
 
     name = "triton"
 
-    def __init__(self, grouping=group_by_expert, selection: str = ""):
-        self.grouping, self.selection = grouping, selection
+    def __init__(self, grouping=group_by_expert, selection: str = "", slot_max_tokens: int = SLOT_MAX_TOKENS):
+        self.grouping, self.selection, self.slot_max_tokens = grouping, selection, slot_max_tokens
 
     route = staticmethod(route_triton)
 
     def experts(self, x, w13, w2, weights, local_ids, all_local: bool = True) -> torch.Tensor:
-        return experts_triton(x, w13, w2, weights, local_ids, all_local, group=self.grouping)
+        return experts_triton(
+            x,
+            w13,
+            w2,
+            weights,
+            local_ids,
+            all_local,
+            group=self.grouping,
+            slot_max_tokens=self.slot_max_tokens,
+        )
 
 
 def same_groups(
@@ -667,11 +680,12 @@ def grouping_agrees(device: torch.device) -> str | None:
 
 
 def make_triton_moe(device: torch.device) -> TritonMoe:
-    """The Triton MoE path, grouping by expert in one kernel where a one-time check on `device` agrees with
-    the torch grouping, else with the torch ops (~13 launches, 50-130 us on an H200)."""
+    """The Triton MoE path, grouping by expert in one kernel at every size where a one-time check on `device`
+    agrees with the torch grouping, else with the torch ops (~13 launches, 50-130 us on an H200) above
+    SLOT_MAX_TOKENS tokens and per-slot GEMVs below."""
     problem = grouping_agrees(device)
     if problem is None:
-        return TritonMoe(group_by_expert_kernel, "triton: grouping in one kernel (self-checked)")
+        return TritonMoe(group_by_expert_kernel, "triton: grouping in one kernel (self-checked)", 0)
     log.warning(
         "MoE: grouping by expert with torch ops, the one-kernel grouping failed its check: %s", problem
     )

@@ -78,18 +78,21 @@ class FusedMoE(nn.Module):
             if (e, s) not in self.loaded
         ]
 
-    def forward(self, x: Tensor, router_logits: Tensor, valid: Tensor | None = None) -> Tensor:
-        """This rank's partial output (before the all-reduce). `valid` [T] bool marks the real tokens whose
-        routing `load_counts` counts (padding rows of a graph are routed too, not counted)."""
+    def forward(self, x: Tensor, router_logits: Tensor, token_slots: Tensor | None = None) -> Tensor:
+        """This rank's partial output (before the all-reduce). `token_slots` [T], the step's KV slot mapping,
+        marks a graph's padding rows with -1: they are routed too, and `load_counts` does not count them.
+        (Read as it is, not through a mask derived from it: a derived tensor made before a graph's capture
+        would be replayed stale.)"""
         if self.kernel is not None:
             counts, first, num_local = self.load_counts, self.first_expert, self.num_local
             weights, ids = self.kernel.route(
-                router_logits, self.top_k, self.renormalize, first, num_local, counts, valid
+                router_logits, self.top_k, self.renormalize, first, num_local, counts, token_slots
             )
             return self.kernel.experts(x, self.w13, self.w2, weights, ids, not self.expert_parallel)
         weights, ids = route(router_logits, self.top_k, self.renormalize)
         if self.load_counts is not None:
-            counted = torch.ones_like(ids, dtype=torch.int32) if valid is None else valid[:, None].int()
+            real = None if token_slots is None else (token_slots >= 0)[:, None].int()
+            counted = torch.ones_like(ids, dtype=torch.int32) if real is None else real
             self.load_counts.scatter_add_(0, ids.reshape(-1), counted.expand_as(ids).reshape(-1))
         local = ids
         if self.expert_parallel:

@@ -44,8 +44,8 @@ class Qwen3MoeSparseBlock(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         normed, residual = norm(hidden, residual)
         counting = md is not None and self.experts.load_counts is not None
-        valid = md.real_tokens if counting and md is not None else None
-        return all_reduce(self.experts(normed, self.gate(normed), valid)), residual
+        token_slots = md.slot_mapping if counting and md is not None else None
+        return all_reduce(self.experts(normed, self.gate(normed), token_slots)), residual
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):

@@ -63,7 +63,8 @@ def test_fused_moe_matches_reference(tokens, dtype):
 @pytest.mark.parametrize("regime", range(len(REGIMES)))
 def test_every_regimes_tiles_match_reference(regime):
     x, w13, w2, weights, ids = moe_inputs(6, 4, 2, 40, 24, torch.float32, seed=regime)
-    out = fused_moe(x, w13, w2, weights, ids, tiles=REGIMES[regime][1])
+    limit = REGIMES[regime][0] or 4096
+    out = fused_moe(x, w13, w2, weights, ids, tiles=tiles_for(limit, x.element_size()))  # float32's tiles
     torch.testing.assert_close(out, experts_reference(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)
 
 
@@ -82,8 +83,8 @@ def test_route_kernel_matches_torch_route(experts, top_k, renormalize):
     logits = torch.randn(9, experts, generator=gen).to(DEVICE)
     want_w, want_ids = route(logits, top_k, renormalize)
     counts = torch.zeros(experts, dtype=torch.int32, device=DEVICE)
-    valid = torch.tensor([True] * 7 + [False] * 2, device=DEVICE)
-    weights, ids = route_triton(logits, top_k, renormalize, counts=counts, valid=valid)
+    slots = torch.tensor([4, 9, 0, 1, 2, 3, 5, -1, -1], device=DEVICE)  # the last two: a graph's padding
+    weights, ids = route_triton(logits, top_k, renormalize, counts=counts, token_slots=slots)
     assert torch.equal(ids.long(), want_ids)
     torch.testing.assert_close(weights, want_w, atol=1e-6, rtol=1e-6)
     assert torch.equal(counts.long(), torch.bincount(want_ids[:7].flatten(), minlength=experts))
@@ -124,14 +125,15 @@ def test_moe_layer_with_triton_kernels_matches_torch_and_counts_real_tokens(toke
         param.data.copy_(torch.randn(param.shape, generator=gen) * 0.2)
     x = torch.randn(tokens, 32, generator=gen).to(DEVICE)
     logits = torch.randn(tokens, 8, generator=gen).to(DEVICE)
-    valid = torch.arange(tokens, device=DEVICE) < tokens - 3
+    rows = torch.arange(tokens, device=DEVICE)
+    slots = torch.where(rows < tokens - 3, rows, -1)
     triton_moe = make_triton_moe(torch.device(DEVICE))
     assert triton_moe.grouping is group_by_expert_kernel
     counts, outs = {}, {}
     for kernel in (None, triton_moe):
         layer.kernel = kernel
         layer.load_counts = torch.zeros(8, dtype=torch.int32, device=DEVICE)
-        outs[kernel] = layer(x, logits, valid)
+        outs[kernel] = layer(x, logits, slots)
         counts[kernel] = layer.load_counts
     torch.testing.assert_close(outs[triton_moe], outs[None], atol=1e-5, rtol=1e-5)
     assert torch.equal(counts[triton_moe], counts[None]) and counts[None].sum() == (tokens - 3) * 2
