@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from nanoexp.kernels.fp8_reference import Fp8Layout, w8a8_reference
+from nanoexp.kernels.fp8_reference import Fp8Layout, expand_scale, w8a8_reference
 
 QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 QUANT_CONFIG = {
@@ -89,9 +89,12 @@ def build_fp8_checkpoint(
     return str(path)
 
 
-def w8a8_transformers_model(path: str, dtype=torch.float32) -> Qwen3ForCausalLM:
+def w8a8_transformers_model(
+    path: str, dtype=torch.float32, quantize_activations: bool = True
+) -> Qwen3ForCausalLM:
     """transformers' Qwen3 with every quantized linear computing the torch W8A8 reference from the
-    checkpoint's fp8 weights and scales (TP=1 layout), the rest in `dtype`."""
+    checkpoint's fp8 weights and scales (TP=1 layout), the rest in `dtype`. quantize_activations=False:
+    the dequantized weights times unquantized activations (W8A16), what activation rounding moves from."""
     tensors = load_file(os.path.join(path, "model.safetensors"))
     config = Qwen3Config.from_pretrained(path)
     config.quantization_config = None
@@ -106,7 +109,14 @@ def w8a8_transformers_model(path: str, dtype=torch.float32) -> Qwen3ForCausalLM:
             layout = Fp8Layout(q.shape[0], q.shape[1], 0, 128)
             padded = torch.zeros(q.shape[0], layout.k_padded, dtype=q.dtype)
             padded[:, : q.shape[1]] = q
-            module.forward = lambda x, w=padded, s=s, layout=layout: w8a8_reference(x, w, s, layout)
+            if quantize_activations:
+                module.forward = lambda x, w=padded, s=s, layout=layout: w8a8_reference(x, w, s, layout)
+            else:
+                dense = (padded.float().view(q.shape[0], -1, 128) * expand_scale(s, layout)[..., None]).view(
+                    q.shape[0], -1
+                )[:, : q.shape[1]]
+                weight = dense.to(dtype)
+                module.forward = lambda x, w=weight: x @ w.T
     return model
 
 

@@ -17,6 +17,7 @@ from nanoexp.kernels.triton_fp8 import fp8_linear, quantize_activation
 
 log = logging.getLogger(__name__)
 MIN_ROWS = 65  # below, the Triton kernels (decode-sized steps run in CUDA graphs on them)
+ROW_MULTIPLE = 16  # cuBLAS rejects M-major activation scales of other row counts (M = 65 on an H100)
 
 
 def takes(layout: Fp8Layout, rows: int, dtype: torch.dtype, amax) -> bool:
@@ -39,8 +40,10 @@ def cublas_fp8_linear(
     x2 = x.reshape(-1, layout.k_local)
     if not takes(layout, x2.shape[0], x.dtype, amax):
         return fp8_linear(x, weight, scale, layout, bias, amax)
-    xq, xs = quantize_activation(x2 if x2.stride(-1) == 1 else x2.contiguous(), layout, scales_m_major=True)
-    y = scaled_mm(xq, weight, xs, scale, x.dtype)
+    rows = -(-x2.shape[0] // ROW_MULTIPLE) * ROW_MULTIPLE
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    xq, xs = quantize_activation(x2, layout, scales_m_major=True, rows=rows)
+    y = scaled_mm(xq, weight, xs, scale, x.dtype)[: x2.shape[0]]
     if bias is not None:
         y = y + bias
     return y.view(*lead, layout.n)
@@ -74,7 +77,7 @@ def blockwise_scaled_mm_works(device: torch.device) -> bool:
         gen = torch.Generator(device=device).manual_seed(0)
         layout = Fp8Layout(256, 512, 0, BLOCK)
         q, s = quantize_weight(torch.randn(256, 512, device=device, generator=gen) * 0.05)
-        x = torch.randn(MIN_ROWS + 63, 512, device=device, generator=gen).bfloat16()
+        x = torch.randn(MIN_ROWS, 512, device=device, generator=gen).bfloat16()  # a row count cuBLAS pads
         cublas_fp8_linear(x, q, s, layout)  # first call outside the capture, as the engine's warm-up
         graph = torch.cuda.CUDAGraph()  # prefill-sized steps run in step graphs too
         with torch.cuda.graph(graph):

@@ -264,17 +264,26 @@ def _fp8_gemm_kernel(
 
 
 def quantize_activation(
-    x: torch.Tensor, layout: Fp8Layout, amax: torch.Tensor | None = None, scales_m_major: bool = False
+    x: torch.Tensor,
+    layout: Fp8Layout,
+    amax: torch.Tensor | None = None,
+    scales_m_major: bool = False,
+    rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton twin of fp8_reference.quantize_activation for x [M, k_local] (last dim contiguous); `amax`
     contiguous [M, k_blocks] when given. scales_m_major: the scales [M, k_blocks] stored M-major (a
-    transposed view), as cuBLAS's block-scaled GEMM reads them."""
+    transposed view), as cuBLAS's block-scaled GEMM reads them. rows (>= M): the outputs' row count, the
+    rows past M zeros (cuBLAS takes M-major scales whose row count is a multiple of 4 only)."""
     m = x.shape[0]
-    q = torch.empty(m, layout.k_padded, dtype=torch.float8_e4m3fn, device=x.device)
+    rows = m if rows is None else rows
+    q = torch.empty(rows, layout.k_padded, dtype=torch.float8_e4m3fn, device=x.device)
     if scales_m_major:
-        s = torch.empty(layout.k_blocks, m, dtype=torch.float32, device=x.device).t()
+        s = torch.empty(layout.k_blocks, rows, dtype=torch.float32, device=x.device).t()
     else:
-        s = torch.empty(m, layout.k_blocks, dtype=torch.float32, device=x.device)
+        s = torch.empty(rows, layout.k_blocks, dtype=torch.float32, device=x.device)
+    if rows > m:
+        q[m:].zero_()
+        s[m:].zero_()
     groups = min(QUANT_GROUPS, triton.next_power_of_2(layout.k_blocks))
     if m:
         _quantize_groups_kernel[(m, triton.cdiv(layout.k_blocks, groups))](

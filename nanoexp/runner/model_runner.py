@@ -198,6 +198,25 @@ class ModelRunner:
         self.forward_logits(step, prepare_inputs(step, self.block_size, self.device))
         torch.cuda.synchronize(self.device)
 
+    @torch.inference_mode()
+    def run_prefill_through_cache(self, tokens: int) -> None:
+        """run_blockless_prefill's step stored into the cache's first blocks and, as every prefill with a
+        lossy cache, attending to them: free blocks, which each later request overwrites before reading."""
+        step = self.blockless_prefill(tokens)
+        tables, first = [], 0
+        for length in step.context_lens:
+            count = -(-length // self.block_size)
+            tables.append(list(range(first, first + count)))
+            first += count
+        if first > self.num_blocks:  # a cache smaller than one step: no such step can run
+            return
+        step.block_tables = tables
+        lossy = self.config.cache.lossy
+        inputs = prepare_step(step, self.block_size, 0, self.device, lossy_cache=lossy)[0]
+        self.forward_logits(step, inputs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def profile_memory(self) -> None:
         """A largest-size prefill (without a KV cache) so peak activation memory is known."""
         start = time.perf_counter()
@@ -209,13 +228,18 @@ class ModelRunner:
     def warm_up_prefill_kernels(self) -> None:
         """Prefills at the sizes where kernels bound to a KV cache (the fused q/k norm + RoPE + store tiles by
         token count) or the prefill attention's tiles (small or large) change variant, so no timed step
-        compiles one; nothing is stored."""
+        compiles one; nothing is stored but with a lossy (fp8) cache, whose prefills read K/V back from it
+        (other kernel variants): those run through the cache's first blocks."""
         start = time.perf_counter()
         budget = self.config.scheduler.max_num_batched_tokens
         captured = MAX_STEP_GRAPH_TOKENS if self.uses_graphs and self.backend.captures_mixed_steps else 0
         first_eager = [captured + 1] if 0 < captured < budget else []  # may run small tiles, budget large
         for tokens in sorted({min(16, budget), min(64, budget), *first_eager, budget}):
-            if tokens > captured:  # smaller steps run in step graphs, whose capture compiles their kernels
+            if tokens <= captured:  # smaller steps run in step graphs, whose capture compiles their kernels
+                continue
+            if self.config.cache.lossy:
+                self.run_prefill_through_cache(tokens)
+            else:
                 self.run_blockless_prefill(tokens)
         self.timings["warmup_s"] = self.timings.get("warmup_s", 0.0) + time.perf_counter() - start
 

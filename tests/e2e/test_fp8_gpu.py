@@ -49,8 +49,48 @@ def test_gpu_fp8_checkpoint_follows_the_w8a8_reference(fp8_checkpoint, path_name
         outs = llm.generate(
             prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
         )
-    # fp8 tensor cores sum a block's products in another order (and, on Hopper, narrower) than torch
-    assert_follows_transformers(w8a8_transformers_model(fp8_checkpoint), prompts, outs, min_exact=0.75)
+    # Exact tokens are not the criterion on a GPU: rounding each activation to e4m3 (8 values per binade)
+    # turns the GPU's last-bit differences from the CPU (rsqrt, exp, summation order) into whole fp8 steps
+    # now and then, and a random tiny model's near-tied logits follow them. Where ours first differ, our
+    # token is among the reference's top 3; how far the logits are is the next test's.
+    assert_follows_transformers(w8a8_transformers_model(fp8_checkpoint), prompts, outs, min_exact=0.0)
+
+
+@pytest.mark.gpu_quick
+def test_gpu_fp8_logits_stay_within_a_tenth_of_what_activation_rounding_moves(fp8_checkpoint):
+    """What a kernel bug would change, the distance of our logits from the W8A8 reference's (teacher-forced
+    on our greedy tokens), is held to a tenth of what rounding the activations to e4m3 moves them by (the
+    same weights with unquantized activations)."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(150) for _ in range(n)] for n in LENGTHS]
+    args = dict(kvcache_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
+    with LLM(fp8_checkpoint, **args) as llm:
+        outs = llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+        )
+        ours = [torch.from_numpy(llm.prefill_log_probs([p], [o.token_ids])[0]) for p, o in zip(prompts, outs)]
+    reference = w8a8_transformers_model(fp8_checkpoint)
+    unrounded = w8a8_transformers_model(fp8_checkpoint, quantize_activations=False)
+    ours_kl = mean_kl(reference, prompts, outs, lambda i: ours[i].float())
+    rounding_kl = mean_kl(reference, prompts, outs, lambda i: teacher_forced(unrounded, prompts[i], outs[i]))
+    assert 0 < rounding_kl and ours_kl <= 0.1 * rounding_kl, (ours_kl, rounding_kl)
+
+
+def teacher_forced(model, prompt: list[int], out) -> torch.Tensor:
+    """log-probs [len(out), vocab] of `model` at the positions that chose out's tokens."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1)
+
+
+def mean_kl(reference, prompts, outs, log_probs) -> float:
+    """KL(reference || other) in nats, averaged over every generated position of every prompt."""
+    total, count = 0.0, 0
+    for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+        want, got = teacher_forced(reference, prompt, out), log_probs(i)
+        total += float((want.exp() * (want - got)).sum())
+        count += want.shape[0]
+    return total / count
 
 
 def qwen3_0_6b_arch() -> dict:

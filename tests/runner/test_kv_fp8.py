@@ -450,3 +450,21 @@ def test_gpu_engine_fp8_with_and_without_graphs(peaked_checkpoint):
             PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
         )
     assert agreeing(runs["graphs"], reference) >= 7
+
+
+def warm_up_through_cache(runner) -> int:
+    runner.run_prefill_through_cache(200)  # the cache's first 13 blocks filled with a warm-up's K/V
+    return int(runner.kv_cache[:, :, :13].float().abs().sum() > 0)
+
+
+def test_the_lossy_caches_warm_up_prefill_leaves_no_trace(peaked_checkpoint):
+    """The warm-up that compiles the fp8 cache's prefill variants (on CUDA, at start-up) stores its K/V in
+    the cache's first blocks; requests that later get those blocks read only what they wrote."""
+    args = dict(device="cpu", kvcache_block_size=16, max_num_seqs=8, num_kvcache_blocks=256)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with LLM(peaked_checkpoint, kv_cache_dtype="fp8", **args) as llm:
+        want = [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+        llm.engine.reset_prefix_cache()
+        assert llm.engine.executor.call(warm_up_through_cache) == 1
+        got = [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    assert got == want
