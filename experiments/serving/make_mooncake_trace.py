@@ -19,6 +19,8 @@ import math
 
 import numpy as np
 
+from nanoexp.experiment.runtime import atomic_files
+
 BLOCK = 512
 
 
@@ -86,8 +88,7 @@ def main() -> None:
     parser.add_argument("--max-output", type=int, default=2048, help="the longest answer, tokens")
     args = parser.parse_args()
     rows = generate(args.seconds, args.rate, args.seed, args.block_size, args.max_output)
-    with open(args.out, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+    atomic_files.write_atomically(args.out, "".join(json.dumps(r) + "\n" for r in rows))
     print(f"{args.out}: {describe(rows)}")
 
 
