@@ -164,3 +164,17 @@ def test_a_sweep_whose_report_cannot_be_written_exits_1_with_one_line(tmp_path: 
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
     assert "sweep report" in lines[0] and "sweep_summary.md" in lines[0]
     assert not list(sweep.rglob("*.partial"))
+
+
+def test_compare_into_an_unwritable_dir_is_one_line_and_exit_1(tmp_path: Path, capsys) -> None:
+    from nanoexp.experiment.report import compare
+
+    fake_sweep(tmp_path / "a")
+    fake_sweep(tmp_path / "b")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    code = compare.cli([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(blocker / "out")])
+    err = capsys.readouterr().err.splitlines()
+    where = blocker / "out"
+    expected = f"nanoexp: error: cannot write '{where}': Not a directory (set --out to a writable directory)"
+    assert code == 1 and err == [expected]
