@@ -14,7 +14,7 @@
 #             (engine.reuse=false) and once reusing one: the wall time of each sweep, each job's build_s,
 #             whether the greedy tokens agree job by job; the grid's max rate meeting the SLOs
 #   aa        fresh against reused engines with intervals: 3 jobs a side at 128 req/s (workload.seed=0,1,2,
-#             2 repeats each), engine.reuse=false (an engine per job) against true (one engine for the 3);
+#             1 repeat each), engine.reuse=false (an engine per job) against true (one engine for the 3);
 #             each metric's mean and 95% CI over the 3 jobs a side and Welch's 95% CI of the difference
 #             (written to $OUT/aa.md): within noise is the expected verdict. (`trial=` cannot serve here:
 #             a new trial always builds its own engine, DESIGN's unit of replication.)
@@ -23,8 +23,8 @@
 #             and prefix caching on and off
 #   capacity  experiment=capacity on the same serving workload: the highest rate meeting the SLOs by
 #             search, to set against the grid's answer
-# BUDGET (s, default 560) caps the whole call: each step's timeout is cut to what is left, so the call ends
-# (and its files are written) inside the device's 10-minute limit.
+# BUDGET (s, default 540) caps the whole call: each step's timeout is cut to what is left and a step with
+# under 20 s left is skipped, so the call ends (and its files are written) inside the device's 10 minutes.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 WORK="${WORK:-/tmp/wl}"; rm -rf "$WORK"; mkdir -p "$WORK"
@@ -37,7 +37,7 @@ if [ -d "${WHEELS:-.whl}" ] && ! "$PY" -c "import hydra" 2>/dev/null; then  # th
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-BUDGET="${BUDGET:-560}"; T0=$(date +%s)
+BUDGET="${BUDGET:-540}"; T0=$(date +%s)
 if [ "${SMOKE:-0}" = 1 ]; then  # CPU: the tiny model, a handful of requests, every override the GPU run uses
   MODEL=(model=qwen3_tiny cache.cpu_kv_cache_gb=0.05 logger=none engine.use_tqdm=false)
   SIZE=(workload.num_requests=4 workload.input_len=32 workload.output_len=4)
@@ -55,8 +55,9 @@ fi
 SERVING=(experiment=serving sampler=greedy save_outputs=true "${SIZE[@]}")
 elapsed() { echo $(( $(date +%s) - T0 )); }
 say() { echo "[+$(elapsed)s] $*" | tee -a "$LOG"; }
-# a step's timeout: its own cap, cut to what is left of BUDGET (at least 5 s, so the step reports itself)
-cap() { local left=$(( BUDGET - $(elapsed) )); [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"; }
+# a step's timeout: its own cap, cut to what is left of BUDGET; a step with under 20 s left is skipped
+cap() { local left=$(( BUDGET - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
+budget_ok() { [ $(( BUDGET - $(elapsed) )) -ge 20 ] || { say "skipped $1: the budget of ${BUDGET}s is spent"; return 1; }; }
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 # Each job's build time, whether it reused an engine, and its mean TTFT/TPOT, from its results.json
 jobs_table() { "$PY" - "$@" <<'PY'
@@ -123,12 +124,14 @@ if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
 fi
 for part in ${PARTS:-reuse aa trace capacity}; do
+  budget_ok "$part" || continue
   case "$part" in
     reuse)
       for mode in fresh reused; do
+        budget_ok "$mode" || continue
         reuse=$([ "$mode" = reused ] && echo true || echo false); start=$(date +%s%N)
         say "start: 6-point rate sweep ($RATES), engine.reuse=$reuse"
-        timeout "$(cap 240)" "$PY" run.py -m "${MODEL[@]}" "${SERVING[@]}" repeats=1 "workload.request_rate=$RATES" \
+        timeout -k 15 "$(cap 240)" "$PY" run.py -m "${MODEL[@]}" "${SERVING[@]}" repeats=1 "workload.request_rate=$RATES" \
           engine.reuse=$reuse "hydra.sweep.dir=$WORK/$mode" 'hydra.sweep.subdir=${hydra.job.num}' \
           > "$WORK/$mode.log" 2>&1
         say "6-point rate sweep, engine.reuse=$reuse: rc $? wall $(ms_since "$start") ms"
@@ -138,9 +141,10 @@ for part in ${PARTS:-reuse aa trace capacity}; do
       same_tokens "$WORK/fresh" "$WORK/reused" 2>&1 | tee -a "$LOG" ;;
     aa)
       for mode in aa_fresh aa_reused; do
+        budget_ok "$mode" || continue
         reuse=$([ "$mode" = aa_reused ] && echo true || echo false); start=$(date +%s%N)
         say "start: 3 jobs (workload.seed=0,1,2) at ${AA_RATE} req/s, engine.reuse=$reuse"
-        timeout "$(cap 150)" "$PY" run.py -m "${MODEL[@]}" "${SERVING[@]}" repeats=2 workload.seed=0,1,2 \
+        timeout -k 15 "$(cap 150)" "$PY" run.py -m "${MODEL[@]}" "${SERVING[@]}" repeats=1 workload.seed=0,1,2 \
           "workload.request_rate=$AA_RATE" engine.reuse=$reuse "hydra.sweep.dir=$WORK/$mode" \
           'hydra.sweep.subdir=${hydra.job.num}' > "$WORK/$mode.log" 2>&1
         say "3 jobs, engine.reuse=$reuse: rc $? wall $(ms_since "$start") ms"
@@ -152,7 +156,7 @@ for part in ${PARTS:-reuse aa trace capacity}; do
     trace)
       "$PY" experiments/serving/make_mooncake_trace.py --out "$WORK/mooncake.jsonl" "${TRACE_GEN[@]}" 2>&1 | tee -a "$LOG"
       start=$(date +%s%N); say "start: Mooncake-format trace, batching x prefix caching (4 jobs)"
-      timeout "$(cap 200)" "$PY" run.py -m "${MODEL[@]}" workload=trace "workload.path=$WORK/mooncake.jsonl" \
+      timeout -k 15 "$(cap 200)" "$PY" run.py -m "${MODEL[@]}" workload=trace "workload.path=$WORK/mooncake.jsonl" \
         "${TRACE_RUN[@]}" scheduler.batching=prefill_first,mixed cache.enable_prefix_caching=true,false \
         metrics.slo.ttft_ms=1000 metrics.slo.tpot_ms=50 metrics.kv_quality.num_requests=0 \
         "hydra.sweep.dir=$WORK/trace" 'hydra.sweep.subdir=${hydra.job.num}' > "$WORK/trace.log" 2>&1
@@ -161,7 +165,7 @@ for part in ${PARTS:-reuse aa trace capacity}; do
       cat "$WORK/trace/sweep_summary.md" 2>/dev/null | tee -a "$LOG" ;;
     capacity)
       start=$(date +%s%N); say "start: capacity search (serving workload, 2 repeats a probe)"
-      timeout "$(cap 200)" "$PY" run.py experiment=capacity "${MODEL[@]}" "${SIZE[@]}" "${CAPACITY[@]}" \
+      timeout -k 15 "$(cap 200)" "$PY" run.py experiment=capacity "${MODEL[@]}" "${SIZE[@]}" "${CAPACITY[@]}" \
         "hydra.run.dir=$WORK/capacity" > "$WORK/capacity.log" 2>&1
       say "capacity search: rc $? wall $(ms_since "$start") ms"
       grep -E "^capacity|nanoexp: error" "$WORK/capacity.log" | tee -a "$LOG"
