@@ -10,7 +10,7 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from nanoexp.config.checkpoint_files import CheckpointError, json_object, regular_file, safetensors_files
-from nanoexp.config.checks import is_number
+from nanoexp.config.checks import KnobError, is_number
 from nanoexp.layers.embed_head import VocabParallelEmbedding
 from nanoexp.layers.fused_moe import FusedMoE
 from nanoexp.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, shape_of
@@ -40,7 +40,7 @@ def resolve_model_dir(model: str) -> str:
 def load_hf_config(model: str | None, overrides: dict | None) -> PretrainedConfig:
     if overrides:
         fields = dict(overrides)
-        return check_hf_config(AutoConfig.for_model(fields.pop("model_type"), **fields), "model.arch")
+        return check_hf_config(AutoConfig.for_model(fields.pop("model_type"), **fields), ARCH_KEYWORD)
     assert model is not None, "ModelConfig requires a path or an arch"
     path = resolve_model_dir(model)
     config_file = os.path.join(path, "config.json")
@@ -54,20 +54,31 @@ def load_hf_config(model: str | None, overrides: dict | None) -> PretrainedConfi
     return check_hf_config(config, config_file)
 
 
+ARCH_KEYWORD = "hf_config"  # LLM(hf_config=...); run.py's errors name it model.arch (config/engine.py)
+
+
+def invalid(source: str, key: str, value: object, allowed: str, reason: str | None = None) -> ValueError:
+    """A bad config value: a knob error (`hf_config.<key>`, exit 2 in run.py) where the user typed it, a
+    checkpoint error naming the file where config.json holds it."""
+    if source == ARCH_KEYWORD:
+        return KnobError(f"{ARCH_KEYWORD}.{key}", value, allowed, reason)
+    return CheckpointError(f"{source}: {key}={value!r} {reason or f'is invalid: must be {allowed}'}")
+
+
 def check_hf_config(config: PretrainedConfig, source: str) -> PretrainedConfig:
     """The config values the model is built from, checked: one line naming `source` and the key."""
     act = getattr(config, "hidden_act", "silu")
     if act not in ACTIVATIONS:
         allowed = ", ".join(ACTIVATIONS)
-        raise CheckpointError(f"{source}: hidden_act={act!r} is not supported (allowed: {allowed})")
+        raise invalid(source, "hidden_act", act, allowed, f"is not supported (allowed: {allowed})")
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
-        raise CheckpointError(f"{source}: rope_type={rope_type!r} is not supported; only 'default' RoPE is")
+        raise invalid(source, "rope_type", rope_type, "default", "is not supported; only 'default' RoPE is")
     for key in ("rope_theta", "rms_norm_eps"):
         value = rope.get(key, getattr(config, key, None))
         if value is not None and not (is_number(value) and value > 0):
-            raise CheckpointError(f"{source}: {key}={value!r} is invalid: must be a finite number > 0")
+            raise invalid(source, key, value, "a finite number > 0")
     for key in (
         "hidden_size",
         "intermediate_size",
@@ -79,7 +90,10 @@ def check_hf_config(config: PretrainedConfig, source: str) -> PretrainedConfig:
     ):
         value = getattr(config, key, None)
         if not (type(value) is int and value >= 1):
-            raise CheckpointError(f"{source}: {key}={value!r} is invalid: must be an integer >= 1")
+            raise invalid(source, key, value, "an integer >= 1")
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if heads % kv_heads:
+        raise invalid(source, "num_key_value_heads", kv_heads, f"a divisor of num_attention_heads={heads}")
     if getattr(config, "num_experts", None) is not None:
         check_moe_config(config, source)
     return config
@@ -90,16 +104,14 @@ def check_moe_config(config: PretrainedConfig, source: str) -> None:
     for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
         value = getattr(config, key, None)
         if not (type(value) is int and value >= 1):
-            raise CheckpointError(f"{source}: {key}={value!r} is invalid: must be an integer >= 1")
+            raise invalid(source, key, value, "an integer >= 1")
     if config.num_experts_per_tok > config.num_experts:
-        raise CheckpointError(
-            f"{source}: num_experts_per_tok={config.num_experts_per_tok} is invalid: must be <= "
-            f"num_experts={config.num_experts}"
-        )
+        top_k, allowed = config.num_experts_per_tok, f"<= num_experts={config.num_experts}"
+        raise invalid(source, "num_experts_per_tok", top_k, allowed)
     layers = getattr(config, "mlp_only_layers", None) or []
     if not all(type(i) is int and 0 <= i < config.num_hidden_layers for i in layers):
         allowed = f"layer indices in [0, {config.num_hidden_layers})"
-        raise CheckpointError(f"{source}: mlp_only_layers={layers!r} is invalid: must be {allowed}")
+        raise invalid(source, "mlp_only_layers", layers, allowed)
 
 
 def load_tokenizer(path: str):

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.testing
 
+from nanoexp.experiment.runtime import atomic_files
 from nanoexp.kernels.base import AttentionMetadata
 from nanoexp.kernels.torch_ref import TorchAttentionBackend
 from nanoexp.kernels.triton_attention import choose_num_splits
@@ -159,8 +160,7 @@ def main() -> None:
         rows.append(r)
         print(f"{r['kind']:>14} {r['us']:>9.1f} us {r['TFLOP/s']:>7.1f} TFLOP/s rel_l2 {r['rel_l2']:.1e}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        atomic_files.write_atomically(args.json, json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

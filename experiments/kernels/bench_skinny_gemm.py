@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
+from nanoexp.experiment.runtime import atomic_files
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import NormFirst
 from nanoexp.kernels.triton_gemm import TICKETS, GemmConfig, default_config, skinny_gemm
@@ -204,7 +205,7 @@ def main() -> None:
     with pdl.graph_launches() if args.pdl else contextlib.nullcontext():
         table = bench(args)
     if args.out:
-        with open(args.out, "w") as f:
+        with atomic_files.atomic_open(args.out) as f:
             legend = "config = [m block_m/]block_n/block_k/split_k/stages/warps; GEMV: block_n/k_tile/warps"
             f.write(f"{legend}; PDL {'on' if args.pdl else 'off'}\n\n{table}\n")
 
@@ -233,7 +234,7 @@ def bench(args: argparse.Namespace) -> str:
             )
             print(lines[-1], flush=True)
             if args.all_out:  # rewritten after every row, so a cut run keeps what it timed
-                with open(args.all_out, "w") as f:
+                with atomic_files.atomic_open(args.all_out) as f:
                     f.writelines(json.dumps(t) + "\n" for t in ALL_TIMINGS)
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from nanoexp import LLM
+from nanoexp.experiment.runtime import atomic_files
 from nanoexp.layers.attention import Attention, attention_layers
 from nanoexp.runner.kv_scales import scale_for
 
@@ -98,7 +99,7 @@ def main() -> None:
     ]
     print("\n".join(lines))
     if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+        atomic_files.write_atomically(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import torch
 import yaml
 
 from nanoexp import LLM
+from nanoexp.experiment.runtime import atomic_files
 from nanoexp.runner.inputs import prepare_step
 from nanoexp.runner.step_input import StepInput
 
@@ -131,8 +132,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(table + "\n")
+        atomic_files.write_atomically(args.out, table + "\n")
 
 
 def replay(runner, step) -> torch.Tensor:

@@ -10,6 +10,7 @@ python experiments/reliability/check_cost.py step [--trials 5]
     them (the greedy path's flag a no-op, its max one reduction as argmax was; the kernel without its
     scan),
     the two interleaved trial by trial in one process.
+--smoke (CPU, seconds): both on qwen3_tiny's shape, a handful of tokens; checks the script, times nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ from pathlib import Path
 import torch
 import yaml
 
+QWEN3_TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=1024,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
 QWEN3_8B = dict(
     hidden_size=4096,
     intermediate_size=12288,
@@ -38,11 +50,11 @@ QWEN3_8B = dict(
 )
 
 
-def qwen3_8b_tensors() -> dict[str, list[int]]:
-    h, i, v, d = QWEN3_8B["hidden_size"], QWEN3_8B["intermediate_size"], QWEN3_8B["vocab_size"], 128
-    q, kv = QWEN3_8B["num_attention_heads"] * d, QWEN3_8B["num_key_value_heads"] * d
+def checkpoint_tensors(shape: dict) -> dict[str, list[int]]:
+    h, i, v, d = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"], shape["head_dim"]
+    q, kv = shape["num_attention_heads"] * d, shape["num_key_value_heads"] * d
     shapes = {"model.embed_tokens.weight": [v, h], "model.norm.weight": [h], "lm_head.weight": [v, h]}
-    for layer in range(QWEN3_8B["num_hidden_layers"]):
+    for layer in range(shape["num_hidden_layers"]):
         p = f"model.layers.{layer}."
         shapes |= {
             p + "self_attn.q_proj.weight": [q, h],
@@ -60,17 +72,17 @@ def qwen3_8b_tensors() -> dict[str, list[int]]:
     return shapes
 
 
-def write_sparse_checkpoint(path: Path) -> int:
+def write_sparse_checkpoint(path: Path, shape: dict) -> int:
     """config.json and model.safetensors (header, then a hole of zeros); the file's size in bytes."""
     from transformers import Qwen3Config
 
     path.mkdir(parents=True, exist_ok=True)
-    config = Qwen3Config(**QWEN3_8B, torch_dtype="bfloat16", architectures=["Qwen3ForCausalLM"])
+    config = Qwen3Config(**shape, torch_dtype="bfloat16", architectures=["Qwen3ForCausalLM"])
     config.save_pretrained(path)
     header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for name, shape in qwen3_8b_tensors().items():
-        size = 2 * int(torch.tensor(shape).prod())
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+    for name, dims in checkpoint_tensors(shape).items():
+        size = 2 * int(torch.tensor(dims).prod())
+        header[name] = {"dtype": "BF16", "shape": dims, "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
@@ -80,24 +92,29 @@ def write_sparse_checkpoint(path: Path) -> int:
     return 8 + len(text) + offset
 
 
-def load_cost(directory: Path, repeats: int) -> None:
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def load_cost(directory: Path, repeats: int, smoke: bool) -> None:
     from nanoexp.loader import check_loaded_finite, load_hf_config, load_safetensors
     from nanoexp.models.registry import model_class
 
-    size = write_sparse_checkpoint(directory)
+    size = write_sparse_checkpoint(directory, QWEN3_TINY if smoke else QWEN3_8B)
     config = load_hf_config(str(directory), None)
     torch.set_default_dtype(torch.bfloat16)
-    with torch.device("cuda"):
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = model_class(config)(config, 4096).eval()
     torch.set_default_dtype(torch.float32)
     params = dict(model.named_parameters(remove_duplicate=False))
     sources = {name: [(name, str(directory / "model.safetensors"))] for name in params}
     loads, checks = [], []
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         load_safetensors(model, str(directory), check_finite=False)
-        torch.cuda.synchronize()
+        sync()
         loads.append(time.perf_counter() - start)
         for _ in range(5):
             start = time.perf_counter()
@@ -105,7 +122,8 @@ def load_cost(directory: Path, repeats: int) -> None:
             checks.append(time.perf_counter() - start)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     load_s, check_s = statistics.median(loads), statistics.median(checks)
-    print(f"checkpoint {size / 2**30:.2f} GiB, weights on the GPU {weights / 2**30:.2f} GiB")
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(f"checkpoint {size / 2**30:.2f} GiB, weights on the {where} {weights / 2**30:.2f} GiB")
     print(f"load without the check: {' '.join(f'{t:.2f}' for t in loads)} s (median {load_s:.2f} s)")
     print(f"the check alone: {' '.join(f'{t * 1e3:.1f}' for t in checks)} ms (median {check_s * 1e3:.1f} ms)")
     print(f"check / load: {check_s / load_s:.3%}; the check reads {weights / check_s / 1e9:.0f} GB/s")
@@ -128,19 +146,23 @@ def with_checks(saved) -> None:
     triton_sampler.CHECK_FINITE = True
 
 
-def step_cost(trials: int) -> None:
+def step_cost(trials: int, smoke: bool) -> None:
     from nanoexp import LLM, SamplingParams
     from nanoexp.experiment.measure.workloads import nanovllm_bench_prompts
     from nanoexp.layers import sampler
 
-    arch = yaml.safe_load(open("conf/model/qwen3_0_6b.yaml"))["arch"]
-    llm = LLM("Qwen/Qwen3-0.6B", hf_config=arch, load_format="dummy", dtype="bfloat16", use_tqdm=False)
+    name, dtype, tokens = ("qwen3_tiny", "float32", 8) if smoke else ("qwen3_0_6b", "bfloat16", 256)
+    with open(f"conf/model/{name}.yaml") as f:
+        arch = yaml.safe_load(f)["arch"]
+    llm = LLM("Qwen/Qwen3-0.6B", hf_config=arch, load_format="dummy", dtype=dtype, use_tqdm=False)
     prompts, max_tokens = nanovllm_bench_prompts()
+    if smoke:
+        prompts, max_tokens = [[t % 1000 for t in p[:32]] for p in prompts[:4]], [8] * 4
     bench = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
     prompt = [[7] * 128]
 
     def tpot_ms(temperature: float) -> float:
-        params = SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=256)
+        params = SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=tokens)
         return llm.generate(prompt, params)[0].tpot * 1e3
 
     def bench_tok_s() -> float:
@@ -162,7 +184,8 @@ def step_cost(trials: int) -> None:
             if trial == 0:  # one nano-vLLM benchmark each: ~10 s a run
                 results[mode]["bench"].append(bench_tok_s())
     with_checks(saved)
-    print(f"{torch.cuda.get_device_name()}; {trials} interleaved trials; medians with [min, max]")
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(f"{where}; {trials} interleaved trials; medians with [min, max]")
     for key, unit in (("greedy", "ms"), ("t=0.6", "ms"), ("bench", "tok/s")):
         cells = []
         for mode in modes:
@@ -182,8 +205,12 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "qwen3_8b_zeros")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="qwen3_tiny's shape, a few tokens: CPU, seconds")
     args = parser.parse_args()
-    load_cost(args.dir, args.repeats) if args.what == "load" else step_cost(args.trials)
+    if args.what == "load":
+        load_cost(args.dir, args.repeats, args.smoke)
+    else:
+        step_cost(args.trials, args.smoke)
 
 
 if __name__ == "__main__":

@@ -1,30 +1,42 @@
 #!/usr/bin/env bash
-# One device call for the reliability checks: the non-finite weight check's share of a Qwen3-8B-size
-# load, the run-time check's cost per step (batch-1 TPOT, nano-vLLM benchmark) with and without it, and
-# the GPU tests of both checks. Run from the repo root; writes $OUT/reliability.log. About 3 minutes.
-#   bash experiments/reliability/gpu_check.sh [parts]   parts: load step tests (default: all three)
+# One device call for the reliability checks; run from the repo root (with the wheels in .whl, carried, where
+# hydra is missing). Writes one file, $OUT/reliability.log, with progress in elapsed seconds.
+#   bash experiments/reliability/gpu_check.sh [parts]     parts: load step tests (default: load, ~1 min)
+#   load   the non-finite weight check's share of a Qwen3-8B-size load (15.3 GiB sparse bf16 checkpoint)
+#   step   the run-time check's cost per step (batch-1 TPOT, nano-vLLM benchmark) with and without it, ~2 min
+#          (measured already in experiments/step_path: nothing measurable)
+#   tests  the GPU tests of both checks, ~2 min
+#   SMOKE=1 OUT=/tmp/x PYTHON=.venv/bin/python bash experiments/reliability/gpu_check.sh load step tests
+#          CPU: qwen3_tiny's shape, a few tokens, the tests only collected: checks the script end to end
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-if [ -d "${WHEELS:-.whl}" ] && [ ! -d /tmp/site/hydra ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "${WHEELS:-.whl}"/*.whl
+PY="${PYTHON:-python3}"
+if [ -d "${WHEELS:-.whl}" ] && ! "$PY" -c "import hydra" 2>/dev/null; then  # the GPU image lacks hydra & co.
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "${WHEELS:-.whl}"/*.whl || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
-export PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1
-log="$OUT/reliability.log"
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1
+SMOKE_ARG=(); PYTEST_ARG=()
+[ "${SMOKE:-0}" = 1 ] && SMOKE_ARG=(--smoke) && PYTEST_ARG=(--collect-only)
+T0=$(date +%s); log="$OUT/reliability.log"
+say() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 {
-  echo "== $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  for part in ${*:-load step tests}; do
-    echo "== $part"
+  say "reliability $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') SMOKE=${SMOKE:-0}"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  for part in ${*:-load}; do
+    say "start $part"
     case "$part" in
-      load) timeout 90 python3 experiments/reliability/check_cost.py load; rc=$?
-            rm -rf "${TMPDIR:-/tmp}/qwen3_8b_zeros" ;;
-      step) timeout 120 python3 experiments/reliability/check_cost.py step --trials 4; rc=$? ;;
-      tests) timeout 150 python3 -m pytest -q -p no:xdist -p no:cacheprovider -m "gpu or not gpu" -k "not run_py" \
-               tests/loader/test_non_finite_weights.py tests/layers/test_sampler_non_finite.py \
-               tests/engine/test_non_finite_logits.py tests/test_triton_sampler.py 2>&1 | tail -25
+      load) dir="${TMPDIR:-/tmp}/qwen3_8b_zeros"
+            timeout 120 "$PY" experiments/reliability/check_cost.py load --dir "$dir" "${SMOKE_ARG[@]}"; rc=$?
+            rm -rf "$dir" ;;
+      step) timeout 150 "$PY" experiments/reliability/check_cost.py step --trials 4 "${SMOKE_ARG[@]}"; rc=$? ;;
+      tests) timeout 150 "$PY" -m pytest -q -p no:xdist -p no:cacheprovider -m "gpu or not gpu" -k "not run_py" \
+               "${PYTEST_ARG[@]}" tests/loader/test_non_finite_weights.py tests/layers/test_sampler_non_finite.py \
+               tests/engine/test_non_finite_logits.py tests/kernels/test_triton_sampler.py 2>&1 | tail -25
              rc=${PIPESTATUS[0]} ;;
-      *) echo "unknown part $part"; rc=2 ;;
+      *) echo "unknown part $part (load, step, tests)"; rc=2 ;;
     esac
-    echo "== $part exit $rc"
+    say "$part exit $rc"
   done
 } 2>&1 | tee "$log"

@@ -7,6 +7,8 @@ others start from one of a few popular system prompts (Zipf) or none: ~53% of th
 seen before (Mooncake: ~50%).
 
     python experiments/serving/make_mooncake_trace.py --out /tmp/mooncake.jsonl --seconds 20 --rate 5
+
+`--block-size 16 --max-output 8` shrinks it for a CPU smoke run (then `workload.trace_block_size=16`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,14 @@ import math
 
 import numpy as np
 
+from nanoexp.experiment.runtime import atomic_files
+
 BLOCK = 512
 
 
-def generate(seconds: float, rate: float, seed: int) -> list[dict]:
+def generate(
+    seconds: float, rate: float, seed: int, block: int = BLOCK, max_output: int = 2048
+) -> list[dict]:
     rng = np.random.default_rng(seed)
     gaps = rng.gamma(0.5, 1 / (rate * 0.5), size=int(seconds * rate * 3) + 10)
     times = np.cumsum(gaps) - gaps[0]
@@ -28,7 +34,7 @@ def generate(seconds: float, rate: float, seed: int) -> list[dict]:
     system = [list(range(i * 4, i * 4 + 1 + i % 4)) for i in range(8)]  # 8 system prompts of 1-4 blocks
     next_hash, conversations, rows = 64, [], []
     for t in times:
-        output = int(min(2048, max(8, rng.lognormal(math.log(160), 0.7))))
+        output = int(min(max_output, max(min(8, max_output), rng.lognormal(math.log(160), 0.7))))
         if conversations and rng.random() < 0.5:  # a next turn: the conversation so far plus a message
             history = conversations[int(rng.integers(len(conversations)))]
             blocks = len(history) + math.ceil(rng.lognormal(math.log(700), 0.8) / BLOCK)
@@ -40,7 +46,7 @@ def generate(seconds: float, rate: float, seed: int) -> list[dict]:
         history = history[: blocks - 1]
         hashes = history + list(range(next_hash, next_hash + blocks - len(history)))
         next_hash += blocks - len(history)
-        input_length = len(hashes) * BLOCK - int(rng.integers(0, BLOCK))
+        input_length = len(hashes) * block - int(rng.integers(0, block))
         rows.append(
             {
                 "timestamp": int(round(t * 1e3)),
@@ -78,10 +84,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=5.0, help="mean requests per second")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block-size", type=int, default=BLOCK, help="tokens a hash_ids block stands for")
+    parser.add_argument("--max-output", type=int, default=2048, help="the longest answer, tokens")
     args = parser.parse_args()
-    rows = generate(args.seconds, args.rate, args.seed)
-    with open(args.out, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+    rows = generate(args.seconds, args.rate, args.seed, args.block_size, args.max_output)
+    atomic_files.write_atomically(args.out, "".join(json.dumps(r) + "\n" for r in rows))
     print(f"{args.out}: {describe(rows)}")
 
 

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from timing import add_timer  # noqa: E402
 
 from nanoexp.engine import llm_engine
+from nanoexp.experiment.runtime import atomic_files
 from nanoexp.layers.sampler import Sampler
 from nanoexp.runner import cuda_graphs, model_runner
 
@@ -230,7 +231,7 @@ def main() -> None:
         while engine.has_unfinished():
             engine.step()
         path = os.path.join(args.out, f"prefill_{size}.json")
-        prof.export_chrome_trace(path)
+        atomic_files.write_by_name(path, prof.export_chrome_trace)
         kernels = gpu_events(path)
         print(f"\n=== profile: prefill {size} alone: {kernel_summary(kernels)}")
         print(kernels_by_time(kernels))

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from nanoexp.experiment.runtime import atomic_files
+
 
 def time_ms(fn: Callable[[], object], repeats: int = 30, warmup: int = 3) -> float:
     """Median of `repeats` timed calls (after `warmup` untimed ones), in ms."""
@@ -56,8 +58,7 @@ def stream_table(header: list[str], rows: Iterable[str], out: str | None) -> Non
         print(row, flush=True)
         torch.cuda.empty_cache()
     if out:
-        with open(out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        atomic_files.write_atomically(out, "\n".join(lines) + "\n")
 
 
 def add_timer(owner, name: str, totals: dict[str, float], key: str) -> None:

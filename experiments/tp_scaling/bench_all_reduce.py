@@ -31,6 +31,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from nanoexp.experiment.runtime import atomic_files  # noqa: E402
 from nanoexp.kernels import all_reduce as ar_module  # noqa: E402
 from nanoexp.kernels.all_reduce import AllReduce, setup_all_reduce  # noqa: E402
 
@@ -173,18 +174,19 @@ def rank_main(rank: int, args: argparse.Namespace, init: str, out: str) -> None:
             for rows in args.rows:
                 results.append(bench_size(rows, hidden, forced, auto, args, device))
         if rank == 0:
-            torch.save(
-                {
-                    "bw": bw,
-                    "measured": args.bw_gbps is None,
-                    "results": results,
-                    "calls": args.calls,
-                    "auto_rows": args.auto_rows,
-                    "thresholds": auto.describe(),
-                    "device": torch.cuda.get_device_name(device),
-                },
-                out,
-            )
+            with atomic_files.atomic_open(out, "wb") as f:
+                torch.save(
+                    {
+                        "bw": bw,
+                        "measured": args.bw_gbps is None,
+                        "results": results,
+                        "calls": args.calls,
+                        "auto_rows": args.auto_rows,
+                        "thresholds": auto.describe(),
+                        "device": torch.cuda.get_device_name(device),
+                    },
+                    f,
+                )
     finally:
         dist.destroy_process_group()
 
@@ -253,7 +255,7 @@ def main() -> None:
         report = torch.load(out)
     text = table(report, args.world)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    atomic_files.write_atomically(args.out, text)
     print(text)
 
 

@@ -24,6 +24,7 @@ import yaml
 
 from nanoexp.config import SamplingParams
 from nanoexp.engine.llm import LLM
+from nanoexp.experiment.runtime import atomic_files
 from nanoexp.runner.inputs import prepare_inputs
 from nanoexp.runner.step_input import StepInput
 
@@ -122,7 +123,7 @@ def main() -> None:
     report = {"model": args.model, "dtype": args.dtype, "max_tokens": args.max_tokens, "results": results}
     print(json.dumps(report, indent=2))
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        atomic_files.write_atomically(args.out, json.dumps(report, indent=2) + "\n")
     raise SystemExit(0 if all(r["passed"] for r in results.values()) else 1)
 
 

@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from nanoexp.experiment.runtime import atomic_files
+
 MODELS = ["qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b"]
 TPS = [1, 2, 4, 8]
 NOT_RUN = "not run"
@@ -162,7 +164,7 @@ def plot(rows: list[dict], models: list[str], tps: list[int], path: Path) -> Non
         if ax.has_data():
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_files.save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -180,7 +182,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = load_rows(args.root)
     text = markdown(rows, args.models, args.tps)
-    (args.md or args.root / "tp_scaling.md").write_text(text)
+    atomic_files.write_atomically(args.md or args.root / "tp_scaling.md", text)
     plot(rows, args.models, args.tps, args.png or args.root / "tp_scaling.png")
     print(text)
 

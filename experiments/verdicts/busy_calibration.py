@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from nanoexp.experiment.runtime import atomic_files
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -78,7 +80,7 @@ def main() -> None:
                     neighbour.join()
     table = pd.DataFrame(rows)
     table = table[table["repeat"] > 0]  # repeat 0 follows the warm-up
-    table.to_csv(args.out / "busy_calibration.csv", index=False)
+    atomic_files.write_table(table, args.out / "busy_calibration.csv")
     quiet = table[table["other_cpu_cores"] < 0.05]["output_throughput"].median()
     bins = [0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0]
     table["bin"] = pd.cut(table["other_cpu_cores"], bins, include_lowest=True)

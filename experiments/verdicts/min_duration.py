@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from nanoexp.experiment.measure.repeats import busy_limit
+from nanoexp.experiment.runtime import atomic_files
 from nanoexp.experiment.schema import BUSY_CORES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def main() -> None:
                 flush=True,
             )
     table = pd.DataFrame(rows)
-    table.to_csv(args.out / "min_duration.csv", index=False)
+    atomic_files.write_table(table, args.out / "min_duration.csv")
     limit = table.apply(lambda r: busy_limit([r.to_dict()], r.get("cpu_count", 2) or 2, BUSY_CORES), axis=1)
     quiet = table[table["other_cpu_cores"] <= limit]  # the rule the jobs flag themselves by
     runs = quiet.groupby(["size", "trial"]).agg(

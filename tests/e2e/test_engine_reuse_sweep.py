@@ -42,17 +42,19 @@ def sweep(tmp_path: Path, name: str, *overrides: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_rate_sweep_builds_one_engine_and_matches_fresh_engines(tmp_path: Path) -> None:
-    rates = "workload.request_rate=40,80,inf"
+def test_a_six_point_rate_sweep_builds_one_engine_and_matches_fresh_engines(tmp_path: Path) -> None:
+    rates = "workload.request_rate=40,80,160,320,640,inf"
     reused = sweep(tmp_path, "reused", rates)
     fresh = sweep(tmp_path, "fresh", rates, "engine.reuse=false")
-    assert [j["engine_reused"] for j in reused] == [False, True, True]
-    assert [j["engine_id"] for j in reused] == [1, 1, 1]  # one engine built in the sweep's process
-    assert [j["engine_reused"] for j in fresh] == [False] * 3 and [j["engine_id"] for j in fresh] == [1, 2, 3]
+    assert [j["offered_request_rate"] for j in reused] == [40, 80, 160, 320, 640, float("inf")]
+    assert [j["engine_reused"] for j in reused] == [False] + [True] * 5
+    assert [j["engine_id"] for j in reused] == [1] * 6  # one engine built in the sweep's process
+    assert [j["engine_reused"] for j in fresh] == [False] * 6
+    assert [j["engine_id"] for j in fresh] == [1, 2, 3, 4, 5, 6]  # a fresh engine per job
     for a, b in zip(reused, fresh):
         assert a["tokens"] == b["tokens"]  # greedy, request ids and all
         assert a["prefix_cache_hit_rate"] == b["prefix_cache_hit_rate"] == 0  # cache reset between jobs
-    assert reused[1]["build_s"] < 0.1 * reused[0]["build_s"] + 0.05
+    assert all(j["build_s"] < 0.1 * reused[0]["build_s"] + 0.05 for j in reused[1:])
 
 
 @pytest.mark.slow

@@ -182,3 +182,10 @@ def test_nan_logits_fail_the_job_naming_the_request_line_and_step(tmp_path: Path
     ]  # fmt: skip
     assert "non-finite logits" in rows[1]["error"]
     assert results(tmp_path)["status"] == "failed"
+
+
+def test_yaml_infinity_on_the_command_line_is_one_line_saying_how_to_write_it(tmp_path: Path) -> None:
+    proc = run_py(tmp_path, *TINY, "workload.request_rate=.inf")
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert "workload.request_rate=.inf" in lines[0] and "on the command line infinity is inf" in lines[0]

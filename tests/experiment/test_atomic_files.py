@@ -109,22 +109,31 @@ def test_a_failed_write_removes_its_temporary_file_and_keeps_the_old_file(
     assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
 
 
-# A write in the experiment layer that names its file: each must go through atomic_files.
+# A write that names its file, in the package, run.py and the studies' scripts: each must go through
+# atomic_files.
 DIRECT_WRITE = re.compile(
     r"\.savefig\(|\.to_csv\(|\.to_json\(|\.write_text\(|\.write_bytes\(|export_chrome_trace\(|json\.dump\("
-    r"|open\([^)]*[\"'][wax]b?\+?[\"']"
+    r"|torch\.save\(|np\.save|\.tofile\(|open\([^)]*[\"'][wax]b?\+?[\"']"
 )
+SCANNED = ("nanoexp", "experiments", "scripts", "run.py")
 NOT_RESULTS = {  # (file, what it writes): files that are not results, written in place on purpose
     ("gpus.py", ".write_text("),  # a GPU lock file holding a pid
     ("gpus.py", 'open(lock_dir / f"{host}.mutex", "a")'),  # the lock's mutex file
     ("sweep_callback.py", '.open("a+")'),  # the sweep's lock file
     ("main.py", '.open("a")'),  # run.log, which Hydra's logging appends to as well
+    ("peak_memory.py", "Path(CLEAR_REFS).write_text("),  # a /proc control file, not a file
+    ("check_cost.py", 'open(path / "model.safetensors", "wb")'),  # the sparse checkpoint a timing loads
+    ("flash_attn_lean_setup.py", ".write_text("),  # flash-attn's sources, patched before its build
+    ("train_tiny.py", ".write_text("),  # the trained tiny model's prompts file, an input
+    ("bench_all_reduce.py", "torch.save("),  # into the atomic_open handle of the line before
 }
 
 
 def test_every_results_and_report_write_goes_through_the_atomic_writer() -> None:
     offenders = []
-    for path in sorted((ROOT / "nanoexp" / "experiment").rglob("*.py")):
+    paths = [ROOT / p for p in SCANNED if p.endswith(".py")]
+    paths += [f for p in SCANNED if not p.endswith(".py") for f in (ROOT / p).rglob("*.py")]
+    for path in sorted(paths):
         if path.name == "atomic_files.py":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -155,3 +164,17 @@ def test_a_sweep_whose_report_cannot_be_written_exits_1_with_one_line(tmp_path: 
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
     assert "sweep report" in lines[0] and "sweep_summary.md" in lines[0]
     assert not list(sweep.rglob("*.partial"))
+
+
+def test_compare_into_an_unwritable_dir_is_one_line_and_exit_1(tmp_path: Path, capsys) -> None:
+    from nanoexp.experiment.report import compare
+
+    fake_sweep(tmp_path / "a")
+    fake_sweep(tmp_path / "b")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    code = compare.cli([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(blocker / "out")])
+    err = capsys.readouterr().err.splitlines()
+    where = blocker / "out"
+    expected = f"nanoexp: error: cannot write '{where}': Not a directory (set --out to a writable directory)"
+    assert code == 1 and err == [expected]

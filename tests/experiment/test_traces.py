@@ -126,6 +126,18 @@ def test_tokens_stay_inside_a_small_vocabulary(tmp_path: Path) -> None:
         (AZURE, "a.csv", {"model_filter": "GPT-4"}, "workload.model_filter='GPT-4': only a burstgpt trace"),
         ('{"timestamp": 1, "input_length": 3}\n', "m.jsonl", {}, "m.jsonl:1 lacks output_length"),
         (AZURE, "a.csv", {"start_s": 60.0}, "workload.start_s=60.0: past the trace's end"),
+        (
+            AZURE.splitlines()[0] + "\n",
+            "a.csv",
+            {},
+            "workload.path=a.csv: the azure trace has a header and no rows",
+        ),
+        (
+            BURSTGPT.splitlines()[0] + "\n",
+            "b.csv",
+            {"model_filter": "GPT-4"},
+            "the burstgpt trace has a header",
+        ),
     ],
 )
 def test_bad_traces_are_one_line_naming_the_key(tmp_path, text, name, knobs, message) -> None:

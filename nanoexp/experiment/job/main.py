@@ -388,6 +388,8 @@ def _hydra_line(e: Exception) -> str:
         return f"{lines[0]} (available: {', '.join(e.options)})"
     if isinstance(e.__cause__, OmegaConfBaseException):
         detail = str(e.__cause__).strip().splitlines()[0]  # its key is in the override already
+        if "'.inf'" in detail or "'-.inf'" in detail:  # --help and the presets show YAML's spelling
+            detail += " (on the command line infinity is inf or -inf; .inf is YAML's spelling)"
         return f"{lines[0].rstrip('.')}: {detail}"
     if isinstance(e, OverrideParseException) and len(lines) > 1:
         return f"{lines[0]}: {lines[1]}"

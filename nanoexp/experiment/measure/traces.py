@@ -122,6 +122,8 @@ def read_csv_trace(path: Path, fmt: str, model: str | None) -> list[TraceRow]:
             f"workload.format={fmt}: {path} lacks the column(s) {', '.join(missing)} "
             f"(its columns: {', '.join(table.columns[:12])}); a {fmt} trace has {', '.join(CSV_COLUMNS[fmt])}"
         )
+    if table.empty:
+        raise ConfigError(f"workload.path={path}: the {fmt} trace has a header and no rows")
     lines = pd.Series(np.arange(len(table)) + 2, index=table.index)  # the header is line 1
     if model is not None:
         keep = table["Model"].str.strip() == model

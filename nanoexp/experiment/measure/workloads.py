@@ -12,13 +12,16 @@ from pathlib import Path
 import numpy as np
 
 from nanoexp.config import SamplingParams
-from nanoexp.config.checks import is_int
+from nanoexp.config.checks import is_int, machine_memory_gb
 from nanoexp.engine.outputs import RequestOutput
 from nanoexp.experiment.schema import ConfigError, SamplerConfig, WorkloadConfig, WorkloadKind, length_range
 
 Tokenize = Callable[[str], list[int]]
 Prompts = tuple[list[list[int]], list[int]]  # each request's prompt token ids and max_tokens
 TOKEN_ID_HIGH = 10000  # random prompts use ids below this (ordinary tokens), as nano-vLLM's bench
+# A prompt token id in host memory: a Python int (28 bytes) and its list slot (8), held by the workload and
+# again by the engine's sequence
+HOST_BYTES_PER_TOKEN = 72
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ def build_workload(
 
 
 def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None) -> Prompts:
+    check_fits_in_memory(w)
     if w.kind is WorkloadKind.nanovllm_bench:
         return nanovllm_bench_prompts(w.num_requests, w.input_len, w.output_len, w.seed, vocab)
     if w.kind is WorkloadKind.random:
@@ -114,6 +118,24 @@ def _prompts(w: WorkloadConfig, vocab: int, tokenize: Tokenize | None) -> Prompt
     if w.kind is WorkloadKind.latency:  # one batch, every prompt and output of the same length
         return random_prompts(replace(w, range_ratio=0.0, output_range_ratio=None), w.batch_size, vocab)
     return file_prompts(w, tokenize, vocab)
+
+
+def check_fits_in_memory(w: WorkloadConfig) -> None:
+    """A synthetic workload whose prompts alone would fill half this machine's memory is a config error
+    naming the key that sized it, before any is drawn (instead of a machine swapping until killed)."""
+    latency = w.kind is WorkloadKind.latency
+    count_key, count = (
+        ("workload.batch_size", w.batch_size) if latency else ("workload.num_requests", w.num_requests)
+    )
+    if w.kind is WorkloadKind.prompts_file or count <= 0:
+        return  # a file's prompts are as large as the file
+    tokens = w.input_len + (w.prefix_len if w.kind is WorkloadKind.shared_prefix else 0)
+    gib, memory = count * tokens * HOST_BYTES_PER_TOKEN / 2**30, machine_memory_gb()
+    if gib > memory / 2:
+        raise ConfigError(
+            f"{count_key}={count} of ~{tokens}-token prompts would hold ~{gib:.3g} GiB of token ids in host "
+            f"memory, over half of this machine's {memory:.3g} GiB: lower {count_key} or workload.input_len"
+        )
 
 
 def nanovllm_bench_prompts(

@@ -206,11 +206,16 @@ def cli(argv: list[str] | None = None) -> int:
         print(f"nanoexp: error: {err}", file=sys.stderr)
         return 2
     out = args.out or args.sweep_b
-    out.mkdir(parents=True, exist_ok=True)
     text = markdown(table, header)
-    atomic_files.write_atomically(out / "compare.md", text)
-    atomic_files.write_table(table, out / "compare.csv")
-    plot(table, out / "compare.png")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_files.write_atomically(out / "compare.md", text)
+        atomic_files.write_table(table, out / "compare.csv")
+        plot(table, out / "compare.png")
+    except OSError as err:  # one line, as run.py's: the comparison is printed but cannot be kept
+        print(text, end="")
+        print(f"nanoexp: error: {atomic_files.unwritable(out, err, '--out')}", file=sys.stderr)
+        return 1
     print(text, end="")
     return 0
 
