@@ -454,15 +454,18 @@ def test_gpu_engine_fp8_with_and_without_graphs(peaked_checkpoint):
 
 def warm_up_through_cache(runner) -> int:
     runner.run_prefill_through_cache(200)  # the cache's first 13 blocks filled with a warm-up's K/V
-    return int(runner.kv_cache[:, :, :13].float().abs().sum() > 0)
+    runner.run_prefill_through_cache(200, cached_prefix=True)  # a prefix-cache hit's variant: 14 blocks
+    return int(runner.kv_cache[:, :, :14].float().abs().sum() > 0)
 
 
-def test_the_lossy_caches_warm_up_prefill_leaves_no_trace(peaked_checkpoint):
-    """The warm-up that compiles the fp8 cache's prefill variants (on CUDA, at start-up) stores its K/V in
-    the cache's first blocks; requests that later get those blocks read only what they wrote."""
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "auto"])
+def test_the_warm_up_prefills_through_the_cache_leave_no_trace(peaked_checkpoint, kv_cache_dtype):
+    """The warm-ups that compile the prefill variants reading the cache (an fp8 cache's, a prefix-cache
+    hit's; on CUDA, at start-up) store their K/V in the cache's first blocks; requests that later get
+    those blocks read only what they wrote."""
     args = dict(device="cpu", kvcache_block_size=16, max_num_seqs=8, num_kvcache_blocks=256)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    with LLM(peaked_checkpoint, kv_cache_dtype="fp8", **args) as llm:
+    with LLM(peaked_checkpoint, kv_cache_dtype=kv_cache_dtype, **args) as llm:
         want = [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
         llm.engine.reset_prefix_cache()
         assert llm.engine.executor.call(warm_up_through_cache) == 1
