@@ -105,7 +105,7 @@ def ci(v):
         return m, math.nan, math.nan
     sd = stats.tstd(v)
     h = stats.t.ppf(0.975, len(v) - 1) * sd / math.sqrt(len(v))
-    return m, m - h, m + h
+    return m, max(m - h, 0.0), m + h  # every metric here is >= 0
 for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "output_throughput"):
     va, vb = [s[key] for s in a if key in s], [s[key] for s in b if key in s]
     if len(va) < 2 or len(vb) < 2:
@@ -116,7 +116,7 @@ for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "output
     df = (sa + sb) ** 2 / ((sa**2 / (len(va) - 1)) + (sb**2 / (len(vb) - 1))) if sa + sb > 0 else 1
     h = stats.t.ppf(0.975, df) * math.sqrt(sa + sb)
     lo, hi = mb - ma - h, mb - ma + h
-    verdict = "within noise" if lo <= 0 <= hi else "**differs**"
+    verdict = "within noise" if lo <= 0 <= hi else "**differs**"  # 5 metrics at 95%: 1 in 4 runs flags one
     print(f"| {key} | {ma:.4g} [{la:.4g}, {ha:.4g}] | {mb:.4g} [{lb:.4g}, {hb:.4g}] | {mb / ma:.3f} | "
           f"[{lo:.4g}, {hi:.4g}] | {verdict} |")
 PY
