@@ -175,9 +175,9 @@ for part in ${PARTS:-reuse aa trace capacity}; do
     *) say "unknown part $part (reuse, aa, trace, capacity)" ;;
   esac
 done
-tar czf "$OUT/workloads.tgz" -C "$(dirname "$WORK")" --exclude='*.jsonl' --exclude='.gpu_locks' "$(basename "$WORK")"
-if [ "$(stat -c %s "$OUT/workloads.tgz")" -gt 15000000 ]; then  # the device returns files up to 16 MiB
-  tar czf "$OUT/workloads.tgz" -C "$(dirname "$WORK")" --exclude='*.jsonl' --exclude='steps.csv' \
-    --exclude='.gpu_locks' "$(basename "$WORK")"
-fi
+pack() { tar czf "$OUT/workloads.tgz" -C "$(dirname "$WORK")" --exclude='*.jsonl' --exclude='.gpu_locks' "$@" \
+  "$(basename "$WORK")"; }
+pack  # the device returns files up to 16 MiB: drop the step logs, then the plots, where it would not
+[ "$(stat -c %s "$OUT/workloads.tgz")" -gt 15000000 ] && pack --exclude='steps.csv'
+[ "$(stat -c %s "$OUT/workloads.tgz")" -gt 15000000 ] && pack --exclude='steps.csv' --exclude='*.png'
 say "done $(date -u +%FT%TZ); files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
