@@ -41,7 +41,7 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 WANDB_MODE=offline H
 export TOKENIZERS_PARALLELISM=false NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 BUDGET="${BUDGET:-540}"; T0=$(date +%s)
 if [ "${SMOKE:-0}" = 1 ]; then  # CPU: the tiny model, a handful of requests, every override the GPU run uses
-  MODEL=(model=qwen3_tiny cache.cpu_kv_cache_gb=0.05 logger=none engine.use_tqdm=false)
+  MODEL=(model=qwen3_tiny cache.cpu_kv_cache_gib=0.05 logger=none engine.use_tqdm=false)
   SIZE=(workload.num_requests=4 workload.input_len=32 workload.output_len=4)
   RATES="${RATES:-8,16,32,64,128,inf}"; AA_RATE=32
   TRACE_GEN=(--seconds 2 --rate 3 --block-size 16 --max-output 8)
