@@ -11,9 +11,11 @@
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-if [ -d "${WHEELS:-.whl}" ] && ! "$PY" -c "import hydra" 2>/dev/null; then  # the GPU image lacks hydra & co.
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    "${WHEELS:-.whl}"/*.whl || { echo "wheel install failed"; exit 1; }
+if ! "$PY" -c "import hydra" 2>/dev/null; then  # the GPU image lacks hydra & co.: the wheels in .whl
+  if [ ! -d /tmp/site/hydra ] && [ -d "${WHEELS:-.whl}" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      "${WHEELS:-.whl}"/*.whl || { echo "wheel install failed"; exit 1; }
+  fi
   export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1

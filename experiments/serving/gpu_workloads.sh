@@ -30,16 +30,18 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 WORK="${WORK:-/tmp/wl}"; rm -rf "$WORK"; mkdir -p "$WORK"
 LOG="$OUT/workloads.log"; : > "$LOG"
 PY="${PYTHON:-python3}"
-if [ -d "${WHEELS:-.whl}" ] && ! "$PY" -c "import hydra" 2>/dev/null; then  # the GPU image lacks hydra & co.
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    "${WHEELS:-.whl}"/*.whl || { echo "wheel install failed" | tee -a "$LOG"; exit 1; }
+if ! "$PY" -c "import hydra" 2>/dev/null; then  # the GPU image lacks hydra & co.: the wheels in .whl
+  if [ ! -d /tmp/site/hydra ] && [ -d "${WHEELS:-.whl}" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      "${WHEELS:-.whl}"/*.whl || { echo "wheel install failed" | tee -a "$LOG"; exit 1; }
+  fi
   export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 BUDGET="${BUDGET:-540}"; T0=$(date +%s)
 if [ "${SMOKE:-0}" = 1 ]; then  # CPU: the tiny model, a handful of requests, every override the GPU run uses
-  MODEL=(model=qwen3_tiny cache.cpu_kv_cache_gb=0.05 logger=none engine.use_tqdm=false)
+  MODEL=(model=qwen3_tiny cache.cpu_kv_cache_gib=0.05 logger=none engine.use_tqdm=false)
   SIZE=(workload.num_requests=4 workload.input_len=32 workload.output_len=4)
   RATES="${RATES:-8,16,32,64,128,inf}"; AA_RATE=32
   TRACE_GEN=(--seconds 2 --rate 3 --block-size 16 --max-output 8)
@@ -103,7 +105,7 @@ def ci(v):
         return m, math.nan, math.nan
     sd = stats.tstd(v)
     h = stats.t.ppf(0.975, len(v) - 1) * sd / math.sqrt(len(v))
-    return m, m - h, m + h
+    return m, max(m - h, 0.0), m + h  # every metric here is >= 0
 for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "output_throughput"):
     va, vb = [s[key] for s in a if key in s], [s[key] for s in b if key in s]
     if len(va) < 2 or len(vb) < 2:
@@ -114,7 +116,7 @@ for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "output
     df = (sa + sb) ** 2 / ((sa**2 / (len(va) - 1)) + (sb**2 / (len(vb) - 1))) if sa + sb > 0 else 1
     h = stats.t.ppf(0.975, df) * math.sqrt(sa + sb)
     lo, hi = mb - ma - h, mb - ma + h
-    verdict = "within noise" if lo <= 0 <= hi else "**differs**"
+    verdict = "within noise" if lo <= 0 <= hi else "**differs**"  # 5 metrics at 95%: 1 in 4 runs flags one
     print(f"| {key} | {ma:.4g} [{la:.4g}, {ha:.4g}] | {mb:.4g} [{lb:.4g}, {hb:.4g}] | {mb / ma:.3f} | "
           f"[{lo:.4g}, {hi:.4g}] | {verdict} |")
 PY
@@ -173,9 +175,9 @@ for part in ${PARTS:-reuse aa trace capacity}; do
     *) say "unknown part $part (reuse, aa, trace, capacity)" ;;
   esac
 done
-tar czf "$OUT/workloads.tgz" -C "$(dirname "$WORK")" --exclude='*.jsonl' --exclude='.gpu_locks' "$(basename "$WORK")"
-if [ "$(stat -c %s "$OUT/workloads.tgz")" -gt 15000000 ]; then  # the device returns files up to 16 MiB
-  tar czf "$OUT/workloads.tgz" -C "$(dirname "$WORK")" --exclude='*.jsonl' --exclude='steps.csv' \
-    --exclude='.gpu_locks' "$(basename "$WORK")"
-fi
+pack() { tar czf "$OUT/workloads.tgz" -C "$(dirname "$WORK")" --exclude='*.jsonl' --exclude='.gpu_locks' "$@" \
+  "$(basename "$WORK")"; }
+pack  # the device returns files up to 16 MiB: drop the step logs, then the plots, where it would not
+[ "$(stat -c %s "$OUT/workloads.tgz")" -gt 15000000 ] && pack --exclude='steps.csv'
+[ "$(stat -c %s "$OUT/workloads.tgz")" -gt 15000000 ] && pack --exclude='steps.csv' --exclude='*.png'
 say "done $(date -u +%FT%TZ); files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

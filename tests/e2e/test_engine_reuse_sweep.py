@@ -46,7 +46,7 @@ def test_a_six_point_rate_sweep_builds_one_engine_and_matches_fresh_engines(tmp_
     rates = "workload.request_rate=40,80,160,320,640,inf"
     reused = sweep(tmp_path, "reused", rates)
     fresh = sweep(tmp_path, "fresh", rates, "engine.reuse=false")
-    assert [j["offered_request_rate"] for j in reused] == [40, 80, 160, 320, 640, float("inf")]
+    assert [float(j["offered_request_rate"]) for j in reused] == [40, 80, 160, 320, 640, float("inf")]
     assert [j["engine_reused"] for j in reused] == [False] + [True] * 5
     assert [j["engine_id"] for j in reused] == [1] * 6  # one engine built in the sweep's process
     assert [j["engine_reused"] for j in fresh] == [False] * 6
