@@ -323,6 +323,29 @@ def test_engine_knobs_reach_the_engine_config() -> None:
     assert config.scheduler.async_scheduling and config.execution.attention_backend == "torch"
 
 
+def test_every_knob_of_the_model_and_engine_groups_reaches_the_engine_config() -> None:
+    """The factory builds the engine's ModelConfig and ExecutionConfig field by field: a knob it left out
+    would silently run with the engine's default."""
+    changed = {
+        "engine.device": "cpu",
+        "engine.attention_backend": "torch",
+        "engine.gemm_backend": "torch",
+        "engine.pdl": "off",
+        "engine.seed": 7,
+        "engine.expert_load_stats": False,
+        "model.dtype": "float32",
+        "model.quantization": "fp8",
+    }
+    assert {f"engine.{f.name}" for f in dataclasses.fields(ExecutionConfig)} <= set(changed)
+    overrides = [f"{key}={str(value).lower()}" for key, value in changed.items()]
+    config = engine_factory.engine_config(to_spec(compose_cfg("model=qwen3_tiny", *overrides)), DUMMY)
+    for key, value in changed.items():
+        group, name = key.split(".")
+        section = config.execution if group == "engine" else config.model
+        assert getattr(section, name) == value, key
+        assert value != getattr(type(section), name), f"{key}: pick a value other than the default"
+
+
 def test_async_scheduling_defaults_on_at_every_tp_size_and_can_be_turned_off():
     assert EngineConfig.from_kwargs("m").scheduler.async_scheduling is True
     assert EngineConfig.from_kwargs("m", tensor_parallel_size=2).scheduler.async_scheduling is True

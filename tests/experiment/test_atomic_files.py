@@ -118,7 +118,7 @@ NOT_RESULTS = {  # (file, what it writes): files that are not results, written i
     ("gpus.py", ".write_text("),  # a GPU lock file holding a pid
     ("gpus.py", 'open(lock_dir / f"{host}.mutex", "a")'),  # the lock's mutex file
     ("sweep_callback.py", '.open("a+")'),  # the sweep's lock file
-    ("main.py", '.open("a")'),  # run.log, which Hydra's logging appends to as well
+    ("run_log.py", '.open("a")'),  # run.log, which Hydra's logging appends to as well
 }
 
 
