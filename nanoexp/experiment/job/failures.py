@@ -65,15 +65,14 @@ def handled(job_body: Callable[[DictConfig, JobInfo, JobState], None]) -> Callab
         if os.environ.get(SUBMITIT_EXECUTOR) == "local":
             interrupts.die_with_sweep()
         try:
-            state.job = job = current_job(
-                cfg.logger
-            )  # before the typed config: a sweep lists its config errors
+            # the job before its typed config, so a sweep lists its config errors
+            state.job = job = current_job(cfg.logger)
             job_body(cfg, job, state)
         except Exception as e:  # noqa: BLE001 - every failure becomes one line and an exit code
-            finish_loggers(state, e)
+            fail_loggers(state, e)
             code = report_error(e, state.job)
         except KeyboardInterrupt as e:  # recorded as failed; in a sweep's own process it stops the sweep too
-            finish_loggers(state, e)
+            fail_loggers(state, e)
             interrupt = interrupts.as_interrupted(e)
             code = report_error(interrupt, state.job)
             if state.job is not None and state.job.multirun and SUBMITIT_EXECUTOR not in os.environ:
@@ -86,7 +85,7 @@ def handled(job_body: Callable[[DictConfig, JobInfo, JobState], None]) -> Callab
     return main
 
 
-def finish_loggers(state: JobState, error: BaseException) -> None:
+def fail_loggers(state: JobState, error: BaseException) -> None:
     """Finishes the loggers with the failure; a job that failed before they started starts them first, so
     it too leaves results (with only the local sink when the logger section is what is invalid)."""
     if state.job is None or state.summarized:

@@ -39,7 +39,8 @@ from nanoexp.loader import load_tokenizer
 
 @handled
 def main(cfg: DictConfig, job: JobInfo, state: JobState) -> None:
-    """Runs the experiment `cfg` describes as the job `job`; `state` is what a failure is recorded with."""
+    """Runs the experiment `cfg` describes as `job`: resolve, build, run, summarise, log (run.py calls it as
+    `main(cfg)`, which returns 0 or exits non-zero; `state` tells failures.py how far the job got)."""
     spec, plain = to_spec(cfg), to_plain(cfg)
     build.check(spec)
     checkpoint = build.resolve_checkpoint(spec.model)
@@ -74,9 +75,7 @@ def experiment(
     workloads = [build.build_workload(s, tokenizer) for s in repeat_specs(spec)]
     memory = JobMemory()
     measured = run_on_engine(spec, config, checkpoint, logger, job, workloads, tokenizer)
-    if (
-        measured.probed is not None
-    ):  # the unquantized model is built once the job's engine released its memory
+    if measured.probed is not None:  # the unquantized model is built once the job's engine is released
         measured.quality |= weight_quality.score(measured.probed, config, spec.metrics.weight_quality)
     write_requests(spec, job, logger, workloads, measured, tokenizer)
     request_checks.check_outputs(measured.records, workloads)
@@ -172,17 +171,15 @@ def write_requests(
 
 def summarise(spec: NanoexpConfig, job: JobInfo, measured: Measured) -> dict:
     """The repeats' metrics, with the engine's facts and the quality probes' scores."""
-    stats = measured.stats
+    records, stats = measured.records, measured.stats
     traced = spec.profile.trace_repeat if spec.profile.trace_steps else None
     device = "cuda" if stats.get("device") == "cuda" else "cpu"
-    records = measured.records
     summary = summarize_repeats(records, spec.metrics.slo.as_dict(), spec.metrics.noise, device, traced)
     summary |= expert_load_summary(records, job.out_dir)
     summary |= turn_metrics(records) | measured.reuse_facts | measured.found
     summary |= {f"engine_{k}" if k in summary else k: v for k, v in stats.items()} | measured.quality
-    for name in registry.not_applicable(
-        spec.engine.kind.value
-    ):  # absent, not 0: transformers has no KV blocks
+    # absent, not 0: the transformers baseline has no KV blocks
+    for name in registry.not_applicable(spec.engine.kind.value):
         summary.pop(name, None)
     return summary
 

@@ -56,7 +56,8 @@ class ArchConfig:
 @dataclass
 class ModelGroup:
     """The engine's model knobs (dtype, quantization), where the weights come from (model.path, else the
-    local hub cache by `hub_id`; load_format) and the typed `arch` dummy weights are built from."""
+    local hub cache by `hub_id`; load_format) and the typed `arch` dummy weights are built from. The engine's
+    fields come first, in its order, as the logged config has always listed them."""
 
     path: str | None = ModelConfig.path
     dtype: str = ModelConfig.dtype
