@@ -100,6 +100,32 @@ def test_experiment_imports_point_down() -> None:
     assert not upward, "experiment imports that point up its folders:\n" + "\n".join(sorted(upward))
 
 
+# the schema's own modules: the shared ones, then one per config group (each imports only the shared ones),
+# then the root that composes the groups, then the registration with Hydra (the package imports them all)
+SCHEMA = "nanoexp.experiment.schema"
+SCHEMA_SHARED = {"common", "keys", "job_dirs"}
+SCHEMA_LAYERS = {"experiment": 2, "store": 3}  # any other module: a config group's, layer 1
+
+
+def schema_layer_of(module: str) -> int | None:
+    inside = module.startswith(SCHEMA + ".") and module.count(".") == SCHEMA.count(".") + 1
+    name = module.rsplit(".", 1)[-1]
+    return None if not inside else 0 if name in SCHEMA_SHARED else SCHEMA_LAYERS.get(name, 1)
+
+
+def test_schema_groups_import_only_the_shared_schema_modules() -> None:
+    crossing = [
+        f"{src} -> {dst}"
+        for src, targets in import_graph().items()
+        for dst in targets
+        if None not in (schema_layer_of(src), schema_layer_of(dst))
+        and schema_layer_of(dst) >= schema_layer_of(src) > 0
+    ]
+    assert not crossing, "schema modules that import a group's or a later module:\n" + "\n".join(
+        sorted(crossing)
+    )
+
+
 def test_only_the_public_api_imports_the_package_root() -> None:
     importers = [src for src, targets in import_graph().items() if "nanoexp" in targets]
     assert not importers, f"import nanoexp.<layer> modules directly, not the package root: {importers}"

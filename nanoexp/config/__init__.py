@@ -1,6 +1,6 @@
 """Hydra-free settings, one dataclass per concern; each holds its defaults and checks its fields. Every
-layer may import these; they import no other layer. The experiment layer registers the same classes as
-Hydra config groups, and `LLM(model, **kwargs)` maps its flat keywords onto them."""
+layer may import these; they import no other layer. The experiment layer's Hydra config groups are these
+classes or hold their knobs, and `LLM(model, **kwargs)` maps its flat keywords onto them."""
 
 from nanoexp.config.cache import CacheConfig
 from nanoexp.config.checks import KnobError

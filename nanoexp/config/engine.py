@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -33,35 +32,23 @@ KEYWORDS = {
     for f in fields(cls)
     if (section, f.name) != ("model", "path")
 }
-KNOB_PREFIX = {"execution": "engine"}  # a section whose knobs are named after another (the Hydra group)
-# every keyword -> the key run.py's users type for the same knob (the Hydra config's dotted key)
-HYDRA_KEYS = {keyword: f"{KNOB_PREFIX.get(s, s)}.{n}" for keyword, (s, n) in KEYWORDS.items()}
+# every keyword -> the knob's name in the config classes' messages: `<section>.<field>`, or the section's own
+# prefix where it declares one (ExecutionConfig's knobs are the engine's, `engine.device`)
+KNOB_NAMES = {
+    keyword: f"{getattr(SECTIONS[s], 'knob_prefix', s)}.{n}" for keyword, (s, n) in KEYWORDS.items()
+}
+KEYWORD_OF_KNOB = {knob: keyword for keyword, knob in KNOB_NAMES.items()}
 
 
-def _keyword_pattern() -> re.Pattern:
-    """A keyword as a message names a knob: `keyword=...`, or bare where it cannot be a plain word (it has
-    an underscore); never inside a dotted key (`engine.device`) or another identifier."""
-    names = sorted(HYDRA_KEYS, key=len, reverse=True)
-    bare = "|".join(re.escape(k) for k in names if "_" in k)
-    assigned = "|".join(re.escape(k) for k in names)
-    return re.compile(rf"(?<![\w./=-])(?:(?:{assigned})(?=\s*=)|(?:{bare})(?![\w]))")
-
-
-KEYWORD_PATTERN = _keyword_pattern()
+def keyword_of(knob: str) -> str:
+    """The `LLM(...)` keyword of a knob as the config classes' messages name it (itself when it is none)."""
+    return KEYWORD_OF_KNOB.get(knob, knob)
 
 
 def as_keyword(e: KnobError) -> KnobError:
-    """A config class's error (which names the Hydra key, `cache.block_size`) as `LLM(...)` callers
-    spell the knob (`kvcache_block_size`); the inverse of `in_hydra_keys`, from the same table."""
-    keyword = {key: keyword for keyword, key in HYDRA_KEYS.items()}.get(e.knob, e.knob)
-    return KnobError(keyword, e.value, e.allowed, e.reason)
-
-
-def in_hydra_keys(message: str) -> str:
-    """An engine message (phrased with `LLM(**kwargs)`'s keywords) phrased with the Hydra keys run.py's
-    users type: `num_kvcache_blocks` -> `cache.num_blocks`, `device='cuda'` -> `engine.device='cuda'`.
-    The one place where the two spellings meet; run.py's error path applies it to every error line."""
-    return KEYWORD_PATTERN.sub(lambda m: HYDRA_KEYS[m.group(0)], message)
+    """A config class's error (which names the knob by section, `cache.block_size`) as `LLM(...)` callers
+    spell the knob (`kvcache_block_size`)."""
+    return KnobError(keyword_of(e.knob), e.value, e.allowed, e.reason)
 
 
 @dataclass

@@ -1,16 +1,19 @@
 """Where and how the model runs: device, the kernel choices (attention backend, GEMM backend, PDL)
-and the random seed. Its knobs are spelled `engine.<field>`, the Hydra `engine` group, whose
-schema (experiment/schema.py EngineSpec) adds which engine runs the job and how it is driven."""
+and the random seed. Messages name these knobs `engine.<field>`, the engine's own knobs (the API's
+callers see their keywords: config/engine.py as_keyword)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from nanoexp.config.checks import MAX_INT64, boolean, choice, integer
 
 
 @dataclass
 class ExecutionConfig:
+    knob_prefix: ClassVar[str] = "engine"  # as the runner and the kernels name these knobs too
+
     device: str = "auto"  # auto = CUDA when present
     # kernel choices, to compare in a sweep (with parallel.all_reduce, parallel.sharded_sampling and
     # cache.kv_cache_dtype); auto = what measured fastest on the machine
@@ -28,9 +31,12 @@ class ExecutionConfig:
     expert_load_stats: bool = True
 
     def __post_init__(self) -> None:
-        choice("engine.device", self.device, ("auto", "cuda", "cpu"))
-        choice("engine.attention_backend", self.attention_backend, ("auto", "torch", "triton", "flash_attn"))
-        choice("engine.gemm_backend", self.gemm_backend, ("auto", "torch", "triton"))
-        choice("engine.pdl", self.pdl, ("auto", "on", "off"))
-        integer("engine.seed", self.seed, 0, high=MAX_INT64)
-        boolean("engine.expert_load_stats", self.expert_load_stats)
+        engine = self.knob_prefix
+        choice(f"{engine}.device", self.device, ("auto", "cuda", "cpu"))
+        choice(
+            f"{engine}.attention_backend", self.attention_backend, ("auto", "torch", "triton", "flash_attn")
+        )
+        choice(f"{engine}.gemm_backend", self.gemm_backend, ("auto", "torch", "triton"))
+        choice(f"{engine}.pdl", self.pdl, ("auto", "on", "off"))
+        integer(f"{engine}.seed", self.seed, 0, high=MAX_INT64)
+        boolean(f"{engine}.expert_load_stats", self.expert_load_stats)

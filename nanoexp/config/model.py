@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from nanoexp.config.checks import KnobError, choice
 
@@ -14,8 +14,6 @@ QUANTIZATIONS = ("none", "fp8")
 
 @dataclass
 class ModelConfig:
-    load_formats: ClassVar[tuple[str, ...]] = LOAD_FORMATS
-
     path: str | None = None  # a checkpoint directory (or a hub id); None with dummy weights and `arch`
     dtype: str = "auto"  # auto = the checkpoint's; on a CPU float32 unless bfloat16 is native there
     # auto = safetensors: the checkpoint at `path`, an error when it has none; dummy: random weights
@@ -27,7 +25,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         choice("model.dtype", self.dtype, DTYPES)
-        choice("model.load_format", self.load_format, self.load_formats)
+        choice("model.load_format", self.load_format, LOAD_FORMATS)
         choice("model.quantization", self.quantization, QUANTIZATIONS)
         if self.path is None and self.arch is None:
             raise KnobError("model.path", None, "a checkpoint directory or hub id (or give model.arch)")

@@ -27,7 +27,7 @@ from nanoexp.config import (
     SchedulerConfig,
 )
 from nanoexp.experiment import schema
-from nanoexp.experiment.job import build
+from nanoexp.experiment.job import build, engine_factory
 from nanoexp.experiment.job.build import Checkpoint, resolve_checkpoint
 from nanoexp.experiment.measure.workloads import nanovllm_bench_prompts
 from nanoexp.experiment.schema import ConfigError, NanoexpConfig, to_plain, to_spec
@@ -91,7 +91,7 @@ def test_every_option_composes_and_builds(group: str, tmp_path: Path) -> None:
         cfg = compose_cfg(f"{group}={option}", *tp_safe, *extra)
         spec = to_spec(cfg)
         build.check(spec)
-        assert isinstance(build.engine_config(spec, DUMMY), EngineConfig)
+        assert isinstance(engine_factory.engine_config(spec, DUMMY), EngineConfig)
         workload = build.build_workload(spec, WordTokenizer())
         assert workload.requests, f"{group}={option} built no requests"
         assert build.build_logger(spec.logger) is not None
@@ -187,7 +187,15 @@ def test_groups_are_the_engines_config_classes() -> None:
         SchedulerConfig,
         ParallelConfig,
     )
-    assert isinstance(spec.model, ModelConfig) and isinstance(spec.engine, ExecutionConfig)
+    # the model and engine groups hold every knob of the engine class built from them (its defaults, its
+    # checks), and the job's own fields beside them
+    config = engine_factory.engine_config(spec, DUMMY)
+    assert type(config.model) is ModelConfig and type(config.execution) is ExecutionConfig
+    for group, cls in (("model", ModelConfig), ("engine", ExecutionConfig)):
+        knobs = {f.name for f in dataclasses.fields(cls)}
+        assert knobs <= {f.name for f in dataclasses.fields(getattr(spec, group))}, (
+            f"{group} lacks an engine knob"
+        )
     assert {"model", "engine", "sampler"} <= set(types)
     defaults = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
     for f in dataclasses.fields(schema.SamplerConfig):
@@ -197,12 +205,12 @@ def test_groups_are_the_engines_config_classes() -> None:
 
 def test_engine_config_takes_the_sections_as_they_are() -> None:
     spec = to_spec(compose_cfg("model=qwen3_tiny", "engine.attention_backend=torch", "cache.block_size=16"))
-    config = build.engine_config(spec, DUMMY)
+    config = engine_factory.engine_config(spec, DUMMY)
     assert config.cache is spec.cache and config.scheduler is spec.scheduler
     assert type(config.model) is ModelConfig and type(config.execution) is ExecutionConfig
     assert config.execution.attention_backend == "torch" and config.cache.block_size == 16
     assert config.model.arch["num_attention_heads"] == 4 and config.model.load_format == "dummy"
-    real = build.engine_config(spec, Checkpoint("safetensors", "/ckpt", "auto", "path"))
+    real = engine_factory.engine_config(spec, Checkpoint("safetensors", "/ckpt", "auto", "path"))
     assert real.model.arch is None and real.model.path == "/ckpt"
 
 
@@ -239,11 +247,12 @@ def yaml_values(section: str) -> list[tuple[str, dict]]:
 
 @pytest.mark.parametrize("section", sorted(KNOB_CLASSES))
 def test_each_engine_knob_has_its_default_in_one_place(section: str) -> None:
-    """In its engine class: not in the schema's classes that extend or mirror it, not in a YAML."""
+    """In its engine class: not in the schema's classes that mirror it, not in a YAML."""
     cls = KNOB_CLASSES[section]
-    sources = [*sorted((ROOT / "nanoexp" / "config").glob("*.py")), ROOT / "nanoexp/experiment/schema.py"]
+    sources = [*sorted((ROOT / "nanoexp" / "config").glob("*.py"))]
+    sources += sorted((ROOT / "nanoexp/experiment/schema").glob("*.py"))
     literals = literal_defaults(sources)
-    holders = {cls.__name__, "ModelSpec", "EngineSpec", "SamplerConfig"}
+    holders = {cls.__name__, "ModelGroup", "EngineGroup", "SamplerConfig"}
     for f in dataclasses.fields(cls):
         written = {c: n for (c, name), n in literals.items() if name == f.name and c in holders}
         assert written == {cls.__name__: 1}, f"{section}.{f.name}: default written in {written}"
@@ -310,8 +319,31 @@ def test_checkpoint_resolution(tmp_path: Path) -> None:
 
 def test_engine_knobs_reach_the_engine_config() -> None:
     cfg = compose_cfg("model=qwen3_tiny", "engine.attention_backend=torch", "scheduler.async_scheduling=true")
-    config = build.engine_config(to_spec(cfg), DUMMY)
+    config = engine_factory.engine_config(to_spec(cfg), DUMMY)
     assert config.scheduler.async_scheduling and config.execution.attention_backend == "torch"
+
+
+def test_every_knob_of_the_model_and_engine_groups_reaches_the_engine_config() -> None:
+    """The factory builds the engine's ModelConfig and ExecutionConfig field by field: a knob it left out
+    would silently run with the engine's default."""
+    changed = {
+        "engine.device": "cpu",
+        "engine.attention_backend": "torch",
+        "engine.gemm_backend": "torch",
+        "engine.pdl": "off",
+        "engine.seed": 7,
+        "engine.expert_load_stats": False,
+        "model.dtype": "float32",
+        "model.quantization": "fp8",
+    }
+    assert {f"engine.{f.name}" for f in dataclasses.fields(ExecutionConfig)} <= set(changed)
+    overrides = [f"{key}={str(value).lower()}" for key, value in changed.items()]
+    config = engine_factory.engine_config(to_spec(compose_cfg("model=qwen3_tiny", *overrides)), DUMMY)
+    for key, value in changed.items():
+        group, name = key.split(".")
+        section = config.execution if group == "engine" else config.model
+        assert getattr(section, name) == value, key
+        assert value != getattr(type(section), name), f"{key}: pick a value other than the default"
 
 
 def test_async_scheduling_defaults_on_at_every_tp_size_and_can_be_turned_off():

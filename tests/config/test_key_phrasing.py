@@ -12,8 +12,9 @@ from omegaconf import OmegaConf
 
 from nanoexp import LLM
 from nanoexp.config import KnobError
-from nanoexp.config.engine import HYDRA_KEYS, KEYWORDS, as_keyword, in_hydra_keys
+from nanoexp.config.engine import KEYWORDS, as_keyword
 from nanoexp.experiment import schema  # noqa: F401  (registers the config classes with Hydra)
+from nanoexp.experiment.schema.keys import HYDRA_KEYS, in_hydra_keys
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -70,7 +71,7 @@ def test_run_pys_logs_phrase_engine_warnings_with_hydra_keys() -> None:
     import io
     import logging
 
-    from nanoexp.experiment.job.main import phrase_engine_logs
+    from nanoexp.experiment.job.engine_logs import phrase_engine_logs
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

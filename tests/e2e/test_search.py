@@ -12,7 +12,7 @@ import pytest
 import yaml
 from helpers import ROOT, job_env
 
-from nanoexp.experiment.job.main import objective_of
+from nanoexp.experiment.job.objective import objective_of
 
 SEARCH = {"objective": "output_throughput", "max_p99_ttft_ms": 100.0, "infeasible_value": 0.0}
 

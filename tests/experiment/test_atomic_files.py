@@ -120,7 +120,7 @@ NOT_RESULTS = {  # (file, what it writes): files that are not results, written i
     ("gpus.py", ".write_text("),  # a GPU lock file holding a pid
     ("gpus.py", 'open(lock_dir / f"{host}.mutex", "a")'),  # the lock's mutex file
     ("sweep_callback.py", '.open("a+")'),  # the sweep's lock file
-    ("main.py", '.open("a")'),  # run.log, which Hydra's logging appends to as well
+    ("run_log.py", '.open("a")'),  # run.log, which Hydra's logging appends to as well
     ("peak_memory.py", "Path(CLEAR_REFS).write_text("),  # a /proc control file, not a file
     ("check_cost.py", 'open(path / "model.safetensors", "wb")'),  # the sparse checkpoint a timing loads
     ("flash_attn_lean_setup.py", ".write_text("),  # flash-attn's sources, patched before its build

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nanoexp.experiment.job.main import JobMemory
+from nanoexp.experiment.job.memory import JobMemory
 from nanoexp.experiment.measure.repeats import LoadMeter, noise_flags
 from nanoexp.experiment.report.compare import ratio
 from nanoexp.experiment.report.sweep_report import typed

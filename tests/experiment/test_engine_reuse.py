@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from nanoexp.config import SamplingParams
-from nanoexp.experiment.job import build, engine_reuse
+from nanoexp.experiment.job import build, engine_factory, engine_reuse
 from nanoexp.experiment.runtime.job_info import JobInfo
 from nanoexp.experiment.schema import to_spec
 
@@ -23,7 +23,7 @@ def job_parts(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         spec = to_spec(compose("config", overrides=[*TINY, *overrides]))
     checkpoint = build.resolve_checkpoint(spec.model)
-    return spec, build.engine_config(spec, checkpoint), checkpoint
+    return spec, engine_factory.engine_config(spec, checkpoint), checkpoint
 
 
 def sweep_job(tmp_path: Path, multirun: bool = True) -> JobInfo:

@@ -11,7 +11,8 @@ import pytest
 from helpers import ROOT, TINY_JOB
 from hydra import compose, initialize_config_dir
 
-from nanoexp.experiment.job.build import build_llm, build_workload, engine_config, resolve_checkpoint
+from nanoexp.experiment.job.build import build_workload, resolve_checkpoint
+from nanoexp.experiment.job.engine_factory import build_llm, engine_config
 from nanoexp.experiment.measure.driver import REFRESH_S, EngineDriver, Progress
 from nanoexp.experiment.measure.repeats import measure, progress_total
 from nanoexp.experiment.schema import to_spec

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nanoexp import LLM, SamplingParams
-from nanoexp.experiment.job.main import _warm_up
+from nanoexp.experiment.job.main import warm_up
 from nanoexp.experiment.measure.driver import EngineDriver
 from nanoexp.experiment.measure.workloads import Request, Workload, request_label
 
@@ -21,7 +21,7 @@ class RefusingEngine:
 def test_the_warm_up_request_is_named_as_such_never_as_a_number() -> None:
     first = Request([1, 2, 3], PARAMS, source_file="p.jsonl", source_line=7)
     with pytest.raises(ValueError) as info:
-        _warm_up(EngineDriver(RefusingEngine()), Workload("w", [first]))
+        warm_up(EngineDriver(RefusingEngine()), Workload("w", [first]))
     assert str(info.value) == "the untimed warm-up request (from request 0 (p.jsonl:7)): refused"
 
 

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from nanoexp.config import SamplingParams
 from nanoexp.engine.outputs import RequestOutput
-from nanoexp.experiment.job import build
+from nanoexp.experiment.job import build, engine_factory
 from nanoexp.experiment.measure.driver import EngineDriver, RunRecord
 from nanoexp.experiment.measure.sessions import Conversations, multi_turn_workload, turn_metrics
 from nanoexp.experiment.schema import WorkloadConfig, WorkloadKind, to_spec
@@ -115,7 +115,7 @@ def test_a_real_engine_conversation_holds_each_turn_token_for_token() -> None:
         spec = to_spec(compose("config", overrides=overrides))
     checkpoint = build.resolve_checkpoint(spec.model)
     workload = build.build_workload(spec)
-    llm, driver = build.build_llm(spec, build.engine_config(spec, checkpoint), checkpoint)
+    llm, driver = engine_factory.build_llm(spec, engine_factory.engine_config(spec, checkpoint), checkpoint)
     try:
         t0 = time.perf_counter()
         outputs = driver.drive(workload.requests, t0, lambda s: None, follow_up=workload.follow_up)

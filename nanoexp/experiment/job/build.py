@@ -7,20 +7,16 @@ import logging
 import sys
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
 
-from nanoexp import factory
-from nanoexp.config import EngineConfig, ExecutionConfig, KnobError, ModelConfig
+from nanoexp.config import KnobError
 from nanoexp.config.checkpoint_files import json_object
 from nanoexp.config.parallel import check_split
-from nanoexp.experiment.measure.driver import Driver, EngineDriver
 from nanoexp.experiment.schema import (
     DUMMY_IF_MISSING,
     ConfigError,
-    EngineKind,
     LoggerConfig,
     LoggerKind,
-    ModelSpec,
+    ModelGroup,
     NanoexpConfig,
     WorkloadKind,
 )
@@ -37,7 +33,7 @@ class Checkpoint:
     source: str  # "path", "hub_cache" or "none"
 
 
-def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
+def resolve_checkpoint(model: ModelGroup) -> Checkpoint:
     """Real weights from model.path, else from the local HF hub cache (a directory with *.safetensors);
     only dummy_if_missing falls back to dummy weights, loudly."""
     requested = model.load_format
@@ -72,7 +68,7 @@ def resolve_checkpoint(model: ModelSpec) -> Checkpoint:
     return Checkpoint("dummy", None, requested, "none")
 
 
-def check_arch(model: ModelSpec, checkpoint: Checkpoint) -> list[str]:
+def check_arch(model: ModelGroup, checkpoint: Checkpoint) -> list[str]:
     """Fields where the checkpoint's config.json disagrees with model.arch (warned, not fatal)."""
     disk = checkpoint_config(checkpoint)
     arch = model.arch.as_dict().items()
@@ -116,34 +112,6 @@ def check(spec: NanoexpConfig) -> None:
         raise ConfigError(f"{e} (model={spec.model.name})") from None
 
 
-def engine_config(spec: NanoexpConfig, checkpoint: Checkpoint) -> EngineConfig:
-    """The sections are the engine's classes; `model.arch` goes along only with dummy weights."""
-    arch = spec.model.arch.as_dict() if checkpoint.load_format == "dummy" else None
-    weights = {"path": checkpoint.path, "load_format": checkpoint.load_format, "arch": arch}
-    model, execution = _narrow(spec.model, ModelConfig, **weights), _narrow(spec.engine, ExecutionConfig)
-    return EngineConfig(model, spec.cache, spec.scheduler, spec.parallel, execution)
-
-
-def _narrow(section: Any, engine_class: type, **changes: Any) -> Any:
-    """The engine's class from a section that extends it: the engine sees only its own fields."""
-    values = {f.name: getattr(section, f.name) for f in fields(engine_class)}
-    return engine_class(**(values | changes))
-
-
-def build_llm(spec: NanoexpConfig, config: EngineConfig, checkpoint: Checkpoint) -> tuple[Any, Driver]:
-    """The engine and what submits the workload to it: the baseline drives itself (its batches capped at
-    workload.max_concurrency), our engine goes step by step."""
-    if spec.engine.kind is EngineKind.hf:
-        from nanoexp.experiment.measure.hf_baseline import HFBaseline
-
-        e, arch, batch = config.execution, spec.model.arch.as_dict(), config.scheduler.max_num_seqs
-        batch = min(batch, spec.workload.max_concurrency or batch)
-        baseline = HFBaseline(arch, checkpoint.path, config.model.dtype, e.device, e.seed, batch)
-        return baseline, baseline
-    llm = factory.build_engine(config)
-    return llm, EngineDriver(llm.engine, spec.workload.max_concurrency)
-
-
 def build_workload(spec: NanoexpConfig, tokenizer=None):
     from nanoexp.experiment.measure import sessions, traces
     from nanoexp.experiment.measure.workloads import build_workload, request_label, sampling_params
@@ -178,6 +146,7 @@ def build_workload(spec: NanoexpConfig, tokenizer=None):
 
 
 def build_logger(cfg: LoggerConfig) -> FanoutLogger:
+    """The local sink always; W&B beside it when the logger section asks for it."""
     if cfg.kind is LoggerKind.wandb:
         from nanoexp.experiment.sinks.wandb_sink import WandbLogger
 

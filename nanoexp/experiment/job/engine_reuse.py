@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from nanoexp.config import EngineConfig
-from nanoexp.experiment.job import build
+from nanoexp.experiment.job import build, engine_factory
 from nanoexp.experiment.measure.driver import Driver, EngineDriver
 from nanoexp.experiment.runtime.job_info import JobInfo
 from nanoexp.experiment.schema import EngineKind, NanoexpConfig
@@ -73,7 +73,7 @@ def acquire(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpo
         kept.llm.engine.reset_for_next_job()
         driver = EngineDriver(kept.llm.engine, spec.workload.max_concurrency)
         return Lease(kept.llm, driver, key, kept.engine_id, True, keep)
-    llm, driver = build.build_llm(spec, config, checkpoint)
+    llm, driver = engine_factory.build_llm(spec, config, checkpoint)
     return Lease(llm, driver, key, next(_engine_ids), False, keep)
 
 
