@@ -167,5 +167,5 @@ class StandInExecutor:
 
 def stand_in_engine(executor: StandInExecutor, **kwargs) -> LLMEngine:
     """The real control plane (scheduler, block manager) over `executor`; kwargs as LLM's."""
-    config = EngineConfig.from_kwargs("stand-in", kvcache_block_size=4, num_kvcache_blocks=64, **kwargs)
+    config = EngineConfig.from_kwargs("stand-in", kv_block_size=4, num_kv_blocks=64, **kwargs)
     return LLMEngine(config, executor)

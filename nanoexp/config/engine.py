@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from nanoexp.config import aliases
 from nanoexp.config.cache import CacheConfig
 from nanoexp.config.checks import KnobError
 from nanoexp.config.execution import ExecutionConfig
@@ -20,10 +21,10 @@ SECTIONS = {
     "parallel": ParallelConfig,
     "execution": ExecutionConfig,
 }
-# field -> flat keyword, where vLLM's keyword differs from the field's name
+# field -> flat keyword, where the field's name needs its group's word (docs/internals.md's glossary)
 RENAMED = {
-    ("cache", "block_size"): "kvcache_block_size",
-    ("cache", "num_blocks"): "num_kvcache_blocks",
+    ("cache", "block_size"): "kv_block_size",
+    ("cache", "num_blocks"): "num_kv_blocks",
     ("model", "arch"): "hf_config",
 }
 # every keyword `LLM(model, **kwargs)` accepts -> the field it sets
@@ -31,7 +32,7 @@ KEYWORDS = {
     RENAMED.get((section, f.name), f.name): (section, f.name)
     for section, cls in SECTIONS.items()
     for f in fields(cls)
-    if (section, f.name) != ("model", "path")
+    if (section, f.name) != ("model", "path") and f.name not in aliases.KEYWORDS
 }
 KNOB_PREFIX = {"execution": "engine"}  # a section whose knobs are named after another (the Hydra group)
 # every keyword -> the key run.py's users type for the same knob (the Hydra config's dotted key)
@@ -52,14 +53,14 @@ KEYWORD_PATTERN = _keyword_pattern()
 
 def as_keyword(e: KnobError) -> KnobError:
     """A config class's error (which names the Hydra key, `cache.block_size`) as `LLM(...)` callers
-    spell the knob (`kvcache_block_size`); the inverse of `in_hydra_keys`, from the same table."""
+    spell the knob (`kv_block_size`); the inverse of `in_hydra_keys`, from the same table."""
     keyword = {key: keyword for keyword, key in HYDRA_KEYS.items()}.get(e.knob, e.knob)
     return KnobError(keyword, e.value, e.allowed, e.reason)
 
 
 def in_hydra_keys(message: str) -> str:
     """An engine message (phrased with `LLM(**kwargs)`'s keywords) phrased with the Hydra keys run.py's
-    users type: `num_kvcache_blocks` -> `cache.num_blocks`, `device='cuda'` -> `engine.device='cuda'`.
+    users type: `num_kv_blocks` -> `cache.num_blocks`, `device='cuda'` -> `engine.device='cuda'`.
     The one place where the two spellings meet; run.py's error path applies it to every error line."""
     return KEYWORD_PATTERN.sub(lambda m: HYDRA_KEYS[m.group(0)], message)
 
@@ -75,6 +76,7 @@ class EngineConfig:
     @classmethod
     def from_kwargs(cls, model: str | None, **kwargs: Any) -> EngineConfig:
         """`LLM(model, **kwargs)`: unknown keywords and invalid values are errors naming the keyword."""
+        kwargs = aliases.rename_keywords(kwargs)
         unknown = sorted(set(kwargs) - set(KEYWORDS))
         if unknown:
             allowed = ", ".join(sorted(KEYWORDS))

@@ -24,6 +24,7 @@ from nanoexp.config import (
     SamplingParams,
     SchedulerConfig,
 )
+from nanoexp.config.aliases import rename_keys
 from nanoexp.config.checks import MAX_INT64, choice, integer, is_int, is_number, is_real, number
 from nanoexp.config.model import LOAD_FORMATS
 from nanoexp.experiment.metrics import registry
@@ -505,7 +506,9 @@ class NanoexpConfig:
 
 
 def to_spec(cfg: DictConfig) -> NanoexpConfig:
-    """The typed, resolved config; an unknown key or a rejected value is a ConfigError naming the key."""
+    """The typed, resolved config; an unknown key or a rejected value is a ConfigError naming the key. A
+    deprecated key's value moves to its new key first (with its warning): the logged config has it there."""
+    rename_keys(cfg)
     _reject_unknown_keys(cast(dict, OmegaConf.to_container(cfg, resolve=False)), NanoexpConfig, "")
     try:
         return cast(NanoexpConfig, OmegaConf.to_object(cfg))

@@ -94,7 +94,7 @@ def test_a_kv_cache_too_small_names_the_key_typed_and_a_real_request(tmp_path: P
     proc = run_py(tmp_path, *TINY, *QUICK, "cache.block_size=16", "cache.num_blocks=1")
     lines = error_lines(proc)
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    assert "cache.num_blocks" in lines[0] and "num_kvcache_blocks" not in lines[0]
+    assert "cache.num_blocks" in lines[0] and "num_kv_blocks" not in lines[0]
     assert lines[0].startswith("nanoexp: error: request 0: ") and "warm-up" not in lines[0]
     assert "Traceback" not in proc.stderr
 

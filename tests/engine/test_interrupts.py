@@ -20,8 +20,8 @@ def llm(request, checkpoints):
     path = checkpoints["qwen3_gqa1"][0]
     with LLM(
         path,
-        kvcache_block_size=16,
-        num_kvcache_blocks=64,
+        kv_block_size=16,
+        num_kv_blocks=64,
         max_model_len=256,
         async_scheduling=overlapped,
         tensor_parallel_size=tp,

@@ -85,7 +85,7 @@ def test_engine_with_triton_gemm_matches_torch_gemm(checkpoints):
             device=DEVICE.type,
             dtype="float32",
             gemm_backend=backend,
-            kvcache_block_size=16,
+            kv_block_size=16,
             max_model_len=256,
         ) as llm:
             outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -197,7 +197,7 @@ def test_tp2_with_triton_gemm_matches_tp1_torch_gemm(checkpoints, monkeypatch):
             dtype="float32",
             gemm_backend=backend,
             tensor_parallel_size=tp,
-            kvcache_block_size=16,
+            kv_block_size=16,
             max_model_len=256,
         ) as llm:
             outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]

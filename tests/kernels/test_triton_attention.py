@@ -67,7 +67,7 @@ def prefill_metadata(ctx_lens, q_lens, table, block_size) -> AttentionMetadata:
     cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     cu_k = torch.tensor([0, *torch.tensor(ctx_lens).cumsum(0).tolist()], dtype=torch.int32)
     return AttentionMetadata(
-        is_prefill=True,
+        has_prefill=True,
         slot_mapping=slots_for(table, ctx_lens, q_lens, block_size),
         context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE),
         block_tables=table,
@@ -81,7 +81,7 @@ def prefill_metadata(ctx_lens, q_lens, table, block_size) -> AttentionMetadata:
 
 def decode_metadata(ctx_lens, table) -> AttentionMetadata:
     return AttentionMetadata(
-        is_prefill=False,
+        has_prefill=False,
         slot_mapping=torch.zeros(len(ctx_lens), dtype=torch.int64, device=DEVICE),
         context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE),
         block_tables=table,
@@ -331,7 +331,7 @@ def test_step_graph_mixed_attention_matches_the_eager_one_with_padding():
     tokens, padded, block_m = sum(q_lens), 96, 16
     tiles = prefill_tiles(q_lens, ctx_lens, d, block_m)
     fixed = AttentionMetadata(
-        is_prefill=True,
+        has_prefill=True,
         slot_mapping=md.slot_mapping,
         context_lens=torch.tensor(ctx_lens + [0], dtype=torch.int32, device=DEVICE),
         block_tables=torch.cat([md.block_tables, torch.zeros_like(md.block_tables[:1])]),
@@ -358,7 +358,7 @@ def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
     tokens, padded, block_m = sum(q_lens), 96, 16
     tiles = prefill_tiles(q_lens, ctx_lens, 0, block_m)
     fixed = AttentionMetadata(
-        is_prefill=True,
+        has_prefill=True,
         slot_mapping=md.slot_mapping,
         context_lens=torch.tensor(ctx_lens + [0], dtype=torch.int32, device=DEVICE),
         block_tables=torch.cat([md.block_tables, torch.zeros_like(md.block_tables[:1])]),

@@ -159,8 +159,8 @@ def test_fused_path_in_the_engine_matches_transformers(checkpoints, reference_ou
     with LLM(
         checkpoints[name][0],
         attention_backend="triton",
-        kvcache_block_size=16,
-        num_kvcache_blocks=8,
+        kv_block_size=16,
+        num_kv_blocks=8,
         max_num_seqs=2,
         enable_prefix_caching=True,
     ) as llm:

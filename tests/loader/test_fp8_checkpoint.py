@@ -22,11 +22,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 BASE = dict(device="cpu", dtype="float32", max_num_seqs=4, gemm_backend="torch")
 PATHS = {
     # prefix cache hits and preemption: a 14-block cache of 4-token blocks
-    "prefix_cache_preemption": dict(kvcache_block_size=4, num_kvcache_blocks=14, max_num_batched_tokens=64),
-    "chunked_prefill_mixed": dict(kvcache_block_size=16, max_num_batched_tokens=8, batching="mixed"),
-    "prefill_first_block_8": dict(
-        kvcache_block_size=8, batching="prefill_first", enable_prefix_caching=False
-    ),
+    "prefix_cache_preemption": dict(kv_block_size=4, num_kv_blocks=14, max_num_batched_tokens=64),
+    "chunked_prefill_mixed": dict(kv_block_size=16, max_num_batched_tokens=8, batching="mixed"),
+    "prefill_first_block_8": dict(kv_block_size=8, batching="prefill_first", enable_prefix_caching=False),
 }
 
 

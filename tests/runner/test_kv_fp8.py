@@ -85,7 +85,7 @@ def test_an_fp8_cache_holds_twice_the_blocks_of_bf16_in_the_same_budget():
     caches = {}
     for kv_dtype in ("auto", "fp8"):
         config = EngineConfig.from_kwargs(
-            "m", cpu_kv_cache_gib=1 / 64, kvcache_block_size=16, kv_cache_dtype=kv_dtype
+            "m", cpu_kv_cache_gib=1 / 64, kv_block_size=16, kv_cache_dtype=kv_dtype
         )
         caches[kv_dtype] = create_kv_cache(config, model, torch.bfloat16, torch.device("cpu"), lambda: 0, 0)
     auto, fp8 = caches["auto"], caches["fp8"]
@@ -253,7 +253,7 @@ class PassThrough(TorchAttentionBackend):
 def test_calibration_sets_each_layers_scales_from_its_kv_amax():
     model = two_layer_model()
     k_amax = [3.0, 0.0]  # a layer that saw only zeros still gets a usable scale
-    md = SimpleNamespace(is_prefill=True, num_decodes=0)
+    md = SimpleNamespace(has_prefill=True, num_decodes=0)
 
     def prefill():
         for layer, amax in zip(attention_layers(model), k_amax, strict=True):
@@ -315,11 +315,11 @@ SHARED = random_prompts([48], seed=2)[0]
 # The last two share three 16-token blocks (prefix-cache hits when they run one after the other).
 PROMPTS = random_prompts([5, 30, 70, 17, 120, 9], seed=1) + [SHARED + [1], SHARED + [2, 3]]
 AGREE_TOKENS = 4  # the first token comes from the prefill's fresh K/V; the next three read the cache
-SMALL_BUDGET = dict(cpu_kv_cache_gib=1 / 64, num_kvcache_blocks=-1)
+SMALL_BUDGET = dict(cpu_kv_cache_gib=1 / 64, num_kv_blocks=-1)
 
 
 def generate(path, max_tokens=12, **kwargs):
-    args = dict(device="cpu", kvcache_block_size=16, max_num_seqs=8, num_kvcache_blocks=256) | kwargs
+    args = dict(device="cpu", kv_block_size=16, max_num_seqs=8, num_kv_blocks=256) | kwargs
     with LLM(path, **args) as llm:
         outs = llm.generate(
             PROMPTS, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False
@@ -358,9 +358,9 @@ def test_fp8_greedy_tokens_mostly_follow_the_model_dtype_cache(peaked_checkpoint
 FP8_PATHS = {
     "prefix_cache": dict(enable_prefix_caching=True, max_num_seqs=1),
     "chunked": dict(max_num_batched_tokens=32, enable_prefix_caching=False),
-    "preemption": dict(num_kvcache_blocks=14),
-    "block1": dict(kvcache_block_size=1, num_kvcache_blocks=2048),
-    "block256": dict(kvcache_block_size=256, num_kvcache_blocks=16),
+    "preemption": dict(num_kv_blocks=14),
+    "block1": dict(kv_block_size=1, num_kv_blocks=2048),
+    "block256": dict(kv_block_size=256, num_kv_blocks=16),
 }
 
 
@@ -434,7 +434,7 @@ def test_gpu_triton_store_is_bit_exact(dtype):
 def test_gpu_engine_fp8_with_and_without_graphs(peaked_checkpoint):
     """float32 model, fp8 cache: auto picks the self-checked Triton backend, CUDA graphs replay the
     same kernels as eager, and the tokens mostly follow a float32 cache."""
-    args = dict(device="cuda", kvcache_block_size=16, max_num_seqs=8, num_kvcache_blocks=256, dtype="float32")
+    args = dict(device="cuda", kv_block_size=16, max_num_seqs=8, num_kv_blocks=256, dtype="float32")
     runs = {}
     for name, extra in {"graphs": {}, "eager": dict(enforce_eager=True)}.items():
         with LLM(peaked_checkpoint, kv_cache_dtype="fp8", **args, **extra) as llm:

@@ -153,7 +153,7 @@ class Progress:
         if now >= self.next_draw:
             self.next_draw = now + REFRESH_S
             rate = self.tokens / max(now - self.started, 1e-9)
-            usage = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0
+            usage = stats.kv_blocks_used / stats.num_kv_blocks if stats.num_kv_blocks else 0.0
             text = f"{rate:,.0f} out tok/s, running {stats.num_running}, waiting {stats.num_waiting}, "
             self.bar.n = self.done
             self.bar.set_postfix_str(text + f"KV {usage:.0%}, preemptions {self.preemptions}", refresh=False)
