@@ -73,6 +73,7 @@ def test_renaming_plain_dicts_leaves_other_keys_alone(caplog) -> None:
     config = {"cache": {"cpu_kv_cache_gb": 1.5, "cpu_kv_cache_gib": 2.0, "block_size": 16}, "model": {}}
     with caplog.at_level(logging.WARNING):
         aliases.rename_keys(config)
-    assert config == {"cache": {"cpu_kv_cache_gb": None, "cpu_kv_cache_gib": 1.5, "block_size": 16}, "model": {}}
+    cache = {"cpu_kv_cache_gb": None, "cpu_kv_cache_gib": 1.5, "block_size": 16}
+    assert config == {"cache": cache, "model": {}}
     aliases.rename_keys({"model": {}})  # a config without the group: nothing to move
     assert len(warnings_of(caplog)) == 1

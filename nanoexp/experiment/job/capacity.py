@@ -2,7 +2,7 @@
 `metrics.slo.attainment` of the requests meet the SLOs (DistServe's goodput), found on one engine by
 bracketing (the rate times or divided by `capacity.growth` until the verdict flips) and bisection (at the
 geometric mean of the bracket) until the bracket is within `capacity.precision`. Each probe is a job's
-timed passes (`repeats`, each with fresh prompts) written to `probes/<n>_rate=<r>/`; the job's own results
+timed repeats (`repeats`, each with fresh prompts) written to `probes/<n>_rate=<r>/`; the job's own results
 are those of the probe at the capacity, plus the search's answer, bracket, CI and probes."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ class Driver(Protocol):
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]: ...
 
-    def reset_prefix_cache(self) -> None: ...  # the next timed pass starts cold
+    def reset_prefix_cache(self) -> None: ...  # the next repeat starts cold
 
 
 class EngineDriver:
@@ -110,7 +110,7 @@ class Arrivals:
 
 @dataclass
 class RunRecord:
-    """One timed pass of the workload (one repeat)."""
+    """One repeat: a timed run of the workload."""
 
     repeat: int = 0
     outputs: list[RequestOutput] = field(default_factory=list)
@@ -168,7 +168,7 @@ Emit = Callable[[int, StepStats, float, int], None]  # (step index, stats, secon
 
 
 class StepLog:
-    """Records the timed steps; they reach the loggers at `flush()`, after the timed pass, since logging a
+    """Records the timed steps; they reach the loggers at `flush()`, after the repeat, since logging a
     step costs the host 0.2-2 ms (experiments/tools/host_step.py)."""
 
     def __init__(self, emit: Emit, progress: Progress | None = None):
@@ -191,7 +191,7 @@ class StepLog:
 
 
 def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_up: bool = True) -> RunRecord:
-    """One timed pass: offline/online, or in latency mode `num_iters` timed iterations of one batch."""
+    """One repeat: offline/online, or in latency mode `num_iters` timed iterations of one batch."""
     record = log.record = RunRecord(repeat)
     if not workload.latency_mode:
         follow_up = getattr(workload, "follow_up", None)  # closed loop: requests that bring the next

@@ -33,7 +33,7 @@ PHASES = ("prefill", "decode", "mixed")  # a mixed step carries decodes and pref
 def summarize(
     outputs: Sequence[RequestOutput], steps: Sequence[StepStats], duration_s: float, slo: dict | None = None
 ) -> dict[str, float]:
-    """Throughput, latency distributions and step aggregates of one pass; goodput against `slo` (ms)."""
+    """Throughput, latency distributions and step aggregates of one repeat; goodput against `slo` (ms)."""
     inputs = sum(len(o.prompt_token_ids) for o in outputs)
     generated = sum(len(o.token_ids) for o in outputs)
     summary: dict[str, float] = {
