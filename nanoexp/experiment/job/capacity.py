@@ -55,6 +55,7 @@ def at_rate(spec: NanoexpConfig, rate: float, trace_rate: float | None = None) -
     """The job at an offered `rate`: a trace stretched to it (time_scale), else request_rate (sessions/s)."""
     w = spec.workload
     if w.kind is WorkloadKind.trace:
+        assert trace_rate is not None  # a trace's native rate, which the search passes
         return replace(spec, workload=replace(w, time_scale=trace_rate / rate))
     return replace(spec, workload=replace(w, request_rate=rate))
 

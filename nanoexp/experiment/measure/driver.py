@@ -67,8 +67,9 @@ class EngineDriver:
             finished = [replace(o, request_id=index_of.pop(o.request_id)) for o in step_finished]
             outputs += finished
             in_flight -= len(finished)
-            for out in finished if follow_up else ():
-                pending.push(follow_up(self.submitted[out.request_id], out, out.finish_time - t0))
+            if follow_up is not None:
+                for out in finished:
+                    pending.push(follow_up(self.submitted[out.request_id], out, out.finish_time - t0))
             on_step(stats)
         return outputs
 
