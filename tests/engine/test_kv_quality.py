@@ -72,6 +72,7 @@ def test_fp8_cache_is_detected(tiny, prompts):
     assert lossy["kl_max"] >= lossy["kl_p99"] >= lossy["kl_mean"] > 0
 
 
+@pytest.mark.slow  # tensor-parallel worker processes
 def test_tp2_matches_tp1(tiny, prompts):
     with LLM(tiny, **ENGINE) as llm:
         tp1 = llm.kv_cache_quality(prompts, 6)

@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 from checkpoints import SHAPES, random_prompts
-from helpers import prefill_logits, staggered_run
+from helpers import prefill_logits, quick_first, staggered_run
 
 from nanoexp import LLM, SamplingParams
 from nanoexp.config import KnobError
@@ -27,7 +27,7 @@ def assert_matches_reference(name, llm, prompts, reference_outputs, max_tokens=1
     return outs
 
 
-@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize(*quick_first("name", list(SHAPES)))
 def test_prefill_logits_match_transformers(name, checkpoints):
     path, hf_model = checkpoints[name]
     prompt = random_prompts([40])[0]
@@ -49,14 +49,14 @@ def test_max_model_len_defaults_to_the_models_positions(checkpoints):
         assert llm.engine.max_model_len == 1024
 
 
-@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize(*quick_first("name", list(SHAPES)))
 def test_greedy_batch_matches_transformers(name, checkpoints, reference_outputs):
     prompts = random_prompts(LENGTHS, seed=1)
     with LLM(checkpoints[name][0], kv_block_size=16, enable_prefix_caching=False) as llm:
         assert_matches_reference(name, llm, prompts, reference_outputs)
 
 
-@pytest.mark.parametrize("block_size", [1, 16, 256])
+@pytest.mark.parametrize(*quick_first("block_size", [1, 16, 256], quick=1))
 def test_any_block_size(block_size, checkpoints, reference_outputs):
     prompts = random_prompts([1, 17, 255, 257, 300], seed=2)
     with LLM(checkpoints["qwen3_gqa2_tied"][0], kv_block_size=block_size) as llm:
@@ -131,8 +131,11 @@ def test_outputs_carry_timings(checkpoints):
 
 
 @pytest.mark.parametrize(
-    "kwargs",
-    [dict(), dict(max_num_batched_tokens=40), dict(num_kv_blocks=14), dict(kv_block_size=1)],
+    *quick_first(
+        "kwargs",
+        [dict(), dict(max_num_batched_tokens=40), dict(num_kv_blocks=14), dict(kv_block_size=1)],
+        quick=2,
+    ),
     ids=["plain", "chunked", "preemption", "block1"],
 )
 def test_overlapped_scheduling_matches_transformers(kwargs, checkpoints, reference_outputs):
@@ -250,8 +253,8 @@ STAGGERED_PATHS = {
 }
 
 
-@pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
-@pytest.mark.parametrize("path", list(STAGGERED_PATHS))
+@pytest.mark.parametrize(*quick_first("batching", ["mixed", "prefill_first"]))
+@pytest.mark.parametrize(*quick_first("path", list(STAGGERED_PATHS), quick=2))
 def test_staggered_arrivals_match_transformers_under_both_batching_policies(
     path, batching, checkpoints, reference_outputs
 ):

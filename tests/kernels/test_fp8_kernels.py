@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fp8_checkpoints import published_quantize
+from helpers import quick_first
 
 from nanoexp.kernels import triton_fp8
 from nanoexp.kernels.fp8_reference import (
@@ -183,8 +184,8 @@ def test_gpu_cublas_prefill_gemm_matches_the_reference(rows):
     assert err <= 2e-2 * w8a8_reference(x, q, s, layout).float().abs().max().item()
 
 
-@pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("shape", [(40, 1024, 0, 1), (256, 512, 0, 128)])
+@pytest.mark.parametrize(*quick_first("rows", [1, 3], quick=1))
+@pytest.mark.parametrize(*quick_first("shape", [(40, 1024, 0, 1), (256, 512, 0, 128)]))
 def test_split_k_gemv_matches_the_reference_twice(shape, rows):
     """K split across programs (partials summed by the last of a tile's programs); a second call finds
     the tickets reset."""

@@ -84,6 +84,7 @@ def test_finite_weights_load_and_the_check_reads_no_file_again(tmp_path: Path, m
         assert llm.generate([[1, 2, 3]], use_tqdm=False)[0].token_ids
 
 
+@pytest.mark.slow  # a run.py job
 @pytest.mark.parametrize("engine", ["nanoexp", "hf"])
 def test_run_py_fails_on_a_nan_checkpoint_instead_of_reporting_ok(tmp_path: Path, engine: str) -> None:
     ckpt = tmp_path / "ckpt"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoints import random_prompts
-from helpers import prefill_logits, staggered_run
+from helpers import prefill_logits, quick_first, staggered_run
 from moe_checkpoints import MOE_SHAPES, moe_config
 
 from nanoexp import LLM, SamplingParams
@@ -77,12 +77,15 @@ def test_greedy_batch_matches_transformers(moe_checkpoints, name):
 
 
 @pytest.mark.parametrize(
-    "name,kwargs",
-    [
-        ("moe_e8_top2", dict(kv_block_size=1, num_kv_blocks=2000)),
-        ("moe_e16_top4_unnormed", dict(kv_block_size=256)),
-        ("moe_sparse_step2", dict(max_num_batched_tokens=24)),  # chunked prefill
-    ],
+    *quick_first(
+        "name,kwargs",
+        [
+            ("moe_e8_top2", dict(kv_block_size=1, num_kv_blocks=2000)),
+            ("moe_e16_top4_unnormed", dict(kv_block_size=256)),
+            ("moe_sparse_step2", dict(max_num_batched_tokens=24)),  # chunked prefill
+        ],
+        quick=2,
+    ),
     ids=["block1", "block256", "chunked"],
 )
 def test_engine_paths_match_transformers(moe_checkpoints, name, kwargs):
@@ -134,6 +137,7 @@ def test_staggered_arrivals_match_transformers(moe_checkpoints, batching):
 TP_ENGINE = dict(kv_block_size=4, num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=64)
 
 
+@pytest.mark.slow  # tensor-parallel worker processes
 @pytest.mark.parametrize(
     "tp,expert_parallel,name",
     [
@@ -185,6 +189,7 @@ def expert_shapes(runner) -> tuple:
     return tuple(experts.w13.shape), tuple(experts.w2.shape)
 
 
+@pytest.mark.slow  # tensor-parallel worker processes
 @pytest.mark.parametrize(
     "ep,want", [(True, ((8, 96, 64), (8, 64, 48))), (False, ((16, 48, 64), (16, 64, 24)))]
 )

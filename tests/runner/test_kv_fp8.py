@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from checkpoints import random_prompts
-from helpers import compose_cfg
+from helpers import compose_cfg, quick_first
 from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -191,8 +191,11 @@ CUDA_CORE_CASES = [([1, 300, 129, 128, 2, 257, 70, 600, 45], [1] * 9, False)]
 
 
 @pytest.mark.parametrize(
-    ("dtype", "head_dim", "heads", "block_size"),
-    [(torch.float32, 16, (4, 2), 1), (torch.float16, 40, (3, 3), 16), (torch.float32, 128, (4, 2), 256)],
+    *quick_first(
+        "dtype, head_dim, heads, block_size",
+        [(torch.float32, 16, (4, 2), 1), (torch.float16, 40, (3, 3), 16), (torch.float32, 128, (4, 2), 256)],
+        quick=1,
+    )
 )  # GQA 2 and MHA; head_dim not 2^k; pages smaller and larger than a tile
 def test_triton_cuda_core_decode_matches_the_reference(dtype, head_dim, heads, block_size):
     """kernels/triton_decode_fma.py through the backend, as paged_decode picks it (from 8 sequences);
@@ -207,7 +210,7 @@ def test_triton_cuda_core_decode_matches_the_reference(dtype, head_dim, heads, b
     assert error <= self_check.TOLERANCE[torch.float16], error
 
 
-@pytest.mark.parametrize("num_splits", [1, 3, 5])
+@pytest.mark.parametrize(*quick_first("num_splits", [1, 3, 5], quick=1))
 def test_cuda_core_decode_gives_the_tensor_core_result_at_any_split_count(num_splits):
     from nanoexp.kernels.triton_attention import paged_decode
 
@@ -375,6 +378,7 @@ def test_every_cache_path_runs_with_fp8(peaked_checkpoint, auto_run, path_name):
         assert sum(o.num_preemptions for o in outputs) > 0
 
 
+@pytest.mark.slow  # tensor-parallel worker processes
 def test_tp2_fp8_follows_tp1(peaked_checkpoint):
     """Each rank calibrates the scales of its own KV heads (TP=1's span all heads, so they may
     differ): the sharded fp8 cache must still follow the unsharded one."""
