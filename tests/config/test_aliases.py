@@ -23,7 +23,7 @@ def warnings_of(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
-@pytest.mark.parametrize(("old", "new", "value", "read"), KEYWORD_CASES)
+@pytest.mark.parametrize(("old", "new", "value", "read"), KEYWORD_CASES, ids=[c[0] for c in KEYWORD_CASES])
 def test_an_old_keyword_sets_the_knob_with_one_warning_line(caplog, old, new, value, read) -> None:
     with caplog.at_level(logging.WARNING):
         config = EngineConfig.from_kwargs("m", **{old: value})
@@ -31,7 +31,7 @@ def test_an_old_keyword_sets_the_knob_with_one_warning_line(caplog, old, new, va
     assert warnings_of(caplog) == [f"nanoexp: warning: {old} is deprecated; use {new}"]
 
 
-@pytest.mark.parametrize(("old", "new", "value", "read"), KEYWORD_CASES)
+@pytest.mark.parametrize(("old", "new", "value", "read"), KEYWORD_CASES, ids=[c[1] for c in KEYWORD_CASES])
 def test_the_new_keyword_sets_the_knob_without_a_warning(caplog, old, new, value, read) -> None:
     with caplog.at_level(logging.WARNING):
         config = EngineConfig.from_kwargs("m", **{new: value})

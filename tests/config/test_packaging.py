@@ -78,6 +78,7 @@ print(len(out.token_ids))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch and builds an engine
 def test_the_engine_imports_and_generates_without_the_experiment_stack() -> None:
     script = ENGINE_WITHOUT_EXPERIMENT_STACK.format(blocked=sorted(EXPERIMENT_STACK))
     env = os.environ | {

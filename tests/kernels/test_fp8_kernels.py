@@ -84,9 +84,9 @@ def test_activation_quantization_kernel_is_exact(shape):
 
 
 @pytest.mark.parametrize(
-    "rows", [1, 3, 4, 7, 20, 70]
+    *quick_first("rows", [1, 3, 4, 7, 20, 70], quick=4)
 )  # the GEMV (<= 4 rows), the GEMM's small and large tiles
-@pytest.mark.parametrize("shape", LAYOUTS)
+@pytest.mark.parametrize(*quick_first("shape", LAYOUTS, quick=1))
 def test_fp8_linear_matches_the_reference(shape, rows):
     if DEVICE == "cpu" and rows == 70 and shape[0] > 64:
         pytest.skip("the 128 x 128 tile is slow in the interpreter; the smaller layouts cover it")

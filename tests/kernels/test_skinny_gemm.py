@@ -75,6 +75,7 @@ def test_auto_leaves_large_weights_to_cublas():
     assert gemm.describe() == "triton up to 16 rows, weights up to 12 MiB"
 
 
+@pytest.mark.slow  # a whole engine under the Triton interpreter; the kernel tests above cover the kernel
 def test_engine_with_triton_gemm_matches_torch_gemm(checkpoints):
     path, _ = checkpoints["qwen2_gqa2"]  # Qwen2: the q/k/v projections carry a bias
     prompts = random_prompts([5, 9, 3], seed=4)

@@ -287,7 +287,7 @@ def test_prefill_large_tiles_match_reference(monkeypatch, group, cached):
 
 
 @pytest.mark.parametrize(
-    *quick_first("block_size, block_m, block_n", [(4, 16, 16), (64, 32, 16), (8, 16, 32)])
+    *quick_first("block_size, block_m, block_n", [(4, 16, 16), (64, 32, 16), (8, 16, 32)], quick=1)
 )
 def test_prefill_small_tiles_cross_pages_and_diagonal(block_size, block_m, block_n):
     ctx_lens, q_lens = [100, 77, 33], [100, 45, 2]

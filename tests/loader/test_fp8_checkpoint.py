@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 from fp8_checkpoints import build_fp8_checkpoint, greedy_reference, w8a8_transformers_model
+from helpers import quick_first
 
 from nanoexp.config import SamplingParams
 from nanoexp.config.checkpoint_files import CheckpointError
@@ -46,7 +47,7 @@ def generate(path: str, **kwargs) -> list:
         return llm.generate(PROMPTS, GREEDY, use_tqdm=False)
 
 
-@pytest.mark.parametrize("path_name", PATHS)
+@pytest.mark.parametrize(*quick_first("path_name", list(PATHS)))
 def test_fp8_checkpoint_matches_the_w8a8_reference_on_every_path(checkpoints, reference, path_name):
     outs = generate(checkpoints["fp8"], **PATHS[path_name])
     assert [o.token_ids for o in outs] == reference

@@ -37,7 +37,7 @@ def generate(path, prompts, max_tokens=8, **kwargs):
         return llm.generate(prompts, params, use_tqdm=False)
 
 
-@pytest.mark.parametrize("name", list(MOE_SHAPES))
+@pytest.mark.parametrize(*quick_first("name", list(MOE_SHAPES)))
 def test_prefill_logits_match_transformers(moe_checkpoints, name):
     path, hf_model = moe_checkpoints[name]
     prompt = random_prompts([40])[0]
@@ -69,7 +69,7 @@ def test_routing_has_no_near_ties(moe_checkpoints, name):
     assert min(gaps) > 1e-4
 
 
-@pytest.mark.parametrize("name", list(MOE_SHAPES))
+@pytest.mark.parametrize(*quick_first("name", list(MOE_SHAPES)))
 def test_greedy_batch_matches_transformers(moe_checkpoints, name):
     prompts = random_prompts(LENGTHS, seed=1)
     outs = generate(moe_checkpoints[name][0], prompts, kv_block_size=16, enable_prefix_caching=False)
@@ -114,7 +114,7 @@ def test_prefix_cache_hits_and_matches(moe_checkpoints):
     assert all(out.num_cached_tokens == 48 for out in rest)
 
 
-@pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
+@pytest.mark.parametrize(*quick_first("batching", ["mixed", "prefill_first"]))
 def test_staggered_arrivals_match_transformers(moe_checkpoints, batching):
     name = "moe_e16_top4_unnormed"
     shared = random_prompts([12], seed=5)[0]
@@ -231,6 +231,7 @@ def test_checkpoint_missing_an_expert_tensor_names_it(moe_checkpoints, tmp_path)
         LLM(str(tmp_path), **CPU)
 
 
+@pytest.mark.slow  # a whole MoE engine under the Triton interpreter (tests/kernels/test_triton_moe.py)
 def test_triton_moe_path_in_the_engine_matches_transformers(moe_checkpoints, monkeypatch):
     """The GPU's MoE path (routing kernel, per-slot GEMVs for decode steps, one-kernel grouping and grouped
     GEMMs for prefills, the load count) through the engine on CPU, in the Triton interpreter."""

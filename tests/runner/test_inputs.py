@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from helpers import quick_first
 
 from nanoexp.runner import inputs as runner_inputs
 from nanoexp.runner.inputs import prepare_inputs, prepare_step
@@ -135,7 +136,7 @@ def test_greedy_unfiltered_columns_skip_seeds_and_filters():
     assert got.top_k is None and got.top_p is None and got.min_p is None  # nothing reads them
 
 
-@pytest.mark.parametrize("tokens", [1, 16, 64, 300])
+@pytest.mark.parametrize(*quick_first("tokens", [1, 16, 64, 300], quick=3))
 def test_blockless_warm_up_prefill_stores_nothing_and_fits_the_limits(checkpoints, tokens):
     from nanoexp import LLM
 

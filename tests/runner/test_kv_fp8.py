@@ -367,7 +367,7 @@ FP8_PATHS = {
 }
 
 
-@pytest.mark.parametrize("path_name", list(FP8_PATHS))
+@pytest.mark.parametrize(*quick_first("path_name", list(FP8_PATHS), quick=2))
 def test_every_cache_path_runs_with_fp8(peaked_checkpoint, auto_run, path_name):
     outputs, _ = generate(peaked_checkpoint, kv_cache_dtype="fp8", **FP8_PATHS[path_name])
     assert all(len(o.token_ids) == 12 for o in outputs)
