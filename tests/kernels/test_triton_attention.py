@@ -286,9 +286,8 @@ def test_prefill_large_tiles_match_reference(monkeypatch, group, cached):
     assert_close(out, ref, torch.float16)
 
 
-@pytest.mark.parametrize(
-    *quick_first("block_size, block_m, block_n", [(4, 16, 16), (64, 32, 16), (8, 16, 32)], quick=1)
-)
+@pytest.mark.slow  # explicit tile shapes; the quick loop's prefill cases run the chosen tiles
+@pytest.mark.parametrize(("block_size", "block_m", "block_n"), [(4, 16, 16), (64, 32, 16), (8, 16, 32)])
 def test_prefill_small_tiles_cross_pages_and_diagonal(block_size, block_m, block_n):
     ctx_lens, q_lens = [100, 77, 33], [100, 45, 2]
     kw = {"block_m": block_m, "block_n": block_n}
@@ -304,6 +303,7 @@ def test_prefill_head_dims(head_dim):
     assert_close(out, ref, torch.float16)
 
 
+@pytest.mark.slow  # a 256-token page under the interpreter
 def test_prefill_large_block():
     out, ref = run_prefill([300, 40], [100, 40], 4, 2, 32, 256, torch.float16)
     assert_close(out, ref, torch.float16)

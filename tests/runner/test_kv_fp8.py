@@ -190,12 +190,10 @@ def test_triton_fp8_decode_and_prefill_match_the_reference(dtype, head_dim, head
 CUDA_CORE_CASES = [([1, 300, 129, 128, 2, 257, 70, 600, 45], [1] * 9, False)]
 
 
+@pytest.mark.slow  # the quick loop's cuda-core case: test_cuda_core_decode_gives_the_tensor_core_result...
 @pytest.mark.parametrize(
-    *quick_first(
-        "dtype, head_dim, heads, block_size",
-        [(torch.float32, 16, (4, 2), 1), (torch.float16, 40, (3, 3), 16), (torch.float32, 128, (4, 2), 256)],
-        quick=1,
-    )
+    ("dtype", "head_dim", "heads", "block_size"),
+    [(torch.float32, 16, (4, 2), 1), (torch.float16, 40, (3, 3), 16), (torch.float32, 128, (4, 2), 256)],
 )  # GQA 2 and MHA; head_dim not 2^k; pages smaller and larger than a tile
 def test_triton_cuda_core_decode_matches_the_reference(dtype, head_dim, heads, block_size):
     """kernels/triton_decode_fma.py through the backend, as paged_decode picks it (from 8 sequences);
