@@ -14,7 +14,7 @@ from checkpoints import SHAPES, build_checkpoint
 from hydra.experimental.callback import Callback
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model=qwen3_tiny", "logger=none", "cache.cpu_kv_cache_gb=0.05", "engine.use_tqdm=false"]
+TINY = ["model=qwen3_tiny", "logger=none", "cache.cpu_kv_cache_gib=0.05", "engine.use_tqdm=false"]
 
 
 def run_py(tmp_path: Path, *overrides: str, multirun: bool = False) -> subprocess.CompletedProcess:

@@ -32,7 +32,7 @@ def test_fp8_job_reports_weight_quality_beside_speed(tmp_path):
         "metrics.weight_quality.num_requests=2",
         "metrics.weight_quality.num_tokens=3",
         "logger=none",
-        "cache.cpu_kv_cache_gb=0.05",
+        "cache.cpu_kv_cache_gib=0.05",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
         "hydra.sweep.subdir=${hydra.job.num}",
     ]

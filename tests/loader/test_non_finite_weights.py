@@ -95,7 +95,7 @@ def test_run_py_fails_on_a_nan_checkpoint_instead_of_reporting_ok(tmp_path: Path
     cmd += [
         f"model.path={ckpt}",
         "model.load_format=safetensors",
-        "cache.cpu_kv_cache_gb=0.05",
+        "cache.cpu_kv_cache_gib=0.05",
         f"engine={engine}",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
