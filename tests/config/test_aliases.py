@@ -10,6 +10,8 @@ from helpers import compose_cfg
 
 from nanoexp.config import aliases
 from nanoexp.config.engine import KEYWORDS, EngineConfig
+from nanoexp.engine.outputs import StepStats
+from nanoexp.experiment.metrics.summarize import step_row
 from nanoexp.experiment.schema import to_plain, to_spec
 
 KEYWORD_CASES = [
@@ -77,3 +79,10 @@ def test_renaming_plain_dicts_leaves_other_keys_alone(caplog) -> None:
     assert config == {"cache": cache, "model": {}}
     aliases.rename_keys({"model": {}})  # a config without the group: nothing to move
     assert len(warnings_of(caplog)) == 1
+
+
+def test_the_renamed_step_column_is_written_beside_its_new_name_for_one_release() -> None:
+    stats = StepStats("mixed", 3, 40, 3, 0.01, 5, 64, 0, 0, 0, 3, 0)
+    row = step_row(0, stats, 0.0)
+    assert row["num_kv_blocks"] == row["kv_blocks_total"] == 64 and row["kv_blocks_used"] == 5
+    assert row["phase"] == "mixed" and row["is_prefill"] == 0  # deprecated: 1 only for a pure prefill step
