@@ -12,6 +12,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from nanoexp.config import EngineConfig, SamplingParams
@@ -21,6 +22,17 @@ from nanoexp.runner.step_input import RunnerInfo, StepInput
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: run.py, conf/, scripts/
 TINY_JOB = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05"]  # a run.py job that takes seconds on a CPU
+
+
+def quick_first(argnames: str, values: list, quick: int = 0) -> tuple[str, list]:
+    """`@pytest.mark.parametrize(*quick_first("n, k", [...]))`: the case at index `quick` runs in the quick
+    loop (`pytest -m "not slow"`), the others are `slow`; the full suite runs them all, with the same ids."""
+    multiple = "," in argnames
+    cases = []
+    for i, value in enumerate(values):
+        args = value if multiple else (value,)
+        cases.append(value if i == quick else pytest.param(*args, marks=pytest.mark.slow))
+    return argnames, cases
 
 
 def job_env(home: Path) -> dict[str, str]:
@@ -167,5 +179,5 @@ class StandInExecutor:
 
 def stand_in_engine(executor: StandInExecutor, **kwargs) -> LLMEngine:
     """The real control plane (scheduler, block manager) over `executor`; kwargs as LLM's."""
-    config = EngineConfig.from_kwargs("stand-in", kvcache_block_size=4, num_kvcache_blocks=64, **kwargs)
+    config = EngineConfig.from_kwargs("stand-in", kv_block_size=4, num_kv_blocks=64, **kwargs)
     return LLMEngine(config, executor)

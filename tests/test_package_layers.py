@@ -4,6 +4,7 @@ no module takes a private name from another."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,7 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
     return found
 
 
+@functools.cache  # parsed once for all the tests below (none changes it)
 def import_graph() -> dict[str, set[str]]:
     files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     return {name: imported_modules(path, set(files)) - {name} for name, path in files.items()}

@@ -50,7 +50,7 @@ def verify_decode(q, k_cache, v_cache, md: AttentionMetadata, out: torch.Tensor)
     for i in range(0, q.shape[0], VERIFY_CHUNK):
         rows = slice(i, i + VERIFY_CHUNK)
         sub = AttentionMetadata(
-            is_prefill=False,
+            has_prefill=False,
             slot_mapping=md.slot_mapping[rows],
             context_lens=md.context_lens[rows],
             block_tables=md.block_tables[rows],
@@ -63,7 +63,7 @@ def verify_decode(q, k_cache, v_cache, md: AttentionMetadata, out: torch.Tensor)
 def bench_decode(batch: int, ctx: int, block_size: int) -> dict:
     k_cache, v_cache, table = paged_cache(batch, ctx, block_size)
     md = AttentionMetadata(
-        is_prefill=False,
+        has_prefill=False,
         slot_mapping=torch.zeros(batch, dtype=torch.int64, device="cuda"),
         context_lens=torch.full((batch,), ctx, dtype=torch.int32, device="cuda"),
         block_tables=table,
@@ -95,7 +95,7 @@ def bench_prefill(num_seqs: int, seq_len: int, block_size: int, paged: bool) -> 
     tokens = num_seqs * seq_len
     cu = torch.arange(0, tokens + 1, seq_len, dtype=torch.int32, device="cuda")
     md = AttentionMetadata(
-        is_prefill=True,
+        has_prefill=True,
         slot_mapping=torch.zeros(tokens, dtype=torch.int64, device="cuda"),
         context_lens=torch.full((num_seqs,), seq_len, dtype=torch.int32, device="cuda"),
         block_tables=table,

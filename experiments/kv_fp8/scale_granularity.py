@@ -81,7 +81,7 @@ def main() -> None:
         dtype="float32",
         kv_cache_dtype="fp8_e4m3",
         attention_backend="torch",
-        kvcache_block_size=16,
+        kv_block_size=16,
     ) as llm:
         rows.append(("one per layer (the engine's)", llm.kv_cache_quality(prompts, args.num_tokens)))
         amax = per_head_amax(llm)

@@ -87,7 +87,7 @@ def main() -> None:
         hf_config=arch,
         load_format="dummy",
         dtype="bfloat16",
-        kvcache_block_size=args.block_size,
+        kv_block_size=args.block_size,
         max_model_len=4096 + 16,
         max_num_seqs=256,
         attention_backend=args.attention_backend,

@@ -39,8 +39,8 @@ def main() -> None:
         load_format="dummy",
         dtype="bfloat16",
         enforce_eager=True,
-        kvcache_block_size=block,
-        num_kvcache_blocks=args.seqs * args.len // block + 8,
+        kv_block_size=block,
+        num_kv_blocks=args.seqs * args.len // block + 8,
     )
     runner = llm.engine.executor.runner
     per_seq = args.len // block

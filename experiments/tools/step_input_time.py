@@ -24,7 +24,7 @@ def mean_us(call, repeats: int) -> float:
 
 
 def prefill_batch(rng: random.Random) -> ScheduledBatch:
-    batch = ScheduledBatch(is_prefill=True)
+    batch = ScheduledBatch(has_prefill=True)
     for seq_id in range(8):
         seq = Sequence(seq_id, [rng.randrange(100_000) for _ in range(512)], SamplingParams())
         seq.block_table = list(range(32))
@@ -33,7 +33,7 @@ def prefill_batch(rng: random.Random) -> ScheduledBatch:
 
 
 def decode_batch(rng: random.Random) -> ScheduledBatch:
-    batch = ScheduledBatch(is_prefill=False)
+    batch = ScheduledBatch(has_prefill=False)
     for seq_id in range(256):
         seq = Sequence(seq_id, [rng.randrange(100_000) for _ in range(600)] + [PLACEHOLDER], SamplingParams())
         seq.num_computed_tokens, seq.block_table = 600, list(range(40))

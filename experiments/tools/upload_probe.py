@@ -93,7 +93,7 @@ def main() -> None:
         STEPS.clear()
         prompts = [prompt(n, 50 + 10 * salt + i) for i, n in enumerate(prompt_sizes(size))]
         llm.generate(prompts, SamplingParams(max_tokens=1, ignore_eos=True), use_tqdm=False)
-        step = next(s for s in STEPS if s.is_prefill)
+        step = next(s for s in STEPS if s.has_prefill)
         with torch.inference_mode():
             rows = pieces(runner, step, args.repeats)
         print(f"\nlone prefill {size} ({step.num_tokens} tokens), host us, median of {args.repeats}:")

@@ -69,7 +69,7 @@ def encode_compact(step: StepInput) -> bytes:
     """The step as numpy columns (lists converted here, on the engine's side)."""
     tables = step.block_tables
     columns = (
-        step.is_prefill,
+        step.has_prefill,
         np.array(step.token_ids, dtype=np.int64),
         np.array(step.query_lens, dtype=np.int32),
         np.array(step.context_lens, dtype=np.int32),

@@ -52,7 +52,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return dict(
         device=args.device,
         dtype=args.dtype,
-        kvcache_block_size=BLOCK,
+        kv_block_size=BLOCK,
         max_model_len=1024,
         max_num_seqs=64,
         gpu_memory_utilization=0.5,

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
+from nanoexp.config.aliases import deprecated
 from nanoexp.config.checks import KnobError, boolean, choice, integer, is_int, machine_memory_gb, number
 
 # vLLM's names: `auto` stores the model's dtype; `fp8` is an alias of `fp8_e4m3` (float8 e4m3fn
 # with one scale per layer for K and one for V, calibrated at start-up).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 MAX_BLOCKS = 2**31 - 1  # block tables hold int32 block ids
-GB_DEPRECATED = "cache.cpu_kv_cache_gb is deprecated (it is in GiB): use cache.cpu_kv_cache_gib"
 
 
 @dataclass
@@ -22,7 +21,9 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     cpu_kv_cache_gib: float = 2.0  # KV cache size on the CPU, in GiB (2**30 bytes)
     kv_cache_dtype: str = "auto"  # auto (the model's dtype), fp8 or fp8_e4m3
-    cpu_kv_cache_gb: float | None = None  # deprecated spelling of cpu_kv_cache_gib (it always meant GiB)
+    # deprecated spelling of cpu_kv_cache_gib (it always meant GiB): the field lets Hydra compose the old key,
+    # which aliases.rename_keys moves (as from_kwargs does the keyword); here for a CacheConfig built directly
+    cpu_kv_cache_gb: float | None = None
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -37,7 +38,7 @@ class CacheConfig:
         allowed = f"a number in (0, {memory:.4g}] (this machine's memory in GiB)"
         if self.cpu_kv_cache_gb is not None:
             number("cache.cpu_kv_cache_gb", self.cpu_kv_cache_gb, lambda x: 0 < x <= memory, allowed)
-            logging.getLogger(__name__).warning(GB_DEPRECATED)
+            deprecated("cache.cpu_kv_cache_gb", "cache.cpu_kv_cache_gib")
             self.cpu_kv_cache_gib, self.cpu_kv_cache_gb = self.cpu_kv_cache_gb, None
         number("cache.cpu_kv_cache_gib", self.cpu_kv_cache_gib, lambda x: 0 < x <= memory, allowed)
         choice("cache.kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from nanoexp.config import aliases
 from nanoexp.config.cache import CacheConfig
 from nanoexp.config.checks import KnobError
 from nanoexp.config.execution import ExecutionConfig
@@ -19,10 +20,10 @@ SECTIONS = {
     "parallel": ParallelConfig,
     "execution": ExecutionConfig,
 }
-# field -> flat keyword, where vLLM's keyword differs from the field's name
+# field -> flat keyword, where the field's name needs its group's word (docs/internals.md's glossary)
 RENAMED = {
-    ("cache", "block_size"): "kvcache_block_size",
-    ("cache", "num_blocks"): "num_kvcache_blocks",
+    ("cache", "block_size"): "kv_block_size",
+    ("cache", "num_blocks"): "num_kv_blocks",
     ("model", "arch"): "hf_config",
 }
 # every keyword `LLM(model, **kwargs)` accepts -> the field it sets
@@ -30,7 +31,7 @@ KEYWORDS = {
     RENAMED.get((section, f.name), f.name): (section, f.name)
     for section, cls in SECTIONS.items()
     for f in fields(cls)
-    if (section, f.name) != ("model", "path")
+    if (section, f.name) != ("model", "path") and f.name not in aliases.KEYWORDS
 }
 # every keyword -> the knob's name in the config classes' messages: `<section>.<field>`, or the section's own
 # prefix where it declares one (ExecutionConfig's knobs are the engine's, `engine.device`)
@@ -47,7 +48,7 @@ def keyword_of(knob: str) -> str:
 
 def as_keyword(e: KnobError) -> KnobError:
     """A config class's error (which names the knob by section, `cache.block_size`) as `LLM(...)` callers
-    spell the knob (`kvcache_block_size`)."""
+    spell the knob (`kv_block_size`)."""
     return KnobError(keyword_of(e.knob), e.value, e.allowed, e.reason)
 
 
@@ -62,6 +63,7 @@ class EngineConfig:
     @classmethod
     def from_kwargs(cls, model: str | None, **kwargs: Any) -> EngineConfig:
         """`LLM(model, **kwargs)`: unknown keywords and invalid values are errors naming the keyword."""
+        kwargs = aliases.rename_keywords(kwargs)
         unknown = sorted(set(kwargs) - set(KEYWORDS))
         if unknown:
             allowed = ", ".join(sorted(KEYWORDS))

@@ -33,7 +33,7 @@ def check_use_tqdm(value) -> bool:
 
 class LLM(AbstractContextManager):
     def __init__(self, model: str, use_tqdm: bool = True, **kwargs):
-        """vLLM's edge: a checkpoint and flat keywords (`kvcache_block_size=16`, ...); generate's use_tqdm."""
+        """vLLM's edge: a checkpoint and flat keywords (`kv_block_size=16`, ...); generate's use_tqdm."""
         self._start(EngineConfig.from_kwargs(model, **kwargs), use_tqdm)
 
     @classmethod

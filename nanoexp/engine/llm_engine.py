@@ -93,8 +93,8 @@ class LLMEngine:
         if total > capacity:
             raise ValueError(
                 f"{name}: prompt + max_tokens = {total} tokens exceeds the whole KV cache "
-                f"({capacity} tokens); raise num_kvcache_blocks, or leave it unset and raise "
-                "gpu_memory_utilization (cpu_kv_cache_gb on a CPU)"
+                f"({capacity} tokens); raise num_kv_blocks, or leave it unset and raise "
+                "gpu_memory_utilization (cpu_kv_cache_gib on a CPU)"
             )
         return prompt
 
@@ -264,7 +264,7 @@ class LLMEngine:
 
     def step_stats(self, batch, finished, elapsed, num_sampled, expert_load=None) -> StepStats:
         manager, parallel = self.block_manager, self.config.parallel
-        phase = ("mixed" if batch.num_decodes else "prefill") if batch.is_prefill else "decode"
+        phase = ("mixed" if batch.num_decodes else "prefill") if batch.has_prefill else "decode"
         ep_ranks = parallel.tensor_parallel_size if parallel.expert_parallel else 1
         return StepStats(
             phase=phase,
@@ -275,7 +275,7 @@ class LLMEngine:
             num_output_tokens=num_sampled,
             step_time_s=elapsed,
             kv_blocks_used=manager.num_used,
-            kv_blocks_total=manager.num_blocks,
+            num_kv_blocks=manager.num_blocks,
             prefix_cache_queries=batch.prefix_cache_queries,
             prefix_cache_hits=batch.prefix_cache_hits,
             num_preemptions=batch.num_preemptions,

@@ -57,7 +57,7 @@ class StepStats:
     num_output_tokens: int  # tokens sampled
     step_time_s: float
     kv_blocks_used: int
-    kv_blocks_total: int
+    num_kv_blocks: int
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache this step
     prefix_cache_hits: int  # of which served from the cache
     num_preemptions: int

@@ -17,9 +17,9 @@ from nanoexp.runner.step_input import StepInput
 @dataclass
 class ScheduledBatch:
     """The sequences of one step: `num_decodes` one-token decodes first, then prefill chunks.
-    is_prefill: the step has prefill chunks (a mixed step when it also has decodes)."""
+    has_prefill: the step has prefill chunks (a mixed step when it also has decodes)."""
 
-    is_prefill: bool
+    has_prefill: bool
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     num_preemptions: int = 0
@@ -38,8 +38,8 @@ class ScheduledBatch:
     def step_input(self, prev_rows: dict[int, int] | None = None) -> StepInput:
         """The step's plain-data description. A placeholder input token (a sample not read yet) is taken on
         the device from row prev_rows[seq_id] of the previous step's samples."""
-        num_decodes = self.num_decodes if self.is_prefill else 0
-        step = StepInput(self.is_prefill, [], [], [], [], [], num_decodes=num_decodes)
+        num_decodes = self.num_decodes if self.has_prefill else 0
+        step = StepInput(self.has_prefill, [], [], [], [], [], num_decodes=num_decodes)
         token_ids = step.token_ids
         placeholders: list[tuple[int, int]] = []  # (token index, row of the previous step's samples)
         for i, (seq, n) in enumerate(zip(self.seqs, self.num_new_tokens)):
@@ -112,13 +112,13 @@ class Scheduler:
         running decode's token first (vLLM V1's rule), then prefill chunks in the rest of the budget, so an
         arrival never stalls the running requests; prefill_first: prefill chunks if any, else decodes."""
         if not self.mixed:
-            batch = ScheduledBatch(is_prefill=True)
+            batch = ScheduledBatch(has_prefill=True)
             self.fill_prefill(batch, self.max_num_batched_tokens)
             return batch if batch.seqs else self.schedule_decode(skip)
         batch = self.schedule_decode(skip)
         budget = self.max_mixed_step_tokens if batch.seqs else self.max_num_batched_tokens
         self.fill_prefill(batch, max(0, budget - batch.num_tokens))
-        batch.is_prefill = len(batch.seqs) > batch.num_decodes
+        batch.has_prefill = len(batch.seqs) > batch.num_decodes
         return batch
 
     def fill_prefill(self, batch: ScheduledBatch, budget: int) -> None:
@@ -153,7 +153,7 @@ class Scheduler:
 
     def schedule_decode(self, skip: frozenset[int] = frozenset()) -> ScheduledBatch:
         """One token for each running sequence (but those in `skip`), preempting if needed."""
-        batch = ScheduledBatch(is_prefill=False)
+        batch = ScheduledBatch(has_prefill=False)
         limit = min(self.max_num_seqs, self.max_num_batched_tokens)
         for seq in list(self._running):
             if len(batch.seqs) >= limit:

@@ -32,7 +32,7 @@ class AttentionMetadata:
     A mixed step packs num_decodes one-token decodes first; cu_seqlens_*, max_seqlen_* and
     has_cached_prefix then describe only the prefills (cu_seqlens_q[0] = 0 at row num_decodes)."""
 
-    is_prefill: bool
+    has_prefill: bool
     slot_mapping: Tensor  # int64 [num_tokens]
     context_lens: Tensor  # int32 [num_seqs]
     block_tables: Tensor  # int32 [num_seqs, max_blocks_per_seq], padded with 0

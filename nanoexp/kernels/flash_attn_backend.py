@@ -40,7 +40,7 @@ class FlashAttnBackend(AttentionBackend):
             (not flash_attn_available(), "needs the flash_attn package; use 'triton' or 'auto'"),
             (
                 block_size % page != 0,
-                f"needs kvcache_block_size divisible by {page} (paged KV in "
+                f"needs kv_block_size divisible by {page} (paged KV in "
                 f"flash-attn), got {block_size}; use attention_backend='triton' for other block sizes",
             ),
         ]

@@ -68,7 +68,7 @@ def describe(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {first_line}"
 
 
-def paged_case(ctx_lens, q_lens, is_prefill, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8):
+def paged_case(ctx_lens, q_lens, has_prefill, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8):
     """Random paged K/V caches (fp8 with `kv_fp8`, then with their scales) of sequences of ctx_lens
     tokens, and the metadata of a step adding the last q_lens of them: (k_cache, v_cache, scales, md)."""
     need = [-(-n // block_size) for n in ctx_lens]
@@ -89,15 +89,15 @@ def paged_case(ctx_lens, q_lens, is_prefill, block_size, kv_heads, head_dim, dty
     cu_q, cu_k = ([0, *accumulate(lens)] for lens in (q_lens, ctx_lens))
     ints = functools.partial(torch.tensor, dtype=torch.int32, device=device)
     md = AttentionMetadata(
-        is_prefill,
+        has_prefill,
         ints(slots, dtype=torch.int64),
         ints(ctx_lens),
         table.to(device),
-        ints(cu_q) if is_prefill else None,
-        ints(cu_k) if is_prefill else None,
+        ints(cu_q) if has_prefill else None,
+        ints(cu_k) if has_prefill else None,
         max(q_lens),
         max(ctx_lens),
-        has_cached_prefix=is_prefill and any(c > q for c, q in zip(ctx_lens, q_lens, strict=True)),
+        has_cached_prefix=has_prefill and any(c > q for c, q in zip(ctx_lens, q_lens, strict=True)),
     )
     return k_cache, v_cache, scales, md
 
@@ -114,7 +114,7 @@ def max_error(
     kv_fp8=False,
 ) -> float:
     """Largest abs difference from the reference over store_kv, decode and both prefill kinds; cases:
-    (context lengths, new tokens per sequence, is_prefill)."""
+    (context lengths, new tokens per sequence, has_prefill)."""
     cases = cases or [
         ([1, block_size + 3, 37], [1, 1, 1], False),
         ([block_size + 30, 9], [30, 9], True),  # 30 new tokens after one cached block
@@ -123,9 +123,9 @@ def max_error(
     gen = torch.Generator().manual_seed(seed)
     num_heads, kv_heads = heads
     errors = []
-    for ctx_lens, q_lens, is_prefill in cases:
+    for ctx_lens, q_lens, has_prefill in cases:
         k_cache, v_cache, scales, md = paged_case(
-            ctx_lens, q_lens, is_prefill, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8
+            ctx_lens, q_lens, has_prefill, block_size, kv_heads, head_dim, dtype, device, gen, kv_fp8
         )
         n = md.slot_mapping.shape[0]
         q = torch.randn(n, num_heads, head_dim, generator=gen).to(device, dtype)
@@ -142,13 +142,13 @@ def _compare(backend, k_cache, v_cache, scales: tuple, md: AttentionMetadata, q,
     backend.store_kv(k, v, k_cache, v_cache, md.slot_mapping, *scales)
     if not (_same(k_cache, k_ref) and _same(v_cache, v_ref)):
         raise SelfCheckError("store_kv wrote different K/V than the reference (it must copy exactly)")
-    if md.is_prefill:
+    if md.has_prefill:
         want = reference.prefill(q.float(), k.float(), v.float(), k_ref, v_ref, md, scale, *scales)
         got = backend.prefill(q, k, v, k_cache, v_cache, md, scale, *scales)
     else:
         want = reference.decode(q.float(), k_ref, v_ref, md, scale, *scales)
         got = backend.decode(q, k_cache, v_cache, md, scale, *scales)
-    kind = "prefill" if md.is_prefill else "decode"
+    kind = "prefill" if md.has_prefill else "decode"
     if got.shape != want.shape:
         raise SelfCheckError(f"{kind} returned shape {tuple(got.shape)}, expected {tuple(want.shape)}")
     if not torch.isfinite(got).all():

@@ -465,7 +465,8 @@ def fp8_linear(
     gemm = config if isinstance(config, GemmConfig) else default_gemm_config(m)
     if amax is None and m > 0 and gemv and layout.k_local <= FUSED_QUANT_MAX_K:  # the GEMV quantizes x itself
         y = torch.empty(m, layout.n, dtype=x.dtype, device=x.device)
-        _gemv(x2, y, weight, scale, layout, y, True, config)  # (y stands in for the unused scales)
+        gemv_config = config if isinstance(config, GemvConfig) else None
+        _gemv(x2, y, weight, scale, layout, y, True, gemv_config)  # (y stands in for the unused scales)
     elif amax is None and m > 0 and gemm.quantize_a and layout.k_offset == 0:  # so does this GEMM
         y = torch.empty(m, layout.n, dtype=x.dtype, device=x.device)
         _gemm(x2, y, weight, scale, layout, y, True, gemm)

@@ -43,7 +43,7 @@ class Attention(nn.Module):
             return None
         assert self.backend is not None
         # Prefill without a cached prefix attends over this step's packed k, not the cache.
-        write_k = md.is_prefill and not md.has_cached_prefix
+        write_k = md.has_prefill and not md.has_cached_prefix
         qk = self.backend.qk_norm_rope_store(
             qkv,
             positions,
@@ -67,7 +67,7 @@ class Attention(nn.Module):
     def _attend(self, q, k, v, md: AttentionMetadata) -> Tensor:
         assert self.backend is not None
         caches, scales = (self.k_cache, self.v_cache), (self.k_scale, self.v_scale)
-        if not md.is_prefill:
+        if not md.has_prefill:
             return self.backend.decode(q, *caches, md, self.scale, *scales)
         attend = self.backend.mixed if md.num_decodes else self.backend.prefill  # mixed: decodes first
         return attend(q, k, v, *caches, md, self.scale, *scales)

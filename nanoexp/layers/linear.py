@@ -11,7 +11,7 @@ from nanoexp.kernels.base import NormFirst
 from nanoexp.kernels.select import SkinnyGemm
 from nanoexp.layers.activation import SiluAndMul
 from nanoexp.layers.norm import RMSNorm
-from nanoexp.layers.quantization import Fp8Weights, building_method, layout_for
+from nanoexp.layers.quantization import Fp8Weights, building_method, layout_for, set_loader_attrs
 
 
 def shape_of(loaded) -> list[int]:
@@ -29,6 +29,7 @@ class LinearBase(nn.Module):
     sizes divide evenly: the model passed `config.parallel.check_split`."""
 
     quantizable = True  # built in fp8 under `quantization.building("fp8")`; False keeps it dense (a router)
+    weight_scale_inv: Tensor  # fp8 layers only: set by Fp8Weights
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp_dim: int):
         super().__init__()
@@ -52,8 +53,8 @@ class LinearBase(nn.Module):
         layout = layout_for(out_features, in_features, k_start, self.local_part_sizes(out_features))
         k_total = in_features * self.tp_size if self.tp_dim == 1 else in_features
         self.fp8 = Fp8Weights(self, layout, [out_features, in_features], k_total)
-        self.weight.weight_loader = self.fp8_weight_loader
-        self.weight_scale_inv.weight_loader = self.fp8_scale_loader
+        set_loader_attrs(self.weight, weight_loader=self.fp8_weight_loader)
+        set_loader_attrs(self.weight_scale_inv, weight_loader=self.fp8_scale_loader)
 
     def local_part_sizes(self, out_features: int) -> list[int]:
         """This rank's rows of each checkpoint tensor fused into the weight."""
@@ -65,9 +66,11 @@ class LinearBase(nn.Module):
         return (0, n, self.tp_rank * n) if self.tp_dim == 0 else (0, n, 0)
 
     def fp8_weight_loader(self, param: nn.Parameter, loaded, *shard) -> None:
+        assert self.fp8 is not None  # bound by use_fp8
         self.fp8.load_weight(param, self.weight_scale_inv, loaded, self.rows_of(*shard))
 
     def fp8_scale_loader(self, param: nn.Parameter, loaded, *shard) -> None:
+        assert self.fp8 is not None  # bound by use_fp8
         self.fp8.load_scale(param, loaded, self.rows_of(*shard))
 
     def shard_of(self, loaded, dim: int) -> Tensor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -94,6 +95,13 @@ def scale_rows_index(
 # ---------------------------------------------------------------- a linear layer's fp8 weights
 
 
+def set_loader_attrs(param: Tensor | nn.Module, **attrs: object) -> None:
+    """Sets the attributes loader.py reads from a parameter (weight_loader, logical_shape, block_scale,
+    checkpoint_dtypes, quantized_here): run-time attributes that a Tensor's type does not declare."""
+    for name, value in attrs.items():
+        setattr(param, name, value)
+
+
 class Fp8Weights:
     """What a linear layer (layers/linear.py) holds in fp8: its layout and GEMM, and its loaders."""
 
@@ -105,16 +113,22 @@ class Fp8Weights:
         straddles = layout.k_offset != 0 or (layout.k_offset + layout.k_local) % BLOCK != 0
         self.sync_amax = straddles and layout.k_local != k_total
         self.gemm: Fp8Gemm = w8a8_reference  # bound by bind_fp8_gemm
-        device = layer.weight.device
+        device = cast(Tensor, layer.weight).device
         weight = torch.zeros(layout.n, layout.k_padded, dtype=FP8_DTYPE, device=device)
         scale = torch.ones(layout.scale_rows, layout.k_blocks, dtype=torch.float32, device=device)
         layer.weight = nn.Parameter(weight, requires_grad=False)
         layer.weight_scale_inv = nn.Parameter(scale, requires_grad=False)
-        layer.weight.logical_shape = logical_shape  # what loader.checkpoint_shape scales to the checkpoint's
-        layer.weight_scale_inv.logical_shape = logical_shape
-        layer.weight_scale_inv.block_scale = True  # its checkpoint shape is the weight's in 128 blocks
-        layer.weight.checkpoint_dtypes = ("F8_E4M3", "F32", "F16", "BF16")  # unquantized: quantized here
-        layer.weight_scale_inv.checkpoint_dtypes = ("F32", "BF16")
+        # logical_shape: what loader.checkpoint_shape scales to the checkpoint's; unquantized: quantized here
+        set_loader_attrs(
+            layer.weight, logical_shape=logical_shape, checkpoint_dtypes=("F8_E4M3", "F32", "F16", "BF16")
+        )
+        # block_scale: its checkpoint shape is the weight's in 128 blocks
+        set_loader_attrs(
+            layer.weight_scale_inv,
+            logical_shape=logical_shape,
+            block_scale=True,
+            checkpoint_dtypes=("F32", "BF16"),
+        )
 
     def load_weight(self, weight: Tensor, scale: Tensor, loaded, rows: tuple[int, int, int]) -> None:
         """Copies a checkpoint tensor's rows (local offset, size, checkpoint start) and this rank's columns;
@@ -124,7 +138,7 @@ class Fp8Weights:
             "torch.float8_e4m3fn",
         ):
             q, s = quantize_weight(loaded[:].to(weight.device))
-            scale.quantized_here = True  # the loader expects no checkpoint scales for it
+            set_loader_attrs(scale, quantized_here=True)  # the loader expects no checkpoint scales for it
             self.load_weight(weight, scale, q, rows)
             self.load_scale(scale, s, rows)
             return
@@ -178,6 +192,7 @@ def bind_fp8_gemm(model: nn.Module, gemm: Fp8Gemm) -> None:
 
 def weight_quantization(model: nn.Module) -> tuple[str, str]:
     """(the weights' format, 'fp8' or 'none'; the fp8 GEMM bound: triton, triton+cublas, torch or '')."""
-    gemms = {m.fp8.gemm.__name__ for m in model.modules() if isinstance(getattr(m, "fp8", None), Fp8Weights)}
+    fp8s = [fp8 for m in model.modules() if isinstance(fp8 := getattr(m, "fp8", None), Fp8Weights)]
+    gemms = {fp8.gemm.__name__ for fp8 in fp8s}
     names = {"w8a8_reference": "torch", "fp8_linear": "triton", "cublas_fp8_linear": "triton+cublas"}
     return ("fp8", ",".join(sorted(names.get(g, g) for g in gemms))) if gemms else ("none", "")

@@ -169,7 +169,7 @@ class DecodeGraphs(GraphLadder):
     def view(self, bs: int, variant: None = None) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         t = self.arenas[bs].tensors
         md = AttentionMetadata(
-            is_prefill=False,
+            has_prefill=False,
             slot_mapping=t["slot_mapping"],
             context_lens=t["context_lens"],
             block_tables=t["block_tables"],
@@ -237,7 +237,7 @@ class StepGraphs(GraphLadder):
         t, seqs = self.arenas[size].tensors, self.seq_slots(size)
         decode_slots = seqs if variant else 0
         md = AttentionMetadata(
-            is_prefill=True,
+            has_prefill=True,
             slot_mapping=t["slot_mapping"],
             context_lens=t["context_lens"],
             block_tables=t["block_tables"],

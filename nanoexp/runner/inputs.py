@@ -88,7 +88,7 @@ def prepare_step(
         (step.context_lens, torch.int32),
         (tables, torch.int32),
     ]
-    d, prefill = step.num_decodes, step.is_prefill
+    d, prefill = step.num_decodes, step.has_prefill
     # A prefill reads K/V from the cache where some sequence has a cached prefix, or always with a lossy
     # (fp8) cache: it attends to K/V as stored, as step graphs and decodes do, not unquantized.
     reads_cache = prefill and (lossy_cache or step.query_lens[d:] != step.context_lens[d:])
@@ -103,7 +103,7 @@ def prepare_step(
     tensors = upload(columns + [(values, SAMPLING_FIELDS[name]) for name, values in arrays.items()], device)
     input_ids, positions_t, logits_indices, slots_t, context_t, tables_t = tensors[:6]
     md = AttentionMetadata(
-        is_prefill=prefill,
+        has_prefill=prefill,
         slot_mapping=slots_t,
         context_lens=context_t,
         block_tables=tables_t,

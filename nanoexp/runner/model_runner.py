@@ -132,7 +132,7 @@ class ModelRunner:
 
     def graphs_for(self, step: StepInput) -> DecodeGraphs | StepGraphs | None:
         """The captured graphs that run `step`, or None (an eager step)."""
-        graphs = self.step_graphs if step.is_prefill else self.graphs
+        graphs = self.step_graphs if step.has_prefill else self.graphs
         return graphs if graphs is not None and step.num_tokens <= graphs.max_tokens else None
 
     def info(self) -> RunnerInfo:

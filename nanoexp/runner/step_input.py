@@ -22,7 +22,7 @@ class RunnerInfo:
 
 @dataclass
 class StepInput:
-    is_prefill: bool
+    has_prefill: bool
     token_ids: list[int]  # new tokens of all sequences, packed
     query_lens: list[int]
     context_lens: list[int]  # cached prefix + new tokens, per sequence

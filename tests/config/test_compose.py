@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT, compose_cfg
+from helpers import ROOT, compose_cfg, quick_first
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
@@ -80,7 +80,7 @@ def data_files(tmp_path: Path) -> dict[str, list[str]]:
     return {option: [f"workload.path={path}"] for option, path in paths.items()}
 
 
-@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize(*quick_first("group", GROUPS, quick=GROUPS.index("workload")))
 def test_every_option_composes_and_builds(group: str, tmp_path: Path) -> None:
     files = data_files(tmp_path)
     for option in options(group):

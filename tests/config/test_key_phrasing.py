@@ -33,7 +33,7 @@ def test_every_keyword_maps_to_a_key_of_the_composed_config() -> None:
     ("engine_message", "run_py_message"),
     [
         (
-            "raise num_kvcache_blocks, or gpu_memory_utilization",
+            "raise num_kv_blocks, or gpu_memory_utilization",
             "raise cache.num_blocks, or cache.gpu_memory_utilization",
         ),
         ("device='cuda' needs a CUDA device", "engine.device='cuda' needs a CUDA device"),
@@ -56,7 +56,7 @@ def test_engine_messages_are_phrased_with_hydra_keys(engine_message: str, run_py
 
 def test_config_errors_are_phrased_with_keywords_at_the_api() -> None:
     error = as_keyword(KnobError("cache.block_size", 3, "a power of two from 1 to 1024"))
-    assert str(error) == "kvcache_block_size=3 is invalid: must be a power of two from 1 to 1024"
+    assert str(error) == "kv_block_size=3 is invalid: must be a power of two from 1 to 1024"
     reasoned = as_keyword(KnobError("engine.device", "cuda", "auto or cpu", "needs a CUDA device"))
     assert str(reasoned) == "device='cuda' needs a CUDA device"
 
@@ -92,10 +92,8 @@ def test_run_pys_logs_phrase_engine_warnings_with_hydra_keys() -> None:
 
 
 def test_a_kv_cache_too_small_names_the_keyword_in_the_api(checkpoints) -> None:
-    with LLM(checkpoints["qwen3_gqa1"][0], kvcache_block_size=16, num_kvcache_blocks=1) as llm:
+    with LLM(checkpoints["qwen3_gqa1"][0], kv_block_size=16, num_kv_blocks=1) as llm:
         with pytest.raises(ValueError) as info:
             llm.generate([[1] * 20], use_tqdm=False)
     message = str(info.value)
-    assert (
-        message.startswith("prompt 0: ") and "raise num_kvcache_blocks" in message and "cache." not in message
-    )
+    assert message.startswith("prompt 0: ") and "raise num_kv_blocks" in message and "cache." not in message

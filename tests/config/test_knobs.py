@@ -73,8 +73,8 @@ def test_a_bad_logging_interval_fails_before_the_benchmark_runs(tmp_path: Path) 
 
 def test_a_kv_cache_larger_than_the_machine_names_num_blocks(checkpoints) -> None:
     path = checkpoints["qwen3_gqa1"][0]
-    with pytest.raises(KnobError, match=r"^num_kvcache_blocks=1000000000 is invalid: must be <= \d+"):
-        LLM(path, num_kvcache_blocks=10**9, kvcache_block_size=256)  # the keyword typed
+    with pytest.raises(KnobError, match=r"^num_kv_blocks=1000000000 is invalid: must be <= \d+"):
+        LLM(path, num_kv_blocks=10**9, kv_block_size=256)  # the keyword typed
 
 
 def _checks_bool(function: ast.FunctionDef) -> bool:

@@ -72,12 +72,13 @@ hf_config = dict(
     head_dim=16, max_position_embeddings=128,
 )
 with LLM("tiny", hf_config=hf_config, load_format="dummy", device="cpu", dtype="float32",
-         kvcache_block_size=16, use_tqdm=False) as llm:
+         kv_block_size=16, use_tqdm=False) as llm:
     (out,) = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
 print(len(out.token_ids))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch and builds an engine
 def test_the_engine_imports_and_generates_without_the_experiment_stack() -> None:
     script = ENGINE_WITHOUT_EXPERIMENT_STACK.format(blocked=sorted(EXPERIMENT_STACK))
     env = os.environ | {

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMON = ["cache.cpu_kv_cache_gb=0.05", "logger=none", "metrics.kv_quality.num_requests=0"]
+COMMON = ["cache.cpu_kv_cache_gib=0.05", "logger=none", "metrics.kv_quality.num_requests=0"]
 
 
 def run_job(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -25,7 +25,7 @@ PATHS = {
     "graphs": dict(),
     "eager": dict(enforce_eager=True),
     "chunked_prefix_cache": dict(max_num_batched_tokens=48, enable_prefix_caching=True),
-    "preemption_block256": dict(kvcache_block_size=256, num_kvcache_blocks=3),
+    "preemption_block256": dict(kv_block_size=256, num_kv_blocks=3),
 }
 
 
@@ -44,7 +44,7 @@ def fp8_checkpoint(tmp_path_factory) -> str:
 def test_gpu_fp8_checkpoint_follows_the_w8a8_reference(fp8_checkpoint, path_name):
     rng = random.Random(0)
     prompts = [[rng.randrange(150) for _ in range(n)] for n in LENGTHS]
-    args = dict(kvcache_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
+    args = dict(kv_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
     with LLM(fp8_checkpoint, **{**args, **PATHS[path_name]}) as llm:
         outs = llm.generate(
             prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
@@ -63,7 +63,7 @@ def test_gpu_fp8_logits_stay_within_a_tenth_of_what_activation_rounding_moves(fp
     same weights with unquantized activations)."""
     rng = random.Random(0)
     prompts = [[rng.randrange(150) for _ in range(n)] for n in LENGTHS]
-    args = dict(kvcache_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
+    args = dict(kv_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
     with LLM(fp8_checkpoint, **args) as llm:
         outs = llm.generate(
             prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False

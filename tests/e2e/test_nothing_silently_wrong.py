@@ -14,7 +14,7 @@ from checkpoints import SHAPES, build_checkpoint
 from hydra.experimental.callback import Callback
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model=qwen3_tiny", "logger=none", "cache.cpu_kv_cache_gb=0.05", "engine.use_tqdm=false"]
+TINY = ["model=qwen3_tiny", "logger=none", "cache.cpu_kv_cache_gib=0.05", "engine.use_tqdm=false"]
 
 
 def run_py(tmp_path: Path, *overrides: str, multirun: bool = False) -> subprocess.CompletedProcess:
@@ -94,7 +94,7 @@ def test_a_kv_cache_too_small_names_the_key_typed_and_a_real_request(tmp_path: P
     proc = run_py(tmp_path, *TINY, *QUICK, "cache.block_size=16", "cache.num_blocks=1")
     lines = error_lines(proc)
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    assert "cache.num_blocks" in lines[0] and "num_kvcache_blocks" not in lines[0]
+    assert "cache.num_blocks" in lines[0] and "num_kv_blocks" not in lines[0]
     assert lines[0].startswith("nanoexp: error: request 0: ") and "warm-up" not in lines[0]
     assert "Traceback" not in proc.stderr
 

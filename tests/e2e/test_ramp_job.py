@@ -16,7 +16,7 @@ import pytest
 from nanoexp.experiment.measure.workloads import arrival_offsets, offered_rates
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05", "logger=none", "metrics.kv_quality.num_requests=0"]
+TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05", "logger=none", "metrics.kv_quality.num_requests=0"]
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05", "logger=none", "metrics.kv_quality.num_requests=0"]
+TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05", "logger=none", "metrics.kv_quality.num_requests=0"]
 
 
 def run_job(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:

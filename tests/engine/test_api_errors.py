@@ -22,7 +22,7 @@ def llm(checkpoints):
     from transformers import PreTrainedTokenizerFast
 
     path = checkpoints["qwen3_gqa1"][0]
-    with LLM(path, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512) as llm:
+    with LLM(path, kv_block_size=16, num_kv_blocks=64, max_model_len=512) as llm:
         words = Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1, "there": 2}, unk_token="[UNK]"))
         words.pre_tokenizer = pre_tokenizers.Whitespace()
         llm.tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]")
@@ -131,7 +131,7 @@ def test_close_releases_the_kv_cache_and_weights_while_the_engine_is_still_refer
     gc.disable()
     try:
         path = checkpoints["qwen3_gqa1"][0]
-        llm = LLM(path, device="cpu", dtype="float32", num_kvcache_blocks=32, kvcache_block_size=16)
+        llm = LLM(path, device="cpu", dtype="float32", num_kv_blocks=32, kv_block_size=16)
         runner = llm.engine.executor.runner
         cache, weight = weakref.ref(runner.kv_cache), weakref.ref(next(runner.model.parameters()))
         del runner
@@ -145,7 +145,7 @@ def test_close_releases_the_kv_cache_and_weights_while_the_engine_is_still_refer
 
 def test_progress_bar_is_set_at_construction_and_per_call(checkpoints, capsys) -> None:
     path = checkpoints["qwen3_gqa1"][0]
-    with LLM(path, use_tqdm=False, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128) as quiet:
+    with LLM(path, use_tqdm=False, kv_block_size=16, num_kv_blocks=16, max_model_len=128) as quiet:
         quiet.generate([[1, 2, 3]], GREEDY)
         assert "Generating" not in capsys.readouterr().err
         quiet.generate([[1, 2, 3]], GREEDY, use_tqdm=True)

@@ -15,7 +15,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 @pytest.fixture(scope="module")
 def llm(checkpoints):
     path = checkpoints["qwen3_gqa1"][0]
-    with LLM(path, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512) as llm:
+    with LLM(path, kv_block_size=16, num_kv_blocks=64, max_model_len=512) as llm:
         yield llm
 
 
@@ -43,7 +43,7 @@ def test_bad_requests_are_rejected_and_the_engine_keeps_serving(llm, prompt, par
 
 
 def test_request_larger_than_the_whole_cache_is_rejected(checkpoints):
-    with LLM(checkpoints["qwen3_gqa1"][0], kvcache_block_size=16, num_kvcache_blocks=4) as llm:
+    with LLM(checkpoints["qwen3_gqa1"][0], kv_block_size=16, num_kv_blocks=4) as llm:
         with pytest.raises(ValueError) as err:
             llm.engine.add_request(list(range(60)), SamplingParams(max_tokens=10))
         assert "exceeds the whole KV cache (64 tokens)" in one_line(err)
@@ -80,8 +80,8 @@ def test_invalid_sampling_params(kwargs, needle):
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"kvcache_block_size": 24}, "kvcache_block_size=24 is invalid: must be a power of two from 1 to"),
-        ({"kvcache_block_size": 2048}, "kvcache_block_size=2048"),
+        ({"kv_block_size": 24}, "kv_block_size=24 is invalid: must be a power of two from 1 to"),
+        ({"kv_block_size": 2048}, "kv_block_size=2048"),
         ({"dtype": "int8"}, "dtype='int8' is invalid"),
         ({"device": "tpu"}, "device='tpu' is invalid"),
         ({"load_format": "pt"}, "load_format='pt'"),

@@ -21,11 +21,11 @@ PATHS = {
     "plain": dict(enable_prefix_caching=False),
     "prefix_cache": dict(enable_prefix_caching=True),
     "chunked": dict(max_num_batched_tokens=48),
-    "preemption": dict(num_kvcache_blocks=40),
-    "block1": dict(kvcache_block_size=1, num_kvcache_blocks=4000),
-    "block256": dict(kvcache_block_size=256),
+    "preemption": dict(num_kv_blocks=40),
+    "block1": dict(kv_block_size=1, num_kv_blocks=4000),
+    "block256": dict(kv_block_size=256),
     "small_prefill_budget": dict(max_num_batched_tokens=100),
-    "async": dict(async_scheduling=True, num_kvcache_blocks=60),
+    "async": dict(async_scheduling=True, num_kv_blocks=60),
 }
 
 
@@ -34,11 +34,11 @@ GRAPHS_QUICK = pytest.param(False, marks=pytest.mark.gpu_quick)  # graphs on, in
 
 def engine_outputs(path, prompts, max_tokens, **kwargs):
     args = dict(
-        kvcache_block_size=16,
+        kv_block_size=16,
         attention_backend="triton",
         max_model_len=1024,
         max_num_seqs=16,
-        num_kvcache_blocks=512,
+        num_kv_blocks=512,
         max_num_batched_tokens=2048,
     )
     args.update(kwargs)
@@ -105,7 +105,7 @@ def test_startup_reports_its_parts(checkpoints):
     with LLM(
         checkpoints["qwen3_gqa1"][0],
         device="cuda",
-        kvcache_block_size=16,
+        kv_block_size=16,
         max_num_seqs=16,
         max_num_batched_tokens=2048,
         gpu_memory_utilization=0.3,
@@ -121,10 +121,10 @@ def test_seeded_sampling_through_the_kernel_reproduces_and_ignores_the_batch(che
     with LLM(
         checkpoints["qwen3_gqa1"][0],
         device="cuda",
-        kvcache_block_size=16,
+        kv_block_size=16,
         max_num_seqs=16,
         max_num_batched_tokens=2048,
-        num_kvcache_blocks=256,
+        num_kv_blocks=256,
         async_scheduling=async_scheduling,
     ) as llm:
         assert llm.stats()["sampler_kernel"]
@@ -150,9 +150,9 @@ def test_read_back_reuses_a_few_pinned_buffers(checkpoints, reference_outputs):
         checkpoints["qwen3_gqa1"][0],
         device="cuda",
         attention_backend="triton",
-        kvcache_block_size=16,
+        kv_block_size=16,
         max_num_seqs=16,
-        num_kvcache_blocks=256,
+        num_kv_blocks=256,
         async_scheduling=True,
     ) as llm:
         greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -178,7 +178,7 @@ def test_tp2_with_graphs_matches_transformers_in_float32(
         dtype="float32",
         tensor_parallel_size=2,
         async_scheduling=async_scheduling,
-        num_kvcache_blocks=40,
+        num_kv_blocks=40,
         all_reduce=all_reduce,
     )
     for prompt, out in zip(prompts, outs, strict=True):
@@ -190,7 +190,7 @@ def test_tp2_with_graphs_matches_transformers_in_float32(
 @pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(), dict(max_num_batched_tokens=40), dict(num_kvcache_blocks=40)],
+    [dict(), dict(max_num_batched_tokens=40), dict(num_kv_blocks=40)],
     ids=["plain", "chunked", "preemption"],
 )
 def test_staggered_arrivals_in_float32_match_transformers(
@@ -200,11 +200,11 @@ def test_staggered_arrivals_in_float32_match_transformers(
     name = "qwen3_gqa4"
     prompts = random_prompts(LENGTHS, seed=14)
     args = dict(
-        kvcache_block_size=16,
+        kv_block_size=16,
         attention_backend="triton",
         max_model_len=1024,
         max_num_seqs=16,
-        num_kvcache_blocks=512,
+        num_kv_blocks=512,
         max_num_batched_tokens=2048,
         dtype="float32",
         device="cuda",

@@ -14,14 +14,18 @@ SEEDED = SamplingParams(temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
 
 
-@pytest.fixture(scope="module", params=[(1, True), (1, False), (2, True)], ids=["async", "sync", "tp2"])
+@pytest.fixture(
+    scope="module",
+    params=[(1, True), (1, False), pytest.param((2, True), marks=pytest.mark.slow)],  # slow: TP workers
+    ids=["async", "sync", "tp2"],
+)
 def llm(request, checkpoints):
     tp, overlapped = request.param
     path = checkpoints["qwen3_gqa1"][0]
     with LLM(
         path,
-        kvcache_block_size=16,
-        num_kvcache_blocks=64,
+        kv_block_size=16,
+        num_kv_blocks=64,
         max_model_len=256,
         async_scheduling=overlapped,
         tensor_parallel_size=tp,

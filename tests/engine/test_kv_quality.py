@@ -27,8 +27,8 @@ ENGINE = dict(
     device="cpu",
     dtype="float32",
     attention_backend="torch",
-    kvcache_block_size=4,
-    num_kvcache_blocks=48,
+    kv_block_size=4,
+    num_kv_blocks=48,
     max_num_seqs=4,
     max_num_batched_tokens=96,
     max_model_len=96,
@@ -72,6 +72,7 @@ def test_fp8_cache_is_detected(tiny, prompts):
     assert lossy["kl_max"] >= lossy["kl_p99"] >= lossy["kl_mean"] > 0
 
 
+@pytest.mark.slow  # tensor-parallel worker processes
 def test_tp2_matches_tp1(tiny, prompts):
     with LLM(tiny, **ENGINE) as llm:
         tp1 = llm.kv_cache_quality(prompts, 6)

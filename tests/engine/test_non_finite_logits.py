@@ -23,7 +23,7 @@ def poison_embedding(llm: LLM, token: int) -> None:
 @pytest.mark.parametrize("batching", ["prefill_first", "mixed"])
 def test_nan_logits_end_one_request_and_the_others_go_on(checkpoints, async_scheduling, batching) -> None:
     path = checkpoints["qwen3_gqa1"][0]
-    kwargs = dict(kvcache_block_size=16, async_scheduling=async_scheduling, batching=batching)
+    kwargs = dict(kv_block_size=16, async_scheduling=async_scheduling, batching=batching)
     prompts = [[5, 6, 7, 8] * 5, [9, 10, 11] * 6, [12, 13] * 9]
     with LLM(path, **kwargs) as llm:
         clean = [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
@@ -43,7 +43,7 @@ def test_nan_logits_end_one_request_and_the_others_go_on(checkpoints, async_sche
 
 def test_a_prompt_that_yields_nan_fails_at_its_first_token_and_leaves_no_cached_blocks(checkpoints) -> None:
     path = checkpoints["qwen3_gqa1"][0]
-    with LLM(path, kvcache_block_size=16, enable_prefix_caching=True) as llm:
+    with LLM(path, kv_block_size=16, enable_prefix_caching=True) as llm:
         poison_embedding(llm, 300)
         bad = [300] + list(range(20, 60))  # two full blocks after the NaN
         outs = llm.generate([bad, list(range(100, 140))], GREEDY, use_tqdm=False)

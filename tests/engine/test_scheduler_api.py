@@ -16,7 +16,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
 def make_scheduler(max_num_seqs: int = 2) -> Scheduler:
     config = EngineConfig.from_kwargs(
-        "stand-in", kvcache_block_size=4, num_kvcache_blocks=16, max_num_seqs=max_num_seqs
+        "stand-in", kv_block_size=4, num_kv_blocks=16, max_num_seqs=max_num_seqs
     )
     return Scheduler(BlockManager(16, config.cache), config.scheduler, None)
 

@@ -88,8 +88,8 @@ def make_engine(
 ):
     config = EngineConfig.from_kwargs(
         "fake",
-        kvcache_block_size=block_size,
-        num_kvcache_blocks=num_blocks,
+        kv_block_size=block_size,
+        num_kv_blocks=num_blocks,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         enable_chunked_prefill=chunked,
@@ -240,7 +240,7 @@ def test_mixed_steps_carry_every_running_decode_beside_prefill_chunks():
 
     scheduler.schedule = checked_schedule
     run(engine, requests)
-    mixed = [s for s in engine.executor.steps if s.is_prefill and s.num_decodes]
+    mixed = [s for s in engine.executor.steps if s.has_prefill and s.num_decodes]
     assert len(mixed) >= 5
 
 
@@ -251,5 +251,5 @@ def test_steps_with_decodes_stay_within_the_runners_graph_size():
     capped = LLMEngine(engine.config, engine.executor)
     run(capped, requests)
     steps = capped.executor.steps
-    assert all(sum(s.query_lens) <= 12 for s in steps if s.num_decodes or not s.is_prefill)
-    assert any(sum(s.query_lens) > 12 for s in steps if s.is_prefill and not s.num_decodes)
+    assert all(sum(s.query_lens) <= 12 for s in steps if s.num_decodes or not s.has_prefill)
+    assert any(sum(s.query_lens) > 12 for s in steps if s.has_prefill and not s.num_decodes)

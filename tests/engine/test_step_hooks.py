@@ -105,7 +105,7 @@ def test_step_hooks_alone_hear_no_phases() -> None:
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_an_in_process_runner_reports_prepare_and_forward_inside_each_launch(checkpoints, overlap) -> None:
-    with LLM(checkpoints["qwen3_gqa1"][0], num_kvcache_blocks=16, async_scheduling=overlap) as llm:
+    with LLM(checkpoints["qwen3_gqa1"][0], num_kv_blocks=16, async_scheduling=overlap) as llm:
         recorder = Recorder()
         assert llm.engine.set_hooks(recorder, recorder) == ENGINE_PHASES + RUNNER_PHASES
         llm.generate([[1, 2, 3], [4, 5]], PARAMS, use_tqdm=False)

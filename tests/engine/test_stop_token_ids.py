@@ -9,7 +9,7 @@ from nanoexp import LLM, SamplingParams
 
 
 def test_a_stop_token_outside_the_vocabulary_is_rejected_like_a_prompt_id(checkpoints) -> None:
-    with LLM(checkpoints["qwen3_gqa1"][0], kvcache_block_size=16) as llm:
+    with LLM(checkpoints["qwen3_gqa1"][0], kv_block_size=16) as llm:
         vocab = llm.engine.vocab_size
         with pytest.raises(ValueError, match=rf"prompt 1: token id {vocab} is outside the vocabulary"):
             llm.generate([[1, 2], [3, vocab]], use_tqdm=False)

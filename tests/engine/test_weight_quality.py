@@ -10,7 +10,7 @@ from fp8_checkpoints import build_fp8_checkpoint
 from nanoexp.engine.llm import LLM
 from nanoexp.engine.weight_quality import compare
 
-BASE = dict(device="cpu", dtype="float32", kvcache_block_size=4, max_num_batched_tokens=64)
+BASE = dict(device="cpu", dtype="float32", kv_block_size=4, max_num_batched_tokens=64)
 PROMPTS = [[5, 17, 42, 8, 99, 23], [61, 7, 13], [77, 31, 2, 9, 11, 40, 41, 42, 1]]
 
 

@@ -151,7 +151,7 @@ def test_a_sweep_whose_report_cannot_be_written_exits_1_with_one_line(tmp_path: 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR"))}
     cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={sweep}", "model=qwen3_tiny", "logger=none"]
     cmd += [
-        "cache.cpu_kv_cache_gb=0.05",
+        "cache.cpu_kv_cache_gib=0.05",
         "workload.num_requests=2",
         "workload.output_len=2",
         "workload.seed=0,1",

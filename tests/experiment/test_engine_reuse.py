@@ -16,7 +16,7 @@ from nanoexp.experiment.schema import to_spec
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
-TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05", "logger=none", "sampler=greedy"]
+TINY = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05", "logger=none", "sampler=greedy"]
 
 
 def job_parts(*overrides: str):

@@ -91,7 +91,7 @@ def test_events_count_on_the_step_they_hit_and_the_engine_is_unwrapped(tmp_path:
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_an_in_process_runner_adds_the_launchs_parts(tmp_path: Path, checkpoints, overlap: bool) -> None:
-    with LLM(checkpoints["qwen3_gqa1"][0], num_kvcache_blocks=16, async_scheduling=overlap) as llm:
+    with LLM(checkpoints["qwen3_gqa1"][0], num_kv_blocks=16, async_scheduling=overlap) as llm:
         llm.engine.add_request([1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
         profiler = StepProfiler(ProfileConfig(host_phases=True), llm.engine, tmp_path)
         _run_steps(profiler, llm.engine, 4)

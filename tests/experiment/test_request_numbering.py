@@ -31,7 +31,7 @@ def test_labels_carry_the_source_line_only_when_there_is_one() -> None:
 
 
 def test_outputs_carry_the_workload_index_after_a_warm_up(checkpoints) -> None:
-    with LLM(checkpoints["qwen3_gqa1"][0], kvcache_block_size=16) as llm:
+    with LLM(checkpoints["qwen3_gqa1"][0], kv_block_size=16) as llm:
         driver = EngineDriver(llm.engine)
         requests = [Request([5, 6, 7], PARAMS), Request([8, 9], PARAMS), Request([10], PARAMS)]
         driver.drive(requests[:1], 0.0, lambda s: None)  # the warm-up takes engine id 0

@@ -73,6 +73,7 @@ def run_job(tmp_path: Path, *overrides: str, multirun: bool = False) -> subproce
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
 
 
+@pytest.mark.slow  # a run.py job
 def test_requests_csv_arrivals_are_the_workloads_offsets(tmp_path: Path) -> None:
     proc = run_job(tmp_path, "workload.request_rate=50", "workload.max_concurrency=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -86,6 +87,7 @@ def test_requests_csv_arrivals_are_the_workloads_offsets(tmp_path: Path) -> None
     assert steps["num_running"].max() <= 2
 
 
+@pytest.mark.slow  # a run.py job
 def test_hf_baseline_batches_at_most_max_concurrency(tmp_path: Path) -> None:
     proc = run_job(tmp_path, "engine=hf", "workload.num_requests=5", "workload.max_concurrency=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -94,6 +96,7 @@ def test_hf_baseline_batches_at_most_max_concurrency(tmp_path: Path) -> None:
     assert summary["offered_request_rate"] == "inf"  # results.json is strict JSON
 
 
+@pytest.mark.slow  # a run.py job
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_bad_max_concurrency_is_one_line_naming_the_knob(tmp_path: Path, value: str) -> None:
     proc = run_job(tmp_path, f"workload.max_concurrency={value}")
@@ -152,6 +155,7 @@ def test_max_rate_is_the_last_rate_before_the_first_miss() -> None:
     assert "none of the offered rates" in rate_line(slo, {"group": "engine=hf", "max_rate": None})
 
 
+@pytest.mark.slow  # a run.py job
 def test_rate_sweep_with_inf_writes_its_plots(tmp_path: Path) -> None:
     proc = run_job(tmp_path, "workload.num_requests=4", "workload.request_rate=8,inf", multirun=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -164,6 +168,7 @@ def test_rate_sweep_with_inf_writes_its_plots(tmp_path: Path) -> None:
     assert (table["request_throughput"] > 0).all()
 
 
+@pytest.mark.slow  # a run.py job
 def test_swept_paths_with_slashes_keep_plots_and_latencies(tmp_path: Path) -> None:
     paths = []
     for name in ("a", "b"):
@@ -180,6 +185,7 @@ def test_swept_paths_with_slashes_keep_plots_and_latencies(tmp_path: Path) -> No
     assert all((sweep / d / "requests.csv").is_file() for d in table["job_dir"])
 
 
+@pytest.mark.slow  # a run.py job
 def test_serving_preset_reports_the_max_rate_meeting_slos(tmp_path: Path) -> None:
     small = ["workload.num_requests=8", "workload.input_len=16", "workload.output_len=4", "repeats=1"]
     proc = run_job(tmp_path, "experiment=serving", *small, "workload.request_rate=4,inf", multirun=True)

@@ -98,7 +98,7 @@ def test_the_driver_submits_a_turn_only_after_the_answer_and_its_think_time() ->
 
 
 def test_a_real_engine_conversation_holds_each_turn_token_for_token() -> None:
-    overrides = ["model=qwen3_tiny", "cache.cpu_kv_cache_gb=0.05", "cache.block_size=16", "logger=none"]
+    overrides = ["model=qwen3_tiny", "cache.cpu_kv_cache_gib=0.05", "cache.block_size=16", "logger=none"]
     overrides += [
         "workload=multi_turn",
         "workload.num_sessions=2",

@@ -1,4 +1,4 @@
-"""Per-step records reach the loggers after each timed pass, never inside it."""
+"""Per-step records reach the loggers after each repeat, never inside it."""
 
 from __future__ import annotations
 

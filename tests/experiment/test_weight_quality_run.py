@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a run.py job
 def test_fp8_job_reports_weight_quality_beside_speed(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "HOME": str(tmp_path)}
     cmd = [
@@ -31,7 +32,7 @@ def test_fp8_job_reports_weight_quality_beside_speed(tmp_path):
         "metrics.weight_quality.num_requests=2",
         "metrics.weight_quality.num_tokens=3",
         "logger=none",
-        "cache.cpu_kv_cache_gb=0.05",
+        "cache.cpu_kv_cache_gib=0.05",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
         "hydra.sweep.subdir=${hydra.job.num}",
     ]
@@ -47,6 +48,7 @@ def test_fp8_job_reports_weight_quality_beside_speed(tmp_path):
     assert fp8["mean_tpot_ms"] > 0
 
 
+@pytest.mark.slow  # a run.py job
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -147,8 +147,8 @@ def test_engine_runs_on_the_reference_when_the_candidate_is_wrong(
             device="cpu",
             dtype="float32",
             attention_backend="auto",
-            kvcache_block_size=16,
-            num_kvcache_blocks=64,
+            kv_block_size=16,
+            num_kv_blocks=64,
             max_model_len=128,
         ) as llm:
             outs = llm.generate(

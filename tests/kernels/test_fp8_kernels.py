@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fp8_checkpoints import published_quantize
+from helpers import quick_first
 
 from nanoexp.kernels import triton_fp8
 from nanoexp.kernels.fp8_reference import (
@@ -83,9 +84,9 @@ def test_activation_quantization_kernel_is_exact(shape):
 
 
 @pytest.mark.parametrize(
-    "rows", [1, 3, 4, 7, 20, 70]
+    *quick_first("rows", [1, 3, 4, 7, 20, 70], quick=4)
 )  # the GEMV (<= 4 rows), the GEMM's small and large tiles
-@pytest.mark.parametrize("shape", LAYOUTS)
+@pytest.mark.parametrize(*quick_first("shape", LAYOUTS, quick=1))
 def test_fp8_linear_matches_the_reference(shape, rows):
     if DEVICE == "cpu" and rows == 70 and shape[0] > 64:
         pytest.skip("the 128 x 128 tile is slow in the interpreter; the smaller layouts cover it")
@@ -183,8 +184,8 @@ def test_gpu_cublas_prefill_gemm_matches_the_reference(rows):
     assert err <= 2e-2 * w8a8_reference(x, q, s, layout).float().abs().max().item()
 
 
-@pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("shape", [(40, 1024, 0, 1), (256, 512, 0, 128)])
+@pytest.mark.parametrize(*quick_first("rows", [1, 3], quick=1))
+@pytest.mark.parametrize(*quick_first("shape", [(40, 1024, 0, 1), (256, 512, 0, 128)]))
 def test_split_k_gemv_matches_the_reference_twice(shape, rows):
     """K split across programs (partials summed by the last of a tile's programs); a second call finds
     the tickets reset."""

@@ -87,7 +87,7 @@ PATHS = {
     "plain": dict(enable_prefix_caching=False),
     "prefix_cache": dict(enable_prefix_caching=True),
     "chunked": dict(max_num_batched_tokens=100),
-    "preemption": dict(num_kvcache_blocks=10),
+    "preemption": dict(num_kv_blocks=10),
     "async": dict(async_scheduling=True),
 }
 
@@ -95,11 +95,11 @@ PATHS = {
 def engine_outputs(path, prompts, max_tokens, later=(), **kwargs):
     """Greedy outputs of `prompts`, then of `later` (a second batch, which can hit the prefix cache)."""
     args = dict(
-        kvcache_block_size=BLOCK,
+        kv_block_size=BLOCK,
         attention_backend="flash_attn",
         max_model_len=1024,
         max_num_seqs=16,
-        num_kvcache_blocks=64,
+        num_kv_blocks=64,
         max_num_batched_tokens=2048,
     )
     args.update(kwargs)

@@ -69,7 +69,7 @@ def test_pdl_changes_no_token_in_bf16(checkpoints, eager):
             enforce_eager=eager,
             gemm_backend="triton",
             attention_backend="triton",
-            kvcache_block_size=16,
+            kv_block_size=16,
             max_model_len=512,
         ) as llm:
             assert llm.stats()["pdl"] is (choice != "off")

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from checkpoints import random_prompts  # noqa: E402
+from helpers import quick_first  # noqa: E402
 
 from nanoexp import LLM, SamplingParams  # noqa: E402
 from nanoexp.config import ExecutionConfig, KnobError  # noqa: E402
@@ -74,6 +75,7 @@ def test_auto_leaves_large_weights_to_cublas():
     assert gemm.describe() == "triton up to 16 rows, weights up to 12 MiB"
 
 
+@pytest.mark.slow  # a whole engine under the Triton interpreter; the kernel tests above cover the kernel
 def test_engine_with_triton_gemm_matches_torch_gemm(checkpoints):
     path, _ = checkpoints["qwen2_gqa2"]  # Qwen2: the q/k/v projections carry a bias
     prompts = random_prompts([5, 9, 3], seed=4)
@@ -85,7 +87,7 @@ def test_engine_with_triton_gemm_matches_torch_gemm(checkpoints):
             device=DEVICE.type,
             dtype="float32",
             gemm_backend=backend,
-            kvcache_block_size=16,
+            kv_block_size=16,
             max_model_len=256,
         ) as llm:
             outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -197,7 +199,7 @@ def test_tp2_with_triton_gemm_matches_tp1_torch_gemm(checkpoints, monkeypatch):
             dtype="float32",
             gemm_backend=backend,
             tensor_parallel_size=tp,
-            kvcache_block_size=16,
+            kv_block_size=16,
             max_model_len=256,
         ) as llm:
             outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -206,15 +208,25 @@ def test_tp2_with_triton_gemm_matches_tp1_torch_gemm(checkpoints, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "rows, n, k, config",
-    [
-        (1, 64, 256, None),  # the default: one K tile
-        (2, 40, 200, GemvConfig(16, 64)),  # N not a multiple of the tile, K split 4 ways with a ragged end
-        (4, 96, 128, GemvConfig(8, 32)),
-        (3, 24, 96, GemvConfig(4, 128)),  # rows padded to 4, K shorter than its tile
-    ],
+    *quick_first(
+        "rows, n, k, config",
+        [
+            (1, 64, 256, None),  # the default: one K tile
+            (
+                2,
+                40,
+                200,
+                GemvConfig(16, 64),
+            ),  # N not a multiple of the tile, K split 4 ways with a ragged end
+            (4, 96, 128, GemvConfig(8, 32)),
+            (3, 24, 96, GemvConfig(4, 128)),  # rows padded to 4, K shorter than its tile
+        ],
+        quick=1,
+    )
 )
-@pytest.mark.parametrize("gated, normed", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize(
+    *quick_first("gated, normed", [(False, False), (True, False), (False, True), (True, True)], quick=3)
+)
 def test_gemv_matches_torch(rows, n, k, config, gated, normed):
     """The GEMV path (up to GEMV_MAX_ROWS rows) with bias, SwiGLU, RMSNorm first and split K."""
     check_against_unfused_ops(rows, n, k, config, gated, normed, seed=rows + 10 * gated + 20 * normed)
@@ -294,7 +306,9 @@ def test_gemv_bf16_on_gpu_matches_tensor_core_kernel(rows, shape):
         (70, GemmConfig(32, 64, 2, block_m=32)),  # row tiles and split K (split only without the norm)
     ],
 )
-@pytest.mark.parametrize("gated, normed", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize(
+    *quick_first("gated, normed", [(False, False), (True, False), (False, True), (True, True)], quick=3)
+)
 def test_row_tiles_and_norm_in_the_k_loop_match_torch(rows, config, gated, normed):
     """Above NORM_PREPASS_MAX_ROWS rows the norm's sums of squares come from the product's own K
     loop and 1 / rms scales the product: it rounds x * norm_w, not the normed x, so it matches the

@@ -16,7 +16,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 # Without CUDA, conftest has turned the Triton interpreter on before anything imported triton.
-from helpers import DEVICE  # noqa: E402
+from helpers import DEVICE, quick_first  # noqa: E402
 
 from nanoexp.config import ExecutionConfig  # noqa: E402
 from nanoexp.kernels import prefill_tiles as prefill_tiles_module  # noqa: E402
@@ -67,7 +67,7 @@ def prefill_metadata(ctx_lens, q_lens, table, block_size) -> AttentionMetadata:
     cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     cu_k = torch.tensor([0, *torch.tensor(ctx_lens).cumsum(0).tolist()], dtype=torch.int32)
     return AttentionMetadata(
-        is_prefill=True,
+        has_prefill=True,
         slot_mapping=slots_for(table, ctx_lens, q_lens, block_size),
         context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE),
         block_tables=table,
@@ -81,7 +81,7 @@ def prefill_metadata(ctx_lens, q_lens, table, block_size) -> AttentionMetadata:
 
 def decode_metadata(ctx_lens, table) -> AttentionMetadata:
     return AttentionMetadata(
-        is_prefill=False,
+        has_prefill=False,
         slot_mapping=torch.zeros(len(ctx_lens), dtype=torch.int64, device=DEVICE),
         context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE),
         block_tables=table,
@@ -148,9 +148,9 @@ def run_decode(ctx_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0, *
     return out, ref
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("block_size", [1, 16, 64])
-@pytest.mark.parametrize("group", [1, 2, 3, 4])
+@pytest.mark.parametrize(*quick_first("dtype", [torch.float32, torch.float16], quick=1))
+@pytest.mark.parametrize(*quick_first("block_size", [1, 16, 64], quick=1))
+@pytest.mark.parametrize(*quick_first("group", [1, 2, 3, 4], quick=1))
 def test_decode_matches_reference(dtype, block_size, group):
     ctx_lens = [1, 77, min(2 * block_size + 5, 150), 150]
     kv_heads = 2
@@ -160,14 +160,14 @@ def test_decode_matches_reference(dtype, block_size, group):
     assert_close(out, ref, dtype)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 5, 64])
+@pytest.mark.parametrize(*quick_first("num_splits", [1, 2, 5, 64], quick=2))
 def test_decode_any_split_count_gives_same_result(num_splits):
     ctx_lens = [1, 64, 65, 200]
     out, ref = run_decode(ctx_lens, 4, 2, 32, 16, torch.float16, num_splits=num_splits)
     assert_close(out, ref, torch.float16)
 
 
-@pytest.mark.parametrize("head_dim", [16, 40, 128])
+@pytest.mark.parametrize(*quick_first("head_dim", [16, 40, 128], quick=1))
 def test_decode_head_dims(head_dim):
     out, ref = run_decode([3, 90], 4, 2, head_dim, 16, torch.float16, seed=head_dim)
     assert_close(out, ref, torch.float16)
@@ -236,8 +236,8 @@ def run_prefill(ctx_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, 
     return out, ref
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("group", [1, 2, 3, 4])
+@pytest.mark.parametrize(*quick_first("dtype", [torch.float32, torch.float16], quick=1))
+@pytest.mark.parametrize(*quick_first("group", [1, 2, 3, 4], quick=1))
 def test_prefill_without_cached_prefix(dtype, group):
     q_lens = [1, 9, 70, 130]
     out, ref = run_prefill(q_lens, q_lens, 2 * group, 2, 40, 16, dtype)
@@ -261,9 +261,9 @@ def test_prefill_reads_k_and_v_through_their_own_strides():
     assert torch.equal(out, triton_attention.varlen_prefill(q, k, v.contiguous(), *args))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("block_size", [1, 16, 64])
-@pytest.mark.parametrize("group", [1, 2, 3, 4])
+@pytest.mark.parametrize(*quick_first("dtype", [torch.float32, torch.float16], quick=1))
+@pytest.mark.parametrize(*quick_first("block_size", [1, 16, 64], quick=1))
+@pytest.mark.parametrize(*quick_first("group", [1, 2, 3, 4], quick=1))
 def test_prefill_with_cached_prefix(dtype, block_size, group):
     # Whole prompt, chunk after a cached prefix, a single token, and a chunk of one tile.
     ctx_lens = [40, 150, 5, 97, 130]
@@ -272,8 +272,8 @@ def test_prefill_with_cached_prefix(dtype, block_size, group):
     assert_close(out, ref, dtype)
 
 
-@pytest.mark.parametrize("group", [1, 2, 3, 4])
-@pytest.mark.parametrize("cached", [False, True], ids=["new", "cached"])
+@pytest.mark.parametrize(*quick_first("group", [1, 2, 3, 4], quick=1))
+@pytest.mark.parametrize("cached", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["new", "cached"])
 def test_prefill_large_tiles_match_reference(monkeypatch, group, cached):
     """The tiles of large steps (128 rows, 32 keys), here at any step size."""
     monkeypatch.setattr(prefill_tiles_module, "LARGE_GRID_TILES", 0)
@@ -286,6 +286,7 @@ def test_prefill_large_tiles_match_reference(monkeypatch, group, cached):
     assert_close(out, ref, torch.float16)
 
 
+@pytest.mark.slow  # explicit tile shapes; the quick loop's prefill cases run the chosen tiles
 @pytest.mark.parametrize(("block_size", "block_m", "block_n"), [(4, 16, 16), (64, 32, 16), (8, 16, 32)])
 def test_prefill_small_tiles_cross_pages_and_diagonal(block_size, block_m, block_n):
     ctx_lens, q_lens = [100, 77, 33], [100, 45, 2]
@@ -296,12 +297,13 @@ def test_prefill_small_tiles_cross_pages_and_diagonal(block_size, block_m, block
     assert_close(out, ref, torch.float16)
 
 
-@pytest.mark.parametrize("head_dim", [16, 40, 128, 256])
+@pytest.mark.parametrize(*quick_first("head_dim", [16, 40, 128, 256], quick=1))
 def test_prefill_head_dims(head_dim):
     out, ref = run_prefill([20, 70], [20, 50], 4, 2, head_dim, 16, torch.float16, seed=head_dim)
     assert_close(out, ref, torch.float16)
 
 
+@pytest.mark.slow  # a 256-token page under the interpreter
 def test_prefill_large_block():
     out, ref = run_prefill([300, 40], [100, 40], 4, 2, 32, 256, torch.float16)
     assert_close(out, ref, torch.float16)
@@ -331,7 +333,7 @@ def test_step_graph_mixed_attention_matches_the_eager_one_with_padding():
     tokens, padded, block_m = sum(q_lens), 96, 16
     tiles = prefill_tiles(q_lens, ctx_lens, d, block_m)
     fixed = AttentionMetadata(
-        is_prefill=True,
+        has_prefill=True,
         slot_mapping=md.slot_mapping,
         context_lens=torch.tensor(ctx_lens + [0], dtype=torch.int32, device=DEVICE),
         block_tables=torch.cat([md.block_tables, torch.zeros_like(md.block_tables[:1])]),
@@ -358,7 +360,7 @@ def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
     tokens, padded, block_m = sum(q_lens), 96, 16
     tiles = prefill_tiles(q_lens, ctx_lens, 0, block_m)
     fixed = AttentionMetadata(
-        is_prefill=True,
+        has_prefill=True,
         slot_mapping=md.slot_mapping,
         context_lens=torch.tensor(ctx_lens + [0], dtype=torch.int32, device=DEVICE),
         block_tables=torch.cat([md.block_tables, torch.zeros_like(md.block_tables[:1])]),

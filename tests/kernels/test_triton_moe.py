@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import quick_first
 
 from nanoexp.kernels.moe_ref import experts_reference, route
 from nanoexp.kernels.triton_moe import (
@@ -50,7 +51,7 @@ def test_grouping_puts_every_slot_once_in_its_experts_blocks(block_m):
     assert seen == sorted(seen, key=lambda s: (int(ids[s]), s))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(*quick_first("dtype", [torch.float32, torch.float16], quick=1))
 @pytest.mark.parametrize("tokens", [1, 5, 40])
 def test_fused_moe_matches_reference(tokens, dtype):
     x, w13, w2, weights, ids = moe_inputs(tokens, 8, 2, 32, 48, dtype)
@@ -77,7 +78,7 @@ def test_other_ranks_experts_add_nothing():
 
 
 @pytest.mark.parametrize("renormalize", [True, False])
-@pytest.mark.parametrize("experts,top_k", [(8, 2), (16, 4), (6, 3)])
+@pytest.mark.parametrize(*quick_first("experts,top_k", [(8, 2), (16, 4), (6, 3)], quick=2))
 def test_route_kernel_matches_torch_route(experts, top_k, renormalize):
     gen = torch.Generator().manual_seed(experts + top_k)
     logits = torch.randn(9, experts, generator=gen).to(DEVICE)
@@ -97,7 +98,7 @@ def test_route_kernel_maps_other_ranks_experts_past_the_local_ones():
     assert torch.equal(ids.long(), torch.where(want >= 4, want - 4, 4))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(*quick_first("dtype", [torch.float32, torch.float16], quick=1))
 @pytest.mark.parametrize("tokens", [1, 3, 16])
 def test_slot_path_matches_reference(tokens, dtype):
     x, w13, w2, weights, ids = moe_inputs(tokens, 8, 3, 40, 24, dtype, seed=tokens)

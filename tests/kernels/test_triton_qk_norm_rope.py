@@ -13,7 +13,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from checkpoints import random_prompts  # noqa: E402
-from helpers import DEVICE  # noqa: E402
+from helpers import DEVICE, quick_first  # noqa: E402
 
 from nanoexp import LLM, SamplingParams  # noqa: E402
 from nanoexp.kernels.torch_ref import TorchAttentionBackend, quantize_fp8  # noqa: E402
@@ -98,7 +98,7 @@ CASES = [  # tokens, heads, kv heads, head_dim, dtype
 
 
 @pytest.mark.parametrize("norm", [True, False], ids=["qwen3", "qwen2"])
-@pytest.mark.parametrize(("tokens", "heads", "kv_heads", "head_dim", "dtype"), CASES)
+@pytest.mark.parametrize(*quick_first("tokens, heads, kv_heads, head_dim, dtype", CASES, quick=2))
 def test_fused_matches_torch_ops(tokens, heads, kv_heads, head_dim, dtype, norm):
     inputs = make_inputs(tokens, heads, kv_heads, head_dim, dtype, seed=tokens + head_dim)
     want = reference(*inputs, heads, kv_heads, norm, dtype)
@@ -150,6 +150,7 @@ def test_gpu_fp8_cache_stores_scaled_and_clamped_values(dtype):
     assert_same(k, k_ref, dtype, exact=False)
 
 
+@pytest.mark.slow  # a whole engine under the Triton interpreter; the kernel tests above cover the kernel
 def test_fused_path_in_the_engine_matches_transformers(checkpoints, reference_outputs):
     """Prefill without and with a cached prefix and decode, all through the fused op."""
     name = "qwen3_gqa4"
@@ -159,8 +160,8 @@ def test_fused_path_in_the_engine_matches_transformers(checkpoints, reference_ou
     with LLM(
         checkpoints[name][0],
         attention_backend="triton",
-        kvcache_block_size=16,
-        num_kvcache_blocks=8,
+        kv_block_size=16,
+        num_kv_blocks=8,
         max_num_seqs=2,
         enable_prefix_caching=True,
     ) as llm:

@@ -88,6 +88,7 @@ def test_real_vocab_distribution_on_gpu():
     assert torch.allclose(picked, expected, atol=0.005), (picked, expected)
 
 
+@pytest.mark.slow  # sharded sampling in the quick loop: tests/layers/test_sampler_non_finite.py
 @pytest.mark.parametrize("cuts", [[2500], [1000, 3001, 4200]])
 def test_shard_winners_pick_what_the_whole_vocabulary_scan_draws(cuts):
     """Each tensor-parallel rank scans its vocabulary shard; the best of the shards' winners is the

@@ -99,7 +99,7 @@ def test_seeded_rows_reproduce_independently_of_the_batch():
 def test_engine_seeds_reproduce_and_differ(checkpoints):
     path = checkpoints["qwen3_gqa1"][0]
     prompts = [[5, 6, 7], [8, 9]]
-    with LLM(path, kvcache_block_size=16) as llm:
+    with LLM(path, kv_block_size=16) as llm:
 
         def run(seed):
             params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=seed, ignore_eos=True)

@@ -23,7 +23,7 @@ def edit_config(path, **changes) -> None:
 
 def load_error(path) -> str:
     with pytest.raises(Exception) as info:
-        LLM(str(path), kvcache_block_size=16).close()
+        LLM(str(path), kv_block_size=16).close()
     message = str(info.value)
     assert "\n" not in message.strip(), message
     return message
@@ -107,7 +107,7 @@ def test_a_hub_snapshot_whose_files_link_into_its_blobs_loads(tmp_path):
     (repo / "blobs").mkdir()
     (snapshot / "model.safetensors").rename(repo / "blobs" / "deadbeef")
     (snapshot / "model.safetensors").symlink_to(repo / "blobs" / "deadbeef")
-    LLM(str(snapshot), kvcache_block_size=16).close()
+    LLM(str(snapshot), kv_block_size=16).close()
 
 
 def test_a_tensor_in_two_files_is_an_error_not_an_override(tmp_path):

@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 from fp8_checkpoints import build_fp8_checkpoint, greedy_reference, w8a8_transformers_model
+from helpers import quick_first
 
 from nanoexp.config import SamplingParams
 from nanoexp.config.checkpoint_files import CheckpointError
@@ -22,11 +23,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 BASE = dict(device="cpu", dtype="float32", max_num_seqs=4, gemm_backend="torch")
 PATHS = {
     # prefix cache hits and preemption: a 14-block cache of 4-token blocks
-    "prefix_cache_preemption": dict(kvcache_block_size=4, num_kvcache_blocks=14, max_num_batched_tokens=64),
-    "chunked_prefill_mixed": dict(kvcache_block_size=16, max_num_batched_tokens=8, batching="mixed"),
-    "prefill_first_block_8": dict(
-        kvcache_block_size=8, batching="prefill_first", enable_prefix_caching=False
-    ),
+    "prefix_cache_preemption": dict(kv_block_size=4, num_kv_blocks=14, max_num_batched_tokens=64),
+    "chunked_prefill_mixed": dict(kv_block_size=16, max_num_batched_tokens=8, batching="mixed"),
+    "prefill_first_block_8": dict(kv_block_size=8, batching="prefill_first", enable_prefix_caching=False),
 }
 
 
@@ -48,7 +47,7 @@ def generate(path: str, **kwargs) -> list:
         return llm.generate(PROMPTS, GREEDY, use_tqdm=False)
 
 
-@pytest.mark.parametrize("path_name", PATHS)
+@pytest.mark.parametrize(*quick_first("path_name", list(PATHS)))
 def test_fp8_checkpoint_matches_the_w8a8_reference_on_every_path(checkpoints, reference, path_name):
     outs = generate(checkpoints["fp8"], **PATHS[path_name])
     assert [o.token_ids for o in outs] == reference

@@ -33,7 +33,7 @@ def test_a_non_finite_weight_is_one_line_naming_tensor_and_file(tmp_path: Path, 
     build_checkpoint(tmp_path, *SHAPES["qwen3_gqa1"])
     file = spoil(tmp_path, TENSOR, value)
     with pytest.raises(CheckpointError) as info:
-        LLM(str(tmp_path), kvcache_block_size=16).close()
+        LLM(str(tmp_path), kv_block_size=16).close()
     message = str(info.value)
     assert "\n" not in message and TENSOR in message and str(file) in message
     assert ("1 NaN" if value != value else "1 inf") in message
@@ -43,15 +43,15 @@ def test_a_fused_part_is_named_not_the_fused_parameter(tmp_path: Path) -> None:
     build_checkpoint(tmp_path, *SHAPES["qwen3_gqa2_tied"])
     spoil(tmp_path, "model.layers.0.self_attn.v_proj.weight", float("nan"))
     with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.v_proj\.weight in .*1 NaN"):
-        LLM(str(tmp_path), kvcache_block_size=16).close()
+        LLM(str(tmp_path), kv_block_size=16).close()
 
 
 def test_a_value_that_overflows_the_model_dtype_is_named(tmp_path: Path) -> None:
     build_checkpoint(tmp_path, *SHAPES["qwen3_gqa1"])
     spoil(tmp_path, TENSOR, 1e6)  # finite in float32, inf in float16
     with pytest.raises(CheckpointError, match=rf"{TENSOR} in .*overflow float16"):
-        LLM(str(tmp_path), kvcache_block_size=16, dtype="float16").close()
-    LLM(str(tmp_path), kvcache_block_size=16, dtype="float32").close()  # fits a wider dtype
+        LLM(str(tmp_path), kv_block_size=16, dtype="float16").close()
+    LLM(str(tmp_path), kv_block_size=16, dtype="float32").close()  # fits a wider dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -80,10 +80,11 @@ def test_finite_weights_load_and_the_check_reads_no_file_again(tmp_path: Path, m
     from nanoexp import loader
 
     monkeypatch.setattr(loader, "non_finite_message", lambda *a: pytest.fail("slow path on finite weights"))
-    with LLM(str(tmp_path), kvcache_block_size=16) as llm:
+    with LLM(str(tmp_path), kv_block_size=16) as llm:
         assert llm.generate([[1, 2, 3]], use_tqdm=False)[0].token_ids
 
 
+@pytest.mark.slow  # a run.py job
 @pytest.mark.parametrize("engine", ["nanoexp", "hf"])
 def test_run_py_fails_on_a_nan_checkpoint_instead_of_reporting_ok(tmp_path: Path, engine: str) -> None:
     ckpt = tmp_path / "ckpt"
@@ -94,7 +95,7 @@ def test_run_py_fails_on_a_nan_checkpoint_instead_of_reporting_ok(tmp_path: Path
     cmd += [
         f"model.path={ckpt}",
         "model.load_format=safetensors",
-        "cache.cpu_kv_cache_gb=0.05",
+        "cache.cpu_kv_cache_gib=0.05",
         f"engine={engine}",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True)

@@ -20,17 +20,17 @@ LENGTHS = [1, 2, 15, 16, 17, 63, 129, 300]
 PATHS = {
     "prefix_cache": dict(enable_prefix_caching=True),
     "chunked": dict(max_num_batched_tokens=48),
-    "preemption": dict(num_kvcache_blocks=40),
-    "block1": dict(kvcache_block_size=1, num_kvcache_blocks=4000),
-    "block256": dict(kvcache_block_size=256),
+    "preemption": dict(num_kv_blocks=40),
+    "block1": dict(kv_block_size=1, num_kv_blocks=4000),
+    "block256": dict(kv_block_size=256),
     "prefill_first": dict(batching="prefill_first"),
 }
 ENGINE = dict(
     device="cuda",
-    kvcache_block_size=16,
+    kv_block_size=16,
     max_model_len=1024,
     max_num_seqs=16,
-    num_kvcache_blocks=512,
+    num_kv_blocks=512,
     max_num_batched_tokens=512,  # fewer step graphs to capture
 )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoints import random_prompts
-from helpers import prefill_logits, staggered_run
+from helpers import prefill_logits, quick_first, staggered_run
 from moe_checkpoints import MOE_SHAPES, moe_config
 
 from nanoexp import LLM, SamplingParams
@@ -37,13 +37,13 @@ def generate(path, prompts, max_tokens=8, **kwargs):
         return llm.generate(prompts, params, use_tqdm=False)
 
 
-@pytest.mark.parametrize("name", list(MOE_SHAPES))
+@pytest.mark.parametrize(*quick_first("name", list(MOE_SHAPES)))
 def test_prefill_logits_match_transformers(moe_checkpoints, name):
     path, hf_model = moe_checkpoints[name]
     prompt = random_prompts([40])[0]
     with torch.no_grad():
         ref = hf_model(torch.tensor([prompt])).logits[0]
-    with LLM(path, num_kvcache_blocks=16, kvcache_block_size=16, **CPU) as llm:
+    with LLM(path, num_kv_blocks=16, kv_block_size=16, **CPU) as llm:
         ours = prefill_logits(llm, StepInput(True, prompt, [40], [40], [[0, 1, 2]], []))
     assert ((ours - ref).norm() / ref.norm()) < 1e-5
 
@@ -69,20 +69,23 @@ def test_routing_has_no_near_ties(moe_checkpoints, name):
     assert min(gaps) > 1e-4
 
 
-@pytest.mark.parametrize("name", list(MOE_SHAPES))
+@pytest.mark.parametrize(*quick_first("name", list(MOE_SHAPES)))
 def test_greedy_batch_matches_transformers(moe_checkpoints, name):
     prompts = random_prompts(LENGTHS, seed=1)
-    outs = generate(moe_checkpoints[name][0], prompts, kvcache_block_size=16, enable_prefix_caching=False)
+    outs = generate(moe_checkpoints[name][0], prompts, kv_block_size=16, enable_prefix_caching=False)
     assert_matches(moe_checkpoints, name, outs, prompts, 8)
 
 
 @pytest.mark.parametrize(
-    "name,kwargs",
-    [
-        ("moe_e8_top2", dict(kvcache_block_size=1, num_kvcache_blocks=2000)),
-        ("moe_e16_top4_unnormed", dict(kvcache_block_size=256)),
-        ("moe_sparse_step2", dict(max_num_batched_tokens=24)),  # chunked prefill
-    ],
+    *quick_first(
+        "name,kwargs",
+        [
+            ("moe_e8_top2", dict(kv_block_size=1, num_kv_blocks=2000)),
+            ("moe_e16_top4_unnormed", dict(kv_block_size=256)),
+            ("moe_sparse_step2", dict(max_num_batched_tokens=24)),  # chunked prefill
+        ],
+        quick=2,
+    ),
     ids=["block1", "block256", "chunked"],
 )
 def test_engine_paths_match_transformers(moe_checkpoints, name, kwargs):
@@ -94,7 +97,7 @@ def test_engine_paths_match_transformers(moe_checkpoints, name, kwargs):
 def test_preemption_under_tiny_kv_cache(moe_checkpoints):
     name = "moe_e8_top2"
     prompts = random_prompts([60, 70, 80, 50], seed=7)
-    outs = generate(moe_checkpoints[name][0], prompts, 24, kvcache_block_size=16, num_kvcache_blocks=14)
+    outs = generate(moe_checkpoints[name][0], prompts, 24, kv_block_size=16, num_kv_blocks=14)
     assert_matches(moe_checkpoints, name, outs, prompts, 24)
     assert sum(out.num_preemptions for out in outs) > 0
 
@@ -103,7 +106,7 @@ def test_prefix_cache_hits_and_matches(moe_checkpoints):
     name = "moe_sparse_step2"
     shared = random_prompts([48], seed=3)[0]
     prompts = [shared + tail for tail in random_prompts([5, 20, 1], seed=4)]
-    with LLM(moe_checkpoints[name][0], kvcache_block_size=16, enable_prefix_caching=True, **CPU) as llm:
+    with LLM(moe_checkpoints[name][0], kv_block_size=16, enable_prefix_caching=True, **CPU) as llm:
         params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
         first = llm.generate(prompts[:1], params, use_tqdm=False)
         rest = llm.generate(prompts[1:], params, use_tqdm=False)
@@ -111,14 +114,14 @@ def test_prefix_cache_hits_and_matches(moe_checkpoints):
     assert all(out.num_cached_tokens == 48 for out in rest)
 
 
-@pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
+@pytest.mark.parametrize(*quick_first("batching", ["mixed", "prefill_first"]))
 def test_staggered_arrivals_match_transformers(moe_checkpoints, batching):
     name = "moe_e16_top4_unnormed"
     shared = random_prompts([12], seed=5)[0]
     prompts = [shared + tail for tail in random_prompts([3, 9, 14, 2, 17, 5], seed=6)]
     engine = dict(
-        kvcache_block_size=4,
-        num_kvcache_blocks=12,
+        kv_block_size=4,
+        num_kv_blocks=12,
         max_num_seqs=4,
         max_num_batched_tokens=32,
         batching=batching,
@@ -131,9 +134,10 @@ def test_staggered_arrivals_match_transformers(moe_checkpoints, batching):
     assert seen["preemptions"] > 0 and seen["prefix_hits"] > 0, seen
 
 
-TP_ENGINE = dict(kvcache_block_size=4, num_kvcache_blocks=64, max_num_seqs=4, max_num_batched_tokens=64)
+TP_ENGINE = dict(kv_block_size=4, num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=64)
 
 
+@pytest.mark.slow  # tensor-parallel worker processes
 @pytest.mark.parametrize(
     "tp,expert_parallel,name",
     [
@@ -185,6 +189,7 @@ def expert_shapes(runner) -> tuple:
     return tuple(experts.w13.shape), tuple(experts.w2.shape)
 
 
+@pytest.mark.slow  # tensor-parallel worker processes
 @pytest.mark.parametrize(
     "ep,want", [(True, ((8, 96, 64), (8, 64, 48))), (False, ((16, 48, 64), (16, 64, 24)))]
 )
@@ -226,6 +231,7 @@ def test_checkpoint_missing_an_expert_tensor_names_it(moe_checkpoints, tmp_path)
         LLM(str(tmp_path), **CPU)
 
 
+@pytest.mark.slow  # a whole MoE engine under the Triton interpreter (tests/kernels/test_triton_moe.py)
 def test_triton_moe_path_in_the_engine_matches_transformers(moe_checkpoints, monkeypatch):
     """The GPU's MoE path (routing kernel, per-slot GEMVs for decode steps, one-kernel grouping and grouped
     GEMMs for prefills, the load count) through the engine on CPU, in the Triton interpreter."""
@@ -235,7 +241,7 @@ def test_triton_moe_path_in_the_engine_matches_transformers(moe_checkpoints, mon
     monkeypatch.setattr(model_setup, "make_moe_kernel", make_triton_moe)
     name = "moe_e8_top2"
     prompts = random_prompts([3, 17, 40], seed=8)
-    with LLM(moe_checkpoints[name][0], kvcache_block_size=16, **CPU) as llm:
+    with LLM(moe_checkpoints[name][0], kv_block_size=16, **CPU) as llm:
         assert llm.stats()["moe_kernel"] == "triton: grouping in one kernel (self-checked)"
         engine = llm.engine
         for prompt in prompts:

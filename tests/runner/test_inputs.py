@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from helpers import quick_first
 
 from nanoexp.runner import inputs as runner_inputs
 from nanoexp.runner.inputs import prepare_inputs, prepare_step
@@ -46,7 +47,7 @@ def test_prepared_inputs_match_the_per_token_reference(monkeypatch, python_token
         positions, slots, cu_q = reference(step, block_size)
         assert got.positions.tolist() == positions
         assert got.md.slot_mapping.tolist() == slots
-        if step.is_prefill:
+        if step.has_prefill:
             assert got.md.cu_seqlens_q.tolist() == cu_q
             cu_k = np.concatenate([[0], np.cumsum(step.context_lens)])
             assert got.md.cu_seqlens_k.tolist() == cu_k.tolist()
@@ -56,7 +57,7 @@ def test_prepared_inputs_match_the_per_token_reference(monkeypatch, python_token
         assert got.input_ids.tolist() == step.token_ids
         width = max(len(t) for t in step.block_tables)
         assert got.md.block_tables.tolist() == [t + [0] * (width - len(t)) for t in step.block_tables]
-        assert got.md.has_cached_prefix == (step.is_prefill and step.query_lens != step.context_lens)
+        assert got.md.has_cached_prefix == (step.has_prefill and step.query_lens != step.context_lens)
 
 
 def test_a_lossy_cache_makes_every_prefill_read_the_cache():
@@ -135,7 +136,7 @@ def test_greedy_unfiltered_columns_skip_seeds_and_filters():
     assert got.top_k is None and got.top_p is None and got.min_p is None  # nothing reads them
 
 
-@pytest.mark.parametrize("tokens", [1, 16, 64, 300])
+@pytest.mark.parametrize(*quick_first("tokens", [1, 16, 64, 300], quick=3))
 def test_blockless_warm_up_prefill_stores_nothing_and_fits_the_limits(checkpoints, tokens):
     from nanoexp import LLM
 
@@ -146,7 +147,7 @@ def test_blockless_warm_up_prefill_stores_nothing_and_fits_the_limits(checkpoint
         max_model_len=128,
         max_num_seqs=2,
         max_num_batched_tokens=300,
-        kvcache_block_size=16,
+        kv_block_size=16,
     ) as llm:
         runner = llm.engine.executor.runner
         step = runner.blockless_prefill(tokens)
@@ -198,18 +199,18 @@ def test_substituting_every_row_is_one_gather_with_the_general_result():
     assert in_place.tolist() == [-5, 14, -5]
 
 
-def sampled_step(rng: random.Random, block_size: int, is_prefill: bool, max_seqs: int) -> StepInput:
+def sampled_step(rng: random.Random, block_size: int, has_prefill: bool, max_seqs: int) -> StepInput:
     """A step whose every sequence has cache blocks; a decode step's query lengths are 1; a prefill
     step leads with up to two decodes (a mixed step); some rows sample with filters or seeds."""
     num_seqs = rng.randint(1, max_seqs)
-    decodes = min(rng.randint(0, 2), num_seqs - 1) if is_prefill else 0
+    decodes = min(rng.randint(0, 2), num_seqs - 1) if has_prefill else 0
     context = [rng.randint(1, 200) for _ in range(num_seqs)]
-    query = [1 if i < decodes or not is_prefill else rng.randint(1, c) for i, c in enumerate(context)]
+    query = [1 if i < decodes or not has_prefill else rng.randint(1, c) for i, c in enumerate(context)]
     tables = [rng.sample(range(500), -(-c // block_size)) for c in context]
     sampled = sorted(rng.sample(range(num_seqs), rng.randint(0, num_seqs)))
     filtered, seeded = rng.random() < 0.5, rng.random() < 0.5
     return StepInput(
-        is_prefill,
+        has_prefill,
         [rng.randrange(1000) for _ in range(sum(query))],
         query,
         context,
@@ -253,19 +254,19 @@ def test_graph_inputs_equal_the_eager_upload_and_pad_the_graph(monkeypatch, pyth
     )
     rng = random.Random(1)
     for _ in range(60):
-        is_prefill = rng.random() < 0.5
-        graphs = steps if is_prefill else decode
-        step = sampled_step(rng, block_size, is_prefill, 6 if is_prefill else 20)
-        if is_prefill and step.num_tokens > steps.max_tokens:
+        has_prefill = rng.random() < 0.5
+        graphs = steps if has_prefill else decode
+        step = sampled_step(rng, block_size, has_prefill, 6 if has_prefill else 20)
+        if has_prefill and step.num_tokens > steps.max_tokens:
             continue
         got, sampling = graphs.prepare(step, block_size, vocab)
         want, want_sampling = prepare_step(step, block_size, vocab, cpu)
         n, seqs, md = step.num_tokens, len(step.query_lens), got.md
-        size = steps.size_for(n) if is_prefill else next(s for s in decode.sizes if s >= n)
+        size = steps.size_for(n) if has_prefill else next(s for s in decode.sizes if s >= n)
         slots = md.slot_mapping
         assert got.input_ids.tolist() == step.token_ids and got.positions.tolist() == want.positions.tolist()
         assert slots[:n].tolist() == want.md.slot_mapping.tolist() and (slots[n:size] == -1).all()
-        context = md.context_lens[: steps.seq_slots(size) if is_prefill else size]
+        context = md.context_lens[: steps.seq_slots(size) if has_prefill else size]
         assert context[:seqs].tolist() == step.context_lens and (context[seqs:] == 0).all()
         for row, blocks in enumerate(step.block_tables):
             assert md.block_tables[row, : len(blocks)].tolist() == blocks
@@ -274,7 +275,7 @@ def test_graph_inputs_equal_the_eager_upload_and_pad_the_graph(monkeypatch, pyth
             assert got.prev_sample_rows is None
         else:
             assert got.prev_sample_rows.tolist() == step.prev_sample_rows
-        if is_prefill:
+        if has_prefill:
             block_m = steps.tile_block_m(size)
             tiles = prefill_tiles(step.query_lens, step.context_lens, step.num_decodes, block_m)
             table = md.prefill_tiles[: steps.tile_slots(size)]

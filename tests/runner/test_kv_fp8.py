@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from checkpoints import random_prompts
-from helpers import compose_cfg
+from helpers import compose_cfg, quick_first
 from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -85,7 +85,7 @@ def test_an_fp8_cache_holds_twice_the_blocks_of_bf16_in_the_same_budget():
     caches = {}
     for kv_dtype in ("auto", "fp8"):
         config = EngineConfig.from_kwargs(
-            "m", cpu_kv_cache_gib=1 / 64, kvcache_block_size=16, kv_cache_dtype=kv_dtype
+            "m", cpu_kv_cache_gib=1 / 64, kv_block_size=16, kv_cache_dtype=kv_dtype
         )
         caches[kv_dtype] = create_kv_cache(config, model, torch.bfloat16, torch.device("cpu"), lambda: 0, 0)
     auto, fp8 = caches["auto"], caches["fp8"]
@@ -190,6 +190,7 @@ def test_triton_fp8_decode_and_prefill_match_the_reference(dtype, head_dim, head
 CUDA_CORE_CASES = [([1, 300, 129, 128, 2, 257, 70, 600, 45], [1] * 9, False)]
 
 
+@pytest.mark.slow  # the quick loop's cuda-core case: test_cuda_core_decode_gives_the_tensor_core_result...
 @pytest.mark.parametrize(
     ("dtype", "head_dim", "heads", "block_size"),
     [(torch.float32, 16, (4, 2), 1), (torch.float16, 40, (3, 3), 16), (torch.float32, 128, (4, 2), 256)],
@@ -207,7 +208,7 @@ def test_triton_cuda_core_decode_matches_the_reference(dtype, head_dim, heads, b
     assert error <= self_check.TOLERANCE[torch.float16], error
 
 
-@pytest.mark.parametrize("num_splits", [1, 3, 5])
+@pytest.mark.parametrize(*quick_first("num_splits", [1, 3, 5], quick=1))
 def test_cuda_core_decode_gives_the_tensor_core_result_at_any_split_count(num_splits):
     from nanoexp.kernels.triton_attention import paged_decode
 
@@ -253,7 +254,7 @@ class PassThrough(TorchAttentionBackend):
 def test_calibration_sets_each_layers_scales_from_its_kv_amax():
     model = two_layer_model()
     k_amax = [3.0, 0.0]  # a layer that saw only zeros still gets a usable scale
-    md = SimpleNamespace(is_prefill=True, num_decodes=0)
+    md = SimpleNamespace(has_prefill=True, num_decodes=0)
 
     def prefill():
         for layer, amax in zip(attention_layers(model), k_amax, strict=True):
@@ -315,11 +316,11 @@ SHARED = random_prompts([48], seed=2)[0]
 # The last two share three 16-token blocks (prefix-cache hits when they run one after the other).
 PROMPTS = random_prompts([5, 30, 70, 17, 120, 9], seed=1) + [SHARED + [1], SHARED + [2, 3]]
 AGREE_TOKENS = 4  # the first token comes from the prefill's fresh K/V; the next three read the cache
-SMALL_BUDGET = dict(cpu_kv_cache_gib=1 / 64, num_kvcache_blocks=-1)
+SMALL_BUDGET = dict(cpu_kv_cache_gib=1 / 64, num_kv_blocks=-1)
 
 
 def generate(path, max_tokens=12, **kwargs):
-    args = dict(device="cpu", kvcache_block_size=16, max_num_seqs=8, num_kvcache_blocks=256) | kwargs
+    args = dict(device="cpu", kv_block_size=16, max_num_seqs=8, num_kv_blocks=256) | kwargs
     with LLM(path, **args) as llm:
         outs = llm.generate(
             PROMPTS, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False
@@ -358,13 +359,13 @@ def test_fp8_greedy_tokens_mostly_follow_the_model_dtype_cache(peaked_checkpoint
 FP8_PATHS = {
     "prefix_cache": dict(enable_prefix_caching=True, max_num_seqs=1),
     "chunked": dict(max_num_batched_tokens=32, enable_prefix_caching=False),
-    "preemption": dict(num_kvcache_blocks=14),
-    "block1": dict(kvcache_block_size=1, num_kvcache_blocks=2048),
-    "block256": dict(kvcache_block_size=256, num_kvcache_blocks=16),
+    "preemption": dict(num_kv_blocks=14),
+    "block1": dict(kv_block_size=1, num_kv_blocks=2048),
+    "block256": dict(kv_block_size=256, num_kv_blocks=16),
 }
 
 
-@pytest.mark.parametrize("path_name", list(FP8_PATHS))
+@pytest.mark.parametrize(*quick_first("path_name", list(FP8_PATHS), quick=2))
 def test_every_cache_path_runs_with_fp8(peaked_checkpoint, auto_run, path_name):
     outputs, _ = generate(peaked_checkpoint, kv_cache_dtype="fp8", **FP8_PATHS[path_name])
     assert all(len(o.token_ids) == 12 for o in outputs)
@@ -375,6 +376,7 @@ def test_every_cache_path_runs_with_fp8(peaked_checkpoint, auto_run, path_name):
         assert sum(o.num_preemptions for o in outputs) > 0
 
 
+@pytest.mark.slow  # tensor-parallel worker processes
 def test_tp2_fp8_follows_tp1(peaked_checkpoint):
     """Each rank calibrates the scales of its own KV heads (TP=1's span all heads, so they may
     differ): the sharded fp8 cache must still follow the unsharded one."""
@@ -434,7 +436,7 @@ def test_gpu_triton_store_is_bit_exact(dtype):
 def test_gpu_engine_fp8_with_and_without_graphs(peaked_checkpoint):
     """float32 model, fp8 cache: auto picks the self-checked Triton backend, CUDA graphs replay the
     same kernels as eager, and the tokens mostly follow a float32 cache."""
-    args = dict(device="cuda", kvcache_block_size=16, max_num_seqs=8, num_kvcache_blocks=256, dtype="float32")
+    args = dict(device="cuda", kv_block_size=16, max_num_seqs=8, num_kv_blocks=256, dtype="float32")
     runs = {}
     for name, extra in {"graphs": {}, "eager": dict(enforce_eager=True)}.items():
         with LLM(peaked_checkpoint, kv_cache_dtype="fp8", **args, **extra) as llm:
@@ -463,7 +465,7 @@ def test_the_warm_up_prefills_through_the_cache_leave_no_trace(peaked_checkpoint
     """The warm-ups that compile the prefill variants reading the cache (an fp8 cache's, a prefix-cache
     hit's; on CUDA, at start-up) store their K/V in the cache's first blocks; requests that later get
     those blocks read only what they wrote."""
-    args = dict(device="cpu", kvcache_block_size=16, max_num_seqs=8, num_kvcache_blocks=256)
+    args = dict(device="cpu", kv_block_size=16, max_num_seqs=8, num_kv_blocks=256)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     with LLM(peaked_checkpoint, kv_cache_dtype=kv_cache_dtype, **args) as llm:
         want = [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]

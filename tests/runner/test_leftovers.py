@@ -58,7 +58,7 @@ def run_script(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedP
 
 
 def test_closed_is_true_once_a_dead_worker_closed_the_engine(model):
-    llm = LLM(model, tensor_parallel_size=2, **{**ENGINE, "num_kvcache_blocks": 1024})
+    llm = LLM(model, tensor_parallel_size=2, **{**ENGINE, "num_kv_blocks": 1024})
     os.kill(llm.engine.executor.group.procs[1].pid, signal.SIGKILL)
     engine = llm.engine  # driven step by step: no generate() to close it on the way out
     engine.add_request(PROMPTS[0][:4], SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True))
@@ -86,7 +86,7 @@ def start_then_die(group, config):
 
 if __name__ == "__main__":
     workers.WorkerGroup.start_workers = start_then_die
-    LLM(sys.argv[1], tensor_parallel_size=2, kvcache_block_size=16, num_kvcache_blocks=64)
+    LLM(sys.argv[1], tensor_parallel_size=2, kv_block_size=16, num_kv_blocks=64)
 """
 
 
@@ -104,7 +104,7 @@ import sys
 from nanoexp.engine.llm import LLM
 
 llm = LLM(sys.argv[1] if len(sys.argv) > 1 else "{model}", tensor_parallel_size=2,
-          kvcache_block_size=16, num_kvcache_blocks=64)
+          kv_block_size=16, num_kv_blocks=64)
 llm.close()
 """
 

@@ -114,7 +114,7 @@ def test_overlapped_tp_matches_sync_tp1(models, name, tp):
         GREEDY if i % 2 else SamplingParams(temperature=0.9, seed=i, max_tokens=10, ignore_eos=True)
         for i in range(len(prompts))
     ]
-    engine = {**ENGINE, "num_kvcache_blocks": 16, "max_num_batched_tokens": 32}
+    engine = {**ENGINE, "num_kv_blocks": 16, "max_num_batched_tokens": 32}
     outputs = {}
     for size, overlap in ((1, False), (tp, None)):
         with LLM(
@@ -149,8 +149,8 @@ def test_staggered_arrivals_under_tp_match_transformers(checkpoints, reference_o
         dtype="float32",
         tensor_parallel_size=tp,
         batching=batching,
-        kvcache_block_size=4,
-        num_kvcache_blocks=24,
+        kv_block_size=4,
+        num_kv_blocks=24,
         max_num_batched_tokens=24,
         enable_prefix_caching=True,
     )
@@ -175,7 +175,7 @@ def test_two_engines_at_once(models):
 
 
 def test_killed_worker_raises_quickly_and_leaves_no_processes(models):
-    llm = LLM(models["qwen3_kv4"], tensor_parallel_size=2, **{**ENGINE, "num_kvcache_blocks": 1024})
+    llm = LLM(models["qwen3_kv4"], tensor_parallel_size=2, **{**ENGINE, "num_kv_blocks": 1024})
     victim = llm.engine.executor.group.procs[1].pid
     killed_at = signal_soon(victim, signal.SIGKILL)
     long = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)

@@ -90,7 +90,7 @@ def test_ring_writer_gives_up_when_no_reader_frees_a_slot():
 
 def test_a_stopped_worker_fails_at_the_step_deadline_and_leaves_nothing(model, monkeypatch):
     monkeypatch.setenv("NANOEXP_TP_STEP_TIMEOUT_S", "2")
-    llm = LLM(model, tensor_parallel_size=2, **{**ENGINE, "num_kvcache_blocks": 1024})
+    llm = LLM(model, tensor_parallel_size=2, **{**ENGINE, "num_kv_blocks": 1024})
     group = llm.engine.executor.group
     victim, leftovers = group.procs[1].pid, (group.tmpdir, f"/dev/shm/{group.ring.handle.name}")
     stopped_at = signal_soon(victim, signal.SIGSTOP)

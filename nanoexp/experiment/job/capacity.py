@@ -2,7 +2,7 @@
 `metrics.slo.attainment` of the requests meet the SLOs (DistServe's goodput), found on one engine by
 bracketing (the rate times or divided by `capacity.growth` until the verdict flips) and bisection (at the
 geometric mean of the bracket) until the bracket is within `capacity.precision`. Each probe is a job's
-timed passes (`repeats`, each with fresh prompts) written to `probes/<n>_rate=<r>/`; the job's own results
+timed repeats (`repeats`, each with fresh prompts) written to `probes/<n>_rate=<r>/`; the job's own results
 are those of the probe at the capacity, plus the search's answer, bracket, CI and probes."""
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def at_rate(spec: NanoexpConfig, rate: float, trace_rate: float | None = None) -
     """The job at an offered `rate`: a trace stretched to it (time_scale), else request_rate (sessions/s)."""
     w = spec.workload
     if w.kind is WorkloadKind.trace:
+        assert trace_rate is not None  # a trace's native rate, which the search passes
         return replace(spec, workload=replace(w, time_scale=trace_rate / rate))
     return replace(spec, workload=replace(w, request_rate=rate))
 

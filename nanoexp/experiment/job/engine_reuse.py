@@ -12,12 +12,18 @@ import itertools
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nanoexp.config import EngineConfig
+from nanoexp.engine.llm import LLM
+from nanoexp.engine.llm_engine import LLMEngine
 from nanoexp.experiment.job import build, engine_factory
 from nanoexp.experiment.measure.driver import Driver, EngineDriver
 from nanoexp.experiment.runtime.job_info import JobInfo
 from nanoexp.experiment.schema import EngineKind, NanoexpConfig
+
+if TYPE_CHECKING:
+    from nanoexp.experiment.measure.hf_baseline import HFBaseline
 
 log = logging.getLogger(__name__)
 SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"  # set in the jobs submitit starts: one process per job
@@ -27,12 +33,18 @@ SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"  # set in the jobs submitit starts: one 
 class Lease:
     """The engine a job runs on; `release` hands it back (kept for the next job, or closed)."""
 
-    llm: object
+    llm: LLM | HFBaseline  # ours, or the transformers baseline (never kept)
     driver: Driver
     key: str
     engine_id: int  # which engine of this process (1 = the first built)
     reused: bool
     keep: bool  # whether the next job may take it over
+
+    @property
+    def engine(self) -> LLMEngine:
+        """Our engine's step loop (the KV-cache and weight probes run on ours only)."""
+        assert isinstance(self.llm, LLM), "the transformers baseline has no LLMEngine"
+        return self.llm.engine
 
     @property
     def facts(self) -> dict:
@@ -42,7 +54,7 @@ class Lease:
         """Kept when the job ended well and reuse applies; closed otherwise (a failed job's engine may hold
         requests or a dead worker)."""
         global _kept
-        if ok and self.keep and not self.llm.closed:
+        if ok and self.keep and isinstance(self.llm, LLM) and not self.llm.closed:
             _kept = self
         else:
             self.llm.close()
@@ -65,14 +77,16 @@ def acquire(spec: NanoexpConfig, config: EngineConfig, checkpoint: build.Checkpo
     # a new trial is an independent run (DESIGN: the unit of a verdict): it always builds its own engine
     key, keep = repr((config, spec.trial)), reusable(spec, job)
     kept, _kept = _kept, None
-    if kept is not None and (not keep or kept.key != key or kept.llm.closed):
+    if kept is not None and (not keep or kept.key != key or kept.engine.closed):
         log.info("engine settings changed: closing engine %d", kept.engine_id)
         kept.llm.close()
         kept = None
     if kept is not None:
-        kept.llm.engine.reset_for_next_job()
-        driver = EngineDriver(kept.llm.engine, spec.workload.max_concurrency)
-        return Lease(kept.llm, driver, key, kept.engine_id, True, keep)
+        engine = kept.engine  # only ours is ever kept (`release`)
+        engine.reset_for_next_job()
+        return Lease(
+            kept.llm, EngineDriver(engine, spec.workload.max_concurrency), key, kept.engine_id, True, keep
+        )
     llm, driver = engine_factory.build_llm(spec, config, checkpoint)
     return Lease(llm, driver, key, next(_engine_ids), False, keep)
 

@@ -113,15 +113,16 @@ def run_on_engine(
     repeats (or the capacity search) and the quality probes; then releases it and its memory."""
     start = time.perf_counter()
     lease = engine_reuse.acquire(spec, config, checkpoint, job)
-    llm, driver, ok, found, reuse_facts = lease.llm, lease.driver, False, {}, lease.facts
+    llm, driver, ok, reuse_facts = lease.llm, lease.driver, False, lease.facts
+    found: dict = {}
     try:
         build_s = time.perf_counter() - start
         probe, weights_probe = kv_quality.wanted(spec), weight_quality.wanted(spec)
         if probe:  # a num_tokens without room fails before the timed runs
-            kv_quality.prompt_limit(llm.engine, spec.metrics.kv_quality.num_tokens)
+            kv_quality.prompt_limit(lease.engine, spec.metrics.kv_quality.num_tokens)
         request_checks.check_requests(driver, workloads)
         if weights_probe:
-            kv_quality.prompt_limit(llm.engine, spec.metrics.weight_quality.num_tokens, "weight_quality")
+            kv_quality.prompt_limit(lease.engine, spec.metrics.weight_quality.num_tokens, "weight_quality")
         warmup_s = warm_up(driver, workloads[0]) if spec.engine.warmup else 0.0
         if spec.capacity.enabled:  # each probe has its own progress line and logs
             records, found = capacity.search(spec, driver, lambda s: build.build_workload(s, tokenizer), job)
@@ -136,7 +137,7 @@ def run_on_engine(
     finally:
         lease.release(ok)  # kept for the sweep's next job, or closed
         # drop the model and KV cache and hand their memory back: the next job may size its cache from it
-        llm = driver = lease = None
+        del llm, driver, lease
         gc.collect()
         torch.cuda.empty_cache()  # a no-op without CUDA
     return Measured(records, stats, found, quality, probed, build_s, warmup_s, reuse_facts)

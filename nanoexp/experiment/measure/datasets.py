@@ -20,6 +20,7 @@ MODEL = ("gpt", "assistant", "model", "chatgpt", "bard", "bing")
 def sharegpt_prompts(w: WorkloadConfig, tokenize: Tokenize | None) -> tuple[list, list[int], list[str]]:
     """(prompt token ids, output lengths, origins `<file>#<conversation index>`) of `num_requests`
     conversations that pass min_len, max_input_len and max_total_len, in the order `seed` shuffles them."""
+    assert w.path is not None  # workload=sharegpt's check requires it
     path = Path(w.path)
     if tokenize is None:
         raise ConfigError(

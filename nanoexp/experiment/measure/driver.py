@@ -25,7 +25,7 @@ class Driver(Protocol):
 
     def drive(self, requests: Sequence[Request], t0: float, on_step: OnStep) -> list[RequestOutput]: ...
 
-    def reset_prefix_cache(self) -> None: ...  # the next timed pass starts cold
+    def reset_prefix_cache(self) -> None: ...  # the next repeat starts cold
 
 
 class EngineDriver:
@@ -67,8 +67,9 @@ class EngineDriver:
             finished = [replace(o, request_id=index_of.pop(o.request_id)) for o in step_finished]
             outputs += finished
             in_flight -= len(finished)
-            for out in finished if follow_up else ():
-                pending.push(follow_up(self.submitted[out.request_id], out, out.finish_time - t0))
+            if follow_up is not None:
+                for out in finished:
+                    pending.push(follow_up(self.submitted[out.request_id], out, out.finish_time - t0))
             on_step(stats)
         return outputs
 
@@ -110,7 +111,7 @@ class Arrivals:
 
 @dataclass
 class RunRecord:
-    """One timed pass of the workload (one repeat)."""
+    """One repeat: a timed run of the workload."""
 
     repeat: int = 0
     outputs: list[RequestOutput] = field(default_factory=list)
@@ -153,7 +154,7 @@ class Progress:
         if now >= self.next_draw:
             self.next_draw = now + REFRESH_S
             rate = self.tokens / max(now - self.started, 1e-9)
-            usage = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0
+            usage = stats.kv_blocks_used / stats.num_kv_blocks if stats.num_kv_blocks else 0.0
             text = f"{rate:,.0f} out tok/s, running {stats.num_running}, waiting {stats.num_waiting}, "
             self.bar.n = self.done
             self.bar.set_postfix_str(text + f"KV {usage:.0%}, preemptions {self.preemptions}", refresh=False)
@@ -168,7 +169,7 @@ Emit = Callable[[int, StepStats, float, int], None]  # (step index, stats, secon
 
 
 class StepLog:
-    """Records the timed steps; they reach the loggers at `flush()`, after the timed pass, since logging a
+    """Records the timed steps; they reach the loggers at `flush()`, after the repeat, since logging a
     step costs the host 0.2-2 ms (experiments/tools/host_step.py)."""
 
     def __init__(self, emit: Emit, progress: Progress | None = None):
@@ -191,7 +192,7 @@ class StepLog:
 
 
 def run(driver: Driver, workload: Workload, log: StepLog, repeat: int = 0, warm_up: bool = True) -> RunRecord:
-    """One timed pass: offline/online, or in latency mode `num_iters` timed iterations of one batch."""
+    """One repeat: offline/online, or in latency mode `num_iters` timed iterations of one batch."""
     record = log.record = RunRecord(repeat)
     if not workload.latency_mode:
         follow_up = getattr(workload, "follow_up", None)  # closed loop: requests that bring the next

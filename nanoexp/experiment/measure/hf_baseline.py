@@ -140,7 +140,7 @@ def _step_stats(batch, outs, prefill_tokens: int, start: float, times: list[floa
             num_output_tokens=sum(len(o.token_ids) > i for o in outs),
             step_time_s=t - prev,
             kv_blocks_used=0,
-            kv_blocks_total=0,
+            num_kv_blocks=0,
             num_preemptions=0,
             prefix_cache_queries=0,
             prefix_cache_hits=0,

@@ -23,7 +23,7 @@ EVENTS = ("triton_compiles", "torch_compiles", "gc_collections", "gc_full_collec
 
 
 class StepProfiler:
-    """Profiles one job's timed passes: `columns[i]` holds the steps.csv columns of timed step i."""
+    """Profiles one job's repeats: `columns[i]` holds the steps.csv columns of timed step i."""
 
     def __init__(self, cfg: ProfileConfig, engine, out_dir: Path):
         self.cfg, self.engine = cfg, engine
@@ -35,14 +35,14 @@ class StepProfiler:
         self.reported: tuple[str, ...] = ()  # the phases the engine tells of (the runner's: when in-process)
         self.trace_path = out_dir / PROFILE_DIR / f"trace_repeat{cfg.trace_repeat}.json"
         self.gc_started, self.tracing, self.step_started = 0, False, 0.0  # gc_started: perf_counter_ns
-        self.log_steps: Any = None  # the pass being profiled: its StepLog
+        self.log_steps: Any = None  # the repeat being profiled: its StepLog
         self.trace: Any = None  # and its torch profiler
 
     @contextmanager
     def repeat(self, repeat: int, log_steps):
-        """Profiles one timed pass; `log_steps` (the StepLog) says whether a step is timed and its index."""
+        """Profiles one repeat; `log_steps` (the StepLog) says whether a step is timed and its index."""
         self.log_steps, self.trace = log_steps, None
-        if self.cfg.trace_steps and repeat == self.cfg.trace_repeat:  # started before the pass's clock: its
+        if self.cfg.trace_steps and repeat == self.cfg.trace_repeat:  # started before the repeat's clock: its
             # start-up is in no timed step; its schedule counts timed steps only (trace.step() after each)
             self.trace = _torch_profiler(self.cfg.trace_first_step, self.cfg.trace_steps, self.trace_path)
             self.trace.start()
@@ -58,7 +58,7 @@ class StepProfiler:
                 self.tracing = False
 
     def summary(self, since: int = 0) -> dict:
-        """The event totals of the timed steps from index `since` on (one pass)."""
+        """The event totals of the timed steps from index `since` on (one repeat)."""
         if not self.cfg.events:
             return {}
         steps = [c for i, c in self.columns.items() if i >= since]

@@ -1,4 +1,4 @@
-"""The timed passes of a job, summarized with a 95% CI per headline metric and flags for noise."""
+"""The repeats (timed runs) of a job, summarized with a 95% CI per headline metric and flags for noise."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ CI_CHECKED = tuple(registry.names(registry.CI_CHECK))
 
 
 def repeat_specs(spec: NanoexpConfig) -> list[NanoexpConfig]:
-    """One config per repeat; with `reseed_repeats` no two passes of a configuration share prompts."""
+    """One config per repeat; with `reseed_repeats` no two repeats of a configuration share prompts."""
     if not spec.reseed_repeats:
         return [spec] * spec.repeats
     specs, seed = [], spec.sampler.seed
@@ -62,7 +62,7 @@ def measure(
             try:
                 with profiler.repeat(r, log) if profiler else nullcontext():
                     load = LoadMeter()
-                    driver.reset_prefix_cache()  # nothing the warm-up or an earlier pass cached is reused
+                    driver.reset_prefix_cache()  # nothing the warm-up or an earlier repeat cached is reused
                     records.append(run(driver, w, log, repeat=r, warm_up=r == 0))
                 records[-1].facts |= load.read()
                 if profiler:
@@ -114,7 +114,7 @@ def summarize_repeats(
 
 
 class LoadMeter:
-    """Started before a timed pass; `read()` gives its LOAD_KEYS: `other_cpu_cores` is the machine's busy
+    """Started before a repeat; `read()` gives its LOAD_KEYS: `other_cpu_cores` is the machine's busy
     CPU time less this process tree's over the wall time (unlike the load average, without the job)."""
 
     def __init__(self) -> None:

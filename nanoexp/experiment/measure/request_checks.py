@@ -21,14 +21,14 @@ def check_requests(driver, workloads: list[Workload]) -> None:
 
 
 def check_outputs(records: list[RunRecord], workloads: list[Workload]) -> None:
-    """Every request of every pass has its output, and none ended in error (non-finite logits): else the
+    """Every request of every repeat has its output, and none ended in error (non-finite logits): else the
     job fails after its outputs are written, as its numbers would rest on garbage, naming the first such
     request as the user knows it."""
     for record, workload in zip(records, workloads):
         expected = workload.num_requests * (
             workload.num_iters if workload.latency_mode else 1
         )  # follow-ups too
-        if len(record.outputs) != expected:  # no summary may rest on a pass that lost outputs
+        if len(record.outputs) != expected:  # no summary may rest on a repeat that lost outputs
             raise RuntimeError(
                 f"repeat {record.repeat}: {len(record.outputs)} outputs for {expected} requests"
             )

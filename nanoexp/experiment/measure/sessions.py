@@ -53,6 +53,7 @@ class Conversations:
 
     def follow_up(self, done: Request, output: RequestOutput, finished_s: float) -> Request | None:
         """The session's next turn: its conversation so far, due one think time after this answer."""
+        assert done.session is not None and done.turn is not None  # every request here is a session's turn
         if done.turn >= self.num_turns:
             return None
         history = list(done.prompt_token_ids) + list(output.token_ids)

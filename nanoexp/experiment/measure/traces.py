@@ -67,6 +67,7 @@ def native_rate(w: WorkloadConfig) -> float:
 
 def read_trace(w: WorkloadConfig) -> tuple[str, list[TraceRow], int]:
     """(format, rows sorted by timestamp, rows skipped for a zero length)."""
+    assert w.path is not None  # workload=trace's check requires it
     path = Path(w.path)
     fmt = w.format if w.format != "auto" else detect_format(path)
     if w.model_filter is not None and fmt != "burstgpt":
@@ -211,7 +212,8 @@ def _mooncake_row(item: dict, where: str) -> TraceRow:
         isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hashes
     ):
         raise ConfigError(f"{where}: hash_ids={hashes!r:.80} is invalid: must be a list of integers >= 0")
-    return TraceRow(stamp / 1e3, *lengths, where, tuple(hashes))
+    input_len, output_len = lengths
+    return TraceRow(stamp / 1e3, input_len, output_len, where, tuple(hashes))
 
 
 def window(rows: list[TraceRow], w: WorkloadConfig) -> list[TraceRow]:

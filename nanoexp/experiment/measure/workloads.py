@@ -279,6 +279,7 @@ def offered_rates(num: int, rate: float, ramp: str = "none", end_rate: float | N
     over the requests (linear, or exponential: a constant ratio from one request to the next)."""
     if ramp == "none" or num < 2:
         return [rate] * num
+    assert end_rate is not None  # a ramp's check requires workload.end_rate
     progress = np.arange(num) / (num - 1)
     if ramp == "linear":
         return (rate + (end_rate - rate) * progress).tolist()

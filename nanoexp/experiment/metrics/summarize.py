@@ -33,7 +33,7 @@ PHASES = ("prefill", "decode", "mixed")  # a mixed step carries decodes and pref
 def summarize(
     outputs: Sequence[RequestOutput], steps: Sequence[StepStats], duration_s: float, slo: dict | None = None
 ) -> dict[str, float]:
-    """Throughput, latency distributions and step aggregates of one pass; goodput against `slo` (ms)."""
+    """Throughput, latency distributions and step aggregates of one repeat; goodput against `slo` (ms)."""
     inputs = sum(len(o.prompt_token_ids) for o in outputs)
     generated = sum(len(o.token_ids) for o in outputs)
     summary: dict[str, float] = {
@@ -125,7 +125,7 @@ def step_aggregates(steps: Sequence[StepStats]) -> dict[str, float]:
     by_phase = {phase: [s for s in steps if s.phase == phase] for phase in PHASES}
     queries = sum(s.prefix_cache_queries for s in steps)
     peak_blocks = max((s.kv_blocks_used for s in steps), default=0)
-    total_blocks = max((s.kv_blocks_total for s in steps), default=0)
+    total_blocks = max((s.num_kv_blocks for s in steps), default=0)
     prefill, decode, mixed = (by_phase[p] for p in PHASES)
     out: dict[str, float] = {"num_steps": len(steps)}
     for phase, part in by_phase.items():
@@ -199,12 +199,11 @@ def step_row(index: int, stats: StepStats, t_s: float, repeat: int = 0) -> dict:
         "repeat": repeat,
         "t_s": t_s,
         "phase": stats.phase,  # prefill, decode or mixed
-        "is_prefill": int(
-            stats.phase == "prefill"
-        ),  # deprecated (one release): 0 for a mixed step; read phase
+        "is_prefill": int(stats.phase == "prefill"),  # deprecated (one release): read phase
+        "kv_blocks_total": stats.num_kv_blocks,  # deprecated (one release): read num_kv_blocks
         "step_time_ms": stats.step_time_s * 1e3,
         "tokens_per_s": _rate(stats.num_tokens, stats.step_time_s),
-        "kv_cache_usage": _rate(stats.kv_blocks_used, stats.kv_blocks_total),
+        "kv_cache_usage": _rate(stats.kv_blocks_used, stats.num_kv_blocks),
     }
 
 

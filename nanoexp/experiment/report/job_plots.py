@@ -57,7 +57,7 @@ def _draw(records: list[RunRecord], workloads: list[Workload], path: Path, title
 
 
 def _rates(
-    ax, arrivals: np.ndarray, finishes: np.ndarray, workload: Workload, style: dict, first: bool
+    ax, arrivals: np.ndarray, finishes: np.ndarray, workload: Workload | None, style: dict, first: bool
 ) -> None:
     """Arrivals and completions per second in windows (dashed, solid); the rate the arrivals were drawn at."""
     end = float(max(finishes.max(), arrivals.max(), 1e-6))

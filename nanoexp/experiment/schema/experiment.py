@@ -10,6 +10,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from nanoexp.config import CacheConfig, KnobError, ParallelConfig, SchedulerConfig
+from nanoexp.config.aliases import rename_keys
 from nanoexp.config.checks import integer
 from nanoexp.experiment.schema.capacity import CapacityConfig
 from nanoexp.experiment.schema.common import ConfigError
@@ -70,7 +71,9 @@ class NanoexpConfig:
 
 
 def to_spec(cfg: DictConfig) -> NanoexpConfig:
-    """The typed, resolved config; an unknown key or a rejected value is a ConfigError naming the key."""
+    """The typed, resolved config; an unknown key or a rejected value is a ConfigError naming the key. A
+    deprecated key's value moves to its new key first (with its warning): the logged config has it there."""
+    rename_keys(cfg)
     _reject_unknown_keys(cast(dict, OmegaConf.to_container(cfg, resolve=False)), NanoexpConfig, "")
     try:
         return cast(NanoexpConfig, OmegaConf.to_object(cfg))

@@ -1,5 +1,5 @@
 """The Hydra key of each engine knob: which group holds each section of the engine's config, the key of every
-`LLM(...)` keyword (`kvcache_block_size` -> `cache.block_size`), and engine messages, which name keywords,
+`LLM(...)` keyword (`kv_block_size` -> `cache.block_size`), and engine messages, which name keywords,
 phrased with those keys (run.py's error line and its logs). The one place where the two spellings meet."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ KEYWORD_PATTERN = _keyword_pattern()
 
 def in_hydra_keys(message: str) -> str:
     """An engine message (phrased with `LLM(**kwargs)`'s keywords) phrased with the Hydra keys run.py's
-    users type: `num_kvcache_blocks` -> `cache.num_blocks`, `device='cuda'` -> `engine.device='cuda'`.
+    users type: `num_kv_blocks` -> `cache.num_blocks`, `device='cuda'` -> `engine.device='cuda'`.
     run.py's error path applies it to every error line, its job logging to the engine's log lines."""
     return KEYWORD_PATTERN.sub(lambda m: HYDRA_KEYS[m.group(0)], message)
 
