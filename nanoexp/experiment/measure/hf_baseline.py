@@ -33,8 +33,9 @@ class HFBaseline:
         options = dict(config=config, dtype=self.dtype, attn_implementation="sdpa")
         if path:
             model = AutoModelForCausalLM.from_pretrained(path, **options)
-        else:
-            model = AutoModelForCausalLM.from_config(**options)
+        else:  # random weights made where they run (a 30B model's init on the CPU takes minutes)
+            with torch.device(self.device):
+                model = AutoModelForCausalLM.from_config(**options)
         # transformers types its decorated to() as an unbound function
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         if path:
