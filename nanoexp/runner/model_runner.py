@@ -18,6 +18,7 @@ from nanoexp.kernels import pdl
 from nanoexp.kernels.select import triton_available
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.compiled import use_compiled
+from nanoexp.layers.fused_moe import moe_layers
 from nanoexp.layers.quantization import weight_quantization
 from nanoexp.layers.sampler import Sampler, SamplingTensors, flag_non_finite, pick_shard_winner
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, DecodeGraphs, StepGraphs
@@ -134,6 +135,14 @@ class ModelRunner:
         """The captured graphs that run `step`, or None (an eager step)."""
         graphs = self.step_graphs if step.has_prefill else self.graphs
         return graphs if graphs is not None and step.num_tokens <= graphs.max_tokens else None
+
+    def weight_format(self) -> dict:
+        """weight_quantization ('fp8', 'none', or 'fp8, experts unquantized': a MoE model's experts have no
+        fp8 path, and they are most of its bytes) and the fp8 GEMM bound."""
+        fmt, gemm = weight_quantization(self.model)
+        if fmt == "fp8" and moe_layers(self.model):
+            fmt = "fp8, experts unquantized"
+        return {"weight_quantization": fmt, "fp8_gemm": gemm}
 
     def info(self) -> RunnerInfo:
         return RunnerInfo(
@@ -415,7 +424,7 @@ class ModelRunner:
             "swiglu_kernel": self.swiglu_kernel,
             "moe_kernel": self.moe_kernel,
             "expert_load_stats": self.expert_load is not None,
-            **dict(zip(("weight_quantization", "fp8_gemm"), weight_quantization(self.model), strict=True)),
+            **self.weight_format(),
             "pdl": pdl.enabled(),
             "cuda_graphs": self.graphs is not None,
             "sampler_kernel": self.sampler.one_pass,

@@ -193,6 +193,12 @@ def build_model(
             model = cls(hf_config, max_model_len, config.parallel.expert_parallel).eval()
     finally:
         torch.set_default_dtype(previous)
+    if weight_quantization(config.model, hf_config) == "fp8" and moe_layers(model):
+        logging.getLogger(__name__).warning(
+            "quantization=fp8: the MoE experts stay in %s (they have no fp8 path yet); the attention and "
+            "dense projections are fp8",
+            str(dtype).removeprefix("torch."),
+        )
     if config.model.load_format == "dummy":
         init_dummy(model, config.execution.seed)
     else:
@@ -225,7 +231,7 @@ def check_weights_fit(
     fixes = [f"parallel.tensor_parallel_size={fits[0]}" if fits else "more GPUs than 16"]
     if dtype.itemsize > 2:
         fixes.append("model.dtype=bfloat16 (half the bytes)")
-    if quantization == "none":
+    if quantization == "none" and not getattr(hf_config, "num_experts", 0):  # experts stay unquantized
         fixes.append("model.quantization=fp8 (about half the bytes of bf16)")
     name = config.model.path or (hf_config.architectures or ["the model"])[0]
     raise ValueError(
