@@ -91,9 +91,8 @@ class FusedMoE(nn.Module):
             return self.kernel.experts(x, self.w13, self.w2, weights, ids, not self.expert_parallel)
         weights, ids = route(router_logits, self.top_k, self.renormalize)
         if self.load_counts is not None:
-            real = None if token_slots is None else (token_slots >= 0)[:, None].int()
-            counted = torch.ones_like(ids, dtype=torch.int32) if real is None else real
-            self.load_counts.scatter_add_(0, ids.reshape(-1), counted.expand_as(ids).reshape(-1))
+            real = torch.ones_like(ids[:, :1]) if token_slots is None else (token_slots >= 0)[:, None]
+            self.load_counts.scatter_add_(0, ids.reshape(-1), real.int().expand_as(ids).reshape(-1))
         local = ids
         if self.expert_parallel:
             local = ids - self.first_expert

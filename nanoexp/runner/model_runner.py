@@ -203,12 +203,17 @@ class ModelRunner:
         return blockless_prefill([[0] * length for _ in range(num_seqs)])
 
     @torch.inference_mode()
-    def run_blockless_prefill(self, tokens: int) -> None:
-        step = self.blockless_prefill(tokens)
-        self.forward_logits(step, prepare_inputs(step, self.block_size, self.device))
-        torch.cuda.synchronize(self.device)
+    def run_prefill(self, step: StepInput, lossy_cache: bool = False) -> None:
+        """A start-up prefill, its logits unread, waited for."""
+        self.forward_logits(
+            step, prepare_step(step, self.block_size, 0, self.device, lossy_cache=lossy_cache)[0]
+        )
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
-    @torch.inference_mode()
+    def run_blockless_prefill(self, tokens: int) -> None:
+        self.run_prefill(self.blockless_prefill(tokens))
+
     def run_prefill_through_cache(self, tokens: int, cached_prefix: bool = False) -> None:
         """run_blockless_prefill's step stored into the cache's first blocks and attending to them, as every
         prefill with a lossy cache does; cached_prefix: each sequence's first block taken as cached (a
@@ -217,27 +222,16 @@ class ModelRunner:
         step = self.blockless_prefill(tokens)
         prefix = self.block_size if cached_prefix else 0
         queries = [min(n, self.max_model_len - prefix) for n in step.query_lens]
-        if min(queries) < 1:
+        blocks = [-(-(prefix + query) // self.block_size) for query in queries]
+        if min(queries) < 1 or sum(blocks) > self.num_blocks:  # no such step can run here
             return
-        tables, first = [], 0
-        for query in queries:
-            count = -(-(prefix + query) // self.block_size)
-            tables.append(list(range(first, first + count)))
-            first += count
-        if first > self.num_blocks:  # a cache smaller than one step: no such step can run
-            return
+        starts = np.cumsum([0, *blocks])
+        tables = [list(range(start, start + count)) for start, count in zip(starts, blocks)]
+        contexts = [prefix + q for q in queries]
         step = replace(
-            step,
-            token_ids=[0] * sum(queries),
-            query_lens=queries,
-            context_lens=[prefix + q for q in queries],
-            block_tables=tables,
+            step, token_ids=[0] * sum(queries), query_lens=queries, context_lens=contexts, block_tables=tables
         )
-        lossy = self.config.cache.lossy
-        inputs = prepare_step(step, self.block_size, 0, self.device, lossy_cache=lossy)[0]
-        self.forward_logits(step, inputs)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        self.run_prefill(step, lossy_cache=self.config.cache.lossy)
 
     def profile_memory(self) -> None:
         """A largest-size prefill (without a KV cache) so peak activation memory is known."""

@@ -15,24 +15,32 @@ PARTIAL = ".partial"
 
 
 @contextlib.contextmanager
-def atomic_open(
-    path: Path | str, mode: str = "w", newline: str | None = None, partial_suffix: str = PARTIAL
-) -> Iterator[IO[Any]]:
-    """A file opened for writing (`mode` "w" text or "wb") under `<name><partial_suffix>`, renamed into
-    place once written and synced; removed instead when anything fails."""
+def _renamed_into_place(path: Path | str, partial_suffix: str = PARTIAL) -> Iterator[Path]:
+    """The temporary path `<name><partial_suffix>` beside `path`, renamed over it when the block ends;
+    removed instead when anything in the block fails."""
     path = Path(path)
     partial = path.with_name(path.name + partial_suffix)
-    text = "b" not in mode
     try:
-        with partial.open(mode, encoding="utf-8" if text else None, newline=newline if text else None) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        yield partial
         os.replace(partial, path)
     except BaseException:
         with contextlib.suppress(OSError):
             partial.unlink()
         raise
+
+
+@contextlib.contextmanager
+def atomic_open(
+    path: Path | str, mode: str = "w", newline: str | None = None, partial_suffix: str = PARTIAL
+) -> Iterator[IO[Any]]:
+    """A file opened for writing (`mode` "w" text or "wb") under `<name><partial_suffix>`, renamed into
+    place once written and synced; removed instead when anything fails."""
+    text = "b" not in mode
+    with _renamed_into_place(path, partial_suffix) as partial:
+        with partial.open(mode, encoding="utf-8" if text else None, newline=newline if text else None) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def write_atomically(path: Path | str, text: str, partial_suffix: str = PARTIAL) -> None:
@@ -54,17 +62,10 @@ def write_table(table, path: Path | str) -> None:
 
 def write_by_name(path: Path | str, write: Callable[[str], None]) -> None:
     """A file a library writes only by name (a profiler trace): `write` gets the temporary name."""
-    path = Path(path)
-    partial = path.with_name(path.name + PARTIAL)
-    try:
+    with _renamed_into_place(path) as partial:
         write(str(partial))
         with partial.open("rb+") as f:
             os.fsync(f.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            partial.unlink()
-        raise
 
 
 def unwritable(path: Path | str, err: OSError, key: str = "hydra.run.dir or hydra.sweep.dir") -> str:
