@@ -8,7 +8,8 @@
 #   OUT=/some/dir bash experiments/moe/gpu_check.sh [parts]
 # parts (default: tests kernels b1 bn prefill): tests = the MoE GPU tests and the kernel tests on the device;
 # kernels = bench_moe.py; b1 = batch-1 TPOT with the expert-load count on and off; bn = decode steps of 64
-# and 256 sequences; prefill = one 4,096-token prefill per iteration; bench = experiment=nanovllm_bench.
+# and 256 sequences; prefill = one 4,096-token prefill per iteration; bench = experiment=nanovllm_bench;
+# hf = the same bench (32 requests) through our engine and transformers in one sweep.
 # Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 25),
 # TESTS_TIMEOUT (default 150).
 set -uo pipefail
@@ -85,7 +86,15 @@ for part in ${*:-tests kernels b1 bn prefill}; do
       timeout 240 python3 run.py -m experiment=nanovllm_bench model=qwen3_30b_a3b logger=none repeats=2 \
         hydra.sweep.dir=/tmp/moe_bench 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | grep -E "$SHOW|throughput" | head -30
       step_medians /tmp/moe_bench ;;
+    hf)
+      section "experiment=nanovllm_bench model=qwen3_30b_a3b, 32 requests, engine=nanoexp,hf in one sweep"
+      timeout "${HF_TIMEOUT:-300}" python3 run.py -m experiment=nanovllm_bench model=qwen3_30b_a3b logger=none repeats=1 \
+        workload.num_requests=32 engine=nanoexp,hf metrics.kv_quality.num_requests=0 \
+        hydra.sweep.dir=/tmp/moe_hf 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | grep -E "$SHOW|throughput" | head -40
+      head -12 /tmp/moe_hf/sweep_summary.md 2>/dev/null
+      step_medians /tmp/moe_hf ;;
     *) echo "unknown part $part" ;;
   esac
 done
+tar czf "$OUT/moe_sweeps.tgz" -C /tmp --exclude=outputs.jsonl $(cd /tmp && ls -d moe_* 2>/dev/null) 2>/dev/null
 section "done"

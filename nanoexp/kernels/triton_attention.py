@@ -100,7 +100,9 @@ def _attend_tile(
     return _online_softmax_step(s, m, den, acc, v)
 
 
-@triton.jit
+# The block table's width follows each step's longest sequence: specialized (Triton compiles apart values 1
+# and multiples of 16), a new width could compile a kernel variant inside timed work.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -389,7 +391,7 @@ def _prefill_tiles(
     return m, den, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
     q_ptr,
     k_ptr,

@@ -70,7 +70,9 @@ def _load_queries(q_ptr, stride_qh, dims, HEAD_DIM: tl.constexpr, GROUP: tl.cons
     return tl.join(first, second).to(tl.float32)
 
 
-@triton.jit
+# The block table's width follows each step's longest sequence: specialized (Triton compiles apart values 1
+# and multiples of 16), a new width could compile a kernel variant inside timed work.
+@triton.jit(do_not_specialize=["stride_bt"])
 def cuda_core_split_kernel(
     q_ptr,
     k_cache_ptr,

@@ -2,9 +2,10 @@
 of kernels/fp8_reference.py (its oracle). Three kernels:
 
 - per-token-group activation quantization: x -> e4m3 [M, k_padded] at the layout's offset, scales [M, KB];
-- the GEMV for one decode row (M <= GEMV_ROWS): fp8 weights streamed once (half a bf16 weight's bytes),
-  each 128-block's fp32 dot products scaled by both scales, FMAs on CUDA cores; up to FUSED_QUANT_MAX_K it
-  quantizes its row itself (the quantization kernel's arithmetic), so such a layer is one launch;
+- the GEMV for one decode row (M <= GEMV_ROWS) of a layer narrower than GEMV_MAX_N: fp8 weights streamed
+  once (half a bf16 weight's bytes), each 128-block's fp32 dot products scaled by both scales, FMAs on
+  CUDA cores; up to FUSED_QUANT_MAX_K it quantizes its row itself (the quantization kernel's arithmetic),
+  so such a layer is one launch;
 - the GEMM above: tl.dot on e4m3 operands (Hopper's fp8 tensor cores), one 128-wide K block per
   iteration, its fp32 product scaled by the row's activation scale and the column's weight scale.
 
@@ -31,6 +32,11 @@ from nanoexp.kernels.triton_pdl import wait_for_previous
 # tensor-core kernel, faster at 2-4 rows already (H200, Qwen3-8B shapes: experiments/fp8/README.md).
 GEMV_ROWS = 1
 FUSED_QUANT_MAX_K = 4096
+# Wide layers' single rows take the tensor-core kernel, whose deep pipeline streams the weights faster: on an
+# H100 (Qwen3-8B, quantization included) qkv_proj 18.5 against the GEMV's 23.9 us, gate_up_proj 45.7
+# against 58.2; o_proj and down_proj (4,096 rows) kept the GEMV (11.8 and 28.7 us).
+GEMV_MAX_N = 6144
+WIDE_ROW_GEMM = (16, 64, 4, 6)  # block_m, block_n, num_warps, num_stages
 TICKETS = 8192  # column tiles a split-K GEMV launch may have
 QUANT_GROUPS = 8  # 128-groups per program of the quantization kernel (a row's 1,024 values)
 # The interpreter has no fp8 dot: there the operands (exact in fp16) are multiplied as fp16, fp32 sums.
@@ -340,11 +346,18 @@ def default_gemv_config(n: int, sms: int) -> GemvConfig:
     return GemvConfig(block_n, 4)
 
 
-def default_gemm_config(m: int) -> GemmConfig:
-    """By row count: a few variants, all compiled at warm-up or graph capture."""
+def default_gemm_config(m: int, n: int = 0) -> GemmConfig:
+    """By row count (and, for one row, the layer's width): a few variants, all compiled at warm-up or graph
+    capture."""
     if m > 64:
         return GemmConfig(128, 128, 8, 3)
+    if m <= GEMV_ROWS and n >= GEMV_MAX_N:
+        return GemmConfig(*WIDE_ROW_GEMM)
     return GemmConfig(max(16, triton.next_power_of_2(m)), 32, 4, 4)
+
+
+def uses_gemv(m: int, n: int, config: GemvConfig | GemmConfig | None) -> bool:
+    return isinstance(config, GemvConfig) or (config is None and m <= GEMV_ROWS and n < GEMV_MAX_N)
 
 
 def fp8_matmul(
@@ -361,10 +374,10 @@ def fp8_matmul(
     y = torch.empty(m, n, dtype=dtype, device=xq.device)
     if m == 0:
         return y
-    if isinstance(config, GemvConfig) or (config is None and m <= GEMV_ROWS):
-        _gemv(xq, xs, weight, scale, layout, y, False, config)
+    if uses_gemv(m, n, config):
+        _gemv(xq, xs, weight, scale, layout, y, False, config if isinstance(config, GemvConfig) else None)
     else:
-        _gemm(xq, xs, weight, scale, layout, y, False, config or default_gemm_config(m))
+        _gemm(xq, xs, weight, scale, layout, y, False, config or default_gemm_config(m, n))
     return y
 
 
@@ -461,8 +474,8 @@ def fp8_linear(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    gemv = isinstance(config, GemvConfig) or (config is None and m <= GEMV_ROWS)
-    gemm = config if isinstance(config, GemmConfig) else default_gemm_config(m)
+    gemv = uses_gemv(m, layout.n, config)
+    gemm = config if isinstance(config, GemmConfig) else default_gemm_config(m, layout.n)
     if amax is None and m > 0 and gemv and layout.k_local <= FUSED_QUANT_MAX_K:  # the GEMV quantizes x itself
         y = torch.empty(m, layout.n, dtype=x.dtype, device=x.device)
         gemv_config = config if isinstance(config, GemvConfig) else None

@@ -156,6 +156,43 @@ def test_gpu_no_timed_step_compiles(quantization, kv_cache_dtype):
     assert torch_compiled_graphs() == graphs_before, "timed work ran torch.compile"
 
 
+@pytest.mark.parametrize("batching", ["prefill_first", "mixed"])
+def test_gpu_no_timed_step_compiles_on_prefix_cache_hits(batching):
+    """Prefix-cache hits of cached prefixes from 1 to 15 blocks of 256, block tables of every width from 2 to
+    16 (a width of 1 or a multiple of 16 once compiled a kernel variant of its own): no kernel compiles."""
+    rng = random.Random(2)
+    documents = [[rng.randrange(150000) for _ in range(256 * blocks + 7)] for blocks in range(1, 16)]
+    questions = [
+        doc[: 256 * (i + 1)] + [rng.randrange(150000) for _ in range(rng.randint(1, 300))]
+        for i, doc in enumerate(documents)
+    ]
+    llm = LLM(
+        "dummy",
+        hf_config=qwen3_0_6b_arch(),
+        load_format="dummy",
+        dtype="bfloat16",
+        max_num_seqs=64,
+        max_model_len=4352,
+        max_num_batched_tokens=8192,
+        batching=batching,
+        enable_prefix_caching=True,
+    )
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with llm:
+        llm.generate([documents[0][:16]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+        graphs_before = torch_compiled_graphs()
+        with CompileLog() as compiled:
+            llm.generate(documents, params, use_tqdm=False)
+            # one at a time: each a hit on its document's blocks
+            cached = [llm.generate([q], params, use_tqdm=False)[0].num_cached_tokens for q in questions]
+            torch.cuda.synchronize()
+    assert compiled.names == [], (
+        f"timed work compiled {len(compiled.names)} kernels: {sorted(set(compiled.names))}"
+    )
+    assert torch_compiled_graphs() == graphs_before, "timed work ran torch.compile"
+    assert cached == [256 * blocks for blocks in range(1, 16)]
+
+
 def torch_compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 

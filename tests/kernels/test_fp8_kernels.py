@@ -167,6 +167,19 @@ def test_gemm_quantizing_its_own_tiles_matches_the_reference(shape, rows):
     assert_close(got, want, rows)
 
 
+@pytest.mark.parametrize("shape", [LAYOUTS[0], LAYOUTS[2]])
+def test_one_row_of_a_wide_layer_takes_the_gemm_and_matches_the_reference(shape):
+    assert not triton_fp8.uses_gemv(1, triton_fp8.GEMV_MAX_N, None)
+    assert triton_fp8.uses_gemv(1, triton_fp8.GEMV_MAX_N - 1, None)
+    torch.manual_seed(6)
+    layout = Fp8Layout(*shape)
+    q, s = random_weights(layout)
+    x = torch.randn(1, layout.k_local, device=DEVICE)
+    config = triton_fp8.default_gemm_config(1, triton_fp8.GEMV_MAX_N)
+    assert config == triton_fp8.GemmConfig(*triton_fp8.WIDE_ROW_GEMM)
+    assert_close(triton_fp8.fp8_linear(x, q, s, layout, config=config), w8a8_reference(x, q, s, layout), 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [65, 300, 4096])
 def test_gpu_cublas_prefill_gemm_matches_the_reference(rows):
