@@ -102,7 +102,10 @@ def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[
     return slots[:trash], block_expert
 
 
-@triton.jit
+# Counts that follow a step's token count are not specialized: Triton compiles apart the values 1 and
+# multiples of 16, so a prefill of another size (the warm-up's are multiples of 16) would compile inside
+# timed work.
+@triton.jit(do_not_specialize=["n", "num_blocks"])
 def _group_kernel(
     ids_ptr,
     slots_ptr,
@@ -177,7 +180,7 @@ def group_by_expert_kernel(
     return slots, block_expert
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])
 def _gate_up_kernel(
     x_ptr,
     w_ptr,
@@ -233,7 +236,7 @@ def _gate_up_kernel(
     tl.store(out_ptrs, out, mask=valid[:, None] & col_mask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])
 def _down_kernel(
     a_ptr,
     w_ptr,
