@@ -21,6 +21,7 @@
 #   trace     a synthetic Mooncake-format trace (make_mooncake_trace.py: 8 s, ~6 req/s, ~5.6k-token
 #             prompts sharing ~half their blocks) replayed with scheduler.batching=prefill_first,mixed
 #             and prefix caching on and off
+#   trace_moe the same trace and sweep on Qwen3-30B-A3B (dummy bf16 weights; not in the default parts)
 #   capacity  experiment=capacity on the same serving workload: the highest rate meeting the SLOs by
 #             search, to set against the grid's answer
 # BUDGET (s, default 540) caps the whole call: each step's timeout is cut to what is left and a step with
@@ -42,6 +43,7 @@ export TOKENIZERS_PARALLELISM=false NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MU
 BUDGET="${BUDGET:-540}"; T0=$(date +%s)
 if [ "${SMOKE:-0}" = 1 ]; then  # CPU: the tiny model, a handful of requests, every override the GPU run uses
   MODEL=(model=qwen3_tiny cache.cpu_kv_cache_gib=0.05 logger=none engine.use_tqdm=false)
+  MOE_MODEL=(model=qwen3_moe_tiny cache.cpu_kv_cache_gib=0.05 logger=none engine.use_tqdm=false)
   SIZE=(workload.num_requests=4 workload.input_len=32 workload.output_len=4)
   RATES="${RATES:-8,16,32,64,128,inf}"; AA_RATE=32
   TRACE_GEN=(--seconds 2 --rate 3 --block-size 16 --max-output 8)
@@ -49,6 +51,7 @@ if [ "${SMOKE:-0}" = 1 ]; then  # CPU: the tiny model, a handful of requests, ev
   CAPACITY=(capacity.start_rate=16 capacity.precision=0.5 capacity.max_probes=6 metrics.slo.ttft_ms=1000)
 else
   MODEL=(model=qwen3_0_6b model.load_format=dummy model.dtype=bfloat16 logger=none engine.use_tqdm=false)
+  MOE_MODEL=(model=qwen3_30b_a3b model.load_format=dummy model.dtype=bfloat16 logger=none engine.use_tqdm=false)
   SIZE=()
   RATES="${RATES:-64,128,192,256,384,inf}"; AA_RATE=128
   TRACE_GEN=(--seconds 8 --rate 6); TRACE_RUN=()
@@ -165,6 +168,17 @@ for part in ${PARTS:-reuse aa trace capacity}; do
       say "Mooncake-format trace, batching x prefix caching: rc $? wall $(ms_since "$start") ms"
       grep -E "nanoexp: error" "$WORK/trace.log" | head -5 | tee -a "$LOG"
       cat "$WORK/trace/sweep_summary.md" 2>/dev/null | tee -a "$LOG" ;;
+    trace_moe)  # the same trace on Qwen3-30B-A3B (dummy bf16 weights, 61 GB: one H100 with a 13 GB KV cache)
+      [ -f "$WORK/mooncake.jsonl" ] || "$PY" experiments/serving/make_mooncake_trace.py --out "$WORK/mooncake.jsonl" \
+        "${TRACE_GEN[@]}" 2>&1 | tee -a "$LOG"
+      start=$(date +%s%N); say "start: Mooncake-format trace on Qwen3-30B-A3B, batching x prefix caching (4 jobs)"
+      timeout -k 15 "$(cap 300)" "$PY" run.py -m "${MOE_MODEL[@]}" workload=trace "workload.path=$WORK/mooncake.jsonl" \
+        "${TRACE_RUN[@]}" scheduler.batching=prefill_first,mixed cache.enable_prefix_caching=true,false \
+        metrics.slo.ttft_ms=1000 metrics.slo.tpot_ms=50 metrics.kv_quality.num_requests=0 \
+        "hydra.sweep.dir=$WORK/trace_moe" 'hydra.sweep.subdir=${hydra.job.num}' > "$WORK/trace_moe.log" 2>&1
+      say "Mooncake-format trace on Qwen3-30B-A3B: rc $? wall $(ms_since "$start") ms"
+      grep -E "nanoexp: error" "$WORK/trace_moe.log" | head -5 | tee -a "$LOG"
+      cat "$WORK/trace_moe/sweep_summary.md" 2>/dev/null | tee -a "$LOG" ;;
     capacity)
       start=$(date +%s%N); say "start: capacity search (serving workload, 2 repeats a probe)"
       timeout -k 15 "$(cap 200)" "$PY" run.py experiment=capacity "${MODEL[@]}" "${SIZE[@]}" "${CAPACITY[@]}" \
@@ -172,7 +186,7 @@ for part in ${PARTS:-reuse aa trace capacity}; do
       say "capacity search: rc $? wall $(ms_since "$start") ms"
       grep -E "^capacity|nanoexp: error" "$WORK/capacity.log" | tee -a "$LOG"
       cat "$WORK/capacity/capacity.md" 2>/dev/null | tee -a "$LOG" ;;
-    *) say "unknown part $part (reuse, aa, trace, capacity)" ;;
+    *) say "unknown part $part (reuse, aa, trace, trace_moe, capacity)" ;;
   esac
 done
 pack() { tar czf "$OUT/workloads.tgz" -C "$(dirname "$WORK")" --exclude='*.jsonl' --exclude='.gpu_locks' "$@" \
