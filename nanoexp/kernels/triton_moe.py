@@ -809,7 +809,8 @@ def fused_moe_fp8(
     slots, block_expert = (group or group_by_expert)(local_ids.reshape(-1), num_experts, tiles.block_m)
     blocks, exact = block_expert.numel(), x.dtype == torch.float32
     xq, xs = quantize_activation(x if x.stride(-1) == 1 else x.contiguous(), fp8.gate_up)
-    act = x.new_empty((num_slots, inter))
+    # other ranks' slots (EP) are quantized too, never read: zeros, not whatever the memory held
+    act = x.new_empty((num_slots, inter)) if all_local else x.new_zeros((num_slots, inter))
     up, down = tiles.gate_up, tiles.down
     _fp8_gate_up_kernel[(blocks, triton.cdiv(inter, up.block_n))](
         xq,

@@ -250,9 +250,9 @@ class Fp8Experts:
             setattr(layer, self.scale_of[name], scale)
 
     def load_weight(self, name: str, weight: Tensor, loaded, rows: tuple[int, int, int]) -> Tensor | None:
-        """Copies one expert's checkpoint tensor (its rows and this rank's columns) into `weight` [n, k_padded]
-        of that expert; an unquantized one is quantized whole first (the published rule): its scales in the
-        checkpoint's blocks are returned, for load_scale."""
+        """Copies one expert's checkpoint tensor (its rows and this rank's columns) into that expert's
+        `weight` [n, k_padded]; an unquantized one is quantized whole first (the published rule): its
+        scales, in the checkpoint's blocks, are returned for load_scale."""
         if is_fp8(loaded):
             copy_weight_rows(weight, loaded, self.layouts[name], rows)
             return None
