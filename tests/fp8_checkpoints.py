@@ -195,3 +195,34 @@ def greedy_reference(model, prompts: list[list[int]], max_tokens: int) -> list[l
                 ids = torch.cat([ids, nxt.view(1, 1)], 1)
         out.append(ids[0, len(prompt) :].tolist())
     return out
+
+
+def teacher_forced(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """log-probs [len(tokens), vocab] of `model` at the positions that chose `tokens` after `prompt`."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1)
+
+
+def mean_kl(reference, prompts, continuations, log_probs) -> float:
+    """KL(reference || other) in nats, averaged over every continuation position of every prompt;
+    log_probs(i): the other model's [len(continuations[i]), vocab] log-probs for prompt i."""
+    total, count = 0.0, 0
+    for i, (prompt, tokens) in enumerate(zip(prompts, continuations, strict=True)):
+        want, got = teacher_forced(reference, prompt, tokens), log_probs(i)
+        total += float((want.exp() * (want - got)).sum())
+        count += want.shape[0]
+    return total / count
+
+
+def kl_against_rounding(path: str, llm, prompts, continuations) -> tuple[float, float]:
+    """(KL of the engine `llm` from the W8A8 reference of checkpoint `path`, teacher-forced on
+    `continuations`; KL of the same weights with unquantized activations from it): what a kernel or loader
+    bug would change against what rounding activations to e4m3 moves."""
+    ours = [torch.from_numpy(x).float() for x in llm.prefill_log_probs(prompts, continuations)]
+    reference = w8a8_transformers_model(path)
+    unrounded = w8a8_transformers_model(path, quantize_activations=False)
+    rounding = mean_kl(
+        reference, prompts, continuations, lambda i: teacher_forced(unrounded, prompts[i], continuations[i])
+    )
+    return mean_kl(reference, prompts, continuations, lambda i: ours[i]), rounding

@@ -31,7 +31,7 @@ def quantized_experts(experts: int, n: int, k: int, layout, gen) -> tuple[torch.
         w[:, layout.k_offset : layout.k_offset + k] = torch.randn(n, k, generator=gen) / k**0.5
         q, s = quantize_weight(w)
         weights.append(q)
-        scales.append(s.repeat_interleave(BLOCK, 0)[:n : layout.row_block])
+        scales.append(s.repeat_interleave(BLOCK, 0)[: n : layout.row_block])
     return torch.stack(weights).to(DEVICE), torch.stack(scales).to(DEVICE)
 
 
