@@ -91,13 +91,15 @@ def build_fp8_checkpoint(
     return str(path)
 
 
-def build_fp8_moe_checkpoint(path, scale_dtype=torch.float32, bf16_path=None, seed: int = 0) -> str:
-    """A random bf16 Qwen3-MoE (moe_checkpoints' "moe_e8_top2" changed by MOE_CHANGES; also saved
-    unquantized at `bf16_path`), its attention, dense MLP and expert weights then quantized in place; the
-    routers stay in bf16, as in Qwen/Qwen3-30B-A3B-FP8."""
+def build_fp8_moe_checkpoint(
+    path, scale_dtype=torch.float32, bf16_path=None, seed: int = 0, **changes
+) -> str:
+    """A random bf16 Qwen3-MoE (moe_checkpoints' "moe_e8_top2" changed by MOE_CHANGES, then `changes`; also
+    saved unquantized at `bf16_path`), its attention, dense MLP and expert weights then quantized in place;
+    the routers stay in bf16, as in Qwen/Qwen3-30B-A3B-FP8."""
     from moe_checkpoints import build_moe_checkpoint
 
-    model = build_moe_checkpoint(path, "moe_e8_top2", seed, torch.bfloat16, **MOE_CHANGES)
+    model = build_moe_checkpoint(path, "moe_e8_top2", seed, torch.bfloat16, **(MOE_CHANGES | changes))
     if bf16_path is not None:
         model.save_pretrained(bf16_path)
     quantize_checkpoint(path, scale_dtype)

@@ -231,8 +231,10 @@ def check_weights_fit(
     if quantization == "none":
         fixes.append("model.quantization=fp8 (about half the bytes of bf16)")
     name = config.model.path or (hf_config.architectures or ["the model"])[0]
+    dtype_name = str(dtype).removeprefix("torch.")
+    weights = dtype_name if quantization == "none" else f"{quantization} ({dtype_name} elsewhere)"
     raise ValueError(
-        f"model {name} does not fit: its {str(dtype).removeprefix('torch.')} weights take "
+        f"model {name} does not fit: its {weights} weights take "
         f"{need / 2**30:.1f} GiB on each of {size} rank(s), the GPU has {free / 2**30:.1f} GiB free; "
         f"would fit: {' or '.join(fixes)}"
     )
