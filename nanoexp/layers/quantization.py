@@ -6,7 +6,11 @@ A rank's shard need not be a multiple of 128. Along K (row-parallel layers) the 
 offset inside the checkpoint's 128-wide blocks, zero-padded to whole blocks, so activation groups and
 weight blocks stay those of the whole tensor. Along N (column-parallel, fused q/k/v and gate/up) the
 scales are kept per 128 rows where every fused part is a multiple of 128, else one scale row per
-output row (`Fp8Layout.row_block`), which follows any straddle or fused part."""
+output row (`Fp8Layout.row_block`), which follows any straddle or fused part.
+
+A MoE layer's experts (`Fp8Experts`) are laid out the same way per expert: w13 as a fused column-parallel
+gate/up projection, w2 as a row-parallel one (its activation groups shared over the TP ranks they
+straddle); under expert parallelism a rank's experts are whole. Routers stay dense."""
 
 from __future__ import annotations
 

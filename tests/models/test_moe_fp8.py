@@ -97,9 +97,19 @@ def test_fp8_moe_checkpoint_matches_the_w8a8_reference_on_every_path(checkpoints
         assert sum(o.num_cached_tokens for o in outs) > 0, "the shared prefix is meant to hit the cache"
 
 
-@pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
-def test_fp8_moe_checkpoint_under_tp2(checkpoints, reference, expert_parallel):
-    kwargs = PATHS["prefix_cache_preemption"] | dict(tensor_parallel_size=2, expert_parallel=expert_parallel)
+@pytest.mark.parametrize(
+    "tp,expert_parallel",
+    [
+        (2, False),
+        (2, True),
+        # 48 rows a rank: rank 2's down K shard straddles two 128-groups; 2 whole experts a rank
+        pytest.param(4, False, marks=pytest.mark.slow),
+        pytest.param(4, True, marks=pytest.mark.slow),
+    ],
+    ids=["tp2", "ep2", "tp4", "ep4"],
+)
+def test_fp8_moe_checkpoint_under_tensor_and_expert_parallelism(checkpoints, reference, tp, expert_parallel):
+    kwargs = PATHS["prefix_cache_preemption"] | dict(tensor_parallel_size=tp, expert_parallel=expert_parallel)
     with LLM(checkpoints["fp8"], **{**BASE, **kwargs}) as llm:
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         assert llm.stats()["weight_quantization"] == "fp8"
