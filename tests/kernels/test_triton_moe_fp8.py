@@ -134,11 +134,13 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.gpu_quick), torch.float32])
 def test_gpu_fp8_experts_at_qwen3_30b_shapes(tokens, dtype, inter_start):
     """128 experts, top-8, hidden 2048, a TP=4 rank's 192 rows of each expert (rank 1's down K shard at
-    offset 64 of a 128-group). bfloat16: Hopper's fp8 MMA sums a block in fewer bits than fp32."""
+    offset 64 of a 128-group). Not float32-equal: among millions of SwiGLU outputs a few sit within a
+    last-bit difference of an e4m3 rounding boundary and move a whole step (~1e-4 of the output's norm at
+    2,048 tokens); bfloat16 rounds them before quantizing, and Hopper's fp8 MMA sums a block in fewer bits."""
     x, w13, w2, weights, ids, fp8 = fp8_moe_inputs(tokens, 128, 8, 2048, 192, dtype, inter_start, seed=6)
     out = fused_moe_fp8(x, w13, w2, weights, ids.to(torch.int32), fp8, group=group_by_expert_kernel)
     want = reference(x.float(), w13, w2, weights.float(), ids, fp8)
-    assert relative_error(out, want) <= (1e-5 if dtype == torch.float32 else 2e-2)
+    assert relative_error(out, want) <= (1e-3 if dtype == torch.float32 else 2e-2)
 
 
 @pytest.mark.gpu
