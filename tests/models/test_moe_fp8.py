@@ -122,6 +122,15 @@ def test_online_quantization_of_the_bf16_checkpoint_equals_the_fp8_checkpoint(ch
     assert [o.token_ids for o in outs] == reference
 
 
+def test_bf16_expert_scales_are_accepted(tmp_path):
+    """Some FP8 MoE checkpoints store weight_scale_inv in bf16."""
+    path = build_fp8_moe_checkpoint(tmp_path / "ckpt", scale_dtype=torch.bfloat16)
+    with LLM(path, **BASE) as llm:
+        outs = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+    want = greedy_reference(w8a8_transformers_model(path), PROMPTS[:2], MAX_TOKENS)
+    assert [o.token_ids for o in outs] == want
+
+
 def test_fp8_moe_checkpoint_selects_fp8_and_keeps_the_routers_dense(checkpoints):
     with LLM(checkpoints["fp8"], **BASE) as llm:
         stats = llm.stats()
