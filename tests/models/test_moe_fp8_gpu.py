@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 from fp8_checkpoints import build_fp8_moe_checkpoint, kl_against_rounding, w8a8_transformers_model
-from helpers import assert_follows_transformers
+from helpers import CompileLog, assert_follows_transformers
 
 from nanoexp import LLM, SamplingParams
 
@@ -91,30 +91,6 @@ def test_gpu_fp8_moe_expert_load_counts_only_real_tokens(fp8_moe_checkpoint):
         while engine.has_unfinished():
             steps.append(engine.step()[1])
     assert all((s.expert_load.sum(axis=1) == s.num_tokens * 2).all() for s in steps)
-
-
-class CompileLog:
-    """Names the Triton kernels compiled (or loaded from the disk cache) while installed."""
-
-    def __init__(self):
-        import triton
-
-        self.knobs = triton.knobs.runtime
-        self.names: list[str] = []
-
-    def __enter__(self):
-        self.previous = self.knobs.jit_post_compile_hook
-
-        def hook(*args, **kwargs):
-            fn = kwargs.get("fn")
-            self.names.append(getattr(fn, "name", None) or str(kwargs.get("repr", "?"))[:120])
-            return self.previous(*args, **kwargs) if self.previous else None
-
-        self.knobs.jit_post_compile_hook = hook
-        return self
-
-    def __exit__(self, *exc):
-        self.knobs.jit_post_compile_hook = self.previous
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
