@@ -296,9 +296,10 @@ def checkpoint_shape(module: nn.Module, param: nn.Parameter, *shard) -> list[int
     """The whole (unsharded) shape the checkpoint tensor of `param` must have; of a block-scaled fp8
     weight's scales, the weight's in 128 x 128 blocks."""
     if isinstance(module, FusedMoE):
-        return module.checkpoint_shape(shard[1])
-    shard_id = shard[0] if shard else None
-    whole = unsharded_shape(module, getattr(param, "logical_shape", list(param.shape)), shard_id)
+        whole = module.checkpoint_shape(shard[1])
+    else:
+        shard_id = shard[0] if shard else None
+        whole = unsharded_shape(module, getattr(param, "logical_shape", list(param.shape)), shard_id)
     return [-(-d // BLOCK) for d in whole] if getattr(param, "block_scale", False) else whole
 
 
@@ -323,10 +324,11 @@ def init_dummy(model: nn.Module, seed: int) -> None:
     modules = dict(model.named_modules())
     for name, param in model.named_parameters():
         module_name, _, kind = name.rpartition(".")
-        fp8 = getattr(modules[module_name], "fp8", None)
-        if fp8 is not None and kind in ("weight", "weight_scale_inv"):
-            if kind == "weight":  # drawn as the unquantized weight would be, then quantized
-                fp8.fill_dummy(param, modules[module_name].weight_scale_inv, gen, model_dtype(model))
+        module = modules[module_name]
+        fp8 = getattr(module, "fp8", None)
+        if fp8 is not None and kind in {*fp8.scale_of, *fp8.scale_of.values()}:
+            if kind in fp8.scale_of:  # drawn as the unquantized weight would be, then quantized
+                fp8.fill_dummy(kind, param, getattr(module, fp8.scale_of[kind]), gen, model_dtype(model))
         elif "norm" in name:
             param.fill_(1.0)
         else:

@@ -1,5 +1,5 @@
-"""Tiny Qwen3 checkpoints in the published block-scaled FP8 format, and a transformers model that runs
-the same W8A8 arithmetic (the engine's greedy tokens must equal its tokens)."""
+"""Tiny Qwen3 and Qwen3-MoE checkpoints in the published block-scaled FP8 format, and a transformers model
+that runs the same W8A8 arithmetic (the engine's greedy tokens must equal its tokens)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import os
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from nanoexp.kernels.fp8_reference import Fp8Layout, expand_scale, w8a8_reference
 
@@ -23,6 +24,19 @@ QUANT_CONFIG = {
 # (a scale block straddles ranks along N in q/k/v and gate/up, along K in o_proj and down_proj)
 SHAPE = dict(
     hidden_size=192, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=48
+)
+# MoE (moe_checkpoints.MOE_SHAPES' "moe_e8_top2" with these changes): experts of intermediate size 192 (96
+# rows a rank at TP=2: gate/up scales per row, and down_proj's K shard of rank 1 at offset 96, its first
+# activation group straddling the ranks), hidden 192 (the experts' K ragged in its last block), and a
+# dense MLP in layer 1 between the MoE layers 0 and 2
+MOE_CHANGES = dict(
+    hidden_size=192,
+    moe_intermediate_size=192,
+    intermediate_size=384,
+    head_dim=48,
+    num_hidden_layers=3,
+    mlp_only_layers=[1],
+    initializer_range=0.08,
 )
 
 
@@ -73,6 +87,28 @@ def build_fp8_checkpoint(
     model.save_pretrained(path)
     if bf16_path is not None:
         model.save_pretrained(bf16_path)
+    quantize_checkpoint(path, scale_dtype)
+    return str(path)
+
+
+def build_fp8_moe_checkpoint(
+    path, scale_dtype=torch.float32, bf16_path=None, seed: int = 0, **changes
+) -> str:
+    """A random bf16 Qwen3-MoE (moe_checkpoints' "moe_e8_top2" changed by MOE_CHANGES, then `changes`; also
+    saved unquantized at `bf16_path`), its attention, dense MLP and expert weights then quantized in place;
+    the routers stay in bf16, as in Qwen/Qwen3-30B-A3B-FP8."""
+    from moe_checkpoints import build_moe_checkpoint
+
+    model = build_moe_checkpoint(path, "moe_e8_top2", seed, torch.bfloat16, **(MOE_CHANGES | changes))
+    if bf16_path is not None:
+        model.save_pretrained(bf16_path)
+    quantize_checkpoint(path, scale_dtype)
+    return str(path)
+
+
+def quantize_checkpoint(path, scale_dtype=torch.float32) -> None:
+    """Every linear weight of a saved checkpoint (QUANTIZED; a MoE expert's gate/up/down too, not a router)
+    quantized by the published rule with its `weight_scale_inv`, and config.json's quantization_config."""
     file = os.path.join(path, "model.safetensors")
     tensors = load_file(file)
     for name in list(tensors):
@@ -86,38 +122,69 @@ def build_fp8_checkpoint(
     cfg["quantization_config"] = QUANT_CONFIG
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
-    return str(path)
 
 
-def w8a8_transformers_model(
-    path: str, dtype=torch.float32, quantize_activations: bool = True
-) -> Qwen3ForCausalLM:
-    """transformers' Qwen3 with every quantized linear computing the torch W8A8 reference from the
-    checkpoint's fp8 weights and scales (TP=1 layout), the rest in `dtype`. quantize_activations=False:
-    the dequantized weights times unquantized activations (W8A16), what activation rounding moves from."""
+def w8a8_transformers_model(path: str, dtype=torch.float32, quantize_activations: bool = True):
+    """transformers' Qwen3 (or Qwen3-MoE) with every quantized linear, and every MoE expert's gate, up and
+    down projections, computing the torch W8A8 reference from the checkpoint's fp8 weights and scales (TP=1
+    layout), the rest in `dtype`. quantize_activations=False: the dequantized weights times unquantized
+    activations (W8A16), what activation rounding moves from."""
     tensors = load_file(os.path.join(path, "model.safetensors"))
-    config = Qwen3Config.from_pretrained(path)
+    config = AutoConfig.from_pretrained(path)
     config.quantization_config = None
-    model = Qwen3ForCausalLM(config).to(dtype).eval()
+    model = AutoModelForCausalLM.from_config(config).to(dtype).eval()
     state = {
         k: v.to(dtype) for k, v in tensors.items() if not (v.dtype == torch.float8_e4m3fn or "scale_inv" in k)
     }
-    model.load_state_dict(state, strict=False)
+    missing = model.load_state_dict(state, strict=False).missing_keys
+    replaced = set()
     for name, module in model.named_modules():
         if name.rpartition(".")[2] in QUANTIZED:
-            q, s = tensors[name + ".weight"], tensors[name + ".weight_scale_inv"].float()
-            layout = Fp8Layout(q.shape[0], q.shape[1], 0, 128)
-            padded = torch.zeros(q.shape[0], layout.k_padded, dtype=q.dtype)
-            padded[:, : q.shape[1]] = q
-            if quantize_activations:
-                module.forward = lambda x, w=padded, s=s, layout=layout: w8a8_reference(x, w, s, layout)
-            else:
-                dense = (padded.float().view(q.shape[0], -1, 128) * expand_scale(s, layout)[..., None]).view(
-                    q.shape[0], -1
-                )[:, : q.shape[1]]
-                weight = dense.to(dtype)
-                module.forward = lambda x, w=weight: x @ w.T
+            module.forward = w8a8_projection(tensors, name, dtype, quantize_activations)
+            replaced.add(name + ".weight")
+        elif type(module).__name__ == "Qwen3MoeExperts":
+            project = lambda e, p, n=name: w8a8_projection(
+                tensors, f"{n}.{e}.{p}", dtype, quantize_activations
+            )  # noqa: E731
+            module.forward = w8a8_experts(module, project)
+            replaced |= {name + ".gate_up_proj", name + ".down_proj"}
+    assert set(missing) <= replaced, sorted(set(missing) - replaced)  # every weight loaded or replaced
     return model
+
+
+def w8a8_projection(tensors: dict, name: str, dtype, quantize_activations: bool):
+    """x -> the checkpoint linear `name`'s W8A8 reference product (or W8A16, see w8a8_transformers_model)."""
+    q, s = tensors[name + ".weight"], tensors[name + ".weight_scale_inv"].float()
+    layout = Fp8Layout(q.shape[0], q.shape[1], 0, 128)
+    padded = torch.zeros(q.shape[0], layout.k_padded, dtype=q.dtype)
+    padded[:, : q.shape[1]] = q
+    if quantize_activations:
+        return lambda x: w8a8_reference(x, padded, s, layout)
+    dense = (padded.float().view(q.shape[0], -1, 128) * expand_scale(s, layout)[..., None]).view(
+        q.shape[0], -1
+    )
+    weight = dense[:, : q.shape[1]].to(dtype)
+    return lambda x: x @ weight.T
+
+
+def w8a8_experts(experts, project):
+    """A forward for transformers' Qwen3MoeExperts computing each expert's gate, up and down projections
+    with `project(expert, "gate_proj" | "up_proj" | "down_proj")`, otherwise as transformers does."""
+    names = ("gate_proj", "up_proj", "down_proj")
+    projections = [{p: project(e, p) for p in names} for e in range(experts.num_experts)]
+
+    def forward(hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for expert, proj in enumerate(projections):
+            tokens, slots = torch.where(top_k_index == expert)
+            if tokens.numel() == 0:
+                continue
+            x = hidden_states[tokens]
+            y = proj["down_proj"](F.silu(proj["gate_proj"](x)) * proj["up_proj"](x))
+            out.index_add_(0, tokens, (y * top_k_weights[tokens, slots, None]).to(out.dtype))
+        return out
+
+    return forward
 
 
 def greedy_reference(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -130,3 +197,34 @@ def greedy_reference(model, prompts: list[list[int]], max_tokens: int) -> list[l
                 ids = torch.cat([ids, nxt.view(1, 1)], 1)
         out.append(ids[0, len(prompt) :].tolist())
     return out
+
+
+def teacher_forced(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """log-probs [len(tokens), vocab] of `model` at the positions that chose `tokens` after `prompt`."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1)
+
+
+def mean_kl(reference, prompts, continuations, log_probs) -> float:
+    """KL(reference || other) in nats, averaged over every continuation position of every prompt;
+    log_probs(i): the other model's [len(continuations[i]), vocab] log-probs for prompt i."""
+    total, count = 0.0, 0
+    for i, (prompt, tokens) in enumerate(zip(prompts, continuations, strict=True)):
+        want, got = teacher_forced(reference, prompt, tokens), log_probs(i)
+        total += float((want.exp() * (want - got)).sum())
+        count += want.shape[0]
+    return total / count
+
+
+def kl_against_rounding(path: str, llm, prompts, continuations) -> tuple[float, float]:
+    """(KL of the engine `llm` from the W8A8 reference of checkpoint `path`, teacher-forced on
+    `continuations`; KL of the same weights with unquantized activations from it): what a kernel or loader
+    bug would change against what rounding activations to e4m3 moves."""
+    ours = [torch.from_numpy(x).float() for x in llm.prefill_log_probs(prompts, continuations)]
+    reference = w8a8_transformers_model(path)
+    unrounded = w8a8_transformers_model(path, quantize_activations=False)
+    rounding = mean_kl(
+        reference, prompts, continuations, lambda i: teacher_forced(unrounded, prompts[i], continuations[i])
+    )
+    return mean_kl(reference, prompts, continuations, lambda i: ours[i]), rounding

@@ -181,3 +181,27 @@ def stand_in_engine(executor: StandInExecutor, **kwargs) -> LLMEngine:
     """The real control plane (scheduler, block manager) over `executor`; kwargs as LLM's."""
     config = EngineConfig.from_kwargs("stand-in", kv_block_size=4, num_kv_blocks=64, **kwargs)
     return LLMEngine(config, executor)
+
+
+class CompileLog:
+    """Names the Triton kernels compiled (or loaded from the disk cache) while installed."""
+
+    def __init__(self):
+        import triton
+
+        self.knobs = triton.knobs.runtime
+        self.names: list[str] = []
+
+    def __enter__(self):
+        self.previous = self.knobs.jit_post_compile_hook
+
+        def hook(*args, **kwargs):
+            fn = kwargs.get("fn")
+            self.names.append(getattr(fn, "name", None) or str(kwargs.get("repr", "?"))[:120])
+            return self.previous(*args, **kwargs) if self.previous else None
+
+        self.knobs.jit_post_compile_hook = hook
+        return self
+
+    def __exit__(self, *exc):
+        self.knobs.jit_post_compile_hook = self.previous

@@ -19,7 +19,8 @@ MOE_SHAPES = {
 }  # fmt: skip
 
 
-def moe_config(name: str, vocab: int = 384) -> Qwen3MoeConfig:
+def moe_config(name: str, vocab: int = 384, **changes) -> Qwen3MoeConfig:
+    """The shape `name` (with `changes` to any config field)."""
     fields = dict(
         vocab_size=vocab,
         hidden_size=64,
@@ -36,15 +37,18 @@ def moe_config(name: str, vocab: int = 384) -> Qwen3MoeConfig:
         bos_token_id=vocab - 2,
         architectures=["Qwen3MoeForCausalLM"],
     )
-    return Qwen3MoeConfig(**{**fields, **MOE_SHAPES[name]})
+    return Qwen3MoeConfig(**{**fields, **MOE_SHAPES[name], **changes})
 
 
-def build_moe_checkpoint(path, name: str, seed: int = 0) -> Qwen3MoeForCausalLM:
-    """Saved to `path` (its config.json says num_local_experts, as transformers 5 writes it; Qwen's own
-    checkpoints say num_experts); returns the float32 transformers model. The routers are scaled up so
-    top-k picks are decisive (the gap to the next expert far above float32 rounding), the norms perturbed."""
+def build_moe_checkpoint(
+    path, name: str, seed: int = 0, dtype: torch.dtype = torch.float32, **changes
+) -> Qwen3MoeForCausalLM:
+    """Saved to `path` in `dtype` (its config.json says num_local_experts, as transformers 5 writes it;
+    Qwen's own checkpoints say num_experts); returns the transformers model. The routers are scaled up so
+    top-k picks are decisive (the gap to the next expert far above float32 rounding), the norms perturbed.
+    `changes`: config fields that differ from the shape `name`'s."""
     torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(moe_config(name)).float().eval()
+    model = Qwen3MoeForCausalLM(moe_config(name, **changes)).to(dtype).eval()
     with torch.no_grad():
         for param_name, p in model.named_parameters():
             if "norm" in param_name:

@@ -9,7 +9,12 @@ gate_up: one program per (block of BLOCK_M slots of one expert, BLOCK_N intermed
 its tokens' rows, multiplies by the expert's gate and up rows and writes silu(gate) * up, rounded where
 the unfused torch ops round. down: the same grouping over the intermediate rows, times the slot's routing
 weight, written per slot; one sum over the top-k slots of each token gives the output (deterministic,
-no atomics). Decode sizes (a handful of tokens per expert) and prefill sizes take different tiles."""
+no atomics). Decode sizes (a handful of tokens per expert) and prefill sizes take different tiles.
+
+fp8 experts (block-scaled e4m3, kernels/moe_ref.Fp8ExpertScales): the same grouping and epilogues; the
+tokens' activations quantized once per token and 128-group (triton_fp8.quantize_activation), the SwiGLU
+output once per slot, and both GEMMs take one 128-block of K per iteration, its fp32 product scaled by
+the rows' activation scales and the columns' weight scales, as triton_fp8's GEMM does."""
 
 from __future__ import annotations
 
@@ -20,7 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoexp.kernels.moe_ref import Fp8ExpertScales
 from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.triton_fp8 import UPCAST_DOT, quantize_activation
 from nanoexp.kernels.triton_pdl import wait_for_previous
 
 log = logging.getLogger(__name__)
@@ -288,6 +295,145 @@ def _down_kernel(
 
 
 @triton.jit
+def _fp8_block_dot(a, b, UPCAST: tl.constexpr, EXACT_SUMS: tl.constexpr):
+    """a [M, 128] . b [N, 128]^T of e4m3 tiles in fp32: on fp8 tensor cores; EXACT_SUMS (float32 runs, which
+    follow the reference) upcast to fp32 without tensor cores, whose fp8 MMA adds in fewer bits than fp32;
+    UPCAST (the interpreter, which has no fp8 dot) as fp16, which holds e4m3 values exactly."""
+    if EXACT_SUMS:
+        product = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+    elif UPCAST:
+        product = tl.dot(a.to(tl.float16), tl.trans(b.to(tl.float16)))
+    else:
+        product = tl.dot(a, tl.trans(b))
+    return product
+
+
+@triton.jit(do_not_specialize=["num_slots"])
+def _fp8_gate_up_kernel(
+    xq_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    out_ptr,
+    slots_ptr,
+    block_expert_ptr,
+    num_slots,
+    num_experts,
+    top_k,
+    KB,
+    N,
+    ROW_BLOCK,
+    stride_xq,
+    stride_xs,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EXACT_SUMS: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """_gate_up_kernel on quantized tokens xq [T, KB * 128] (scales xs [T, KB]) and e4m3 experts w [E, 2N,
+    KB * 128] with scales ws [E, rows, KB] (one row per ROW_BLOCK weight rows)."""
+    wait_for_previous(PDL)
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    if expert >= num_experts:
+        return
+    slots = tl.load(slots_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = slots < num_slots
+    tokens = tl.where(valid, slots // top_k, 0).to(tl.int64)  # a padding row reads token 0, never stored
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    safe_cols = tl.where(col_mask, cols, 0).to(tl.int64)
+    ks = tl.arange(0, 128)
+    x_tile = xq_ptr + tokens[:, None] * stride_xq + ks[None, :]
+    x_scales = xs_ptr + tokens * stride_xs
+    w_expert = w_ptr + expert.to(tl.int64) * stride_we
+    gate_tile = w_expert + safe_cols[:, None] * stride_wn + ks[None, :]
+    up_tile = w_expert + (safe_cols + N)[:, None] * stride_wn + ks[None, :]
+    s_expert = ws_ptr + expert.to(tl.int64) * stride_se
+    gate_scales = s_expert + (safe_cols // ROW_BLOCK) * stride_sn
+    up_scales = s_expert + ((safe_cols + N) // ROW_BLOCK) * stride_sn
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in range(0, KB):
+        a = tl.load(x_tile + kb * 128)
+        a_scale = tl.load(x_scales + kb)[:, None]
+        gate = _fp8_block_dot(a, tl.load(gate_tile + kb * 128), UPCAST, EXACT_SUMS)
+        up = _fp8_block_dot(a, tl.load(up_tile + kb * 128), UPCAST, EXACT_SUMS)
+        acc_gate += gate * a_scale * tl.load(gate_scales + kb)[None, :]
+        acc_up += up * a_scale * tl.load(up_scales + kb)[None, :]
+    DT = out_ptr.dtype.element_ty
+    gate = acc_gate.to(DT).to(tl.float32)  # rounded where the reference's product, silu and product round
+    act = (gate * tl.sigmoid(gate)).to(DT).to(tl.float32)
+    out = (act * acc_up.to(DT).to(tl.float32)).to(DT)
+    out_ptrs = out_ptr + slots.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    tl.store(out_ptrs, out, mask=valid[:, None] & col_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["num_slots"])
+def _fp8_down_kernel(
+    aq_ptr,
+    as_ptr,
+    w_ptr,
+    ws_ptr,
+    out_ptr,
+    weights_ptr,
+    slots_ptr,
+    block_expert_ptr,
+    num_slots,
+    num_experts,
+    KB,
+    N,
+    ROW_BLOCK,
+    stride_aq,
+    stride_as,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EXACT_SUMS: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """_down_kernel on the quantized SwiGLU outputs aq [slots, KB * 128] (scales as_ [slots, KB]) and e4m3
+    experts w [E, N, KB * 128] with scales ws [E, rows, KB]."""
+    wait_for_previous(PDL)
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    if expert >= num_experts:
+        return
+    slots = tl.load(slots_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = slots < num_slots
+    rows = tl.where(valid, slots, 0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    safe_cols = tl.where(col_mask, cols, 0).to(tl.int64)
+    ks = tl.arange(0, 128)
+    a_tile = aq_ptr + rows[:, None] * stride_aq + ks[None, :]
+    a_scales = as_ptr + rows * stride_as
+    w_tile = w_ptr + expert.to(tl.int64) * stride_we + safe_cols[:, None] * stride_wn + ks[None, :]
+    w_scales = ws_ptr + expert.to(tl.int64) * stride_se + (safe_cols // ROW_BLOCK) * stride_sn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in range(0, KB):
+        product = _fp8_block_dot(tl.load(a_tile + kb * 128), tl.load(w_tile + kb * 128), UPCAST, EXACT_SUMS)
+        acc += product * tl.load(a_scales + kb)[:, None] * tl.load(w_scales + kb)[None, :]
+    DT = out_ptr.dtype.element_ty
+    weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
+    out = (acc.to(DT).to(tl.float32) * weight[:, None]).to(DT)
+    tl.store(
+        out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=valid[:, None] & col_mask[None, :]
+    )
+
+
+@triton.jit
 def _route_kernel(
     logits_ptr,
     weights_ptr,
@@ -546,8 +692,12 @@ def experts_triton(
     all_local: bool = True,
     group=None,
     slot_max_tokens: int = SLOT_MAX_TOKENS,
+    fp8: Fp8ExpertScales | None = None,
 ) -> torch.Tensor:
-    """The GPU path: slot GEMVs up to `slot_max_tokens` tokens, grouped GEMMs above."""
+    """The GPU path: slot GEMVs up to `slot_max_tokens` tokens, grouped GEMMs above; fp8 experts grouped at
+    every size (the one-kernel grouping makes the grouped GEMMs the faster path at decode sizes too)."""
+    if fp8 is not None:
+        return fused_moe_fp8(x, w13, w2, weights, local_ids, fp8, all_local, group=group)
     if x.shape[0] <= slot_max_tokens:
         return slot_moe(x, w13, w2, weights, local_ids)
     return fused_moe(x, w13, w2, weights, local_ids, all_local, group=group)
@@ -629,6 +779,106 @@ def fused_moe(
     return per_slot.view(num_tokens, top_k, hidden).sum(dim=1)
 
 
+def fp8_tiles_for(num_tokens: int, dtype: torch.dtype) -> MoeTiles:
+    """The regime's tiles (their K depth aside: fp8 GEMMs step one 128-block at a time); float32 runs, whose
+    fp32 operand tiles of 128 K must fit in shared memory, at most 64 x 64 tiles in two stages."""
+    tiles = tiles_for(num_tokens)
+    if dtype != torch.float32:
+        return tiles
+    small = lambda g: replace(g, block_n=min(64, g.block_n), num_stages=2)  # noqa: E731
+    return MoeTiles(min(64, tiles.block_m), small(tiles.gate_up), small(tiles.down))
+
+
+def fused_moe_fp8(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    local_ids: torch.Tensor,
+    fp8: Fp8ExpertScales,
+    all_local: bool = True,
+    tiles: MoeTiles | None = None,
+    group=None,
+) -> torch.Tensor:
+    """kernels/moe_ref.fp8_experts_reference in two grouped fp8 GEMMs: w13 [E, 2I, k_padded] and w2 [E, H,
+    k_padded] in e4m3 with `fp8`'s scales and layouts; local_ids as in fused_moe."""
+    num_tokens, hidden = x.shape
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    top_k = local_ids.shape[1]
+    num_slots = num_tokens * top_k
+    if num_tokens == 0:
+        return torch.zeros_like(x)
+    tiles = tiles or fp8_tiles_for(num_tokens, x.dtype)
+    slots, block_expert = (group or group_by_expert)(local_ids.reshape(-1), num_experts, tiles.block_m)
+    blocks, exact = block_expert.numel(), x.dtype == torch.float32
+    xq, xs = quantize_activation(x if x.stride(-1) == 1 else x.contiguous(), fp8.gate_up)
+    # other ranks' slots (EP) are quantized too, never read: zeros, not whatever the memory held
+    act = x.new_empty((num_slots, inter)) if all_local else x.new_zeros((num_slots, inter))
+    up, down = tiles.gate_up, tiles.down
+    _fp8_gate_up_kernel[(blocks, triton.cdiv(inter, up.block_n))](
+        xq,
+        xs,
+        w13,
+        fp8.w13,
+        act,
+        slots,
+        block_expert,
+        num_slots,
+        num_experts,
+        top_k,
+        fp8.gate_up.k_blocks,
+        inter,
+        fp8.gate_up.row_block,
+        xq.stride(0),
+        xs.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        fp8.w13.stride(0),
+        fp8.w13.stride(1),
+        act.stride(0),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=up.block_n,
+        UPCAST=UPCAST_DOT,
+        EXACT_SUMS=exact,
+        num_warps=up.num_warps,
+        num_stages=up.num_stages,
+        **launch_options(),
+    )
+    amax = fp8.down_amax(act) if fp8.down_amax is not None else None
+    aq, a_scales = quantize_activation(act, fp8.down, amax)
+    per_slot = x.new_empty((num_slots, hidden)) if all_local else x.new_zeros((num_slots, hidden))
+    _fp8_down_kernel[(blocks, triton.cdiv(hidden, down.block_n))](
+        aq,
+        a_scales,
+        w2,
+        fp8.w2,
+        per_slot,
+        weights.contiguous(),
+        slots,
+        block_expert,
+        num_slots,
+        num_experts,
+        fp8.down.k_blocks,
+        hidden,
+        fp8.down.row_block,
+        aq.stride(0),
+        a_scales.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        fp8.w2.stride(0),
+        fp8.w2.stride(1),
+        per_slot.stride(0),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=down.block_n,
+        UPCAST=UPCAST_DOT,
+        EXACT_SUMS=exact,
+        num_warps=down.num_warps,
+        num_stages=down.num_stages,
+        **launch_options(),
+    )
+    return per_slot.view(num_tokens, top_k, hidden).sum(dim=1)
+
+
 class TritonMoe:
     """The GPU MoE path bound to the layers (layers/fused_moe.py): routing in one kernel, then the experts,
     grouped by `grouping` (above `slot_max_tokens` tokens; below, per-slot GEMVs)."""
@@ -640,7 +890,9 @@ class TritonMoe:
 
     route = staticmethod(route_triton)
 
-    def experts(self, x, w13, w2, weights, local_ids, all_local: bool = True) -> torch.Tensor:
+    def experts(
+        self, x, w13, w2, weights, local_ids, all_local: bool = True, fp8: Fp8ExpertScales | None = None
+    ) -> torch.Tensor:
         return experts_triton(
             x,
             w13,
@@ -650,6 +902,7 @@ class TritonMoe:
             all_local,
             group=self.grouping,
             slot_max_tokens=self.slot_max_tokens,
+            fp8=fp8,
         )
 
 

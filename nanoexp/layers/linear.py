@@ -107,7 +107,10 @@ class LinearBase(nn.Module):
 
 
 class ReplicatedLinear(LinearBase):
-    """The whole weight on every rank (a MoE router): no split, no communication."""
+    """The whole weight on every rank (a MoE router): no split, no communication; never fp8 (FP8
+    checkpoints keep their routers in bf16, and a quantized router would move the experts' choices)."""
+
+    quantizable = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(in_features, out_features, bias, tp_dim=2)  # dim 2: past the weight's dims

@@ -6,7 +6,11 @@ A rank's shard need not be a multiple of 128. Along K (row-parallel layers) the 
 offset inside the checkpoint's 128-wide blocks, zero-padded to whole blocks, so activation groups and
 weight blocks stay those of the whole tensor. Along N (column-parallel, fused q/k/v and gate/up) the
 scales are kept per 128 rows where every fused part is a multiple of 128, else one scale row per
-output row (`Fp8Layout.row_block`), which follows any straddle or fused part."""
+output row (`Fp8Layout.row_block`), which follows any straddle or fused part.
+
+A MoE layer's experts (`Fp8Experts`) are laid out the same way per expert: w13 as a fused column-parallel
+gate/up projection, w2 as a row-parallel one (its activation groups shared over the TP ranks they
+straddle); under expert parallelism a rank's experts are whole. Routers stay dense."""
 
 from __future__ import annotations
 
@@ -102,84 +106,183 @@ def set_loader_attrs(param: Tensor | nn.Module, **attrs: object) -> None:
         setattr(param, name, value)
 
 
+def is_fp8(loaded) -> bool:
+    """Whether a checkpoint tensor (or a lazily read safetensors slice) holds e4m3 values."""
+    dtype = getattr(loaded, "dtype", None) or loaded.get_dtype()
+    return str(dtype) in ("F8_E4M3", "torch.float8_e4m3fn")
+
+
+def copy_weight_rows(weight: Tensor, loaded, layout: Fp8Layout, rows: tuple[int, int, int]) -> None:
+    """Copies an e4m3 checkpoint tensor's rows (local offset, size, checkpoint start) and this rank's
+    columns into `weight` [n, k_padded], at the layout's offset."""
+    (offset, size, start), k0, k = rows, layout.k_start, layout.k_local
+    weight[offset : offset + size, layout.k_offset : layout.k_offset + k].copy_(
+        loaded[start : start + size, k0 : k0 + k]
+    )
+
+
+def copy_scale_rows(scale: Tensor, loaded, layout: Fp8Layout, rows: tuple[int, int, int]) -> None:
+    """Copies the checkpoint's scale blocks covering the same rows and columns into `scale`."""
+    offset, size, start = rows
+    local, ckpt_rows = scale_rows_index(layout, offset, size, start)
+    first, last = int(ckpt_rows[0]), int(ckpt_rows[-1])
+    col = layout.k_start // BLOCK
+    block = loaded[first : last + 1, col : col + layout.k_blocks].to(scale.device, torch.float32)
+    scale[local].copy_(block[(ckpt_rows - first).to(block.device)])
+
+
+def quantized_dummy(
+    layout: Fp8Layout, count: int, generator: torch.Generator, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """`count` weights drawn at random as an unquantized layer draws them, each quantized in this rank's
+    blocks: (e4m3 [count, n, k_padded], scales [count, scale_rows, k_blocks])."""
+    n_padded = -(-layout.n // BLOCK) * BLOCK  # so that no 128-row block spans two weights
+    dense = torch.empty(count, layout.n, layout.k_local, dtype=dtype, device=device)
+    dense.uniform_(-0.02, 0.02, generator=generator)
+    padded = torch.zeros(count, n_padded, layout.k_padded, dtype=torch.float32, device=device)
+    padded[:, : layout.n, layout.k_offset : layout.k_offset + layout.k_local] = dense
+    q, s = quantize_weight(padded.view(count * n_padded, layout.k_padded))
+    rows = s.view(count, n_padded // BLOCK, layout.k_blocks).repeat_interleave(BLOCK, 1)
+    return q.view(count, n_padded, -1)[:, : layout.n], rows[:, : layout.n : layout.row_block]
+
+
+def straddles_ranks(layout: Fp8Layout, k_total: int) -> bool:
+    """Whether a row-parallel shard's activation groups straddle ranks: then their amax is the max over
+    the ranks (`shared_amax`), so every rank quantizes a group as one rank holding all of K would."""
+    partial = layout.k_offset != 0 or (layout.k_offset + layout.k_local) % BLOCK != 0
+    return partial and layout.k_local != k_total
+
+
+def shared_amax(x: Tensor, layout: Fp8Layout, k_total: int) -> Tensor:
+    """Per token and 128-group of this shard of x [..., k_local], the group's amax over every rank's part."""
+    first = layout.k_start // BLOCK
+    whole = x.new_zeros(x.shape[:-1].numel(), -(-k_total // BLOCK), dtype=torch.float32)
+    whole[:, first : first + layout.k_blocks] = group_amax(x.reshape(-1, layout.k_local), layout)
+    return all_reduce_max(whole)[:, first : first + layout.k_blocks].contiguous()
+
+
+WEIGHT_CHECKPOINT_DTYPES = ("F8_E4M3", "F32", "F16", "BF16")  # unquantized ones are quantized at load
+SCALE_CHECKPOINT_DTYPES = ("F32", "BF16")
+
+
+def fp8_parameters(
+    shape: tuple[int, ...], scale_shape: tuple[int, ...], logical_shape: list[int], device: torch.device
+) -> tuple[nn.Parameter, nn.Parameter]:
+    """An fp8 weight and its float32 scales (ones), with the attributes loader.py reads: logical_shape,
+    what loader.checkpoint_shape scales to the checkpoint's; block_scale, the scales' checkpoint shape is
+    the weight's in 128 blocks; the dtypes a checkpoint may hold."""
+    weight = nn.Parameter(torch.zeros(shape, dtype=FP8_DTYPE, device=device), requires_grad=False)
+    scale = nn.Parameter(torch.ones(scale_shape, dtype=torch.float32, device=device), requires_grad=False)
+    set_loader_attrs(weight, logical_shape=logical_shape, checkpoint_dtypes=WEIGHT_CHECKPOINT_DTYPES)
+    set_loader_attrs(
+        scale, logical_shape=logical_shape, block_scale=True, checkpoint_dtypes=SCALE_CHECKPOINT_DTYPES
+    )
+    return weight, scale
+
+
 class Fp8Weights:
     """What a linear layer (layers/linear.py) holds in fp8: its layout and GEMM, and its loaders."""
 
+    scale_of = {"weight": "weight_scale_inv"}  # each fp8 parameter's scales (loader.init_dummy)
+
     def __init__(self, layer: nn.Module, layout: Fp8Layout, logical_shape: list[int], k_total: int):
-        self.layout = layout
-        # a row-parallel shard whose activation groups straddle ranks: their amax is the max over the ranks,
-        # so every rank quantizes a group as one rank holding all of K would
-        self.groups = -(-k_total // BLOCK)
-        straddles = layout.k_offset != 0 or (layout.k_offset + layout.k_local) % BLOCK != 0
-        self.sync_amax = straddles and layout.k_local != k_total
+        self.layout, self.k_total = layout, k_total
+        self.sync_amax = straddles_ranks(layout, k_total)
         self.gemm: Fp8Gemm = w8a8_reference  # bound by bind_fp8_gemm
         device = cast(Tensor, layer.weight).device
-        weight = torch.zeros(layout.n, layout.k_padded, dtype=FP8_DTYPE, device=device)
-        scale = torch.ones(layout.scale_rows, layout.k_blocks, dtype=torch.float32, device=device)
-        layer.weight = nn.Parameter(weight, requires_grad=False)
-        layer.weight_scale_inv = nn.Parameter(scale, requires_grad=False)
-        # logical_shape: what loader.checkpoint_shape scales to the checkpoint's; unquantized: quantized here
-        set_loader_attrs(
-            layer.weight, logical_shape=logical_shape, checkpoint_dtypes=("F8_E4M3", "F32", "F16", "BF16")
-        )
-        # block_scale: its checkpoint shape is the weight's in 128 blocks
-        set_loader_attrs(
-            layer.weight_scale_inv,
-            logical_shape=logical_shape,
-            block_scale=True,
-            checkpoint_dtypes=("F32", "BF16"),
+        layer.weight, layer.weight_scale_inv = fp8_parameters(
+            (layout.n, layout.k_padded), (layout.scale_rows, layout.k_blocks), logical_shape, device
         )
 
     def load_weight(self, weight: Tensor, scale: Tensor, loaded, rows: tuple[int, int, int]) -> None:
         """Copies a checkpoint tensor's rows (local offset, size, checkpoint start) and this rank's columns;
         an unquantized one is quantized whole first (the published rule), with its scales."""
-        if str(getattr(loaded, "dtype", None) or loaded.get_dtype()) not in (
-            "F8_E4M3",
-            "torch.float8_e4m3fn",
-        ):
+        if not is_fp8(loaded):
             q, s = quantize_weight(loaded[:].to(weight.device))
             set_loader_attrs(scale, quantized_here=True)  # the loader expects no checkpoint scales for it
             self.load_weight(weight, scale, q, rows)
             self.load_scale(scale, s, rows)
             return
-        layout, (offset, size, start) = self.layout, rows
-        k0, k = layout.k_start, layout.k_local
-        weight.data[offset : offset + size, layout.k_offset : layout.k_offset + k].copy_(
-            loaded[start : start + size, k0 : k0 + k]
-        )
+        copy_weight_rows(weight.data, loaded, self.layout, rows)
 
     def load_scale(self, scale: Tensor, loaded, rows: tuple[int, int, int]) -> None:
-        layout, (offset, size, start) = self.layout, rows
-        local, ckpt_rows = scale_rows_index(layout, offset, size, start)
-        first, last = int(ckpt_rows[0]), int(ckpt_rows[-1])
-        col = layout.k_start // BLOCK
-        block = loaded[first : last + 1, col : col + layout.k_blocks].to(scale.device, torch.float32)
-        scale.data[local].copy_(block[(ckpt_rows - first).to(block.device)])
+        copy_scale_rows(scale.data, loaded, self.layout, rows)
 
     @torch.no_grad()
     def fill_dummy(
-        self, weight: Tensor, scale: Tensor, generator: torch.Generator, dtype: torch.dtype
+        self, name: str, weight: Tensor, scale: Tensor, generator: torch.Generator, dtype: torch.dtype
     ) -> None:
-        """Random weights drawn as an unquantized layer draws them, quantized in this rank's blocks."""
-        layout = self.layout
-        dense = torch.empty(layout.n, layout.k_local, dtype=dtype, device=weight.device)
-        dense.uniform_(-0.02, 0.02, generator=generator)
-        padded = torch.zeros(layout.n, layout.k_padded, dtype=torch.float32, device=weight.device)
-        padded[:, layout.k_offset : layout.k_offset + layout.k_local] = dense
-        q, s = quantize_weight(padded)
-        weight.copy_(q)
-        scale.copy_(s.repeat_interleave(BLOCK, 0)[: layout.n : layout.row_block])
+        """Random weights drawn as an unquantized layer draws them, quantized in this rank's blocks (`name`:
+        which fp8 weight of the layer; a linear layer has one)."""
+        q, s = quantized_dummy(self.layout, 1, generator, dtype, weight.device)
+        weight.copy_(q[0])
+        scale.copy_(s[0])
 
     def forward(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
-        amax = self.shared_amax(x) if self.sync_amax else None
+        amax = shared_amax(x, self.layout, self.k_total) if self.sync_amax else None
         return self.gemm(x, weight, scale, self.layout, bias, amax)
 
-    def shared_amax(self, x: Tensor) -> Tensor:
-        """Per token and 128-group of this shard, the group's amax over every rank's part of it."""
-        layout, first = self.layout, self.layout.k_start // BLOCK
-        whole = x.new_zeros(x.shape[:-1].numel(), self.groups, dtype=torch.float32)
-        whole[:, first : first + layout.k_blocks] = group_amax(x.reshape(-1, layout.k_local), layout)
-        return all_reduce_max(whole)[:, first : first + layout.k_blocks].contiguous()
+
+DUMMY_EXPERTS_AT_ONCE = 16
+
+
+class Fp8Experts:
+    """What a MoE layer's experts (layers/fused_moe.py) hold in fp8: per expert, w13 [2 * inter, hidden] laid
+    out as a fused column-parallel gate/up projection and w2 [hidden, inter] as a row-parallel one (a TP
+    shard of inter at its offset inside the checkpoint's 128-blocks), each with its block scales
+    `w13_scale_inv` [experts, scale rows, K blocks] and `w2_scale_inv`."""
+
+    scale_of = {"w13": "w13_scale_inv", "w2": "w2_scale_inv"}  # each fp8 parameter's scales
+
+    def __init__(self, layer: nn.Module, hidden: int, inter: int, inter_start: int, inter_total: int):
+        self.layouts = {
+            "w13": layout_for(2 * inter, hidden, 0, [inter, inter]),
+            "w2": layout_for(hidden, inter, inter_start, [hidden]),
+        }
+        self.inter_total = inter_total
+        self.sync_amax = straddles_ranks(self.layouts["w2"], inter_total)
+        experts, device = cast(Tensor, layer.w13).shape[0], cast(Tensor, layer.w13).device
+        logical = {"w13": [2 * inter, hidden], "w2": [hidden, inter]}
+        for name, layout in self.layouts.items():
+            weight, scale = fp8_parameters(
+                (experts, layout.n, layout.k_padded),
+                (experts, layout.scale_rows, layout.k_blocks),
+                logical[name],
+                device,
+            )
+            setattr(layer, name, weight)
+            setattr(layer, self.scale_of[name], scale)
+
+    def load_weight(self, name: str, weight: Tensor, loaded, rows: tuple[int, int, int]) -> Tensor | None:
+        """Copies one expert's checkpoint tensor (its rows and this rank's columns) into that expert's
+        `weight` [n, k_padded]; an unquantized one is quantized whole first (the published rule): its
+        scales, in the checkpoint's blocks, are returned for load_scale."""
+        if is_fp8(loaded):
+            copy_weight_rows(weight, loaded, self.layouts[name], rows)
+            return None
+        q, s = quantize_weight(loaded[:].to(weight.device))
+        copy_weight_rows(weight, q, self.layouts[name], rows)
+        return s
+
+    def load_scale(self, name: str, scale: Tensor, loaded, rows: tuple[int, int, int]) -> None:
+        copy_scale_rows(scale, loaded, self.layouts[name], rows)
+
+    @torch.no_grad()
+    def fill_dummy(
+        self, name: str, weight: Tensor, scale: Tensor, generator: torch.Generator, dtype: torch.dtype
+    ) -> None:
+        """Each expert's random weights drawn and quantized as a linear layer's (a few experts at a time:
+        the float32 copy of a layer's experts would take gigabytes)."""
+        for first in range(0, weight.shape[0], DUMMY_EXPERTS_AT_ONCE):
+            count = min(DUMMY_EXPERTS_AT_ONCE, weight.shape[0] - first)
+            q, s = quantized_dummy(self.layouts[name], count, generator, dtype, weight.device)
+            weight[first : first + count].copy_(q)
+            scale[first : first + count].copy_(s)
+
+    def down_amax(self, act: Tensor) -> Tensor | None:
+        """The down projection's activation amax per slot and group, shared over the ranks where a TP
+        shard's groups straddle them; None where each rank's groups are its own."""
+        return shared_amax(act, self.layouts["w2"], self.inter_total) if self.sync_amax else None
 
 
 def bind_fp8_gemm(model: nn.Module, gemm: Fp8Gemm) -> None:
@@ -191,7 +294,8 @@ def bind_fp8_gemm(model: nn.Module, gemm: Fp8Gemm) -> None:
 
 
 def weight_quantization(model: nn.Module) -> tuple[str, str]:
-    """(the weights' format, 'fp8' or 'none'; the fp8 GEMM bound: triton, triton+cublas, torch or '')."""
+    """(the weights' format, 'fp8' or 'none'; the fp8 GEMM bound: triton, triton+cublas, torch or ''). A MoE
+    model's experts are fp8 whenever its linear layers are (their kernels: the runner's moe_kernel)."""
     fp8s = [fp8 for m in model.modules() if isinstance(fp8 := getattr(m, "fp8", None), Fp8Weights)]
     gemms = {fp8.gemm.__name__ for fp8 in fp8s}
     names = {"w8a8_reference": "torch", "fp8_linear": "triton", "cublas_fp8_linear": "triton+cublas"}

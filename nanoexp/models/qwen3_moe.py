@@ -15,7 +15,7 @@ from nanoexp.layers.linear import ReplicatedLinear
 from nanoexp.layers.norm import RMSNorm
 from nanoexp.models.qwen3 import Qwen3ForCausalLM, dense_mlp
 
-EXPERT_TENSOR = re.compile(r"\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+EXPERT_TENSOR = re.compile(r"\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight(_scale_inv)?$")
 
 
 def is_sparse_layer(config: PretrainedConfig, layer: int) -> bool:
@@ -56,10 +56,11 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
     @staticmethod
     def checkpoint_target(name: str) -> tuple[str, tuple] | None:
-        """An expert's gate/up/down tensor -> (the fused parameter, (expert, shard)); None for the others."""
+        """An expert's gate/up/down tensor (or an fp8 one's block scales) -> (the fused parameter, (expert,
+        shard)); None for the others."""
         match = EXPERT_TENSOR.search(name)
         if match is None:
             return None
-        expert, shard = int(match.group(1)), match.group(2)
-        param = "w2" if shard == "down" else "w13"
+        expert, shard, scales = int(match.group(1)), match.group(2), match.group(3) or ""
+        param = ("w2" if shard == "down" else "w13") + scales
         return f"{name[: match.start()]}.mlp.experts.{param}", (expert, shard)

@@ -18,7 +18,6 @@ from nanoexp.kernels import pdl
 from nanoexp.kernels.select import triton_available
 from nanoexp.layers.attention import attention_layers
 from nanoexp.layers.compiled import use_compiled
-from nanoexp.layers.fused_moe import moe_layers
 from nanoexp.layers.quantization import weight_quantization
 from nanoexp.layers.sampler import Sampler, SamplingTensors, flag_non_finite, pick_shard_winner
 from nanoexp.runner.cuda_graphs import MAX_GRAPH_BATCH, MAX_STEP_GRAPH_TOKENS, DecodeGraphs, StepGraphs
@@ -137,11 +136,8 @@ class ModelRunner:
         return graphs if graphs is not None and step.num_tokens <= graphs.max_tokens else None
 
     def weight_format(self) -> dict:
-        """weight_quantization ('fp8', 'none', or 'fp8, experts unquantized': a MoE model's experts have no
-        fp8 path, and they are most of its bytes) and the fp8 GEMM bound."""
+        """weight_quantization ('fp8' or 'none'; a MoE model's experts included) and the fp8 GEMM bound."""
         fmt, gemm = weight_quantization(self.model)
-        if fmt == "fp8" and moe_layers(self.model):
-            fmt = "fp8, experts unquantized"
         return {"weight_quantization": fmt, "fp8_gemm": gemm}
 
     def info(self) -> RunnerInfo:

@@ -162,8 +162,11 @@ def pick_dtype(choice: str, hf_config: PretrainedConfig, device: torch.device) -
 def warn_unvalidated_gpu_paths(cls: type, quantization: str) -> None:
     """The GPU paths whose tests do not pass yet on an H100 (experiments/moe/, experiments/fp8/) say so
     at start-up, so no result of theirs is taken as checked."""
-    unchecked = (["Qwen3-MoE's Triton experts"] if "Moe" in cls.__name__ else []) + (
-        ["fp8 weight GEMMs"] if quantization == "fp8" else []
+    moe, fp8 = "Moe" in cls.__name__, quantization == "fp8"
+    unchecked = (
+        (["Qwen3-MoE's Triton experts"] if moe else [])
+        + (["fp8 weight GEMMs"] if fp8 else [])
+        + (["fp8 MoE experts"] if moe and fp8 else [])
     )
     if unchecked:
         logging.getLogger(__name__).warning(
@@ -193,12 +196,6 @@ def build_model(
             model = cls(hf_config, max_model_len, config.parallel.expert_parallel).eval()
     finally:
         torch.set_default_dtype(previous)
-    if weight_quantization(config.model, hf_config) == "fp8" and moe_layers(model):
-        logging.getLogger(__name__).warning(
-            "quantization=fp8: the MoE experts stay in %s (they have no fp8 path yet); the attention and "
-            "dense projections are fp8",
-            str(dtype).removeprefix("torch."),
-        )
     if config.model.load_format == "dummy":
         init_dummy(model, config.execution.seed)
     else:
@@ -231,11 +228,13 @@ def check_weights_fit(
     fixes = [f"parallel.tensor_parallel_size={fits[0]}" if fits else "more GPUs than 16"]
     if dtype.itemsize > 2:
         fixes.append("model.dtype=bfloat16 (half the bytes)")
-    if quantization == "none" and not getattr(hf_config, "num_experts", 0):  # experts stay unquantized
+    if quantization == "none":
         fixes.append("model.quantization=fp8 (about half the bytes of bf16)")
     name = config.model.path or (hf_config.architectures or ["the model"])[0]
+    dtype_name = str(dtype).removeprefix("torch.")
+    weights = dtype_name if quantization == "none" else f"{quantization} ({dtype_name} elsewhere)"
     raise ValueError(
-        f"model {name} does not fit: its {str(dtype).removeprefix('torch.')} weights take "
+        f"model {name} does not fit: its {weights} weights take "
         f"{need / 2**30:.1f} GiB on each of {size} rank(s), the GPU has {free / 2**30:.1f} GiB free; "
         f"would fit: {' or '.join(fixes)}"
     )

@@ -254,14 +254,3 @@ def test_triton_moe_path_in_the_engine_matches_transformers(moe_checkpoints, mon
     for prompt, tokens in zip(prompts, [outputs[i] for i in sorted(outputs)], strict=True):
         assert tokens == moe_checkpoints.reference(name, prompt, 6), f"prompt length {len(prompt)}"
     assert all((s.expert_load.sum(axis=1) == s.num_tokens * 2).all() for s in steps)
-
-
-def test_fp8_on_a_moe_model_says_its_experts_stay_unquantized(moe_checkpoints, caplog):
-    """Online fp8 quantizes the attention and dense projections only: the results must not say plain
-    "fp8" of a model whose experts (most of its bytes) are not, and the start-up says so once."""
-    with caplog.at_level("WARNING", logger="nanoexp.runner.model_setup"):
-        with LLM(moe_checkpoints["moe_e8_top2"][0], device="cpu", quantization="fp8") as llm:
-            stats = llm.stats()
-    assert stats["weight_quantization"] == "fp8, experts unquantized"
-    warned = [r.getMessage() for r in caplog.records if "experts stay" in r.getMessage()]
-    assert len(warned) == 1 and warned[0].startswith("quantization=fp8: the MoE experts stay in")

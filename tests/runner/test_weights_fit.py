@@ -21,7 +21,7 @@ def config_for(model: str, **kwargs) -> EngineConfig:
     return EngineConfig.from_kwargs(None, load_format="dummy", hf_config=arch, **kwargs)
 
 
-# fp8 is offered only where it exists for most of the bytes: a MoE model's experts have no fp8 path
+# fp8 weights are offered to every model (a MoE model's experts included) that is not fp8 already
 @pytest.mark.parametrize(
     "model,dtype,tp,message",
     [
@@ -31,7 +31,8 @@ def config_for(model: str, **kwargs) -> EngineConfig:
             1,
             "model Qwen3MoeForCausalLM does not fit: its bfloat16 weights take 56.9 GiB "
             "on each of 1 rank(s), "
-            "the GPU has 40.0 GiB free; would fit: parallel.tensor_parallel_size=2",
+            "the GPU has 40.0 GiB free; would fit: parallel.tensor_parallel_size=2 or model.quantization=fp8 "
+            "(about half the bytes of bf16)",
         ),
         (
             "qwen3_30b_a3b",
@@ -40,7 +41,7 @@ def config_for(model: str, **kwargs) -> EngineConfig:
             "model Qwen3MoeForCausalLM does not fit: its float32 weights take 113.7 GiB "
             "on each of 1 rank(s), "
             "the GPU has 40.0 GiB free; would fit: parallel.tensor_parallel_size=4 or model.dtype=bfloat16 "
-            "(half the bytes)",
+            "(half the bytes) or model.quantization=fp8 (about half the bytes of bf16)",
         ),
         (
             "qwen3_32b",
@@ -69,3 +70,20 @@ def test_weights_that_fit_pass(monkeypatch):
     check_weights_fit(
         config, hf_config, model_class(hf_config), torch.bfloat16, torch.device("cuda", 0), 4096
     )
+
+
+def test_fp8_experts_make_qwen3_30b_a3b_fit_one_40_gib_gpu(monkeypatch):
+    """In fp8 its experts take a byte a weight: the 56.9 GiB of bf16 weights become about 29."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * 2**30, 80 * 2**30))
+    config = config_for("qwen3_30b_a3b", quantization="fp8")
+    hf_config = load_hf_config(None, config.model.arch)
+    check_weights_fit(
+        config, hf_config, model_class(hf_config), torch.bfloat16, torch.device("cuda", 0), 4096
+    )
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (25 * 2**30, 80 * 2**30))
+    with pytest.raises(
+        ValueError, match=r"its fp8 \(bfloat16 elsewhere\) weights take 29\.0 GiB on each of 1 rank"
+    ):
+        check_weights_fit(
+            config, hf_config, model_class(hf_config), torch.bfloat16, torch.device("cuda", 0), 4096
+        )
