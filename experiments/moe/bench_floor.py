@@ -1,21 +1,71 @@
-import csv,sys,json
-BW=3.0e12; FL=989e12
-L=48; EXP_B=3*768*2048*2; ATT_B=(4096*2048*2+512*2048*2)*2; ROUTER_B=128*2048*2; HEAD_B=151936*2048*2; KV_TOK=L*4*128*2*2
-ACTIVE=L*(4096*2048*2+512*2048*2 + 8*3*768*2048 + 128*2048)
-def floor_decode(n): 
-    e=128*(1-(120/128)**n)
-    return (L*(e*EXP_B+ATT_B+ROUTER_B)+HEAD_B)
-d=sys.argv[1]
-steps=list(csv.DictReader(open(d+"/steps.csv"))); reqs=list(csv.DictReader(open(d+"/requests.csv")))
-w=0; t_dec=0; t_pre=0; f_pre=0; ndec=0
-for s in steps:
-    t=float(s["step_time_ms"])/1e3
-    if s["phase"]=="decode": w+=floor_decode(int(s["num_seqs"])); t_dec+=t; ndec+=1
-    else:
-        n=int(s["num_prefill_tokens"]); f_pre+=2*n*ACTIVE; t_pre+=t
-kv=sum((int(r["output_len"])-1)*int(r["prompt_len"])+(int(r["output_len"])-1)*int(r["output_len"])/2 for r in reqs)*KV_TOK
-# prefill attention flops (causal, full prompt each request): 4*heads*hd*S^2/2 per layer
-att=sum(L*4*32*128*int(r["prompt_len"])**2/2 for r in reqs)
-out=sum(int(r["output_len"]) for r in reqs)
-fd=(w+kv)/BW; fp=(f_pre+att)/FL
-print(f"{d}: {len(reqs)} req, {out} output tok, {ndec} decode steps: measured decode {t_dec:.2f} s vs floor {fd:.2f} s ({t_dec/fd:.2f}x; weights {w/1e9:.0f} GB, KV {kv/1e9:.1f} GB); prefill {t_pre:.3f} s vs FLOP floor {fp:.3f} s ({t_pre/fp:.1f}x); all steps {t_dec+t_pre:.2f} s vs {fd+fp:.2f} s ({(t_dec+t_pre)/(fd+fp):.2f}x); output tok/s at the floor {out/(fd+fp):.0f}")
+"""The floor of the steps a Qwen3-30B-A3B job actually ran, from its steps.csv and requests.csv:
+
+    python experiments/moe/bench_floor.py <job dir>
+
+Each decode step of n sequences reads the attention weights, the routers, the LM head and the experts its
+tokens touch (128 x (1 - (120/128)^n) a layer on average), at BANDWIDTH; each request's decode steps read
+its whole context's KV; prefill steps are FLOPs at PEAK_FLOPS (2 x the active parameters a token, plus
+causal attention). H100 numbers (DESIGN.md)."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+BANDWIDTH, PEAK_FLOPS = 3.0e12, 989e12
+LAYERS, HIDDEN, EXPERTS, TOP_K, EXPERT_INTER, VOCAB = 48, 2048, 128, 8, 768, 151936
+Q_DIM, KV_DIM, HEADS, HEAD_DIM, KV_HEADS = 4096, 512, 32, 128, 4
+ATTENTION_BYTES = (2 * Q_DIM * HIDDEN + 2 * KV_DIM * HIDDEN) * 2
+EXPERT_BYTES = 3 * EXPERT_INTER * HIDDEN * 2
+ROUTER_BYTES = EXPERTS * HIDDEN * 2
+HEAD_BYTES = VOCAB * HIDDEN * 2
+KV_BYTES_PER_TOKEN = LAYERS * KV_HEADS * HEAD_DIM * 2 * 2
+ACTIVE_PARAMS = LAYERS * (
+    2 * Q_DIM * HIDDEN + 2 * KV_DIM * HIDDEN + TOP_K * 3 * EXPERT_INTER * HIDDEN + EXPERTS * HIDDEN
+)
+
+
+def decode_weight_bytes(seqs: int) -> float:
+    touched = EXPERTS * (1 - (1 - TOP_K / EXPERTS) ** seqs)
+    return LAYERS * (touched * EXPERT_BYTES + ATTENTION_BYTES + ROUTER_BYTES) + HEAD_BYTES
+
+
+def kv_bytes(prompt: int, output: int) -> float:
+    """The KV a request's decode steps read: its context at each of its output_len - 1 decode steps."""
+    steps = output - 1
+    return (steps * prompt + steps * output / 2) * KV_BYTES_PER_TOKEN
+
+
+def main(job: Path) -> None:
+    steps = list(csv.DictReader(open(job / "steps.csv")))
+    requests = list(csv.DictReader(open(job / "requests.csv")))
+    decode = [s for s in steps if s["phase"] == "decode"]
+    prefill = [s for s in steps if s["phase"] != "decode"]
+    weights = sum(decode_weight_bytes(int(s["num_seqs"])) for s in decode)
+    kv = sum(kv_bytes(int(r["prompt_len"]), int(r["output_len"])) for r in requests)
+    attention_flops = sum(LAYERS * 4 * HEADS * HEAD_DIM * int(r["prompt_len"]) ** 2 / 2 for r in requests)
+    linear_flops = sum(2 * int(s["num_prefill_tokens"]) * ACTIVE_PARAMS for s in prefill)
+    decode_s = sum(float(s["step_time_ms"]) for s in decode) / 1e3
+    prefill_s = sum(float(s["step_time_ms"]) for s in prefill) / 1e3
+    decode_floor = (weights + kv) / BANDWIDTH
+    prefill_floor = (linear_flops + attention_flops) / PEAK_FLOPS
+    output = sum(int(r["output_len"]) for r in requests)
+    print(f"{job}: {len(requests)} requests, {output} output tokens, {len(decode)} decode steps")
+    print(
+        f"  decode {decode_s:.2f} s against {decode_floor:.2f} s ({decode_s / decode_floor:.2f}x; "
+        f"weights {weights / 1e9:.0f} GB, KV {kv / 1e9:.1f} GB read)"
+    )
+    print(
+        f"  prefill {prefill_s:.3f} s against {prefill_floor:.3f} s of FLOPs "
+        f"({prefill_s / prefill_floor:.1f}x)"
+    )
+    total, floor = decode_s + prefill_s, decode_floor + prefill_floor
+    print(
+        f"  all steps {total:.2f} s against {floor:.2f} s ({total / floor:.2f}x); "
+        f"output tok/s at the floor {output / floor:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
