@@ -377,7 +377,8 @@ def fp8_matmul(
     if uses_gemv(m, n, config):
         _gemv(xq, xs, weight, scale, layout, y, False, config if isinstance(config, GemvConfig) else None)
     else:
-        _gemm(xq, xs, weight, scale, layout, y, False, config or default_gemm_config(m, n))
+        gemm = config if isinstance(config, GemmConfig) else default_gemm_config(m, n)
+        _gemm(xq, xs, weight, scale, layout, y, False, gemm)
     return y
 
 

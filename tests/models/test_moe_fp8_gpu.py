@@ -68,9 +68,7 @@ def test_gpu_fp8_moe_follows_the_w8a8_reference(fp8_moe_checkpoint, path_name):
 
 @pytest.mark.gpu_quick
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
-def test_gpu_fp8_moe_log_probs_stay_within_half_of_what_activation_rounding_moves(
-    fp8_moe_checkpoint, eager
-):
+def test_gpu_fp8_moe_log_probs_stay_within_half_of_what_activation_rounding_moves(fp8_moe_checkpoint, eager):
     prompt_list = prompts()
     with LLM(fp8_moe_checkpoint, **(ENGINE | dict(enforce_eager=eager))) as llm:
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
