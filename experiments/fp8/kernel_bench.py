@@ -36,7 +36,15 @@ CANDIDATES = {
         GemvConfig(32, 4, 8, split_k=4),
         GemvConfig(8, 4, 4, split_k=2),
         GemmConfig(16, 32, 4, 4),  # the tensor-core kernel at one row (rows padded to 16)
+        GemmConfig(16, 64, 4, 6),  # the engine's for layers of >= 6,144 rows (WIDE_ROW_GEMM)
+        GemmConfig(16, 64, 4, 8),
+        GemmConfig(16, 128, 4, 4),
+        GemmConfig(16, 64, 4, 6, quantize_a=True),  # and no quantization launch before it
+    ],
+    4: [
+        GemmConfig(16, 32, 4, 4),  # the engine's default at 2-64 rows
         GemmConfig(16, 64, 4, 6),
+        GemmConfig(16, 64, 4, 6, quantize_a=True),
     ],
     16: [
         GemmConfig(16, 32, 4, 4),
