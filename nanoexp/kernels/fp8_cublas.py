@@ -12,7 +12,15 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from nanoexp.kernels.fp8_reference import BLOCK, Fp8Layout, quantize_weight, w8a8_reference
+from nanoexp.kernels import triton_fp8
+from nanoexp.kernels.fp8_reference import (
+    BLOCK,
+    ActivationFormat,
+    Fp8Layout,
+    QuantizedActivation,
+    quantize_weight,
+    w8a8_reference,
+)
 from nanoexp.kernels.triton_fp8 import fp8_linear, quantize_activation
 
 log = logging.getLogger(__name__)
@@ -27,23 +35,38 @@ def takes(layout: Fp8Layout, rows: int, dtype: torch.dtype, amax) -> bool:
     return rows >= MIN_ROWS and aligned and shaped and dtype == torch.bfloat16 and amax is None
 
 
+def activation_format(layout: Fp8Layout, tokens: int, dtype: torch.dtype) -> ActivationFormat:
+    """What cublas_fp8_linear reads for `tokens` rows: M-major scales, rows padded to ROW_MULTIPLE, where
+    cuBLAS takes them; else the Triton kernels' format."""
+    if takes(layout, tokens, dtype, None):
+        return ActivationFormat(layout, -(-tokens // ROW_MULTIPLE) * ROW_MULTIPLE, m_major=True)
+    return triton_fp8.activation_format(layout, tokens, dtype)
+
+
 def cublas_fp8_linear(
-    x: torch.Tensor,
+    x: torch.Tensor | QuantizedActivation,
     weight: torch.Tensor,
     scale: torch.Tensor,
     layout: Fp8Layout,
     bias: torch.Tensor | None = None,
     amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """triton_fp8.fp8_linear's result; prefill-sized bf16 rows through cuBLAS."""
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, layout.k_local)
-    if not takes(layout, x2.shape[0], x.dtype, amax):
+    """triton_fp8.fp8_linear's result; prefill-sized bf16 rows through cuBLAS (x quantized here, or by its
+    producer in activation_format's layout)."""
+    tokens = x.tokens if isinstance(x, QuantizedActivation) else x.shape[:-1].numel()
+    if not takes(layout, tokens, x.dtype, amax):
         return fp8_linear(x, weight, scale, layout, bias, amax)
-    rows = -(-x2.shape[0] // ROW_MULTIPLE) * ROW_MULTIPLE
-    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
-    xq, xs = quantize_activation(x2, layout, scales_m_major=True, rows=rows)
-    y = scaled_mm(xq, weight, xs, scale, x.dtype)[: x2.shape[0]]
+    if isinstance(x, QuantizedActivation):
+        if x.fmt != activation_format(layout, tokens, x.dtype):  # not this GEMM's layout: the Triton one
+            return fp8_linear(x, weight, scale, layout, bias)
+        xq, xs, dtype, lead = x.q, x.scales, x.dtype, x.shape[:-1]
+    else:
+        lead, dtype = x.shape[:-1], x.dtype
+        x2 = x.reshape(-1, layout.k_local)
+        x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+        rows = activation_format(layout, tokens, x.dtype).rows
+        xq, xs = quantize_activation(x2, layout, scales_m_major=True, rows=rows)
+    y = scaled_mm(xq, weight, xs, scale, dtype)[:tokens]
     if bias is not None:
         y = y + bias
     return y.view(*lead, layout.n)

@@ -48,6 +48,40 @@ class Fp8Layout:
         return -(-self.n // self.row_block)
 
 
+@dataclass(frozen=True)
+class ActivationFormat:
+    """How an fp8 linear layer reads its input quantized: e4m3 [rows, layout.k_padded] and float32 scales
+    [rows, layout.k_blocks], stored M-major (a transposed view, as cuBLAS's block-scaled GEMM reads them)
+    or row-major (the Triton kernels'); rows >= the token count, the rows past it zeros (cuBLAS takes
+    M-major scales of whole multiples of rows only)."""
+
+    layout: Fp8Layout
+    rows: int
+    m_major: bool
+
+
+@dataclass(frozen=True)
+class QuantizedActivation:
+    """An fp8 linear layer's input, quantized by its producer (a norm or SwiGLU kernel) in `fmt`: q, scales
+    as ActivationFormat says; dtype and shape [..., k_local] those of the unquantized activation (the
+    layer's output takes its dtype and leading dims)."""
+
+    q: Tensor
+    scales: Tensor
+    fmt: ActivationFormat
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def tokens(self) -> int:
+        return math.prod(self.shape[:-1])
+
+    def row_major(self) -> tuple[Tensor, Tensor]:
+        """(q, scales) of the tokens' rows, the scales row-major."""
+        q, scales = self.q[: self.tokens], self.scales[: self.tokens]
+        return q, scales.contiguous() if self.fmt.m_major else scales
+
+
 def quantize_weight(w: Tensor) -> tuple[Tensor, Tensor]:
     """The published rule, per 128 x 128 block (ragged edge blocks included): scale = 448 / amax (1 for
     an all-zero block), weight = clamp(w * scale) in e4m3, weight_scale_inv = 1 / scale (float32)."""
@@ -93,7 +127,7 @@ def expand_scale(scale: Tensor, layout: Fp8Layout) -> Tensor:
 
 
 def w8a8_reference(
-    x: Tensor,
+    x: Tensor | QuantizedActivation,
     weight: Tensor,
     scale: Tensor,
     layout: Fp8Layout,
@@ -101,18 +135,38 @@ def w8a8_reference(
     amax: Tensor | None = None,
 ) -> Tensor:
     """x [..., k_local] @ dequant(weight)^T in the W8A8 arithmetic: per-block products of the quantized
-    operands times both scales, summed in float32, rounded to x's dtype, then + bias."""
-    lead, m = x.shape[:-1], math.prod(x.shape[:-1])
-    xq, xs = quantize_activation(x.reshape(m, layout.k_local), layout, amax)
-    kb = layout.k_blocks
+    operands times both scales, summed in float32, rounded to x's dtype, then + bias. x may come quantized
+    (then `amax` is unused)."""
+    if isinstance(x, QuantizedActivation):
+        (xq, xs), lead, dtype = x.row_major(), x.shape[:-1], x.dtype
+    else:
+        lead, dtype = x.shape[:-1], x.dtype
+        xq, xs = quantize_activation(x.reshape(math.prod(lead), layout.k_local), layout, amax)
+    m, kb = math.prod(lead), layout.k_blocks
     xd = (xq.float().view(m, kb, BLOCK) * xs[..., None]).view(m, -1)
     wd = (weight.float().view(layout.n, kb, BLOCK) * expand_scale(scale, layout)[..., None]).view(
         layout.n, -1
     )
-    y = (xd @ wd.T).to(x.dtype)
+    y = (xd @ wd.T).to(dtype)
     if bias is not None:
         y = y + bias
     return y.view(*lead, layout.n)
 
 
-Fp8Gemm = Callable[[Tensor, Tensor, Tensor, Fp8Layout, Tensor | None, Tensor | None], Tensor]
+Fp8Gemm = Callable[
+    [Tensor | QuantizedActivation, Tensor, Tensor, Fp8Layout, Tensor | None, Tensor | None], Tensor
+]
+
+
+@dataclass(frozen=True)
+class Fp8InputKernels:
+    """The producers that hand an fp8 linear layer its input quantized (kernels/triton_fp8_inputs.py), and
+    the format the bound GEMM reads for a token count and dtype."""
+
+    activation_format: Callable[[Fp8Layout, int, torch.dtype], ActivationFormat]
+    # (x, residual or None, norm weight, eps, format) -> (norm(x + residual) quantized, x + residual)
+    rms_norm: Callable[
+        [Tensor, Tensor | None, Tensor, float, ActivationFormat], tuple[QuantizedActivation, Tensor]
+    ]
+    # ([gate | up], format) -> silu(gate) * up quantized
+    silu_and_mul: Callable[[Tensor, ActivationFormat], QuantizedActivation]

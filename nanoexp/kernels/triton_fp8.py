@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from nanoexp.kernels.base import num_sms
-from nanoexp.kernels.fp8_reference import ACT_EPS, FP8_MAX, Fp8Layout
+from nanoexp.kernels.fp8_reference import ACT_EPS, FP8_MAX, ActivationFormat, Fp8Layout, QuantizedActivation
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_pdl import wait_for_previous
 
@@ -54,6 +54,21 @@ def _round_to_e4m3(v):
     return ((v / step + magic) - magic) * step
 
 
+@triton.jit
+def store_quantized(
+    x, amax, live, row, groups, KB, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, eps, fp8_max
+):
+    """x [G, 128] in fp32 (zeros outside the layer's K) quantized per group of the padded layout with the
+    groups' amax [G]: scale = max(amax, eps) / 448, q = x / scale, stored at `row`; a padding row (`live`
+    false, x zeros) stores zeros, its scales too."""
+    scale = tl.maximum(amax, eps) / fp8_max
+    q = _round_to_e4m3(tl.clamp(x / scale[:, None], -fp8_max, fp8_max))
+    group_mask = groups < KB
+    padded = groups[:, None] * 128 + tl.arange(0, 128)[None, :]
+    tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty), mask=group_mask[:, None])
+    tl.store(s_ptr + row * stride_sm + groups * stride_sg, tl.where(live, scale, 0.0), mask=group_mask)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _quantize_groups_kernel(
     x_ptr,
@@ -74,24 +89,23 @@ def _quantize_groups_kernel(
     HAS_AMAX: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """One program per row and GROUPS 128-groups of the padded layout: scale = max(amax, eps) / 448,
-    q = x / scale; HAS_AMAX: the groups' amax is given ([M, k_blocks] like the scales)."""
+    """One program per output row and GROUPS 128-groups of the padded layout (rows past M: zeros);
+    HAS_AMAX: the groups' amax is given ([M, k_blocks] like the scales)."""
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
+    live = row < M
     groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
-    group_mask = groups < KB
     padded = groups[:, None] * 128 + tl.arange(0, 128)[None, :]
     local = padded - K_OFFSET
-    mask = (local >= 0) & (local < K_LOCAL)
+    mask = (local >= 0) & (local < K_LOCAL) & live
     x = tl.load(x_ptr + row * stride_xm + local, mask=mask, other=0.0).to(tl.float32)
     if HAS_AMAX:  # contiguous [M, KB]
-        amax = tl.load(amax_ptr + row * KB + groups, mask=group_mask, other=0.0)
+        amax = tl.load(amax_ptr + row * KB + groups, mask=(groups < KB) & live, other=0.0)
     else:
         amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.maximum(amax, eps) / fp8_max
-    q = _round_to_e4m3(tl.clamp(x / scale[:, None], -fp8_max, fp8_max))
-    tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty), mask=group_mask[:, None])
-    tl.store(s_ptr + row * stride_sm + groups * stride_sg, scale, mask=group_mask)
+    store_quantized(
+        x, amax, live, row, groups, KB, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, eps, fp8_max
+    )
 
 
 @triton.jit
@@ -269,6 +283,24 @@ def _fp8_gemm_kernel(
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
 
+def activation_format(layout: Fp8Layout, tokens: int, dtype: torch.dtype) -> ActivationFormat:
+    """What the Triton GEMV and GEMM read: row-major scales, one row a token."""
+    return ActivationFormat(layout, tokens, m_major=False)
+
+
+def quantized_buffers(fmt: ActivationFormat, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialized e4m3 [rows, k_padded] and float32 scales [rows, k_blocks] in `fmt`'s layout."""
+    layout = fmt.layout
+    q = torch.empty(fmt.rows, layout.k_padded, dtype=torch.float8_e4m3fn, device=device)
+    if fmt.m_major:
+        return q, torch.empty(layout.k_blocks, fmt.rows, dtype=torch.float32, device=device).t()
+    return q, torch.empty(fmt.rows, layout.k_blocks, dtype=torch.float32, device=device)
+
+
+def groups_per_program(layout: Fp8Layout) -> int:
+    return min(QUANT_GROUPS, triton.next_power_of_2(layout.k_blocks))
+
+
 def quantize_activation(
     x: torch.Tensor,
     layout: Fp8Layout,
@@ -281,18 +313,11 @@ def quantize_activation(
     transposed view), as cuBLAS's block-scaled GEMM reads them. rows (>= M): the outputs' row count, the
     rows past M zeros (cuBLAS takes M-major scales whose row count is a multiple of 4 only)."""
     m = x.shape[0]
-    rows = m if rows is None else rows
-    q = torch.empty(rows, layout.k_padded, dtype=torch.float8_e4m3fn, device=x.device)
-    if scales_m_major:
-        s = torch.empty(layout.k_blocks, rows, dtype=torch.float32, device=x.device).t()
-    else:
-        s = torch.empty(rows, layout.k_blocks, dtype=torch.float32, device=x.device)
-    if rows > m:
-        q[m:].zero_()
-        s[m:].zero_()
-    groups = min(QUANT_GROUPS, triton.next_power_of_2(layout.k_blocks))
-    if m:
-        _quantize_groups_kernel[(m, triton.cdiv(layout.k_blocks, groups))](
+    fmt = ActivationFormat(layout, m if rows is None else rows, scales_m_major)
+    q, s = quantized_buffers(fmt, x.device)
+    groups = groups_per_program(layout)
+    if fmt.rows:
+        _quantize_groups_kernel[(fmt.rows, triton.cdiv(layout.k_blocks, groups))](
             x,
             amax if amax is not None else s,
             q,
@@ -460,7 +485,7 @@ def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
 
 
 def fp8_linear(
-    x: torch.Tensor,
+    x: torch.Tensor | QuantizedActivation,
     weight: torch.Tensor,
     scale: torch.Tensor,
     layout: Fp8Layout,
@@ -468,8 +493,13 @@ def fp8_linear(
     amax: torch.Tensor | None = None,
     config: GemvConfig | GemmConfig | None = None,
 ) -> torch.Tensor:
-    """x [..., k_local] -> [..., n]: quantize per token and group, then the GEMV or GEMM (+ bias after
-    rounding, as the reference). `amax` as in fp8_reference.quantize_activation; `config`: benchmarks."""
+    """x [..., k_local] -> [..., n]: quantize per token and group (unless x comes quantized), then the GEMV
+    or GEMM (+ bias after rounding, as the reference). `amax` as in fp8_reference.quantize_activation;
+    `config`: benchmarks."""
+    if isinstance(x, QuantizedActivation):
+        xq, xs = x.row_major()
+        y = fp8_matmul(xq, xs, weight, scale, layout, x.dtype, config)
+        return (y if bias is None else y + bias).view(*x.shape[:-1], layout.n)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, layout.k_local)
     if x2.stride(-1) != 1:

@@ -11,6 +11,13 @@ from nanoexp.kernels.triton_pdl import wait_for_previous
 
 
 @triton.jit
+def swiglu_values(gate, up, DT: tl.constexpr):
+    """silu(gate) * up in DT from fp32 operands, rounded as the torch ops round (returned in fp32)."""
+    act = (gate * tl.sigmoid(gate)).to(DT).to(tl.float32)  # F.silu's output dtype, as eager torch
+    return (act * up).to(DT).to(tl.float32)
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     x_ptr, out_ptr, stride_x, stride_out, width, BLOCK: tl.constexpr, PDL: tl.constexpr = False
 ):
@@ -22,8 +29,7 @@ def _silu_and_mul_kernel(
     DT = out_ptr.dtype.element_ty
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + width + cols, mask=mask, other=0.0).to(tl.float32)
-    act = (gate * tl.sigmoid(gate)).to(DT).to(tl.float32)  # F.silu's output dtype, as eager torch
-    tl.store(out_ptr + row * stride_out + cols, (act * up).to(DT), mask=mask)
+    tl.store(out_ptr + row * stride_out + cols, swiglu_values(gate, up, DT).to(DT), mask=mask)
 
 
 SWIGLU_BLOCK = 1024
