@@ -21,6 +21,7 @@ from nanoexp.kernels.flash_attn_backend import (
     FlashAttnBackend,
     flash_attn_available,
 )
+from nanoexp.kernels.fp8_reference import Fp8Gemm, Fp8InputKernels
 from nanoexp.kernels.self_check import check_backend, describe
 from nanoexp.kernels.torch_ref import TorchAttentionBackend
 
@@ -176,7 +177,7 @@ def make_moe_kernel(device: torch.device):
     return make_triton_moe(device)
 
 
-def make_fp8_gemm(choice: str, device: torch.device):
+def make_fp8_gemm(choice: str, device: torch.device) -> Fp8Gemm:
     """The block-scaled fp8 GEMM: the Triton kernels on CUDA (or `triton` under the interpreter), with
     cuBLAS's block-scaled GEMM for prefill-sized steps under `auto` where it passes its check; else the
     torch reference of the same arithmetic (`torch`, and CPUs)."""
@@ -190,3 +191,19 @@ def make_fp8_gemm(choice: str, device: torch.device):
     from nanoexp.kernels.triton_fp8 import fp8_linear
 
     return cublas_fp8_linear if choice == "auto" and blockwise_scaled_mm_works(device) else fp8_linear
+
+
+def make_fp8_input_kernels(gemm: Fp8Gemm) -> Fp8InputKernels | None:
+    """For the Triton fp8 GEMMs (and cuBLAS's beside them): the add + RMSNorm and SwiGLU kernels that emit
+    their input quantized, in the format the bound GEMM reads; None for the torch reference (CPUs)."""
+    from nanoexp.kernels import fp8_cublas, triton_fp8
+
+    if gemm is fp8_cublas.cublas_fp8_linear:
+        activation_format = fp8_cublas.activation_format
+    elif gemm is triton_fp8.fp8_linear:
+        activation_format = triton_fp8.activation_format
+    else:
+        return None
+    from nanoexp.kernels.triton_fp8_inputs import rms_norm_quantized, silu_and_mul_quantized
+
+    return Fp8InputKernels(activation_format, rms_norm_quantized, silu_and_mul_quantized)

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from nanoexp.distributed import all_reduce, tp_rank, tp_size
 from nanoexp.kernels.base import NormFirst
+from nanoexp.kernels.fp8_reference import ActivationFormat, Fp8InputKernels, QuantizedActivation
 from nanoexp.kernels.select import SkinnyGemm
 from nanoexp.layers.activation import SiluAndMul
 from nanoexp.layers.norm import RMSNorm
@@ -81,12 +82,13 @@ class LinearBase(nn.Module):
         sharded = self.tp_dim < len(shape_of(loaded))  # a row-parallel layer's bias is whole
         param.data.copy_(self.shard_of(loaded, self.tp_dim) if sharded else loaded[:])
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | QuantizedActivation) -> Tensor:
         return self.linear(x, self.bias)
 
-    def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
+    def linear(self, x: Tensor | QuantizedActivation, bias: Tensor | None) -> Tensor:
         if self.fp8 is not None:
             return self.fp8.forward(x, self.weight, self.weight_scale_inv, bias)
+        assert isinstance(x, Tensor), "only fp8 layers take quantized inputs (input_producer)"
         if self.skinny is not None and self.skinny.applies(x, self.weight):
             return self.skinny.kernel(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
@@ -95,15 +97,48 @@ class LinearBase(nn.Module):
         self, norm: RMSNorm, x: Tensor, residual: Tensor | None, act_fn: SiluAndMul | None = None
     ) -> tuple[Tensor, Tensor]:
         """(act_fn(self(norm(x + residual))), x + residual); one skinny-GEMM kernel where it applies,
-        with silu(gate) * up as its epilogue when there is `act_fn`."""
+        with silu(gate) * up as its epilogue when there is `act_fn`. An fp8 layer takes norm's output
+        quantized by the norm (normed_input)."""
         skinny, gated = self.skinny, act_fn is not None
         fits = (residual is None or residual.stride() == x.stride()) and not (gated and self.bias is not None)
         if fits and skinny is not None and skinny.applies(x, self.weight):
             first = NormFirst(norm.weight, norm.eps, residual)
             return skinny.kernel(x, self.weight, self.bias, gated=gated, norm=first)
-        normed, residual = (norm(x), x) if residual is None else norm(x, residual)
+        normed, residual = self.normed_input(norm, x, residual)
         out = self(normed)
         return (out if act_fn is None else act_fn(out)), residual
+
+    def norm_gated_linear(
+        self, norm: RMSNorm, x: Tensor, residual: Tensor | None, act_fn: SiluAndMul, consumer: LinearBase
+    ) -> tuple[Tensor | QuantizedActivation, Tensor]:
+        """norm_linear's (act_fn(self(norm(x + residual))), x + residual), the first as `consumer`'s input:
+        quantized by the SwiGLU kernel where an fp8 consumer takes it so (activated_input)."""
+        if consumer.fp8 is None or self.skinny is not None:
+            return self.norm_linear(norm, x, residual, act_fn)
+        normed, residual = self.normed_input(norm, x, residual)
+        return consumer.activated_input(act_fn, self(normed)), residual
+
+    def input_producer(self, x: Tensor) -> tuple[Fp8InputKernels, ActivationFormat] | None:
+        return self.fp8.input_producer(x) if self.fp8 is not None else None
+
+    def normed_input(
+        self, norm: RMSNorm, x: Tensor, residual: Tensor | None
+    ) -> tuple[Tensor | QuantizedActivation, Tensor]:
+        """(norm(x + residual), x + residual) as this layer's input: quantized by the norm where it takes it
+        so (input_producer)."""
+        producer = self.input_producer(x)
+        if producer is not None:
+            kernels, fmt = producer
+            return kernels.rms_norm(x, residual, norm.weight, norm.eps, fmt)
+        return (norm(x), x) if residual is None else norm(x, residual)
+
+    def activated_input(self, act_fn: SiluAndMul, gate_up: Tensor) -> Tensor | QuantizedActivation:
+        """act_fn(gate_up) as this layer's input: quantized by the SwiGLU kernel where it takes it so."""
+        producer = self.input_producer(gate_up)
+        if producer is not None:
+            kernels, fmt = producer
+            return kernels.silu_and_mul(gate_up, fmt)
+        return act_fn(gate_up)
 
 
 class ReplicatedLinear(LinearBase):
@@ -170,7 +205,7 @@ class RowParallelLinear(LinearBase):
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(in_features // tp_size(), out_features, bias, 1)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | QuantizedActivation) -> Tensor:
         bias = self.bias if self.tp_rank == 0 else None
         return all_reduce(self.linear(x, bias))
 

@@ -26,8 +26,11 @@ from nanoexp.distributed import all_reduce_max
 from nanoexp.kernels.fp8_reference import (
     BLOCK,
     FP8_DTYPE,
+    ActivationFormat,
     Fp8Gemm,
+    Fp8InputKernels,
     Fp8Layout,
+    QuantizedActivation,
     group_amax,
     quantize_weight,
     w8a8_reference,
@@ -189,6 +192,7 @@ class Fp8Weights:
         self.layout, self.k_total = layout, k_total
         self.sync_amax = straddles_ranks(layout, k_total)
         self.gemm: Fp8Gemm = w8a8_reference  # bound by bind_fp8_gemm
+        self.input_kernels: Fp8InputKernels | None = None  # so is this (None: the layer quantizes its input)
         device = cast(Tensor, layer.weight).device
         layer.weight, layer.weight_scale_inv = fp8_parameters(
             (layout.n, layout.k_padded), (layout.scale_rows, layout.k_blocks), logical_shape, device
@@ -218,7 +222,21 @@ class Fp8Weights:
         weight.copy_(q[0])
         scale.copy_(s[0])
 
-    def forward(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
+    def input_producer(self, x: Tensor) -> tuple[Fp8InputKernels, ActivationFormat] | None:
+        """For a producer whose input is x [tokens, ...] (in this layer's input dtype): the kernels that may
+        hand this layer its input quantized, and the format its GEMM reads; None: it takes it unquantized.
+        A shard whose activation groups straddle TP ranks (k_offset != 0, the all-reduce(max) path)
+        quantizes its own input: its groups' amax is not known to the producer."""
+        kernels, layout = self.input_kernels, self.layout
+        if kernels is None or self.sync_amax or layout.k_offset != 0 or x.dim() != 2:
+            return None
+        return kernels, kernels.activation_format(layout, x.shape[0], x.dtype)
+
+    def forward(
+        self, x: Tensor | QuantizedActivation, weight: Tensor, scale: Tensor, bias: Tensor | None
+    ) -> Tensor:
+        if isinstance(x, QuantizedActivation):  # quantized by its producer (input_producer)
+            return self.gemm(x, weight, scale, self.layout, bias, None)
         amax = shared_amax(x, self.layout, self.k_total) if self.sync_amax else None
         return self.gemm(x, weight, scale, self.layout, bias, amax)
 
@@ -285,12 +303,13 @@ class Fp8Experts:
         return shared_amax(act, self.layouts["w2"], self.inter_total) if self.sync_amax else None
 
 
-def bind_fp8_gemm(model: nn.Module, gemm: Fp8Gemm) -> None:
-    """Every fp8 linear layer of `model` runs `gemm` (the reference or the Triton kernels)."""
+def bind_fp8_gemm(model: nn.Module, gemm: Fp8Gemm, input_kernels: Fp8InputKernels | None = None) -> None:
+    """Every fp8 linear layer of `model` runs `gemm` (the reference or the Triton kernels), its input
+    quantized by its producer where `input_kernels` are given (and its groups are its own)."""
     for module in model.modules():
         fp8 = getattr(module, "fp8", None)
         if isinstance(fp8, Fp8Weights):
-            fp8.gemm = gemm
+            fp8.gemm, fp8.input_kernels = gemm, input_kernels
 
 
 def weight_quantization(model: nn.Module) -> tuple[str, str]:

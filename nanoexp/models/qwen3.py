@@ -63,7 +63,9 @@ class Qwen3MLP(nn.Module):
         self, hidden: Tensor, residual: Tensor, norm: RMSNorm, md: AttentionMetadata | None = None
     ) -> tuple[Tensor, Tensor]:
         """(down(SwiGLU(gate_up(norm(hidden + residual)))), hidden + residual)."""
-        act, residual = self.gate_up_proj.norm_linear(norm, hidden, residual, self.act_fn)
+        act, residual = self.gate_up_proj.norm_gated_linear(
+            norm, hidden, residual, self.act_fn, self.down_proj
+        )
         return self.down_proj(act), residual
 
 

@@ -22,6 +22,7 @@ from nanoexp.kernels.select import (
     SkinnyGemm,
     make_attention_backend,
     make_fp8_gemm,
+    make_fp8_input_kernels,
     make_moe_kernel,
     make_skinny_gemm,
     require_triton,
@@ -82,7 +83,8 @@ def set_up_model(config: EngineConfig, rank: int = 0, dist_init: str | None = No
     skinny = make_skinny_gemm(execution.gemm_backend, device, dtype)
     pdl.configure(execution.pdl, device, triton_available())
     bind_gemm_backend(model, skinny)
-    bind_fp8_gemm(model, make_fp8_gemm(execution.gemm_backend, device))
+    fp8_gemm = make_fp8_gemm(execution.gemm_backend, device)
+    bind_fp8_gemm(model, fp8_gemm, make_fp8_input_kernels(fp8_gemm))
     swiglu = swiglu_kernel(device, dtype)
     bind_activation_kernel(model, swiglu)
     moe = make_moe_kernel(device)
