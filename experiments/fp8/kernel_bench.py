@@ -1,18 +1,28 @@
 """Qwen3-8B's linear layers in fp8 (the Triton kernels) against bf16 (cuBLAS) and against their floors:
 bytes over the measured copy bandwidth, FLOPs over the dense fp8 rate. Each time is the median of CUDA-graph
 replays of 20 back-to-back calls. Each row also checks the kernel's result against the torch reference, and
-a few tile configurations are timed beside the default (decode GEMV at 1 row, skinny GEMM at 16, 4,096)."""
+a few tile configurations are timed beside the default (decode GEMV at 1 row, skinny GEMM at 16, 4,096).
+First, the producers that quantize an fp8 layer's input (add + RMSNorm, SwiGLU) against the unfused pair
+(the op, then the quantization kernel), alone and followed by their layer's GEMM; `--fused` runs only that.
+
+    python experiments/fp8/kernel_bench.py [--fused]"""
 
 from __future__ import annotations
 
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
 
+from nanoexp.kernels import fp8_cublas, triton_fp8
 from nanoexp.kernels.fp8_cublas import MIN_ROWS, blockwise_scaled_mm_works, cublas_fp8_linear
 from nanoexp.kernels.fp8_reference import Fp8Layout, quantize_weight, w8a8_reference
 from nanoexp.kernels.triton_fp8 import GemmConfig, GemvConfig, fp8_linear, fp8_matmul, quantize_activation
+from nanoexp.kernels.triton_fp8_inputs import rms_norm_quantized, silu_and_mul_quantized
+from nanoexp.kernels.triton_swiglu import silu_and_mul
+from nanoexp.layers.compiled import use_compiled
+from nanoexp.layers.norm import add_rms_norm
 
 SHAPES = {
     "qkv_proj": (6144, 4096),
@@ -102,6 +112,9 @@ def main() -> None:
         f"device {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s; "
         f"cuBLAS block-scaled fp8 GEMM: {CUBLAS}"
     )
+    fused_table(bw)
+    if "--fused" in sys.argv:
+        return
     print("| " + " | ".join(COLUMNS.split("|")) + " |")
     print("|---" * len(COLUMNS.split("|")) + "|")
     weights = {name: torch.randn(n, k, device="cuda") * 0.02 for name, (n, k) in SHAPES.items()}
@@ -112,6 +125,62 @@ def main() -> None:
     for m, configs in CANDIDATES.items():
         for name, w in weights.items():
             print(f"M={m} {name}: {tile_times(w, m, configs)}")
+
+
+FUSED_COLUMNS = (
+    "producer -> layer|M|unfused us|fused us|saved us|bytes floor us|+GEMM unfused us|+GEMM fused us"
+)
+
+
+def activation_format(layout: Fp8Layout, m: int):
+    """The format the engine's bound GEMM reads (cuBLAS's M-major from 65 bf16 rows where it passed)."""
+    module = fp8_cublas if CUBLAS else triton_fp8
+    return module.activation_format(layout, m, torch.bfloat16)
+
+
+def fused_table(bw: float) -> None:
+    """add + RMSNorm before qkv_proj (gate_up_proj has the same producer, K = 4,096) and SwiGLU before
+    down_proj at 1, 16 and 4,096 rows, unfused (the torch.compile'd norm of the CUDA graphs / the Triton
+    SwiGLU, then the quantization kernel) against fused, alone and followed by the layer's GEMM."""
+    print("\nProducers quantizing an fp8 layer's input, fused against unfused (bf16):")
+    print("| " + " | ".join(FUSED_COLUMNS.split("|")) + " |")
+    print("|---" * len(FUSED_COLUMNS.split("|")) + "|")
+    for m in (1, 16, 4096):
+        print(fused_row("add+RMSNorm -> qkv_proj", m, bw))
+        print(fused_row("SwiGLU -> down_proj", m, bw))
+
+
+def fused_row(name: str, m: int, bw: float) -> str:
+    swiglu = name.startswith("SwiGLU")
+    n, k = SHAPES["down_proj" if swiglu else "qkv_proj"]
+    layout = Fp8Layout(n, k, 0, 128)
+    q, s = quantize_weight(torch.randn(n, k, device="cuda") * 0.02)
+    fmt = activation_format(layout, m)
+    gemm = cublas_fp8_linear if CUBLAS else fp8_linear
+    if swiglu:
+        gate_up = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
+        unfused, fused = (lambda: silu_and_mul(gate_up)), (lambda: silu_and_mul_quantized(gate_up, fmt))
+        moved = m * 3 * k * 2  # [gate | up] read, the bf16 output
+    else:
+        x, r = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        norm_w = torch.rand(k, device="cuda").bfloat16() + 0.5
+        unfused = lambda: add_rms_norm(x, r, norm_w, 1e-6)[0]  # noqa: E731
+        fused = lambda: rms_norm_quantized(x, r, norm_w, 1e-6, fmt)[0]  # noqa: E731
+        moved = m * k * 2 * 3  # x and the residual read, their sum written
+    floor = (moved + m * k * (1 + 4 / 128)) / bw * 1e6  # and the e4m3 values and scales written
+
+    def unfused_pair():
+        return quantize_activation(unfused(), layout, scales_m_major=fmt.m_major, rows=fmt.rows)
+
+    with use_compiled(True):
+        times = [
+            timed_us(unfused_pair),
+            timed_us(fused),
+            timed_us(lambda: gemm(unfused(), q, s, layout)),
+            timed_us(lambda: gemm(fused(), q, s, layout)),
+        ]
+    cells = [name, m, f"{times[0]:.1f}", f"{times[1]:.1f}", f"{times[0] - times[1]:.1f}", f"{floor:.1f}"]
+    return "| " + " | ".join(map(str, [*cells, f"{times[2]:.1f}", f"{times[3]:.1f}"])) + " |"
 
 
 def tile_times(w: torch.Tensor, m: int, configs: list) -> str:

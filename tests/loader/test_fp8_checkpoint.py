@@ -63,6 +63,46 @@ def test_fp8_checkpoint_under_tp_with_straddling_scale_blocks(checkpoints, refer
     assert [o.token_ids for o in outs] == reference
 
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def counting_producers(monkeypatch) -> dict[str, int]:
+    """Counts the calls of the kernels that hand fp8 layers their input quantized (bound at engine start)."""
+    from nanoexp.kernels import triton_fp8_inputs
+
+    calls = {"rms_norm_quantized": 0, "silu_and_mul_quantized": 0}
+    for name in calls:
+        kernel = getattr(triton_fp8_inputs, name)
+
+        def counted(*args, name=name, kernel=kernel):
+            calls[name] += 1
+            return kernel(*args)
+
+        monkeypatch.setattr(triton_fp8_inputs, name, counted)
+    return calls
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the Triton kernels on the CPU need the interpreter")
+def test_triton_kernels_with_quantizing_producers_match_the_w8a8_reference(
+    checkpoints, reference, monkeypatch
+):
+    """The Triton fp8 GEMMs (interpreted), their inputs quantized by the add + RMSNorm and SwiGLU kernels
+    before them: the same greedy tokens."""
+    calls = counting_producers(monkeypatch)
+    outs = generate(checkpoints["fp8"], gemm_backend="triton", **PATHS["chunked_prefill_mixed"])
+    assert [o.token_ids for o in outs] == reference
+    assert calls["rms_norm_quantized"] > 0 and calls["silu_and_mul_quantized"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not INTERPRETED, reason="the Triton kernels on the CPU need the interpreter")
+def test_triton_kernels_under_tp_quantize_straddling_groups_themselves(checkpoints, reference):
+    """TP=2: down_proj's K shard of rank 1 starts inside a 128-group (its amax all-reduced over the ranks),
+    so SwiGLU hands it unquantized values; the norms still quantize for qkv_proj and gate_up_proj."""
+    outs = generate(checkpoints["fp8"], gemm_backend="triton", tensor_parallel_size=2)
+    assert [o.token_ids for o in outs] == reference
+
+
 def test_bf16_scales_are_accepted(checkpoints):
     with LLM(checkpoints["fp8_bf16_scales"], **BASE) as llm:
         outs = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
