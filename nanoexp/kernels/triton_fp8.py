@@ -9,6 +9,9 @@ of kernels/fp8_reference.py (its oracle). Three kernels:
 - the GEMM above: tl.dot on e4m3 operands (Hopper's fp8 tensor cores), one 128-wide K block per
   iteration, its fp32 product scaled by the row's activation scale and the column's weight scale.
 
+A layer's input may come quantized by its producer (kernels/triton_fp8_inputs.py: add + RMSNorm, SwiGLU), as
+a QuantizedActivation in `activation_format`'s layout; then no quantization runs here.
+
 M is never specialized (`do_not_specialize`), so a step's token count picks among a handful of variants
 (GEMV rows, BLOCK_M) that the warm-up and graph captures compile, never a timed step."""
 

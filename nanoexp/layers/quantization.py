@@ -8,6 +8,11 @@ weight blocks stay those of the whole tensor. Along N (column-parallel, fused q/
 scales are kept per 128 rows where every fused part is a multiple of 128, else one scale row per
 output row (`Fp8Layout.row_block`), which follows any straddle or fused part.
 
+Where the Triton (or cuBLAS) fp8 GEMMs are bound, a layer's input is quantized by the kernel that produces
+it (the add + RMSNorm before qkv_proj and gate_up_proj, the SwiGLU before down_proj; `input_producer`) in
+the layout its GEMM reads, so no quantization launch runs between them; a TP shard whose activation groups
+straddle ranks quantizes its own input.
+
 A MoE layer's experts (`Fp8Experts`) are laid out the same way per expert: w13 as a fused column-parallel
 gate/up projection, w2 as a row-parallel one (its activation groups shared over the TP ranks they
 straddle); under expert parallelism a rank's experts are whole. Routers stay dense."""

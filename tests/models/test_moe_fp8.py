@@ -182,3 +182,31 @@ def test_triton_fp8_experts_in_the_engine_match_the_reference(checkpoints, refer
         assert llm.stats()["moe_kernel"] == "triton: grouping in one kernel (self-checked)"
         outs = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outs] == reference[:3]
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on the CPU needs the interpreter"
+)
+def test_triton_fp8_dense_layers_take_inputs_quantized_by_their_producers(
+    checkpoints, reference, monkeypatch
+):
+    """The Triton fp8 GEMMs (experts on the reference): the norms before qkv_proj and the dense layer's
+    gate_up_proj, and its SwiGLU, quantize for them; the MoE layers' norm output (router and experts)
+    stays unquantized. The same greedy tokens."""
+    from nanoexp.kernels import triton_fp8_inputs
+
+    calls = {"rms_norm_quantized": 0, "silu_and_mul_quantized": 0}
+    for name in calls:
+        kernel = getattr(triton_fp8_inputs, name)
+
+        def counted(*args, name=name, kernel=kernel):
+            calls[name] += 1
+            return kernel(*args)
+
+        monkeypatch.setattr(triton_fp8_inputs, name, counted)
+    short = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)  # the interpreter is slow
+    with LLM(checkpoints["fp8"], gemm_backend="triton", enable_prefix_caching=False, **BASE) as llm:
+        outs = llm.generate(PROMPTS[:2], short, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [tokens[:3] for tokens in reference[:2]]
+    # per forward: 3 qkv norms + 1 dense gate_up norm, 1 SwiGLU (layer 1 of 3 is dense)
+    assert calls["rms_norm_quantized"] == 4 * calls["silu_and_mul_quantized"] > 0
