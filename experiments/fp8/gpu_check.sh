@@ -21,7 +21,7 @@ git log --oneline -1 >> "$LOG" 2>&1
 
 say "gpu tests: kernels, the fp8 checkpoint on the GPU path"
 timeout $(cap ${TESTS_S:-50}) python3 -m pytest -q -m gpu --durations=5 tests/kernels/test_fp8_kernels.py \
-  tests/e2e/test_fp8_gpu.py -k "not no_timed_step_compiles" >> "$LOG" 2>&1
+  tests/kernels/test_fp8_fused_inputs.py tests/e2e/test_fp8_gpu.py -k "not no_timed_step_compiles" >> "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
 say "gpu tests: no timed step compiles (weights none/fp8 x KV auto/fp8)"
 timeout $(cap 70) python3 -m pytest -q -m gpu --durations=4 tests/e2e/test_fp8_gpu.py -k no_timed_step_compiles >> "$LOG" 2>&1

@@ -169,6 +169,14 @@ def test_only_layers_whose_groups_are_their_own_take_quantized_input(monkeypatch
             layer.fp8.input_kernels = kernels
         taken[rank] = (down.input_producer(x) is not None, gate_up.input_producer(x) is not None)
     assert taken == {0: (False, True), 1: (False, True)}  # down_proj's groups straddle the ranks: its own
+    with building("fp8"):
+        whole_groups = linear.RowParallelLinear(512, 192)  # 256 columns a rank: its groups are its own
+    assert whole_groups.fp8 is not None
+    whole_groups.fp8.input_kernels = kernels
+    assert whole_groups.input_producer(x) == (
+        kernels,
+        triton_fp8.activation_format(whole_groups.fp8.layout, 3, x.dtype),
+    )
 
 
 # ---------------------------------------------------------------- GPU
@@ -192,13 +200,14 @@ def test_gpu_fused_producers_follow_the_unfused_ones_at_qwen3_8b_shapes(rows, dt
     got, summed = rms_norm_quantized(x, r, weight, EPS, fmt)
     want, want_sum = unfused_norm(x, r, weight, norm_layout)
     assert torch.equal(summed, want_sum)
-    assert_same_codes(got, want, 1e-3, ulp(dtype))
+    scale_rtol = ulp(dtype) * (8 if dtype == torch.float32 else 1)  # CUDA's rsqrt and exp: a few ulps
+    assert_same_codes(got, want, 1e-3, scale_rtol)
     assert_padding_is_zero(got)
     gate_up = torch.randn(rows, 2 * inter, device="cuda", dtype=dtype) * 2
     got = silu_and_mul_quantized(gate_up, fp8_cublas.activation_format(down_layout, rows, dtype))
     if dtype == torch.float32:  # the engine's unfused float32 SwiGLU is torch's op (exp rounds otherwise)
         torch_op = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        assert_same_codes(got, quantize_activation(torch_op, down_layout), 1e-3, ulp(dtype))
+        assert_same_codes(got, quantize_activation(torch_op, down_layout), 1e-3, scale_rtol)
     else:
         q, s = got.row_major()
         want_q, want_s = triton_fp8.quantize_activation(silu_and_mul(gate_up), down_layout)
