@@ -9,7 +9,8 @@
 # parts (default: tests kernels b1 bn prefill): tests = the MoE GPU tests and the kernel tests on the device;
 # kernels = bench_moe.py; b1 = batch-1 TPOT with the expert-load count on and off; bn = decode steps of 64
 # and 256 sequences; prefill = one 4,096-token prefill per iteration; bench = experiment=nanovllm_bench;
-# hf = the same bench (32 requests) through our engine and transformers in one sweep.
+# hf = the same bench (32 requests) through our engine and transformers in one sweep; fp8 = batch-1 TPOT
+# and the bench with model.quantization=none,fp8.
 # Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 25),
 # TESTS_TIMEOUT (default 150).
 set -uo pipefail
@@ -86,6 +87,18 @@ for part in ${*:-tests kernels b1 bn prefill}; do
       timeout 240 python3 run.py -m experiment=nanovllm_bench model=qwen3_30b_a3b logger=none repeats=2 \
         hydra.sweep.dir=/tmp/moe_bench 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | grep -E "$SHOW|throughput" | head -30
       step_medians /tmp/moe_bench ;;
+    fp8)
+      section "Qwen3-30B-A3B, bf16 against fp8 weights (experts included): batch-1 TPOT, then nanovllm_bench"
+      timeout 150 python3 run.py -m "${LAT[@]}" workload.batch_size=1 workload.input_len=128 workload.output_len=128 \
+        workload.num_iters=4 workload.num_iters_warmup=1 scheduler.max_num_seqs=8 model.quantization=none,fp8 \
+        metrics.weight_quality.num_requests=0 \
+        hydra.sweep.dir=/tmp/moe_fp8_b1 2>&1 | grep -E "$SHOW" | head -30
+      step_medians /tmp/moe_fp8_b1
+      timeout 240 python3 run.py -m experiment=nanovllm_bench model=qwen3_30b_a3b logger=none repeats=2 profile=host \
+        model.quantization=none,fp8 metrics.kv_quality.num_requests=0 metrics.weight_quality.num_requests=0 \
+        hydra.sweep.dir=/tmp/moe_fp8_bench 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | grep -E "$SHOW|throughput" | head -30
+      head -12 /tmp/moe_fp8_bench/sweep_summary.md 2>/dev/null
+      step_medians /tmp/moe_fp8_bench ;;
     hf)
       section "experiment=nanovllm_bench model=qwen3_30b_a3b, 32 requests, engine=nanoexp,hf in one sweep"
       timeout "${HF_TIMEOUT:-300}" python3 run.py -m experiment=nanovllm_bench model=qwen3_30b_a3b logger=none repeats=1 \

@@ -21,6 +21,8 @@
 #   trace     a synthetic Mooncake-format trace (make_mooncake_trace.py: 8 s, ~6 req/s, ~5.6k-token
 #             prompts sharing ~half their blocks) replayed with scheduler.batching=prefill_first,mixed
 #             and prefix caching on and off
+#   tokens    the serving workload with every arrival at t0 (seeds 0-2), fresh against reused engines:
+#             whether their greedy tokens agree job by job when batching does not follow the clock
 #   trace_moe the same trace and sweep on Qwen3-30B-A3B (dummy bf16 weights; not in the default parts)
 #   capacity  experiment=capacity on the same serving workload: the highest rate meeting the SLOs by
 #             search, to set against the grid's answer
@@ -86,8 +88,8 @@ def tokens(sweep):
         out[int(path.parent.name.split("_")[0])] = [(r["repeat"], r["request_id"], r["output_token_ids"]) for r in rows]
     return out
 a, b = tokens(sys.argv[1]), tokens(sys.argv[2])
-equal = [job for job in a if a[job] == b.get(job)]
-print(f"greedy tokens equal, fresh vs reused engine: {len(equal)} of {len(a)} jobs (reused sweep: {len(b)} jobs)")
+equal = sorted(job for job in a if a[job] == b.get(job))
+print(f"greedy tokens equal, fresh vs reused engine: {len(equal)} of {len(a)} jobs {equal} (reused sweep: {len(b)} jobs)")
 PY
 }
 # Fresh (A) against reused (B) engines: each metric's mean and 95% CI over a side's jobs, Welch's 95% CI of
@@ -158,6 +160,16 @@ for part in ${PARTS:-reuse aa trace capacity}; do
       jobs_table "$WORK/aa_fresh" "$WORK/aa_reused" 2>&1 | tee -a "$LOG"
       same_tokens "$WORK/aa_fresh" "$WORK/aa_reused" 2>&1 | tee -a "$LOG"
       fresh_vs_reused "$WORK/aa_fresh" "$WORK/aa_reused" > "$OUT/aa.md" 2>&1; tee -a "$LOG" < "$OUT/aa.md" ;;
+    tokens)  # all arrivals at t0: the batches do not follow the clock, so fresh and reused engines must agree
+      for mode in tokens_fresh tokens_reused; do
+        budget_ok "$mode" || continue
+        reuse=$([ "$mode" = tokens_reused ] && echo true || echo false)
+        timeout -k 15 "$(cap 150)" "$PY" run.py -m "${MODEL[@]}" "${SERVING[@]}" repeats=1 workload.seed=0,1,2 \
+          workload.request_rate=inf engine.reuse=$reuse "hydra.sweep.dir=$WORK/$mode" \
+          'hydra.sweep.subdir=${hydra.job.num}' > "$WORK/$mode.log" 2>&1
+        say "3 jobs at t0, engine.reuse=$reuse: rc $?"
+      done
+      same_tokens "$WORK/tokens_fresh" "$WORK/tokens_reused" 2>&1 | tee -a "$LOG" ;;
     trace)
       "$PY" experiments/serving/make_mooncake_trace.py --out "$WORK/mooncake.jsonl" "${TRACE_GEN[@]}" 2>&1 | tee -a "$LOG"
       start=$(date +%s%N); say "start: Mooncake-format trace, batching x prefix caching (4 jobs)"
@@ -186,7 +198,7 @@ for part in ${PARTS:-reuse aa trace capacity}; do
       say "capacity search: rc $? wall $(ms_since "$start") ms"
       grep -E "^capacity|nanoexp: error" "$WORK/capacity.log" | tee -a "$LOG"
       cat "$WORK/capacity/capacity.md" 2>/dev/null | tee -a "$LOG" ;;
-    *) say "unknown part $part (reuse, aa, trace, trace_moe, capacity)" ;;
+    *) say "unknown part $part (reuse, aa, tokens, trace, trace_moe, capacity)" ;;
   esac
 done
 pack() { tar czf "$OUT/workloads.tgz" -C "$(dirname "$WORK")" --exclude='*.jsonl' --exclude='.gpu_locks' "$@" \

@@ -215,6 +215,20 @@ def _fp8_gemv_kernel(
         )
 
 
+@triton.jit
+def fp8_block_dot(a, b, UPCAST: tl.constexpr, EXACT_SUMS: tl.constexpr):
+    """a [M, 128] . b [N, 128]^T of e4m3 tiles in fp32: on fp8 tensor cores; EXACT_SUMS (float32 runs, which
+    follow the reference) upcast to fp32 without tensor cores, whose fp8 MMA adds in fewer bits than fp32;
+    UPCAST (the interpreter, which has no fp8 dot) as fp16, which holds e4m3 values exactly."""
+    if EXACT_SUMS:
+        product = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+    elif UPCAST:
+        product = tl.dot(a.to(tl.float16), tl.trans(b.to(tl.float16)))
+    else:
+        product = tl.dot(a, tl.trans(b))
+    return product
+
+
 @triton.jit(do_not_specialize=["M"])
 def _fp8_gemm_kernel(
     xq_ptr,
@@ -274,13 +288,7 @@ def _fp8_gemm_kernel(
         else:
             a = tl.load(x_tile + kb * 128)
             a_scale = tl.load(xs_col + kb)
-        b = tl.load(w_tile + kb * 128)
-        if EXACT_SUMS:
-            product = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
-        elif UPCAST:
-            product = tl.dot(a.to(tl.float16), tl.trans(b.to(tl.float16)))
-        else:
-            product = tl.dot(a, tl.trans(b))
+        product = fp8_block_dot(a, tl.load(w_tile + kb * 128), UPCAST, EXACT_SUMS)
         acc += product * a_scale[:, None] * tl.load(ws_col + kb)[None, :]
     out = y_ptr + safe_rows[:, None] * stride_y + cols[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])

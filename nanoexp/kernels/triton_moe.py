@@ -27,7 +27,7 @@ import triton.language as tl
 
 from nanoexp.kernels.moe_ref import Fp8ExpertScales
 from nanoexp.kernels.pdl import launch_options
-from nanoexp.kernels.triton_fp8 import UPCAST_DOT, quantize_activation
+from nanoexp.kernels.triton_fp8 import UPCAST_DOT, fp8_block_dot, quantize_activation
 from nanoexp.kernels.triton_pdl import wait_for_previous
 
 log = logging.getLogger(__name__)
@@ -294,20 +294,6 @@ def _down_kernel(
     )
 
 
-@triton.jit
-def _fp8_block_dot(a, b, UPCAST: tl.constexpr, EXACT_SUMS: tl.constexpr):
-    """a [M, 128] . b [N, 128]^T of e4m3 tiles in fp32: on fp8 tensor cores; EXACT_SUMS (float32 runs, which
-    follow the reference) upcast to fp32 without tensor cores, whose fp8 MMA adds in fewer bits than fp32;
-    UPCAST (the interpreter, which has no fp8 dot) as fp16, which holds e4m3 values exactly."""
-    if EXACT_SUMS:
-        product = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
-    elif UPCAST:
-        product = tl.dot(a.to(tl.float16), tl.trans(b.to(tl.float16)))
-    else:
-        product = tl.dot(a, tl.trans(b))
-    return product
-
-
 @triton.jit(do_not_specialize=["num_slots"])
 def _fp8_gate_up_kernel(
     xq_ptr,
@@ -363,8 +349,8 @@ def _fp8_gate_up_kernel(
     for kb in range(0, KB):
         a = tl.load(x_tile + kb * 128)
         a_scale = tl.load(x_scales + kb)[:, None]
-        gate = _fp8_block_dot(a, tl.load(gate_tile + kb * 128), UPCAST, EXACT_SUMS)
-        up = _fp8_block_dot(a, tl.load(up_tile + kb * 128), UPCAST, EXACT_SUMS)
+        gate = fp8_block_dot(a, tl.load(gate_tile + kb * 128), UPCAST, EXACT_SUMS)
+        up = fp8_block_dot(a, tl.load(up_tile + kb * 128), UPCAST, EXACT_SUMS)
         acc_gate += gate * a_scale * tl.load(gate_scales + kb)[None, :]
         acc_up += up * a_scale * tl.load(up_scales + kb)[None, :]
     DT = out_ptr.dtype.element_ty
@@ -423,7 +409,7 @@ def _fp8_down_kernel(
     w_scales = ws_ptr + expert.to(tl.int64) * stride_se + (safe_cols // ROW_BLOCK) * stride_sn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kb in range(0, KB):
-        product = _fp8_block_dot(tl.load(a_tile + kb * 128), tl.load(w_tile + kb * 128), UPCAST, EXACT_SUMS)
+        product = fp8_block_dot(tl.load(a_tile + kb * 128), tl.load(w_tile + kb * 128), UPCAST, EXACT_SUMS)
         acc += product * tl.load(a_scales + kb)[:, None] * tl.load(w_scales + kb)[None, :]
     DT = out_ptr.dtype.element_ty
     weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
