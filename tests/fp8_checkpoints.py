@@ -217,6 +217,15 @@ def mean_kl(reference, prompts, continuations, log_probs) -> float:
     return total / count
 
 
+# The fp8 GPU tests' prompt lengths and engine paths (dense and MoE)
+GPU_LENGTHS = [1, 2, 15, 16, 17, 63, 129, 300, 40]
+GPU_PATHS = {
+    "graphs": dict(),
+    "eager": dict(enforce_eager=True),
+    "chunked_prefix_cache": dict(max_num_batched_tokens=48, enable_prefix_caching=True),
+    "preemption_block256": dict(kv_block_size=256, num_kv_blocks=3),
+}
+
 # KL(reference || ours) over KL(reference || unrounded activations) that a GPU run may reach: arithmetic that
 # differs from the CPU reference by a few ulps (other summation orders, approximate exp / rsqrt) breaks
 # e4m3 rounding ties the other way, 0.29 at 1e-6 relative noise and 0.34 at 1e-5, where a 2% error in one

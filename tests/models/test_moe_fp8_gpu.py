@@ -12,6 +12,8 @@ import pytest
 import torch
 from fp8_checkpoints import (
     GPU_KL_RATIO,
+    GPU_LENGTHS,
+    GPU_PATHS,
     build_fp8_moe_checkpoint,
     kl_against_rounding,
     w8a8_transformers_model,
@@ -25,13 +27,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-LENGTHS = [1, 2, 15, 16, 17, 63, 129, 300, 40]
-PATHS = {
-    "graphs": dict(),
-    "eager": dict(enforce_eager=True),
-    "chunked_prefix_cache": dict(max_num_batched_tokens=48, enable_prefix_caching=True),
-    "preemption_block256": dict(kv_block_size=256, num_kv_blocks=3),
-}
 ENGINE = dict(kv_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
 
 
@@ -45,7 +40,7 @@ def fp8_moe_checkpoint(tmp_path_factory) -> str:
 
 def prompts() -> list[list[int]]:
     rng = random.Random(0)
-    return [[rng.randrange(380) for _ in range(n)] for n in LENGTHS]
+    return [[rng.randrange(380) for _ in range(n)] for n in GPU_LENGTHS]
 
 
 def generate(path: str, prompt_list, **kwargs) -> list:
@@ -57,10 +52,10 @@ def generate(path: str, prompt_list, **kwargs) -> list:
 
 
 @pytest.mark.gpu_quick
-@pytest.mark.parametrize("path_name", PATHS)
+@pytest.mark.parametrize("path_name", GPU_PATHS)
 def test_gpu_fp8_moe_follows_the_w8a8_reference(fp8_moe_checkpoint, path_name):
     prompt_list = prompts()
-    outs = generate(fp8_moe_checkpoint, prompt_list, **PATHS[path_name])
+    outs = generate(fp8_moe_checkpoint, prompt_list, **GPU_PATHS[path_name])
     # Exact tokens are not the criterion on a GPU: rounding each activation to e4m3 turns the GPU's last-bit
     # differences from the CPU into whole fp8 steps now and then (tests/e2e/test_fp8_gpu.py)
     assert_follows_transformers(w8a8_transformers_model(fp8_moe_checkpoint), prompt_list, outs, min_exact=0.0)
