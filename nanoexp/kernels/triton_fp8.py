@@ -50,8 +50,9 @@ def _round_to_e4m3(v):
     exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     step_exponent = tl.maximum(exponent, -6) - 3  # 3 mantissa bits; subnormals below 2^-6
     step = ((step_exponent + 127) << 23).to(tl.float32, bitcast=True)
+    inverse_step = ((127 - step_exponent) << 23).to(tl.float32, bitcast=True)  # powers of 2: exact products
     magic = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds |a| < 2^22 to an integer, ties to even
-    return ((v / step + magic) - magic) * step
+    return ((v * inverse_step + magic) - magic) * step
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -75,7 +76,9 @@ def _quantize_groups_kernel(
     PDL: tl.constexpr = False,
 ):
     """One program per row and GROUPS 128-groups of the padded layout: scale = max(amax, eps) / 448,
-    q = x / scale; HAS_AMAX: the groups' amax is given ([M, k_blocks] like the scales)."""
+    q = x / scale; HAS_AMAX: the groups' amax is given ([M, k_blocks] like the scales). Both divisions are
+    IEEE-rounded (div_rn), as torch's: Triton's `/` is within 2 ulp, enough to move a value sitting at an
+    e4m3 rounding boundary a whole fp8 step away from the reference."""
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
@@ -88,8 +91,8 @@ def _quantize_groups_kernel(
         amax = tl.load(amax_ptr + row * KB + groups, mask=group_mask, other=0.0)
     else:
         amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.maximum(amax, eps) / fp8_max
-    q = _round_to_e4m3(tl.clamp(x / scale[:, None], -fp8_max, fp8_max))
+    scale = tl.math.div_rn(tl.maximum(amax, eps), fp8_max)
+    q = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale[:, None]), -fp8_max, fp8_max))
     tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty), mask=group_mask[:, None])
     tl.store(s_ptr + row * stride_sm + groups * stride_sg, scale, mask=group_mask)
 
@@ -101,8 +104,8 @@ def _quantized_row_tile(x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE: tl
     local = kb0 * 128 + tl.arange(0, KB_TILE * 128) - K_OFFSET
     x = tl.load(x_row + local, mask=(local >= 0) & (local < K_LOCAL), other=0.0).to(tl.float32)
     x3 = tl.reshape(x, [KB_TILE, 128])
-    scale = tl.maximum(tl.max(tl.abs(x3), axis=1), eps) / fp8_max
-    return _round_to_e4m3(tl.clamp(x3 / scale[:, None], -fp8_max, fp8_max)), scale
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x3), axis=1), eps), fp8_max)
+    return _round_to_e4m3(tl.clamp(tl.math.div_rn(x3, scale[:, None]), -fp8_max, fp8_max)), scale
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -266,8 +269,9 @@ def _fp8_gemm_kernel(
     for kb in range(0, KB):
         if QUANTIZE:
             x = tl.load(x_tile + kb * 128, mask=(kb * 128 + ks < K_LOCAL)[None, :], other=0.0).to(tl.float32)
-            a_scale = tl.maximum(tl.max(tl.abs(x), axis=1), eps) / fp8_max
-            a = _round_to_e4m3(tl.clamp(x / a_scale[:, None], -fp8_max, fp8_max)).to(w_ptr.dtype.element_ty)
+            a_scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), eps), fp8_max)
+            a = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, a_scale[:, None]), -fp8_max, fp8_max))
+            a = a.to(w_ptr.dtype.element_ty)
         else:
             a = tl.load(x_tile + kb * 128)
             a_scale = tl.load(xs_col + kb)
