@@ -55,6 +55,17 @@ def _round_to_e4m3(v):
     return ((v * inverse_step + magic) - magic) * step
 
 
+@triton.jit
+def _divide(a, b, IEEE: tl.constexpr):
+    """a / b: IEEE-rounded as torch's (div_rn) where IEEE (float32 runs, which follow the reference), else
+    Triton's `/`, within 2 ulp, which now and then moves a value at an e4m3 rounding boundary a whole step:
+    below what half-precision activations already differ by, and several instructions fewer per value."""
+    if IEEE:
+        return tl.math.div_rn(a, b)
+    else:
+        return a / b
+
+
 @triton.jit(do_not_specialize=["M"])
 def _quantize_groups_kernel(
     x_ptr,
@@ -73,12 +84,12 @@ def _quantize_groups_kernel(
     fp8_max,
     GROUPS: tl.constexpr,
     HAS_AMAX: tl.constexpr,
+    IEEE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """One program per row and GROUPS 128-groups of the padded layout: scale = max(amax, eps) / 448,
-    q = x / scale; HAS_AMAX: the groups' amax is given ([M, k_blocks] like the scales). Both divisions are
-    IEEE-rounded (div_rn), as torch's: Triton's `/` is within 2 ulp, enough to move a value sitting at an
-    e4m3 rounding boundary a whole fp8 step away from the reference."""
+    q = x / scale (IEEE: both divisions as torch's, see _divide); HAS_AMAX: the groups' amax is given
+    ([M, k_blocks] like the scales)."""
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
@@ -91,21 +102,23 @@ def _quantize_groups_kernel(
         amax = tl.load(amax_ptr + row * KB + groups, mask=group_mask, other=0.0)
     else:
         amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.math.div_rn(tl.maximum(amax, eps), fp8_max)
-    q = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale[:, None]), -fp8_max, fp8_max))
+    scale = _divide(tl.maximum(amax, eps), fp8_max, IEEE)
+    q = _round_to_e4m3(tl.clamp(_divide(x, scale[:, None], IEEE), -fp8_max, fp8_max))
     tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty), mask=group_mask[:, None])
     tl.store(s_ptr + row * stride_sm + groups * stride_sg, scale, mask=group_mask)
 
 
 @triton.jit
-def _quantized_row_tile(x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE: tl.constexpr):
+def _quantized_row_tile(
+    x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE: tl.constexpr, IEEE: tl.constexpr
+):
     """KB_TILE groups of one row of x quantized as _quantize_groups_kernel does: (q [KB_TILE, 128] in fp32,
     scales [KB_TILE])."""
     local = kb0 * 128 + tl.arange(0, KB_TILE * 128) - K_OFFSET
     x = tl.load(x_row + local, mask=(local >= 0) & (local < K_LOCAL), other=0.0).to(tl.float32)
     x3 = tl.reshape(x, [KB_TILE, 128])
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x3), axis=1), eps), fp8_max)
-    return _round_to_e4m3(tl.clamp(tl.math.div_rn(x3, scale[:, None]), -fp8_max, fp8_max)), scale
+    scale = _divide(tl.maximum(tl.max(tl.abs(x3), axis=1), eps), fp8_max, IEEE)
+    return _round_to_e4m3(tl.clamp(_divide(x3, scale[:, None], IEEE), -fp8_max, fp8_max)), scale
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -136,6 +149,7 @@ def _fp8_gemv_kernel(
     BLOCK_N: tl.constexpr,
     KB_TILE: tl.constexpr,
     SPLIT_K: tl.constexpr = 1,
+    IEEE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """Rows 0..M-1 (M <= ROWS) of BLOCK_N output columns; KB_TILE weight blocks per iteration (KB is a
@@ -170,7 +184,7 @@ def _fp8_gemv_kernel(
             if m < M:
                 if QUANTIZE:
                     x3, xs = _quantized_row_tile(
-                        x_ptr + m * stride_x, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE
+                        x_ptr + m * stride_x, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE, IEEE
                     )
                 else:
                     x = tl.load(x_ptr + m * stride_x + kb0 * 128 + kk).to(tl.float32)
@@ -269,8 +283,8 @@ def _fp8_gemm_kernel(
     for kb in range(0, KB):
         if QUANTIZE:
             x = tl.load(x_tile + kb * 128, mask=(kb * 128 + ks < K_LOCAL)[None, :], other=0.0).to(tl.float32)
-            a_scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), eps), fp8_max)
-            a = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, a_scale[:, None]), -fp8_max, fp8_max))
+            a_scale = _divide(tl.maximum(tl.max(tl.abs(x), axis=1), eps), fp8_max, EXACT_SUMS)
+            a = _round_to_e4m3(tl.clamp(_divide(x, a_scale[:, None], EXACT_SUMS), -fp8_max, fp8_max))
             a = a.to(w_ptr.dtype.element_ty)
         else:
             a = tl.load(x_tile + kb * 128)
@@ -321,6 +335,7 @@ def quantize_activation(
             FP8_MAX,
             GROUPS=groups,
             HAS_AMAX=amax is not None,
+            IEEE=x.dtype == torch.float32,
             **launch_options(),
         )
     return q, s
@@ -462,6 +477,7 @@ def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
         _tickets(x.device) if split > 1 else y,  # (y: unused without a split)
         kb // split,
         QUANTIZE=quantize,
+        IEEE=quantize and x.dtype == torch.float32,
         ROWS=rows,
         BLOCK_N=config.block_n,
         KB_TILE=kb_tile,
