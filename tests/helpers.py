@@ -184,16 +184,19 @@ def stand_in_engine(executor: StandInExecutor, **kwargs) -> LLMEngine:
 
 
 class CompileLog:
-    """Names the Triton kernels compiled (or loaded from the disk cache) while installed."""
+    """Names the Triton kernels compiled (or loaded from the disk cache) while installed, and counts the
+    graphs torch.compile made meanwhile (`torch_graphs`)."""
 
     def __init__(self):
         import triton
 
         self.knobs = triton.knobs.runtime
         self.names: list[str] = []
+        self.torch_graphs = 0
 
     def __enter__(self):
         self.previous = self.knobs.jit_post_compile_hook
+        self.graphs_before = torch_compiled_graphs()
 
         def hook(*args, **kwargs):
             fn = kwargs.get("fn")
@@ -205,3 +208,10 @@ class CompileLog:
 
     def __exit__(self, *exc):
         self.knobs.jit_post_compile_hook = self.previous
+        self.torch_graphs = torch_compiled_graphs() - self.graphs_before
+
+
+def torch_compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

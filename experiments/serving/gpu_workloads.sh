@@ -126,6 +126,20 @@ for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "output
           f"[{lo:.4g}, {hi:.4g}] | {verdict} |")
 PY
 }
+# The Mooncake-format trace (made once per call) over batching x prefix caching: replay_trace NAME CAP LABEL MODEL...
+replay_trace() {
+  local name=$1 limit=$2 label=$3; shift 3
+  [ -f "$WORK/mooncake.jsonl" ] || "$PY" experiments/serving/make_mooncake_trace.py --out "$WORK/mooncake.jsonl" \
+    "${TRACE_GEN[@]}" 2>&1 | tee -a "$LOG"
+  local start; start=$(date +%s%N); say "start: Mooncake-format trace$label, batching x prefix caching (4 jobs)"
+  timeout -k 15 "$(cap "$limit")" "$PY" run.py -m "$@" workload=trace "workload.path=$WORK/mooncake.jsonl" \
+    "${TRACE_RUN[@]}" scheduler.batching=prefill_first,mixed cache.enable_prefix_caching=true,false \
+    metrics.slo.ttft_ms=1000 metrics.slo.tpot_ms=50 metrics.kv_quality.num_requests=0 \
+    "hydra.sweep.dir=$WORK/$name" 'hydra.sweep.subdir=${hydra.job.num}' > "$WORK/$name.log" 2>&1
+  say "Mooncake-format trace$label, batching x prefix caching: rc $? wall $(ms_since "$start") ms"
+  grep -E "nanoexp: error" "$WORK/$name.log" | head -5 | tee -a "$LOG"
+  cat "$WORK/$name/sweep_summary.md" 2>/dev/null | tee -a "$LOG"
+}
 say "workloads study $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') SMOKE=${SMOKE:-0} budget ${BUDGET}s"
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
@@ -170,27 +184,9 @@ for part in ${PARTS:-reuse aa trace capacity}; do
         say "3 jobs at t0, engine.reuse=$reuse: rc $?"
       done
       same_tokens "$WORK/tokens_fresh" "$WORK/tokens_reused" 2>&1 | tee -a "$LOG" ;;
-    trace)
-      "$PY" experiments/serving/make_mooncake_trace.py --out "$WORK/mooncake.jsonl" "${TRACE_GEN[@]}" 2>&1 | tee -a "$LOG"
-      start=$(date +%s%N); say "start: Mooncake-format trace, batching x prefix caching (4 jobs)"
-      timeout -k 15 "$(cap 200)" "$PY" run.py -m "${MODEL[@]}" workload=trace "workload.path=$WORK/mooncake.jsonl" \
-        "${TRACE_RUN[@]}" scheduler.batching=prefill_first,mixed cache.enable_prefix_caching=true,false \
-        metrics.slo.ttft_ms=1000 metrics.slo.tpot_ms=50 metrics.kv_quality.num_requests=0 \
-        "hydra.sweep.dir=$WORK/trace" 'hydra.sweep.subdir=${hydra.job.num}' > "$WORK/trace.log" 2>&1
-      say "Mooncake-format trace, batching x prefix caching: rc $? wall $(ms_since "$start") ms"
-      grep -E "nanoexp: error" "$WORK/trace.log" | head -5 | tee -a "$LOG"
-      cat "$WORK/trace/sweep_summary.md" 2>/dev/null | tee -a "$LOG" ;;
+    trace) replay_trace trace 200 "" "${MODEL[@]}" ;;
     trace_moe)  # the same trace on Qwen3-30B-A3B (dummy bf16 weights, 61 GB: one H100 with a 13 GB KV cache)
-      [ -f "$WORK/mooncake.jsonl" ] || "$PY" experiments/serving/make_mooncake_trace.py --out "$WORK/mooncake.jsonl" \
-        "${TRACE_GEN[@]}" 2>&1 | tee -a "$LOG"
-      start=$(date +%s%N); say "start: Mooncake-format trace on Qwen3-30B-A3B, batching x prefix caching (4 jobs)"
-      timeout -k 15 "$(cap 300)" "$PY" run.py -m "${MOE_MODEL[@]}" workload=trace "workload.path=$WORK/mooncake.jsonl" \
-        "${TRACE_RUN[@]}" scheduler.batching=prefill_first,mixed cache.enable_prefix_caching=true,false \
-        metrics.slo.ttft_ms=1000 metrics.slo.tpot_ms=50 metrics.kv_quality.num_requests=0 \
-        "hydra.sweep.dir=$WORK/trace_moe" 'hydra.sweep.subdir=${hydra.job.num}' > "$WORK/trace_moe.log" 2>&1
-      say "Mooncake-format trace on Qwen3-30B-A3B: rc $? wall $(ms_since "$start") ms"
-      grep -E "nanoexp: error" "$WORK/trace_moe.log" | head -5 | tee -a "$LOG"
-      cat "$WORK/trace_moe/sweep_summary.md" 2>/dev/null | tee -a "$LOG" ;;
+      replay_trace trace_moe 300 " on Qwen3-30B-A3B" "${MOE_MODEL[@]}" ;;
     capacity)
       start=$(date +%s%N); say "start: capacity search (serving workload, 2 repeats a probe)"
       timeout -k 15 "$(cap 200)" "$PY" run.py experiment=capacity "${MODEL[@]}" "${SIZE[@]}" "${CAPACITY[@]}" \

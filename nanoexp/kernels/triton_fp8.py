@@ -53,19 +53,44 @@ def _round_to_e4m3(v):
     exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     step_exponent = tl.maximum(exponent, -6) - 3  # 3 mantissa bits; subnormals below 2^-6
     step = ((step_exponent + 127) << 23).to(tl.float32, bitcast=True)
+    inverse_step = ((127 - step_exponent) << 23).to(tl.float32, bitcast=True)  # powers of 2: exact products
     magic = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds |a| < 2^22 to an integer, ties to even
-    return ((v / step + magic) - magic) * step
+    return ((v * inverse_step + magic) - magic) * step
+
+
+@triton.jit
+def _divide(a, b, IEEE: tl.constexpr):
+    """a / b: IEEE-rounded as torch's (div_rn) where IEEE (float32 runs, which follow the reference), else
+    Triton's `/`, within 2 ulp, which now and then moves a value at an e4m3 rounding boundary a whole step:
+    below what half-precision activations already differ by, and several instructions fewer per value."""
+    if IEEE:
+        return tl.math.div_rn(a, b)
+    else:
+        return a / b
 
 
 @triton.jit
 def store_quantized(
-    x, amax, live, row, groups, KB, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, eps, fp8_max
+    x,
+    amax,
+    live,
+    row,
+    groups,
+    KB,
+    q_ptr,
+    s_ptr,
+    stride_qm,
+    stride_sm,
+    stride_sg,
+    eps,
+    fp8_max,
+    IEEE: tl.constexpr,
 ):
     """x [G, 128] in fp32 (zeros outside the layer's K) quantized per group of the padded layout with the
-    groups' amax [G]: scale = max(amax, eps) / 448, q = x / scale, stored at `row`; a padding row (`live`
-    false, x zeros) stores zeros, its scales too."""
-    scale = tl.maximum(amax, eps) / fp8_max
-    q = _round_to_e4m3(tl.clamp(x / scale[:, None], -fp8_max, fp8_max))
+    groups' amax [G]: scale = max(amax, eps) / 448, q = x / scale (IEEE: both divisions as torch's, see
+    _divide), stored at `row`; a padding row (`live` false, x zeros) stores zeros, its scales too."""
+    scale = _divide(tl.maximum(amax, eps), fp8_max, IEEE)
+    q = _round_to_e4m3(tl.clamp(_divide(x, scale[:, None], IEEE), -fp8_max, fp8_max))
     group_mask = groups < KB
     padded = groups[:, None] * 128 + tl.arange(0, 128)[None, :]
     tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty), mask=group_mask[:, None])
@@ -90,10 +115,12 @@ def _quantize_groups_kernel(
     fp8_max,
     GROUPS: tl.constexpr,
     HAS_AMAX: tl.constexpr,
+    IEEE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
-    """One program per output row and GROUPS 128-groups of the padded layout (rows past M: zeros);
-    HAS_AMAX: the groups' amax is given ([M, k_blocks] like the scales)."""
+    """One program per output row and GROUPS 128-groups of the padded layout (rows past M: zeros), quantized
+    by store_quantized (IEEE: both divisions as torch's, see _divide); HAS_AMAX: the groups' amax is given
+    ([M, k_blocks] like the scales)."""
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     live = row < M
@@ -107,19 +134,21 @@ def _quantize_groups_kernel(
     else:
         amax = tl.max(tl.abs(x), axis=1)
     store_quantized(
-        x, amax, live, row, groups, KB, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, eps, fp8_max
+        x, amax, live, row, groups, KB, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, eps, fp8_max, IEEE
     )
 
 
 @triton.jit
-def _quantized_row_tile(x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE: tl.constexpr):
+def _quantized_row_tile(
+    x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE: tl.constexpr, IEEE: tl.constexpr
+):
     """KB_TILE groups of one row of x quantized as _quantize_groups_kernel does: (q [KB_TILE, 128] in fp32,
     scales [KB_TILE])."""
     local = kb0 * 128 + tl.arange(0, KB_TILE * 128) - K_OFFSET
     x = tl.load(x_row + local, mask=(local >= 0) & (local < K_LOCAL), other=0.0).to(tl.float32)
     x3 = tl.reshape(x, [KB_TILE, 128])
-    scale = tl.maximum(tl.max(tl.abs(x3), axis=1), eps) / fp8_max
-    return _round_to_e4m3(tl.clamp(x3 / scale[:, None], -fp8_max, fp8_max)), scale
+    scale = _divide(tl.maximum(tl.max(tl.abs(x3), axis=1), eps), fp8_max, IEEE)
+    return _round_to_e4m3(tl.clamp(_divide(x3, scale[:, None], IEEE), -fp8_max, fp8_max)), scale
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -150,6 +179,7 @@ def _fp8_gemv_kernel(
     BLOCK_N: tl.constexpr,
     KB_TILE: tl.constexpr,
     SPLIT_K: tl.constexpr = 1,
+    IEEE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """Rows 0..M-1 (M <= ROWS) of BLOCK_N output columns; KB_TILE weight blocks per iteration (KB is a
@@ -184,7 +214,7 @@ def _fp8_gemv_kernel(
             if m < M:
                 if QUANTIZE:
                     x3, xs = _quantized_row_tile(
-                        x_ptr + m * stride_x, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE
+                        x_ptr + m * stride_x, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE, IEEE
                     )
                 else:
                     x = tl.load(x_ptr + m * stride_x + kb0 * 128 + kk).to(tl.float32)
@@ -283,8 +313,9 @@ def _fp8_gemm_kernel(
     for kb in range(0, KB):
         if QUANTIZE:
             x = tl.load(x_tile + kb * 128, mask=(kb * 128 + ks < K_LOCAL)[None, :], other=0.0).to(tl.float32)
-            a_scale = tl.maximum(tl.max(tl.abs(x), axis=1), eps) / fp8_max
-            a = _round_to_e4m3(tl.clamp(x / a_scale[:, None], -fp8_max, fp8_max)).to(w_ptr.dtype.element_ty)
+            a_scale = _divide(tl.maximum(tl.max(tl.abs(x), axis=1), eps), fp8_max, EXACT_SUMS)
+            a = _round_to_e4m3(tl.clamp(_divide(x, a_scale[:, None], EXACT_SUMS), -fp8_max, fp8_max))
+            a = a.to(w_ptr.dtype.element_ty)
         else:
             a = tl.load(x_tile + kb * 128)
             a_scale = tl.load(xs_col + kb)
@@ -345,6 +376,7 @@ def quantize_activation(
             FP8_MAX,
             GROUPS=groups,
             HAS_AMAX=amax is not None,
+            IEEE=x.dtype == torch.float32,
             **launch_options(),
         )
     return q, s
@@ -486,6 +518,7 @@ def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
         _tickets(x.device) if split > 1 else y,  # (y: unused without a split)
         kb // split,
         QUANTIZE=quantize,
+        IEEE=quantize and x.dtype == torch.float32,
         ROWS=rows,
         BLOCK_N=config.block_n,
         KB_TILE=kb_tile,

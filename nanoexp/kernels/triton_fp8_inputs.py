@@ -3,8 +3,10 @@ gate_up_proj) and SwiGLU (before down_proj) write e4m3 values and per-token 128-
 the consumer's GEMM reads (kernels/fp8_reference.ActivationFormat), so no quantization launch runs between
 them. Their arithmetic is the unfused pair's: the producer's output rounded to the model dtype as the
 unfused op rounds it (layers/norm.py, kernels/triton_swiglu.py), then fp8_reference.quantize_activation.
-M is not specialized; the variants (residual or not, row-major or M-major scales) are compiled by the
-warm-up prefills and graph captures."""
+Float32 inputs divide with IEEE rounding as torch does (triton_fp8._divide), so their codes and scales are
+the reference's bit for bit; half-precision inputs use Triton's faster division. M is not specialized; the
+variants (residual or not, row-major or M-major scales) are compiled by the warm-up prefills and graph
+captures."""
 
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ def _add_rms_norm_quant_kernel(
     fp8_max,
     KB_POW2: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    IEEE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """One program per output row (rows past M: zeros): v = x (+ residual, stored in x's dtype), the row's
@@ -73,6 +76,7 @@ def _add_rms_norm_quant_kernel(
         stride_sg,
         eps,
         fp8_max,
+        IEEE,
     )
 
 
@@ -91,6 +95,7 @@ def _silu_and_mul_quant_kernel(
     eps,
     fp8_max,
     GROUPS: tl.constexpr,
+    IEEE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """One output row (rows past M: zeros) and GROUPS 128-groups: silu(gate) * up of x's row = [gate | up],
@@ -107,7 +112,7 @@ def _silu_and_mul_quant_kernel(
     act = swiglu_values(gate, up, DT)
     amax = tl.max(tl.abs(act), axis=1)
     store_quantized(
-        act, amax, live, row, groups, KB, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, eps, fp8_max
+        act, amax, live, row, groups, KB, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, eps, fp8_max, IEEE
     )
 
 
@@ -160,6 +165,7 @@ def rms_norm_quantized(
             FP8_MAX,
             KB_POW2=kb_pow2,
             HAS_RESIDUAL=residual is not None,
+            IEEE=x.dtype == torch.float32,
             num_warps=min(16, max(4, kb_pow2 // 2)),
             **launch_options(),
         )
@@ -189,6 +195,7 @@ def silu_and_mul_quantized(x: torch.Tensor, fmt: ActivationFormat) -> QuantizedA
             ACT_EPS,
             FP8_MAX,
             GROUPS=groups,
+            IEEE=x.dtype == torch.float32,
             num_warps=4,
             **launch_options(),
         )

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from fp8_checkpoints import GPU_KL_RATIO, build_fp8_checkpoint, kl_against_rounding, w8a8_transformers_model
+from fp8_checkpoints import (
+    GPU_KL_RATIO,
+    GPU_LENGTHS,
+    GPU_PATHS,
+    build_fp8_checkpoint,
+    kl_against_rounding,
+    w8a8_transformers_model,
+)
 from helpers import CompileLog, assert_follows_transformers
 
 from nanoexp import LLM, SamplingParams
@@ -20,13 +27,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
-LENGTHS = [1, 2, 15, 16, 17, 63, 129, 300, 40]
-PATHS = {
-    "graphs": dict(),
-    "eager": dict(enforce_eager=True),
-    "chunked_prefix_cache": dict(max_num_batched_tokens=48, enable_prefix_caching=True),
-    "preemption_block256": dict(kv_block_size=256, num_kv_blocks=3),
-}
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +40,12 @@ def fp8_checkpoint(tmp_path_factory) -> str:
 
 
 @pytest.mark.gpu_quick
-@pytest.mark.parametrize("path_name", PATHS)
+@pytest.mark.parametrize("path_name", GPU_PATHS)
 def test_gpu_fp8_checkpoint_follows_the_w8a8_reference(fp8_checkpoint, path_name):
     rng = random.Random(0)
-    prompts = [[rng.randrange(150) for _ in range(n)] for n in LENGTHS]
+    prompts = [[rng.randrange(150) for _ in range(n)] for n in GPU_LENGTHS]
     args = dict(kv_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
-    with LLM(fp8_checkpoint, **{**args, **PATHS[path_name]}) as llm:
+    with LLM(fp8_checkpoint, **{**args, **GPU_PATHS[path_name]}) as llm:
         outs = llm.generate(
             prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
         )
@@ -63,7 +63,7 @@ def test_gpu_fp8_logits_stay_within_half_of_what_activation_rounding_moves(fp8_c
     weights with unquantized activations); GPU_KL_RATIO says why half. The kernels' exactness in float32 is
     tests/kernels/test_fp8_kernels.py's."""
     rng = random.Random(0)
-    prompts = [[rng.randrange(150) for _ in range(n)] for n in LENGTHS]
+    prompts = [[rng.randrange(150) for _ in range(n)] for n in GPU_LENGTHS]
     args = dict(kv_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
     with LLM(fp8_checkpoint, **args) as llm:
         outs = llm.generate(
@@ -102,14 +102,13 @@ def test_gpu_no_timed_step_compiles(quantization, kv_cache_dtype):
     )
     with llm:
         llm.generate([prompts[0][:16]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-        graphs_before = torch_compiled_graphs()
         with CompileLog() as compiled:
             llm.generate(prompts, params, use_tqdm=False)
             torch.cuda.synchronize()
     assert compiled.names == [], (
         f"timed work compiled {len(compiled.names)} kernels: {sorted(set(compiled.names))}"
     )
-    assert torch_compiled_graphs() == graphs_before, "timed work ran torch.compile"
+    assert compiled.torch_graphs == 0, "timed work ran torch.compile"
 
 
 @pytest.mark.parametrize("batching", ["prefill_first", "mixed"])
@@ -136,7 +135,6 @@ def test_gpu_no_timed_step_compiles_on_prefix_cache_hits(batching):
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     with llm:
         llm.generate([documents[0][:16]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-        graphs_before = torch_compiled_graphs()
         with CompileLog() as compiled:
             llm.generate(documents, params, use_tqdm=False)
             # one at a time: each a hit on its document's blocks
@@ -145,11 +143,5 @@ def test_gpu_no_timed_step_compiles_on_prefix_cache_hits(batching):
     assert compiled.names == [], (
         f"timed work compiled {len(compiled.names)} kernels: {sorted(set(compiled.names))}"
     )
-    assert torch_compiled_graphs() == graphs_before, "timed work ran torch.compile"
+    assert compiled.torch_graphs == 0, "timed work ran torch.compile"
     assert cached == [256 * blocks for blocks in range(1, 16)]
-
-
-def torch_compiled_graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])

@@ -1,8 +1,9 @@
 """Qwen3-MoE with fp8 weights on a CUDA device (the fp8 grouped expert GEMMs, the dense fp8 kernels, CUDA
-graphs and step graphs) against transformers running the torch W8A8 reference (tests/fp8_checkpoints.py),
-by tests/e2e/test_fp8_gpu.py's criteria: where the greedy tokens first differ, ours is among the
-reference's top 3, and the distance of our log-probs from the reference is held to half of what rounding
-activations to e4m3 moves them by (GPU_KL_RATIO); and no timed step compiles a kernel."""
+graphs and step graphs) against transformers running the torch W8A8 reference (tests/fp8_checkpoints.py):
+teacher-forced on our greedy tokens, the reference picks ours at most positions (GPU_MOE_AGREEMENT: a
+router near-tie flipped by a last-bit difference makes the dense tests' top-3 rule too tight here), the
+distance of our log-probs from the reference is held to half of what rounding activations to e4m3 moves
+them by (GPU_KL_RATIO); and no timed step compiles a kernel."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ import pytest
 import torch
 from fp8_checkpoints import (
     GPU_KL_RATIO,
+    GPU_LENGTHS,
+    GPU_MOE_AGREEMENT,
+    GPU_PATHS,
     build_fp8_moe_checkpoint,
     kl_against_rounding,
+    teacher_forced_agreement,
     w8a8_transformers_model,
 )
-from helpers import CompileLog, assert_follows_transformers
+from helpers import CompileLog
 
 from nanoexp import LLM, SamplingParams
 
@@ -25,13 +30,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-LENGTHS = [1, 2, 15, 16, 17, 63, 129, 300, 40]
-PATHS = {
-    "graphs": dict(),
-    "eager": dict(enforce_eager=True),
-    "chunked_prefix_cache": dict(max_num_batched_tokens=48, enable_prefix_caching=True),
-    "preemption_block256": dict(kv_block_size=256, num_kv_blocks=3),
-}
 ENGINE = dict(kv_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
 
 
@@ -45,7 +43,7 @@ def fp8_moe_checkpoint(tmp_path_factory) -> str:
 
 def prompts() -> list[list[int]]:
     rng = random.Random(0)
-    return [[rng.randrange(380) for _ in range(n)] for n in LENGTHS]
+    return [[rng.randrange(380) for _ in range(n)] for n in GPU_LENGTHS]
 
 
 def generate(path: str, prompt_list, **kwargs) -> list:
@@ -57,13 +55,12 @@ def generate(path: str, prompt_list, **kwargs) -> list:
 
 
 @pytest.mark.gpu_quick
-@pytest.mark.parametrize("path_name", PATHS)
+@pytest.mark.parametrize("path_name", GPU_PATHS)
 def test_gpu_fp8_moe_follows_the_w8a8_reference(fp8_moe_checkpoint, path_name):
     prompt_list = prompts()
-    outs = generate(fp8_moe_checkpoint, prompt_list, **PATHS[path_name])
-    # Exact tokens are not the criterion on a GPU: rounding each activation to e4m3 turns the GPU's last-bit
-    # differences from the CPU into whole fp8 steps now and then (tests/e2e/test_fp8_gpu.py)
-    assert_follows_transformers(w8a8_transformers_model(fp8_moe_checkpoint), prompt_list, outs, min_exact=0.0)
+    outs = generate(fp8_moe_checkpoint, prompt_list, **GPU_PATHS[path_name])
+    agreement = teacher_forced_agreement(w8a8_transformers_model(fp8_moe_checkpoint), prompt_list, outs)
+    assert agreement >= GPU_MOE_AGREEMENT["float32"], agreement
 
 
 @pytest.mark.gpu_quick
@@ -81,7 +78,8 @@ def test_gpu_fp8_moe_log_probs_stay_within_half_of_what_activation_rounding_move
 def test_gpu_fp8_moe_in_bfloat16_follows_the_w8a8_reference(fp8_moe_checkpoint):
     prompt_list = prompts()
     outs = generate(fp8_moe_checkpoint, prompt_list, dtype="bfloat16")
-    assert_follows_transformers(w8a8_transformers_model(fp8_moe_checkpoint), prompt_list, outs, min_exact=0.0)
+    agreement = teacher_forced_agreement(w8a8_transformers_model(fp8_moe_checkpoint), prompt_list, outs)
+    assert agreement >= GPU_MOE_AGREEMENT["bfloat16"], agreement
 
 
 def test_gpu_fp8_moe_expert_load_counts_only_real_tokens(fp8_moe_checkpoint):
