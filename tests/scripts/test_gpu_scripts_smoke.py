@@ -55,3 +55,35 @@ def test_workloads_study_smoke_runs_every_part(tmp_path: Path) -> None:
     assert len(verdicts) == 5 and set(verdicts) <= {"within noise", "**differs**"}, verdicts
     assert re.search(r"^capacity: ", log, re.M)
     assert sorted(p.name for p in returned_files(out)) == ["aa.md", "workloads.log", "workloads.tgz"]
+
+
+@pytest.mark.slow
+def test_fused_fp8_before_after_smoke_runs_every_step(tmp_path: Path) -> None:
+    proc, out = smoke("experiments/fp8/gpu_fused.sh", tmp_path, BASE=str(ROOT), BASE_LABEL="base")
+    log = (out / "fused.log").read_text()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = re.findall(r"^\[\+\d+s\] (.+): rc (\d+) wall \d+ s", log, re.M)
+    assert steps == [
+        ("tests", "0"),
+        ("base tpot", "0"),
+        ("new tpot", "0"),
+        ("base prefill", "0"),
+        ("new prefill", "0"),
+        ("bench", "0"),
+    ], log[-3000:]
+    collected = [line for line in (out / "fused_tests.log").read_text().splitlines() if "::" in line]
+    assert collected and all("::test_gpu_" in line for line in collected)  # -m gpu: the GPU tests only
+    rows = [line.split("|")[1:-1] for line in log.splitlines() if line.startswith("| ")]
+    numbers = [row for row in rows if row[1].strip() in ("none", "fp8", "fp8 / none")]
+    assert len(numbers) == 9 and all(float(row[2]) > 0 and float(row[3]) > 0 for row in numbers), log[-3000:]
+    assert sorted(p.name for p in returned_files(out)) == [
+        "fused.log",
+        "fused_runs.tgz",
+        "fused_tests.log",
+        "kernel_bench.log",
+    ]
+
+
+def test_fused_fp8_before_after_refuses_a_missing_base(tmp_path: Path) -> None:
+    proc, out = smoke("experiments/fp8/gpu_fused.sh", tmp_path, BASE=str(tmp_path / "nowhere"))
+    assert proc.returncode == 2 and "BASE=<dir>" in (out / "fused.log").read_text()
