@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fused fp8 input quantization (add + RMSNorm and SwiGLU emitting e4m3 and scales) before/after, in one
-# device call on one H100 (about 6-7 min; BUDGET caps it). Run from the repo root of the new tree, with the
+# device call on one H100 (about 6-8 min; BUDGET caps it). Run from the repo root of the new tree, with the
 # hydra/omegaconf/wandb wheels in .whl (carried: the GPU image lacks them; installed once into /tmp/site)
 # and BASE a `git archive` of the tree to compare against (main without the fused producers), carried too:
 #   mkdir -p .gpu/base && git -C /work/main archive main | tar -x -C .gpu/base     # on the CPU machine
@@ -15,9 +15,11 @@
 #   prefill  the same sweep at a 4,096-token prompt, 1 output token, prefix caching off (5 iterations): the
 #            median 4,096-token prefill step from each job's steps.csv, on base and on new
 #   bench    experiments/fp8/kernel_bench.py --fused on new -> $OUT/kernel_bench.log
+#   gemv     the one-row GEMV candidate that sums once after its K loop (GemvConfig.deferred_sum, off in the
+#            engine): its GPU test, then kernel_bench.py --gemv on new -> $OUT/gemv.log
 # Writes $OUT/fused.log (progress in elapsed seconds, each step's rc and wall time, the before/after table),
-# $OUT/fused_tests.log, $OUT/kernel_bench.log and $OUT/fused_runs.tgz (the sweep dirs and run.py logs).
-# PARTS="tpot prefill" runs a subset.
+# $OUT/fused_tests.log, $OUT/kernel_bench.log, $OUT/gemv.log and $OUT/fused_runs.tgz (the sweep dirs and
+# run.py logs). PARTS="tpot prefill" runs a subset.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 WORK="${WORK:-/tmp/fp8_fused}"; rm -rf "$WORK"; mkdir -p "$WORK"
@@ -108,7 +110,7 @@ say "fused fp8 input quantization, before/after $(date -u +%FT%TZ) new $NEW_LABE
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
 fi
-for part in ${PARTS:-tests tpot prefill bench}; do
+for part in ${PARTS:-tests tpot prefill bench gemv}; do
   budget_ok "$part" || continue
   case "$part" in
     tests)  # straight to a file in $OUT: a timeout keeps what ran
@@ -130,7 +132,17 @@ for part in ${PARTS:-tests tpot prefill bench}; do
           > "$OUT/kernel_bench.log" 2>&1
       fi
       say "bench: rc $? wall $(( $(date +%s) - start )) s" ;;
-    *) say "unknown part $part (tests, tpot, prefill, bench)" ;;
+    gemv)
+      start=$(date +%s); say "start: the sum-once GEMV candidate: GPU test, kernel_bench.py --gemv (new tree)"
+      PYTHONPATH="$NEW${SITE:+:$SITE}" timeout -k 10 "$(cap 60)" "$PY" -m pytest -q -p no:cacheprovider -m gpu \
+        "${PYTEST_ARG[@]}" -k summing_once tests/kernels/test_fp8_kernels.py > "$OUT/gemv.log" 2>&1
+      say "gemv tests: rc $? wall $(( $(date +%s) - start )) s; $(tail -1 "$OUT/gemv.log")"
+      if [ "${SMOKE:-0}" != 1 ] && budget_ok "kernel_bench.py --gemv"; then
+        PYTHONPATH="$NEW${SITE:+:$SITE}" timeout -k 10 "$(cap 120)" "$PY" experiments/fp8/kernel_bench.py --gemv \
+          >> "$OUT/gemv.log" 2>&1
+      fi
+      say "gemv: rc $? wall $(( $(date +%s) - start )) s" ;;
+    *) say "unknown part $part (tests, tpot, prefill, bench, gemv)" ;;
   esac
 done
 say "before/after (base $BASE_LABEL, new $NEW_LABEL)"

@@ -4,8 +4,11 @@ replays of 20 back-to-back calls. Each row also checks the kernel's result again
 a few tile configurations are timed beside the default (decode GEMV at 1 row, skinny GEMM at 16, 4,096).
 First, the producers that quantize an fp8 layer's input (add + RMSNorm, SwiGLU) against the unfused pair
 (the op, then the quantization kernel), alone and followed by their layer's GEMM; `--fused` runs only that.
+`--gemv` runs only the one-row table: the engine's kernel at each layer against GEMV configurations, among
+them the candidate that sums its products once after the K loop (GemvConfig.deferred_sum), with each one's
+error against the reference.
 
-    python experiments/fp8/kernel_bench.py [--fused]"""
+    python experiments/fp8/kernel_bench.py [--fused | --gemv]"""
 
 from __future__ import annotations
 
@@ -50,6 +53,8 @@ CANDIDATES = {
         GemmConfig(16, 64, 4, 8),
         GemmConfig(16, 128, 4, 4),
         GemmConfig(16, 64, 4, 6, quantize_a=True),  # and no quantization launch before it
+        GemvConfig(8, 4, deferred_sum=True),  # one reduction after the K loop, none per iteration
+        GemvConfig(16, 2, 4, deferred_sum=True),
     ],
     4: [
         GemmConfig(16, 32, 4, 4),  # the engine's default at 2-64 rows
@@ -112,6 +117,9 @@ def main() -> None:
         f"device {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s; "
         f"cuBLAS block-scaled fp8 GEMM: {CUBLAS}"
     )
+    if "--gemv" in sys.argv:
+        gemv_table(bw)
+        return
     fused_table(bw)
     if "--fused" in sys.argv:
         return
@@ -181,6 +189,55 @@ def fused_row(name: str, m: int, bw: float) -> str:
         ]
     cells = [name, m, f"{times[0]:.1f}", f"{times[1]:.1f}", f"{times[0] - times[1]:.1f}", f"{floor:.1f}"]
     return "| " + " | ".join(map(str, [*cells, f"{times[2]:.1f}", f"{times[3]:.1f}"])) + " |"
+
+
+# One row: the GEMV as the engine configures it (reductions across threads every iteration) and the
+# candidate that accumulates w * x * scales elementwise over the K loop and reduces once at the end
+GEMV_CANDIDATES = [
+    GemvConfig(4, 4),
+    GemvConfig(8, 4),
+    GemvConfig(4, 4, deferred_sum=True),
+    GemvConfig(8, 2, deferred_sum=True),
+    GemvConfig(8, 4, deferred_sum=True),
+    GemvConfig(16, 2, 4, deferred_sum=True),
+    GemvConfig(16, 4, 8, deferred_sum=True),
+    GemvConfig(8, 4, 4, split_k=2, deferred_sum=True),
+    GemvConfig(4, 4, 4, split_k=4, deferred_sum=True),
+]
+
+
+def describe(config: GemvConfig) -> str:
+    split = f" split {config.split_k}" if config.split_k > 1 else ""
+    kind = "once" if config.deferred_sum else "per-iter"
+    return f"{kind} {config.block_n}x{config.kb_tile}/{config.num_warps}w{split}"
+
+
+def gemv_table(bw: float) -> None:
+    """Each layer at one bf16 row (quantization included, as the engine runs it): the engine's kernel,
+    then every GEMV candidate's time and its relative error against the torch reference in float32."""
+    print("\nOne row, GEMV candidates (us, quantization included; [max rel err vs the reference, float32]):")
+    print(
+        "| layer | bytes floor us | engine us | best | " + " | ".join(map(describe, GEMV_CANDIDATES)) + " |"
+    )
+    print("|---" * (4 + len(GEMV_CANDIDATES)) + "|")
+    for name in SHAPES:
+        print(gemv_row(name, bw))
+
+
+def gemv_row(name: str, bw: float) -> str:
+    (n, k), layout = SHAPES[name], Fp8Layout(*SHAPES[name], 0, 128)
+    q, s = quantize_weight(torch.randn(n, k, device="cuda") * 0.02)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    ref = w8a8_reference(x.float(), q, s, layout)  # errors in float32: bf16's output rounding hides them
+    floor = (n * k + (n // 128) * (k // 128) * 4 + k * 2 + n * 2) / bw * 1e6  # weights, scales, x, y
+    cells = []
+    for config in GEMV_CANDIDATES:
+        err = (fp8_linear(x.float(), q, s, layout, config=config) - ref).abs().max() / ref.abs().max()
+        cells.append((timed_us(lambda c=config: fp8_linear(x, q, s, layout, config=c)), err.item()))
+    engine = timed_us(lambda: fp8_linear(x, q, s, layout))
+    best = min(range(len(cells)), key=lambda i: cells[i][0])
+    row = [name, f"{floor:.1f}", f"{engine:.1f}", describe(GEMV_CANDIDATES[best])]
+    return "| " + " | ".join(row + [f"{t:.1f} ({e:.0e})" for t, e in cells]) + " |"
 
 
 def tile_times(w: torch.Tensor, m: int, configs: list) -> str:

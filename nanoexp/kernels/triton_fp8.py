@@ -151,6 +151,35 @@ def _quantized_row_tile(
     return _round_to_e4m3(tl.clamp(_divide(x3, scale[:, None], IEEE), -fp8_max, fp8_max)), scale
 
 
+@triton.jit
+def _gemv_row_tile(
+    x_ptr,
+    xs_ptr,
+    m,
+    stride_x,
+    stride_xs,
+    kb0,
+    K_LOCAL,
+    K_OFFSET,
+    eps,
+    fp8_max,
+    QUANTIZE: tl.constexpr,
+    KB_TILE: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """Row m's KB_TILE groups from kb0 as the GEMV multiplies them: (e4m3 values [KB_TILE, 128] in fp32,
+    scales [KB_TILE]), quantized here (QUANTIZE) or loaded."""
+    if QUANTIZE:
+        x3, xs = _quantized_row_tile(
+            x_ptr + m * stride_x, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE, IEEE
+        )
+    else:
+        x = tl.load(x_ptr + m * stride_x + kb0 * 128 + tl.arange(0, KB_TILE * 128)).to(tl.float32)
+        x3 = tl.reshape(x, [KB_TILE, 128])
+        xs = tl.load(xs_ptr + m * stride_xs + kb0 + tl.arange(0, KB_TILE))
+    return x3, xs
+
+
 @triton.jit(do_not_specialize=["M"])
 def _fp8_gemv_kernel(
     x_ptr,
@@ -180,6 +209,7 @@ def _fp8_gemv_kernel(
     KB_TILE: tl.constexpr,
     SPLIT_K: tl.constexpr = 1,
     IEEE: tl.constexpr = False,
+    DEFER_SUM: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """Rows 0..M-1 (M <= ROWS) of BLOCK_N output columns; KB_TILE weight blocks per iteration (KB is a
@@ -187,7 +217,9 @@ def _fp8_gemv_kernel(
     per group (each program redoes it: a decode row is a few KB read from L2), one launch fewer; else x
     is quantized [M, k_padded] with scales xs. SPLIT_K > 1: program (tile, s) takes K blocks
     [s * KB_PER_SPLIT, +KB_PER_SPLIT); the last of a tile's programs (an atomic ticket) sums the fp32
-    partials, writes y and resets its ticket (CUDA-graph replays start clean)."""
+    partials, writes y and resets its ticket (CUDA-graph replays start clean). DEFER_SUM (one row only):
+    each iteration adds w * x * (both scales) elementwise into a [BLOCK_N, KB_TILE, 128] fp32 accumulator
+    held in registers, summed across threads once after the K loop instead of twice per iteration."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -197,6 +229,8 @@ def _fp8_gemv_kernel(
     kbs = tl.arange(0, KB_TILE)
     kk = tl.arange(0, KB_TILE * 128)
     acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    if DEFER_SUM:
+        products = tl.zeros([BLOCK_N, KB_TILE, 128], dtype=tl.float32)
     w_tile = w_ptr + safe_cols[:, None] * stride_w + kk[None, :]
     ws_tile = ws_ptr + (safe_cols // ROW_BLOCK)[:, None] * stride_ws + kbs[None, :]
     # the weights, which no kernel writes, are requested before waiting for the previous kernel (PDL)
@@ -210,19 +244,46 @@ def _fp8_gemv_kernel(
         w_next = tl.load(w_tile + tl.minimum(kb0 + KB_TILE, kb_last) * 128, eviction_policy="evict_first")
         w3 = tl.reshape(w.to(tl.float32), [BLOCK_N, KB_TILE, 128])
         ws = tl.load(ws_tile + kb0)
-        for m in tl.static_range(ROWS):
-            if m < M:
-                if QUANTIZE:
-                    x3, xs = _quantized_row_tile(
-                        x_ptr + m * stride_x, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE, IEEE
+        if DEFER_SUM:  # ROWS == 1: no reduction inside the loop
+            x3, xs = _gemv_row_tile(
+                x_ptr,
+                xs_ptr,
+                0,
+                stride_x,
+                stride_xs,
+                kb0,
+                K_LOCAL,
+                K_OFFSET,
+                eps,
+                fp8_max,
+                QUANTIZE,
+                KB_TILE,
+                IEEE,
+            )
+            products += (w3 * x3[None, :, :]) * (ws * xs[None, :])[:, :, None]
+        else:
+            for m in tl.static_range(ROWS):
+                if m < M:
+                    x3, xs = _gemv_row_tile(
+                        x_ptr,
+                        xs_ptr,
+                        m,
+                        stride_x,
+                        stride_xs,
+                        kb0,
+                        K_LOCAL,
+                        K_OFFSET,
+                        eps,
+                        fp8_max,
+                        QUANTIZE,
+                        KB_TILE,
+                        IEEE,
                     )
-                else:
-                    x = tl.load(x_ptr + m * stride_x + kb0 * 128 + kk).to(tl.float32)
-                    x3 = tl.reshape(x, [KB_TILE, 128])
-                    xs = tl.load(xs_ptr + m * stride_xs + kb0 + kbs)
-                part = tl.sum(w3 * x3[None, :, :], axis=2)
-                contrib = tl.sum(part * ws * xs[None, :], axis=1)
-                acc += tl.where(rows[:, None] == m, contrib[None, :], 0.0)
+                    part = tl.sum(w3 * x3[None, :, :], axis=2)
+                    contrib = tl.sum(part * ws * xs[None, :], axis=1)
+                    acc += tl.where(rows[:, None] == m, contrib[None, :], 0.0)
+    if DEFER_SUM:
+        acc = tl.reshape(tl.sum(tl.reshape(products, [BLOCK_N, KB_TILE * 128]), axis=1), [ROWS, BLOCK_N])
     out_mask = (rows[:, None] < M) & col_mask[None, :]
     if SPLIT_K > 1:
         parts = part_ptr + rows[:, None] * N + cols[None, :]
@@ -388,6 +449,9 @@ class GemvConfig:
     kb_tile: int  # 128-blocks of K per iteration (the largest of it, 2 and 1 that divides K's blocks)
     num_warps: int = 4
     split_k: int = 1  # K split across programs (1 where it does not divide K's blocks in whole tiles)
+    # one row only: products accumulated elementwise over the K loop, reduced once after it (a benchmark
+    # candidate; the engine's configs leave it off)
+    deferred_sum: bool = False
 
 
 @dataclass(frozen=True)
@@ -491,6 +555,8 @@ def _gemm(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
 def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: GemvConfig | None) -> None:
     m, n, kb = x.shape[0], layout.n, layout.k_blocks
     config = config or default_gemv_config(n, num_sms(x.device))
+    if config.deferred_sum and m != 1:
+        raise ValueError(f"GemvConfig(deferred_sum=True) takes one row, got {m}")
     kb_tile = next(t for t in (config.kb_tile, 2, 1) if kb % t == 0)
     tiles, rows = triton.cdiv(n, config.block_n), triton.next_power_of_2(m)
     split = config.split_k if kb % (config.split_k * kb_tile) == 0 and tiles <= TICKETS else 1
@@ -523,6 +589,7 @@ def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
         BLOCK_N=config.block_n,
         KB_TILE=kb_tile,
         SPLIT_K=split,
+        DEFER_SUM=config.deferred_sum,
         num_warps=config.num_warps,
         **launch_options(),
     )

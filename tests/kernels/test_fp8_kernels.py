@@ -227,3 +227,49 @@ def test_split_k_gemv_matches_the_reference_twice(shape, rows):
         want = w8a8_reference(x, q, s, layout)
         assert_close(triton_fp8.fp8_linear(x, q, s, layout, config=config), want, 1)
     assert int(triton_fp8._tickets(torch.device(DEVICE)).abs().sum()) == 0
+
+
+DEFERRED = [
+    triton_fp8.GemvConfig(8, 4, deferred_sum=True),
+    triton_fp8.GemvConfig(8, 2, 4, split_k=2, deferred_sum=True),
+]
+
+
+@pytest.mark.parametrize("config", DEFERRED, ids=["whole_k", "split_k"])
+@pytest.mark.parametrize(*quick_first("shape", [*LAYOUTS, (40, 1024, 0, 1)], quick=1))
+def test_gemv_summing_once_after_the_k_loop_matches_the_reference(shape, config):
+    """The one-row candidate that adds w * x * scales elementwise over the K loop and reduces once: the
+    reference's value up to fp32 summation order, quantizing its row itself or reading it quantized."""
+    torch.manual_seed(8)
+    layout = Fp8Layout(*shape)
+    q, s = random_weights(layout)
+    x = torch.randn(1, layout.k_local, device=DEVICE)
+    want = w8a8_reference(x, q, s, layout)
+    assert_close(triton_fp8.fp8_linear(x, q, s, layout, config=config), want, 1)  # quantizes its row
+    xq, xs = quantize_activation(x, layout)
+    assert_close(triton_fp8.fp8_matmul(xq, xs, q, s, layout, x.dtype, config), want, 1)
+    assert int(triton_fp8._tickets(torch.device(DEVICE)).abs().sum()) == 0
+
+
+def test_gemv_summing_once_is_a_one_row_candidate_off_by_default():
+    assert not triton_fp8.default_gemv_config(4096, 132).deferred_sum
+    layout = Fp8Layout(40, 96, 0, 1)
+    q, s = random_weights(layout)
+    with pytest.raises(ValueError, match="one row, got 2"):
+        triton_fp8.fp8_linear(torch.randn(2, 96, device=DEVICE), q, s, layout, config=DEFERRED[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_gemv_summing_once_at_qwen3_8b_shapes(dtype):
+    """o_proj (quantizing its row) and down_proj (K = 12,288: a quantization launch first), one row."""
+    torch.manual_seed(9)
+    for n, k in ((4096, 4096), (4096, 12288)):
+        layout = Fp8Layout(n, k, 0, 128)
+        q, s = random_weights(layout)
+        x = torch.randn(1, k, device="cuda", dtype=dtype)
+        want = w8a8_reference(x.float(), q, s, layout)
+        for config in DEFERRED:
+            got = triton_fp8.fp8_linear(x, q, s, layout, config=config).float()
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            assert err <= (1e-2 if dtype == torch.bfloat16 else 1e-5), (n, k, config, err)  # bf16: its output

@@ -70,9 +70,12 @@ def test_fused_fp8_before_after_smoke_runs_every_step(tmp_path: Path) -> None:
         ("base prefill", "0"),
         ("new prefill", "0"),
         ("bench", "0"),
+        ("gemv tests", "0"),
+        ("gemv", "0"),
     ], log[-3000:]
-    collected = [line for line in (out / "fused_tests.log").read_text().splitlines() if "::" in line]
-    assert collected and all("::test_gpu_" in line for line in collected)  # -m gpu: the GPU tests only
+    for name in ("fused_tests.log", "gemv.log"):  # -m gpu: the GPU tests only
+        collected = [line for line in (out / name).read_text().splitlines() if "::" in line]
+        assert collected and all("::test_gpu_" in line for line in collected), name
     rows = [line.split("|")[1:-1] for line in log.splitlines() if line.startswith("| ")]
     numbers = [row for row in rows if row[1].strip() in ("none", "fp8", "fp8 / none")]
     assert len(numbers) == 9 and all(float(row[2]) > 0 and float(row[3]) > 0 for row in numbers), log[-3000:]
@@ -80,6 +83,7 @@ def test_fused_fp8_before_after_smoke_runs_every_step(tmp_path: Path) -> None:
         "fused.log",
         "fused_runs.tgz",
         "fused_tests.log",
+        "gemv.log",
         "kernel_bench.log",
     ]
 
