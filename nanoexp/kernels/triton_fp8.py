@@ -47,7 +47,7 @@ UPCAST_DOT = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _round_to_e4m3(v):
+def round_to_e4m3(v):
     """v (|v| <= 448) rounded to the nearest e4m3 value, ties to even, in fp32: the cast after it is exact.
     (The Triton interpreter's fp8 cast mis-rounds values that carry into the next binade.)"""
     exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
@@ -59,7 +59,7 @@ def _round_to_e4m3(v):
 
 
 @triton.jit
-def _divide(a, b, IEEE: tl.constexpr):
+def divide(a, b, IEEE: tl.constexpr):
     """a / b: IEEE-rounded as torch's (div_rn) where IEEE (float32 runs, which follow the reference), else
     Triton's `/`, within 2 ulp, which now and then moves a value at an e4m3 rounding boundary a whole step:
     below what half-precision activations already differ by, and several instructions fewer per value."""
@@ -88,9 +88,9 @@ def store_quantized(
 ):
     """x [G, 128] in fp32 (zeros outside the layer's K) quantized per group of the padded layout with the
     groups' amax [G]: scale = max(amax, eps) / 448, q = x / scale (IEEE: both divisions as torch's, see
-    _divide), stored at `row`; a padding row (`live` false, x zeros) stores zeros, its scales too."""
-    scale = _divide(tl.maximum(amax, eps), fp8_max, IEEE)
-    q = _round_to_e4m3(tl.clamp(_divide(x, scale[:, None], IEEE), -fp8_max, fp8_max))
+    divide), stored at `row`; a padding row (`live` false, x zeros) stores zeros, its scales too."""
+    scale = divide(tl.maximum(amax, eps), fp8_max, IEEE)
+    q = round_to_e4m3(tl.clamp(divide(x, scale[:, None], IEEE), -fp8_max, fp8_max))
     group_mask = groups < KB
     padded = groups[:, None] * 128 + tl.arange(0, 128)[None, :]
     tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty), mask=group_mask[:, None])
@@ -119,7 +119,7 @@ def _quantize_groups_kernel(
     PDL: tl.constexpr = False,
 ):
     """One program per output row and GROUPS 128-groups of the padded layout (rows past M: zeros), quantized
-    by store_quantized (IEEE: both divisions as torch's, see _divide); HAS_AMAX: the groups' amax is given
+    by store_quantized (IEEE: both divisions as torch's, see divide); HAS_AMAX: the groups' amax is given
     ([M, k_blocks] like the scales)."""
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -139,7 +139,7 @@ def _quantize_groups_kernel(
 
 
 @triton.jit
-def _quantized_row_tile(
+def quantized_row_tile(
     x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE: tl.constexpr, IEEE: tl.constexpr
 ):
     """KB_TILE groups of one row of x quantized as _quantize_groups_kernel does: (q [KB_TILE, 128] in fp32,
@@ -147,8 +147,8 @@ def _quantized_row_tile(
     local = kb0 * 128 + tl.arange(0, KB_TILE * 128) - K_OFFSET
     x = tl.load(x_row + local, mask=(local >= 0) & (local < K_LOCAL), other=0.0).to(tl.float32)
     x3 = tl.reshape(x, [KB_TILE, 128])
-    scale = _divide(tl.maximum(tl.max(tl.abs(x3), axis=1), eps), fp8_max, IEEE)
-    return _round_to_e4m3(tl.clamp(_divide(x3, scale[:, None], IEEE), -fp8_max, fp8_max)), scale
+    scale = divide(tl.maximum(tl.max(tl.abs(x3), axis=1), eps), fp8_max, IEEE)
+    return round_to_e4m3(tl.clamp(divide(x3, scale[:, None], IEEE), -fp8_max, fp8_max)), scale
 
 
 @triton.jit
@@ -170,9 +170,7 @@ def _gemv_row_tile(
     """Row m's KB_TILE groups from kb0 as the GEMV multiplies them: (e4m3 values [KB_TILE, 128] in fp32,
     scales [KB_TILE]), quantized here (QUANTIZE) or loaded."""
     if QUANTIZE:
-        x3, xs = _quantized_row_tile(
-            x_ptr + m * stride_x, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE, IEEE
-        )
+        x3, xs = quantized_row_tile(x_ptr + m * stride_x, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE, IEEE)
     else:
         x = tl.load(x_ptr + m * stride_x + kb0 * 128 + tl.arange(0, KB_TILE * 128)).to(tl.float32)
         x3 = tl.reshape(x, [KB_TILE, 128])
@@ -374,8 +372,8 @@ def _fp8_gemm_kernel(
     for kb in range(0, KB):
         if QUANTIZE:
             x = tl.load(x_tile + kb * 128, mask=(kb * 128 + ks < K_LOCAL)[None, :], other=0.0).to(tl.float32)
-            a_scale = _divide(tl.maximum(tl.max(tl.abs(x), axis=1), eps), fp8_max, EXACT_SUMS)
-            a = _round_to_e4m3(tl.clamp(_divide(x, a_scale[:, None], EXACT_SUMS), -fp8_max, fp8_max))
+            a_scale = divide(tl.maximum(tl.max(tl.abs(x), axis=1), eps), fp8_max, EXACT_SUMS)
+            a = round_to_e4m3(tl.clamp(divide(x, a_scale[:, None], EXACT_SUMS), -fp8_max, fp8_max))
             a = a.to(w_ptr.dtype.element_ty)
         else:
             a = tl.load(x_tile + kb * 128)

@@ -3,7 +3,7 @@ gate_up_proj) and SwiGLU (before down_proj) write e4m3 values and per-token 128-
 the consumer's GEMM reads (kernels/fp8_reference.ActivationFormat), so no quantization launch runs between
 them. Their arithmetic is the unfused pair's: the producer's output rounded to the model dtype as the
 unfused op rounds it (layers/norm.py, kernels/triton_swiglu.py), then fp8_reference.quantize_activation.
-Float32 inputs divide with IEEE rounding as torch does (triton_fp8._divide), so their codes and scales are
+Float32 inputs divide with IEEE rounding as torch does (triton_fp8.divide), so their codes and scales are
 the reference's bit for bit; half-precision inputs use Triton's faster division. M is not specialized; the
 variants (residual or not, row-major or M-major scales) are compiled by the warm-up prefills and graph
 captures."""
