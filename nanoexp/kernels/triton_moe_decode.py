@@ -1,0 +1,471 @@
+"""The MoE experts at decode sizes in two launches, with no grouping by expert: the routing kernel's output
+feeds them directly, so a decode step's MoE layer is router GEMM, routing, gate_up and down.
+
+gate_up: one program per ((token, k) slot, column tile) reads its slot's expert id, streams that expert's
+gate and up rows as a GEMV and writes silu(gate) * up, rounded where the grouped kernel (and the torch
+ops it follows) rounds; a slot of another rank's expert (EP) writes zeros.
+
+down: one program per (token, column tile) streams the down rows of all of its token's top-k experts at
+once (a [top_k, columns, K] tile per step, so each program keeps top_k weight streams in flight), weights
+each slot's product, and sums the slots the way the reference does (kernels/moe_ref.experts_reference:
+experts in id order, each partial sum rounded to the model dtype, as its index_add_ does), so no per-slot
+buffer and no separate sum.
+
+fp8 experts (block-scaled e4m3, moe_ref.Fp8ExpertScales): the same two kernels, each quantizing its own
+input rows per 128-group in registers as triton_fp8's quantization does (gate_up: the token's hidden row;
+down: each slot's SwiGLU row, with the ranks' shared amax where a TP shard straddles a group), in the fp8
+GEMV's arithmetic (each 128-block's fp32 dot product times the weight and activation scales): no separate
+quantization launches.
+
+Token counts are never kernel arguments (the grid carries them), so a decode step of any size up to
+DECODE_MAX_TOKENS runs the variant the warm-up or a graph capture compiled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from nanoexp.kernels.fp8_reference import ACT_EPS, FP8_MAX
+from nanoexp.kernels.moe_ref import Fp8ExpertScales
+from nanoexp.kernels.pdl import launch_options
+from nanoexp.kernels.triton_fp8 import _divide, _quantized_row_tile, _round_to_e4m3
+from nanoexp.kernels.triton_pdl import wait_for_previous
+
+# Up to this many tokens the MoE layer takes this path, above it the grouped GEMMs (kernels/triton_moe.py).
+# A first guess, to be set from experiments/moe/bench_moe.py's decode candidates on the GPU.
+DECODE_MAX_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class GemvTile:
+    block_n: int  # output columns per program
+    block_k: int  # K per step (fp8 gate_up: a multiple of 128, whole 128-groups; fp8 down: one group)
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    gate_up: GemvTile
+    down: GemvTile
+
+
+# gate_up: 32 columns per program, so one token's 8 slots at Qwen3-30B-A3B's 768 rows are 192 programs; down:
+# 8 columns, so one token is 256 programs, each streaming its 8 experts' rows (8 x 8 x 128 per step)
+DECODE_TILES = DecodeTiles(GemvTile(32, 128, 4, 2), GemvTile(8, 128, 4, 2))
+
+
+@triton.jit
+def _round_to(v, DT: tl.constexpr):
+    """v rounded to the model dtype DT, back in fp32 (a no-op in float32 runs)."""
+    return v.to(DT).to(tl.float32)
+
+
+@triton.jit
+def _swiglu_store(out_ptrs, acc_gate, acc_up, col_mask):
+    """silu(gate) * up, rounded where torch's linear, silu and product round (as triton_moe's gate_up)."""
+    DT = out_ptrs.dtype.element_ty
+    gate = _round_to(acc_gate, DT)
+    act = _round_to(gate * tl.sigmoid(gate), DT)
+    tl.store(out_ptrs, (act * _round_to(acc_up, DT)).to(DT), mask=col_mask)
+
+
+@triton.jit
+def _token_slots(ids_ptr, weights_ptr, token, num_experts, TOP_K: tl.constexpr, K_PAD: tl.constexpr):
+    """A token's top-k slots: (slot indices [K_PAD] int64, this rank's expert of each or 0, whether it is
+    this rank's, its routing weight in fp32 (0 where not))."""
+    ks = tl.arange(0, K_PAD)
+    slots = token * TOP_K + ks
+    experts = tl.load(ids_ptr + slots, mask=ks < TOP_K, other=-1)
+    local = (experts >= 0) & (experts < num_experts)
+    weights = tl.load(weights_ptr + slots, mask=local, other=0.0).to(tl.float32)
+    return slots, tl.where(local, experts, 0).to(tl.int64), local, weights
+
+
+@triton.jit
+def _sum_in_expert_order(y, experts, local, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr):
+    """sum over the slots of y [K_PAD, N] (each row already rounded to DT) as the reference's index_add_
+    adds them: this rank's experts in increasing id, each partial sum rounded to DT. A token's experts are
+    distinct, so each row's place is the count of its token's local experts with smaller ids."""
+    place = tl.sum(((experts[None, :] < experts[:, None]) & local[None, :]).to(tl.int32), axis=1)
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for r in tl.static_range(TOP_K):
+        pick = local & (place == r)
+        total = _round_to(total + tl.sum(tl.where(pick[:, None], y, 0.0), axis=0), DT)
+    return total
+
+
+@triton.jit
+def _decode_gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    ids_ptr,
+    num_experts,
+    top_k,
+    K,
+    N,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_om,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """out[slot, n] = silu(x[token] . gate_e[n]) * (x[token] . up_e[n]), e = ids[slot]; w = [E, 2N, K]."""
+    wait_for_previous(PDL)
+    slot = tl.program_id(0).to(tl.int64)
+    expert = tl.load(ids_ptr + slot)
+    token = slot // top_k
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if (expert >= 0) & (expert < num_experts):  # else another rank's expert: zeros
+        ks = tl.arange(0, BLOCK_K)
+        w_expert = w_ptr + expert.to(tl.int64) * stride_we
+        gate_rows = w_expert + cols[:, None] * stride_wn
+        up_rows = w_expert + (cols + N)[:, None] * stride_wn
+        for k0 in tl.range(0, K, BLOCK_K):
+            kk = k0 + ks
+            k_mask = kk < K
+            a = tl.load(x_ptr + token * stride_xm + kk, mask=k_mask, other=0.0).to(tl.float32)
+            w_mask = col_mask[:, None] & k_mask[None, :]
+            gate = tl.load(gate_rows + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
+            up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
+            acc_gate += tl.sum(gate * a[None, :], axis=1)
+            acc_up += tl.sum(up * a[None, :], axis=1)
+    _swiglu_store(out_ptr + slot * stride_om + cols, acc_gate, acc_up, col_mask)
+
+
+@triton.jit
+def _decode_down_sum_kernel(
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    weights_ptr,
+    ids_ptr,
+    num_experts,
+    K,
+    N,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """out[token, n] = sum over its slots of weight[slot] * (a[slot] . down_e[n]), e = ids[slot], summed as
+    the reference sums; w = [E, N, K]."""
+    wait_for_previous(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    slots, experts, local, weights = _token_slots(ids_ptr, weights_ptr, token, num_experts, TOP_K, K_PAD)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    a_rows = a_ptr + slots[:, None] * stride_am
+    w_rows = w_ptr + experts[:, None, None] * stride_we + cols[None, :, None] * stride_wn
+    w_rows_mask = local[:, None, None] & col_mask[None, :, None]
+    acc = tl.zeros([K_PAD, BLOCK_N], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_mask = kk < K
+        a = tl.load(a_rows + kk[None, :], mask=local[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        w_mask = w_rows_mask & k_mask[None, None, :]
+        w = tl.load(w_rows + kk[None, None, :], mask=w_mask, other=0.0).to(tl.float32)
+        acc += tl.sum(w * a[:, None, :], axis=2)
+    DT = out_ptr.dtype.element_ty
+    y = _round_to(_round_to(acc, DT) * weights[:, None], DT)
+    total = _sum_in_expert_order(y, experts, local, TOP_K, BLOCK_N, DT)
+    tl.store(out_ptr + token * stride_om + cols, total.to(DT), mask=col_mask)
+
+
+@triton.jit
+def _decode_fp8_gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    out_ptr,
+    ids_ptr,
+    num_experts,
+    top_k,
+    KB,
+    N,
+    ROW_BLOCK,
+    K_LOCAL,
+    K_OFFSET,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_om,
+    eps,
+    fp8_max,
+    BLOCK_N: tl.constexpr,
+    KB_TILE: tl.constexpr,
+    IEEE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """_decode_gate_up_kernel on e4m3 experts w [E, 2N, KB * 128] with scales ws [E, rows, KB] (one row per
+    ROW_BLOCK weight rows); the token's row x [T, K_LOCAL] is quantized here, KB_TILE groups per step (KB a
+    multiple of it), as triton_fp8's GEMV quantizes its row."""
+    wait_for_previous(PDL)
+    slot = tl.program_id(0).to(tl.int64)
+    expert = tl.load(ids_ptr + slot)
+    token = slot // top_k
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if (expert >= 0) & (expert < num_experts):  # else another rank's expert: zeros
+        safe_cols = tl.where(col_mask, cols, 0).to(tl.int64)
+        kk = tl.arange(0, KB_TILE * 128)
+        kbs = tl.arange(0, KB_TILE)
+        w_expert = w_ptr + expert.to(tl.int64) * stride_we
+        gate_tile = w_expert + safe_cols[:, None] * stride_wn + kk[None, :]
+        up_tile = w_expert + (safe_cols + N)[:, None] * stride_wn + kk[None, :]
+        s_expert = ws_ptr + expert.to(tl.int64) * stride_se
+        gate_scales = s_expert + (safe_cols // ROW_BLOCK)[:, None] * stride_sn + kbs[None, :]
+        up_scales = s_expert + ((safe_cols + N) // ROW_BLOCK)[:, None] * stride_sn + kbs[None, :]
+        x_row = x_ptr + token * stride_xm
+        for kb0 in tl.range(0, KB, KB_TILE):
+            x3, xs = _quantized_row_tile(x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE, IEEE)
+            gate = tl.reshape(tl.load(gate_tile + kb0 * 128).to(tl.float32), [BLOCK_N, KB_TILE, 128])
+            up = tl.reshape(tl.load(up_tile + kb0 * 128).to(tl.float32), [BLOCK_N, KB_TILE, 128])
+            gate_part = tl.sum(gate * x3[None, :, :], axis=2)
+            up_part = tl.sum(up * x3[None, :, :], axis=2)
+            acc_gate += tl.sum(gate_part * tl.load(gate_scales + kb0) * xs[None, :], axis=1)
+            acc_up += tl.sum(up_part * tl.load(up_scales + kb0) * xs[None, :], axis=1)
+    _swiglu_store(out_ptr + slot * stride_om + cols, acc_gate, acc_up, col_mask)
+
+
+@triton.jit
+def _decode_fp8_down_sum_kernel(
+    a_ptr,
+    amax_ptr,
+    w_ptr,
+    ws_ptr,
+    out_ptr,
+    weights_ptr,
+    ids_ptr,
+    num_experts,
+    KB,
+    N,
+    ROW_BLOCK,
+    K_LOCAL,
+    K_OFFSET,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_om,
+    eps,
+    fp8_max,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_AMAX: tl.constexpr,
+    IEEE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """_decode_down_sum_kernel on e4m3 experts w [E, N, KB * 128] with scales ws [E, rows, KB]: each step one
+    128-group of every slot's SwiGLU row a [slots, K_LOCAL] (at K_OFFSET in the group layout) quantized here
+    (HAS_AMAX: with the groups' given amax [slots, KB], contiguous), times the experts' blocks."""
+    wait_for_previous(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    slots, experts, local, weights = _token_slots(ids_ptr, weights_ptr, token, num_experts, TOP_K, K_PAD)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    safe_cols = tl.where(col_mask, cols, 0).to(tl.int64)
+    ks = tl.arange(0, 128)
+    a_rows = a_ptr + slots[:, None] * stride_am
+    w_tile = (
+        w_ptr + experts[:, None, None] * stride_we + safe_cols[None, :, None] * stride_wn + ks[None, None, :]
+    )
+    w_scales = ws_ptr + experts[:, None] * stride_se + (safe_cols // ROW_BLOCK)[None, :] * stride_sn
+    acc = tl.zeros([K_PAD, BLOCK_N], dtype=tl.float32)
+    for kb in tl.range(0, KB):
+        k_local = kb * 128 + ks - K_OFFSET
+        in_row = (k_local >= 0) & (k_local < K_LOCAL)
+        a = tl.load(a_rows + k_local[None, :], mask=local[:, None] & in_row[None, :], other=0.0).to(
+            tl.float32
+        )
+        if HAS_AMAX:
+            amax = tl.load(amax_ptr + slots * KB + kb, mask=local, other=0.0)
+        else:
+            amax = tl.max(tl.abs(a), axis=1)
+        scale = _divide(tl.maximum(amax, eps), fp8_max, IEEE)
+        q = _round_to_e4m3(tl.clamp(_divide(a, scale[:, None], IEEE), -fp8_max, fp8_max))
+        w = tl.load(w_tile + kb * 128, mask=local[:, None, None])  # other ranks' slots: not read, zeroed
+        w = tl.where(local[:, None, None], w.to(tl.float32), 0.0)
+        part = tl.sum(w * q[:, None, :], axis=2)
+        acc += part * tl.load(w_scales + kb, mask=local[:, None], other=0.0) * scale[:, None]
+    DT = out_ptr.dtype.element_ty
+    y = _round_to(_round_to(acc, DT) * weights[:, None], DT)
+    total = _sum_in_expert_order(y, experts, local, TOP_K, BLOCK_N, DT)
+    tl.store(out_ptr + token * stride_om + cols, total.to(DT), mask=col_mask)
+
+
+def decode_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    local_ids: torch.Tensor,
+    fp8: Fp8ExpertScales | None = None,
+    tiles: DecodeTiles | None = None,
+) -> torch.Tensor:
+    """experts_reference (kernels/moe_ref.py) for a few tokens in two launches. local_ids [T, top_k]: this
+    rank's expert of each slot, any id outside [0, w13.shape[0]) for another rank's; weights [T, top_k]."""
+    num_tokens, hidden = x.shape
+    if num_tokens == 0:
+        return torch.zeros_like(x)
+    tiles = tiles or DECODE_TILES
+    top_k = local_ids.shape[1]
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    ids, weights = local_ids.contiguous(), weights.contiguous()
+    inter = w13.shape[1] // 2
+    act = x.new_empty((num_tokens * top_k, inter))
+    out = x.new_empty((num_tokens, hidden))
+    if fp8 is None:
+        _gate_up(x, w13, act, ids, tiles.gate_up)
+        _down_sum(act, w2, out, weights, ids, tiles.down)
+    else:
+        _fp8_gate_up(x, w13, act, ids, fp8, tiles.gate_up)
+        amax = fp8.down_amax(act) if fp8.down_amax is not None else None
+        _fp8_down_sum(act, amax, w2, out, weights, ids, fp8, tiles.down)
+    return out
+
+
+def _gate_up(x, w13, act, ids, tile: GemvTile) -> None:
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    _decode_gate_up_kernel[(act.shape[0], triton.cdiv(inter, tile.block_n))](
+        x,
+        w13,
+        act,
+        ids,
+        num_experts,
+        ids.shape[1],
+        x.shape[1],
+        inter,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        act.stride(0),
+        BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+        **launch_options(),
+    )
+
+
+def _down_sum(act, w2, out, weights, ids, tile: GemvTile) -> None:
+    num_tokens, hidden = out.shape
+    top_k = ids.shape[1]
+    _decode_down_sum_kernel[(num_tokens, triton.cdiv(hidden, tile.block_n))](
+        act,
+        w2,
+        out,
+        weights,
+        ids,
+        w2.shape[0],
+        act.shape[1],
+        hidden,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        out.stride(0),
+        TOP_K=top_k,
+        K_PAD=triton.next_power_of_2(top_k),
+        BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+        **launch_options(),
+    )
+
+
+def groups_per_step(k_blocks: int, block_k: int) -> int:
+    """128-groups per gate_up step: the tile's, else the largest of 2 and 1 that divides K's groups."""
+    return next(t for t in (max(1, block_k // 128), 2, 1) if k_blocks % t == 0)
+
+
+def _fp8_gate_up(x, w13, act, ids, fp8: Fp8ExpertScales, tile: GemvTile) -> None:
+    layout = fp8.gate_up
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    _decode_fp8_gate_up_kernel[(act.shape[0], triton.cdiv(inter, tile.block_n))](
+        x,
+        w13,
+        fp8.w13,
+        act,
+        ids,
+        num_experts,
+        ids.shape[1],
+        layout.k_blocks,
+        inter,
+        layout.row_block,
+        layout.k_local,
+        layout.k_offset,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        fp8.w13.stride(0),
+        fp8.w13.stride(1),
+        act.stride(0),
+        ACT_EPS,
+        FP8_MAX,
+        BLOCK_N=tile.block_n,
+        KB_TILE=groups_per_step(layout.k_blocks, tile.block_k),
+        IEEE=x.dtype == torch.float32,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+        **launch_options(),
+    )
+
+
+def _fp8_down_sum(act, amax, w2, out, weights, ids, fp8: Fp8ExpertScales, tile: GemvTile) -> None:
+    layout = fp8.down
+    num_tokens, hidden = out.shape
+    top_k = ids.shape[1]
+    amax = amax.float().contiguous() if amax is not None else None
+    _decode_fp8_down_sum_kernel[(num_tokens, triton.cdiv(hidden, tile.block_n))](
+        act,
+        amax if amax is not None else act,  # (act: unused without a given amax)
+        w2,
+        fp8.w2,
+        out,
+        weights,
+        ids,
+        w2.shape[0],
+        layout.k_blocks,
+        hidden,
+        layout.row_block,
+        layout.k_local,
+        layout.k_offset,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        fp8.w2.stride(0),
+        fp8.w2.stride(1),
+        out.stride(0),
+        ACT_EPS,
+        FP8_MAX,
+        TOP_K=top_k,
+        K_PAD=triton.next_power_of_2(top_k),
+        BLOCK_N=tile.block_n,
+        HAS_AMAX=amax is not None,
+        IEEE=act.dtype == torch.float32,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+        **launch_options(),
+    )
