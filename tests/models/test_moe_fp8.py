@@ -172,13 +172,21 @@ def test_a_missing_expert_scale_is_named(checkpoints, tmp_path):
 
 @pytest.mark.slow  # a whole MoE engine under the Triton interpreter
 def test_triton_fp8_experts_in_the_engine_match_the_reference(checkpoints, reference, monkeypatch):
-    """The GPU's path (routing kernel, one-kernel grouping, the fp8 grouped GEMMs) through the engine on
-    CPU, in the Triton interpreter."""
-    from nanoexp.kernels.triton_moe import make_triton_moe
+    """The GPU's path (routing kernel; one-kernel grouping and the fp8 grouped GEMMs for prefills, the fp8
+    decode path for the decode steps of 3 sequences) through the engine on CPU, in the Triton interpreter."""
+    from nanoexp.kernels import triton_moe
     from nanoexp.runner import model_setup
 
-    monkeypatch.setattr(model_setup, "make_moe_kernel", make_triton_moe)
+    decode_moe, decode_calls = triton_moe.decode_moe, []
+
+    def spy(x, *args, **kwargs):
+        decode_calls.append(x.shape[0])
+        return decode_moe(x, *args, **kwargs)
+
+    monkeypatch.setattr(model_setup, "make_moe_kernel", triton_moe.make_triton_moe)
+    monkeypatch.setattr(triton_moe, "decode_moe", spy)
     with LLM(checkpoints["fp8"], kv_block_size=16, **BASE) as llm:
         assert llm.stats()["moe_kernel"] == "triton: grouping in one kernel (self-checked)"
         outs = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outs] == reference[:3]
+    assert decode_calls and set(decode_calls) == {3}
