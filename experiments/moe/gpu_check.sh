@@ -10,7 +10,12 @@
 # kernels = bench_moe.py; b1 = batch-1 TPOT with the expert-load count on and off; bn = decode steps of 64
 # and 256 sequences; prefill = one 4,096-token prefill per iteration; bench = experiment=nanovllm_bench;
 # hf = the same bench (32 requests) through our engine and transformers in one sweep; fp8 = batch-1 TPOT
-# and the bench with model.quantization=none,fp8.
+# and the bench with model.quantization=none,fp8; decode = the MoE decode path's GPU tests (kernels at
+# Qwen3-30B-A3B shapes, CUDA graphs, EP, fp8), the MoE engine GPU tests (gpu_quick) and the fp8 no-compile
+# test, then bench_moe.py at 1, 2, 4, 8, 16 tokens (decode path against grouped, bf16 and fp8: which wins
+# per size, what DECODE_MAX_TOKENS should be); decode_b1 = batch-1 TPOT with the decode path (the tree's
+# DECODE_MAX_TOKENS) and without it (grouped at every size, the same tree, DECODE_MAX_TOKENS patched to 0
+# in-process). decode and decode_b1 fit one 10-minute call each.
 # Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 25),
 # TESTS_TIMEOUT (default 150).
 set -uo pipefail
@@ -106,6 +111,30 @@ for part in ${*:-tests kernels b1 bn prefill}; do
         hydra.sweep.dir=/tmp/moe_hf 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | grep -E "$SHOW|throughput" | head -40
       head -12 /tmp/moe_hf/sweep_summary.md 2>/dev/null
       step_medians /tmp/moe_hf ;;
+    decode)
+      section "MoE decode path: GPU tests, then the kernels at decode sizes (bf16 and fp8)"
+      timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
+        tests/kernels/test_triton_moe_decode.py 2>&1 | tail -15
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -m "${TESTS:-gpu_quick}" --durations=5 \
+        tests/models/test_moe_gpu.py tests/models/test_moe_fp8_gpu.py 2>&1 | tail -15
+      timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -k no_timed_step_compiles \
+        tests/models/test_moe_fp8_gpu.py 2>&1 | tail -6
+      timeout 150 python3 experiments/moe/bench_moe.py --tokens 1 2 4 8 16 --budget-s "${BENCH_S:-60}" --fp8 \
+        2>&1 | tail -150 ;;
+    decode_b1)
+      section "Qwen3-30B-A3B batch 1 (128 prompt tokens): the MoE decode path, then grouped at every size"
+      B1=("${LAT[@]}" workload.batch_size=1 workload.input_len=128 workload.output_len=128 workload.num_iters=4
+          workload.num_iters_warmup=2 scheduler.max_num_seqs=8)
+      timeout 150 python3 run.py -m "${B1[@]}" hydra.sweep.dir=/tmp/moe_decode_b1 2>&1 | grep -E "$SHOW" | head -20
+      step_medians /tmp/moe_decode_b1
+      timeout 150 python3 - "${B1[@]}" hydra.sweep.dir=/tmp/moe_decode_b1_grouped <<'PY' 2>&1 | grep -E "$SHOW" | head -20
+import runpy, sys
+import nanoexp.kernels.triton_moe as triton_moe
+triton_moe.DECODE_MAX_TOKENS = 0  # make_triton_moe reads it per engine: the grouped GEMMs at every size
+sys.argv = ["run.py", "-m", *sys.argv[1:]]
+runpy.run_path("run.py", run_name="__main__")
+PY
+      step_medians /tmp/moe_decode_b1_grouped ;;
     *) echo "unknown part $part" ;;
   esac
 done

@@ -764,7 +764,9 @@ def make_triton_moe(device: torch.device) -> TritonMoe:
     launches, 50-130 us on an H200), the decode path then serving up to SLOT_MAX_TOKENS tokens."""
     problem = grouping_agrees(device)
     if problem is None:
-        return TritonMoe(group_by_expert_kernel, "triton: grouping in one kernel (self-checked)")
+        return TritonMoe(
+            group_by_expert_kernel, "triton: grouping in one kernel (self-checked)", DECODE_MAX_TOKENS
+        )
     log.warning(
         "MoE: grouping by expert with torch ops, the one-kernel grouping failed its check: %s", problem
     )
