@@ -61,20 +61,20 @@ DOWN = [
 # the decode path's tiles (block_n, block_k, num_warps, num_stages): gate_up's program count at one token is
 # 8 slots x 768 / block_n; down's is 2048 / block_n, each streaming its token's 8 experts at once
 DECODE_GATE_UP = [
-    (16, 128, 4, 2),
-    (64, 128, 4, 2),
-    (32, 256, 4, 2),
-    (32, 256, 8, 2),
-    (32, 64, 4, 3),
-    (16, 256, 4, 3),
+    (8, 128, 4, 1),
+    (32, 128, 8, 1),
+    (16, 256, 4, 1),
+    (32, 64, 4, 1),
+    (16, 64, 4, 1),
+    (16, 128, 4, 1),
 ]
 DECODE_DOWN = [
-    (4, 128, 4, 2),
-    (16, 128, 4, 2),
-    (8, 64, 4, 3),
-    (8, 256, 8, 2),
-    (16, 64, 4, 2),
-    (32, 64, 8, 2),
+    (4, 128, 4, 1),
+    (8, 64, 4, 1),
+    (16, 64, 8, 1),
+    (4, 256, 8, 1),
+    (8, 128, 4, 1),
+    (2, 128, 4, 1),
 ]
 DECODE_UP_TO = 16  # token counts where the decode path is timed too
 PREFILL_GATE_UP = [(64, 64, 8, 3), (128, 64, 8, 3), (64, 64, 4, 4), (64, 32, 4, 4), (128, 32, 8, 4)]

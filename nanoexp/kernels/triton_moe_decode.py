@@ -42,9 +42,9 @@ DECODE_MAX_TOKENS = 4
 @dataclass(frozen=True)
 class GemvTile:
     block_n: int  # output columns per program
-    block_k: int  # K per step (fp8 gate_up: a multiple of 128, whole 128-groups; fp8 down: one group)
+    block_k: int  # K per step (fp8 gate_up: whole 128-groups; fp8 down: one group, this unused)
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 1  # the kernels keep one tile in flight ahead themselves (no software pipelining)
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,11 @@ class DecodeTiles:
     down: GemvTile
 
 
-# gate_up: 32 columns per program, so one token's 8 slots at Qwen3-30B-A3B's 768 rows are 192 programs; down:
-# 8 columns, so one token is 256 programs, each streaming its 8 experts' rows (8 x 8 x 128 per step)
-DECODE_TILES = DecodeTiles(GemvTile(32, 128, 4, 2), GemvTile(8, 128, 4, 2))
+# Tiles that compile for sm_90 without register spills (cuobjdump -res-usage), not yet timed: gate_up 16
+# columns per program (one token's 8 slots at Qwen3-30B-A3B's 768 rows: 384 programs); down 8 columns, each
+# program streaming its token's 8 experts at once (one token: 256 programs). fp8: 4 down columns (512).
+DECODE_TILES = DecodeTiles(GemvTile(16, 128, 8), GemvTile(8, 128, 8))
+DECODE_FP8_TILES = DecodeTiles(GemvTile(16, 128, 8), GemvTile(4, 128, 8))
 
 
 @triton.jit
@@ -71,6 +73,12 @@ def _swiglu_store(out_ptrs, acc_gate, acc_up, col_mask):
     gate = _round_to(acc_gate, DT)
     act = _round_to(gate * tl.sigmoid(gate), DT)
     tl.store(out_ptrs, (act * _round_to(acc_up, DT)).to(DT), mask=col_mask)
+
+
+@triton.jit
+def _tile_mask(row_mask, k0, ks, K):
+    """The [rows, BLOCK_K] tile at K offset k0: its real rows and columns."""
+    return row_mask[:, None] & (k0 + ks < K)[None, :]
 
 
 @triton.jit
@@ -128,17 +136,21 @@ def _decode_gate_up_kernel(
     if (expert >= 0) & (expert < num_experts):  # else another rank's expert: zeros
         ks = tl.arange(0, BLOCK_K)
         w_expert = w_ptr + expert.to(tl.int64) * stride_we
-        gate_rows = w_expert + cols[:, None] * stride_wn
-        up_rows = w_expert + (cols + N)[:, None] * stride_wn
-        for k0 in tl.range(0, K, BLOCK_K):
+        gate_rows = w_expert + cols[:, None] * stride_wn + ks[None, :]
+        up_rows = w_expert + (cols + N)[:, None] * stride_wn + ks[None, :]
+        k_last = (K - 1) // BLOCK_K * BLOCK_K
+        gate_next = tl.load(gate_rows, mask=_tile_mask(col_mask, 0, ks, K), other=0.0)
+        up_next = tl.load(up_rows, mask=_tile_mask(col_mask, 0, ks, K), other=0.0)
+        for k0 in range(0, K, BLOCK_K):
+            # the next tile's loads are issued before this one's arithmetic: two tiles in flight
+            gate, up = gate_next, up_next
+            k1 = tl.minimum(k0 + BLOCK_K, k_last)
+            gate_next = tl.load(gate_rows + k1, mask=_tile_mask(col_mask, k1, ks, K), other=0.0)
+            up_next = tl.load(up_rows + k1, mask=_tile_mask(col_mask, k1, ks, K), other=0.0)
             kk = k0 + ks
-            k_mask = kk < K
-            a = tl.load(x_ptr + token * stride_xm + kk, mask=k_mask, other=0.0).to(tl.float32)
-            w_mask = col_mask[:, None] & k_mask[None, :]
-            gate = tl.load(gate_rows + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
-            up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
-            acc_gate += tl.sum(gate * a[None, :], axis=1)
-            acc_up += tl.sum(up * a[None, :], axis=1)
+            a = tl.load(x_ptr + token * stride_xm + kk, mask=kk < K, other=0.0).to(tl.float32)
+            acc_gate += tl.sum(gate.to(tl.float32) * a[None, :], axis=1)
+            acc_up += tl.sum(up.to(tl.float32) * a[None, :], axis=1)
     _swiglu_store(out_ptr + slot * stride_om + cols, acc_gate, acc_up, col_mask)
 
 
@@ -170,17 +182,18 @@ def _decode_down_sum_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     ks = tl.arange(0, BLOCK_K)
-    a_rows = a_ptr + slots[:, None] * stride_am
-    w_rows = w_ptr + experts[:, None, None] * stride_we + cols[None, :, None] * stride_wn
+    a_rows = a_ptr + slots[:, None] * stride_am + ks[None, :]
+    w_tile = w_ptr + experts[:, None, None] * stride_we + cols[None, :, None] * stride_wn + ks[None, None, :]
     w_rows_mask = local[:, None, None] & col_mask[None, :, None]
+    k_last = (K - 1) // BLOCK_K * BLOCK_K
+    w_next = tl.load(w_tile, mask=w_rows_mask & (ks < K)[None, None, :], other=0.0)
     acc = tl.zeros([K_PAD, BLOCK_N], dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K):
-        kk = k0 + ks
-        k_mask = kk < K
-        a = tl.load(a_rows + kk[None, :], mask=local[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-        w_mask = w_rows_mask & k_mask[None, None, :]
-        w = tl.load(w_rows + kk[None, None, :], mask=w_mask, other=0.0).to(tl.float32)
-        acc += tl.sum(w * a[:, None, :], axis=2)
+    for k0 in range(0, K, BLOCK_K):
+        w = w_next  # the next tile's loads go out before this one's arithmetic, as in gate_up
+        k1 = tl.minimum(k0 + BLOCK_K, k_last)
+        w_next = tl.load(w_tile + k1, mask=w_rows_mask & (k1 + ks < K)[None, None, :], other=0.0)
+        a = tl.load(a_rows + k0, mask=_tile_mask(local, k0, ks, K), other=0.0).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * a[:, None, :], axis=2)
     DT = out_ptr.dtype.element_ty
     y = _round_to(_round_to(acc, DT) * weights[:, None], DT)
     total = _sum_in_expert_order(y, experts, local, TOP_K, BLOCK_N, DT)
@@ -236,10 +249,15 @@ def _decode_fp8_gate_up_kernel(
         gate_scales = s_expert + (safe_cols // ROW_BLOCK)[:, None] * stride_sn + kbs[None, :]
         up_scales = s_expert + ((safe_cols + N) // ROW_BLOCK)[:, None] * stride_sn + kbs[None, :]
         x_row = x_ptr + token * stride_xm
-        for kb0 in tl.range(0, KB, KB_TILE):
+        kb_last = KB - KB_TILE
+        gate_next, up_next = tl.load(gate_tile), tl.load(up_tile)
+        for kb0 in range(0, KB, KB_TILE):
+            gate, up = gate_next, up_next  # the next tiles' loads go out first, as in the bf16 kernel
+            kb1 = tl.minimum(kb0 + KB_TILE, kb_last)
+            gate_next, up_next = tl.load(gate_tile + kb1 * 128), tl.load(up_tile + kb1 * 128)
             x3, xs = _quantized_row_tile(x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE, IEEE)
-            gate = tl.reshape(tl.load(gate_tile + kb0 * 128).to(tl.float32), [BLOCK_N, KB_TILE, 128])
-            up = tl.reshape(tl.load(up_tile + kb0 * 128).to(tl.float32), [BLOCK_N, KB_TILE, 128])
+            gate = tl.reshape(gate.to(tl.float32), [BLOCK_N, KB_TILE, 128])
+            up = tl.reshape(up.to(tl.float32), [BLOCK_N, KB_TILE, 128])
             gate_part = tl.sum(gate * x3[None, :, :], axis=2)
             up_part = tl.sum(up * x3[None, :, :], axis=2)
             acc_gate += tl.sum(gate_part * tl.load(gate_scales + kb0) * xs[None, :], axis=1)
@@ -293,7 +311,10 @@ def _decode_fp8_down_sum_kernel(
     )
     w_scales = ws_ptr + experts[:, None] * stride_se + (safe_cols // ROW_BLOCK)[None, :] * stride_sn
     acc = tl.zeros([K_PAD, BLOCK_N], dtype=tl.float32)
-    for kb in tl.range(0, KB):
+    w_next = tl.load(w_tile, mask=local[:, None, None])  # other ranks' slots: not read, zeroed below
+    for kb in range(0, KB):
+        w = w_next  # the next block's loads go out before this one's arithmetic, as in gate_up
+        w_next = tl.load(w_tile + tl.minimum(kb + 1, KB - 1) * 128, mask=local[:, None, None])
         k_local = kb * 128 + ks - K_OFFSET
         in_row = (k_local >= 0) & (k_local < K_LOCAL)
         a = tl.load(a_rows + k_local[None, :], mask=local[:, None] & in_row[None, :], other=0.0).to(
@@ -305,7 +326,6 @@ def _decode_fp8_down_sum_kernel(
             amax = tl.max(tl.abs(a), axis=1)
         scale = _divide(tl.maximum(amax, eps), fp8_max, IEEE)
         q = _round_to_e4m3(tl.clamp(_divide(a, scale[:, None], IEEE), -fp8_max, fp8_max))
-        w = tl.load(w_tile + kb * 128, mask=local[:, None, None])  # other ranks' slots: not read, zeroed
         w = tl.where(local[:, None, None], w.to(tl.float32), 0.0)
         part = tl.sum(w * q[:, None, :], axis=2)
         acc += part * tl.load(w_scales + kb, mask=local[:, None], other=0.0) * scale[:, None]
@@ -329,7 +349,7 @@ def decode_moe(
     num_tokens, hidden = x.shape
     if num_tokens == 0:
         return torch.zeros_like(x)
-    tiles = tiles or DECODE_TILES
+    tiles = tiles or (DECODE_TILES if fp8 is None else DECODE_FP8_TILES)
     top_k = local_ids.shape[1]
     x = x if x.stride(-1) == 1 else x.contiguous()
     ids, weights = local_ids.contiguous(), weights.contiguous()
