@@ -4,6 +4,10 @@ float32 and float16), and on the GPU at Qwen3-30B-A3B's shapes, in CUDA graphs."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from moe_kernel_inputs import DEVICE, fp8_moe_inputs, moe_inputs, relative_error
@@ -234,3 +238,69 @@ def test_gpu_decode_path_replays_in_a_cuda_graph(fp8):
     ids32.copy_(ids2)
     graph.replay()
     assert torch.equal(out, decode_moe(x, w13, w2, weights, ids32, scales))
+
+
+COMPILE_FOR_HOPPER = r"""
+import os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from nanoexp.kernels import triton_moe_decode as d
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+FLOATS = {"eps", "fp8_max"}
+
+
+def compile_for_sm90(fn, pointers, constexprs, tile):
+    dtype = pointers["*"][1:]
+    signature = {}
+    for param in fn.params:
+        name = param.name
+        if param.is_constexpr:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = pointers.get(name, pointers["*"])
+        else:
+            signature[name] = "fp32" if name in FLOATS else "i32"
+    source = ASTSource(fn=fn, signature=signature, constexprs={"PDL": True, **constexprs})
+    options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
+    print(dtype, fn.__name__, constexprs, re.search(r"STACK:\d+", usage).group(0))
+
+
+for dtype in ("bf16", "fp32"):
+    model = {"*": "*" + dtype, "ids_ptr": "*i32"}
+    fp8 = model | {"w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "amax_ptr": "*fp32"}
+    t, f = d.DECODE_TILES, d.DECODE_FP8_TILES
+    compile_for_sm90(d._decode_gate_up_kernel, model, dict(BLOCK_N=t.gate_up.block_n, BLOCK_K=t.gate_up.block_k), t.gate_up)
+    down = dict(TOP_K=8, K_PAD=8, BLOCK_N=t.down.block_n, BLOCK_K=t.down.block_k)
+    compile_for_sm90(d._decode_down_sum_kernel, model, down, t.down)
+    ieee = dtype == "fp32"
+    gate_up = dict(BLOCK_N=f.gate_up.block_n, KB_TILE=1, IEEE=ieee)
+    compile_for_sm90(d._decode_fp8_gate_up_kernel, fp8, gate_up, f.gate_up)
+    for has_amax in (False, True):
+        down = dict(TOP_K=8, K_PAD=8, BLOCK_N=f.down.block_n, HAS_AMAX=has_amax, IEEE=ieee)
+        compile_for_sm90(d._decode_fp8_down_sum_kernel, fp8, down, f.down)
+"""
+
+
+def test_the_decode_kernels_compile_for_hopper_at_their_default_tiles():
+    """Without a GPU: every decode kernel, bf16 and float32, bf16 and fp8 experts, lowered to an sm_90 cubin
+    by Triton's own ptxas (what the interpreter cannot check: layouts, 3-D reductions, fp8 conversions), and
+    the bf16 ones without register spills."""
+    import triton
+
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        pytest.skip("this Triton has no bundled ptxas")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert len(lines) == 10, run.stdout
+    assert all(line.endswith("STACK:0") for line in lines if line.startswith("bf16")), run.stdout
