@@ -276,7 +276,8 @@ for dtype in ("bf16", "fp32"):
     model = {"*": "*" + dtype, "ids_ptr": "*i32"}
     fp8 = model | {"w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "amax_ptr": "*fp32"}
     t, f = d.DECODE_TILES, d.DECODE_FP8_TILES
-    compile_for_sm90(d._decode_gate_up_kernel, model, dict(BLOCK_N=t.gate_up.block_n, BLOCK_K=t.gate_up.block_k), t.gate_up)
+    gate_up = dict(BLOCK_N=t.gate_up.block_n, BLOCK_K=t.gate_up.block_k)
+    compile_for_sm90(d._decode_gate_up_kernel, model, gate_up, t.gate_up)
     down = dict(TOP_K=8, K_PAD=8, BLOCK_N=t.down.block_n, BLOCK_K=t.down.block_k)
     compile_for_sm90(d._decode_down_sum_kernel, model, down, t.down)
     ieee = dtype == "fp32"
@@ -294,7 +295,8 @@ def test_the_decode_kernels_compile_for_hopper_at_their_default_tiles():
     the bf16 ones without register spills."""
     import triton
 
-    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not os.path.exists(os.path.join(bundled, "ptxas")):
         pytest.skip("this Triton has no bundled ptxas")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
