@@ -29,7 +29,7 @@ import triton.language as tl
 from nanoexp.kernels.moe_ref import Fp8ExpertScales
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_fp8 import UPCAST_DOT, fp8_block_dot, quantize_activation
-from nanoexp.kernels.triton_moe_decode import DECODE_MAX_TOKENS, decode_moe
+from nanoexp.kernels.triton_moe_decode import DECODE_MAX_TOKENS, decode_moe, route_decode_moe, top_k_route
 from nanoexp.kernels.triton_pdl import wait_for_previous
 
 log = logging.getLogger(__name__)
@@ -436,22 +436,8 @@ def _route_kernel(
     another rank's) and, when counting, adds the token's experts to counts."""
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
-    experts = tl.arange(0, BLOCK_E)
-    logits = tl.load(logits_ptr + row * stride_l + experts, mask=experts < num_experts, other=-float("inf"))
-    logits = logits.to(tl.float32)
-    probs = tl.exp(logits - tl.max(logits, axis=0))
-    probs = probs / tl.sum(probs, axis=0)
+    chosen, values = top_k_route(logits_ptr + row * stride_l, num_experts, TOP_K, K_PAD, BLOCK_E, RENORMALIZE)
     ks = tl.arange(0, K_PAD)
-    chosen = tl.zeros([K_PAD], dtype=tl.int32)
-    values = tl.zeros([K_PAD], dtype=tl.float32)
-    for k in tl.static_range(TOP_K):
-        best = tl.max(probs, axis=0)
-        pick = tl.min(tl.where(probs == best, experts, BLOCK_E), axis=0)
-        chosen = tl.where(ks == k, pick, chosen)
-        values = tl.where(ks == k, best, values)
-        probs = tl.where(experts == pick, -1.0, probs)
-    if RENORMALIZE:
-        values = values / tl.sum(values, axis=0)
     in_k = ks < TOP_K
     tl.store(weights_ptr + row * TOP_K + ks, values.to(weights_ptr.dtype.element_ty), mask=in_k)
     local = chosen - first_local
@@ -712,6 +698,32 @@ class TritonMoe:
         self.grouping, self.selection, self.decode_max_tokens = grouping, selection, decode_max_tokens
 
     route = staticmethod(route_triton)
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router_logits: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+        first_local: int = 0,
+        counts: torch.Tensor | None = None,
+        token_slots: torch.Tensor | None = None,
+        all_local: bool = True,
+        fp8: Fp8ExpertScales | None = None,
+    ) -> torch.Tensor:
+        """route, then experts (arguments as theirs; this rank holds experts [first_local, + w13.shape[0])):
+        up to `decode_max_tokens` tokens two launches, the routing folded into the decode path's gate_up."""
+        if x.shape[0] <= self.decode_max_tokens:
+            return route_decode_moe(
+                x, router_logits, w13, w2, top_k, renormalize, first_local, counts, token_slots, fp8
+            )
+        num_local = w13.shape[0]
+        weights, ids = self.route(
+            router_logits, top_k, renormalize, first_local, num_local, counts, token_slots
+        )
+        return self.experts(x, w13, w2, weights, ids, all_local, fp8)
 
     def experts(
         self, x, w13, w2, weights, local_ids, all_local: bool = True, fp8: Fp8ExpertScales | None = None

@@ -107,13 +107,96 @@ def _sum_in_expert_order(y, experts, local, TOP_K: tl.constexpr, BLOCK_N: tl.con
 
 
 @triton.jit
+def top_k_route(
+    logits_row,
+    num_experts,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):
+    """One token's routing: softmax over its router logits in fp32, the top-k (ties: the lowest id, as
+    torch.topk on CPU), renormalized: (expert ids [K_PAD] int32, weights [K_PAD] fp32; past TOP_K: 0)."""
+    experts = tl.arange(0, BLOCK_E)
+    logits = tl.load(logits_row + experts, mask=experts < num_experts, other=-float("inf")).to(tl.float32)
+    probs = tl.exp(logits - tl.max(logits, axis=0))
+    probs = probs / tl.sum(probs, axis=0)
+    ks = tl.arange(0, K_PAD)
+    chosen = tl.zeros([K_PAD], dtype=tl.int32)
+    values = tl.zeros([K_PAD], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(probs, axis=0)
+        pick = tl.min(tl.where(probs == best, experts, BLOCK_E), axis=0)
+        chosen = tl.where(ks == k, pick, chosen)
+        values = tl.where(ks == k, best, values)
+        probs = tl.where(experts == pick, -1.0, probs)
+    if RENORMALIZE:
+        values = values / tl.sum(values, axis=0)
+    return chosen, values
+
+
+@triton.jit
+def _slot_expert(
+    slot,
+    ids_ptr,
+    logits_ptr,
+    weights_ptr,
+    counts_ptr,
+    token_slots_ptr,
+    stride_l,
+    num_logits,
+    first_local,
+    num_local,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    ROUTE: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    COUNT: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
+):
+    """This rank's expert of a slot (num_local, or any id outside [0, num_local), for another rank's): read
+    from ids, or ROUTE: routed here from its token's logits as route_triton routes (every program of the
+    slot recomputes its token's top-k, a few hundred values), the first column tile's program writing the
+    slot's weight (in the logits' dtype) and id for the down kernel, and counting it unless its token is a
+    graph's padding row (token_slots -1)."""
+    if ROUTE:
+        token = slot // TOP_K
+        chosen, values = top_k_route(
+            logits_ptr + token * stride_l, num_logits, TOP_K, K_PAD, BLOCK_E, RENORMALIZE
+        )
+        mine = tl.arange(0, K_PAD) == slot % TOP_K
+        expert = tl.sum(tl.where(mine, chosen, 0), axis=0)
+        local = expert - first_local
+        local = tl.where((local >= 0) & (local < num_local), local, num_local)
+        if tl.program_id(1) == 0:
+            weight = tl.sum(tl.where(mine, values, 0.0), axis=0)
+            tl.store(weights_ptr + slot, weight.to(weights_ptr.dtype.element_ty))
+            tl.store(ids_ptr + slot, local)
+            if COUNT:
+                if HAS_SLOTS:
+                    tl.atomic_add(counts_ptr + expert, 1, mask=tl.load(token_slots_ptr + token) >= 0)
+                else:
+                    tl.atomic_add(counts_ptr + expert, 1)
+    else:
+        local = tl.load(ids_ptr + slot)
+    return local
+
+
+@triton.jit
 def _decode_gate_up_kernel(
     x_ptr,
     w_ptr,
     out_ptr,
     ids_ptr,
+    logits_ptr,
+    weights_ptr,
+    counts_ptr,
+    token_slots_ptr,
+    stride_l,
+    num_logits,
+    first_local,
     num_experts,
-    top_k,
     K,
     N,
     stride_xm,
@@ -122,13 +205,24 @@ def _decode_gate_up_kernel(
     stride_om,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr = 1,
+    BLOCK_E: tl.constexpr = 1,
+    ROUTE: tl.constexpr = False,
+    RENORMALIZE: tl.constexpr = False,
+    COUNT: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
-    """out[slot, n] = silu(x[token] . gate_e[n]) * (x[token] . up_e[n]), e = ids[slot]; w = [E, 2N, K]."""
+    """out[slot, n] = silu(x[token] . gate_e[n]) * (x[token] . up_e[n]), e = the slot's expert (_slot_expert:
+    ids[slot], or ROUTE: routed here); w = [E, 2N, K]."""
     wait_for_previous(PDL)
     slot = tl.program_id(0).to(tl.int64)
-    expert = tl.load(ids_ptr + slot)
-    token = slot // top_k
+    expert = _slot_expert(
+        slot, ids_ptr, logits_ptr, weights_ptr, counts_ptr, token_slots_ptr, stride_l, num_logits,
+        first_local, num_experts, TOP_K, K_PAD, BLOCK_E, ROUTE, RENORMALIZE, COUNT, HAS_SLOTS,
+    )  # fmt: skip
+    token = slot // TOP_K
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -207,8 +301,14 @@ def _decode_fp8_gate_up_kernel(
     ws_ptr,
     out_ptr,
     ids_ptr,
+    logits_ptr,
+    weights_ptr,
+    counts_ptr,
+    token_slots_ptr,
+    stride_l,
+    num_logits,
+    first_local,
     num_experts,
-    top_k,
     KB,
     N,
     ROW_BLOCK,
@@ -225,15 +325,25 @@ def _decode_fp8_gate_up_kernel(
     BLOCK_N: tl.constexpr,
     KB_TILE: tl.constexpr,
     IEEE: tl.constexpr,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr = 1,
+    BLOCK_E: tl.constexpr = 1,
+    ROUTE: tl.constexpr = False,
+    RENORMALIZE: tl.constexpr = False,
+    COUNT: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """_decode_gate_up_kernel on e4m3 experts w [E, 2N, KB * 128] with scales ws [E, rows, KB] (one row per
     ROW_BLOCK weight rows); the token's row x [T, K_LOCAL] is quantized here, KB_TILE groups per step (KB a
-    multiple of it), as triton_fp8's GEMV quantizes its row."""
+    multiple of it), as triton_fp8's GEMV quantizes its row; the slot's expert as _decode_gate_up_kernel's."""
     wait_for_previous(PDL)
     slot = tl.program_id(0).to(tl.int64)
-    expert = tl.load(ids_ptr + slot)
-    token = slot // top_k
+    expert = _slot_expert(
+        slot, ids_ptr, logits_ptr, weights_ptr, counts_ptr, token_slots_ptr, stride_l, num_logits,
+        first_local, num_experts, TOP_K, K_PAD, BLOCK_E, ROUTE, RENORMALIZE, COUNT, HAS_SLOTS,
+    )  # fmt: skip
+    token = slot // TOP_K
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -346,45 +456,102 @@ def decode_moe(
 ) -> torch.Tensor:
     """experts_reference (kernels/moe_ref.py) for a few tokens in two launches. local_ids [T, top_k]: this
     rank's expert of each slot, any id outside [0, w13.shape[0]) for another rank's; weights [T, top_k]."""
-    num_tokens, hidden = x.shape
+    if x.shape[0] == 0:
+        return torch.zeros_like(x)
+    ids, weights = local_ids.contiguous(), weights.contiguous()
+    return _experts(x, w13, w2, weights, ids, fp8, tiles, _given_routes(ids))
+
+
+def route_decode_moe(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    first_local: int = 0,
+    counts: torch.Tensor | None = None,
+    token_slots: torch.Tensor | None = None,
+    fp8: Fp8ExpertScales | None = None,
+    tiles: DecodeTiles | None = None,
+) -> torch.Tensor:
+    """route_triton (kernels/triton_moe.py) then decode_moe, the routing folded into gate_up: two launches
+    for the layer's experts after the router GEMM. This rank holds experts [first_local, + w13.shape[0]);
+    `counts` and `token_slots` as in route_triton."""
+    num_tokens = x.shape[0]
     if num_tokens == 0:
         return torch.zeros_like(x)
+    weights = router_logits.new_empty((num_tokens, top_k))
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=x.device)
+    routes = dict(
+        logits_ptr=router_logits,
+        weights_ptr=weights,
+        counts_ptr=counts if counts is not None else ids,
+        token_slots_ptr=token_slots if token_slots is not None else ids,
+        stride_l=router_logits.stride(0),
+        num_logits=router_logits.shape[1],
+        first_local=first_local,
+        TOP_K=top_k,
+        K_PAD=triton.next_power_of_2(top_k),
+        BLOCK_E=triton.next_power_of_2(router_logits.shape[1]),
+        ROUTE=True,
+        RENORMALIZE=renormalize,
+        COUNT=counts is not None,
+        HAS_SLOTS=token_slots is not None,
+    )
+    return _experts(x, w13, w2, weights, ids, fp8, tiles, routes)
+
+
+def _given_routes(ids: torch.Tensor) -> dict:
+    """gate_up's routing arguments when the slots' experts are given (ids [T, top_k]): only TOP_K is read."""
+    return dict(
+        logits_ptr=ids,
+        weights_ptr=ids,
+        counts_ptr=ids,
+        token_slots_ptr=ids,
+        stride_l=0,
+        num_logits=0,
+        first_local=0,
+        TOP_K=ids.shape[1],
+    )
+
+
+def _experts(x, w13, w2, weights, ids, fp8, tiles: DecodeTiles | None, routes: dict) -> torch.Tensor:
+    """gate_up (writing weights and ids first where it routes), then down with the top-k sum."""
+    num_tokens, hidden = x.shape
     tiles = tiles or (DECODE_TILES if fp8 is None else DECODE_FP8_TILES)
-    top_k = local_ids.shape[1]
     x = x if x.stride(-1) == 1 else x.contiguous()
-    ids, weights = local_ids.contiguous(), weights.contiguous()
-    inter = w13.shape[1] // 2
-    act = x.new_empty((num_tokens * top_k, inter))
+    act = x.new_empty((ids.numel(), w13.shape[1] // 2))
     out = x.new_empty((num_tokens, hidden))
     if fp8 is None:
-        _gate_up(x, w13, act, ids, tiles.gate_up)
+        _gate_up(x, w13, act, ids, tiles.gate_up, routes)
         _down_sum(act, w2, out, weights, ids, tiles.down)
     else:
-        _fp8_gate_up(x, w13, act, ids, fp8, tiles.gate_up)
+        _fp8_gate_up(x, w13, act, ids, fp8, tiles.gate_up, routes)
         amax = fp8.down_amax(act) if fp8.down_amax is not None else None
         _fp8_down_sum(act, amax, w2, out, weights, ids, fp8, tiles.down)
     return out
 
 
-def _gate_up(x, w13, act, ids, tile: GemvTile) -> None:
+def _gate_up(x, w13, act, ids, tile: GemvTile, routes: dict) -> None:
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     _decode_gate_up_kernel[(act.shape[0], triton.cdiv(inter, tile.block_n))](
-        x,
-        w13,
-        act,
-        ids,
-        num_experts,
-        ids.shape[1],
-        x.shape[1],
-        inter,
-        x.stride(0),
-        w13.stride(0),
-        w13.stride(1),
-        act.stride(0),
+        x_ptr=x,
+        w_ptr=w13,
+        out_ptr=act,
+        ids_ptr=ids,
+        num_experts=num_experts,
+        K=x.shape[1],
+        N=inter,
+        stride_xm=x.stride(0),
+        stride_we=w13.stride(0),
+        stride_wn=w13.stride(1),
+        stride_om=act.stride(0),
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
+        **routes,
         **launch_options(),
     )
 
@@ -420,35 +587,35 @@ def groups_per_step(k_blocks: int, block_k: int) -> int:
     return next(t for t in (max(1, block_k // 128), 2, 1) if k_blocks % t == 0)
 
 
-def _fp8_gate_up(x, w13, act, ids, fp8: Fp8ExpertScales, tile: GemvTile) -> None:
+def _fp8_gate_up(x, w13, act, ids, fp8: Fp8ExpertScales, tile: GemvTile, routes: dict) -> None:
     layout = fp8.gate_up
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     _decode_fp8_gate_up_kernel[(act.shape[0], triton.cdiv(inter, tile.block_n))](
-        x,
-        w13,
-        fp8.w13,
-        act,
-        ids,
-        num_experts,
-        ids.shape[1],
-        layout.k_blocks,
-        inter,
-        layout.row_block,
-        layout.k_local,
-        layout.k_offset,
-        x.stride(0),
-        w13.stride(0),
-        w13.stride(1),
-        fp8.w13.stride(0),
-        fp8.w13.stride(1),
-        act.stride(0),
-        ACT_EPS,
-        FP8_MAX,
+        x_ptr=x,
+        w_ptr=w13,
+        ws_ptr=fp8.w13,
+        out_ptr=act,
+        ids_ptr=ids,
+        num_experts=num_experts,
+        KB=layout.k_blocks,
+        N=inter,
+        ROW_BLOCK=layout.row_block,
+        K_LOCAL=layout.k_local,
+        K_OFFSET=layout.k_offset,
+        stride_xm=x.stride(0),
+        stride_we=w13.stride(0),
+        stride_wn=w13.stride(1),
+        stride_se=fp8.w13.stride(0),
+        stride_sn=fp8.w13.stride(1),
+        stride_om=act.stride(0),
+        eps=ACT_EPS,
+        fp8_max=FP8_MAX,
         BLOCK_N=tile.block_n,
         KB_TILE=groups_per_step(layout.k_blocks, tile.block_k),
         IEEE=x.dtype == torch.float32,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
+        **routes,
         **launch_options(),
     )
 

@@ -16,7 +16,7 @@ from nanoexp.kernels import triton_moe
 from nanoexp.kernels.fp8_reference import group_amax
 from nanoexp.kernels.moe_ref import Fp8ExpertScales, experts_reference
 from nanoexp.kernels.triton_moe import TritonMoe, fused_moe, fused_moe_fp8, group_by_expert_kernel
-from nanoexp.kernels.triton_moe_decode import DecodeTiles, GemvTile, decode_moe
+from nanoexp.kernels.triton_moe_decode import DecodeTiles, GemvTile, decode_moe, route_decode_moe
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 2e-2}
@@ -162,6 +162,39 @@ def test_no_tokens_give_an_empty_output():
     assert decode_moe(x, w13, w2, weights, ids.int()).shape == (0, 32)
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16_experts", "fp8_experts"])
+@pytest.mark.parametrize(
+    "tokens,top_k,renormalize,first_local,num_local",
+    [(1, 8, True, 0, 16), (3, 2, False, 0, 16), (4, 4, True, 8, 8)],  # the last: rank 1 of EP=2
+)
+def test_routing_folded_into_gate_up_equals_the_routing_kernel(
+    tokens, top_k, renormalize, first_local, num_local, fp8
+):
+    """route_decode_moe against route_triton then decode_moe: the same output bit for bit, the same load
+    counts (a graph's padding row, KV slot -1, routed but not counted)."""
+    held = slice(first_local, first_local + num_local)
+    if fp8:
+        x, w13, w2, _, _, scales = fp8_moe_inputs(tokens, 16, top_k, 200, 192, torch.float32, seed=tokens)
+        mine = Fp8ExpertScales(scales.w13[held], scales.w2[held], scales.gate_up, scales.down)
+    else:
+        x, w13, w2, _, _ = moe_inputs(tokens, 16, top_k, 40, 24, torch.float32, seed=tokens)
+        mine = None
+    w13, w2 = w13[held], w2[held]
+    logits = torch.randn(tokens, 16, generator=torch.Generator().manual_seed(tokens)).to(DEVICE)
+    token_slots = torch.arange(tokens, device=DEVICE)
+    token_slots[-1] = -1 if tokens > 1 else 0
+    counts = {name: torch.zeros(16, dtype=torch.int32, device=DEVICE) for name in ("kernel", "folded")}
+    weights, ids = triton_moe.route_triton(
+        logits, top_k, renormalize, first_local, num_local, counts["kernel"], token_slots
+    )
+    want = decode_moe(x, w13, w2, weights, ids, mine)
+    out = route_decode_moe(
+        x, logits, w13, w2, top_k, renormalize, first_local, counts["folded"], token_slots, mine
+    )
+    assert torch.equal(out, want)
+    assert torch.equal(counts["folded"], counts["kernel"]) and counts["kernel"].sum() > 0
+
+
 # ---- GPU: Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2048, expert intermediate 768) ----
 
 QWEN3_30B = (128, 8, 2048, 768)  # experts, top-k, hidden, expert intermediate
@@ -276,13 +309,16 @@ for dtype in ("bf16", "fp32"):
     model = {"*": "*" + dtype, "ids_ptr": "*i32"}
     fp8 = model | {"w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "amax_ptr": "*fp32"}
     t, f = d.DECODE_TILES, d.DECODE_FP8_TILES
+    routed = dict(TOP_K=8, K_PAD=8, BLOCK_E=128, ROUTE=True, RENORMALIZE=True, COUNT=True, HAS_SLOTS=True)
     gate_up = dict(BLOCK_N=t.gate_up.block_n, BLOCK_K=t.gate_up.block_k)
-    compile_for_sm90(d._decode_gate_up_kernel, model, gate_up, t.gate_up)
+    compile_for_sm90(d._decode_gate_up_kernel, model, gate_up | dict(TOP_K=8), t.gate_up)
+    compile_for_sm90(d._decode_gate_up_kernel, model, gate_up | routed, t.gate_up)
     down = dict(TOP_K=8, K_PAD=8, BLOCK_N=t.down.block_n, BLOCK_K=t.down.block_k)
     compile_for_sm90(d._decode_down_sum_kernel, model, down, t.down)
     ieee = dtype == "fp32"
     gate_up = dict(BLOCK_N=f.gate_up.block_n, KB_TILE=1, IEEE=ieee)
-    compile_for_sm90(d._decode_fp8_gate_up_kernel, fp8, gate_up, f.gate_up)
+    compile_for_sm90(d._decode_fp8_gate_up_kernel, fp8, gate_up | dict(TOP_K=8), f.gate_up)
+    compile_for_sm90(d._decode_fp8_gate_up_kernel, fp8, gate_up | routed, f.gate_up)
     for has_amax in (False, True):
         down = dict(TOP_K=8, K_PAD=8, BLOCK_N=f.down.block_n, HAS_AMAX=has_amax, IEEE=ieee)
         compile_for_sm90(d._decode_fp8_down_sum_kernel, fp8, down, f.down)
@@ -290,9 +326,9 @@ for dtype in ("bf16", "fp32"):
 
 
 def test_the_decode_kernels_compile_for_hopper_at_their_default_tiles():
-    """Without a GPU: every decode kernel, bf16 and float32, bf16 and fp8 experts, lowered to an sm_90 cubin
-    by Triton's own ptxas (what the interpreter cannot check: layouts, 3-D reductions, fp8 conversions), and
-    the bf16 ones without register spills."""
+    """Without a GPU: every decode kernel (bf16 and float32, bf16 and fp8 experts, gate_up routing or not)
+    lowered to an sm_90 cubin by Triton's own ptxas (what the interpreter cannot check: layouts, 3-D
+    reductions, fp8 conversions), the bf16 ones without register spills."""
     import triton
 
     bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -304,5 +340,5 @@ def test_the_decode_kernels_compile_for_hopper_at_their_default_tiles():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
-    assert len(lines) == 10, run.stdout
+    assert len(lines) == 14, run.stdout
     assert all(line.endswith("STACK:0") for line in lines if line.startswith("bf16")), run.stdout

@@ -19,14 +19,14 @@ from nanoexp.runner import model_setup
 def decode_calls(monkeypatch) -> list[int]:
     """The engine binds the Triton MoE path; each decode-path call's token count is recorded."""
     calls: list[int] = []
-    decode_moe = triton_moe.decode_moe
+    route_decode_moe = triton_moe.route_decode_moe
 
     def spy(x, *args, **kwargs):
         calls.append(x.shape[0])
-        return decode_moe(x, *args, **kwargs)
+        return route_decode_moe(x, *args, **kwargs)
 
     monkeypatch.setattr(model_setup, "make_moe_kernel", triton_moe.make_triton_moe)
-    monkeypatch.setattr(triton_moe, "decode_moe", spy)
+    monkeypatch.setattr(triton_moe, "route_decode_moe", spy)
     return calls
 
 

@@ -177,14 +177,14 @@ def test_triton_fp8_experts_in_the_engine_match_the_reference(checkpoints, refer
     from nanoexp.kernels import triton_moe
     from nanoexp.runner import model_setup
 
-    decode_moe, decode_calls = triton_moe.decode_moe, []
+    route_decode_moe, decode_calls = triton_moe.route_decode_moe, []
 
     def spy(x, *args, **kwargs):
         decode_calls.append(x.shape[0])
-        return decode_moe(x, *args, **kwargs)
+        return route_decode_moe(x, *args, **kwargs)
 
     monkeypatch.setattr(model_setup, "make_moe_kernel", triton_moe.make_triton_moe)
-    monkeypatch.setattr(triton_moe, "decode_moe", spy)
+    monkeypatch.setattr(triton_moe, "route_decode_moe", spy)
     with LLM(checkpoints["fp8"], kv_block_size=16, **BASE) as llm:
         assert llm.stats()["moe_kernel"] == "triton: grouping in one kernel (self-checked)"
         outs = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
