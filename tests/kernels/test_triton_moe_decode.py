@@ -174,7 +174,7 @@ def test_routing_folded_into_gate_up_equals_the_routing_kernel(
     counts (a graph's padding row, KV slot -1, routed but not counted)."""
     held = slice(first_local, first_local + num_local)
     if fp8:
-        x, w13, w2, _, _, scales = fp8_moe_inputs(tokens, 16, top_k, 200, 192, torch.float32, seed=tokens)
+        x, w13, w2, _, _, scales = fp8_moe_inputs(tokens, 16, top_k, 32, 16, torch.float32, seed=tokens)
         mine = Fp8ExpertScales(scales.w13[held], scales.w2[held], scales.gate_up, scales.down)
     else:
         x, w13, w2, _, _ = moe_inputs(tokens, 16, top_k, 40, 24, torch.float32, seed=tokens)
