@@ -34,7 +34,13 @@ from nanoexp.kernels.triton_moe import (
     route_triton,
     tiles_for,
 )
-from nanoexp.kernels.triton_moe_decode import DECODE_TILES, DecodeTiles, GemvTile, decode_moe
+from nanoexp.kernels.triton_moe_decode import (
+    DECODE_TILES,
+    DecodeTiles,
+    GemvTile,
+    decode_moe,
+    route_decode_moe,
+)
 from nanoexp.layers.quantization import layout_for
 
 EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
@@ -249,6 +255,19 @@ def bench(tokens: int, sets, bandwidth: float, flops_rate: float, deadline: floa
         print(
             f"  decode path, default {describe(DECODE_TILES)}: {decode:.1f} us = {decode / floor_us:.2f}x; "
             f"at {tokens} tokens the {winner} path wins by {abs(default - decode):.1f} us"
+        )
+
+        def routed_then_grouped(w):
+            routes = route_triton(logits, TOP_K, True, counts=counts)
+            return fused_moe(x, w[0], w[1], *routes, group=engine.grouping)
+
+        folded = graph_us(
+            [lambda w=w: route_decode_moe(x, logits, w[0], w[1], TOP_K, True, counts=counts) for w in sets]
+        )
+        routed = graph_us([lambda w=w: routed_then_grouped(w) for w in sets])
+        print(
+            f"  with the routing (the layer after its router GEMM, load counted): the decode path with the "
+            f"routing folded {folded:.1f} us, routing kernel + grouped {routed:.1f} us"
         )
     results = []
     tried = (decode_candidates() if tokens <= DECODE_UP_TO else []) + candidates(tokens)

@@ -342,3 +342,31 @@ def test_the_decode_kernels_compile_for_hopper_at_their_default_tiles():
     lines = run.stdout.splitlines()
     assert len(lines) == 14, run.stdout
     assert all(line.endswith("STACK:0") for line in lines if line.startswith("bf16")), run.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_quick
+@needs_cuda
+def test_gpu_folded_routing_replays_in_a_cuda_graph():
+    """TritonMoe.moe at 4 tokens (routing folded into gate_up) captured once, replayed on new tokens and
+    logits: the output of route_triton then decode_moe bit for bit, the same load counts, a padding row
+    (KV slot -1) not counted."""
+    experts, top_k, hidden, inter = QWEN3_30B
+    x, w13, w2, _, _ = moe_inputs(4, *QWEN3_30B, torch.bfloat16, seed=9)
+    logits = torch.randn(4, experts, device=DEVICE, dtype=torch.bfloat16)
+    token_slots = torch.tensor([3, 1, 2, -1], device=DEVICE)
+    counts = torch.zeros(experts, dtype=torch.int32, device=DEVICE)
+    kernel = TritonMoe(group_by_expert_kernel, "test", decode_max_tokens=4)
+    kernel.moe(x, logits, w13, w2, top_k, True, 0, counts, token_slots)  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernel.moe(x, logits, w13, w2, top_k, True, 0, counts, token_slots)
+    x.copy_(torch.randn_like(x))
+    logits.copy_(torch.randn_like(logits))
+    counts.zero_()
+    graph.replay()
+    want_counts = torch.zeros_like(counts)
+    weights, ids = triton_moe.route_triton(logits, top_k, True, 0, experts, want_counts, token_slots)
+    assert torch.equal(out, decode_moe(x, w13, w2, weights, ids))
+    assert torch.equal(counts, want_counts) and int(counts.sum()) == 3 * top_k
