@@ -1,9 +1,11 @@
-"""The MoE experts at decode sizes in two launches, with no grouping by expert: the routing kernel's output
-feeds them directly, so a decode step's MoE layer is router GEMM, routing, gate_up and down.
+"""The MoE experts at decode sizes in two launches, with no grouping by expert: a decode step's MoE layer is
+the router GEMM, gate_up (which routes its slot's token itself: route_decode_moe) and down. decode_moe
+takes routes already made (routing kernel's weights and ids) instead.
 
-gate_up: one program per ((token, k) slot, column tile) reads its slot's expert id, streams that expert's
-gate and up rows as a GEMV and writes silu(gate) * up, rounded where the grouped kernel (and the torch
-ops it follows) rounds; a slot of another rank's expert (EP) writes zeros.
+gate_up: one program per ((token, k) slot, column tile) reads its slot's expert id (or routes the token as
+the routing kernel does, the first column tile writing the slot's weight, id and load count), streams that
+expert's gate and up rows as a GEMV and writes silu(gate) * up, rounded where the grouped kernel (and the
+torch ops it follows) rounds; a slot of another rank's expert (EP) writes zeros.
 
 down: one program per (token, column tile) streams the down rows of all of its token's top-k experts at
 once (a [top_k, columns, K] tile per step, so each program keeps top_k weight streams in flight), weights
