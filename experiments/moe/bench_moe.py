@@ -265,9 +265,16 @@ def bench(tokens: int, sets, bandwidth: float, flops_rate: float, deadline: floa
             [lambda w=w: route_decode_moe(x, logits, w[0], w[1], TOP_K, True, counts=counts) for w in sets]
         )
         routed = graph_us([lambda w=w: routed_then_grouped(w) for w in sets])
+        routed_decode = graph_us(
+            [
+                lambda w=w: decode_moe(x, w[0], w[1], *route_triton(logits, TOP_K, True, counts=counts))
+                for w in sets
+            ]
+        )
         print(
             f"  with the routing (the layer after its router GEMM, load counted): the decode path with the "
-            f"routing folded {folded:.1f} us, routing kernel + grouped {routed:.1f} us"
+            f"routing folded (FOLD_ROUTING) {folded:.1f} us, routing kernel + decode path "
+            f"{routed_decode:.1f} us, routing kernel + grouped {routed:.1f} us"
         )
     results = []
     tried = (decode_candidates() if tokens <= DECODE_UP_TO else []) + candidates(tokens)

@@ -61,6 +61,11 @@ REGIMES: tuple[tuple[int | None, MoeTiles], ...] = (
 )
 
 
+# At decode sizes the routing runs inside the decode path's gate_up (each of a slot's programs routes its
+# token: a launch fewer, a few reductions over the logits before each program's first weight load); False:
+# the routing kernel first. To be set from bench_moe.py's "with the routing" line on the GPU.
+FOLD_ROUTING = True
+
 # Without the one-kernel grouping (where it fails its start-up check), the torch-op grouping costs ~50 us a
 # layer, and the decode path (kernels/triton_moe_decode.py) serves up to this many tokens.
 SLOT_MAX_TOKENS = 16
@@ -715,7 +720,7 @@ class TritonMoe:
     ) -> torch.Tensor:
         """route, then experts (arguments as theirs; this rank holds experts [first_local, + w13.shape[0])):
         up to `decode_max_tokens` tokens two launches, the routing folded into the decode path's gate_up."""
-        if x.shape[0] <= self.decode_max_tokens:
+        if x.shape[0] <= self.decode_max_tokens and FOLD_ROUTING:
             return route_decode_moe(
                 x, router_logits, w13, w2, top_k, renormalize, first_local, counts, token_slots, fp8
             )
