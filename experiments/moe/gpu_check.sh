@@ -13,9 +13,10 @@
 # and the bench with model.quantization=none,fp8; decode = the MoE decode path's GPU tests (kernels at
 # Qwen3-30B-A3B shapes, CUDA graphs, EP, fp8), the MoE engine GPU tests (gpu_quick) and the fp8 no-compile
 # test, then bench_moe.py at 1, 2, 4, 8, 16 tokens (decode path against grouped, bf16 and fp8: which wins
-# per size, what DECODE_MAX_TOKENS should be); decode_b1 = batch-1 TPOT with the decode path (the tree's
-# DECODE_MAX_TOKENS) and without it (grouped at every size, the same tree, DECODE_MAX_TOKENS patched to 0
-# in-process). decode and decode_b1 fit one 10-minute call each.
+# per size, what DECODE_MAX_TOKENS and FOLD_ROUTING should be); decode_b1 = batch-1 TPOT three ways on the
+# same tree: as it is, with kernels/triton_moe.FOLD_ROUTING=False (the routing kernel first) and with
+# DECODE_MAX_TOKENS=0 (grouped at every size, the path before the decode path), each constant patched
+# in-process. decode and decode_b1 fit one 10-minute call each.
 # Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 25),
 # TESTS_TIMEOUT (default 150).
 set -uo pipefail
@@ -122,19 +123,26 @@ for part in ${*:-tests kernels b1 bn prefill}; do
       timeout 150 python3 experiments/moe/bench_moe.py --tokens 1 2 4 8 16 --budget-s "${BENCH_S:-60}" --fp8 \
         2>&1 | tail -150 ;;
     decode_b1)
-      section "Qwen3-30B-A3B batch 1 (128 prompt tokens): the MoE decode path, then grouped at every size"
+      section "Qwen3-30B-A3B batch 1 (128 prompt tokens): the MoE decode path as the tree has it, without the folded routing, without the decode path"
       B1=("${LAT[@]}" workload.batch_size=1 workload.input_len=128 workload.output_len=128 workload.num_iters=4
           workload.num_iters_warmup=2 scheduler.max_num_seqs=8)
-      timeout 150 python3 run.py -m "${B1[@]}" hydra.sweep.dir=/tmp/moe_decode_b1 2>&1 | grep -E "$SHOW" | head -20
-      step_medians /tmp/moe_decode_b1
-      timeout 150 python3 - "${B1[@]}" hydra.sweep.dir=/tmp/moe_decode_b1_grouped <<'PY' 2>&1 | grep -E "$SHOW" | head -20
+      for variant in tree FOLD_ROUTING=False DECODE_MAX_TOKENS=0; do
+        echo "--- $variant"
+        dir=/tmp/moe_decode_b1_${variant%%=*}
+        # the constant patched in-process before run.py builds the engine (make_triton_moe and TritonMoe.moe
+        # read them per engine and per call)
+        timeout 150 python3 - "$variant" "${B1[@]}" hydra.sweep.dir="$dir" <<'PY' 2>&1 | grep -E "$SHOW" | head -12
 import runpy, sys
 import nanoexp.kernels.triton_moe as triton_moe
-triton_moe.DECODE_MAX_TOKENS = 0  # make_triton_moe reads it per engine: the grouped GEMMs at every size
-sys.argv = ["run.py", "-m", *sys.argv[1:]]
+variant = sys.argv[1]
+if variant != "tree":
+    name, value = variant.split("=")
+    setattr(triton_moe, name, eval(value))
+sys.argv = ["run.py", "-m", *sys.argv[2:]]
 runpy.run_path("run.py", run_name="__main__")
 PY
-      step_medians /tmp/moe_decode_b1_grouped ;;
+        step_medians "$dir"
+      done ;;
     *) echo "unknown part $part" ;;
   esac
 done

@@ -195,6 +195,21 @@ def test_routing_folded_into_gate_up_equals_the_routing_kernel(
     assert torch.equal(counts["folded"], counts["kernel"]) and counts["kernel"].sum() > 0
 
 
+@pytest.mark.parametrize("tokens", [3, 5])  # the decode path, then above decode_max_tokens
+def test_the_bound_kernels_moe_is_the_same_with_the_routing_folded_or_not(monkeypatch, tokens):
+    x, w13, w2, _, _ = moe_inputs(tokens, 8, 2, 32, 16, torch.float32, seed=11)
+    logits = torch.randn(tokens, 8, generator=torch.Generator().manual_seed(12)).to(DEVICE)
+    kernel = TritonMoe(group_by_expert_kernel, "test", decode_max_tokens=4)
+    outs, counts = {}, {}
+    for fold in (True, False):
+        monkeypatch.setattr(triton_moe, "FOLD_ROUTING", fold)
+        counts[fold] = torch.zeros(8, dtype=torch.int32, device=DEVICE)
+        outs[fold] = kernel.moe(x, logits, w13, w2, 2, True, 0, counts[fold])
+    assert torch.equal(outs[True], outs[False]) and torch.equal(counts[True], counts[False])
+    weights, ids = triton_moe.route_triton(logits, 2, True)
+    torch.testing.assert_close(outs[True], experts_reference(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)
+
+
 # ---- GPU: Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2048, expert intermediate 768) ----
 
 QWEN3_30B = (128, 8, 2048, 768)  # experts, top-k, hidden, expert intermediate
