@@ -692,8 +692,9 @@ def fused_moe_fp8(
 
 
 class TritonMoe:
-    """The GPU MoE path bound to the layers (layers/fused_moe.py): routing in one kernel, then the experts:
-    up to `decode_max_tokens` tokens the decode path, above it grouped by `grouping`."""
+    """The GPU MoE path bound to the layers (layers/fused_moe.py, which calls `moe`): routing in one kernel,
+    then the experts grouped by `grouping`; up to `decode_max_tokens` tokens the decode path instead, the
+    routing folded into it (FOLD_ROUTING)."""
 
     name = "triton"
 
