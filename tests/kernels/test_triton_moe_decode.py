@@ -250,11 +250,13 @@ def test_gpu_decode_path_under_expert_parallelism():
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.gpu_quick), torch.float32])
 def test_gpu_fp8_decode_path_at_qwen3_30b_shapes(tokens, dtype, inter_start):
     """A TP=4 rank's 192 rows of each expert (rank 1's down K shard at offset 64 of a 128-group), against the
-    float32 W8A8 reference and the grouped fp8 path."""
+    float32 W8A8 reference and the grouped fp8 path. The bound of test_triton_moe_fp8's GPU test: in float32 a
+    SwiGLU output within a last-bit difference of an e4m3 rounding boundary moves a whole step (on the CPU one
+    such step at 4 tokens already gave 9e-6 against the ~2e-7 of the others)."""
     x, w13, w2, weights, ids, fp8 = fp8_moe_inputs(tokens, 128, 8, 2048, 192, dtype, inter_start, seed=6)
     out = decode_moe(x, w13, w2, weights, ids.int(), fp8)
     want = float_reference(x, w13, w2, weights, ids, fp8)
-    assert relative_error(out, want) <= (1e-5 if dtype == torch.float32 else 2e-2)
+    assert relative_error(out, want) <= (1e-3 if dtype == torch.float32 else 2e-2)
     grouped = fused_moe_fp8(x, w13, w2, weights, ids.int(), fp8, group=group_by_expert_kernel)
     assert relative_error(out, grouped) <= (1e-3 if dtype == torch.float32 else 2e-2)
 
