@@ -44,7 +44,7 @@ UPCAST_DOT = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _round_to_e4m3(v):
+def round_to_e4m3(v):
     """v (|v| <= 448) rounded to the nearest e4m3 value, ties to even, in fp32: the cast after it is exact.
     (The Triton interpreter's fp8 cast mis-rounds values that carry into the next binade.)"""
     exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
@@ -56,7 +56,7 @@ def _round_to_e4m3(v):
 
 
 @triton.jit
-def _divide(a, b, IEEE: tl.constexpr):
+def divide(a, b, IEEE: tl.constexpr):
     """a / b: IEEE-rounded as torch's (div_rn) where IEEE (float32 runs, which follow the reference), else
     Triton's `/`, within 2 ulp, which now and then moves a value at an e4m3 rounding boundary a whole step:
     below what half-precision activations already differ by, and several instructions fewer per value."""
@@ -88,7 +88,7 @@ def _quantize_groups_kernel(
     PDL: tl.constexpr = False,
 ):
     """One program per row and GROUPS 128-groups of the padded layout: scale = max(amax, eps) / 448,
-    q = x / scale (IEEE: both divisions as torch's, see _divide); HAS_AMAX: the groups' amax is given
+    q = x / scale (IEEE: both divisions as torch's, see divide); HAS_AMAX: the groups' amax is given
     ([M, k_blocks] like the scales)."""
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -102,14 +102,14 @@ def _quantize_groups_kernel(
         amax = tl.load(amax_ptr + row * KB + groups, mask=group_mask, other=0.0)
     else:
         amax = tl.max(tl.abs(x), axis=1)
-    scale = _divide(tl.maximum(amax, eps), fp8_max, IEEE)
-    q = _round_to_e4m3(tl.clamp(_divide(x, scale[:, None], IEEE), -fp8_max, fp8_max))
+    scale = divide(tl.maximum(amax, eps), fp8_max, IEEE)
+    q = round_to_e4m3(tl.clamp(divide(x, scale[:, None], IEEE), -fp8_max, fp8_max))
     tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty), mask=group_mask[:, None])
     tl.store(s_ptr + row * stride_sm + groups * stride_sg, scale, mask=group_mask)
 
 
 @triton.jit
-def _quantized_row_tile(
+def quantized_row_tile(
     x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE: tl.constexpr, IEEE: tl.constexpr
 ):
     """KB_TILE groups of one row of x quantized as _quantize_groups_kernel does: (q [KB_TILE, 128] in fp32,
@@ -117,8 +117,8 @@ def _quantized_row_tile(
     local = kb0 * 128 + tl.arange(0, KB_TILE * 128) - K_OFFSET
     x = tl.load(x_row + local, mask=(local >= 0) & (local < K_LOCAL), other=0.0).to(tl.float32)
     x3 = tl.reshape(x, [KB_TILE, 128])
-    scale = _divide(tl.maximum(tl.max(tl.abs(x3), axis=1), eps), fp8_max, IEEE)
-    return _round_to_e4m3(tl.clamp(_divide(x3, scale[:, None], IEEE), -fp8_max, fp8_max)), scale
+    scale = divide(tl.maximum(tl.max(tl.abs(x3), axis=1), eps), fp8_max, IEEE)
+    return round_to_e4m3(tl.clamp(divide(x3, scale[:, None], IEEE), -fp8_max, fp8_max)), scale
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -183,7 +183,7 @@ def _fp8_gemv_kernel(
         for m in tl.static_range(ROWS):
             if m < M:
                 if QUANTIZE:
-                    x3, xs = _quantized_row_tile(
+                    x3, xs = quantized_row_tile(
                         x_ptr + m * stride_x, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE, IEEE
                     )
                 else:
@@ -283,8 +283,8 @@ def _fp8_gemm_kernel(
     for kb in range(0, KB):
         if QUANTIZE:
             x = tl.load(x_tile + kb * 128, mask=(kb * 128 + ks < K_LOCAL)[None, :], other=0.0).to(tl.float32)
-            a_scale = _divide(tl.maximum(tl.max(tl.abs(x), axis=1), eps), fp8_max, EXACT_SUMS)
-            a = _round_to_e4m3(tl.clamp(_divide(x, a_scale[:, None], EXACT_SUMS), -fp8_max, fp8_max))
+            a_scale = divide(tl.maximum(tl.max(tl.abs(x), axis=1), eps), fp8_max, EXACT_SUMS)
+            a = round_to_e4m3(tl.clamp(divide(x, a_scale[:, None], EXACT_SUMS), -fp8_max, fp8_max))
             a = a.to(w_ptr.dtype.element_ty)
         else:
             a = tl.load(x_tile + kb * 128)
