@@ -33,7 +33,7 @@ import triton.language as tl
 from nanoexp.kernels.fp8_reference import ACT_EPS, FP8_MAX
 from nanoexp.kernels.moe_ref import Fp8ExpertScales
 from nanoexp.kernels.pdl import launch_options
-from nanoexp.kernels.triton_fp8 import _divide, _quantized_row_tile, _round_to_e4m3
+from nanoexp.kernels.triton_fp8 import divide, quantized_row_tile, round_to_e4m3
 from nanoexp.kernels.triton_pdl import wait_for_previous
 
 # Up to this many tokens the MoE layer takes this path, above it the grouped GEMMs (kernels/triton_moe.py).
@@ -367,7 +367,7 @@ def _decode_fp8_gate_up_kernel(
             gate, up = gate_next, up_next  # the next tiles' loads go out first, as in the bf16 kernel
             kb1 = tl.minimum(kb0 + KB_TILE, kb_last)
             gate_next, up_next = tl.load(gate_tile + kb1 * 128), tl.load(up_tile + kb1 * 128)
-            x3, xs = _quantized_row_tile(x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE, IEEE)
+            x3, xs = quantized_row_tile(x_row, kb0, K_LOCAL, K_OFFSET, eps, fp8_max, KB_TILE, IEEE)
             gate = tl.reshape(gate.to(tl.float32), [BLOCK_N, KB_TILE, 128])
             up = tl.reshape(up.to(tl.float32), [BLOCK_N, KB_TILE, 128])
             gate_part = tl.sum(gate * x3[None, :, :], axis=2)
@@ -436,8 +436,8 @@ def _decode_fp8_down_sum_kernel(
             amax = tl.load(amax_ptr + slots * KB + kb, mask=local, other=0.0)
         else:
             amax = tl.max(tl.abs(a), axis=1)
-        scale = _divide(tl.maximum(amax, eps), fp8_max, IEEE)
-        q = _round_to_e4m3(tl.clamp(_divide(a, scale[:, None], IEEE), -fp8_max, fp8_max))
+        scale = divide(tl.maximum(amax, eps), fp8_max, IEEE)
+        q = round_to_e4m3(tl.clamp(divide(a, scale[:, None], IEEE), -fp8_max, fp8_max))
         w = tl.where(local[:, None, None], w.to(tl.float32), 0.0)
         part = tl.sum(w * q[:, None, :], axis=2)
         acc += part * tl.load(w_scales + kb, mask=local[:, None], other=0.0) * scale[:, None]
