@@ -12,7 +12,11 @@ import os
 import pytest
 import torch
 from fp8_checkpoints import (
+    GREEDY,
+    MAX_TOKENS,
     MOE_CHANGES,
+    PROMPTS,
+    assert_path_matches,
     build_fp8_moe_checkpoint,
     greedy_reference,
     kl_against_rounding,
@@ -21,12 +25,8 @@ from fp8_checkpoints import (
 from moe_checkpoints import moe_config
 from safetensors.torch import load_file, save_file
 
-from nanoexp import LLM, SamplingParams
+from nanoexp import LLM
 
-PREFIX = [5, 17, 42, 8, 99, 23, 61, 7, 13, 77, 31, 2]  # three 4-token blocks shared by every prompt
-PROMPTS = [PREFIX + [i + 1, 2 * i + 3, 50 - i] for i in range(5)]
-MAX_TOKENS = 10
-GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 BASE = dict(device="cpu", dtype="float32", max_num_seqs=4)
 PATHS = {
     "plain": dict(kv_block_size=16, enable_prefix_caching=False),
@@ -91,10 +91,7 @@ def test_routing_has_no_near_ties(oracle, reference):
 @pytest.mark.parametrize("path_name", list(PATHS))
 def test_fp8_moe_checkpoint_matches_the_w8a8_reference_on_every_path(checkpoints, reference, path_name):
     outs = generate(checkpoints["fp8"], **PATHS[path_name])
-    assert [o.token_ids for o in outs] == reference
-    if path_name == "prefix_cache_preemption":
-        assert sum(o.num_preemptions for o in outs) > 0, "the KV cache is meant to force preemption"
-        assert sum(o.num_cached_tokens for o in outs) > 0, "the shared prefix is meant to hit the cache"
+    assert_path_matches(outs, reference, path_name)
 
 
 @pytest.mark.parametrize(
