@@ -10,7 +10,13 @@
 # kernels = bench_moe.py; b1 = batch-1 TPOT with the expert-load count on and off; bn = decode steps of 64
 # and 256 sequences; prefill = one 4,096-token prefill per iteration; bench = experiment=nanovllm_bench;
 # hf = the same bench (32 requests) through our engine and transformers in one sweep; fp8 = batch-1 TPOT
-# and the bench with model.quantization=none,fp8.
+# and the bench with model.quantization=none,fp8; decode = the MoE decode path's GPU tests (kernels at
+# Qwen3-30B-A3B shapes, CUDA graphs, EP, fp8), the MoE engine GPU tests (gpu_quick) and the fp8 no-compile
+# test, then bench_moe.py at 1, 2, 4, 8, 16 tokens (decode path against grouped, bf16 and fp8: which wins
+# per size, what DECODE_MAX_TOKENS and FOLD_ROUTING should be); decode_b1 = batch-1 TPOT three ways on the
+# same tree: as it is, with kernels/triton_moe.FOLD_ROUTING=False (the routing kernel first) and with
+# DECODE_MAX_TOKENS=0 (grouped at every size, the path before the decode path), each constant patched
+# in-process. decode and decode_b1 fit one 10-minute call each.
 # Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 25),
 # TESTS_TIMEOUT (default 150).
 set -uo pipefail
@@ -106,6 +112,37 @@ for part in ${*:-tests kernels b1 bn prefill}; do
         hydra.sweep.dir=/tmp/moe_hf 'hydra.sweep.subdir=${hydra.job.num}' 2>&1 | grep -E "$SHOW|throughput" | head -40
       head -12 /tmp/moe_hf/sweep_summary.md 2>/dev/null
       step_medians /tmp/moe_hf ;;
+    decode)
+      section "MoE decode path: GPU tests, then the kernels at decode sizes (bf16 and fp8)"
+      timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
+        tests/kernels/test_triton_moe_decode.py 2>&1 | tail -15
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -m "${TESTS:-gpu_quick}" --durations=5 \
+        tests/models/test_moe_gpu.py tests/models/test_moe_fp8_gpu.py 2>&1 | tail -15
+      timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -k no_timed_step_compiles \
+        tests/models/test_moe_fp8_gpu.py 2>&1 | tail -6
+      timeout 150 python3 experiments/moe/bench_moe.py --tokens 1 2 4 8 16 --budget-s "${BENCH_S:-60}" --fp8 \
+        2>&1 | tail -150 ;;
+    decode_b1)
+      section "Qwen3-30B-A3B batch 1 (128 prompt tokens): the MoE decode path as the tree has it, without the folded routing, without the decode path"
+      B1=("${LAT[@]}" workload.batch_size=1 workload.input_len=128 workload.output_len=128 workload.num_iters=4
+          workload.num_iters_warmup=2 scheduler.max_num_seqs=8)
+      for variant in tree FOLD_ROUTING=False DECODE_MAX_TOKENS=0; do
+        echo "--- $variant"
+        dir=/tmp/moe_decode_b1_${variant%%=*}
+        # the constant patched in-process before run.py builds the engine (make_triton_moe and TritonMoe.moe
+        # read them per engine and per call)
+        timeout 150 python3 - "$variant" "${B1[@]}" hydra.sweep.dir="$dir" <<'PY' 2>&1 | grep -E "$SHOW" | head -12
+import runpy, sys
+import nanoexp.kernels.triton_moe as triton_moe
+variant = sys.argv[1]
+if variant != "tree":
+    name, value = variant.split("=")
+    setattr(triton_moe, name, eval(value))
+sys.argv = ["run.py", "-m", *sys.argv[2:]]
+runpy.run_path("run.py", run_name="__main__")
+PY
+        step_medians "$dir"
+      done ;;
     *) echo "unknown part $part" ;;
   esac
 done

@@ -64,19 +64,15 @@ def fp8_experts_reference(
     over the ranks in one exchange (`fp8.down_amax`), then the down projections in expert order."""
     top_k = local_ids.shape[1]
     ids = local_ids.reshape(-1)
+    routed = [(e, slots) for e in range(w13.shape[0]) if (slots := torch.where(ids == e)[0]).numel()]
     act = x.new_zeros(ids.numel(), fp8.down.k_local)
-    for expert in range(w13.shape[0]):
-        slots = torch.where(ids == expert)[0]
-        if slots.numel():
-            gate_up = w8a8_reference(x[slots // top_k], w13[expert], fp8.w13[expert], fp8.gate_up)
-            gate, up = gate_up.chunk(2, dim=-1)
-            act[slots] = F.silu(gate) * up
+    for expert, slots in routed:
+        gate_up = w8a8_reference(x[slots // top_k], w13[expert], fp8.w13[expert], fp8.gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        act[slots] = F.silu(gate) * up
     amax = fp8.down_amax(act) if fp8.down_amax is not None else None
     out = torch.zeros_like(x)
-    for expert in range(w13.shape[0]):
-        slots = torch.where(ids == expert)[0]
-        if slots.numel() == 0:
-            continue
+    for expert, slots in routed:
         slot_amax = amax[slots] if amax is not None else None
         y = w8a8_reference(act[slots], w2[expert], fp8.w2[expert], fp8.down, None, slot_amax)
         out.index_add_(0, slots // top_k, (y * weights.reshape(-1)[slots, None]).to(out.dtype))

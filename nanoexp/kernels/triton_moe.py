@@ -9,7 +9,8 @@ gate_up: one program per (block of BLOCK_M slots of one expert, BLOCK_N intermed
 its tokens' rows, multiplies by the expert's gate and up rows and writes silu(gate) * up, rounded where
 the unfused torch ops round. down: the same grouping over the intermediate rows, times the slot's routing
 weight, written per slot; one sum over the top-k slots of each token gives the output (deterministic,
-no atomics). Decode sizes (a handful of tokens per expert) and prefill sizes take different tiles.
+no atomics). Batched decode and prefill sizes take different tiles; up to DECODE_MAX_TOKENS tokens no
+grouping at all: the decode path (kernels/triton_moe_decode.py), two launches after the routing kernel.
 
 fp8 experts (block-scaled e4m3, kernels/moe_ref.Fp8ExpertScales): the same grouping and epilogues; the
 tokens' activations quantized once per token and 128-group (triton_fp8.quantize_activation), the SwiGLU
@@ -28,6 +29,7 @@ import triton.language as tl
 from nanoexp.kernels.moe_ref import Fp8ExpertScales
 from nanoexp.kernels.pdl import launch_options
 from nanoexp.kernels.triton_fp8 import UPCAST_DOT, fp8_block_dot, quantize_activation
+from nanoexp.kernels.triton_moe_decode import DECODE_MAX_TOKENS, decode_moe, route_decode_moe, top_k_route
 from nanoexp.kernels.triton_pdl import wait_for_previous
 
 log = logging.getLogger(__name__)
@@ -59,18 +61,14 @@ REGIMES: tuple[tuple[int | None, MoeTiles], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class SlotTiles:
-    gate_up: GemmTile
-    down: GemmTile
+# At decode sizes the routing runs inside the decode path's gate_up (each of a slot's programs routes its
+# token: a launch fewer, a few reductions over the logits before each program's first weight load); False:
+# the routing kernel first. To be set from bench_moe.py's "with the routing" line on the GPU.
+FOLD_ROUTING = True
 
-
-# Decode sizes without the one-kernel grouping: one GEMV per (token, k) slot, no grouping (slot_moe). With
-# it, the grouped GEMMs win at every size (H100, Qwen3-30B-A3B shapes: 39 us against 97 at one token, 301
-# against 358 at 16; experiments/moe/README.md), so only the torch-op grouping's ~50 us make this path pay.
+# Without the one-kernel grouping (where it fails its start-up check), the torch-op grouping costs ~50 us a
+# layer, and the decode path (kernels/triton_moe_decode.py) serves up to this many tokens.
 SLOT_MAX_TOKENS = 16
-# down: 16 columns per program so even one token launches 128 programs (hidden 2048), one per SM
-SLOT_TILES = SlotTiles(GemmTile(32, 128, 4, 3), GemmTile(16, 128, 4, 3))
 
 
 def tiles_for(num_tokens: int, element_size: int = 2) -> MoeTiles:
@@ -443,22 +441,8 @@ def _route_kernel(
     another rank's) and, when counting, adds the token's experts to counts."""
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
-    experts = tl.arange(0, BLOCK_E)
-    logits = tl.load(logits_ptr + row * stride_l + experts, mask=experts < num_experts, other=-float("inf"))
-    logits = logits.to(tl.float32)
-    probs = tl.exp(logits - tl.max(logits, axis=0))
-    probs = probs / tl.sum(probs, axis=0)
+    chosen, values = top_k_route(logits_ptr + row * stride_l, num_experts, TOP_K, K_PAD, BLOCK_E, RENORMALIZE)
     ks = tl.arange(0, K_PAD)
-    chosen = tl.zeros([K_PAD], dtype=tl.int32)
-    values = tl.zeros([K_PAD], dtype=tl.float32)
-    for k in tl.static_range(TOP_K):
-        best = tl.max(probs, axis=0)
-        pick = tl.min(tl.where(probs == best, experts, BLOCK_E), axis=0)
-        chosen = tl.where(ks == k, pick, chosen)
-        values = tl.where(ks == k, best, values)
-        probs = tl.where(experts == pick, -1.0, probs)
-    if RENORMALIZE:
-        values = values / tl.sum(values, axis=0)
     in_k = ks < TOP_K
     tl.store(weights_ptr + row * TOP_K + ks, values.to(weights_ptr.dtype.element_ty), mask=in_k)
     local = chosen - first_local
@@ -511,164 +495,6 @@ def route_triton(
     return weights, ids
 
 
-@triton.jit
-def _slot_gate_up_kernel(
-    x_ptr,
-    w_ptr,
-    out_ptr,
-    ids_ptr,
-    num_experts,
-    top_k,
-    K,
-    N,
-    stride_xm,
-    stride_we,
-    stride_wn,
-    stride_om,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    """Decode sizes: one (token, k) slot per program row, no grouping: a GEMV on its expert's gate and up."""
-    wait_for_previous(PDL)
-    slot = tl.program_id(0)
-    expert = tl.load(ids_ptr + slot)
-    if expert >= num_experts:
-        return
-    token = (slot // top_k).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    ks = tl.arange(0, BLOCK_K)
-    w_expert = w_ptr + expert.to(tl.int64) * stride_we
-    gate_rows = w_expert + cols[:, None] * stride_wn
-    up_rows = w_expert + (cols + N)[:, None] * stride_wn
-    acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + ks
-        k_mask = kk < K
-        a = tl.load(x_ptr + token * stride_xm + kk, mask=k_mask, other=0.0).to(tl.float32)
-        w_mask = col_mask[:, None] & k_mask[None, :]
-        gate = tl.load(gate_rows + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
-        up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
-        acc_gate += tl.sum(gate * a[None, :], axis=1)
-        acc_up += tl.sum(up * a[None, :], axis=1)
-    DT = out_ptr.dtype.element_ty
-    gate = acc_gate.to(DT).to(tl.float32)
-    act = (gate * tl.sigmoid(gate)).to(DT).to(tl.float32)
-    tl.store(
-        out_ptr + slot.to(tl.int64) * stride_om + cols,
-        (act * acc_up.to(DT).to(tl.float32)).to(DT),
-        mask=col_mask,
-    )
-
-
-@triton.jit
-def _slot_down_sum_kernel(
-    a_ptr,
-    w_ptr,
-    out_ptr,
-    weights_ptr,
-    ids_ptr,
-    num_experts,
-    top_k,
-    K,
-    N,
-    stride_am,
-    stride_we,
-    stride_wn,
-    stride_om,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    """Decode sizes: one token per program row; its top-k experts' down GEMVs, weighted and summed."""
-    wait_for_previous(PDL)
-    token = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    ks = tl.arange(0, BLOCK_K)
-    DT = out_ptr.dtype.element_ty
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k in range(top_k):
-        slot = token * top_k + k
-        expert = tl.load(ids_ptr + slot)
-        if expert < num_experts:
-            w_rows = w_ptr + expert.to(tl.int64) * stride_we + cols[:, None] * stride_wn
-            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                kk = k0 + ks
-                k_mask = kk < K
-                a = tl.load(a_ptr + slot * stride_am + kk, mask=k_mask, other=0.0).to(tl.float32)
-                w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
-                acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-            weight = tl.load(weights_ptr + slot).to(tl.float32)
-            y = (acc.to(DT).to(tl.float32) * weight).to(DT).to(tl.float32)
-            total = (total + y).to(DT).to(tl.float32)  # rounded per add, as the reference's index_add_
-    tl.store(out_ptr + token * stride_om + cols, total.to(DT), mask=col_mask)
-
-
-def slot_moe(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    weights: torch.Tensor,
-    local_ids: torch.Tensor,
-    tiles: SlotTiles | None = None,
-) -> torch.Tensor:
-    """fused_moe for a few tokens: no grouping; each slot's GEMVs stream its expert's rows, and the down
-    kernel sums each token's top-k in registers (two launches)."""
-    num_tokens, hidden = x.shape
-    num_experts, inter = w13.shape[0], w13.shape[1] // 2
-    top_k = local_ids.shape[1]
-    tiles = tiles or SLOT_TILES
-    act = x.new_empty((num_tokens * top_k, inter))
-    out = x.new_empty((num_tokens, hidden))
-    if num_tokens == 0:
-        return out
-    ids = local_ids.contiguous()
-    _slot_gate_up_kernel[(num_tokens * top_k, triton.cdiv(inter, tiles.gate_up.block_n))](
-        x,
-        w13,
-        act,
-        ids,
-        num_experts,
-        top_k,
-        hidden,
-        inter,
-        x.stride(0),
-        w13.stride(0),
-        w13.stride(1),
-        act.stride(0),
-        BLOCK_N=tiles.gate_up.block_n,
-        BLOCK_K=tiles.gate_up.block_k,
-        num_warps=tiles.gate_up.num_warps,
-        num_stages=tiles.gate_up.num_stages,
-        **launch_options(),
-    )
-    _slot_down_sum_kernel[(num_tokens, triton.cdiv(hidden, tiles.down.block_n))](
-        act,
-        w2,
-        out,
-        weights.contiguous(),
-        ids,
-        num_experts,
-        top_k,
-        inter,
-        hidden,
-        act.stride(0),
-        w2.stride(0),
-        w2.stride(1),
-        out.stride(0),
-        BLOCK_N=tiles.down.block_n,
-        BLOCK_K=tiles.down.block_k,
-        num_warps=tiles.down.num_warps,
-        num_stages=tiles.down.num_stages,
-        **launch_options(),
-    )
-    return out
-
-
 def experts_triton(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -677,15 +503,15 @@ def experts_triton(
     local_ids: torch.Tensor,
     all_local: bool = True,
     group=None,
-    slot_max_tokens: int = SLOT_MAX_TOKENS,
+    decode_max_tokens: int = DECODE_MAX_TOKENS,
     fp8: Fp8ExpertScales | None = None,
 ) -> torch.Tensor:
-    """The GPU path: slot GEMVs up to `slot_max_tokens` tokens, grouped GEMMs above; fp8 experts grouped at
-    every size (the one-kernel grouping makes the grouped GEMMs the faster path at decode sizes too)."""
+    """The GPU path: up to `decode_max_tokens` tokens the decode path (two launches, no grouping:
+    kernels/triton_moe_decode.py), grouped GEMMs above; bf16 or fp8 experts alike."""
+    if x.shape[0] <= decode_max_tokens:
+        return decode_moe(x, w13, w2, weights, local_ids, fp8)
     if fp8 is not None:
         return fused_moe_fp8(x, w13, w2, weights, local_ids, fp8, all_local, group=group)
-    if x.shape[0] <= slot_max_tokens:
-        return slot_moe(x, w13, w2, weights, local_ids)
     return fused_moe(x, w13, w2, weights, local_ids, all_local, group=group)
 
 
@@ -866,15 +692,44 @@ def fused_moe_fp8(
 
 
 class TritonMoe:
-    """The GPU MoE path bound to the layers (layers/fused_moe.py): routing in one kernel, then the experts,
-    grouped by `grouping` (above `slot_max_tokens` tokens; below, per-slot GEMVs)."""
+    """The GPU MoE path bound to the layers (layers/fused_moe.py, which calls `moe`): routing in one kernel,
+    then the experts grouped by `grouping`; up to `decode_max_tokens` tokens the decode path instead, the
+    routing folded into it (FOLD_ROUTING)."""
 
     name = "triton"
 
-    def __init__(self, grouping=group_by_expert, selection: str = "", slot_max_tokens: int = SLOT_MAX_TOKENS):
-        self.grouping, self.selection, self.slot_max_tokens = grouping, selection, slot_max_tokens
+    def __init__(
+        self, grouping=group_by_expert, selection: str = "", decode_max_tokens: int = DECODE_MAX_TOKENS
+    ):
+        self.grouping, self.selection, self.decode_max_tokens = grouping, selection, decode_max_tokens
 
     route = staticmethod(route_triton)
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router_logits: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+        first_local: int = 0,
+        counts: torch.Tensor | None = None,
+        token_slots: torch.Tensor | None = None,
+        all_local: bool = True,
+        fp8: Fp8ExpertScales | None = None,
+    ) -> torch.Tensor:
+        """route, then experts (arguments as theirs; this rank holds experts [first_local, + w13.shape[0])):
+        up to `decode_max_tokens` tokens two launches, the routing folded into the decode path's gate_up."""
+        if x.shape[0] <= self.decode_max_tokens and FOLD_ROUTING:
+            return route_decode_moe(
+                x, router_logits, w13, w2, top_k, renormalize, first_local, counts, token_slots, fp8
+            )
+        num_local = w13.shape[0]
+        weights, ids = self.route(
+            router_logits, top_k, renormalize, first_local, num_local, counts, token_slots
+        )
+        return self.experts(x, w13, w2, weights, ids, all_local, fp8)
 
     def experts(
         self, x, w13, w2, weights, local_ids, all_local: bool = True, fp8: Fp8ExpertScales | None = None
@@ -887,7 +742,7 @@ class TritonMoe:
             local_ids,
             all_local,
             group=self.grouping,
-            slot_max_tokens=self.slot_max_tokens,
+            decode_max_tokens=self.decode_max_tokens,
             fp8=fp8,
         )
 
@@ -922,15 +777,19 @@ def grouping_agrees(device: torch.device) -> str | None:
 
 
 def make_triton_moe(device: torch.device) -> TritonMoe:
-    """The Triton MoE path, grouping by expert in one kernel at every size where a one-time check on `device`
-    agrees with the torch grouping, else with the torch ops (~13 launches, 50-130 us on an H200) above
-    SLOT_MAX_TOKENS tokens and per-slot GEMVs below."""
+    """The Triton MoE path: the decode path up to DECODE_MAX_TOKENS tokens, above it grouped by expert in one
+    kernel where a one-time check on `device` agrees with the torch grouping, else with the torch ops (~13
+    launches, 50-130 us on an H200), the decode path then serving up to SLOT_MAX_TOKENS tokens."""
     problem = grouping_agrees(device)
     if problem is None:
-        return TritonMoe(group_by_expert_kernel, "triton: grouping in one kernel (self-checked)", 0)
+        return TritonMoe(
+            group_by_expert_kernel, "triton: grouping in one kernel (self-checked)", DECODE_MAX_TOKENS
+        )
     log.warning(
         "MoE: grouping by expert with torch ops, the one-kernel grouping failed its check: %s", problem
     )
     return TritonMoe(
-        group_by_expert, f"triton: grouping with torch ops (one-kernel grouping rejected: {problem})"
+        group_by_expert,
+        f"triton: grouping with torch ops (one-kernel grouping rejected: {problem})",
+        max(DECODE_MAX_TOKENS, SLOT_MAX_TOKENS),
     )

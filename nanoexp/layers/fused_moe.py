@@ -16,7 +16,7 @@ from nanoexp.kernels.moe_ref import Fp8ExpertScales, experts_reference, route
 from nanoexp.layers.linear import rows
 from nanoexp.layers.quantization import Fp8Experts, building_method, set_loader_attrs
 
-ExpertsKernel = Any  # kernels/triton_moe.TritonMoe: route(...) and experts(...)
+ExpertsKernel = Any  # kernels/triton_moe.TritonMoe: moe(...), routing and experts
 SHARDS = ("gate", "up", "down")
 CHECKPOINT_NAMES = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 
@@ -142,12 +142,19 @@ class FusedMoE(nn.Module):
         (Read as it is, not through a mask derived from it: a derived tensor made before a graph's capture
         would be replayed stale.)"""
         if self.kernel is not None:
-            counts, first, num_local = self.load_counts, self.first_expert, self.num_local
-            weights, ids = self.kernel.route(
-                router_logits, self.top_k, self.renormalize, first, num_local, counts, token_slots
+            return self.kernel.moe(
+                x,
+                router_logits,
+                self.w13,
+                self.w2,
+                self.top_k,
+                self.renormalize,
+                self.first_expert,
+                self.load_counts,
+                token_slots,
+                not self.expert_parallel,
+                self.fp8_scales(),
             )
-            all_local = not self.expert_parallel
-            return self.kernel.experts(x, self.w13, self.w2, weights, ids, all_local, self.fp8_scales())
         weights, ids = route(router_logits, self.top_k, self.renormalize)
         if self.load_counts is not None:
             real = torch.ones_like(ids[:, :1]) if token_slots is None else (token_slots >= 0)[:, None]

@@ -249,8 +249,10 @@ class ModelRunner:
         captured = MAX_STEP_GRAPH_TOKENS if self.uses_graphs and self.backend.captures_mixed_steps else 0
         first_eager = [captured + 1] if 0 < captured < budget else []  # may run small tiles, budget large
         # budget - 1: a size that is no multiple of 16, which Triton would otherwise compile apart for any
-        # integer argument that follows the token count
-        for tokens in sorted({min(16, budget), min(64, budget), *first_eager, max(budget - 1, 1), budget}):
+        # integer argument that follows the token count; 1: a MoE model's eager steps of a few tokens take
+        # the MoE decode path (kernels/triton_moe_decode.py), which the prefills from 16 tokens on do not
+        sizes = {1, min(16, budget), min(64, budget), *first_eager, max(budget - 1, 1), budget}
+        for tokens in sorted(sizes):
             if tokens <= captured:  # smaller steps run in step graphs, whose capture compiles their kernels
                 continue
             if self.config.cache.lossy:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import quick_first
+from moe_kernel_inputs import fp8_moe_inputs, relative_error
 
-from nanoexp.kernels.fp8_reference import BLOCK, group_amax, quantize_weight
-from nanoexp.kernels.moe_ref import Fp8ExpertScales, experts_reference, route
+from nanoexp.kernels.fp8_reference import group_amax
+from nanoexp.kernels.moe_ref import Fp8ExpertScales, experts_reference
 from nanoexp.kernels.triton_moe import (
     REGIMES,
     TritonMoe,
@@ -17,40 +18,6 @@ from nanoexp.kernels.triton_moe import (
     fused_moe_fp8,
     group_by_expert_kernel,
 )
-from nanoexp.layers.quantization import layout_for
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def quantized_experts(experts: int, n: int, k: int, layout, gen) -> tuple[torch.Tensor, torch.Tensor]:
-    """`experts` random [n, k] weights in e4m3 at the layout's K offset, [E, n, k_padded], and their scales
-    [E, scale rows, k_blocks] (each expert quantized in its own 128 x 128 blocks)."""
-    weights, scales = [], []
-    for _ in range(experts):
-        w = torch.zeros(n, layout.k_padded)
-        w[:, layout.k_offset : layout.k_offset + k] = torch.randn(n, k, generator=gen) / k**0.5
-        q, s = quantize_weight(w)
-        weights.append(q)
-        scales.append(s.repeat_interleave(BLOCK, 0)[: n : layout.row_block])
-    return torch.stack(weights).to(DEVICE), torch.stack(scales).to(DEVICE)
-
-
-def fp8_moe_inputs(tokens, experts, top_k, hidden, inter, dtype, inter_start=0, seed=0):
-    """(x, w13, w2, routing weights, ids, Fp8ExpertScales) of one rank holding rows [inter_start, +inter) of
-    each expert's intermediate dim."""
-    gen = torch.Generator().manual_seed(seed)
-    gate_up = layout_for(2 * inter, hidden, 0, [inter, inter])
-    down = layout_for(hidden, inter, inter_start, [hidden])
-    w13, s13 = quantized_experts(experts, 2 * inter, hidden, gate_up, gen)
-    w2, s2 = quantized_experts(experts, hidden, inter, down, gen)
-    x = torch.randn(tokens, hidden, generator=gen).to(DEVICE, dtype)
-    logits = torch.randn(tokens, experts, generator=gen).to(DEVICE, dtype)
-    weights, ids = route(logits, top_k, renormalize=True)
-    return x, w13, w2, weights, ids, Fp8ExpertScales(s13, s2, gate_up, down)
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
 def reference(x, w13, w2, weights, ids, fp8) -> torch.Tensor:
@@ -116,14 +83,6 @@ def test_a_tp_shard_straddling_groups_quantizes_with_the_given_amax():
     assert relative_error(out, reference(x, w13, w2, weights, ids, fp8)) > 1e-3  # the amax is used
 
 
-def test_the_bound_kernel_takes_fp8_experts_at_every_size():
-    """TritonMoe.experts sends fp8 experts to the grouped GEMMs, below slot_max_tokens too."""
-    x, w13, w2, weights, ids, fp8 = fp8_moe_inputs(3, 4, 2, 32, 16, torch.float32, seed=5)
-    kernel = TritonMoe(group_by_expert_kernel, "test", slot_max_tokens=16)
-    out = kernel.experts(x, w13, w2, weights, ids.to(torch.int32), True, fp8)
-    assert relative_error(out, reference(x, w13, w2, weights, ids, fp8)) <= 1e-5
-
-
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -150,7 +109,7 @@ def test_gpu_fp8_experts_replay_in_a_cuda_graph():
     """Grouping, activation quantization and both GEMMs captured once, replayed on new tokens and routes."""
     x, w13, w2, weights, ids, fp8 = fp8_moe_inputs(24, 16, 4, 256, 128, torch.bfloat16, seed=7)
     ids32 = ids.to(torch.int32)
-    kernel = TritonMoe(group_by_expert_kernel, "test", slot_max_tokens=0)
+    kernel = TritonMoe(group_by_expert_kernel, "test", decode_max_tokens=0)
     kernel.experts(x, w13, w2, weights, ids32, True, fp8)  # compiles outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

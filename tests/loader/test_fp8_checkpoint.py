@@ -9,17 +9,20 @@ import os
 
 import pytest
 import torch
-from fp8_checkpoints import build_fp8_checkpoint, greedy_reference, w8a8_transformers_model
+from fp8_checkpoints import (
+    GREEDY,
+    MAX_TOKENS,
+    PROMPTS,
+    assert_path_matches,
+    build_fp8_checkpoint,
+    greedy_reference,
+    w8a8_transformers_model,
+)
 from helpers import quick_first
 
-from nanoexp.config import SamplingParams
 from nanoexp.config.checkpoint_files import CheckpointError
 from nanoexp.engine.llm import LLM
 
-PREFIX = [5, 17, 42, 8, 99, 23, 61, 7, 13, 77, 31, 2]  # three 4-token blocks shared by every prompt
-PROMPTS = [PREFIX + [i + 1, 2 * i + 3, 50 - i] for i in range(5)]
-MAX_TOKENS = 10
-GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 BASE = dict(device="cpu", dtype="float32", max_num_seqs=4, gemm_backend="torch")
 PATHS = {
     # prefix cache hits and preemption: a 14-block cache of 4-token blocks
@@ -50,10 +53,7 @@ def generate(path: str, **kwargs) -> list:
 @pytest.mark.parametrize(*quick_first("path_name", list(PATHS)))
 def test_fp8_checkpoint_matches_the_w8a8_reference_on_every_path(checkpoints, reference, path_name):
     outs = generate(checkpoints["fp8"], **PATHS[path_name])
-    assert [o.token_ids for o in outs] == reference
-    if path_name == "prefix_cache_preemption":
-        assert sum(o.num_preemptions for o in outs) > 0, "the KV cache is meant to force preemption"
-        assert sum(o.num_cached_tokens for o in outs) > 0, "the shared prefix is meant to hit the cache"
+    assert_path_matches(outs, reference, path_name)
 
 
 @pytest.mark.slow

@@ -12,7 +12,11 @@ import os
 import pytest
 import torch
 from fp8_checkpoints import (
+    GREEDY,
+    MAX_TOKENS,
     MOE_CHANGES,
+    PROMPTS,
+    assert_path_matches,
     build_fp8_moe_checkpoint,
     greedy_reference,
     kl_against_rounding,
@@ -21,12 +25,8 @@ from fp8_checkpoints import (
 from moe_checkpoints import moe_config
 from safetensors.torch import load_file, save_file
 
-from nanoexp import LLM, SamplingParams
+from nanoexp import LLM
 
-PREFIX = [5, 17, 42, 8, 99, 23, 61, 7, 13, 77, 31, 2]  # three 4-token blocks shared by every prompt
-PROMPTS = [PREFIX + [i + 1, 2 * i + 3, 50 - i] for i in range(5)]
-MAX_TOKENS = 10
-GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 BASE = dict(device="cpu", dtype="float32", max_num_seqs=4)
 PATHS = {
     "plain": dict(kv_block_size=16, enable_prefix_caching=False),
@@ -91,10 +91,7 @@ def test_routing_has_no_near_ties(oracle, reference):
 @pytest.mark.parametrize("path_name", list(PATHS))
 def test_fp8_moe_checkpoint_matches_the_w8a8_reference_on_every_path(checkpoints, reference, path_name):
     outs = generate(checkpoints["fp8"], **PATHS[path_name])
-    assert [o.token_ids for o in outs] == reference
-    if path_name == "prefix_cache_preemption":
-        assert sum(o.num_preemptions for o in outs) > 0, "the KV cache is meant to force preemption"
-        assert sum(o.num_cached_tokens for o in outs) > 0, "the shared prefix is meant to hit the cache"
+    assert_path_matches(outs, reference, path_name)
 
 
 @pytest.mark.parametrize(
@@ -172,16 +169,24 @@ def test_a_missing_expert_scale_is_named(checkpoints, tmp_path):
 
 @pytest.mark.slow  # a whole MoE engine under the Triton interpreter
 def test_triton_fp8_experts_in_the_engine_match_the_reference(checkpoints, reference, monkeypatch):
-    """The GPU's path (routing kernel, one-kernel grouping, the fp8 grouped GEMMs) through the engine on
-    CPU, in the Triton interpreter."""
-    from nanoexp.kernels.triton_moe import make_triton_moe
+    """The GPU's path (routing kernel; one-kernel grouping and the fp8 grouped GEMMs for prefills, the fp8
+    decode path for the decode steps of 3 sequences) through the engine on CPU, in the Triton interpreter."""
+    from nanoexp.kernels import triton_moe
     from nanoexp.runner import model_setup
 
-    monkeypatch.setattr(model_setup, "make_moe_kernel", make_triton_moe)
+    route_decode_moe, decode_calls = triton_moe.route_decode_moe, []
+
+    def spy(x, *args, **kwargs):
+        decode_calls.append(x.shape[0])
+        return route_decode_moe(x, *args, **kwargs)
+
+    monkeypatch.setattr(model_setup, "make_moe_kernel", triton_moe.make_triton_moe)
+    monkeypatch.setattr(triton_moe, "route_decode_moe", spy)
     with LLM(checkpoints["fp8"], kv_block_size=16, **BASE) as llm:
         assert llm.stats()["moe_kernel"] == "triton: grouping in one kernel (self-checked)"
         outs = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outs] == reference[:3]
+    assert decode_calls and set(decode_calls) == {3}
 
 
 @pytest.mark.skipif(

@@ -233,7 +233,7 @@ def test_checkpoint_missing_an_expert_tensor_names_it(moe_checkpoints, tmp_path)
 
 @pytest.mark.slow  # a whole MoE engine under the Triton interpreter (tests/kernels/test_triton_moe.py)
 def test_triton_moe_path_in_the_engine_matches_transformers(moe_checkpoints, monkeypatch):
-    """The GPU's MoE path (routing kernel, per-slot GEMVs for decode steps, one-kernel grouping and grouped
+    """The GPU's MoE path (routing kernel, the decode path for decode steps, one-kernel grouping and grouped
     GEMMs for prefills, the load count) through the engine on CPU, in the Triton interpreter."""
     from nanoexp.kernels.triton_moe import make_triton_moe
     from nanoexp.runner import model_setup
