@@ -29,7 +29,7 @@ NEW=$PWD
 [ -d "${BASE:-}/nanoexp" ] || { echo "BASE=<dir>: a tree (git archive) holding run.py and nanoexp/ (got '${BASE:-}')" | tee -a "$LOG"; exit 2; }
 BASE=$(cd "$BASE" && pwd); BASE_LABEL="${BASE_LABEL:-$(basename "$BASE")}"
 NEW_LABEL="${NEW_LABEL:-$(git rev-parse --short HEAD 2>/dev/null || echo new)}"  # the device's copy may lack .git
-SITE=""
+SITE="${PYTHONPATH:-}"  # the caller's path (hydra & co. found there are kept on it)
 if ! "$PY" -c "import hydra" 2>/dev/null; then  # the GPU image lacks hydra & co.: the wheels in .whl
   if [ ! -d /tmp/site/hydra ] && [ -d "${WHEELS:-.whl}" ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -447,8 +447,7 @@ class GemvConfig:
     kb_tile: int  # 128-blocks of K per iteration (the largest of it, 2 and 1 that divides K's blocks)
     num_warps: int = 4
     split_k: int = 1  # K split across programs (1 where it does not divide K's blocks in whole tiles)
-    # one row only: products accumulated elementwise over the K loop, reduced once after it (a benchmark
-    # candidate; the engine's configs leave it off)
+    # one row only: products accumulated elementwise over the K loop, reduced once after it
     deferred_sum: bool = False
 
 
@@ -468,12 +467,13 @@ def _tickets(device: torch.device) -> torch.Tensor:
     return torch.zeros(TICKETS, dtype=torch.int32, device=device)
 
 
-def default_gemv_config(n: int, sms: int) -> GemvConfig:
-    """Narrow enough column tiles for about four programs per SM."""
+def default_gemv_config(n: int, sms: int, rows: int = 1) -> GemvConfig:
+    """Narrow enough column tiles for about three programs per SM; one row's products summed once after
+    the K loop (H100, Qwen3-8B, quantization included: o_proj 14.6 -> 10.6 us, down_proj 29.4 -> 25.3)."""
     block_n = 16
-    while block_n > 4 and triton.cdiv(n, block_n) < 4 * sms:
+    while block_n > 4 and triton.cdiv(n, block_n) < 3 * sms:
         block_n //= 2
-    return GemvConfig(block_n, 4)
+    return GemvConfig(block_n, 4, deferred_sum=rows == 1)
 
 
 def default_gemm_config(m: int, n: int = 0) -> GemmConfig:
@@ -552,7 +552,7 @@ def _gemm(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: Ge
 
 def _gemv(x, xs, weight, scale, layout: Fp8Layout, y, quantize: bool, config: GemvConfig | None) -> None:
     m, n, kb = x.shape[0], layout.n, layout.k_blocks
-    config = config or default_gemv_config(n, num_sms(x.device))
+    config = config or default_gemv_config(n, num_sms(x.device), m)
     if config.deferred_sum and m != 1:
         raise ValueError(f"GemvConfig(deferred_sum=True) takes one row, got {m}")
     kb_tile = next(t for t in (config.kb_tile, 2, 1) if kb % t == 0)

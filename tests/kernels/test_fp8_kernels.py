@@ -251,8 +251,9 @@ def test_gemv_summing_once_after_the_k_loop_matches_the_reference(shape, config)
     assert int(triton_fp8._tickets(torch.device(DEVICE)).abs().sum()) == 0
 
 
-def test_gemv_summing_once_is_a_one_row_candidate_off_by_default():
-    assert not triton_fp8.default_gemv_config(4096, 132).deferred_sum
+def test_gemv_sums_once_for_one_row_only():
+    assert triton_fp8.default_gemv_config(4096, 132) == triton_fp8.GemvConfig(8, 4, deferred_sum=True)
+    assert not triton_fp8.default_gemv_config(4096, 132, rows=2).deferred_sum
     layout = Fp8Layout(40, 96, 0, 1)
     q, s = random_weights(layout)
     with pytest.raises(ValueError, match="one row, got 2"):
