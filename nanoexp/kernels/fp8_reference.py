@@ -116,7 +116,8 @@ def quantize_activation(x: Tensor, layout: Fp8Layout, amax: Tensor | None = None
     m = x.shape[0]
     groups = padded_groups(x, layout)
     amax = groups.abs().amax(-1) if amax is None else amax
-    scale = amax.clamp_min(ACT_EPS) / FP8_MAX
+    # a tensor divisor: CUDA divides by a Python scalar as a product with its reciprocal, not IEEE division
+    scale = amax.clamp_min(ACT_EPS) / torch.full_like(amax, FP8_MAX)
     q = (groups / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.view(m, layout.k_padded), scale
 

@@ -20,6 +20,7 @@ from fp8_checkpoints import (
 )
 from helpers import quick_first
 
+from nanoexp.config import SamplingParams
 from nanoexp.config.checkpoint_files import CheckpointError
 from nanoexp.engine.llm import LLM
 

@@ -25,7 +25,7 @@ from fp8_checkpoints import (
 from moe_checkpoints import moe_config
 from safetensors.torch import load_file, save_file
 
-from nanoexp import LLM
+from nanoexp import LLM, SamplingParams
 
 BASE = dict(device="cpu", dtype="float32", max_num_seqs=4)
 PATHS = {
