@@ -44,6 +44,13 @@ def assert_padding_is_zero(got: QuantizedActivation) -> None:
     assert not got.q[got.tokens :].float().any() and not got.scales[got.tokens :].any()
 
 
+def e4m3_codes(q: torch.Tensor) -> torch.Tensor:
+    """The e4m3 bit patterns as ints, -0 as +0: Triton's rounding gives +0 where torch's cast keeps a tiny
+    negative value's sign; the two are the same value."""
+    codes = q.view(torch.uint8).int()
+    return torch.where(codes == 0x80, 0, codes)
+
+
 def assert_same_codes(
     got: QuantizedActivation, want: tuple[torch.Tensor, torch.Tensor], max_flips: float, scale_rtol: float
 ) -> None:
@@ -51,7 +58,7 @@ def assert_same_codes(
     scale_rtol: a sum in another order moves 1 / rms (or exp) by an ulp, hence a row's scales by an ulp in
     float32, a group's amax by one of the model dtype where it rounds the other way."""
     (q, s), (want_q, want_s) = got.row_major(), want
-    codes = (q.view(torch.uint8).int() - want_q.view(torch.uint8).int()).abs()
+    codes = (e4m3_codes(q) - e4m3_codes(want_q)).abs()
     assert (codes != 0).float().mean().item() <= max_flips and codes.max().item() <= 1
     assert torch.allclose(s, want_s, rtol=2 * scale_rtol, atol=0)
 
@@ -185,6 +192,7 @@ GPU_ROWS = [1, 16, 65, 4096]
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_quick
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", GPU_ROWS)
 def test_gpu_fused_producers_follow_the_unfused_ones_at_qwen3_8b_shapes(rows, dtype):
@@ -201,24 +209,27 @@ def test_gpu_fused_producers_follow_the_unfused_ones_at_qwen3_8b_shapes(rows, dt
     want, want_sum = unfused_norm(x, r, weight, norm_layout)
     assert torch.equal(summed, want_sum)
     scale_rtol = ulp(dtype) * (8 if dtype == torch.float32 else 1)  # CUDA's rsqrt and exp: a few ulps
-    assert_same_codes(got, want, 1e-3, scale_rtol)
+    # bf16: the normed value rounds to 8 bits after a sum in another order; of the values that move an ulp,
+    # about one in 30 sits near an e4m3 midpoint (0.17% of one row's codes flipped on an H100)
+    assert_same_codes(got, want, 1e-3 if dtype == torch.float32 else 5e-3, scale_rtol)
     assert_padding_is_zero(got)
     gate_up = torch.randn(rows, 2 * inter, device="cuda", dtype=dtype) * 2
     got = silu_and_mul_quantized(gate_up, fp8_cublas.activation_format(down_layout, rows, dtype))
     q, s = got.row_major()
     act = silu_and_mul(gate_up)  # the same SwiGLU values: the quantization alone differs, if anything
     want_q, want_s = triton_fp8.quantize_activation(act, down_layout)
-    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
+    assert torch.equal(e4m3_codes(q), e4m3_codes(want_q)) and torch.equal(s, want_s)
     if dtype == torch.float32:
         # IEEE divisions in float32: the torch reference's codes and scales bit for bit
         want_q, want_s = quantize_activation(act, down_layout)
-        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
+        assert torch.equal(e4m3_codes(q), e4m3_codes(want_q)) and torch.equal(s, want_s)
         # the engine's unfused float32 SwiGLU is torch's op (exp rounds otherwise)
         torch_op = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
         assert_same_codes(got, quantize_activation(torch_op, down_layout), 1e-3, scale_rtol)
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_quick
 def test_gpu_fused_producers_replay_in_a_cuda_graph_with_pdl():
     from nanoexp.kernels import pdl
 
@@ -251,4 +262,4 @@ def test_gpu_fused_producers_replay_in_a_cuda_graph_with_pdl():
     assert_same_codes(normed, (want_q, want_s), 1e-2, ulp(torch.bfloat16))
     q, s = act.row_major()
     want_q, want_s = triton_fp8.quantize_activation(silu_and_mul(gate_up), layout)
-    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
+    assert torch.equal(e4m3_codes(q), e4m3_codes(want_q)) and torch.equal(s, want_s)

@@ -107,6 +107,7 @@ GPU_CASES = [(torch.bfloat16, rows) for rows in (1, 2, 4, 5, 33, 65, 4096)] + [
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_quick
 @pytest.mark.parametrize(("dtype", "rows"), GPU_CASES)
 def test_gpu_fp8_linear_at_qwen3_8b_shapes(dtype, rows):
     torch.manual_seed(3)
@@ -140,6 +141,7 @@ def test_gpu_fp8_linear_in_float32_follows_the_reference_on_ragged_and_per_row_l
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_quick
 def test_gpu_fp8_linear_replays_in_a_cuda_graph():
     layout = Fp8Layout(384, 96, 96, 1)
     q, s = random_weights(layout)
@@ -197,6 +199,7 @@ def test_one_row_of_a_wide_layer_takes_the_gemm_and_matches_the_reference(shape)
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_quick
 @pytest.mark.parametrize("rows", [65, 300, 4096])
 def test_gpu_cublas_prefill_gemm_matches_the_reference(rows):
     from nanoexp.kernels.fp8_cublas import blockwise_scaled_mm_works, cublas_fp8_linear
@@ -261,6 +264,7 @@ def test_gemv_sums_once_for_one_row_only():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_quick
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_gemv_summing_once_at_qwen3_8b_shapes(dtype):
     """o_proj (quantizing its row) and down_proj (K = 12,288: a quantization launch first), one row."""
