@@ -280,7 +280,7 @@ def bench(tokens: int, sets, bandwidth: float, flops_rate: float, deadline: floa
         )
         print(
             f"  with the routing (the layer after its router GEMM, load counted): the decode path with the "
-            f"routing folded (FOLD_ROUTING) {folded:.1f} us, routing kernel + decode path "
+            f"routing folded (FOLD_ROUTING_MAX_TOKENS) {folded:.1f} us, routing kernel + decode path "
             f"{routed_decode:.1f} us, routing kernel + grouped {routed:.1f} us"
         )
     results = []

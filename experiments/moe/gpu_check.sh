@@ -13,8 +13,8 @@
 # and the bench with model.quantization=none,fp8; decode = the MoE decode path's GPU tests (kernels at
 # Qwen3-30B-A3B shapes, CUDA graphs, EP, fp8), the MoE engine GPU tests (gpu_quick) and the fp8 no-compile
 # test, then bench_moe.py at 1, 2, 4, 8, 16 tokens (decode path against grouped, bf16 and fp8: which wins
-# per size, what DECODE_MAX_TOKENS and FOLD_ROUTING should be); decode_b1 = batch-1 TPOT three ways on the
-# same tree: as it is, with kernels/triton_moe.FOLD_ROUTING=False (the routing kernel first) and with
+# per size, what DECODE_MAX_TOKENS and FOLD_ROUTING_MAX_TOKENS should be); decode_b1 = batch-1 TPOT three ways on the
+# same tree: as it is, with kernels/triton_moe.FOLD_ROUTING_MAX_TOKENS=0 (the routing kernel first) and with
 # DECODE_MAX_TOKENS=0 (grouped at every size, the path before the decode path), each constant patched
 # in-process. decode and decode_b1 fit one 10-minute call each.
 # Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 25),
@@ -126,7 +126,7 @@ for part in ${*:-tests kernels b1 bn prefill}; do
       section "Qwen3-30B-A3B batch 1 (128 prompt tokens): the MoE decode path as the tree has it, without the folded routing, without the decode path"
       B1=("${LAT[@]}" workload.batch_size=1 workload.input_len=128 workload.output_len=128 workload.num_iters=4
           workload.num_iters_warmup=2 scheduler.max_num_seqs=8)
-      for variant in tree FOLD_ROUTING=False DECODE_MAX_TOKENS=0; do
+      for variant in tree FOLD_ROUTING_MAX_TOKENS=0 DECODE_MAX_TOKENS=0; do
         echo "--- $variant"
         dir=/tmp/moe_decode_b1_${variant%%=*}
         # the constant patched in-process before run.py builds the engine (make_triton_moe and TritonMoe.moe

@@ -61,10 +61,12 @@ REGIMES: tuple[tuple[int | None, MoeTiles], ...] = (
 )
 
 
-# At decode sizes the routing runs inside the decode path's gate_up (each of a slot's programs routes its
-# token: a launch fewer, a few reductions over the logits before each program's first weight load); False:
-# the routing kernel first. To be set from bench_moe.py's "with the routing" line on the GPU.
-FOLD_ROUTING = True
+# Up to this many tokens the routing runs inside the decode path's gate_up (each of a slot's programs routes
+# its token: a launch fewer, a few reductions over the logits before each program's first weight load);
+# above, the routing kernel first. On an H100 (bench_moe.py's "with the routing" line, Qwen3-30B-A3B) the
+# folded routing gave 37.6 us against 38.0 at one token (batch-1 TPOT 3.83 against 3.85 ms) and lost at
+# four, 124.0 against 114.4 us: every program of a token's slots redoes the routing of all its tokens.
+FOLD_ROUTING_MAX_TOKENS = 1
 
 # Without the one-kernel grouping (where it fails its start-up check), the torch-op grouping costs ~50 us a
 # layer, and the decode path (kernels/triton_moe_decode.py) serves up to this many tokens.
@@ -694,7 +696,7 @@ def fused_moe_fp8(
 class TritonMoe:
     """The GPU MoE path bound to the layers (layers/fused_moe.py, which calls `moe`): routing in one kernel,
     then the experts grouped by `grouping`; up to `decode_max_tokens` tokens the decode path instead, the
-    routing folded into it (FOLD_ROUTING)."""
+    routing folded into it up to FOLD_ROUTING_MAX_TOKENS."""
 
     name = "triton"
 
@@ -720,8 +722,8 @@ class TritonMoe:
         fp8: Fp8ExpertScales | None = None,
     ) -> torch.Tensor:
         """route, then experts (arguments as theirs; this rank holds experts [first_local, + w13.shape[0])):
-        up to `decode_max_tokens` tokens two launches, the routing folded into the decode path's gate_up."""
-        if x.shape[0] <= self.decode_max_tokens and FOLD_ROUTING:
+        up to FOLD_ROUTING_MAX_TOKENS tokens two launches, the routing folded into the decode path."""
+        if x.shape[0] <= min(self.decode_max_tokens, FOLD_ROUTING_MAX_TOKENS):
             return route_decode_moe(
                 x, router_logits, w13, w2, top_k, renormalize, first_local, counts, token_slots, fp8
             )

@@ -202,7 +202,7 @@ def test_the_bound_kernels_moe_is_the_same_with_the_routing_folded_or_not(monkey
     kernel = TritonMoe(group_by_expert_kernel, "test", decode_max_tokens=4)
     outs, counts = {}, {}
     for fold in (True, False):
-        monkeypatch.setattr(triton_moe, "FOLD_ROUTING", fold)
+        monkeypatch.setattr(triton_moe, "FOLD_ROUTING_MAX_TOKENS", 4 if fold else 0)
         counts[fold] = torch.zeros(8, dtype=torch.int32, device=DEVICE)
         outs[fold] = kernel.moe(x, logits, w13, w2, 2, True, 0, counts[fold])
     assert torch.equal(outs[True], outs[False]) and torch.equal(counts[True], counts[False])

@@ -17,16 +17,18 @@ from nanoexp.runner import model_setup
 
 @pytest.fixture
 def decode_calls(monkeypatch) -> list[int]:
-    """The engine binds the Triton MoE path; each decode-path call's token count is recorded."""
+    """The engine binds the Triton MoE path; each decode-path call's token count is recorded (with the
+    routing folded into it or after the routing kernel)."""
     calls: list[int] = []
-    route_decode_moe = triton_moe.route_decode_moe
+    for name in ("route_decode_moe", "decode_moe"):
+        kernel = getattr(triton_moe, name)
 
-    def spy(x, *args, **kwargs):
-        calls.append(x.shape[0])
-        return route_decode_moe(x, *args, **kwargs)
+        def spy(x, *args, kernel=kernel, **kwargs):
+            calls.append(x.shape[0])
+            return kernel(x, *args, **kwargs)
 
+        monkeypatch.setattr(triton_moe, name, spy)
     monkeypatch.setattr(model_setup, "make_moe_kernel", triton_moe.make_triton_moe)
-    monkeypatch.setattr(triton_moe, "route_decode_moe", spy)
     return calls
 
 

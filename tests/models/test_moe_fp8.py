@@ -174,14 +174,16 @@ def test_triton_fp8_experts_in_the_engine_match_the_reference(checkpoints, refer
     from nanoexp.kernels import triton_moe
     from nanoexp.runner import model_setup
 
-    route_decode_moe, decode_calls = triton_moe.route_decode_moe, []
+    decode_calls: list[int] = []
+    for name in ("route_decode_moe", "decode_moe"):  # the routing folded into the decode path or not
+        kernel = getattr(triton_moe, name)
 
-    def spy(x, *args, **kwargs):
-        decode_calls.append(x.shape[0])
-        return route_decode_moe(x, *args, **kwargs)
+        def spy(x, *args, kernel=kernel, **kwargs):
+            decode_calls.append(x.shape[0])
+            return kernel(x, *args, **kwargs)
 
+        monkeypatch.setattr(triton_moe, name, spy)
     monkeypatch.setattr(model_setup, "make_moe_kernel", triton_moe.make_triton_moe)
-    monkeypatch.setattr(triton_moe, "route_decode_moe", spy)
     with LLM(checkpoints["fp8"], kv_block_size=16, **BASE) as llm:
         assert llm.stats()["moe_kernel"] == "triton: grouping in one kernel (self-checked)"
         outs = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
