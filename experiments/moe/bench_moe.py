@@ -216,7 +216,8 @@ def bench(tokens: int, sets, bandwidth: float, flops_rate: float, deadline: floa
 
     def timed(tiles: MoeTiles | DecodeTiles | None) -> float:
         """The experts with `tiles`, grouped as the engine groups (the one-kernel grouping where it passed
-        its check): a candidate's time is what the engine would spend with it."""
+        its check): a candidate's time is what the engine would spend with it, once its output is within
+        the defaults' error of the reference (else an error: a fast wrong tile is no candidate)."""
         if isinstance(tiles, DecodeTiles):
             calls = [lambda w=w: decode_moe(x, w[0], w[1], weights, ids32, tiles=tiles) for w in sets]
         else:
@@ -224,6 +225,9 @@ def bench(tokens: int, sets, bandwidth: float, flops_rate: float, deadline: floa
             calls = [
                 lambda w=w: fused_moe(x, w[0], w[1], weights, ids32, tiles=tiles, group=group) for w in sets
             ]
+        tile_err = ((calls[0]().float() - ref).norm() / ref.norm()).item()
+        if tile_err > 2 * err + 1e-3:
+            raise ValueError(f"rel. err {tile_err:.2e} against the defaults' {err:.2e}")
         return graph_us(calls)
 
     dispatched = graph_us([lambda w=w: engine.experts(x, w[0], w[1], weights, ids32) for w in sets])
@@ -292,7 +296,7 @@ def bench(tokens: int, sets, bandwidth: float, flops_rate: float, deadline: floa
         try:
             results.append((timed(tiles), describe(tiles)))
         except Exception as exc:  # noqa: BLE001 - a tile that does not compile (shared memory) is a result
-            results.append((float("inf"), f"{describe(tiles)}: {type(exc).__name__}"))
+            results.append((float("inf"), f"{describe(tiles)}: {type(exc).__name__}: {str(exc)[:80]}"))
     for us, what in sorted(results):
         print(f"  {us:8.1f} us  {us / floor_us:5.2f}x  {what}")
 
