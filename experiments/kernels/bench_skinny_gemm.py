@@ -60,6 +60,10 @@ SHAPES = {  # name: (N, K); "+silu": w is [gate; up] with 2N rows, against cuBLA
     "0.6B norm+qkv tp2": (2048, 1024),
     "0.6B o tp2": (1024, 1024),
     "0.6B norm+gate_up+silu tp2": (1536, 1024),
+    # Qwen3-30B-A3B's attention projections (above the skinny GEMM's weight limit: cuBLAS in the engine)
+    "30B-A3B qkv": (5120, 2048),
+    "30B-A3B norm+qkv": (5120, 2048),
+    "30B-A3B o": (2048, 4096),
     "0.6B down tp2": (1024, 1536),
     "0.6B lm_head": (151936, 1024),
     "8B lm_head": (151936, 4096),
