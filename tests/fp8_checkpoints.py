@@ -282,3 +282,19 @@ def kl_against_rounding(path: str, llm, prompts, continuations) -> tuple[float, 
         reference, prompts, continuations, lambda i: teacher_forced(unrounded, prompts[i], continuations[i])
     )
     return mean_kl(reference, prompts, continuations, lambda i: ours[i]), rounding
+
+
+def counting_producers(monkeypatch) -> dict[str, int]:
+    """Counts the calls of the kernels that hand fp8 layers their input quantized (bound at engine start)."""
+    from nanoexp.kernels import triton_fp8_inputs
+
+    calls = {"rms_norm_quantized": 0, "silu_and_mul_quantized": 0}
+    for name in calls:
+        kernel = getattr(triton_fp8_inputs, name)
+
+        def counted(*args, name=name, kernel=kernel):
+            calls[name] += 1
+            return kernel(*args)
+
+        monkeypatch.setattr(triton_fp8_inputs, name, counted)
+    return calls

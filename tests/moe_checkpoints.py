@@ -78,3 +78,22 @@ class MoeCheckpoints:
         if key not in self.greedy:
             self.greedy[key] = hf_greedy(self[name][1], prompt, max_tokens)
         return self.greedy[key]
+
+
+def recording_decode_calls(monkeypatch) -> list[int]:
+    """The engine binds the Triton MoE path; each MoE decode-path call's token count is recorded (with the
+    routing folded into it or after the routing kernel)."""
+    from nanoexp.kernels import triton_moe
+    from nanoexp.runner import model_setup
+
+    calls: list[int] = []
+    for name in ("route_decode_moe", "decode_moe"):
+        kernel = getattr(triton_moe, name)
+
+        def spy(x, *args, kernel=kernel, **kwargs):
+            calls.append(x.shape[0])
+            return kernel(x, *args, **kwargs)
+
+        monkeypatch.setattr(triton_moe, name, spy)
+    monkeypatch.setattr(model_setup, "make_moe_kernel", triton_moe.make_triton_moe)
+    return calls

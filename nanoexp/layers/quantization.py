@@ -230,10 +230,11 @@ class Fp8Weights:
     def input_producer(self, x: Tensor) -> tuple[Fp8InputKernels, ActivationFormat] | None:
         """For a producer whose input is x [tokens, ...] (in this layer's input dtype): the kernels that may
         hand this layer its input quantized, and the format its GEMM reads; None: it takes it unquantized.
-        A shard whose activation groups straddle TP ranks (k_offset != 0, the all-reduce(max) path)
-        quantizes its own input: its groups' amax is not known to the producer."""
+        A shard whose activation groups straddle TP ranks (sync_amax: the all-reduce(max) path; every shard
+        at an offset inside a group is one) quantizes its own input: its groups' amax is not known to the
+        producer."""
         kernels, layout = self.input_kernels, self.layout
-        if kernels is None or self.sync_amax or layout.k_offset != 0 or x.dim() != 2:
+        if kernels is None or self.sync_amax or x.dim() != 2:
             return None
         return kernels, kernels.activation_format(layout, x.shape[0], x.dtype)
 

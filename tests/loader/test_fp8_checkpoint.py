@@ -15,6 +15,7 @@ from fp8_checkpoints import (
     PROMPTS,
     assert_path_matches,
     build_fp8_checkpoint,
+    counting_producers,
     greedy_reference,
     w8a8_transformers_model,
 )
@@ -65,22 +66,6 @@ def test_fp8_checkpoint_under_tp_with_straddling_scale_blocks(checkpoints, refer
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def counting_producers(monkeypatch) -> dict[str, int]:
-    """Counts the calls of the kernels that hand fp8 layers their input quantized (bound at engine start)."""
-    from nanoexp.kernels import triton_fp8_inputs
-
-    calls = {"rms_norm_quantized": 0, "silu_and_mul_quantized": 0}
-    for name in calls:
-        kernel = getattr(triton_fp8_inputs, name)
-
-        def counted(*args, name=name, kernel=kernel):
-            calls[name] += 1
-            return kernel(*args)
-
-        monkeypatch.setattr(triton_fp8_inputs, name, counted)
-    return calls
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the Triton kernels on the CPU need the interpreter")

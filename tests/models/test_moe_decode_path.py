@@ -7,29 +7,15 @@ from __future__ import annotations
 
 import pytest
 from checkpoints import random_prompts
-from moe_checkpoints import moe_config
+from moe_checkpoints import moe_config, recording_decode_calls
 
 from nanoexp import LLM, SamplingParams
-from nanoexp.kernels import triton_moe
 from nanoexp.kernels.triton_moe_decode import DECODE_MAX_TOKENS
-from nanoexp.runner import model_setup
 
 
 @pytest.fixture
 def decode_calls(monkeypatch) -> list[int]:
-    """The engine binds the Triton MoE path; each decode-path call's token count is recorded (with the
-    routing folded into it or after the routing kernel)."""
-    calls: list[int] = []
-    for name in ("route_decode_moe", "decode_moe"):
-        kernel = getattr(triton_moe, name)
-
-        def spy(x, *args, kernel=kernel, **kwargs):
-            calls.append(x.shape[0])
-            return kernel(x, *args, **kwargs)
-
-        monkeypatch.setattr(triton_moe, name, spy)
-    monkeypatch.setattr(model_setup, "make_moe_kernel", triton_moe.make_triton_moe)
-    return calls
+    return recording_decode_calls(monkeypatch)
 
 
 @pytest.mark.parametrize("name", ["moe_e8_top2", "moe_e16_top4_unnormed"])

@@ -18,11 +18,12 @@ from fp8_checkpoints import (
     PROMPTS,
     assert_path_matches,
     build_fp8_moe_checkpoint,
+    counting_producers,
     greedy_reference,
     kl_against_rounding,
     w8a8_transformers_model,
 )
-from moe_checkpoints import moe_config
+from moe_checkpoints import moe_config, recording_decode_calls
 from safetensors.torch import load_file, save_file
 
 from nanoexp import LLM, SamplingParams
@@ -171,19 +172,7 @@ def test_a_missing_expert_scale_is_named(checkpoints, tmp_path):
 def test_triton_fp8_experts_in_the_engine_match_the_reference(checkpoints, reference, monkeypatch):
     """The GPU's path (routing kernel; one-kernel grouping and the fp8 grouped GEMMs for prefills, the fp8
     decode path for the decode steps of 3 sequences) through the engine on CPU, in the Triton interpreter."""
-    from nanoexp.kernels import triton_moe
-    from nanoexp.runner import model_setup
-
-    decode_calls: list[int] = []
-    for name in ("route_decode_moe", "decode_moe"):  # the routing folded into the decode path or not
-        kernel = getattr(triton_moe, name)
-
-        def spy(x, *args, kernel=kernel, **kwargs):
-            decode_calls.append(x.shape[0])
-            return kernel(x, *args, **kwargs)
-
-        monkeypatch.setattr(triton_moe, name, spy)
-    monkeypatch.setattr(model_setup, "make_moe_kernel", triton_moe.make_triton_moe)
+    decode_calls = recording_decode_calls(monkeypatch)
     short = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)  # the interpreter is slow
     with LLM(checkpoints["fp8"], kv_block_size=16, **BASE) as llm:
         assert llm.stats()["moe_kernel"] == "triton: grouping in one kernel (self-checked)"
@@ -201,17 +190,7 @@ def test_triton_fp8_dense_layers_take_inputs_quantized_by_their_producers(
     """The Triton fp8 GEMMs (experts on the reference): the norms before qkv_proj and the dense layer's
     gate_up_proj, and its SwiGLU, quantize for them; the MoE layers' norm output (router and experts)
     stays unquantized. The same greedy tokens."""
-    from nanoexp.kernels import triton_fp8_inputs
-
-    calls = {"rms_norm_quantized": 0, "silu_and_mul_quantized": 0}
-    for name in calls:
-        kernel = getattr(triton_fp8_inputs, name)
-
-        def counted(*args, name=name, kernel=kernel):
-            calls[name] += 1
-            return kernel(*args)
-
-        monkeypatch.setattr(triton_fp8_inputs, name, counted)
+    calls = counting_producers(monkeypatch)
     short = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)  # the interpreter is slow
     with LLM(checkpoints["fp8"], gemm_backend="triton", enable_prefix_caching=False, **BASE) as llm:
         outs = llm.generate(PROMPTS[:2], short, use_tqdm=False)
