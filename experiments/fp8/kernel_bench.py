@@ -33,6 +33,7 @@ SHAPES = {
     "gate_up_proj": (24576, 4096),
     "down_proj": (4096, 12288),
 }
+PAD_ROWS = 16  # one row padded to cuBLAS's row multiple (fp8_cublas.ROW_MULTIPLE)
 CUBLAS = False  # cuBLAS's block-scaled fp8 GEMM passed its check here (set in main)
 FP8_TFLOPS = 1580e12  # DESIGN.md: ~790 TFLOP/s bf16 dense measured, fp8 twice that
 COLUMNS = (
@@ -217,9 +218,12 @@ def gemv_table(bw: float) -> None:
     then every GEMV candidate's time and its relative error against the torch reference in float32."""
     print("\nOne row, GEMV candidates (us, quantization included; [max rel err vs the reference, float32]):")
     print(
-        "| layer | bytes floor us | engine us | best | " + " | ".join(map(describe, GEMV_CANDIDATES)) + " |"
+        "| layer | bytes floor us | engine us | best | bf16 cuBLAS us | cuBLAS fp8, 16-row pad "
+        + "| its GEMM alone | "
+        + " | ".join(map(describe, GEMV_CANDIDATES))
+        + " |"
     )
-    print("|---" * (4 + len(GEMV_CANDIDATES)) + "|")
+    print("|---" * (7 + len(GEMV_CANDIDATES)) + "|")
     for name in SHAPES:
         print(gemv_row(name, bw))
 
@@ -237,7 +241,36 @@ def gemv_row(name: str, bw: float) -> str:
     engine = timed_us(lambda: fp8_linear(x, q, s, layout))
     best = min(range(len(cells)), key=lambda i: cells[i][0])
     row = [name, f"{floor:.1f}", f"{engine:.1f}", describe(GEMV_CANDIDATES[best])]
+    row += cublas_one_row_cells(x, q, s, layout, ref)
     return "| " + " | ".join(row + [f"{t:.1f} ({e:.0e})" for t, e in cells]) + " |"
+
+
+def cublas_one_row_cells(x, q, s, layout: Fp8Layout, ref: torch.Tensor) -> list[str]:
+    """bf16 cuBLAS at one row (the streaming rate to match), then cuBLAS's block-scaled fp8 GEMM on the
+    row padded to PAD_ROWS rows: with its quantization launch, and alone (as after a producer that emits
+    the padded M-major format)."""
+    w16 = (q.float() * s.repeat_interleave(128, 0).repeat_interleave(128, 1)).bfloat16()
+    cells = [f"{timed_us(lambda: F.linear(x, w16)):.1f}"]
+    if not CUBLAS:
+        return cells + ["n/a", "n/a"]
+
+    def quantized():
+        return quantize_activation(x, layout, scales_m_major=True, rows=PAD_ROWS)
+
+    xq, xs = quantized()
+    try:
+        got = fp8_cublas.scaled_mm(xq, q, xs, s, torch.bfloat16)[:1].float()
+    except RuntimeError as exc:  # cuBLAS refused the shape
+        return cells + [f"refused ({str(exc)[:40]})", ""]
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+
+    def quantize_and_multiply():
+        row_q, row_s = quantized()
+        return fp8_cublas.scaled_mm(row_q, q, row_s, s, torch.bfloat16)
+
+    with_quant = timed_us(quantize_and_multiply)
+    alone = timed_us(lambda: fp8_cublas.scaled_mm(xq, q, xs, s, torch.bfloat16))
+    return cells + [f"{with_quant:.1f} ({err:.0e})", f"{alone:.1f}"]
 
 
 def tile_times(w: torch.Tensor, m: int, configs: list) -> str:
