@@ -55,13 +55,11 @@ class DecodeTiles:
     down: GemvTile
 
 
-# gate_up 16 columns per program (one token's 8 slots at Qwen3-30B-A3B's 768 rows: 384 programs); down 8
-# columns, each program streaming its token's 8 experts at once (one token: 256 programs); the tiles the GPU
-# tests and the engine's batch-1 TPOT ran with (H100: 35.5 us for the experts at one token, 1.41x their
-# bytes). In the kernel benchmark gate_up's 256-wide K step gave 33.4 us and down's 4 columns 34.7 us
-# (experiments/moe/README.md, run 5): candidates until a GPU call tests and times them in the engine.
-# fp8: 4 down columns.
-DECODE_TILES = DecodeTiles(GemvTile(16, 128, 8), GemvTile(8, 128, 8))
+# gate_up 16 columns per program (one token's 8 slots at Qwen3-30B-A3B's 768 rows: 384 programs), 256 of K
+# a step; down 4 columns, each program streaming its token's 8 experts at once (one token: 512 programs).
+# H100, Qwen3-30B-A3B batch-1 TPOT 3.88 -> 3.78 ms against 16 columns x 128 of K and 8 down columns, 8 warps
+# each (experiments/moe/README.md, run 6). fp8: 4 down columns.
+DECODE_TILES = DecodeTiles(GemvTile(16, 256, 4), GemvTile(4, 128, 4))
 DECODE_FP8_TILES = DecodeTiles(GemvTile(16, 128, 8), GemvTile(4, 128, 8))
 
 

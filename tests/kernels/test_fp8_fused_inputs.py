@@ -151,6 +151,10 @@ def test_activation_formats_follow_the_gemm_that_reads_them():
     ragged = Fp8Layout(256, 300, 0, 1)  # a layout cuBLAS cannot take: the Triton kernels' format
     assert fp8_cublas.activation_format(ragged, 300, torch.bfloat16) == ActivationFormat(ragged, 300, False)
     assert triton_fp8.activation_format(layout, 7, torch.bfloat16) == ActivationFormat(layout, 7, False)
+    wide = Fp8Layout(triton_fp8.GEMV_MAX_N, 512, 0, 128)  # one row of it on cuBLAS, padded; two rows not
+    assert fp8_cublas.activation_format(wide, 1, torch.bfloat16) == ActivationFormat(wide, 16, True)
+    assert fp8_cublas.activation_format(wide, 2, torch.bfloat16) == ActivationFormat(wide, 2, False)
+    assert fp8_cublas.activation_format(layout, 1, torch.bfloat16) == ActivationFormat(layout, 1, False)
 
 
 def test_only_layers_whose_groups_are_their_own_take_quantized_input(monkeypatch):

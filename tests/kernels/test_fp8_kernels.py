@@ -200,7 +200,7 @@ def test_one_row_of_a_wide_layer_takes_the_gemm_and_matches_the_reference(shape)
 
 @pytest.mark.gpu
 @pytest.mark.gpu_quick
-@pytest.mark.parametrize("rows", [65, 300, 4096])
+@pytest.mark.parametrize("rows", [1, 65, 300, 4096])  # 1: a wide layer's single row, padded to 16
 def test_gpu_cublas_prefill_gemm_matches_the_reference(rows):
     from nanoexp.kernels.fp8_cublas import blockwise_scaled_mm_works, cublas_fp8_linear
 
