@@ -252,13 +252,18 @@ def test_gpu_fp8_decode_path_at_qwen3_30b_shapes(tokens, dtype, inter_start):
     """A TP=4 rank's 192 rows of each expert (rank 1's down K shard at offset 64 of a 128-group), against the
     float32 W8A8 reference and the grouped fp8 path. The bound of test_triton_moe_fp8's GPU test: in float32 a
     SwiGLU output within a last-bit difference of an e4m3 rounding boundary moves a whole step (on the CPU one
-    such step at 4 tokens already gave 9e-6 against the ~2e-7 of the others)."""
+    such step at 4 tokens already gave 9e-6 against the ~2e-7 of the others). In bf16 the bound is what the
+    reference's own bf16 arithmetic moves from float32 (0.011-0.020 at these inputs: SwiGLU rows rounded to
+    bf16 before their e4m3 rounding), with a margin; two bf16 paths may each move that far."""
     x, w13, w2, weights, ids, fp8 = fp8_moe_inputs(tokens, 128, 8, 2048, 192, dtype, inter_start, seed=6)
     out = decode_moe(x, w13, w2, weights, ids.int(), fp8)
     want = float_reference(x, w13, w2, weights, ids, fp8)
-    assert relative_error(out, want) <= (1e-3 if dtype == torch.float32 else 2e-2)
     grouped = fused_moe_fp8(x, w13, w2, weights, ids.int(), fp8, group=group_by_expert_kernel)
-    assert relative_error(out, grouped) <= (1e-3 if dtype == torch.float32 else 2e-2)
+    if dtype == torch.float32:
+        assert relative_error(out, want) <= 1e-3 and relative_error(out, grouped) <= 1e-3
+        return
+    noise = relative_error(experts_reference(x, w13, w2, weights, ids, fp8), want)
+    assert relative_error(out, want) <= 1.5 * noise and relative_error(out, grouped) <= 2 * noise
 
 
 @pytest.mark.gpu
