@@ -16,8 +16,9 @@
 # per size, what DECODE_MAX_TOKENS and FOLD_ROUTING_MAX_TOKENS should be); decode_b1 = batch-1 TPOT three ways on the
 # same tree: as it is, with kernels/triton_moe.FOLD_ROUTING_MAX_TOKENS=0 (the routing kernel first) and with
 # DECODE_MAX_TOKENS=0 (grouped at every size, the path before the decode path), each constant patched
-# in-process; VARIANTS (NAME=expression, ';' between them) replaces those two, e.g. the decode tiles'
-# candidates: VARIANTS="DECODE_TILES=DecodeTiles(GemvTile(16, 256, 4), GemvTile(4, 128, 4))".
+# in-process (experiments/tools/with_constant.py); VARIANTS (MODULE:NAME=expression, ';' between them)
+# replaces those two, e.g. the decode tiles' candidates: VARIANTS="nanoexp.kernels.triton_moe_decode:
+# DECODE_TILES=DecodeTiles(GemvTile(16, 256, 4), GemvTile(4, 128, 4))" (without the line break).
 # decode and decode_b1 fit one 10-minute call each.
 # Knobs: TESTS (pytest -m expression, default gpu_quick), BENCH_S (candidate-tile budget, default 25),
 # TESTS_TIMEOUT (default 150).
@@ -128,25 +129,16 @@ for part in ${*:-tests kernels b1 bn prefill}; do
       section "Qwen3-30B-A3B batch 1 (128 prompt tokens): the MoE decode path as the tree has it, without the folded routing, without the decode path"
       B1=("${LAT[@]}" workload.batch_size=1 workload.input_len=128 workload.output_len=128 workload.num_iters=4
           workload.num_iters_warmup=2 scheduler.max_num_seqs=8)
-      IFS=';' read -ra variants <<< "${VARIANTS:-FOLD_ROUTING_MAX_TOKENS=0;DECODE_MAX_TOKENS=0}"
+      IFS=';' read -ra variants <<< "${VARIANTS:-nanoexp.kernels.triton_moe:FOLD_ROUTING_MAX_TOKENS=0;nanoexp.kernels.triton_moe:DECODE_MAX_TOKENS=0}"
       for variant in tree "${variants[@]}"; do
         echo "--- $variant"
-        dir=/tmp/moe_decode_b1_$(echo "${variant%%=*}" | tr -c 'A-Za-z0-9_\n' _)
+        name=${variant##*:}
+        dir=/tmp/moe_decode_b1_${name%%=*}
+        patch=(); [ "$variant" = tree ] || patch=("$variant")
         # the constant patched in-process before run.py builds the engine (make_triton_moe, TritonMoe.moe and
-        # decode_moe read them per engine and per call): a name of kernels/triton_moe.py, or of
-        # kernels/triton_moe_decode.py (DECODE_TILES: the expression may name DecodeTiles and GemvTile)
-        timeout 150 python3 - "$variant" "${B1[@]}" hydra.sweep.dir="$dir" <<'PY' 2>&1 | grep -E "$SHOW" | head -12
-import runpy, sys
-import nanoexp.kernels.triton_moe as triton_moe
-import nanoexp.kernels.triton_moe_decode as triton_moe_decode
-variant = sys.argv[1]
-if variant != "tree":
-    name, value = variant.split("=", 1)
-    module = triton_moe if hasattr(triton_moe, name) and name != "DECODE_TILES" else triton_moe_decode
-    setattr(module, name, eval(value, vars(triton_moe_decode)))
-sys.argv = ["run.py", "-m", *sys.argv[2:]]
-runpy.run_path("run.py", run_name="__main__")
-PY
+        # decode_moe read them per engine and per call)
+        timeout 150 python3 experiments/tools/with_constant.py "${patch[@]}" -- run.py -m "${B1[@]}" \
+          hydra.sweep.dir="$dir" 2>&1 | grep -E "$SHOW" | head -12
         step_medians "$dir"
       done ;;
     *) echo "unknown part $part" ;;
