@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-# Tiles of LARGE_TILE_ROWS rows (queries x the group padded to a power of two) and 32 keys on 8 warps pay
+
+class PrefillTile(NamedTuple):
+    rows: int  # queries x the group padded to a power of two
+    keys: int
+    warps: int
+    stages: int
+
+
+# Tiles of LARGE_TILE.rows rows (queries x the group padded to a power of two) and 32 keys on 8 warps pay
 # once a step's grid holds LARGE_GRID_TILES of them (~4 an SM on an H200's 132); with fewer, their long
 # causal rows end after a wave of the smaller tiles would have. H200, Qwen3-0.6B's 16 query and 8 kv heads,
 # us a layer, small -> large tiles, one call (experiments/tools/prefill_kernel_sweep.py): 4,096 tokens
 # (512 large tiles): 8 x 512 47.2 -> 41.3, 4 x 1,024 68.5 -> 62.2, one prompt 208.3 -> 195.6; 2,048 tokens
 # (256): 4 x 512 23.1 -> 24.7, one prompt 55.7 -> 77.7. Under TP the heads of a rank count.
-LARGE_TILE_ROWS = 128
+LARGE_TILE = PrefillTile(128, 32, 8, 2)
 LARGE_GRID_TILES = 512
+SMALL_TILE = PrefillTile(64, 64, 4, 3)
+WIDE_HEAD_TILE = PrefillTile(64, 32, 4, 2)  # head dims over 128
 
 
 def prefill_config(
@@ -23,12 +35,12 @@ def prefill_config(
     for them (32 queries x 2 heads against 64 x 1 at 8 x 512 tokens: 51.0 -> 47.1 us a layer)."""
     group_pad = 1 << (num_heads // num_kv_heads - 1).bit_length()
     if head_dim > 128:
-        rows, keys, warps, stages = 64, 32, 4, 2
-    elif tokens * group_pad * num_kv_heads >= LARGE_GRID_TILES * LARGE_TILE_ROWS:
-        rows, keys, warps, stages = LARGE_TILE_ROWS, 32, 8, 2
+        tile = WIDE_HEAD_TILE
+    elif tokens * group_pad * num_kv_heads >= LARGE_GRID_TILES * LARGE_TILE.rows:
+        tile = LARGE_TILE
     else:
-        rows, keys, warps, stages = 64, 64, 4, 3
-    return max(1, rows // group_pad), keys, warps, stages
+        tile = SMALL_TILE
+    return max(1, tile.rows // group_pad), tile.keys, tile.warps, tile.stages
 
 
 def prefill_block_m(head_dim: int, num_heads: int, num_kv_heads: int, tokens: int) -> int:
