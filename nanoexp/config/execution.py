@@ -19,8 +19,9 @@ class ExecutionConfig:
     # cache.kv_cache_dtype); auto = what measured fastest on the machine
     attention_backend: str = "auto"  # auto: first self-checked of triton, flash_attn on CUDA; torch on CPU
     # decode-sized linear layers: auto = the Triton GEMV / skinny GEMM where they were measured
-    # faster than torch (cuBLAS: 1-16 rows, weights up to 12 MiB), on CUDA in bf16/fp16, torch
-    # everywhere else; triton = the Triton kernels for every layer up to 256 rows (to A/B); torch
+    # faster than torch (cuBLAS: 1-16 rows, weights up to 12 MiB or of up to 2,048 outputs), on CUDA in
+    # bf16/fp16, torch everywhere else; triton = the Triton kernels for every layer up to 256 rows (to
+    # A/B); torch = cuBLAS only
     gemm_backend: str = "auto"
     # programmatic dependent launch of the decode graphs' Triton kernels (kernels/pdl.py): each
     # launches as the previous one exits; auto = on for CUDA compute capability 9.0+
