@@ -36,10 +36,12 @@ AUTO_CUDA_ORDER = ("triton", "flash_attn")
 # experiments/kernels/runs/skinny_gemm_8b.md).
 AUTO_MAX_ROWS = 16
 AUTO_MAX_WEIGHT_BYTES = 12 * 2**20
-# ... and any layer of at most this many outputs, whatever its size, where cuBLAS splits K over two launches.
-# H100, one row: Qwen3-30B-A3B's o_proj (2048 x 4096) 10.6 us on cuBLAS, 9.1 on the GEMV; Qwen3-1.7B's down
-# (2048 x 6144) 13.6 / 13.3. Batch-1 TPOT, one call: 30B-A3B 3.749 -> 3.628 ms, 1.7B 2.015 -> 1.980 ms.
+# ... and one row of any layer of at most this many outputs, whatever its size (cuBLAS splits its K over two
+# launches). H100, one row: Qwen3-30B-A3B's o_proj (2048 x 4096) 10.6 us on cuBLAS, 9.1 on the GEMV;
+# Qwen3-1.7B's down (2048 x 6144) 13.6 / 13.3; at 16 rows cuBLAS wins (10.3 / 10.6, 13.4 / 13.8). Batch-1
+# TPOT, one call: 30B-A3B 3.749 -> 3.628 ms, 1.7B 2.015 -> 1.980 ms (experiments/moe/README.md, run 7).
 AUTO_MAX_NARROW_N = 2048
+AUTO_MAX_NARROW_ROWS = 1
 MAX_ROWS = 256  # the kernel's limit (triton_gemm.MAX_ROWS); `triton` takes every size up to it
 
 
@@ -143,14 +145,21 @@ def _triton_backend() -> AttentionBackend:
 class SkinnyGemm:
     """Routes x [M, K] @ w[N, K]^T with M <= max_rows to the Triton kernel."""
 
-    def __init__(self, max_rows: int, max_weight_bytes: int | None = None, max_narrow_n: int = 0):
-        """Up to `max_rows` rows; with `max_weight_bytes`, only weights up to that size or of at most
-        `max_narrow_n` outputs."""
+    def __init__(
+        self,
+        max_rows: int,
+        max_weight_bytes: int | None = None,
+        max_narrow_n: int = 0,
+        max_narrow_rows: int = 0,
+    ):
+        """Up to `max_rows` rows; with `max_weight_bytes`, only weights up to that size, or up to
+        `max_narrow_rows` rows of a weight of at most `max_narrow_n` outputs."""
         from nanoexp.kernels.triton_gemm import skinny_gemm  # only once Triton is known to be there
 
         self.max_rows = max_rows
         self.max_weight_bytes = max_weight_bytes
         self.max_narrow_n = max_narrow_n
+        self.max_narrow_rows = max_narrow_rows
         self.kernel = skinny_gemm  # x @ weight^T + bias, optionally gated and normed first
 
     def applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -158,11 +167,16 @@ class SkinnyGemm:
         limit = self.max_weight_bytes  # `fits` first: prefill-sized inputs leave there
         if not fits or limit is None:
             return fits
-        return weight.shape[0] <= self.max_narrow_n or weight.numel() * weight.element_size() <= limit
+        narrow = weight.shape[0] <= self.max_narrow_n and x.shape[0] <= self.max_narrow_rows
+        return narrow or weight.numel() * weight.element_size() <= limit
 
     def describe(self) -> str:
         limit = f", weights up to {self.max_weight_bytes / 2**20:g} MiB" if self.max_weight_bytes else ""
-        narrow = f" or of up to {self.max_narrow_n} outputs" if limit and self.max_narrow_n else ""
+        narrow = ""
+        if limit and self.max_narrow_n and self.max_narrow_rows:
+            narrow = (
+                f"; up to {self.max_narrow_rows} row(s) of any weight of up to {self.max_narrow_n} outputs"
+            )
         return f"triton up to {self.max_rows} rows{limit}{narrow}"
 
 
@@ -176,7 +190,7 @@ def make_skinny_gemm(choice: str, device: torch.device, dtype: torch.dtype) -> S
         return SkinnyGemm(MAX_ROWS)
     if not triton_half_precision(device, dtype):
         return None
-    return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES, AUTO_MAX_NARROW_N)
+    return SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES, AUTO_MAX_NARROW_N, AUTO_MAX_NARROW_ROWS)
 
 
 def make_moe_kernel(device: torch.device):

@@ -18,6 +18,7 @@ from nanoexp.config import ExecutionConfig, KnobError  # noqa: E402
 from nanoexp.kernels.base import NormFirst  # noqa: E402
 from nanoexp.kernels.select import (  # noqa: E402
     AUTO_MAX_NARROW_N,
+    AUTO_MAX_NARROW_ROWS,
     AUTO_MAX_ROWS,
     AUTO_MAX_WEIGHT_BYTES,
     SkinnyGemm,
@@ -76,15 +77,20 @@ def test_auto_leaves_large_weights_to_cublas():
     assert gemm.describe() == "triton up to 16 rows, weights up to 12 MiB"
 
 
-def test_auto_takes_narrow_layers_of_any_size():
-    """Qwen3-30B-A3B's o_proj (2048 outputs, 16 MiB): cuBLAS splits its K over two launches."""
-    gemm = SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES, AUTO_MAX_NARROW_N)
-    x = torch.zeros(1, 4096, dtype=torch.bfloat16)
+def test_auto_takes_one_row_of_narrow_layers_of_any_size():
+    """Qwen3-30B-A3B's o_proj (2048 outputs, 16 MiB): at one row cuBLAS splits its K over two launches;
+    from 16 rows cuBLAS is faster."""
+    gemm = SkinnyGemm(AUTO_MAX_ROWS, AUTO_MAX_WEIGHT_BYTES, AUTO_MAX_NARROW_N, AUTO_MAX_NARROW_ROWS)
+    row, rows = (torch.zeros(n, 4096, dtype=torch.bfloat16) for n in (1, AUTO_MAX_NARROW_ROWS + 1))
     o_proj = torch.zeros(AUTO_MAX_NARROW_N, 4096, dtype=torch.bfloat16)
     qkv = torch.zeros(AUTO_MAX_NARROW_N + 1, 4096, dtype=torch.bfloat16)
-    assert gemm.applies(x, o_proj) and not gemm.applies(x, qkv)
-    assert not gemm.applies(torch.zeros(AUTO_MAX_ROWS + 1, 4096, dtype=torch.bfloat16), o_proj)
-    assert gemm.describe() == "triton up to 16 rows, weights up to 12 MiB or of up to 2048 outputs"
+    assert gemm.applies(row, o_proj) and not gemm.applies(row, qkv)
+    assert not gemm.applies(rows, o_proj)
+    small = torch.zeros(AUTO_MAX_NARROW_N, 1024, dtype=torch.bfloat16)  # 4 MiB: up to 16 rows either way
+    assert gemm.applies(rows, small)
+    assert gemm.describe() == (
+        "triton up to 16 rows, weights up to 12 MiB; up to 1 row(s) of any weight of up to 2048 outputs"
+    )
 
 
 @pytest.mark.slow  # a whole engine under the Triton interpreter; the kernel tests above cover the kernel
