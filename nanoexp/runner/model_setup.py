@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -161,23 +160,6 @@ def pick_dtype(choice: str, hf_config: PretrainedConfig, device: torch.device) -
     return native if native_bfloat16 else torch.float32
 
 
-def warn_unvalidated_gpu_paths(cls: type, quantization: str) -> None:
-    """The GPU paths whose tests do not pass yet on an H100 (experiments/moe/, experiments/fp8/) say so
-    at start-up, so no result of theirs is taken as checked."""
-    moe, fp8 = "Moe" in cls.__name__, quantization == "fp8"
-    unchecked = (
-        (["Qwen3-MoE's Triton experts"] if moe else [])
-        + (["fp8 weight GEMMs"] if fp8 else [])
-        + (["fp8 MoE experts"] if moe and fp8 else [])
-    )
-    if unchecked:
-        logging.getLogger(__name__).warning(
-            "%s on CUDA: not yet validated against the reference on the GPU (greedy tokens may differ; "
-            "see experiments/moe/README.md and experiments/fp8/README.md); the CPU path is",
-            " and ".join(unchecked),
-        )
-
-
 def build_model(
     config: EngineConfig,
     hf_config: PretrainedConfig,
@@ -190,7 +172,6 @@ def build_model(
     cls = model_class(hf_config)
     if device.type == "cuda":
         check_weights_fit(config, hf_config, cls, dtype, device, max_model_len)
-        warn_unvalidated_gpu_paths(cls, weight_quantization(config.model, hf_config))
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
