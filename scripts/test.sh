@@ -46,6 +46,21 @@ worker_count() {
   echo $(( cores < 1 ? 1 : cores > 8 ? 8 : cores ))
 }
 
+# Whether the arguments ask for the GPU tests (-m gpu, -m gpu_quick, -m "gpu and ...").
+asks_for_gpu() {
+  local arg previous=""
+  for arg in "$@"; do
+    case "$arg" in -mgpu*) return 0 ;; esac
+    if [ "$previous" = -m ] && [[ "$arg" == *gpu* && "$arg" != *"not gpu"* ]]; then return 0; fi
+    previous="$arg"
+  done
+  return 1
+}
+
+# The default suite is the CPU suite also on a CUDA machine: its tests take the CPU path and Triton's
+# interpreter there, as in CI (on a device they would run the GPU kernels at the CPU tests' tolerances).
+asks_for_gpu "$@" || export CUDA_VISIBLE_DEVICES=""
+
 # worksteal: idle workers take queued tests from busy ones, so one slow test does not end the run alone
 parallel=()
 if wants_parallel "$@"; then
