@@ -16,19 +16,28 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # nanoexp again, ~0.2 s of CPU each.
 unset PYTHONDONTWRITEBYTECODE
 
+# Whether the arguments ask for the GPU tests (-m gpu, -m gpu_quick, -m "gpu and ...").
+asks_for_gpu() {
+  local arg previous=""
+  for arg in "$@"; do
+    case "$arg" in -mgpu*) return 0 ;; esac
+    if [ "$previous" = -m ] && [[ "$arg" == *gpu* && "$arg" != *"not gpu"* ]]; then return 0; fi
+    previous="$arg"
+  done
+  return 1
+}
+
 # Whether the arguments leave the worker count to this script: no test files or ids (a few tests
 # run faster in one process), no GPU marker (the GPU tests share one device), no debugger (xdist
 # refuses it), no -n/--dist/-p of the caller's own.
 wants_parallel() {
   local arg previous=""
+  if asks_for_gpu "$@"; then return 1; fi
   for arg in "$@"; do
     case "$arg" in
-      -n*|--numprocesses*|--dist*|-pno:xdist|-mgpu*|--pdb|--trace) return 1 ;;
+      -n*|--numprocesses*|--dist*|-pno:xdist|--pdb|--trace) return 1 ;;
     esac
-    case "$previous" in
-      -m) [[ "$arg" != *gpu* || "$arg" == *"not gpu"* ]] || return 1 ;;
-      -p) [ "$arg" != no:xdist ] || return 1 ;;
-    esac
+    [ "$previous" != -p ] || [ "$arg" != no:xdist ] || return 1
     [ ! -f "${arg%%::*}" ] || return 1
     previous="$arg"
   done
@@ -44,17 +53,6 @@ worker_count() {
     cores=$(( (quota + period - 1) / period < cores ? (quota + period - 1) / period : cores ))
   fi
   echo $(( cores < 1 ? 1 : cores > 8 ? 8 : cores ))
-}
-
-# Whether the arguments ask for the GPU tests (-m gpu, -m gpu_quick, -m "gpu and ...").
-asks_for_gpu() {
-  local arg previous=""
-  for arg in "$@"; do
-    case "$arg" in -mgpu*) return 0 ;; esac
-    if [ "$previous" = -m ] && [[ "$arg" == *gpu* && "$arg" != *"not gpu"* ]]; then return 0; fi
-    previous="$arg"
-  done
-  return 1
 }
 
 # The default suite is the CPU suite also on a CUDA machine: its tests take the CPU path and Triton's

@@ -173,7 +173,7 @@ class SkinnyGemm:
     def describe(self) -> str:
         limit = f", weights up to {self.max_weight_bytes / 2**20:g} MiB" if self.max_weight_bytes else ""
         narrow = ""
-        if limit and self.max_narrow_n and self.max_narrow_rows:
+        if self.max_weight_bytes and self.max_narrow_n and self.max_narrow_rows:
             narrow = (
                 f"; up to {self.max_narrow_rows} row(s) of any weight of up to {self.max_narrow_n} outputs"
             )
