@@ -14,7 +14,9 @@ from fp8_checkpoints import (
     GPU_KL_RATIO,
     GPU_LENGTHS,
     GPU_PATHS,
+    HEAD_DIM_128,
     build_fp8_checkpoint,
+    counting_quantized_prefills,
     kl_against_rounding,
     w8a8_transformers_model,
 )
@@ -54,6 +56,25 @@ def test_gpu_fp8_checkpoint_follows_the_w8a8_reference(fp8_checkpoint, path_name
     # now and then, and a random tiny model's near-tied logits follow them. Where ours first differ, our
     # token is among the reference's top 3; how far the logits are is the next test's.
     assert_follows_transformers(w8a8_transformers_model(fp8_checkpoint), prompts, outs, min_exact=0.0)
+
+
+@pytest.mark.gpu_quick
+@pytest.mark.parametrize("path_name", ["graphs", "eager"])
+def test_gpu_prefill_attention_quantizing_o_proj_input_follows_the_w8a8_reference(
+    tmp_path, monkeypatch, path_name
+):
+    """head_dim 128: prefill steps' attention hands o_proj its input quantized (step graphs and eager)."""
+    path = build_fp8_checkpoint(tmp_path / "fp8", shape=HEAD_DIM_128)
+    quantized = counting_quantized_prefills(monkeypatch)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(150) for _ in range(n)] for n in GPU_LENGTHS]
+    args = dict(kv_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
+    with LLM(path, **{**args, **GPU_PATHS[path_name]}) as llm:
+        outs = llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+        )
+    assert quantized["quantized"] > 0
+    assert_follows_transformers(w8a8_transformers_model(path), prompts, outs, min_exact=0.0)
 
 
 @pytest.mark.gpu_quick
@@ -99,6 +120,34 @@ def test_gpu_no_timed_step_compiles(quantization, kv_cache_dtype):
         max_model_len=4096,
         batching="prefill_first",
         enable_chunked_prefill=False,
+    )
+    with llm:
+        llm.generate([prompts[0][:16]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+        with CompileLog() as compiled:
+            llm.generate(prompts, params, use_tqdm=False)
+            torch.cuda.synchronize()
+    assert compiled.names == [], (
+        f"timed work compiled {len(compiled.names)} kernels: {sorted(set(compiled.names))}"
+    )
+    assert compiled.torch_graphs == 0, "timed work ran torch.compile"
+
+
+def test_gpu_no_timed_step_compiles_in_eager_mixed_steps_with_fp8_weights():
+    """Mixed batching past the step graphs' sizes: eager steps of decodes and prefill chunks, whose o_proj
+    quantizes its input where prefills' attention hands it quantized; the warm-up compiled both."""
+    rng = random.Random(3)
+    prompts = [[rng.randrange(150000) for _ in range(rng.randint(300, 3000))] for _ in range(24)]
+    params = [SamplingParams(temperature=0, max_tokens=rng.randint(20, 80), ignore_eos=True) for _ in prompts]
+    llm = LLM(
+        "dummy",
+        hf_config=qwen3_0_6b_arch(),
+        load_format="dummy",
+        dtype="bfloat16",
+        quantization="fp8",
+        max_num_seqs=32,
+        max_model_len=4096,
+        max_num_batched_tokens=2048,
+        batching="mixed",
     )
     with llm:
         llm.generate([prompts[0][:16]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
