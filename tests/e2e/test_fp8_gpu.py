@@ -94,6 +94,13 @@ def test_gpu_fp8_logits_stay_within_half_of_what_activation_rounding_moves(fp8_c
     assert 0 < rounding_kl and ours_kl <= GPU_KL_RATIO * rounding_kl, (ours_kl, rounding_kl)
 
 
+def assert_nothing_compiled(compiled: CompileLog) -> None:
+    assert compiled.names == [], (
+        f"timed work compiled {len(compiled.names)} kernels: {sorted(set(compiled.names))}"
+    )
+    assert compiled.torch_graphs == 0, "timed work ran torch.compile"
+
+
 def qwen3_0_6b_arch() -> dict:
     arch = yaml.safe_load((ROOT / "conf/model/qwen3_0_6b.yaml").read_text())["arch"]
     return arch
@@ -126,10 +133,7 @@ def test_gpu_no_timed_step_compiles(quantization, kv_cache_dtype):
         with CompileLog() as compiled:
             llm.generate(prompts, params, use_tqdm=False)
             torch.cuda.synchronize()
-    assert compiled.names == [], (
-        f"timed work compiled {len(compiled.names)} kernels: {sorted(set(compiled.names))}"
-    )
-    assert compiled.torch_graphs == 0, "timed work ran torch.compile"
+    assert_nothing_compiled(compiled)
 
 
 def test_gpu_no_timed_step_compiles_in_eager_mixed_steps_with_fp8_weights():
@@ -154,10 +158,7 @@ def test_gpu_no_timed_step_compiles_in_eager_mixed_steps_with_fp8_weights():
         with CompileLog() as compiled:
             llm.generate(prompts, params, use_tqdm=False)
             torch.cuda.synchronize()
-    assert compiled.names == [], (
-        f"timed work compiled {len(compiled.names)} kernels: {sorted(set(compiled.names))}"
-    )
-    assert compiled.torch_graphs == 0, "timed work ran torch.compile"
+    assert_nothing_compiled(compiled)
 
 
 @pytest.mark.parametrize("batching", ["prefill_first", "mixed"])
@@ -189,8 +190,5 @@ def test_gpu_no_timed_step_compiles_on_prefix_cache_hits(batching):
             # one at a time: each a hit on its document's blocks
             cached = [llm.generate([q], params, use_tqdm=False)[0].num_cached_tokens for q in questions]
             torch.cuda.synchronize()
-    assert compiled.names == [], (
-        f"timed work compiled {len(compiled.names)} kernels: {sorted(set(compiled.names))}"
-    )
-    assert compiled.torch_graphs == 0, "timed work ran torch.compile"
+    assert_nothing_compiled(compiled)
     assert cached == [256 * blocks for blocks in range(1, 16)]

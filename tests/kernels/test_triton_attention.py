@@ -352,15 +352,11 @@ def test_step_graph_mixed_attention_matches_the_eager_one_with_padding():
     assert_close(out[:tokens], ref, torch.float32)
 
 
-def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
-    """A step graph of steps without decodes (no decode slots; attention through prefill()) gives
-    the eager prefill's rows."""
-    ctx_lens, q_lens = [45, 40, 70], [12, 40, 30]
-    q, k_cache, v_cache, md = mixed_step(ctx_lens, q_lens, 0, 16, torch.float32)
-    ref = TorchAttentionBackend().prefill(q, None, None, k_cache, v_cache, md, 0.3)
-    tokens, padded, block_m = sum(q_lens), 96, 16
-    tiles = prefill_tiles(q_lens, ctx_lens, 0, block_m)
-    fixed = AttentionMetadata(
+def step_graph_prefill_metadata(md, ctx_lens, q_lens, padded: int, block_m: int) -> AttentionMetadata:
+    """The fixed-grid metadata a step graph of steps without decodes captures for md's prefill: its
+    sequences, one padding sequence, tile rows past the step's and `padded` query rows."""
+    tiles = torch.tensor(prefill_tiles(q_lens, ctx_lens, 0, block_m))
+    return AttentionMetadata(
         has_prefill=True,
         slot_mapping=md.slot_mapping,
         context_lens=torch.tensor(ctx_lens + [0], dtype=torch.int32, device=DEVICE),
@@ -368,9 +364,19 @@ def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
         cu_seqlens_q=torch.zeros(5, dtype=torch.int32, device=DEVICE),  # unread
         max_seqlen_q=padded,
         has_cached_prefix=True,
-        prefill_tiles=torch.cat([torch.tensor(tiles), torch.full((3, 4), -1, dtype=torch.int32)]).to(DEVICE),
+        prefill_tiles=torch.cat([tiles, torch.full((3, 4), -1, dtype=torch.int32)]).to(DEVICE),
         decode_context_lens=torch.zeros(0, dtype=torch.int32, device=DEVICE),
     )
+
+
+def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
+    """A step graph of steps without decodes (no decode slots; attention through prefill()) gives
+    the eager prefill's rows."""
+    ctx_lens, q_lens = [45, 40, 70], [12, 40, 30]
+    q, k_cache, v_cache, md = mixed_step(ctx_lens, q_lens, 0, 16, torch.float32)
+    ref = TorchAttentionBackend().prefill(q, None, None, k_cache, v_cache, md, 0.3)
+    tokens, padded, block_m = sum(q_lens), 96, 16
+    fixed = step_graph_prefill_metadata(md, ctx_lens, q_lens, padded, block_m)
     q_padded = torch.cat([q, torch.randn(padded - tokens, 4, 32).to(DEVICE, q.dtype)])
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(triton_attention, "_prefill_config", lambda *shape: (block_m, 16, 4, 1))
@@ -520,22 +526,7 @@ def test_step_graph_prefill_quantized_output_equals_the_unfused_pair(monkeypatch
     ctx_lens, q_lens, padded, block_m = [45, 40, 70], [12, 40, 30], 96, 16
     (q, k, v, k_cache, v_cache), md = quantized_prefill_step(ctx_lens, q_lens, torch.float32)
     tokens = sum(q_lens)
-    fixed = AttentionMetadata(
-        has_prefill=True,
-        slot_mapping=md.slot_mapping,
-        context_lens=torch.tensor(ctx_lens + [0], dtype=torch.int32, device=DEVICE),
-        block_tables=torch.cat([md.block_tables, torch.zeros_like(md.block_tables[:1])]),
-        cu_seqlens_q=torch.zeros(5, dtype=torch.int32, device=DEVICE),  # unread
-        max_seqlen_q=padded,
-        has_cached_prefix=True,
-        prefill_tiles=torch.cat(
-            [
-                torch.tensor(prefill_tiles(q_lens, ctx_lens, 0, block_m)),
-                torch.full((3, 4), -1, dtype=torch.int32),
-            ]
-        ).to(DEVICE),
-        decode_context_lens=torch.zeros(0, dtype=torch.int32, device=DEVICE),
-    )
+    fixed = step_graph_prefill_metadata(md, ctx_lens, q_lens, padded, block_m)
     q_padded = torch.cat([q, torch.randn(padded - tokens, *q.shape[1:]).to(DEVICE, q.dtype)])
     monkeypatch.setattr(triton_attention, "_prefill_config", lambda *shape: (block_m, 16, 4, 1))
     assert_quantized_output_equals_the_unfused_pair(
