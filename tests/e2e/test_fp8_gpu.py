@@ -41,13 +41,11 @@ def fp8_checkpoint(tmp_path_factory) -> str:
     return build_fp8_checkpoint(tmp_path_factory.mktemp("fp8"), shape=shape)
 
 
-@pytest.mark.gpu_quick
-@pytest.mark.parametrize("path_name", GPU_PATHS)
-def test_gpu_fp8_checkpoint_follows_the_w8a8_reference(fp8_checkpoint, path_name):
+def assert_follows_the_w8a8_reference(path: str, path_name: str) -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(150) for _ in range(n)] for n in GPU_LENGTHS]
     args = dict(kv_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
-    with LLM(fp8_checkpoint, **{**args, **GPU_PATHS[path_name]}) as llm:
+    with LLM(path, **{**args, **GPU_PATHS[path_name]}) as llm:
         outs = llm.generate(
             prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
         )
@@ -55,7 +53,13 @@ def test_gpu_fp8_checkpoint_follows_the_w8a8_reference(fp8_checkpoint, path_name
     # turns the GPU's last-bit differences from the CPU (rsqrt, exp, summation order) into whole fp8 steps
     # now and then, and a random tiny model's near-tied logits follow them. Where ours first differ, our
     # token is among the reference's top 3; how far the logits are is the next test's.
-    assert_follows_transformers(w8a8_transformers_model(fp8_checkpoint), prompts, outs, min_exact=0.0)
+    assert_follows_transformers(w8a8_transformers_model(path), prompts, outs, min_exact=0.0)
+
+
+@pytest.mark.gpu_quick
+@pytest.mark.parametrize("path_name", GPU_PATHS)
+def test_gpu_fp8_checkpoint_follows_the_w8a8_reference(fp8_checkpoint, path_name):
+    assert_follows_the_w8a8_reference(fp8_checkpoint, path_name)
 
 
 @pytest.mark.gpu_quick
@@ -66,15 +70,8 @@ def test_gpu_prefill_attention_quantizing_o_proj_input_follows_the_w8a8_referenc
     """head_dim 128: prefill steps' attention hands o_proj its input quantized (step graphs and eager)."""
     path = build_fp8_checkpoint(tmp_path / "fp8", shape=HEAD_DIM_128)
     quantized = counting_quantized_prefills(monkeypatch)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(150) for _ in range(n)] for n in GPU_LENGTHS]
-    args = dict(kv_block_size=16, max_model_len=1024, max_num_seqs=16, dtype="float32")
-    with LLM(path, **{**args, **GPU_PATHS[path_name]}) as llm:
-        outs = llm.generate(
-            prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
-        )
+    assert_follows_the_w8a8_reference(path, path_name)
     assert quantized["quantized"] > 0
-    assert_follows_transformers(w8a8_transformers_model(path), prompts, outs, min_exact=0.0)
 
 
 @pytest.mark.gpu_quick
