@@ -26,11 +26,6 @@ QUANT_CONFIG = {
 SHAPE = dict(
     hidden_size=192, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=48
 )
-# head_dim 128: each head of the attention output one 128-group of o_proj's input, which the Triton prefill
-# kernel quantizes itself (kernels/triton_backend.py)
-HEAD_DIM_128 = dict(
-    hidden_size=256, intermediate_size=320, num_attention_heads=4, num_key_value_heads=2, head_dim=128
-)
 # MoE (moe_checkpoints.MOE_SHAPES' "moe_e8_top2" with these changes): experts of intermediate size 192 (96
 # rows a rank at TP=2: gate/up scales per row, and down_proj's K shard of rank 1 at offset 96, its first
 # activation group straddling the ranks), hidden 192 (the experts' K ragged in its last block), and a
@@ -302,20 +297,4 @@ def counting_producers(monkeypatch) -> dict[str, int]:
             return kernel(*args)
 
         monkeypatch.setattr(triton_fp8_inputs, name, counted)
-    return calls
-
-
-def counting_quantized_prefills(monkeypatch) -> dict[str, int]:
-    """Counts the attention calls that handed o_proj its input quantized (kernels/triton_backend.py)."""
-    from nanoexp.kernels.triton_backend import TritonAttentionBackend
-
-    calls = {"quantized": 0}
-    prefill_quantized = TritonAttentionBackend.prefill_quantized
-
-    def counted(self, *args):
-        out = prefill_quantized(self, *args)
-        calls["quantized"] += out is not None
-        return out
-
-    monkeypatch.setattr(TritonAttentionBackend, "prefill_quantized", counted)
     return calls

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nanoexp.kernels.fp8_reference import ActivationFormat, QuantizedActivation
-
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 DEFAULT_NUM_SMS = 132  # an H100/H200, for sizing launches where there is no CUDA device
@@ -131,24 +129,6 @@ class AttentionBackend:
     ) -> Tensor:
         """Causal attention of each sequence's new tokens (q, k, v packed by token) over its context."""
         raise NotImplementedError
-
-    def prefill_quantized(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        md: AttentionMetadata,
-        scale: float,
-        k_scale: Tensor | None,
-        v_scale: Tensor | None,
-        fmt: ActivationFormat,
-    ) -> QuantizedActivation | None:
-        """A step's attention output as an fp8 linear layer's input, quantized in `fmt` by the attention
-        kernel itself, or None where this backend has no such kernel for the step (the caller attends, then
-        the layer quantizes)."""
-        return None
 
     def mixed(
         self,

@@ -14,10 +14,8 @@ import triton.language as tl
 
 from nanoexp.kernels import pdl
 from nanoexp.kernels.base import check_scales, num_sms
-from nanoexp.kernels.fp8_reference import ACT_EPS, FP8_MAX
 from nanoexp.kernels.prefill_tiles import prefill_config as _prefill_config
 from nanoexp.kernels.triton_decode_fma import cuda_core_split_kernel, tile_shape
-from nanoexp.kernels.triton_fp8 import quantize_values
 from nanoexp.kernels.triton_pdl import wait_for_previous
 from nanoexp.kernels.triton_splits import (
     decode_reduce_kernel,
@@ -405,7 +403,6 @@ def _prefill_kernel(
     k_scale_ptr,
     v_scale_ptr,
     tiles_ptr,
-    out_scales_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -420,11 +417,7 @@ def _prefill_kernel(
     stride_vd,
     stride_ot,
     stride_oh,
-    stride_st,
-    stride_sh,
     stride_bt,
-    act_eps,
-    fp8_max,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -435,17 +428,13 @@ def _prefill_kernel(
     PAGED: tl.constexpr,
     KV_FP8: tl.constexpr,
     TILED: tl.constexpr,
-    QUANTIZED_OUT: tl.constexpr = False,
-    IEEE: tl.constexpr = False,
 ):
     """One (query tile, sequence, kv head): the GROUP query heads of the kv head over BLOCK_M queries,
     one row per (query, head), so each key tile is loaded once for the group. Query j sits at position
     ctx - q_len + j. PAGED: K/V through the block table, else this step's packed rows (own strides: v
     is often a view into qkv). TILED: program (kv head, t) runs row t of the tile table
     (`prefill_tiles`; sequence -1: no work), a fixed grid for CUDA graphs; kv heads vary fastest, so
-    real rows are dispatched before padding. QUANTIZED_OUT (HEAD_DIM 128): each row, rounded to q's
-    dtype, is quantized as one 128-group (kernels/triton_fp8.quantize_values): e4m3 codes in out, the
-    scale at out_scales (stride_st a token, stride_sh a head)."""
+    real rows are dispatched before padding."""
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     if TILED:
@@ -558,15 +547,7 @@ def _prefill_kernel(
     o_ptrs = out_ptr + ((q_start + offs_m).to(tl.int64) * stride_ot + heads * stride_oh)[:, None]
     o_ptrs += dims[None, :]
     o_mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
-    if QUANTIZED_OUT:
-        values = out.to(q_ptr.dtype.element_ty).to(tl.float32)  # the unquantized output's rounding
-        amax = tl.reduce(tl.abs(values), 1, max_combine)
-        codes, scales = quantize_values(values, amax, act_eps, fp8_max, IEEE)
-        tl.store(o_ptrs, codes.to(out_ptr.dtype.element_ty), mask=o_mask)
-        s_ptrs = out_scales_ptr + (q_start + offs_m).to(tl.int64) * stride_st + heads * stride_sh
-        tl.store(s_ptrs, scales, mask=row_mask)
-    else:
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
 def varlen_prefill(
@@ -586,16 +567,13 @@ def varlen_prefill(
     out: torch.Tensor | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    quantized_out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries q [T, H, D]. With block_tables, k/v are the paged caches
     and sequence i's context its first context_lens[i] positions; without, k/v [T, kv_heads, D] are
     packed like q and each sequence sees only its new tokens. max_seqlen_q bounds every q length.
     tiles (paged only; `prefill_tiles` at BLOCK_M = `prefill_block_m(D, H, kv heads, T)`) replaces the
     grid by kv heads x n; rows of `out` no tile covers are left as they were. block_m (queries per tile)
-    etc.: benchmark sweeps. quantized_out (D = 128): the output as an fp8 linear layer's input instead,
-    e4m3 codes [>= T, H * D] and float32 scales [>= T, H] (any strides), each head one 128-group
-    (fp8_reference.quantize_activation's arithmetic on the output in q's dtype); the codes are returned."""
+    etc.: benchmark sweeps."""
     num_tokens, num_heads, head_dim = q.shape
     paged = block_tables is not None
     num_kv_heads = k.shape[2] if paged else k.shape[1]
@@ -607,12 +585,6 @@ def varlen_prefill(
         k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
         assert q.stride(-1) == 1 and num_heads % num_kv_heads == 0
         kv_strides = (*k.stride()[:2], *v.stride()[:2], 0, 0, 0, 0, 1)
-    out_scales = cu_seqlens_q  # unused unless quantized_out
-    if quantized_out is not None:
-        assert out is None and head_dim == 128, "quantized output: one 128-group a head"
-        codes, out_scales = quantized_out
-        assert codes.dtype == torch.float8_e4m3fn and out_scales.dtype == torch.float32
-        out = codes[:num_tokens].view(num_tokens, num_heads, head_dim)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     num_seqs = cu_seqlens_q.shape[0] - 1
     if num_tokens == 0 or num_seqs == 0:
@@ -638,17 +610,13 @@ def varlen_prefill(
         k_scale if fp8 else cu_seqlens_q,
         v_scale if fp8 else cu_seqlens_q,  # unused unless KV_FP8
         cu_seqlens_q if tiles is None else tiles,  # unused unless TILED
-        out_scales,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
         *kv_strides,
         out.stride(0),
         out.stride(1),
-        *(out_scales.stride() if quantized_out is not None else (0, 0)),
         block_tables.stride(0) if block_tables is not None else 0,
-        ACT_EPS,
-        FP8_MAX,
         GROUP=group,
         GROUP_PAD=triton.next_power_of_2(group),
         HEAD_DIM=head_dim,
@@ -659,8 +627,6 @@ def varlen_prefill(
         PAGED=paged,
         KV_FP8=fp8,
         TILED=tiles is not None,
-        QUANTIZED_OUT=quantized_out is not None,
-        IEEE=q.dtype == torch.float32,
         num_warps=num_warps,
         num_stages=num_stages,
     )

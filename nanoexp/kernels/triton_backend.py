@@ -5,15 +5,9 @@ from __future__ import annotations
 import torch
 
 from nanoexp.kernels.base import AttentionBackend
-from nanoexp.kernels.fp8_reference import QuantizedActivation
 from nanoexp.kernels.triton_attention import paged_decode, varlen_prefill
-from nanoexp.kernels.triton_fp8 import quantized_buffers
 from nanoexp.kernels.triton_kv import store_kv
 from nanoexp.kernels.triton_qk_norm_rope import qk_norm_rope_store
-
-# Prefill steps without decode rows hand an fp8 o_proj its input quantized by the attention kernel (at
-# head_dim 128, where each head is one 128-group): no quantization launch between them.
-QUANTIZED_OUTPUT = True
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -62,25 +56,6 @@ class TritonAttentionBackend(AttentionBackend):
     def prefill(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         if md.prefill_tiles is not None:  # a step graph's step without decodes
             return self.mixed(q, k, v, k_cache, v_cache, md, scale, k_scale, v_scale)
-        return self._prefill(q, k, v, k_cache, v_cache, md, scale, k_scale, v_scale)
-
-    def prefill_quantized(self, q, k, v, k_cache, v_cache, md, scale, k_scale, v_scale, fmt):
-        tokens, heads, head_dim = q.shape
-        layout = fmt.layout
-        takes = layout.k_offset == 0 and layout.k_local == heads * head_dim and head_dim == 128
-        if not (QUANTIZED_OUTPUT and takes and md.num_decodes == 0):
-            return None
-        codes, scales = quantized_buffers(fmt, q.device)
-        if fmt.rows > tokens:  # rows past the tokens are zeros, as the format says
-            codes[tokens:].zero_()
-            scales[tokens:].zero_()
-        self._prefill(q, k, v, k_cache, v_cache, md, scale, k_scale, v_scale, (codes, scales))
-        return QuantizedActivation(codes, scales, fmt, q.dtype, (tokens, heads * head_dim))
-
-    def _prefill(self, q, k, v, k_cache, v_cache, md, scale, k_scale, v_scale, quantized_out=None):
-        """prefill's kernel launch; quantized_out: (codes, scales) the output is quantized into."""
-        if md.prefill_tiles is not None:
-            return self._tiled(q, k_cache, v_cache, md, scale, k_scale, v_scale, None, quantized_out)
         num_seqs = md.cu_seqlens_q.shape[0] - 1
         if md.max_seqlen_q * num_seqs < q.shape[0]:
             raise ValueError(
@@ -99,11 +74,8 @@ class TritonAttentionBackend(AttentionBackend):
                 scale,
                 k_scale=k_scale,
                 v_scale=v_scale,
-                quantized_out=quantized_out,
             )
-        return varlen_prefill(
-            q, k, v, md.cu_seqlens_q, md.max_seqlen_q, None, None, scale, quantized_out=quantized_out
-        )
+        return varlen_prefill(q, k, v, md.cu_seqlens_q, md.max_seqlen_q, None, None, scale)
 
     def mixed(self, q, k, v, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:
         """With md.prefill_tiles (step graphs): decode then prefill kernel, fixed grids, one output."""
@@ -122,11 +94,6 @@ class TritonAttentionBackend(AttentionBackend):
                 k_scale=k_scale,
                 v_scale=v_scale,
             )
-        return self._tiled(q, k_cache, v_cache, md, scale, k_scale, v_scale, out, None)
-
-    @staticmethod
-    def _tiled(q, k_cache, v_cache, md, scale, k_scale, v_scale, out, quantized_out):
-        """The prefill kernel over md.prefill_tiles (a fixed grid): into out, or quantized_out."""
         return varlen_prefill(
             q,
             k_cache,
@@ -140,7 +107,6 @@ class TritonAttentionBackend(AttentionBackend):
             v_scale=v_scale,
             tiles=md.prefill_tiles,
             out=out,
-            quantized_out=quantized_out,
         )
 
     def decode(self, q, k_cache, v_cache, md, scale, k_scale=None, v_scale=None) -> torch.Tensor:

@@ -70,14 +70,6 @@ def divide(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def quantize_values(x, amax, eps, fp8_max, IEEE: tl.constexpr):
-    """(e4m3 values in fp32, scales) of x [G, 128] in fp32 with its groups' amax [G]: scale = max(amax, eps) /
-    448, q = x / scale rounded (IEEE: both divisions as torch's, see divide)."""
-    scale = divide(tl.maximum(amax, eps), fp8_max, IEEE)
-    return round_to_e4m3(tl.clamp(divide(x, scale[:, None], IEEE), -fp8_max, fp8_max)), scale
-
-
-@triton.jit
 def store_quantized(
     x,
     amax,
@@ -97,7 +89,8 @@ def store_quantized(
     """x [G, 128] in fp32 (zeros outside the layer's K) quantized per group of the padded layout with the
     groups' amax [G]: scale = max(amax, eps) / 448, q = x / scale (IEEE: both divisions as torch's, see
     divide), stored at `row`; a padding row (`live` false, x zeros) stores zeros, its scales too."""
-    q, scale = quantize_values(x, amax, eps, fp8_max, IEEE)
+    scale = divide(tl.maximum(amax, eps), fp8_max, IEEE)
+    q = round_to_e4m3(tl.clamp(divide(x, scale[:, None], IEEE), -fp8_max, fp8_max))
     group_mask = groups < KB
     padded = groups[:, None] * 128 + tl.arange(0, 128)[None, :]
     tl.store(q_ptr + row * stride_qm + padded, q.to(q_ptr.dtype.element_ty), mask=group_mask[:, None])

@@ -6,7 +6,6 @@ import torch
 from torch import Tensor, nn
 
 from nanoexp.kernels.base import AttentionBackend, AttentionMetadata
-from nanoexp.kernels.fp8_reference import ActivationFormat, QuantizedActivation
 
 
 class Attention(nn.Module):
@@ -23,21 +22,12 @@ class Attention(nn.Module):
         self.k_scale = torch.ones(1, dtype=torch.float32)
         self.v_scale = torch.ones(1, dtype=torch.float32)
 
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        md: AttentionMetadata,
-        out_format: ActivationFormat | None = None,
-    ) -> Tensor | QuantizedActivation:
-        """out_format: the format in which the consumer (an fp8 o_proj) reads its input quantized; the
-        output comes so quantized where the backend's kernel can quantize it (prefill_quantized)."""
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, md: AttentionMetadata) -> Tensor:
         assert self.backend is not None, "the runner binds the backend before the first forward"
         if self.k_cache.numel():  # no cache before it is sized (memory profiling): store nothing
             scales = self.k_scale, self.v_scale
             self.backend.store_kv(k, v, self.k_cache, self.v_cache, md.slot_mapping, *scales)
-        return self._attend(q, k, v, md, out_format)
+        return self._attend(q, k, v, md)
 
     def forward_qkv(
         self,
@@ -46,11 +36,9 @@ class Attention(nn.Module):
         cos_sin: Tensor,
         qk_norm: tuple[Tensor, Tensor, float] | None,
         md: AttentionMetadata,
-        out_format: ActivationFormat | None = None,
-    ) -> Tensor | QuantizedActivation | None:
+    ) -> Tensor | None:
         """From the fused qkv projection: q/k norm + RoPE + K/V store in one backend op, then
-        attention (out_format: as forward's); None when the backend has no such op (the caller runs the
-        unfused path)."""
+        attention; None when the backend has no such op (the caller runs the unfused path)."""
         if not self.k_cache.numel():  # memory profiling and fp8 calibration take the unfused path
             return None
         assert self.backend is not None
@@ -74,17 +62,13 @@ class Attention(nn.Module):
             return None
         q, k = qk
         v = qkv[:, qkv.shape[1] - self.num_kv_heads * self.head_dim :]
-        return self._attend(q, k, v.view(-1, self.num_kv_heads, self.head_dim), md, out_format)
+        return self._attend(q, k, v.view(-1, self.num_kv_heads, self.head_dim), md)
 
-    def _attend(self, q, k, v, md: AttentionMetadata, out_format: ActivationFormat | None):
+    def _attend(self, q, k, v, md: AttentionMetadata) -> Tensor:
         assert self.backend is not None
         caches, scales = (self.k_cache, self.v_cache), (self.k_scale, self.v_scale)
         if not md.has_prefill:
             return self.backend.decode(q, *caches, md, self.scale, *scales)
-        if out_format is not None:
-            quantized = self.backend.prefill_quantized(q, k, v, *caches, md, self.scale, *scales, out_format)
-            if quantized is not None:
-                return quantized
         attend = self.backend.mixed if md.num_decodes else self.backend.prefill  # mixed: decodes first
         return attend(q, k, v, *caches, md, self.scale, *scales)
 

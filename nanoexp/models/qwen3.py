@@ -9,7 +9,6 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 
 from nanoexp.kernels.base import AttentionMetadata
-from nanoexp.kernels.fp8_reference import QuantizedActivation
 from nanoexp.layers.activation import SiluAndMul
 from nanoexp.layers.attention import Attention
 from nanoexp.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
@@ -41,18 +40,15 @@ class Qwen3Attention(nn.Module):
     def forward(self, positions: Tensor, qkv: Tensor, md: AttentionMetadata):
         """Attention output (after o_proj) of the fused q/k/v projection `qkv`."""
         norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else None
-        # a prefill's attention output may come quantized for an fp8 o_proj (qkv: a row a token, as its input)
-        producer = self.o_proj.input_producer(qkv) if md.has_prefill else None
-        out_format = producer[1] if producer is not None else None
-        out = self.attn.forward_qkv(qkv, positions, self.rotary_emb.cos_sin, norm, md, out_format)
+        out = self.attn.forward_qkv(qkv, positions, self.rotary_emb.cos_sin, norm, md)
         if out is None:  # the backend has no fused op: q and k normed and rotated here, then attention
             q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in qkv.split(self.sizes, dim=-1))
             if norm is None:
                 q, k = apply_rope(positions, q, k, self.rotary_emb.cos_sin)
             else:
                 q, k = qk_norm_rope(positions, q, k, *norm, self.rotary_emb.cos_sin)
-            out = self.attn(q, k, v, md, out_format)
-        return self.o_proj(out if isinstance(out, QuantizedActivation) else out.flatten(1))
+            out = self.attn(q, k, v, md)
+        return self.o_proj(out.flatten(1))
 
 
 class Qwen3MLP(nn.Module):

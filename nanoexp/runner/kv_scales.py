@@ -35,7 +35,7 @@ def calibrate_kv_scales(model: nn.Module, run_prefill: Callable[[], None]) -> No
     amax = {layer: [torch.zeros(1, device=layer.k_scale.device) for _ in range(2)] for layer in layers}
 
     def record(layer: Attention, args: tuple) -> None:
-        k, v = args[1:3]  # forward(q, k, v, md, ...)
+        _, k, v, _ = args
         for seen, x in zip(amax[layer], (k, v), strict=True):
             torch.maximum(seen, x.detach().abs().amax().float(), out=seen)
 

@@ -210,32 +210,22 @@ class ModelRunner:
     def run_blockless_prefill(self, tokens: int) -> None:
         self.run_prefill(self.blockless_prefill(tokens))
 
-    def run_prefill_through_cache(
-        self, tokens: int, cached_prefix: bool = False, decode: bool = False
-    ) -> None:
+    def run_prefill_through_cache(self, tokens: int, cached_prefix: bool = False) -> None:
         """run_blockless_prefill's step stored into the cache's first blocks and attending to them, as every
         prefill with a lossy cache does; cached_prefix: each sequence's first block taken as cached (a
-        prefix-cache hit: K/V of earlier steps read from the cache); decode: a one-token decode leads the
-        step (an eager mixed step's kernels). Free blocks, which each later request overwrites before
-        reading."""
-        decodes = [1] if decode else []
-        step = self.blockless_prefill(max(tokens - len(decodes), 1))
+        prefix-cache hit: K/V of earlier steps read from the cache). Free blocks, which each later request
+        overwrites before reading."""
+        step = self.blockless_prefill(tokens)
         prefix = self.block_size if cached_prefix else 0
-        queries = decodes + [min(n, self.max_model_len - prefix) for n in step.query_lens]
-        contexts = decodes + [prefix + q for q in queries[len(decodes) :]]
-        blocks = [-(-context // self.block_size) for context in contexts]
+        queries = [min(n, self.max_model_len - prefix) for n in step.query_lens]
+        blocks = [-(-(prefix + query) // self.block_size) for query in queries]
         if min(queries) < 1 or sum(blocks) > self.num_blocks:  # no such step can run here
             return
         starts = np.cumsum([0, *blocks])
         tables = [list(range(start, start + count)) for start, count in zip(starts, blocks)]
+        contexts = [prefix + q for q in queries]
         step = replace(
-            step,
-            token_ids=[0] * sum(queries),
-            query_lens=queries,
-            context_lens=contexts,
-            block_tables=tables,
-            sample_seq_indices=list(range(len(queries))),
-            num_decodes=len(decodes),
+            step, token_ids=[0] * sum(queries), query_lens=queries, context_lens=contexts, block_tables=tables
         )
         self.run_prefill(step, lossy_cache=self.config.cache.lossy)
 
@@ -246,14 +236,6 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         self.run_blockless_prefill(self.config.scheduler.max_num_batched_tokens)
         self.timings["warmup_s"] = time.perf_counter() - start
-
-    @property
-    def eager_mixed_steps_differ(self) -> bool:
-        """Whether eager mixed steps run kernels that prefills do not: with fp8 weights a prefill's
-        attention may hand o_proj its input quantized (kernels/triton_backend.py), a mixed step's o_proj
-        quantizes it."""
-        mixed = self.config.scheduler.batching == "mixed"
-        return mixed and weight_quantization(self.model)[0] == "fp8"
 
     def warm_up_prefill_kernels(self) -> None:
         """Prefills at the sizes where kernels bound to a KV cache (the fused q/k norm + RoPE + store tiles by
@@ -279,8 +261,6 @@ class ModelRunner:
                 self.run_blockless_prefill(tokens)
             if self.config.cache.enable_prefix_caching:  # a prefix-cache hit's prefill reads the cache
                 self.run_prefill_through_cache(tokens, cached_prefix=True)
-            if self.eager_mixed_steps_differ:
-                self.run_prefill_through_cache(tokens, decode=True)
         self.timings["warmup_s"] = self.timings.get("warmup_s", 0.0) + time.perf_counter() - start
 
     @torch.inference_mode()

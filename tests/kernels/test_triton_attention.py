@@ -20,9 +20,8 @@ from helpers import DEVICE, quick_first  # noqa: E402
 
 from nanoexp.config import ExecutionConfig  # noqa: E402
 from nanoexp.kernels import prefill_tiles as prefill_tiles_module  # noqa: E402
-from nanoexp.kernels import triton_attention, triton_backend, triton_fp8  # noqa: E402
+from nanoexp.kernels import triton_attention  # noqa: E402
 from nanoexp.kernels.base import AttentionMetadata  # noqa: E402
-from nanoexp.kernels.fp8_reference import ActivationFormat, Fp8Layout  # noqa: E402
 from nanoexp.kernels.prefill_tiles import prefill_config, prefill_tiles  # noqa: E402
 from nanoexp.kernels.select import make_attention_backend  # noqa: E402
 from nanoexp.kernels.torch_ref import TorchAttentionBackend  # noqa: E402
@@ -352,23 +351,6 @@ def test_step_graph_mixed_attention_matches_the_eager_one_with_padding():
     assert_close(out[:tokens], ref, torch.float32)
 
 
-def step_graph_prefill_metadata(md, ctx_lens, q_lens, padded: int, block_m: int) -> AttentionMetadata:
-    """The fixed-grid metadata a step graph of steps without decodes captures for md's prefill: its
-    sequences, one padding sequence, tile rows past the step's and `padded` query rows."""
-    tiles = torch.tensor(prefill_tiles(q_lens, ctx_lens, 0, block_m))
-    return AttentionMetadata(
-        has_prefill=True,
-        slot_mapping=md.slot_mapping,
-        context_lens=torch.tensor(ctx_lens + [0], dtype=torch.int32, device=DEVICE),
-        block_tables=torch.cat([md.block_tables, torch.zeros_like(md.block_tables[:1])]),
-        cu_seqlens_q=torch.zeros(5, dtype=torch.int32, device=DEVICE),  # unread
-        max_seqlen_q=padded,
-        has_cached_prefix=True,
-        prefill_tiles=torch.cat([tiles, torch.full((3, 4), -1, dtype=torch.int32)]).to(DEVICE),
-        decode_context_lens=torch.zeros(0, dtype=torch.int32, device=DEVICE),
-    )
-
-
 def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
     """A step graph of steps without decodes (no decode slots; attention through prefill()) gives
     the eager prefill's rows."""
@@ -376,7 +358,18 @@ def test_step_graph_prefill_without_decode_slots_matches_the_eager_one():
     q, k_cache, v_cache, md = mixed_step(ctx_lens, q_lens, 0, 16, torch.float32)
     ref = TorchAttentionBackend().prefill(q, None, None, k_cache, v_cache, md, 0.3)
     tokens, padded, block_m = sum(q_lens), 96, 16
-    fixed = step_graph_prefill_metadata(md, ctx_lens, q_lens, padded, block_m)
+    tiles = prefill_tiles(q_lens, ctx_lens, 0, block_m)
+    fixed = AttentionMetadata(
+        has_prefill=True,
+        slot_mapping=md.slot_mapping,
+        context_lens=torch.tensor(ctx_lens + [0], dtype=torch.int32, device=DEVICE),
+        block_tables=torch.cat([md.block_tables, torch.zeros_like(md.block_tables[:1])]),
+        cu_seqlens_q=torch.zeros(5, dtype=torch.int32, device=DEVICE),  # unread
+        max_seqlen_q=padded,
+        has_cached_prefix=True,
+        prefill_tiles=torch.cat([torch.tensor(tiles), torch.full((3, 4), -1, dtype=torch.int32)]).to(DEVICE),
+        decode_context_lens=torch.zeros(0, dtype=torch.int32, device=DEVICE),
+    )
     q_padded = torch.cat([q, torch.randn(padded - tokens, 4, 32).to(DEVICE, q.dtype)])
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(triton_attention, "_prefill_config", lambda *shape: (block_m, 16, 4, 1))
@@ -464,94 +457,6 @@ def test_select_triton_on_cpu_needs_interpreter(monkeypatch):
         make_attention_backend("triton", cpu, 16)
 
 
-# ---------------------------------------------------------------- prefill output quantized for fp8 o_proj
-
-QUANTIZED_SCALE = 0.15
-
-
-def quantized_prefill_step(ctx_lens, q_lens, dtype, heads=4, kv_heads=2, block_size=16, seed=0):
-    """A prefill step at head_dim 128 (o_proj's input: one 128-group a head), its K/V stored:
-    ((q, k, v, k_cache, v_cache), metadata)."""
-    gen = torch.Generator().manual_seed(seed)
-    num_blocks = sum(cdiv(n, block_size) for n in ctx_lens) + 3
-    k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, 128, dtype, gen)
-    table = make_block_tables(ctx_lens, block_size, num_blocks, gen)
-    md = prefill_metadata(ctx_lens, q_lens, table, block_size)
-    tokens = sum(q_lens)
-    q, k, v = (
-        torch.randn(tokens, h, 128, generator=gen).to(DEVICE, dtype) for h in (heads, kv_heads, kv_heads)
-    )
-    TritonAttentionBackend().store_kv(k, v, k_cache, v_cache, md.slot_mapping)
-    return (q, k, v, k_cache, v_cache), md
-
-
-def o_proj_formats(heads: int, tokens: int) -> list[ActivationFormat]:
-    """o_proj's input formats: row-major scales (the Triton GEMMs'), M-major with padded rows (cuBLAS's)."""
-    layout = Fp8Layout(64, heads * 128, 0, 1)
-    return [ActivationFormat(layout, tokens, False), ActivationFormat(layout, cdiv(tokens, 16) * 16, True)]
-
-
-def assert_quantized_output_equals_the_unfused_pair(args, md, real_tokens: int) -> None:
-    """prefill_quantized's codes and scales equal the unfused pair's (the prefill's output, then the
-    quantization kernel o_proj would run) on the step's real rows; its rows past the tokens are zeros."""
-    backend = TritonAttentionBackend()
-    q = args[0]
-    tokens, heads, _ = q.shape
-    unfused = backend.prefill(*args, md, QUANTIZED_SCALE)[:real_tokens].flatten(1)
-    for fmt in o_proj_formats(heads, tokens):
-        want_q, want_s = triton_fp8.quantize_activation(unfused, fmt.layout)
-        got = backend.prefill_quantized(*args, md, QUANTIZED_SCALE, None, None, fmt)
-        assert (
-            got is not None and got.fmt == fmt and got.shape == (tokens, heads * 128) and got.dtype == q.dtype
-        )
-        codes, scales = got.row_major()
-        assert torch.equal(codes[:real_tokens].float(), want_q.float()), fmt
-        assert torch.equal(scales[:real_tokens], want_s), fmt
-        assert not got.q[tokens:].float().any() and not got.scales[tokens:].any()
-
-
-@pytest.mark.parametrize(*quick_first("dtype", [torch.float32, torch.float16], quick=1))
-@pytest.mark.parametrize("cached", [False, True])
-def test_prefill_quantized_output_equals_the_unfused_pair(dtype, cached):
-    """Packed K/V of the step (no cached prefix), and chunks after cached prefixes through the cache."""
-    q_lens = [20, 70, 33]
-    ctx_lens = [45, 100, 33] if cached else q_lens
-    args, md = quantized_prefill_step(ctx_lens, q_lens, dtype)
-    assert md.has_cached_prefix == cached
-    assert_quantized_output_equals_the_unfused_pair(args, md, sum(q_lens))
-
-
-def test_step_graph_prefill_quantized_output_equals_the_unfused_pair(monkeypatch):
-    """The fixed-grid form a step graph captures, its tile table and rows padded past the step's."""
-    ctx_lens, q_lens, padded, block_m = [45, 40, 70], [12, 40, 30], 96, 16
-    (q, k, v, k_cache, v_cache), md = quantized_prefill_step(ctx_lens, q_lens, torch.float32)
-    tokens = sum(q_lens)
-    fixed = step_graph_prefill_metadata(md, ctx_lens, q_lens, padded, block_m)
-    q_padded = torch.cat([q, torch.randn(padded - tokens, *q.shape[1:]).to(DEVICE, q.dtype)])
-    monkeypatch.setattr(triton_attention, "_prefill_config", lambda *shape: (block_m, 16, 4, 1))
-    assert_quantized_output_equals_the_unfused_pair(
-        (q_padded, q_padded, q_padded, k_cache, v_cache), fixed, tokens
-    )
-
-
-def test_prefill_quantized_output_only_where_the_kernel_quantizes(monkeypatch):
-    """None (the caller attends, o_proj quantizes) for a mixed step's decode rows, a head_dim other than
-    128, a layout at an offset inside a group (a TP shard whose groups straddle ranks), or with it off."""
-    args, md = quantized_prefill_step([30], [30], torch.float32)
-    backend, fmt = TritonAttentionBackend(), o_proj_formats(4, 30)[0]
-    assert backend.prefill_quantized(*args, md, QUANTIZED_SCALE, None, None, fmt) is not None
-    md.num_decodes = 1
-    assert backend.prefill_quantized(*args, md, QUANTIZED_SCALE, None, None, fmt) is None
-    md.num_decodes = 0
-    q, k, v, k_cache, v_cache = args
-    narrow = (q[..., :64], k[..., :64], v[..., :64], k_cache[..., :64], v_cache[..., :64])
-    assert backend.prefill_quantized(*narrow, md, QUANTIZED_SCALE, None, None, fmt) is None
-    shard = ActivationFormat(Fp8Layout(64, 4 * 128, 64, 1), 30, False)
-    assert backend.prefill_quantized(*args, md, QUANTIZED_SCALE, None, None, shard) is None
-    monkeypatch.setattr(triton_backend, "QUANTIZED_OUTPUT", False)
-    assert backend.prefill_quantized(*args, md, QUANTIZED_SCALE, None, None, fmt) is None
-
-
 # ---------------------------------------------------------------- GPU, real shapes
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -582,19 +487,6 @@ def test_gpu_bf16_prefill_real_shapes(block_size):
     assert rel_l2(out, ref) < 1e-2
     out, ref = run_prefill(q_lens, q_lens, 16, 8, 128, block_size, torch.bfloat16)
     assert rel_l2(out, ref) < 1e-2
-
-
-@pytest.mark.gpu
-@pytest.mark.gpu_quick
-@needs_cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("cached", [False, True])
-def test_gpu_prefill_quantized_output_at_qwen3_8b_shapes(dtype, cached):
-    """Qwen3-8B's 32 query and 8 kv heads, the large tiles of a long prompt and the small ones of chunks."""
-    q_lens = [1024, 700, 1, 299] if cached else [1024, 700, 300]
-    ctx_lens = [1024, 1400, 513, 1000] if cached else q_lens
-    args, md = quantized_prefill_step(ctx_lens, q_lens, dtype, heads=32, kv_heads=8, block_size=256)
-    assert_quantized_output_equals_the_unfused_pair(args, md, sum(q_lens))
 
 
 @pytest.mark.gpu

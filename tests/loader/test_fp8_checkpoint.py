@@ -11,13 +11,11 @@ import pytest
 import torch
 from fp8_checkpoints import (
     GREEDY,
-    HEAD_DIM_128,
     MAX_TOKENS,
     PROMPTS,
     assert_path_matches,
     build_fp8_checkpoint,
     counting_producers,
-    counting_quantized_prefills,
     greedy_reference,
     w8a8_transformers_model,
 )
@@ -84,25 +82,6 @@ def test_triton_kernels_with_quantizing_producers_match_the_w8a8_reference(
         outs = llm.generate(PROMPTS[:2], short, use_tqdm=False)
     assert [o.token_ids for o in outs] == [tokens[:4] for tokens in reference[:2]]
     assert calls["rms_norm_quantized"] > 0 and calls["silu_and_mul_quantized"] > 0
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not INTERPRETED, reason="the Triton kernels on the CPU need the interpreter")
-@pytest.mark.parametrize("batching", ["prefill_first", "mixed"])
-def test_triton_prefill_attention_quantizing_o_proj_input_matches_the_w8a8_reference(
-    tmp_path, monkeypatch, batching
-):
-    """head_dim 128: the Triton prefill kernel hands o_proj its input quantized (each head one 128-group),
-    prefill steps through the cache and mixed steps' prefill rows alike; the same greedy tokens."""
-    path = build_fp8_checkpoint(tmp_path / "fp8", shape=HEAD_DIM_128)
-    reference = greedy_reference(w8a8_transformers_model(path), PROMPTS[:2], 4)
-    quantized = counting_quantized_prefills(monkeypatch)
-    short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)  # the interpreter is slow
-    engine = dict(BASE, gemm_backend="triton", attention_backend="triton", kv_block_size=8, batching=batching)
-    with LLM(path, **engine, max_num_batched_tokens=16) as llm:
-        outs = llm.generate(PROMPTS[:2], short, use_tqdm=False)
-    assert [o.token_ids for o in outs] == reference
-    assert quantized["quantized"] > 0
 
 
 @pytest.mark.slow
