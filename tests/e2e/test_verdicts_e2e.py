@@ -20,9 +20,15 @@ TINY = ["model=qwen3_tiny", "logger=none", "cache.cpu_kv_cache_gib=0.05", "metri
 WORKLOAD = ["workload.num_requests=16", "workload.output_len=16", "workload.range_ratio=0", "repeats=2"]
 
 
+JOB_TIME = {"duration_s", "output_throughput", "e2el_ms"}
+
+
 def measurement(metric: str) -> str:
-    """The measurement a compare row reports: duration_s is output_throughput's, p99_x and mean_x are x's."""
-    return "output_throughput" if metric == "duration_s" else re.sub(r"^(mean|median|p\d+)_", "", metric)
+    """The measurement a compare row of WORKLOAD reports: p99_x and mean_x are x's, and every request starts
+    at t0 and ends in the job's last step, so its e2el is the job's time, as are duration_s and
+    output_throughput (fixed tokens)."""
+    name = re.sub(r"^(mean|median|p\d+)_", "", metric)
+    return "job time" if name in JOB_TIME else name
 
 
 def run_py(*overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -53,26 +59,39 @@ def run_compare(a: Path, b: Path, out: Path, *args: str) -> pd.DataFrame:
     return pd.read_csv(out / "compare.csv")
 
 
-@pytest.mark.slow
-def test_identical_sweeps_with_interleaved_trials_get_no_verdict(tmp_path: Path) -> None:
-    for trial in range(3):  # A, B, A, B, ...: a neighbour's burst lands on both sides
-        for side in ("a", "b"):
+def identical_sweeps_compared(root: Path) -> pd.DataFrame:
+    """One configuration as two sweeps of three trials, run A B, B A, A B: a neighbour's burst lands on both
+    sides, and neither side always runs first."""
+    for trial, sides in enumerate((("a", "b"), ("b", "a"), ("a", "b"))):
+        for side in sides:
             run_py(
                 "-m",
                 f"trial={trial}",
                 *TINY,
                 *WORKLOAD,
-                f"hydra.sweep.dir={tmp_path / side}",
+                f"hydra.sweep.dir={root / side}",
                 "append_to_sweep=true",
             )
-    assert sorted(p.name.split("_")[0] for p in (tmp_path / "a").glob("[0-9]*_*")) == ["0", "1", "2"]
-    table = run_compare(tmp_path / "a", tmp_path / "b", tmp_path)
-    called = table[table["verdict"].isin(["better", "worse"])]
-    # at 95% per measurement, one false verdict among them is within the binomial margin; on a busy machine
-    # the flagged runs withhold the verdict instead ("withheld: noisy"). Rows of one measurement count once:
-    # a job's duration and its throughput (fixed tokens), and a latency's mean and p99 when its requests
-    # share the step that sets it (all 16 prefill together: their TTFTs are one number)
-    assert len(set(map(measurement, called["metric"]))) <= 1, table.to_string()
+    assert sorted(p.name.split("_")[0] for p in (root / "a").glob("[0-9]*_*")) == ["0", "1", "2"]
+    return run_compare(root / "a", root / "b", root)
+
+
+def falsely_called(table: pd.DataFrame) -> set[str]:
+    """The measurements an A/A calls better or worse; a run flagged busy withholds its verdict instead."""
+    return set(map(measurement, table.loc[table["verdict"].isin(["better", "worse"]), "metric"]))
+
+
+@pytest.mark.slow
+def test_identical_sweeps_with_interleaved_trials_get_no_verdict(tmp_path: Path) -> None:
+    # At 95% a measurement, an A/A now and then calls one of its three measurements, and, as they share the
+    # job's steps, at times two: too often for CI. A second A/A follows a first that called two. Both doing
+    # so happens at that rate squared when the intervals keep their confidence, and every time when they
+    # are too narrow.
+    for attempt in range(2):
+        table = identical_sweeps_compared(tmp_path / str(attempt))
+        if len(falsely_called(table)) <= 1:
+            break
+    assert len(falsely_called(table)) <= 1, table.to_string()
     judged = table[~table["verdict"].isin(["withheld: noisy"])]
     assert (judged["runs"] == "3/3").all() or judged.empty
     assert (table["ratio_ci95_low"].isna() | (table["ratio_ci95_low"] < table["ratio_ci95_high"])).all()

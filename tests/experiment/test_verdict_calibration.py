@@ -16,7 +16,8 @@ from nanoexp.experiment.metrics.trial_stats import CONFIDENCE, ratio_interval, r
 from nanoexp.experiment.report.compare import compare
 
 COMPARISONS, RUNS, REPEATS = 200, 3, 5
-BETWEEN_CV, WITHIN_CV = 0.05, 0.01  # on GPUs: ±1-2% between processes, ±0.5% inside one (issue 46)
+# on GPUs (experiments/verdicts): ±1-2% between processes, ±0.5% inside one
+BETWEEN_CV, WITHIN_CV = 0.05, 0.01
 ALPHA = 1 - CONFIDENCE
 # false verdicts allowed in COMPARISONS A/A tests: the binomial's 99.9% quantile at the nominal rate
 BOUND = int(stats.binom.ppf(0.999, COMPARISONS, ALPHA))
@@ -47,7 +48,7 @@ def test_identical_configurations_are_called_different_at_most_at_the_nominal_ra
     false = sum(called(a, b) for a, b in pairs)
     assert false <= BOUND, f"{false} of {COMPARISONS} A/A comparisons called different (bound {BOUND})"
     # the same data judged with the repeats as samples: the run-to-run variance is missing, and most
-    # identical pairs come out "different" (what issue 46 measured with `compare`)
+    # identical pairs come out "different" (what `compare` did before trials were its samples)
     assert sum(pooled_repeats_called(a, b) for a, b in pairs) > 4 * BOUND
 
 
@@ -109,7 +110,8 @@ def test_busy_means_load_beyond_the_cores_the_job_left_free() -> None:
     from nanoexp.experiment.measure.repeats import busy_limit, noise_flags
     from nanoexp.experiment.schema import BUSY_CORES, NoiseConfig
 
-    both_cores = [{"process_cpu_cores": 2.0, "other_cpu_cores": 0.38}]  # issue 46: 0.38 cores cost 40%
+    # experiments/verdicts: 0.38 other cores cost a job on both cores 40%
+    both_cores = [{"process_cpu_cores": 2.0, "other_cpu_cores": 0.38}]
     assert busy_limit(both_cores, 2, BUSY_CORES) == pytest.approx(BUSY_CORES) and BUSY_CORES < 0.38
     squeezed = [{"process_cpu_cores": 1.24, "other_cpu_cores": 0.74}]  # the job got less than it wanted
     assert busy_limit(squeezed, 2, BUSY_CORES) == pytest.approx(BUSY_CORES)
