@@ -85,8 +85,8 @@ def falsely_called(table: pd.DataFrame) -> set[str]:
 def test_identical_sweeps_with_interleaved_trials_get_no_verdict(tmp_path: Path) -> None:
     # At 95% a measurement, an A/A now and then calls one of its three measurements, and, as they share the
     # job's steps, at times two: too often for CI. A second A/A follows a first that called two. Both doing
-    # so happens at that rate squared when the intervals keep their confidence, and every time when they
-    # are too narrow.
+    # so happens at that rate squared when the intervals keep their confidence, and nearly always when they
+    # are far too narrow (a process's repeats taken as independent runs).
     for attempt in range(2):
         table = identical_sweeps_compared(tmp_path / str(attempt))
         if len(falsely_called(table)) <= 1:
