@@ -136,16 +136,19 @@ def w8a8_reference(
     amax: Tensor | None = None,
 ) -> Tensor:
     """x [..., k_local] @ dequant(weight)^T in the W8A8 arithmetic: per-block products of the quantized
-    operands times both scales, summed in float32, rounded to x's dtype, then + bias. x may come quantized
-    (then `amax` is unused)."""
+    operands times both scales, summed, rounded once to x's dtype, then + bias. x may come quantized (then
+    `amax` is unused). The sum is float64's: a float32 GEMM sums in an order the BLAS picks for the shape,
+    so a row's last bit would depend on the rows beside it (and a last bit moves the next layer's e4m3
+    rounding now and then), where float64's order error stays far below the bits the rounding keeps: a
+    token's result does not depend on the batch it runs in."""
     if isinstance(x, QuantizedActivation):
         (xq, xs), lead, dtype = x.row_major(), x.shape[:-1], x.dtype
     else:
         lead, dtype = x.shape[:-1], x.dtype
         xq, xs = quantize_activation(x.reshape(math.prod(lead), layout.k_local), layout, amax)
     m, kb = math.prod(lead), layout.k_blocks
-    xd = (xq.float().view(m, kb, BLOCK) * xs[..., None]).view(m, -1)
-    wd = (weight.float().view(layout.n, kb, BLOCK) * expand_scale(scale, layout)[..., None]).view(
+    xd = (xq.double().view(m, kb, BLOCK) * xs.double()[..., None]).view(m, -1)
+    wd = (weight.double().view(layout.n, kb, BLOCK) * expand_scale(scale, layout).double()[..., None]).view(
         layout.n, -1
     )
     y = (xd @ wd.T).to(dtype)
